@@ -1,0 +1,15 @@
+// How a subcommand plugs into the `cubevec` binary: it adds itself to the CLI11 app and returns
+// the function that runs it once the command line has been parsed.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace cubevec::cli {
+
+// Runs the parsed subcommand; returns the process exit status. User errors throw cubevec::Error.
+using CommandRunner = std::function<int()>;
+
+CommandRunner add_inspect_command(CLI::App& app);
+
+}  // namespace cubevec::cli

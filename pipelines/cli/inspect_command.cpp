@@ -1,0 +1,118 @@
+// `cubevec inspect PATH`: what a safetensors file or sharded checkpoint holds, after full validation.
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "pipelines/cli/command.h"
+#include "tensor/checkpoint.h"
+
+namespace cubevec::cli {
+
+namespace {
+
+struct Row {
+  std::string name, dtype, shape, bytes, offset, shard;
+};
+
+std::string with_commas(uint64_t value) {
+  std::string digits = std::to_string(value);
+  for (int i = static_cast<int>(digits.size()) - 3; i > 0; i -= 3) digits.insert(static_cast<std::size_t>(i), ",");
+  return digits;
+}
+
+std::string shape_text(const std::vector<uint64_t>& shape) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+std::string file_name(const std::string& path) {
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+void print_table(const std::vector<Row>& rows, bool with_shard) {
+  Row header{"name", "dtype", "shape", "bytes", "offset", "shard"};
+  std::size_t w[6] = {};
+  const auto widen = [&](const Row& r) {
+    const std::string* cells[] = {&r.name, &r.dtype, &r.shape, &r.bytes, &r.offset, &r.shard};
+    for (int i = 0; i < 6; ++i) w[i] = std::max(w[i], cells[i]->size());
+  };
+  widen(header);
+  for (const Row& r : rows) widen(r);
+  const auto print = [&](const Row& r) {
+    std::printf("%-*s  %-*s  %-*s  %*s  %*s", int(w[0]), r.name.c_str(), int(w[1]), r.dtype.c_str(), int(w[2]),
+                r.shape.c_str(), int(w[3]), r.bytes.c_str(), int(w[4]), r.offset.c_str());
+    if (with_shard) std::printf("  %s", r.shard.c_str());
+    std::printf("\n");
+  };
+  print(header);
+  for (const Row& r : rows) print(r);
+}
+
+int run_inspect(const std::string& path, const std::string& json_path) {
+  const Checkpoint checkpoint = Checkpoint::open(path);
+  const bool sharded = checkpoint.shards().size() > 1;
+  std::vector<Row> rows;
+  nlohmann::ordered_json json = {{"path", path}, {"shards", nlohmann::json::array()}, {"tensors", nlohmann::json::array()}};
+  uint64_t total_bytes = 0, total_elements = 0;
+  std::map<std::string, uint64_t> count_by_dtype;
+
+  std::printf("%s\n", path.c_str());
+  for (const SafetensorsFile& shard : checkpoint.shards()) {
+    std::printf("  %s: %s bytes, header %s bytes, %zu tensors\n", file_name(shard.path()).c_str(),
+                with_commas(shard.file_size()).c_str(), with_commas(shard.header_length()).c_str(),
+                shard.entries().size());
+    for (const auto& [key, value] : shard.metadata()) std::printf("    metadata %s = %s\n", key.c_str(), value.c_str());
+    json["shards"].push_back({{"file", shard.path()},
+                              {"file_size", shard.file_size()},
+                              {"header_length", shard.header_length()},
+                              {"metadata", shard.metadata()}});
+    for (const SafetensorsEntry& e : shard.entries()) {
+      uint64_t elements = 1;
+      for (uint64_t size : e.shape) elements *= size;  // validated: cannot overflow
+      total_elements += elements;
+      total_bytes += e.end - e.begin;
+      count_by_dtype[std::string(e.dtype->name)] += 1;
+      rows.push_back({e.name, std::string(e.dtype->name), shape_text(e.shape), with_commas(e.end - e.begin),
+                      with_commas(e.begin), file_name(shard.path())});
+      json["tensors"].push_back({{"name", e.name},
+                                 {"dtype", e.dtype->name},
+                                 {"shape", e.shape},
+                                 {"bytes", e.end - e.begin},
+                                 {"offset", e.begin},
+                                 {"shard", file_name(shard.path())}});
+    }
+  }
+  std::printf("\n");
+  print_table(rows, sharded);
+  std::string dtypes;
+  for (const auto& [dtype, count] : count_by_dtype) dtypes += (dtypes.empty() ? "" : ", ") + dtype + " " + std::to_string(count);
+  std::printf("\ntotal: %zu tensors (%s), %s elements, %s bytes of tensor data\n", rows.size(),
+              dtypes.empty() ? "none" : dtypes.c_str(), with_commas(total_elements).c_str(),
+              with_commas(total_bytes).c_str());
+  json["total_tensors"] = rows.size();
+  json["total_elements"] = total_elements;
+  json["total_bytes"] = total_bytes;
+
+  if (!json_path.empty()) {
+    std::ofstream out(json_path);
+    out << json.dump(2) << "\n";
+    if (!out) throw Error(json_path + ": cannot write the JSON report");
+  }
+  return 0;
+}
+
+}  // namespace
+
+CommandRunner add_inspect_command(CLI::App& app) {
+  auto* command = app.add_subcommand(
+      "inspect", "Validate a safetensors file, sharded index or checkpoint directory and list its tensors");
+  auto path = std::make_shared<std::string>();
+  auto json_path = std::make_shared<std::string>();
+  command->add_option("path", *path, "A .safetensors file, a .safetensors.index.json, or a directory")->required();
+  command->add_option("--json", *json_path, "Also write the listing as JSON to this file");
+  return [path, json_path] { return run_inspect(*path, *json_path); };
+}
+
+}  // namespace cubevec::cli

@@ -1,0 +1,44 @@
+// The `cubevec` command line: subcommands, and one place that turns every failure into
+// "error: ..." on stderr with exit status 1 (user error) or 2 (internal error).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+#include <map>
+
+#include "pipelines/cli/command.h"
+#include "tensor/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"cubevec: a PyTorch-free engine for diffusion transformers on an emulated Ascend device"};
+  app.require_subcommand(1);
+  std::map<CLI::App*, cubevec::cli::CommandRunner> runners;
+  const auto add = [&](cubevec::cli::CommandRunner (*adder)(CLI::App&)) {
+    const std::size_t before = app.get_subcommands({}).size();
+    cubevec::cli::CommandRunner runner = adder(app);
+    runners[app.get_subcommands({})[before]] = std::move(runner);
+  };
+  add(cubevec::cli::add_inspect_command);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "error: %s (see cubevec --help)\n", e.what());
+    return 1;
+  }
+  try {
+    for (const auto& [subcommand, run] : runners)
+      if (subcommand->parsed()) return run();
+    std::fprintf(stderr, "error: no subcommand given (see cubevec --help)\n");
+    return 1;
+  } catch (const cubevec::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: internal error: %s\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,179 @@
+#include "tensor/caching_allocator.h"
+
+#include <bit>
+#include <cstdio>
+#include <cstdlib>
+
+#include "tensor/error.h"
+
+namespace cubevec {
+
+namespace {
+
+std::string human_bytes(std::size_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024.0 && unit < 4) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, unit == 0 ? "%.0f %s" : "%.2f %s", value, units[unit]);
+  return text;
+}
+
+// A cached block may serve a request of up to 25% less than its size: enough slack to reuse
+// blocks across nearby classes, little enough to bound the waste.
+bool close_enough(std::size_t block_size, std::size_t request_class) {
+  return block_size <= request_class + request_class / 4;
+}
+
+}  // namespace
+
+std::string format_stats(const AllocatorStats& s) {
+  return "live " + human_bytes(s.live_bytes) + " in " + std::to_string(s.live_blocks) + " blocks, cached " +
+         human_bytes(s.cached_bytes) + " in " + std::to_string(s.cached_blocks) + " blocks, peak live " +
+         human_bytes(s.peak_live_bytes) + ", peak reserved " + human_bytes(s.peak_reserved_bytes) + ", " +
+         std::to_string(s.hits) + " cache hits, " + std::to_string(s.misses) + " misses";
+}
+
+CachingAllocator::CachingAllocator(std::size_t memory_limit) : memory_limit_(memory_limit) {}
+
+CachingAllocator::~CachingAllocator() {
+  // Live blocks belong to storages that must not outlive their allocator; only the cache is ours.
+  for (auto& [size, blocks] : cache_)
+    for (auto& block : blocks) std::free(block.ptr);
+}
+
+std::size_t CachingAllocator::size_class(std::size_t nbytes) {
+  if (nbytes <= kAllocationAlignment) return kAllocationAlignment;
+  const std::size_t below = std::size_t{1} << (std::bit_width(nbytes - 1) - 1);  // below < nbytes <= 2*below
+  const std::size_t step = below / 8 > kAllocationAlignment ? below / 8 : kAllocationAlignment;
+  return (nbytes + step - 1) / step * step;
+}
+
+void* CachingAllocator::allocate(std::size_t nbytes, StreamTag stream) {
+  const std::size_t size = size_class(nbytes);
+  std::lock_guard lock(mutex_);
+  if (void* ptr = take_cached(size, stream)) return ptr;
+  void* ptr = allocate_from_os(size, nbytes);
+  record_live(ptr, size, stream);
+  return ptr;
+}
+
+void* CachingAllocator::take_cached(std::size_t size, StreamTag stream) {
+  for (auto it = cache_.lower_bound(size); it != cache_.end() && close_enough(it->first, size); ++it) {
+    auto& blocks = it->second;
+    // Newest first: the most recently freed block is the likeliest to be in cache.
+    for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) {
+      const bool usable = !b->fence || b->stream == stream || b->fence->passed();
+      if (!usable) continue;
+      void* ptr = b->ptr;
+      const std::size_t block_size = it->first;
+      blocks.erase(std::next(b).base());
+      if (blocks.empty()) cache_.erase(it);
+      stats_.cached_bytes -= block_size;
+      stats_.cached_blocks -= 1;
+      stats_.reserved_bytes -= block_size;  // record_live adds it back
+      stats_.hits += 1;
+      record_live(ptr, block_size, stream);
+      return ptr;
+    }
+  }
+  return nullptr;
+}
+
+void* CachingAllocator::allocate_from_os(std::size_t size, std::size_t requested) {
+  const auto over_limit = [&] { return memory_limit_ != 0 && stats_.reserved_bytes + size > memory_limit_; };
+  // Cached blocks of other classes are the fragmentation cost of caching: give them back first.
+  if (over_limit()) release_cache(/*keep_fenced=*/true);
+  void* ptr = over_limit() ? nullptr : std::aligned_alloc(kAllocationAlignment, size);
+  if (!ptr && !over_limit()) {  // the OS said no: retry once with an empty cache
+    release_cache(true);
+    ptr = std::aligned_alloc(kAllocationAlignment, size);
+  }
+  if (!ptr) {
+    const std::string why = over_limit() ? "it would exceed the memory limit of " + human_bytes(memory_limit_)
+                                         : "the operating system refused it";
+    throw OutOfMemoryError("out of memory: cannot allocate " + human_bytes(requested) + " (" +
+                           std::to_string(requested) + " bytes, size class " + std::to_string(size) +
+                           " bytes): " + why + "; allocator: " + format_stats(stats_));
+  }
+  stats_.misses += 1;
+  stats_.os_allocations += 1;
+  return ptr;
+}
+
+void CachingAllocator::record_live(void* ptr, std::size_t size, StreamTag stream) {
+  live_.emplace(ptr, LiveBlock{size, stream});
+  stats_.live_bytes += size;
+  stats_.live_blocks += 1;
+  stats_.reserved_bytes += size;
+  if (stats_.live_bytes > stats_.peak_live_bytes) stats_.peak_live_bytes = stats_.live_bytes;
+  if (stats_.reserved_bytes > stats_.peak_reserved_bytes) stats_.peak_reserved_bytes = stats_.reserved_bytes;
+}
+
+void CachingAllocator::deallocate(void* ptr, std::shared_ptr<const ReuseFence> fence) {
+  if (!ptr) return;
+  std::lock_guard lock(mutex_);
+  const auto it = live_.find(ptr);
+  if (it == live_.end()) throw Error("CachingAllocator::deallocate: pointer was not allocated here or is already free");
+  const LiveBlock block = it->second;
+  live_.erase(it);
+  stats_.live_bytes -= block.size;
+  stats_.live_blocks -= 1;
+  stats_.cached_bytes += block.size;
+  stats_.cached_blocks += 1;
+  cache_[block.size].push_back(CachedBlock{ptr, block.stream, std::move(fence)});
+}
+
+void CachingAllocator::release_cache(bool keep_fenced) {
+  for (auto it = cache_.begin(); it != cache_.end();) {
+    auto& blocks = it->second;
+    std::erase_if(blocks, [&](const CachedBlock& b) {
+      if (keep_fenced && b.fence && !b.fence->passed()) return false;
+      std::free(b.ptr);
+      stats_.cached_bytes -= it->first;
+      stats_.cached_blocks -= 1;
+      stats_.reserved_bytes -= it->first;
+      stats_.os_frees += 1;
+      return true;
+    });
+    it = blocks.empty() ? cache_.erase(it) : std::next(it);
+  }
+}
+
+void CachingAllocator::empty_cache() {
+  std::lock_guard lock(mutex_);
+  release_cache(/*keep_fenced=*/true);
+}
+
+void CachingAllocator::set_memory_limit(std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  memory_limit_ = bytes;
+}
+
+std::size_t CachingAllocator::memory_limit() const {
+  std::lock_guard lock(mutex_);
+  return memory_limit_;
+}
+
+AllocatorStats CachingAllocator::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+void CachingAllocator::reset_peak_stats() {
+  std::lock_guard lock(mutex_);
+  stats_.peak_live_bytes = stats_.live_bytes;
+  stats_.peak_reserved_bytes = stats_.reserved_bytes;
+}
+
+CachingAllocator& default_allocator() {
+  // Leaked on purpose: storages may be destroyed during static destruction, after any owner.
+  static CachingAllocator* instance = new CachingAllocator();
+  return *instance;
+}
+
+}  // namespace cubevec

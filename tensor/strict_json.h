@@ -1,0 +1,28 @@
+// JSON parsing for untrusted files: a repeated key is an error (instead of silently keeping the
+// last value) and nesting is bounded, so a crafted file cannot exhaust the stack or the heap.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+
+#include "tensor/error.h"
+
+namespace cubevec {
+
+class StrictJsonError : public Error {
+ public:
+  enum class Kind { Syntax, DuplicateKey, TooDeep };
+  StrictJsonError(Kind kind, int depth, const std::string& message) : Error(message), kind_(kind), depth_(depth) {}
+  Kind kind() const { return kind_; }
+  int depth() const { return depth_; }  // of the duplicate key: 1 for a key of the top-level object
+
+ private:
+  Kind kind_;
+  int depth_;
+};
+
+// max_depth: deepest container allowed; the top-level value is at depth 0.
+nlohmann::json parse_strict_json(std::string_view text, int max_depth);
+
+}  // namespace cubevec
