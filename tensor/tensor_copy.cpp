@@ -56,7 +56,7 @@ void strided_copy(const Tensor& src, std::byte* dst_base, const Strides& dst_str
 }  // namespace
 
 Tensor Tensor::contiguous() const {
-  if (!storage_ || is_contiguous()) return *this;
+  if (is_contiguous()) return *this;
   return clone();
 }
 
