@@ -58,7 +58,7 @@ void* CachingAllocator::allocate(std::size_t nbytes, StreamTag stream) {
   std::lock_guard lock(mutex_);
   if (void* ptr = take_cached(size, stream)) return ptr;
   void* ptr = allocate_from_os(size, nbytes);
-  record_live(ptr, size, stream);
+  record_live(ptr, size);
   return ptr;
 }
 
@@ -67,7 +67,7 @@ void* CachingAllocator::take_cached(std::size_t size, StreamTag stream) {
     auto& blocks = it->second;
     // Newest first: the most recently freed block is the likeliest to be in cache.
     for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) {
-      const bool usable = !b->fence || b->stream == stream || b->fence->passed();
+      const bool usable = !b->fence || b->fence->stream() == stream || b->fence->passed();
       if (!usable) continue;
       void* ptr = b->ptr;
       const std::size_t block_size = it->first;
@@ -77,7 +77,7 @@ void* CachingAllocator::take_cached(std::size_t size, StreamTag stream) {
       stats_.cached_blocks -= 1;
       stats_.reserved_bytes -= block_size;  // record_live adds it back
       stats_.hits += 1;
-      record_live(ptr, block_size, stream);
+      record_live(ptr, block_size);
       return ptr;
     }
   }
@@ -105,8 +105,8 @@ void* CachingAllocator::allocate_from_os(std::size_t size, std::size_t requested
   return ptr;
 }
 
-void CachingAllocator::record_live(void* ptr, std::size_t size, StreamTag stream) {
-  live_.emplace(ptr, LiveBlock{size, stream});
+void CachingAllocator::record_live(void* ptr, std::size_t size) {
+  live_.emplace(ptr, size);
   stats_.live_bytes += size;
   stats_.live_blocks += 1;
   stats_.reserved_bytes += size;
@@ -114,18 +114,18 @@ void CachingAllocator::record_live(void* ptr, std::size_t size, StreamTag stream
   if (stats_.reserved_bytes > stats_.peak_reserved_bytes) stats_.peak_reserved_bytes = stats_.reserved_bytes;
 }
 
-void CachingAllocator::deallocate(void* ptr, std::shared_ptr<const ReuseFence> fence) {
+void CachingAllocator::deallocate(void* ptr, FencePtr fence) {
   if (!ptr) return;
   std::lock_guard lock(mutex_);
   const auto it = live_.find(ptr);
   if (it == live_.end()) throw Error("CachingAllocator::deallocate: pointer was not allocated here or is already free");
-  const LiveBlock block = it->second;
+  const std::size_t size = it->second;
   live_.erase(it);
-  stats_.live_bytes -= block.size;
+  stats_.live_bytes -= size;
   stats_.live_blocks -= 1;
-  stats_.cached_bytes += block.size;
+  stats_.cached_bytes += size;
   stats_.cached_blocks += 1;
-  cache_[block.size].push_back(CachedBlock{ptr, block.stream, std::move(fence)});
+  cache_[size].push_back(CachedBlock{ptr, std::move(fence)});
 }
 
 void CachingAllocator::release_cache(bool keep_fenced) {

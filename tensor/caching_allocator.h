@@ -1,5 +1,5 @@
 // CachingAllocator: keeps freed blocks in size classes and hands them out again instead of
-// returning memory to the OS. Thread-safe. Stream-aware through ReuseFence (allocator.h).
+// returning memory to the OS. Thread-safe. Stream-aware through StreamFence (allocator.h).
 #pragma once
 
 #include <cstddef>
@@ -36,8 +36,8 @@ class CachingAllocator final : public Allocator {
   explicit CachingAllocator(std::size_t memory_limit = 0);
   ~CachingAllocator() override;
 
-  void* allocate(std::size_t nbytes, StreamTag stream = 0) override;
-  void deallocate(void* ptr, std::shared_ptr<const ReuseFence> fence = nullptr) override;
+  void* allocate(std::size_t nbytes, StreamTag stream = kHostStream) override;
+  void deallocate(void* ptr, FencePtr fence = nullptr) override;
 
   // Returns every cached block whose reuse is not fenced to the OS.
   void empty_cache();
@@ -53,24 +53,19 @@ class CachingAllocator final : public Allocator {
  private:
   struct CachedBlock {
     void* ptr;
-    StreamTag stream;
-    std::shared_ptr<const ReuseFence> fence;
-  };
-  struct LiveBlock {
-    std::size_t size;
-    StreamTag stream;
+    FencePtr fence;  // null: free for every stream
   };
 
   void* take_cached(std::size_t size, StreamTag stream);
   void* allocate_from_os(std::size_t size, std::size_t requested);
   void release_cache(bool keep_fenced);
-  void record_live(void* ptr, std::size_t size, StreamTag stream);
+  void record_live(void* ptr, std::size_t size);
 
   mutable std::mutex mutex_;
   std::size_t memory_limit_;
   AllocatorStats stats_;
   std::map<std::size_t, std::vector<CachedBlock>> cache_;  // size class -> free blocks
-  std::unordered_map<void*, LiveBlock> live_;
+  std::unordered_map<void*, std::size_t> live_;  // block -> its size
 };
 
 // The process-wide allocator that tensors use unless given another.

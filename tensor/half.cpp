@@ -1,5 +1,6 @@
 #include "tensor/half.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 namespace cubevec {
@@ -46,7 +47,12 @@ float f16_to_f32(uint16_t bits) {
 }
 
 bool cpu_has_f16c() {
-  static const bool has = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  // CPUID leaf 1, ECX bit 29, read directly: clang 14's __builtin_cpu_supports has no "f16c".
+  // "avx" also confirms the OS saves the YMM registers the F16C path uses.
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0 && __builtin_cpu_supports("avx");
+  }();
   return has;
 }
 

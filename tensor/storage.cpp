@@ -1,12 +1,14 @@
 #include "tensor/storage.h"
 
+#include <algorithm>
+
 #include "tensor/error.h"
 
 namespace cubevec {
 
-std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Allocator& allocator) {
+std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Allocator& allocator, StreamTag stream) {
   std::shared_ptr<Storage> storage(new Storage());
-  storage->data_ = static_cast<std::byte*>(allocator.allocate(nbytes));
+  storage->data_ = static_cast<std::byte*>(allocator.allocate(nbytes, stream));
   storage->nbytes_ = nbytes;
   storage->allocator_ = &allocator;
   return storage;
@@ -24,14 +26,59 @@ std::shared_ptr<Storage> Storage::borrow(const void* data, std::size_t nbytes, s
 }
 
 Storage::~Storage() {
-  if (allocator_) allocator_->deallocate(data_, std::move(reuse_fence_));
+  if (!allocator_) return;
+  // The bytes go back once every pending use has passed (Note [Stream-aware reuse]).
+  std::vector<FencePtr> pending;
+  if (uses_.writer && !uses_.writer->passed()) pending.push_back(uses_.writer);
+  for (const auto& r : uses_.readers)
+    if (!r->passed()) pending.push_back(r);
+  FencePtr fence;
+  if (pending.size() == 1) fence = pending[0];
+  if (pending.size() > 1) fence = std::make_shared<FenceSet>(std::move(pending));
+  allocator_->deallocate(data_, std::move(fence));
+}
+
+const std::byte* Storage::data() const {
+  FencePtr writer;
+  {
+    std::lock_guard lock(uses_mutex_);
+    writer = uses_.writer;
+  }
+  if (writer) writer->host_wait();
+  return data_;
+}
+
+void Storage::check_writable() const {
+  if (read_only_)
+    throw Error("cannot write to a read-only storage (" + std::to_string(nbytes_) +
+                " bytes, e.g. weights memory-mapped from a file): copy the tensor first with clone()");
 }
 
 std::byte* Storage::mutable_data() {
-  if (read_only_)
-    throw Error("cannot write to a read-only storage (" + std::to_string(nbytes_) +
-                " bytes, e.g. weights memory-mapped from a file): copy the tensor first with contiguous_copy()");
+  check_writable();
+  const Uses pending = uses();
+  if (pending.writer) pending.writer->host_wait();
+  for (const auto& r : pending.readers) r->host_wait();
   return data_;
+}
+
+Storage::Uses Storage::uses() const {
+  std::lock_guard lock(uses_mutex_);
+  return uses_;
+}
+
+void Storage::record_write(FencePtr fence) {
+  check_writable();
+  std::lock_guard lock(uses_mutex_);
+  uses_.writer = std::move(fence);
+  uses_.readers.clear();
+}
+
+void Storage::record_read(FencePtr fence) {
+  if (read_only_) return;  // nothing can write it later, so nothing needs to wait for this read
+  std::lock_guard lock(uses_mutex_);
+  std::erase_if(uses_.readers, [&](const FencePtr& r) { return r->stream() == fence->stream() || r->passed(); });
+  uses_.readers.push_back(std::move(fence));
 }
 
 }  // namespace cubevec

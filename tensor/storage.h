@@ -1,9 +1,13 @@
 // Storage: the bytes behind one or more tensors. Either owned (from an Allocator, returned to it on
 // destruction) or borrowed (e.g. a region of a memory-mapped file, kept alive by a shared owner).
+// A storage also remembers the device work that last wrote it and that reads it since, so host
+// access waits for that work and freed bytes are reused safely (see stream_fence.h).
 #pragma once
 
 #include <cstddef>
 #include <memory>
+#include <mutex>
+#include <vector>
 
 #include "tensor/allocator.h"
 
@@ -11,8 +15,8 @@ namespace cubevec {
 
 class Storage {
  public:
-  // Owned bytes from `allocator` (which must outlive the storage).
-  static std::shared_ptr<Storage> allocate(std::size_t nbytes, Allocator& allocator);
+  // Owned bytes from `allocator` (which must outlive the storage), for use on `stream`.
+  static std::shared_ptr<Storage> allocate(std::size_t nbytes, Allocator& allocator, StreamTag stream = kHostStream);
   // Borrowed bytes; `owner` keeps them valid. Read-only storages refuse mutable access.
   static std::shared_ptr<Storage> borrow(const void* data, std::size_t nbytes, std::shared_ptr<const void> owner,
                                          bool read_only);
@@ -21,23 +25,34 @@ class Storage {
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
-  const std::byte* data() const { return data_; }
+  // Host access: waits for the device work that writes these bytes (and, to write, reads them).
+  const std::byte* data() const;
   std::byte* mutable_data();  // throws cubevec::Error on read-only storage
+  // No waiting: only for code the device has already ordered after that work (kernel launches).
+  std::byte* unsynchronized_data() const { return data_; }
   std::size_t nbytes() const { return nbytes_; }
   bool read_only() const { return read_only_; }
 
-  // Guards reuse of the bytes by other streams once this storage dies (see Note [Stream-aware reuse]).
-  void set_reuse_fence(std::shared_ptr<const ReuseFence> fence) { reuse_fence_ = std::move(fence); }
+  // Device bookkeeping of pending uses.
+  struct Uses {
+    FencePtr writer;
+    std::vector<FencePtr> readers;  // reads since the last write, the latest per stream
+  };
+  Uses uses() const;
+  void record_write(FencePtr fence);  // becomes the last writer; earlier readers are covered by it
+  void record_read(FencePtr fence);
 
  private:
   Storage() = default;
+  void check_writable() const;
 
   std::byte* data_ = nullptr;
   std::size_t nbytes_ = 0;
   bool read_only_ = false;
-  Allocator* allocator_ = nullptr;  // set when owned
+  Allocator* allocator_ = nullptr;     // set when owned
   std::shared_ptr<const void> owner_;  // set when borrowed
-  std::shared_ptr<const ReuseFence> reuse_fence_;
+  mutable std::mutex uses_mutex_;
+  Uses uses_;
 };
 
 }  // namespace cubevec

@@ -29,14 +29,14 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, Shape shape, Strides strides, i
       dtype_(dtype),
       defined_(true) {}
 
-Tensor Tensor::empty(Shape shape, DType dtype, Allocator& allocator) {
+Tensor Tensor::empty(Shape shape, DType dtype, Allocator& allocator, StreamTag stream) {
   const int64_t numel = shape_numel(shape);
   std::size_t nbytes;
   if (__builtin_mul_overflow(static_cast<std::size_t>(numel), dtype_size(dtype), &nbytes))
     throw Error("Tensor::empty: shape " + shape_to_string(shape) + " of " + std::string(dtype_name(dtype)) +
                 " needs more bytes than the address space holds");
   Strides strides = contiguous_strides(shape);
-  return Tensor(Storage::allocate(nbytes, allocator), std::move(shape), std::move(strides), 0, dtype);
+  return Tensor(Storage::allocate(nbytes, allocator, stream), std::move(shape), std::move(strides), 0, dtype);
 }
 
 Tensor Tensor::zeros(Shape shape, DType dtype, Allocator& allocator) {
@@ -95,6 +95,11 @@ const void* Tensor::data_ptr() const {
   if (!storage_)
     throw Error("cannot access the data of " + describe() + ": it has no storage (a meta tensor from simulate mode)");
   return storage_->data() + offset_ * static_cast<int64_t>(itemsize());
+}
+
+std::byte* Tensor::unsynchronized_data_ptr() const {
+  if (!storage_) data_ptr();  // throws the meta-tensor error
+  return storage_->unsynchronized_data() + offset_ * static_cast<int64_t>(itemsize());
 }
 
 void* Tensor::mutable_data_ptr() {

@@ -24,7 +24,8 @@ class Tensor {
  public:
   Tensor() = default;  // undefined: defined() is false
 
-  static Tensor empty(Shape shape, DType dtype, Allocator& allocator = default_allocator());
+  static Tensor empty(Shape shape, DType dtype, Allocator& allocator = default_allocator(),
+                      StreamTag stream = kHostStream);
   static Tensor zeros(Shape shape, DType dtype, Allocator& allocator = default_allocator());
   // Shape and dtype without storage: ops compute shapes and costs, no data (simulate mode).
   static Tensor meta(Shape shape, DType dtype);
@@ -53,9 +54,12 @@ class Tensor {
   // "Tensor(f32, shape [2, 3], strides [3, 1], offset 0)"
   std::string describe() const;
 
-  // Address of the element at index 0 (offset applied). Throws on a meta tensor.
+  // Address of the element at index 0 (offset applied), after the device work that writes the
+  // tensor (and, for mutable access, reads it) has finished. Throws on a meta tensor.
   const void* data_ptr() const;
   void* mutable_data_ptr();
+  // For kernels the device has ordered after the tensor's pending work: no host waiting.
+  std::byte* unsynchronized_data_ptr() const;
   // Typed access; T must match the dtype (uint16_t for f16 and bf16).
   template <class T>
   const T* data() const;

@@ -13,9 +13,12 @@ namespace cubevec {
 namespace {
 
 // A fence the test opens by hand, standing in for an event recorded on a device stream.
-class ManualFence final : public ReuseFence {
+class ManualFence final : public StreamFence {
  public:
   bool passed() const override { return open.load(); }
+  void host_wait() const override {}
+  StreamTag stream() const override { return tag; }
+  StreamTag tag = 1;
   std::atomic<bool> open{false};
 };
 
