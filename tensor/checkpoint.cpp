@@ -60,6 +60,7 @@ Checkpoint Checkpoint::open(const std::string& path) {
 }
 
 Checkpoint Checkpoint::open_index(const std::string& index_path) {
+  std::error_code ec;
   nlohmann::json index;
   try {
     index = parse_strict_json(read_text_file(index_path), 2);  // object > weight_map / metadata > values
@@ -82,7 +83,12 @@ Checkpoint Checkpoint::open_index(const std::string& index_path) {
       throw Error(index_path + ": weight_map entry '" + name + "' names shard '" + file +
                   "', expected a plain file name in the index's directory");
     auto [it, added] = shard_position.emplace(file, checkpoint.shards_.size());
-    if (added) checkpoint.shards_.push_back(SafetensorsFile::open((dir / file).string()));
+    if (added) {
+      const std::string shard_path = (dir / file).string();
+      if (!fs::exists(shard_path, ec))
+        throw Error(index_path + ": weight_map puts tensor '" + name + "' in shard " + shard_path + ", which does not exist");
+      checkpoint.shards_.push_back(SafetensorsFile::open(shard_path));
+    }
     const SafetensorsFile& opened = checkpoint.shards_[it->second];
     if (!opened.contains(name))
       throw Error(index_path + ": weight_map puts tensor '" + name + "' in " + file + ", which has no such tensor");

@@ -57,8 +57,8 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
     order.push_back(&item);
   }
   std::stable_sort(order.begin(), order.end(), [](const auto* a, const auto* b) {
-    const auto sa = dtype_size(a->second.dtype()), sb = dtype_size(b->second.dtype());
-    return sa != sb ? sa > sb : a->first < b->first;
+    const int ra = safetensors_dtype_rank(a->second.dtype()), rb = safetensors_dtype_rank(b->second.dtype());
+    return ra != rb ? ra > rb : a->first < b->first;
   });
 
   nlohmann::ordered_json header = nlohmann::ordered_json::object();

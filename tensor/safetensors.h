@@ -39,7 +39,7 @@ class SafetensorsFile {
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
-// Writes tensors (any strides) in the format's canonical layout: larger dtypes first, then by name,
+// Writes tensors (any strides) in the reference writer's layout: higher dtype rank first, then by name,
 // header padded with spaces to a multiple of 8. Written to a temporary file, then renamed.
 void write_safetensors(const std::string& path, const NamedTensors& tensors,
                        const std::map<std::string, std::string>& metadata = {});

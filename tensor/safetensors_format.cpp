@@ -164,6 +164,11 @@ std::string_view safetensors_dtype_name(DType dtype) {
   throw Error("safetensors_dtype_name: DType " + std::string(dtype_name(dtype)) + " has no safetensors name");
 }
 
+int safetensors_dtype_rank(DType dtype) {
+  const SafetensorsDtype* d = find_safetensors_dtype(safetensors_dtype_name(dtype));
+  return static_cast<int>(d - std::begin(kDtypes));
+}
+
 SafetensorsHeader parse_safetensors(std::span<const std::byte> file, const std::string& file_name) {
   const auto fail = [&](SafetensorsRule rule, const std::string& detail) {
     return SafetensorsError(file_name, "", rule, detail);

@@ -62,6 +62,9 @@ struct SafetensorsDtype {
 const SafetensorsDtype* find_safetensors_dtype(std::string_view name);
 // The format's name for a cubevec DType ("F32", "BF16", "BOOL", ...).
 std::string_view safetensors_dtype_name(DType dtype);
+// The dtype's alignment rank in the format (its position in the declaration order); the reference
+// writer puts higher ranks first.
+int safetensors_dtype_rank(DType dtype);
 
 struct SafetensorsEntry {
   std::string name;

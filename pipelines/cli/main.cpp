@@ -19,6 +19,19 @@ int main(int argc, char** argv) {
   };
   add(cubevec::cli::add_inspect_command);
 
+  // CLI11 would only say "a subcommand is required"; name the unknown word and the known ones.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string known;
+    bool found = false;
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      found = found || sub->get_name() == argv[1];
+      known += (known.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!found) {
+      std::fprintf(stderr, "error: unknown command '%s' (expected one of: %s)\n", argv[1], known.c_str());
+      return 1;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

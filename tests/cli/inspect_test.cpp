@@ -287,7 +287,9 @@ TEST_F(InspectCli, NoArgumentsIsAnError) {
   EXPECT_NE(r.err.find("subcommand"), std::string::npos) << r.err;
 }
 
-TEST_F(InspectCli, UnknownSubcommandIsAnError) { expect_one_error_line(run({"frobnicate"}), "error: "); }
+TEST_F(InspectCli, UnknownSubcommandIsAnError) {
+  expect_one_error_line(run({"frobnicate"}), "error: unknown command 'frobnicate' (expected one of: inspect)");
+}
 
 TEST_F(InspectCli, UnknownOptionIsAnError) {
   const Process r = run({"inspect", "--bogus", kSingle});

@@ -279,7 +279,8 @@ TEST_F(CheckpointErrors, ShardPathThatIsDotDot) {
 
 TEST_F(CheckpointErrors, MissingShardFile) {
   const std::string index = write_text("model.safetensors.index.json", R"({"weight_map": {"w": "absent.safetensors"}})");
-  expect_open_error(index, {path("absent.safetensors") + ": cannot open"});
+  expect_open_error(index, {index + ": weight_map puts tensor 'w' in shard " + path("absent.safetensors") +
+                                ", which does not exist"});
 }
 
 TEST_F(CheckpointErrors, MalformedShardIsNamed) {

@@ -91,7 +91,10 @@ TEST(Safetensors, WriterUsesTheCanonicalLayout) {
   write_safetensors(path, {{"z_small", patterned({3}, DType::u8, 1)},
                            {"b_big", patterned({2}, DType::i64, 2)},
                            {"a_big", patterned({2}, DType::i64, 3)},
-                           {"half", patterned({5}, DType::f16, 4)}});
+                           {"half", patterned({5}, DType::f16, 4)},
+                           {"i_32", patterned({1}, DType::i32, 5)},
+                           {"f_32", patterned({1}, DType::f32, 6)},
+                           {"bf", patterned({1}, DType::bf16, 7)}});
   std::ifstream in(path, std::ios::binary);
   uint64_t n = 0;
   in.read(reinterpret_cast<char*>(&n), 8);
@@ -101,8 +104,12 @@ TEST(Safetensors, WriterUsesTheCanonicalLayout) {
   const auto json = nlohmann::json::parse(header);  // trailing spaces are JSON whitespace
   EXPECT_EQ(json["a_big"]["data_offsets"], nlohmann::json::array({0, 16}));
   EXPECT_EQ(json["b_big"]["data_offsets"], nlohmann::json::array({16, 32}));
-  EXPECT_EQ(json["half"]["data_offsets"], nlohmann::json::array({32, 42}));
-  EXPECT_EQ(json["z_small"]["data_offsets"], nlohmann::json::array({42, 45}));
+  // Same-size dtypes follow the format's rank, not the name: F32 > I32, BF16 > F16.
+  EXPECT_EQ(json["f_32"]["data_offsets"], nlohmann::json::array({32, 36}));
+  EXPECT_EQ(json["i_32"]["data_offsets"], nlohmann::json::array({36, 40}));
+  EXPECT_EQ(json["bf"]["data_offsets"], nlohmann::json::array({40, 42}));
+  EXPECT_EQ(json["half"]["data_offsets"], nlohmann::json::array({42, 52}));
+  EXPECT_EQ(json["z_small"]["data_offsets"], nlohmann::json::array({52, 55}));
   EXPECT_EQ(json["half"]["dtype"], "F16");
   std::remove(path.c_str());
 }
