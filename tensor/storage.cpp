@@ -25,6 +25,13 @@ std::shared_ptr<Storage> Storage::borrow(const void* data, std::size_t nbytes, s
   return storage;
 }
 
+std::shared_ptr<Storage> Storage::meta(std::size_t nbytes) {
+  std::shared_ptr<Storage> storage(new Storage());
+  storage->nbytes_ = nbytes;
+  storage->meta_ = true;
+  return storage;
+}
+
 Storage::~Storage() {
   if (!allocator_) return;
   // The bytes go back once every pending use has passed (Note [Stream-aware reuse]).

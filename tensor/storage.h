@@ -21,6 +21,10 @@ class Storage {
   static std::shared_ptr<Storage> borrow(const void* data, std::size_t nbytes, std::shared_ptr<const void> owner,
                                          bool read_only);
 
+  // No bytes at all: the storage of a meta tensor (simulate mode). It still tracks device uses, so
+  // simulated work is ordered exactly as real work would be.
+  static std::shared_ptr<Storage> meta(std::size_t nbytes);
+
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -32,6 +36,7 @@ class Storage {
   std::byte* unsynchronized_data() const { return data_; }
   std::size_t nbytes() const { return nbytes_; }
   bool read_only() const { return read_only_; }
+  bool is_meta() const { return meta_; }
 
   // Device bookkeeping of pending uses.
   struct Uses {
@@ -49,6 +54,7 @@ class Storage {
   std::byte* data_ = nullptr;
   std::size_t nbytes_ = 0;
   bool read_only_ = false;
+  bool meta_ = false;
   Allocator* allocator_ = nullptr;     // set when owned
   std::shared_ptr<const void> owner_;  // set when borrowed
   mutable std::mutex uses_mutex_;

@@ -47,8 +47,9 @@ Tensor Tensor::zeros(Shape shape, DType dtype, Allocator& allocator) {
 
 Tensor Tensor::meta(Shape shape, DType dtype) {
   shape_numel(shape);  // validates
+  const auto nbytes = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype);
   Strides strides = contiguous_strides(shape);
-  return Tensor(nullptr, std::move(shape), std::move(strides), 0, dtype);
+  return Tensor(Storage::meta(nbytes), std::move(shape), std::move(strides), 0, dtype);
 }
 
 Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, Shape shape, Strides strides, int64_t offset,
@@ -88,17 +89,17 @@ bool Tensor::is_contiguous() const {
 std::string Tensor::describe() const {
   if (!defined_) return "Tensor(undefined)";
   return "Tensor(" + std::string(dtype_name(dtype_)) + ", shape " + shape_to_string(shape_) + ", strides " +
-         shape_to_string(strides_) + ", offset " + std::to_string(offset_) + (storage_ ? "" : ", meta") + ")";
+         shape_to_string(strides_) + ", offset " + std::to_string(offset_) + (has_storage() ? "" : ", meta") + ")";
 }
 
 const void* Tensor::data_ptr() const {
-  if (!storage_)
+  if (!has_storage())
     throw Error("cannot access the data of " + describe() + ": it has no storage (a meta tensor from simulate mode)");
   return storage_->data() + offset_ * static_cast<int64_t>(itemsize());
 }
 
 std::byte* Tensor::unsynchronized_data_ptr() const {
-  if (!storage_) data_ptr();  // throws the meta-tensor error
+  if (!has_storage()) data_ptr();  // throws the meta-tensor error
   return storage_->unsynchronized_data() + offset_ * static_cast<int64_t>(itemsize());
 }
 

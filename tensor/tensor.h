@@ -37,7 +37,8 @@ class Tensor {
   static Tensor from_vector(const std::vector<T>& values, Shape shape);
 
   bool defined() const { return defined_; }
-  bool has_storage() const { return storage_ != nullptr; }
+  // False for meta tensors: they have a (byte-less) storage for dependency tracking, but no data.
+  bool has_storage() const { return storage_ && !storage_->is_meta(); }
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
   const Strides& strides() const { return strides_; }
@@ -50,7 +51,7 @@ class Tensor {
   std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * itemsize(); }
   bool is_contiguous() const;
   const std::shared_ptr<Storage>& storage() const { return storage_; }
-  bool shares_storage_with(const Tensor& other) const { return storage_ && storage_ == other.storage_; }
+  bool shares_storage_with(const Tensor& other) const { return has_storage() && storage_ == other.storage_; }
   // "Tensor(f32, shape [2, 3], strides [3, 1], offset 0)"
   std::string describe() const;
 

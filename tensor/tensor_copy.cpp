@@ -61,7 +61,7 @@ Tensor Tensor::contiguous() const {
 }
 
 Tensor Tensor::clone() const {
-  if (!storage_) return meta(shape_, dtype_);
+  if (!has_storage()) return meta(shape_, dtype_);
   Tensor out = empty(shape_, dtype_);
   strided_copy(*this, static_cast<std::byte*>(out.mutable_data_ptr()), out.strides());
   return out;

@@ -1,0 +1,159 @@
+#include "device/device_profile.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "tensor/error.h"
+#include "tensor/strict_json.h"
+
+namespace cubevec {
+
+namespace {
+
+using Json = nlohmann::json;
+
+// Reads a JSON object's fields, refusing unknown ones, so that every mistake names its key.
+class FieldReader {
+ public:
+  FieldReader(const Json& object, std::string where) : object_(object), where_(std::move(where)) {
+    if (!object.is_object()) throw Error(where_ + ": expected a JSON object, got " + object.type_name());
+  }
+  const Json& get(const std::string& key) {
+    seen_.insert(key);
+    if (!object_.contains(key)) throw Error(where_ + ": missing required field \"" + key + "\"");
+    return object_[key];
+  }
+  double positive_number(const std::string& key) {
+    const Json& v = get(key);
+    if (!v.is_number() || v.get<double>() <= 0)
+      throw Error(where_ + "." + key + ": expected a positive number, got " + v.dump());
+    return v.get<double>();
+  }
+  double non_negative_number(const std::string& key) {
+    const Json& v = get(key);
+    if (!v.is_number() || v.get<double>() < 0)
+      throw Error(where_ + "." + key + ": expected a non-negative number, got " + v.dump());
+    return v.get<double>();
+  }
+  int positive_int(const std::string& key) {
+    const Json& v = get(key);
+    if (!v.is_number_unsigned() || v.get<uint64_t>() == 0 || v.get<uint64_t>() > 4096)
+      throw Error(where_ + "." + key + ": expected an integer from 1 to 4096, got " + v.dump());
+    return static_cast<int>(v.get<uint64_t>());
+  }
+  std::map<DType, double> tflops_table(const std::string& key) {
+    std::map<DType, double> table;
+    FieldReader inner(get(key), where_ + "." + key);
+    for (const auto& [name, value] : inner.object_.items()) {
+      const DType dtype = parse_dtype(name);  // names the known dtypes on error
+      table[dtype] = inner.positive_number(name);
+    }
+    if (table.empty()) throw Error(where_ + "." + key + ": expected at least one dtype, e.g. {\"bf16\": 313}");
+    return table;
+  }
+  FieldReader object(const std::string& key) { return FieldReader(get(key), where_ + "." + key); }
+  void reject_unknown() const {
+    for (const auto& [key, value] : object_.items())
+      if (!seen_.count(key)) throw Error(where_ + ": unknown field \"" + key + "\"");
+  }
+
+ private:
+  const Json& object_;
+  std::string where_;
+  std::set<std::string> seen_;
+};
+
+int positive_env_int(const char* name) {
+  const char* text = std::getenv(name);
+  if (!text || !*text) return 0;
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  if (*end != '\0' || value < 1 || value > 4096)
+    throw Error(std::string("environment variable ") + name + "=" + text + ": expected an integer from 1 to 4096");
+  return static_cast<int>(value);
+}
+
+}  // namespace
+
+double DeviceProfile::peak_tflops(bool cube, DType dtype) const {
+  const auto& table = cube ? cube_tflops : vector_tflops;
+  const auto it = table.find(dtype);
+  if (it == table.end())
+    throw Error("device profile '" + name + "' (" + source + ") has no " + (cube ? "cube" : "vector") +
+                "_tflops figure for " + std::string(dtype_name(dtype)));
+  return it->second;
+}
+
+DeviceProfile parse_device_profile(const std::string& json_text, const std::string& source) {
+  Json json;
+  try {
+    json = parse_strict_json(json_text, 3);
+  } catch (const StrictJsonError& e) {
+    throw Error(source + ": " + e.what());
+  }
+  DeviceProfile p;
+  p.source = source;
+  FieldReader top(json, source);
+  const Json& name = top.get("name");
+  if (!name.is_string() || name.get<std::string>().empty()) throw Error(source + ".name: expected a non-empty string");
+  p.name = name.get<std::string>();
+  if (json.contains("description")) top.get("description");  // free text for readers
+
+  FieldReader cpu = top.object("cpu");
+  p.cube_threads = cpu.positive_int("cube_threads");
+  p.vector_threads = cpu.positive_int("vector_threads");
+  const Json& pin = cpu.get("pin_units");
+  if (!pin.is_boolean()) throw Error(source + ".cpu.pin_units: expected true or false, got " + pin.dump());
+  p.pin_units = pin.get<bool>();
+  cpu.reject_unknown();
+
+  FieldReader npu = top.object("npu");
+  p.ai_cores = npu.positive_int("ai_cores");
+  p.vector_cores = npu.positive_int("vector_cores");
+  p.cube_tflops = npu.tflops_table("cube_tflops");
+  p.vector_tflops = npu.tflops_table("vector_tflops");
+  p.hbm_gbps = npu.positive_number("hbm_gbps");
+  p.l2_mib = npu.non_negative_number("l2_mib");
+  p.launch_overhead_us = npu.non_negative_number("launch_overhead_us");
+  npu.reject_unknown();
+  top.reject_unknown();
+  return p;
+}
+
+DeviceProfile load_device_profile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open the device profile");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_device_profile(text.str(), path);
+}
+
+DeviceProfile builtin_cpu_profile() {
+  DeviceProfile p;
+  p.name = "cpu-default";
+  p.source = "built-in";
+  p.cube_threads = 1;
+  p.vector_threads = 1;
+  p.pin_units = false;
+  // Keep in step with assets/devices/cpu-default.json (a test compares them).
+  p.ai_cores = 1;
+  p.vector_cores = 1;
+  p.cube_tflops = {{DType::f32, 0.1}, {DType::bf16, 0.2}, {DType::f16, 0.1}, {DType::i8, 0.4}};
+  p.vector_tflops = {{DType::f32, 0.05}, {DType::bf16, 0.05}, {DType::f16, 0.05}};
+  p.hbm_gbps = 10;
+  p.l2_mib = 2;
+  p.launch_overhead_us = 2;
+  return p;
+}
+
+void apply_thread_overrides(DeviceProfile& profile, int cube_threads, int vector_threads) {
+  if (const int env = positive_env_int("CUBEVEC_CUBE_THREADS")) profile.cube_threads = env;
+  if (const int env = positive_env_int("CUBEVEC_VECTOR_THREADS")) profile.vector_threads = env;
+  if (cube_threads < 0 || vector_threads < 0) throw Error("thread counts must be positive");
+  if (cube_threads > 0) profile.cube_threads = cube_threads;
+  if (vector_threads > 0) profile.vector_threads = vector_threads;
+}
+
+}  // namespace cubevec

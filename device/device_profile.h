@@ -1,0 +1,47 @@
+// DeviceProfile: how the emulated device maps onto this CPU (threads per unit) and the figures of
+// the NPU it models (peaks, bandwidth, launch overhead) for the cost model. Loaded from JSON in
+// assets/devices/; every field is required and checked, so a typo is an error, not a default.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "tensor/dtype.h"
+
+namespace cubevec {
+
+struct DeviceProfile {
+  std::string name;
+  std::string source;  // the file it came from, or "built-in"
+
+  // This CPU.
+  int cube_threads = 1;     // threads of the Cube unit's arena
+  int vector_threads = 1;   // threads of the Vector unit's arena
+  bool pin_units = false;   // pin each unit's threads to their own cores
+
+  // The modelled NPU.
+  int ai_cores = 1;                        // Cube cores (AIC)
+  int vector_cores = 1;                    // Vector cores (AIV)
+  std::map<DType, double> cube_tflops;     // Cube peak by compute dtype
+  std::map<DType, double> vector_tflops;   // Vector peak by compute dtype
+  double hbm_gbps = 1;                     // device-memory bandwidth
+  double l2_mib = 0;                       // L2 cache size (reported; the simple cost model ignores it)
+  double launch_overhead_us = 0;           // added to every kernel
+
+  // Peak of `unit` for `dtype`; throws naming the profile when it has no figure for that dtype.
+  double peak_tflops(bool cube, DType dtype) const;
+};
+
+// Parses and validates a profile; `source` names it in errors.
+DeviceProfile parse_device_profile(const std::string& json_text, const std::string& source);
+DeviceProfile load_device_profile(const std::string& path);
+
+// The profile used when none is named: 1 Cube and 1 Vector thread (one core each on the 2-core
+// machine this project targets) and the same NPU figures as assets/devices/cpu-default.json.
+DeviceProfile builtin_cpu_profile();
+
+// Applies CUBEVEC_CUBE_THREADS / CUBEVEC_VECTOR_THREADS from the environment, then the given
+// overrides (0 = keep). Throws on a value that is not a positive integer.
+void apply_thread_overrides(DeviceProfile& profile, int cube_threads = 0, int vector_threads = 0);
+
+}  // namespace cubevec

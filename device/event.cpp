@@ -1,0 +1,55 @@
+#include "device/event.h"
+
+#include "tensor/error.h"
+
+namespace cubevec {
+
+namespace {
+thread_local bool t_inside_kernel = false;
+}
+
+bool inside_kernel() { return t_inside_kernel; }
+void set_inside_kernel(bool inside) { t_inside_kernel = inside; }
+
+bool EventState::passed() const {
+  std::lock_guard lock(mutex_);
+  return done_;
+}
+
+void EventState::host_wait() const {
+  if (t_inside_kernel) return;
+  std::unique_lock lock(mutex_);
+  reached_.wait(lock, [&] { return done_; });
+  if (!error_.empty()) throw Error(error_);
+}
+
+void EventState::complete(std::string error) {
+  std::vector<std::function<void()>> callbacks;
+  {
+    std::lock_guard lock(mutex_);
+    if (done_) return;
+    done_ = true;
+    error_ = std::move(error);
+    callbacks.swap(callbacks_);
+  }
+  reached_.notify_all();
+  for (auto& callback : callbacks) callback();
+}
+
+void EventState::on_complete(std::function<void()> callback) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!done_) {
+      callbacks_.push_back(std::move(callback));
+      return;
+    }
+  }
+  callback();
+}
+
+std::string EventState::error() const {
+  std::lock_guard lock(mutex_);
+  return error_;
+}
+
+}  // namespace cubevec

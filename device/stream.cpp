@@ -1,0 +1,119 @@
+#include "device/stream.h"
+
+#include "device/cost_model.h"
+#include "device/device.h"
+#include "device/stream_state.h"
+
+namespace cubevec {
+
+namespace {
+
+// The events a launch on `stream` must wait for before touching `storage`.
+void collect_waits(const Storage& storage, bool writes, StreamTag stream, std::vector<std::shared_ptr<EventState>>& waits) {
+  const Storage::Uses uses = storage.uses();
+  const auto consider = [&](const FencePtr& fence) {
+    if (!fence || fence->stream() == stream || fence->passed()) return;
+    auto event = std::dynamic_pointer_cast<const EventState>(fence);
+    if (!event) {  // a fence from outside this device's streams: wait for it here
+      fence->host_wait();
+      return;
+    }
+    waits.push_back(std::const_pointer_cast<EventState>(event));
+  };
+  consider(uses.writer);
+  if (writes)
+    for (const auto& reader : uses.readers) consider(reader);
+}
+
+}  // namespace
+
+StreamTag Stream::id() const { return state_->id; }
+const std::string& Stream::label() const { return state_->label; }
+Device& Stream::device() const { return state_->device; }
+
+void Stream::launch(const KernelDesc& kernel, const std::vector<Tensor>& reads, const std::vector<Tensor>& writes,
+                    KernelBody body) const {
+  StreamState& s = *state_;
+  Device& device = s.device;
+  const double duration_s = model_kernel(device.profile(), kernel).total_s;
+
+  std::lock_guard lock(s.launch_mutex);
+  std::vector<std::shared_ptr<EventState>> waits;
+  StreamTask task;
+  // Meta tensors take part too, so simulated work is ordered exactly like real work.
+  for (const Tensor& t : reads)
+    if (t.storage()) {
+      collect_waits(*t.storage(), false, s.id, waits);
+      task.keep_alive.push_back(t.storage());
+    }
+  for (const Tensor& t : writes)
+    if (t.storage()) {
+      collect_waits(*t.storage(), true, s.id, waits);
+      task.keep_alive.push_back(t.storage());
+    }
+
+  // The modelled timeline: after the stream's previous work, the awaited events and the unit.
+  double ready_s = s.modelled_clock_s;
+  for (const auto& w : waits) ready_s = std::max(ready_s, w->modelled_time_s());
+  const double start_s = device.schedule_modelled(kernel.unit, ready_s, duration_s);
+  s.modelled_clock_s = start_s + duration_s;
+
+  task.kind = StreamTask::Kind::kernel;
+  task.event = std::make_shared<EventState>(s.id, s.modelled_clock_s);
+  task.name = kernel.name;
+  task.unit = kernel.unit;
+  task.body = std::move(body);
+  if (device.tracing())
+    task.record = device.trace().add({kernel, s.id, s.label, start_s, s.modelled_clock_s});
+  for (const Tensor& t : reads)
+    if (t.storage()) t.storage()->record_read(task.event);
+  for (const Tensor& t : writes)
+    if (t.storage()) t.storage()->record_write(task.event);
+
+  for (auto& w : waits) {
+    StreamTask wait;
+    wait.kind = StreamTask::Kind::wait;
+    wait.event = std::move(w);
+    s.push(std::move(wait));
+  }
+  s.push(std::move(task));
+}
+
+Event Stream::record() const {
+  StreamState& s = *state_;
+  std::lock_guard lock(s.launch_mutex);
+  StreamTask task;
+  task.kind = StreamTask::Kind::record;
+  task.event = std::make_shared<EventState>(s.id, s.modelled_clock_s);
+  Event event(task.event);
+  s.push(std::move(task));
+  return event;
+}
+
+void Stream::wait(const Event& event) const {
+  if (!event.state()) return;
+  StreamState& s = *state_;
+  std::lock_guard lock(s.launch_mutex);
+  s.modelled_clock_s = std::max(s.modelled_clock_s, event.state()->modelled_time_s());
+  StreamTask task;
+  task.kind = StreamTask::Kind::wait;
+  task.event = event.state();
+  s.push(std::move(task));
+}
+
+void Stream::synchronize() const {
+  const Event done = record();
+  try {
+    done.synchronize();
+  } catch (...) {
+    state_->take_failure();  // reported now; the stream carries on clean
+    throw;
+  }
+}
+
+double Stream::modelled_time_s() const {
+  std::lock_guard lock(state_->launch_mutex);
+  return state_->modelled_clock_s;
+}
+
+}  // namespace cubevec

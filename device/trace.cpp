@@ -1,0 +1,79 @@
+#include "device/trace.h"
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "tensor/error.h"
+
+namespace cubevec {
+
+KernelRecord* Trace::add(KernelRecord record) {
+  std::lock_guard lock(mutex_);
+  records_.push_back(std::move(record));
+  return &records_.back();
+}
+
+std::vector<KernelRecord> Trace::records() const {
+  std::lock_guard lock(mutex_);
+  return {records_.begin(), records_.end()};
+}
+
+void Trace::clear() {
+  std::lock_guard lock(mutex_);
+  records_.clear();
+  epoch_ = std::chrono::steady_clock::now();
+}
+
+void Trace::write_chrome_json(const std::string& path, const std::string& device_name) const {
+  // Four processes, so Perfetto groups the tracks: what ran on this CPU (by unit, by stream) and
+  // what the cost model says the NPU would do (by unit, by stream).
+  enum Pid { kMeasuredUnits = 1, kMeasuredStreams = 2, kModelledUnits = 3, kModelledStreams = 4 };
+  nlohmann::json events = nlohmann::json::array();
+  const auto name_process = [&](int pid, const std::string& name) {
+    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", pid}, {"args", {{"name", name}}}});
+    events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
+  };
+  const auto name_thread = [&](int pid, uint64_t tid, const std::string& name) {
+    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", tid}, {"args", {{"name", name}}}});
+  };
+  name_process(kMeasuredUnits, device_name + ": measured on this CPU, by unit");
+  name_process(kMeasuredStreams, device_name + ": measured on this CPU, by stream");
+  name_process(kModelledUnits, device_name + ": modelled NPU, by unit");
+  name_process(kModelledStreams, device_name + ": modelled NPU, by stream");
+  for (Unit unit : kAllUnits) {
+    name_thread(kMeasuredUnits, static_cast<uint64_t>(unit) + 1, std::string(unit_name(unit)));
+    name_thread(kModelledUnits, static_cast<uint64_t>(unit) + 1, std::string(unit_name(unit)));
+  }
+
+  std::map<StreamTag, std::string> streams;
+  for (const KernelRecord& r : records()) {
+    streams[r.stream] = r.stream_label;
+    const nlohmann::json args = {{"unit", unit_name(r.desc.unit)}, {"stream", r.stream},
+                                 {"flops", r.desc.flops},         {"bytes", r.desc.bytes},
+                                 {"dtype", dtype_name(r.desc.dtype)},
+                                 {"modelled_us", (r.modelled_end_s - r.modelled_start_s) * 1e6}};
+    const auto slice = [&](int pid, uint64_t tid, double start_s, double end_s) {
+      events.push_back({{"ph", "X"}, {"name", r.desc.name}, {"cat", unit_name(r.desc.unit)}, {"pid", pid}, {"tid", tid},
+                        {"ts", start_s * 1e6}, {"dur", (end_s - start_s) * 1e6}, {"args", args}});
+    };
+    const uint64_t unit_tid = static_cast<uint64_t>(r.desc.unit) + 1;
+    if (r.ran) {
+      slice(kMeasuredUnits, unit_tid, r.real_start_s, r.real_end_s);
+      slice(kMeasuredStreams, r.stream, r.real_start_s, r.real_end_s);
+    }
+    slice(kModelledUnits, unit_tid, r.modelled_start_s, r.modelled_end_s);
+    slice(kModelledStreams, r.stream, r.modelled_start_s, r.modelled_end_s);
+  }
+  for (const auto& [tag, label] : streams) {
+    const std::string name = "stream " + std::to_string(tag) + (label.empty() ? "" : " (" + label + ")");
+    name_thread(kMeasuredStreams, tag, name);
+    name_thread(kModelledStreams, tag, name);
+  }
+
+  std::ofstream out(path);
+  out << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() << "\n";
+  if (!out) throw Error(path + ": cannot write the trace file");
+}
+
+}  // namespace cubevec

@@ -1,0 +1,99 @@
+#include "device/device_profile.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "tensor/error.h"
+
+namespace cubevec {
+namespace {
+
+const std::string kDevices = std::string(CUBEVEC_SOURCE_DIR) + "/assets/devices/";
+
+std::string error_of(const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+const char* kValid = R"({"name": "t", "cpu": {"cube_threads": 2, "vector_threads": 3, "pin_units": true},
+  "npu": {"ai_cores": 4, "vector_cores": 8, "cube_tflops": {"bf16": 10}, "vector_tflops": {"f32": 1.5},
+          "hbm_gbps": 100, "l2_mib": 8, "launch_overhead_us": 3}})";
+
+TEST(DeviceProfile, ShippedProfilesLoad) {
+  const DeviceProfile npu = load_device_profile(kDevices + "ascend-910b.json");
+  EXPECT_EQ(npu.name, "ascend-910b");
+  EXPECT_EQ(npu.ai_cores, 24);
+  EXPECT_EQ(npu.vector_cores, 48);
+  EXPECT_DOUBLE_EQ(npu.peak_tflops(true, DType::bf16), 313);
+  EXPECT_DOUBLE_EQ(npu.hbm_gbps, 1600);
+  const DeviceProfile cpu = load_device_profile(kDevices + "cpu-default.json");
+  EXPECT_EQ(cpu.cube_threads + cpu.vector_threads, 2) << "the default suits a 2-core machine";
+}
+
+TEST(DeviceProfile, BuiltInMatchesTheShippedCpuDefault) {
+  const DeviceProfile file = load_device_profile(kDevices + "cpu-default.json");
+  const DeviceProfile builtin = builtin_cpu_profile();
+  EXPECT_EQ(file.name, builtin.name);
+  EXPECT_EQ(file.cube_threads, builtin.cube_threads);
+  EXPECT_EQ(file.vector_threads, builtin.vector_threads);
+  EXPECT_EQ(file.ai_cores, builtin.ai_cores);
+  EXPECT_EQ(file.cube_tflops, builtin.cube_tflops);
+  EXPECT_EQ(file.vector_tflops, builtin.vector_tflops);
+  EXPECT_EQ(file.hbm_gbps, builtin.hbm_gbps);
+  EXPECT_EQ(file.l2_mib, builtin.l2_mib);
+  EXPECT_EQ(file.launch_overhead_us, builtin.launch_overhead_us);
+}
+
+TEST(DeviceProfile, ParsesEveryField) {
+  const DeviceProfile p = parse_device_profile(kValid, "valid.json");
+  EXPECT_EQ(p.cube_threads, 2);
+  EXPECT_EQ(p.vector_threads, 3);
+  EXPECT_TRUE(p.pin_units);
+  EXPECT_DOUBLE_EQ(p.peak_tflops(false, DType::f32), 1.5);
+  EXPECT_DOUBLE_EQ(p.launch_overhead_us, 3);
+}
+
+TEST(DeviceProfile, ErrorsNameTheFieldAndWhatWasExpected) {
+  const auto with = [](const std::string& from, const std::string& to) {
+    std::string text = kValid;
+    const auto at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return text.replace(at, from.size(), to);
+  };
+  const auto fails = [&](const std::string& text, const std::string& fragment) {
+    const std::string message = error_of([&] { parse_device_profile(text, "p.json"); });
+    EXPECT_NE(message.find(fragment), std::string::npos) << "expected '" << fragment << "' in: " << message;
+  };
+  fails("{", "p.json: not valid JSON");
+  fails(with(R"("name": "t", )", ""), "p.json: missing required field \"name\"");
+  fails(with(R"("cube_threads": 2)", R"("cube_threads": 0)"), "p.json.cpu.cube_threads: expected an integer from 1 to 4096");
+  fails(with(R"("cube_threads": 2)", R"("cube_threads": 2, "cube_thread": 2)"), "p.json.cpu: unknown field \"cube_thread\"");
+  fails(with(R"("pin_units": true)", R"("pin_units": 1)"), "p.json.cpu.pin_units: expected true or false");
+  fails(with(R"("hbm_gbps": 100)", R"("hbm_gbps": -1)"), "p.json.npu.hbm_gbps: expected a positive number");
+  fails(with(R"({"bf16": 10})", R"({"float16": 10})"), "unknown dtype 'float16'");
+  fails(with(R"({"bf16": 10})", "{}"), "p.json.npu.cube_tflops: expected at least one dtype");
+  fails(with(R"("l2_mib": 8)", R"("l2_mib": "big")"), "p.json.npu.l2_mib: expected a non-negative number");
+  EXPECT_NE(error_of([] { load_device_profile("/nonexistent/profile.json"); }).find("cannot open"), std::string::npos);
+}
+
+TEST(DeviceProfile, ThreadOverridesFromEnvironmentThenFlags) {
+  DeviceProfile p = builtin_cpu_profile();
+  setenv("CUBEVEC_CUBE_THREADS", "3", 1);
+  apply_thread_overrides(p);
+  EXPECT_EQ(p.cube_threads, 3);
+  apply_thread_overrides(p, 5, 2);  // a flag beats the environment
+  EXPECT_EQ(p.cube_threads, 5);
+  EXPECT_EQ(p.vector_threads, 2);
+  setenv("CUBEVEC_CUBE_THREADS", "two", 1);
+  EXPECT_NE(error_of([&] { apply_thread_overrides(p); }).find("CUBEVEC_CUBE_THREADS=two: expected an integer"),
+            std::string::npos);
+  unsetenv("CUBEVEC_CUBE_THREADS");
+}
+
+}  // namespace
+}  // namespace cubevec

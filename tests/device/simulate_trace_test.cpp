@@ -1,0 +1,131 @@
+// The cost model, simulate mode (same shapes and costs as a real run, no arithmetic) and the
+// Chrome trace file.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "device/cost_model.h"
+#include "device_test_util.h"
+
+namespace cubevec {
+namespace {
+
+using namespace testing_ops;
+
+TEST(CostModel, MaxOfComputeAndMemoryPlusLaunchOverhead) {
+  DeviceProfile p = builtin_cpu_profile();
+  p.cube_tflops = {{DType::bf16, 100.0}};
+  p.vector_tflops = {{DType::f32, 10.0}};
+  p.hbm_gbps = 1000.0;
+  p.launch_overhead_us = 5.0;
+  const ModelledCost gemm = model_kernel(p, {"gemm", Unit::cube, 2e12, 1e9, DType::bf16});
+  EXPECT_DOUBLE_EQ(gemm.compute_s, 0.02);  // 2e12 / 1e14
+  EXPECT_DOUBLE_EQ(gemm.memory_s, 0.001);  // 1e9 / 1e12
+  EXPECT_DOUBLE_EQ(gemm.total_s, 0.02 + 5e-6);
+  const ModelledCost norm = model_kernel(p, {"norm", Unit::vector, 1e9, 4e9, DType::f32});
+  EXPECT_DOUBLE_EQ(norm.total_s, 0.004 + 5e-6);  // memory-bound
+  try {
+    model_kernel(p, {"gemm", Unit::cube, 1, 1, DType::f32});
+    FAIL() << "no f32 cube figure in this profile";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no cube_tflops figure for f32"), std::string::npos) << e.what();
+  }
+}
+
+// A small two-stream workload; returns the trace records after it ran.
+std::vector<KernelRecord> run_workload(bool simulate, Shape& out_shape) {
+  Device device(two_thread_profile(), {.simulate = simulate, .trace = true});
+  Stream cube = device.new_stream("cube"), vec = device.new_stream("vector");
+  const Tensor a = fill(vec, {64, 32}, 0.5f);
+  const Tensor b = fill(vec, {32, 48}, 2.0f);
+  const Tensor c = matmul(cube, a, b);  // waits for both fills (implicit dependency)
+  const Tensor d = add(vec, c, c);
+  out_shape = d.shape();
+  EXPECT_EQ(d.has_storage(), !simulate);
+  device.synchronize();
+  if (!simulate) {
+    EXPECT_EQ(d.at<float>({63, 47}), 64.0f);  // 2 * (32 * 0.5 * 2)
+  }
+  return device.trace().records();
+}
+
+TEST(Simulate, SameShapesAndCostsAsARealRun) {
+  Shape real_shape, simulated_shape;
+  const auto real = run_workload(false, real_shape);
+  const auto simulated = run_workload(true, simulated_shape);
+  EXPECT_EQ(real_shape, simulated_shape);
+  ASSERT_EQ(real.size(), simulated.size());
+  for (std::size_t i = 0; i < real.size(); ++i) {
+    EXPECT_EQ(real[i].desc.name, simulated[i].desc.name);
+    EXPECT_EQ(real[i].desc.unit, simulated[i].desc.unit);
+    EXPECT_EQ(real[i].desc.flops, simulated[i].desc.flops);
+    EXPECT_EQ(real[i].desc.bytes, simulated[i].desc.bytes);
+    EXPECT_DOUBLE_EQ(real[i].modelled_start_s, simulated[i].modelled_start_s);
+    EXPECT_DOUBLE_EQ(real[i].modelled_end_s, simulated[i].modelled_end_s);
+    EXPECT_TRUE(real[i].ran);
+    EXPECT_FALSE(simulated[i].ran) << "simulate mode must not run kernel bodies";
+  }
+  // The matmul waited for the fills on the other stream on the modelled timeline too.
+  EXPECT_GE(real[2].modelled_start_s, real[1].modelled_end_s);
+}
+
+TEST(Simulate, ModelledTimelineOverlapsUnitsAcrossStreams) {
+  DeviceProfile p = two_thread_profile();
+  p.launch_overhead_us = 0;
+  Device device(p, {.simulate = true});
+  Stream cube = device.new_stream(), vec = device.new_stream();
+  for (int i = 0; i < 10; ++i) {
+    cube.launch({"gemm", Unit::cube, 1e9, 0, DType::f32}, {}, {}, [] {});
+    vec.launch({"norm", Unit::vector, 0, 1e8, DType::f32}, {}, {}, [] {});
+  }
+  device.synchronize();
+  const DeviceStats s = device.stats();
+  const double cube_s = 10 * 1e9 / (p.cube_tflops.at(DType::f32) * 1e12);
+  const double vec_s = 10 * 1e8 / (p.hbm_gbps * 1e9);
+  EXPECT_NEAR(s.modelled_busy_s[0], cube_s, 1e-12);
+  EXPECT_NEAR(s.modelled_busy_s[1], vec_s, 1e-12);
+  EXPECT_NEAR(s.modelled_makespan_s, std::max(cube_s, vec_s), 1e-12) << "independent streams overlap";
+
+  // The same work on one stream is serialized.
+  device.reset_timeline();
+  Stream one = device.new_stream();
+  for (int i = 0; i < 10; ++i) {
+    one.launch({"gemm", Unit::cube, 1e9, 0, DType::f32}, {}, {}, [] {});
+    one.launch({"norm", Unit::vector, 0, 1e8, DType::f32}, {}, {}, [] {});
+  }
+  device.synchronize();
+  EXPECT_NEAR(device.stats().modelled_makespan_s, cube_s + vec_s, 1e-12);
+}
+
+TEST(Trace, WritesChromeTraceJson) {
+  Device device(two_thread_profile(), {.trace = true});
+  Stream s = device.new_stream("main");
+  const Tensor a = fill(s, {8, 8}, 1.0f);
+  const Tensor c = matmul(s, a, a);
+  device.synchronize();
+  const std::string path = (std::filesystem::temp_directory_path() / "cubevec_trace_test.json").string();
+  device.trace().write_chrome_json(path, "test-device");
+  std::ifstream in(path);
+  const auto json = nlohmann::json::parse(in);
+  int measured = 0, modelled = 0;
+  std::set<std::string> processes;
+  for (const auto& e : json["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "process_name") processes.insert(e["args"]["name"].get<std::string>());
+    if (e["ph"] != "X") continue;
+    EXPECT_GE(e["dur"].get<double>(), 0.0);
+    (e["pid"].get<int>() <= 2 ? measured : modelled) += 1;
+    if (e["name"] == "matmul") {
+      EXPECT_EQ(e["args"]["flops"].get<double>(), 2.0 * 8 * 8 * 8);
+    }
+  }
+  EXPECT_EQ(measured, 4) << "two kernels, each on a unit track and a stream track";
+  EXPECT_EQ(modelled, 4);
+  EXPECT_EQ(processes.size(), 4u);
+  std::filesystem::remove(path);
+  EXPECT_THROW(device.trace().write_chrome_json("/nonexistent/dir/trace.json", "x"), Error);
+}
+
+}  // namespace
+}  // namespace cubevec
