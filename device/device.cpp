@@ -1,75 +1,31 @@
 #include "device/device.h"
 
-#include <pthread.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <tbb/global_control.h>
-#include <tbb/task_scheduler_observer.h>
 
 #include "device/stream_state.h"
 
 namespace cubevec {
 
-namespace {
-
-// TBB sizes its worker pool to the core count minus one by default; two arenas that should run at
-// the same time need workers for both, so the pool is raised to what the devices ask for.
-void ensure_tbb_workers(int threads) {
-  static std::mutex mutex;
-  static std::unique_ptr<tbb::global_control> control;
-  static int current = 0;
-  std::lock_guard lock(mutex);
-  if (threads <= current) return;
-  control = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism,
-                                                  static_cast<std::size_t>(threads));
-  current = threads;
-}
-
-// Pins the threads that join an arena to a fixed set of cores.
-class CorePinner final : public tbb::task_scheduler_observer {
- public:
-  CorePinner(tbb::task_arena& arena, std::vector<int> cores) : tbb::task_scheduler_observer(arena), cores_(std::move(cores)) {
-    observe(true);
-  }
-  ~CorePinner() override { observe(false); }
-  void on_scheduler_entry(bool) override {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    for (int core : cores_) CPU_SET(core, &set);
-    pthread_setaffinity_np(pthread_self(), sizeof set, &set);
-  }
-
- private:
-  std::vector<int> cores_;
-};
-
-}  // namespace
-
 struct Device::Units {
-  tbb::task_arena cube;
-  tbb::task_arena vector;
-  std::vector<std::unique_ptr<CorePinner>> pinners;
+  std::unique_ptr<UnitExecutor> cube;
+  std::unique_ptr<UnitExecutor> vector;
 
-  Units(const DeviceProfile& p)
-      : cube(p.cube_threads, /*reserved_for_masters=*/0), vector(p.vector_threads, /*reserved_for_masters=*/0) {
-    cube.initialize();
-    vector.initialize();
-    if (!p.pin_units) return;
-    // Cube threads take the first cores, Vector threads the next ones (wrapping on small machines).
-    const int cores = std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+  explicit Units(const DeviceProfile& p) {
     std::vector<int> cube_cores, vector_cores;
-    for (int i = 0; i < p.cube_threads; ++i) cube_cores.push_back(i % cores);
-    for (int i = 0; i < p.vector_threads; ++i) vector_cores.push_back((p.cube_threads + i) % cores);
-    pinners.push_back(std::make_unique<CorePinner>(cube, cube_cores));
-    pinners.push_back(std::make_unique<CorePinner>(vector, vector_cores));
+    if (p.pin_units) {  // Cube threads take the first cores, Vector threads the next (wrapping)
+      const int cores = std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+      for (int i = 0; i < p.cube_threads; ++i) cube_cores.push_back(i % cores);
+      for (int i = 0; i < p.vector_threads; ++i) vector_cores.push_back((p.cube_threads + i) % cores);
+    }
+    cube = std::make_unique<UnitExecutor>("cube", p.cube_threads, cube_cores);
+    vector = std::make_unique<UnitExecutor>("vector", p.vector_threads, vector_cores);
   }
 };
 
 Device::Device(DeviceProfile profile, DeviceOptions options)
     : profile_(std::move(profile)), options_(options), allocator_(default_allocator()) {
-  ensure_tbb_workers(profile_.cube_threads + profile_.vector_threads + 1);
   units_ = std::make_unique<Units>(profile_);
   default_stream_ = std::make_unique<Stream>(new_stream("default"));
 }
@@ -87,7 +43,7 @@ Device::~Device() {
       // Nobody is left to report it to; the work has drained, which is what matters here.
     }
   }
-  units_.reset();  // the arenas finish their bookkeeping before the streams go
+  units_.reset();  // stops the dispatchers while the streams they serve still exist
 }
 
 Stream Device::new_stream(std::string label) {
@@ -119,7 +75,7 @@ Tensor Device::empty(Shape shape, DType dtype, const Stream& stream) {
   return Tensor::empty(std::move(shape), dtype, allocator_, stream.id());
 }
 
-tbb::task_arena& Device::arena(Unit unit) { return unit == Unit::cube ? units_->cube : units_->vector; }
+UnitExecutor& Device::unit(Unit which) { return which == Unit::cube ? *units_->cube : *units_->vector; }
 
 double Device::schedule_modelled(Unit unit, double ready_s, double duration_s) {
   std::lock_guard lock(mutex_);
@@ -145,12 +101,20 @@ void Device::reset_stats() {
 
 void Device::reset_timeline() {
   synchronize();
-  std::lock_guard lock(mutex_);
-  stats_ = {};
-  unit_free_s_ = {};
-  for (const auto& s : streams_) {
+  // Lock order everywhere: a stream's launch_mutex before the device's mutex_.
+  std::vector<std::shared_ptr<StreamState>> streams;
+  {
+    std::lock_guard lock(mutex_);
+    streams = streams_;
+  }
+  for (const auto& s : streams) {
     std::lock_guard stream_lock(s->launch_mutex);
     s->modelled_clock_s = 0;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    stats_ = {};
+    unit_free_s_ = {};
   }
   trace_.clear();
 }

@@ -1,5 +1,6 @@
-// Device: the emulated Ascend device. It owns a Cube unit and a Vector unit (each a tbb::task_arena
-// with its own threads), the streams, the allocator its tensors use, the trace and the cost model.
+// Device: the emulated Ascend device. It owns a Cube unit and a Vector unit (each a dispatcher and
+// a tbb::task_arena with its own threads, see unit_executor.h), the streams, the allocator its
+// tensors use, the trace and the cost model.
 //
 // Note [Implicit dependencies]
 // Every storage remembers the completion event of the kernel that last wrote it and of the reads
@@ -17,11 +18,10 @@
 #include <string>
 #include <vector>
 
-#include <tbb/task_arena.h>
-
 #include "device/device_profile.h"
 #include "device/stream.h"
 #include "device/trace.h"
+#include "device/unit_executor.h"
 #include "tensor/caching_allocator.h"
 #include "tensor/tensor.h"
 
@@ -70,8 +70,8 @@ class Device {
   // Starts the modelled clocks again at zero (and the trace's), e.g. between experiment runs.
   void reset_timeline();
 
-  // Internal, for streams: the arena of `unit`, and the modelled-unit bookkeeping of a launch.
-  tbb::task_arena& arena(Unit unit);
+  // Internal, for streams: the executor of a unit, and the modelled-unit bookkeeping of a launch.
+  UnitExecutor& unit(Unit which);
   // Places a kernel of `duration_s` that may start at `ready_s` on its unit; returns its start.
   double schedule_modelled(Unit unit, double ready_s, double duration_s);
 

@@ -8,17 +8,21 @@ namespace cubevec {
 
 namespace {
 
-// The events a launch on `stream` must wait for before touching `storage`.
-void collect_waits(const Storage& storage, bool writes, StreamTag stream, std::vector<std::shared_ptr<EventState>>& waits) {
+// What a launch on `stream` must wait for before touching `storage`: events not yet reached are
+// queued as waits; every event of another stream also bounds the modelled start (`ready_s`), so the
+// modelled timeline never depends on how fast this CPU happened to be.
+void collect_waits(const Storage& storage, bool writes, StreamTag stream, std::vector<std::shared_ptr<EventState>>& waits,
+                   double& ready_s) {
   const Storage::Uses uses = storage.uses();
   const auto consider = [&](const FencePtr& fence) {
-    if (!fence || fence->stream() == stream || fence->passed()) return;
+    if (!fence || fence->stream() == stream) return;
     auto event = std::dynamic_pointer_cast<const EventState>(fence);
     if (!event) {  // a fence from outside this device's streams: wait for it here
       fence->host_wait();
       return;
     }
-    waits.push_back(std::const_pointer_cast<EventState>(event));
+    ready_s = std::max(ready_s, event->modelled_time_s());
+    if (!event->passed()) waits.push_back(std::const_pointer_cast<EventState>(event));
   };
   consider(uses.writer);
   if (writes)
@@ -39,22 +43,20 @@ void Stream::launch(const KernelDesc& kernel, const std::vector<Tensor>& reads, 
 
   std::lock_guard lock(s.launch_mutex);
   std::vector<std::shared_ptr<EventState>> waits;
-  StreamTask task;
+  double ready_s = s.modelled_clock_s;  // the modelled start: after the stream's previous work,
+  StreamTask task;                      // the other streams' producers, and a free unit
   // Meta tensors take part too, so simulated work is ordered exactly like real work.
   for (const Tensor& t : reads)
     if (t.storage()) {
-      collect_waits(*t.storage(), false, s.id, waits);
+      collect_waits(*t.storage(), false, s.id, waits, ready_s);
       task.keep_alive.push_back(t.storage());
     }
   for (const Tensor& t : writes)
     if (t.storage()) {
-      collect_waits(*t.storage(), true, s.id, waits);
+      collect_waits(*t.storage(), true, s.id, waits, ready_s);
       task.keep_alive.push_back(t.storage());
     }
 
-  // The modelled timeline: after the stream's previous work, the awaited events and the unit.
-  double ready_s = s.modelled_clock_s;
-  for (const auto& w : waits) ready_s = std::max(ready_s, w->modelled_time_s());
   const double start_s = device.schedule_modelled(kernel.unit, ready_s, duration_s);
   s.modelled_clock_s = start_s + duration_s;
 

@@ -12,10 +12,10 @@ void StreamState::push(StreamTask task) {
     start = !active_;
     active_ = true;
   }
-  if (start) pump(std::nullopt);
+  if (start) pump();
 }
 
-void StreamState::pump(std::optional<Unit> on_unit) {
+void StreamState::pump() {
   while (true) {
     StreamTask task;
     {
@@ -36,26 +36,23 @@ void StreamState::pump(std::optional<Unit> on_unit) {
           absorb(*task.event);
           continue;
         }
-        // Park: whoever reaches the event resumes this stream (never running kernels inline there).
+        // Park: whoever reaches the event resumes this stream.
         auto self = shared_from_this();
         auto awaited = task.event;
         awaited->on_complete([self, awaited] {
           self->absorb(*awaited);
-          self->pump(std::nullopt);
+          self->pump();
         });
         return;
       }
       case StreamTask::Kind::kernel:
-        if (on_unit == task.unit) {  // already on a thread of that unit: no hand-off needed
-          run_kernel(task);
-          continue;
-        }
+        // Always through the unit's queue, even from that unit's own thread: kernels of all
+        // streams then share the unit in submission order.
         auto self = shared_from_this();
         auto shared_task = std::make_shared<StreamTask>(std::move(task));
-        device.arena(shared_task->unit).enqueue([self, shared_task] {
+        device.unit(shared_task->unit).submit([self, shared_task] {
           self->run_kernel(*shared_task);
-          const Unit unit = shared_task->unit;
-          self->pump(unit);
+          self->pump();
         });
         return;
     }

@@ -1,12 +1,11 @@
 // Internal: the queue behind a Stream, run as a strand. At most one task of a stream is in flight;
-// a kernel task goes to its unit's arena, and when it finishes the same worker pumps the stream on.
+// a kernel task goes to its unit's executor, and when it finishes that thread pumps the stream on.
 // Waits never block a thread: the stream parks itself on the event and resumes when it is reached.
 #pragma once
 
 #include <deque>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 
 #include "device/event.h"
@@ -33,9 +32,9 @@ class StreamState : public std::enable_shared_from_this<StreamState> {
   StreamState(Device& owner, StreamTag tag, std::string name) : device(owner), id(tag), label(std::move(name)) {}
 
   void push(StreamTask task);
-  // Runs queued tasks until the queue is empty or the stream must wait. `on_unit` is the unit
-  // whose thread we are on, if any: kernels of that unit run inline, others go to their arena.
-  void pump(std::optional<Unit> on_unit);
+  // Runs queued records and waits until the queue is empty, the stream must wait for an event, or a
+  // kernel has been handed to its unit (which pumps again when the kernel is done).
+  void pump();
   // The first failure not yet reported by synchronize(); clears it.
   std::string take_failure();
 

@@ -1,0 +1,92 @@
+#include "device/unit_executor.h"
+
+#include <pthread.h>
+#include <sched.h>
+
+#include <tbb/global_control.h>
+#include <tbb/task_scheduler_observer.h>
+
+namespace cubevec {
+
+namespace {
+
+void pin_current_thread(const std::vector<int>& cores) {
+  if (cores.empty()) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int core : cores) CPU_SET(core, &set);
+  pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
+
+// TBB sizes its worker pool to the core count minus one by default; arenas that must run at the
+// same time need workers for all of them, so the pool grows to what the units ask for.
+void ensure_tbb_workers(int extra_workers) {
+  static std::mutex mutex;
+  static std::unique_ptr<tbb::global_control> control;
+  static int total = 1;  // the main thread
+  std::lock_guard lock(mutex);
+  total += extra_workers;
+  control = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism,
+                                                  static_cast<std::size_t>(total));
+}
+
+}  // namespace
+
+// Pins TBB workers as they join the arena (the dispatcher pins itself).
+class UnitExecutor::Pinner final : public tbb::task_scheduler_observer {
+ public:
+  Pinner(tbb::task_arena& arena, std::vector<int> cores) : tbb::task_scheduler_observer(arena), cores_(std::move(cores)) {
+    observe(true);
+  }
+  ~Pinner() override { observe(false); }
+  void on_scheduler_entry(bool) override { pin_current_thread(cores_); }
+
+ private:
+  std::vector<int> cores_;
+};
+
+UnitExecutor::UnitExecutor(std::string name, int threads, std::vector<int> cores)
+    : name_(std::move(name)), threads_(threads), arena_(threads, /*reserved_for_masters=*/1) {
+  ensure_tbb_workers(threads - 1);
+  arena_.initialize();
+  if (!cores.empty()) pinner_ = std::make_unique<Pinner>(arena_, cores);
+  dispatcher_ = std::thread([this, cores] {
+    pthread_setname_np(pthread_self(), ("cubevec-" + name_).substr(0, 15).c_str());
+    pin_current_thread(cores);
+    arena_.execute([this] { dispatch_loop(); });
+  });
+}
+
+UnitExecutor::~UnitExecutor() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  has_work_.notify_one();
+  dispatcher_.join();
+  pinner_.reset();
+}
+
+void UnitExecutor::submit(std::function<void()> job) {
+  {
+    std::lock_guard lock(mutex_);
+    jobs_.push_back(std::move(job));
+  }
+  has_work_.notify_one();
+}
+
+void UnitExecutor::dispatch_loop() {
+  while (true) {
+    std::function<void()> job;
+    {
+      std::unique_lock lock(mutex_);
+      has_work_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;  // stopping, and nothing left
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    job();  // jobs catch their own exceptions (StreamState::run_kernel)
+  }
+}
+
+}  // namespace cubevec
