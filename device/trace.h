@@ -36,8 +36,7 @@ class Trace {
   std::vector<KernelRecord> records() const;  // a copy; synchronize the device first
   void clear();
 
-  // Chrome trace JSON: measured tracks per unit and per stream, modelled tracks per unit and per
-  // stream. Throws cubevec::Error if the file cannot be written.
+  // Chrome trace JSON of this trace alone (see write_chrome_trace).
   void write_chrome_json(const std::string& path, const std::string& device_name) const;
 
  private:
@@ -45,5 +44,15 @@ class Trace {
   std::deque<KernelRecord> records_;
   std::chrono::steady_clock::time_point epoch_;
 };
+
+// One run's records under a name, for traces that show several runs side by side.
+struct TraceSection {
+  std::string name;
+  std::vector<KernelRecord> records;
+};
+
+// Chrome trace JSON: per section, measured tracks per unit and per stream, and modelled NPU tracks
+// per unit and per stream. Throws cubevec::Error if the file cannot be written.
+void write_chrome_trace(const std::string& path, const std::vector<TraceSection>& sections);
 
 }  // namespace cubevec

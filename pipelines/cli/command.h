@@ -11,5 +11,6 @@ namespace cubevec::cli {
 using CommandRunner = std::function<int()>;
 
 CommandRunner add_inspect_command(CLI::App& app);
+CommandRunner add_cv_experiment_command(CLI::App& app);
 
 }  // namespace cubevec::cli

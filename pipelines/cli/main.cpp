@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
     runners[app.get_subcommands({})[before]] = std::move(runner);
   };
   add(cubevec::cli::add_inspect_command);
+  add(cubevec::cli::add_cv_experiment_command);
 
   // CLI11 would only say "a subcommand is required"; name the unknown word and the known ones.
   if (argc > 1 && argv[1][0] != '-') {

@@ -1,0 +1,22 @@
+#include "pipelines/cli/device_flags.h"
+
+namespace cubevec::cli {
+
+DeviceProfile DeviceFlags::resolve() const {
+  DeviceProfile profile = profile_path.empty() ? builtin_cpu_profile() : load_device_profile(profile_path);
+  apply_thread_overrides(profile, cube_threads, vector_threads);
+  return profile;
+}
+
+std::shared_ptr<DeviceFlags> add_device_flags(CLI::App& command) {
+  auto flags = std::make_shared<DeviceFlags>();
+  command.add_option("--device-profile", flags->profile_path,
+                     "Device profile JSON (e.g. assets/devices/ascend-910b.json); default: built-in cpu-default");
+  command.add_option("--cube-threads", flags->cube_threads, "Threads of the Cube unit (overrides the profile)")
+      ->check(CLI::Range(1, 4096));
+  command.add_option("--vector-threads", flags->vector_threads, "Threads of the Vector unit (overrides the profile)")
+      ->check(CLI::Range(1, 4096));
+  return flags;
+}
+
+}  // namespace cubevec::cli

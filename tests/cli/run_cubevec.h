@@ -1,0 +1,83 @@
+// Runs the built `cubevec` binary as a child process with stdout and stderr captured separately,
+// in a scratch directory that each test gets fresh.
+#pragma once
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace cubevec_cli_test {
+
+namespace fs = std::filesystem;
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+struct Process {
+  int status = -1;  // exit status, or -1 if the process did not exit normally
+  std::string out, err;
+};
+
+// Runs the cubevec binary with `args`, stdout and stderr captured into separate files.
+inline Process run_cubevec(const std::vector<std::string>& args, const fs::path& scratch) {
+  const std::string out_path = (scratch / "stdout.txt").string(), err_path = (scratch / "stderr.txt").string();
+  std::vector<std::string> argv_text = {CUBEVEC_BINARY};
+  argv_text.insert(argv_text.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& arg : argv_text) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ADD_FAILURE() << "fork: " << std::strerror(errno);
+    return {};
+  }
+  if (pid == 0) {  // child: only async-signal-safe calls until exec
+    const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (out < 0 || err < 0 || ::dup2(out, 1) < 0 || ::dup2(err, 2) < 0) ::_exit(127);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  int wstatus = 0;
+  while (::waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
+  }
+  Process run;
+  run.status = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1;
+  run.out = read_file(out_path);
+  run.err = read_file(err_path);
+  return run;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::temp_directory_path() / "cubevec_cli_XXXXXX").string();
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr) << "mkdtemp " << pattern << ": " << std::strerror(errno);
+    dir_ = pattern;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  Process run(const std::vector<std::string>& args) const { return run_cubevec(args, dir_); }
+
+  fs::path dir_;
+};
+
+}  // namespace cubevec_cli_test
