@@ -37,6 +37,9 @@ class Storage {
   std::size_t nbytes() const { return nbytes_; }
   bool read_only() const { return read_only_; }
   bool is_meta() const { return meta_; }
+  // From now on the bytes are immutable (weights shared by several model instances): mutable access
+  // throws, and reads need no tracking. Call before the storage is shared between threads.
+  void freeze() { read_only_ = true; }
 
   // Device bookkeeping of pending uses.
   struct Uses {

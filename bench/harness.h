@@ -1,0 +1,55 @@
+// The benchmark harness: timing with warm-up and repeats, the machine's measured limits, and the
+// result rows every suite reports (printed as a table and written as JSON, see DESIGN.md).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace cubevec::bench {
+
+struct Timing {
+  double median_s = 0, min_s = 0, max_s = 0;
+  int runs = 0;
+};
+
+// Runs `body` `warmup` times untimed, then `runs` times timed.
+Timing time_runs(const std::function<void()>& body, int runs, int warmup = 1);
+Timing summarize(std::vector<double> seconds);
+
+struct Machine {
+  std::string isa;               // "avx512f" or "avx2"
+  int threads = 1;               // threads used for the "all cores" figures
+  double fma_peak_gflops = 0;    // f32 FMA peak, all threads
+  double fma_peak_1t_gflops = 0;  // one thread
+  double triad_gbps = 0;         // STREAM-style triad bandwidth, all threads
+};
+
+// Measures FMA peak (with the widest vectors the CPU has) and triad bandwidth; takes ~2 s.
+Machine measure_machine();
+
+struct Result {
+  Result(std::string suite_name, std::string case_text, std::string impl_name)
+      : suite(std::move(suite_name)), case_name(std::move(case_text)), impl(std::move(impl_name)) {}
+  std::string suite, case_name, impl, dtype = "f32";
+  Timing timing;
+  double gflops = 0, gbps = 0, peak_fraction = 0;  // 0 when not meaningful for the case
+  std::map<std::string, double> extra;             // suite-specific figures (speedups, ...)
+};
+
+struct Context {
+  Machine machine;
+  int repeats = 5;
+  std::vector<Result> results;
+  void add(Result r);  // prints the row as it is added
+};
+
+using Suite = std::function<void(Context&)>;
+
+void launch_suite(Context& context);
+void cv_suite(Context& context);
+void instances_suite(Context& context);
+
+}  // namespace cubevec::bench

@@ -1,0 +1,98 @@
+// The machine's own limits, measured: f32 FMA peak with many independent accumulator chains
+// (enough to cover the FMA latency on two ports), and STREAM-style triad bandwidth.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "bench/harness.h"
+
+namespace cubevec::bench {
+
+namespace {
+
+constexpr int kChains = 12;
+
+__attribute__((target("avx512f"))) float fma_loop_avx512(long iterations) {
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(0.001f * static_cast<float>(c));
+  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+  for (long i = 0; i < iterations; ++i)
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
+  __m512 sum = acc[0];
+  for (int c = 1; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
+  float lanes[16];
+  _mm512_storeu_ps(lanes, sum);
+  float total = 0;
+  for (float v : lanes) total += v;
+  return total;
+}
+
+__attribute__((target("avx2,fma"))) float fma_loop_avx2(long iterations) {
+  __m256 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_ps(0.001f * static_cast<float>(c));
+  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+  for (long i = 0; i < iterations; ++i)
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
+  __m256 sum = acc[0];
+  for (int c = 1; c < kChains; ++c) sum = _mm256_add_ps(sum, acc[c]);
+  float lanes[8];
+  _mm256_storeu_ps(lanes, sum);
+  float total = 0;
+  for (float v : lanes) total += v;
+  return total;
+}
+
+// GFLOP/s of `threads` threads each running the FMA loop; the best of 3 tries.
+double fma_gflops(bool avx512, int threads) {
+  const long iterations = 20'000'000;
+  const double flops_per_thread = static_cast<double>(iterations) * kChains * (avx512 ? 16 : 8) * 2;
+  double best = 0;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    std::vector<std::thread> pool;
+    std::vector<float> sink(static_cast<std::size_t>(threads));
+    const auto start = std::chrono::steady_clock::now();
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] { sink[t] = avx512 ? fma_loop_avx512(iterations) : fma_loop_avx2(iterations); });
+    for (auto& th : pool) th.join();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    best = std::max(best, flops_per_thread * threads / s / 1e9);
+  }
+  return best;
+}
+
+double triad_gbps(int threads) {
+  const std::size_t n = 24 << 20;  // 3 arrays x 96 MiB: far beyond any cache
+  std::vector<float> a(n), b(n, 1.0f), c(n, 2.0f);
+  double best = 0;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    std::vector<std::thread> pool;
+    const auto start = std::chrono::steady_clock::now();
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        const std::size_t lo = n * t / threads, hi = n * (t + 1) / threads;
+        for (std::size_t i = lo; i < hi; ++i) a[i] = b[i] + 3.0f * c[i];
+      });
+    for (auto& th : pool) th.join();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    best = std::max(best, 3.0 * sizeof(float) * static_cast<double>(n) / s / 1e9);
+  }
+  return best;
+}
+
+}  // namespace
+
+Machine measure_machine() {
+  Machine m;
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  m.isa = avx512 ? "avx512f" : "avx2";
+  m.threads = std::max(1u, std::thread::hardware_concurrency());
+  m.fma_peak_1t_gflops = fma_gflops(avx512, 1);
+  m.fma_peak_gflops = fma_gflops(avx512, m.threads);
+  m.triad_gbps = triad_gbps(m.threads);
+  return m;
+}
+
+}  // namespace cubevec::bench
