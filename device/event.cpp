@@ -1,5 +1,6 @@
 #include "device/event.h"
 
+#include "device/spin_wait.h"
 #include "tensor/error.h"
 
 namespace cubevec {
@@ -11,15 +12,14 @@ thread_local bool t_inside_kernel = false;
 bool inside_kernel() { return t_inside_kernel; }
 void set_inside_kernel(bool inside) { t_inside_kernel = inside; }
 
-bool EventState::passed() const {
-  std::lock_guard lock(mutex_);
-  return done_;
-}
+bool EventState::passed() const { return done_.load(std::memory_order_acquire); }
 
 void EventState::host_wait() const {
   if (t_inside_kernel) return;
+  // Short waits are common (a just-launched kernel): spin first, sleep only if that was not enough.
+  spin_until([&] { return passed(); }, kSpinSeconds);
   std::unique_lock lock(mutex_);
-  reached_.wait(lock, [&] { return done_; });
+  reached_.wait(lock, [&] { return done_.load(); });
   if (!error_.empty()) throw Error(error_);
 }
 
@@ -27,8 +27,8 @@ void EventState::complete(std::string error) {
   std::vector<std::function<void()>> callbacks;
   {
     std::lock_guard lock(mutex_);
-    if (done_) return;
-    done_ = true;
+    if (done_.load()) return;
+    done_.store(true, std::memory_order_release);
     error_ = std::move(error);
     callbacks.swap(callbacks_);
   }
@@ -39,7 +39,7 @@ void EventState::complete(std::string error) {
 void EventState::on_complete(std::function<void()> callback) {
   {
     std::lock_guard lock(mutex_);
-    if (!done_) {
+    if (!done_.load()) {
       callbacks_.push_back(std::move(callback));
       return;
     }

@@ -3,6 +3,7 @@
 // stream that waits for it fails too, and the host's synchronize() rethrows it, so nothing hangs.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -36,7 +37,7 @@ class EventState final : public StreamFence {
   const double modelled_time_s_;
   mutable std::mutex mutex_;
   mutable std::condition_variable reached_;
-  bool done_ = false;
+  std::atomic<bool> done_{false};  // written under mutex_, read without it by passed()
   std::string error_;
   std::vector<std::function<void()>> callbacks_;
 };

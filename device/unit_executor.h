@@ -4,6 +4,7 @@
 // cost model assumes. Hand-offs go through a mutex, which also keeps ThreadSanitizer informed.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -36,6 +37,7 @@ class UnitExecutor {
   std::mutex mutex_;
   std::condition_variable has_work_;
   std::deque<std::function<void()>> jobs_;
+  std::atomic<std::size_t> queued_{0};  // jobs_.size(), readable without the mutex while spinning
   bool stopping_ = false;
   std::thread dispatcher_;
   class Pinner;
