@@ -140,11 +140,11 @@ DeviceProfile builtin_cpu_profile() {
   // Keep in step with assets/devices/cpu-default.json (a test compares them).
   p.ai_cores = 1;
   p.vector_cores = 1;
-  p.cube_tflops = {{DType::f32, 0.1}, {DType::bf16, 0.2}, {DType::f16, 0.1}, {DType::i8, 0.4}};
-  p.vector_tflops = {{DType::f32, 0.05}, {DType::bf16, 0.05}, {DType::f16, 0.05}};
-  p.hbm_gbps = 10;
-  p.l2_mib = 2;
-  p.launch_overhead_us = 2;
+  p.cube_tflops = {{DType::f32, 0.23}, {DType::bf16, 0.46}, {DType::f16, 0.23}, {DType::i8, 0.92}};
+  p.vector_tflops = {{DType::f32, 0.23}, {DType::bf16, 0.23}, {DType::f16, 0.23}};
+  p.hbm_gbps = 37;
+  p.l2_mib = 1;
+  p.launch_overhead_us = 0.5;
   return p;
 }
 
