@@ -51,5 +51,6 @@ using Suite = std::function<void(Context&)>;
 void launch_suite(Context& context);
 void cv_suite(Context& context);
 void instances_suite(Context& context);
+void gemm_suite(Context& context);
 
 }  // namespace cubevec::bench

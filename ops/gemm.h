@@ -1,24 +1,45 @@
-// Cube kernels: matrix multiplication. C[M, N] = A[M, K] x B[K, N] (+ bias[N]).
+// Cube kernels: matrix multiplication with fused epilogues.
+//   C[M, N] = A[M, K] x B[K, N]   (or B given as a Linear weight W[N, K]: C = A W^T)
+//   then C = act(C + bias), then C = residual + gate * C   (each step optional)
 #pragma once
 
 #include <string_view>
 
+#include "ops/gemm/driver.h"
 #include "ops/op_stream.h"
 
 namespace cubevec::ops {
 
 enum class GemmBackend {
-  openblas,   // OpenBLAS sgemm, one thread per call, rows split over the Cube unit's threads
-  reference,  // a plain triple loop: the oracle for tests, not for speed
+  cubevec,    // cubevec's register-blocked micro-kernels (AVX-512, AVX2 or portable, chosen at run time)
+  openblas,   // OpenBLAS sgemm, one thread per call, the work split over the Cube unit's threads
+  eigen,      // Eigen's product, likewise split
+  reference,  // a plain loop in double precision: the oracle for tests, not for speed
 };
 
-GemmBackend parse_gemm_backend(std::string_view name);  // "openblas" or "reference"
+GemmBackend parse_gemm_backend(std::string_view name);  // "cubevec", "openblas", "eigen", "reference"
+std::string_view gemm_backend_name(GemmBackend backend);
 
-// A and B row-major contiguous f32 2-D; bias (if defined) f32 [N]. Runs on the Cube unit.
-Tensor matmul(const Tensor& a, const Tensor& b, const Tensor& bias = {}, GemmBackend backend = GemmBackend::openblas,
+using GemmActivation = gemm::Activation;
+
+struct MatmulOptions {
+  Tensor bias{};                    // [N]
+  GemmActivation activation = GemmActivation::none;
+  Tensor residual{};                // [M, N]
+  Tensor gate{};                    // [N]; needs residual
+  bool b_is_weight = false;         // b is W [N, K] and C = A W^T (PyTorch's Linear layout)
+  GemmBackend backend = GemmBackend::cubevec;
+};
+
+// A contiguous f32 [M, K]; B contiguous f32 [K, N] (or [N, K] with b_is_weight). Runs on the
+// Cube unit of `stream`'s device.
+Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& options = {},
               const Stream& stream = default_op_stream());
 
-// The plain loop behind GemmBackend::reference, for tests: c = a x b (+ bias), all row-major.
-void gemm_reference(const float* a, const float* b, const float* bias, float* c, int64_t m, int64_t n, int64_t k);
+// PyTorch's Linear: x [..., K], weight [N, K], bias [N] -> [..., N].
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, const Stream& stream = default_op_stream());
+
+// The plain loop behind GemmBackend::reference (epilogue included), for tests and as the oracle.
+void gemm_reference(const gemm::Problem& problem);
 
 }  // namespace cubevec::ops

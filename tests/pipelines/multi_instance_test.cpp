@@ -47,8 +47,8 @@ TEST(MultiInstance, ForwardMatchesTheOpsOnOneStreamAndWeightsAreShared) {
   // The model restated with the ops on a single stream.
   Tensor h = inputs[0];
   for (std::size_t l = 0; l < 2; ++l)
-    h = ops::activation(ops::matmul(ops::rms_norm(h, {}, 1e-6f, s), model.weights[l], model.biases[l],
-                                    ops::GemmBackend::reference, s),
+    h = ops::activation(ops::matmul(ops::rms_norm(h, {}, 1e-6f, s), model.weights[l],
+                                    {.bias = model.biases[l], .backend = ops::GemmBackend::reference}, s),
                         ops::Activation::gelu_tanh, s);
   const Tensor out = mlp_forward(model, inputs[0], device.new_stream(), device.new_stream());
   for (int64_t i = 0; i < out.numel(); ++i) ASSERT_NEAR(out.data<float>()[i], h.data<float>()[i], 1e-5) << i;

@@ -1,0 +1,30 @@
+// The body of the epilogue, included by each ISA's micro-kernel file so the compiler vectorizes
+// it for that ISA. `static` keeps each copy private to its file (see ops/vector_math.h).
+#pragma once
+
+#include "ops/gemm/epilogue.h"
+#include "ops/vector_math.h"
+
+namespace cubevec::ops::gemm {
+
+static inline void apply_epilogue(const Epilogue& ep, float* c, int64_t ldc, int64_t i0, int64_t j0, int64_t rows,
+                                  int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = c + r * ldc;
+    if (ep.bias)
+      for (int64_t j = 0; j < cols; ++j) row[j] += ep.bias[j0 + j];
+    if (ep.activation == Activation::gelu_tanh)
+      for (int64_t j = 0; j < cols; ++j) row[j] = vmath::gelu_tanh(row[j]);
+    else if (ep.activation == Activation::silu)
+      for (int64_t j = 0; j < cols; ++j) row[j] = vmath::silu(row[j]);
+    if (ep.residual) {
+      const float* res = ep.residual + (i0 + r) * ep.ld_residual + j0;
+      if (ep.gate)
+        for (int64_t j = 0; j < cols; ++j) row[j] = res[j] + ep.gate[j0 + j] * row[j];
+      else
+        for (int64_t j = 0; j < cols; ++j) row[j] += res[j];
+    }
+  }
+}
+
+}  // namespace cubevec::ops::gemm

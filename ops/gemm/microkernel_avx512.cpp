@@ -1,0 +1,44 @@
+// Compiled with -mavx512f -mfma (see ops/CMakeLists.txt); called only on CPUs with AVX-512F.
+#include <immintrin.h>
+
+#include "ops/gemm/microkernel.h"
+
+namespace cubevec::ops::gemm {
+
+void microkernel_avx512(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool accumulate) {
+  constexpr int MR = kMrAvx512;
+  __m512 lo[MR], hi[MR];  // row r: columns 0-15 in lo[r], 16-31 in hi[r]
+  for (int r = 0; r < MR; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+    _mm_prefetch(reinterpret_cast<const char*>(b + 8 * kNrAvx512), _MM_HINT_T0);
+    for (int r = 0; r < MR; ++r) {
+      const __m512 ar = _mm512_set1_ps(a[r]);
+      lo[r] = _mm512_fmadd_ps(ar, b0, lo[r]);
+      hi[r] = _mm512_fmadd_ps(ar, b1, hi[r]);
+    }
+    a += MR;
+    b += kNrAvx512;
+  }
+  for (int r = 0; r < MR; ++r) {
+    float* row = c + r * ldc;
+    if (accumulate) {
+      lo[r] = _mm512_add_ps(lo[r], _mm512_loadu_ps(row));
+      hi[r] = _mm512_add_ps(hi[r], _mm512_loadu_ps(row + 16));
+    }
+    _mm512_storeu_ps(row, lo[r]);
+    _mm512_storeu_ps(row + 16, hi[r]);
+  }
+}
+
+}  // namespace cubevec::ops::gemm
+
+#include "ops/gemm/epilogue_impl.h"
+
+namespace cubevec::ops::gemm {
+
+void epilogue_avx512(const Epilogue& ep, float* c, int64_t ldc, int64_t i0, int64_t j0, int64_t rows, int64_t cols) {
+  apply_epilogue(ep, c, ldc, i0, j0, rows, cols);
+}
+
+}  // namespace cubevec::ops::gemm
