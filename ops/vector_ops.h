@@ -1,5 +1,8 @@
-// Vector kernels used so far: RMSNorm, activations by name, softmax. Each works on contiguous f32
-// tensors, row by row along the last dimension, threaded over rows on the Vector unit.
+// Vector kernels with MindIE SD's semantics (../shared/reference/mindie-sd.md, section A2).
+// Every op runs on the Vector unit of `stream`'s device, threaded over rows with the unit's
+// threads. Inputs may have any strides (an op copies to a contiguous layout on the Vector unit
+// when it must). Float inputs are f32 or bf16; the result has the input's dtype; arithmetic is in
+// f32. Wrong shapes, layouts, dtypes or names raise cubevec::Error saying what was expected.
 #pragma once
 
 #include <string_view>
@@ -8,19 +11,64 @@
 
 namespace cubevec::ops {
 
-// y = x / sqrt(mean(x^2) + eps) * weight, over the last dimension; weight [H] or undefined.
+// MindIE's RMSNorm: y = weight * (x * rsqrt(mean(x^2 over the last dim) + eps)); weight [H] or
+// undefined (ones).
 Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps = 1e-6f, const Stream& stream = default_op_stream());
 
-enum class Activation { relu, silu, gelu, gelu_tanh };
-// Names as MindIE SD's get_activation_layer spells them: "relu", "silu" (also "swish"), "gelu",
-// "gelu-tanh". Throws listing the known names.
-Activation parse_activation(std::string_view name);
-Tensor activation(const Tensor& x, Activation kind, const Stream& stream = default_op_stream());
+// fast_layernorm's impl_mode: 0 high precision, 1 high performance, 2 fp16 (only for f16 x, w, b).
+enum class LayerNormImpl { high_precision = 0, high_performance = 1, fp16 = 2 };
+struct LayerNormResult {
+  Tensor out;   // x's shape and dtype
+  Tensor mean;  // f32, x's shape without the last dim
+  Tensor rstd;  // f32, 1 / sqrt(var + eps), same shape as mean
+};
+// LayerNorm over the last dim: (x - mean) * rstd * weight + bias; weight, bias [H] or undefined.
+LayerNormResult fast_layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f,
+                               LayerNormImpl impl_mode = LayerNormImpl::high_precision,
+                               const Stream& stream = default_op_stream());
 
-// Softmax over the last dimension.
+// AdaLN: out = LayerNorm(x) * (1 + scale) + shift, x [B, S, H]; scale and shift [B, H], [B, 1, H]
+// or [B, S, H]; weight, bias [H] or undefined (no affine).
+Tensor layernorm_scale_shift(const Tensor& x, const Tensor& scale, const Tensor& shift, const Tensor& weight = {},
+                             const Tensor& bias = {}, float eps = 1e-6f, const Stream& stream = default_op_stream());
+
+enum class RotatedMode { rotated_half, rotated_interleaved };
+enum class RopeLayout { BSND, BNSD, SBND };  // MindIE: head_first=false is BSND, true is BNSD
+RotatedMode parse_rotated_mode(std::string_view name);  // "rotated_half", "rotated_interleaved"
+// out = x * cos + rot(x) * sin. x is 4-D in `layout`; cos and sin are full-width [S, D], or 4-D
+// [1, S, 1, D] (BSND), [1, 1, S, D] (BNSD), [S, 1, 1, D] (SBND). rotated_half: rot([x1 | x2]) =
+// [-x2 | x1]; rotated_interleaved: rot(x)[2i] = -x[2i+1], rot(x)[2i+1] = x[2i].
+Tensor rotary_position_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin,
+                                 RotatedMode mode = RotatedMode::rotated_half, RopeLayout layout = RopeLayout::BSND,
+                                 const Stream& stream = default_op_stream());
+
+enum class Activation { relu, silu, mish, gelu, gelu_tanh, gelu_fast };
+// MindIE's get_activation_layer names, case-insensitive: "swish" and "silu", "mish", "gelu"
+// (exact, erf), "relu", "gelu-tanh", "gelu-fast" (x / (1 + exp(-1.702 |x|)) * exp(0.851 (x - |x|))).
+Activation get_activation_layer(std::string_view name);
+Tensor activation(const Tensor& x, Activation kind, const Stream& stream = default_op_stream());
+// The scalar definition of each activation, in double, for reference loops.
+double activation_reference(Activation kind, double x);
+
+// Softmax over the last dimension (max-shifted).
 Tensor softmax(const Tensor& x, const Stream& stream = default_op_stream());
 
-// Scalar definitions, for reference loops in tests.
-float activation_reference(Activation kind, float x);
+// torch.nn.functional.group_norm: x [N, C, *], C divisible by num_groups; weight, bias [C] or
+// undefined.
+Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight = {}, const Tensor& bias = {},
+                  float eps = 1e-5f, const Stream& stream = default_op_stream());
+
+// Elementwise arithmetic with NumPy broadcasting; the result has a's dtype (a and b must share it).
+Tensor add(const Tensor& a, const Tensor& b, const Stream& stream = default_op_stream());
+Tensor sub(const Tensor& a, const Tensor& b, const Stream& stream = default_op_stream());
+Tensor mul(const Tensor& a, const Tensor& b, const Stream& stream = default_op_stream());
+Tensor div(const Tensor& a, const Tensor& b, const Stream& stream = default_op_stream());
+// MindIE's muls_add: x * scale + y, same shapes.
+Tensor muls_add(const Tensor& x, const Tensor& y, float scale, const Stream& stream = default_op_stream());
+
+// Casts between f32, bf16 and f16 (round to nearest even); any strides in, contiguous out.
+Tensor cast(const Tensor& x, DType to, const Stream& stream = default_op_stream());
+// A contiguous copy made on the Vector unit (x itself if already contiguous).
+Tensor contiguous(const Tensor& x, const Stream& stream = default_op_stream());
 
 }  // namespace cubevec::ops
