@@ -52,7 +52,7 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps, const Stream& 
   });
 }
 
-Activation parse_activation(std::string_view name) {
+Activation get_activation_layer(std::string_view name) {
   if (name == "relu") return Activation::relu;
   if (name == "silu" || name == "swish") return Activation::silu;
   if (name == "gelu") return Activation::gelu;
@@ -72,7 +72,7 @@ float activation_reference(Activation kind, float x) {
 }
 
 Tensor activation(const Tensor& x, Activation kind, const Stream& stream) {
-  static const char* names[] = {"relu", "silu", "gelu", "gelu_tanh"};
+  static const char* names[] = {"relu", "silu", "mish", "gelu", "gelu_tanh", "gelu_fast"};
   return launch_rowwise(names[static_cast<int>(kind)], x, {}, 8.0, stream, [kind](const float* in, float* out, int64_t n) {
     for (int64_t i = 0; i < n; ++i) out[i] = activation_reference(kind, in[i]);
   });

@@ -44,12 +44,12 @@ TEST(VectorOps, ActivationsMatchDefinitions) {
     return 0.5 * v * (1 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));  // gelu-tanh
   };
   for (const std::string name : {"relu", "silu", "swish", "gelu", "gelu-tanh"}) {
-    const Tensor y = ops::activation(x, ops::parse_activation(name));
+    const Tensor y = ops::activation(x, ops::get_activation_layer(name));
     for (int64_t i = 0; i < x.numel(); ++i)
       ASSERT_NEAR(y.data<float>()[i], definition(name, x.data<float>()[i]), 1e-5) << name << " at " << i;
   }
   try {
-    ops::parse_activation("tanhh");
+    ops::get_activation_layer("tanhh");
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("unknown activation 'tanhh' (expected one of: relu, silu"), std::string::npos);
