@@ -7,6 +7,8 @@
 #include <mutex>
 #include <tbb/parallel_for.h>
 
+#include "tensor/half.h"
+
 namespace cubevec::ops {
 
 namespace {
@@ -39,8 +41,9 @@ void split_rows(int64_t m, RowsFn rows_fn) {
 void gemm_openblas(const gemm::Problem& p) {
   split_rows(p.m, [&](int64_t row, int64_t rows) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, p.trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(rows),
-                static_cast<int>(p.n), static_cast<int>(p.k), 1.0f, p.a + row * p.lda, static_cast<int>(p.lda), p.b,
-                static_cast<int>(p.ldb), 0.0f, p.c + row * p.ldc, static_cast<int>(p.ldc));
+                static_cast<int>(p.n), static_cast<int>(p.k), 1.0f, static_cast<const float*>(p.a) + row * p.lda,
+                static_cast<int>(p.lda), static_cast<const float*>(p.b), static_cast<int>(p.ldb), 0.0f,
+                p.c + row * p.ldc, static_cast<int>(p.ldc));
   });
 }
 
@@ -48,10 +51,12 @@ void gemm_eigen(const gemm::Problem& p) {
   using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   using Stride = Eigen::OuterStride<>;
   split_rows(p.m, [&](int64_t row, int64_t rows) {
-    Eigen::Map<const Matrix, 0, Stride> a(p.a + row * p.lda, rows, p.k, Stride(p.lda));
+    const auto* pa = static_cast<const float*>(p.a);
+    const auto* pb = static_cast<const float*>(p.b);
+    Eigen::Map<const Matrix, 0, Stride> a(pa + row * p.lda, rows, p.k, Stride(p.lda));
     Eigen::Map<Matrix, 0, Stride> c(p.c + row * p.ldc, rows, p.n, Stride(p.ldc));
-    if (p.trans_b) c.noalias() = a * Eigen::Map<const Matrix, 0, Stride>(p.b, p.n, p.k, Stride(p.ldb)).transpose();
-    else c.noalias() = a * Eigen::Map<const Matrix, 0, Stride>(p.b, p.k, p.n, Stride(p.ldb));
+    if (p.trans_b) c.noalias() = a * Eigen::Map<const Matrix, 0, Stride>(pb, p.n, p.k, Stride(p.ldb)).transpose();
+    else c.noalias() = a * Eigen::Map<const Matrix, 0, Stride>(pb, p.k, p.n, Stride(p.ldb));
   });
 }
 
@@ -82,11 +87,19 @@ std::string_view gemm_backend_name(GemmBackend backend) {
 
 void gemm_reference(const gemm::Problem& p) {
   const gemm::Epilogue& ep = p.epilogue;
+  // An input element as the computation sees it: bf16 inputs exactly, f32 inputs rounded to bf16
+  // when computing in bf16.
+  const auto element = [&](const void* base, gemm::Element type, int64_t index) -> double {
+    if (type == gemm::Element::bf16) return bf16_to_f32(static_cast<const uint16_t*>(base)[index]);
+    const float v = static_cast<const float*>(base)[index];
+    return p.compute == gemm::Element::bf16 ? bf16_to_f32(f32_to_bf16(v)) : v;
+  };
   for (int64_t i = 0; i < p.m; ++i)
     for (int64_t j = 0; j < p.n; ++j) {
       double sum = ep.bias ? ep.bias[j] : 0.0;
       for (int64_t q = 0; q < p.k; ++q)
-        sum += static_cast<double>(p.a[i * p.lda + q]) * (p.trans_b ? p.b[j * p.ldb + q] : p.b[q * p.ldb + j]);
+        sum += element(p.a, p.a_type, i * p.lda + q) *
+               element(p.b, p.b_type, p.trans_b ? j * p.ldb + q : q * p.ldb + j);
       if (ep.activation == gemm::Activation::gelu_tanh)
         sum = 0.5 * sum * (1.0 + std::tanh(0.7978845608028654 * (sum + 0.044715 * sum * sum * sum)));
       else if (ep.activation == gemm::Activation::silu)
@@ -96,57 +109,131 @@ void gemm_reference(const gemm::Problem& p) {
     }
 }
 
+namespace {
+
+void require_matrix_operand(const Tensor& t, const char* op, const char* what, GemmBackend backend) {
+  if (!t.defined()) throw Error(std::string(op) + ": " + what + " is undefined");
+  if (!t.is_contiguous() || (t.dtype() != DType::f32 && t.dtype() != DType::bf16))
+    throw Error(std::string(op) + ": " + what + " must be a contiguous f32 or bf16 tensor, got " + t.describe());
+  if (t.dtype() == DType::bf16 && backend != GemmBackend::cubevec && backend != GemmBackend::reference)
+    throw Error(std::string(op) + ": the " + std::string(gemm_backend_name(backend)) +
+                " backend takes f32 inputs only; " + what + " is bf16 (use the cubevec or reference backend)");
+}
+
+gemm::Element element_of(const Tensor& t) { return t.dtype() == DType::bf16 ? gemm::Element::bf16 : gemm::Element::f32; }
+
+// Checks the epilogue tensors against C [rows, n] and returns them as extra reads.
+std::vector<Tensor> epilogue_reads(const MatmulOptions& o, const Shape& c_shape, int64_t n, const char* op) {
+  std::vector<Tensor> reads;
+  if (o.compute != DType::f32 && o.compute != DType::bf16)
+    throw Error(std::string(op) + ": compute dtype must be f32 or bf16, got " + std::string(dtype_name(o.compute)));
+  if (o.bias.defined()) {
+    check_vector(o.bias, n, "bias");
+    reads.push_back(o.bias);
+  }
+  if (o.gate.defined()) {
+    if (!o.residual.defined()) throw Error(std::string(op) + ": a gate needs a residual to add the gated result to");
+    check_vector(o.gate, n, "gate");
+    reads.push_back(o.gate);
+  }
+  if (o.residual.defined()) {
+    require_contiguous_f32(o.residual, op, "residual");
+    if (o.residual.shape() != c_shape)
+      throw Error(std::string(op) + ": residual must have shape " + shape_to_string(c_shape) + ", got " +
+                  shape_to_string(o.residual.shape()));
+    reads.push_back(o.residual);
+  }
+  return reads;
+}
+
+// One GEMM on raw pointers with the chosen backend, epilogue included.
+void run_gemm(gemm::Problem& p, GemmBackend backend, int threads) {
+  switch (backend) {
+    case GemmBackend::cubevec: return gemm::sgemm(p, gemm::best_isa(), threads);
+    case GemmBackend::reference: return gemm_reference(p);
+    case GemmBackend::openblas: gemm_openblas(p); break;
+    case GemmBackend::eigen: gemm_eigen(p); break;
+  }
+  if (!p.epilogue.empty()) {  // the library backends have no fused epilogue: apply it after
+    const gemm::EpilogueFn epilogue = best_epilogue();
+    split_rows(p.m, [&](int64_t row, int64_t rows) { epilogue(p.epilogue, p.c + row * p.ldc, p.ldc, row, 0, rows, p.n); });
+  }
+}
+
+const float* f32_ptr(const Tensor& t) {
+  return t.defined() ? reinterpret_cast<const float*>(t.unsynchronized_data_ptr()) : nullptr;
+}
+
+}  // namespace
+
 Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& o, const Stream& stream) {
-  require_contiguous_f32(a, "matmul", "A");
-  require_contiguous_f32(b, "matmul", "B");
+  require_matrix_operand(a, "matmul", "A", o.backend);
+  require_matrix_operand(b, "matmul", "B", o.backend);
   const int64_t k_of_b = b.dim() == 2 ? (o.b_is_weight ? b.size(1) : b.size(0)) : -1;
   if (a.dim() != 2 || b.dim() != 2 || a.size(1) != k_of_b)
     throw Error(std::string("matmul: expected A [M, K] and ") + (o.b_is_weight ? "a weight [N, K]" : "B [K, N]") +
                 ", got A " + shape_to_string(a.shape()) + " and " + (o.b_is_weight ? "weight " : "B ") +
                 shape_to_string(b.shape()));
   const int64_t m = a.size(0), k = a.size(1), n = o.b_is_weight ? b.size(0) : b.size(1);
-  std::vector<Tensor> reads = {a, b};
-  if (o.bias.defined()) {
-    check_vector(o.bias, n, "bias");
-    reads.push_back(o.bias);
-  }
-  if (o.gate.defined()) {
-    if (!o.residual.defined()) throw Error("matmul: a gate needs a residual to add the gated result to");
-    check_vector(o.gate, n, "gate");
-    reads.push_back(o.gate);
-  }
-  if (o.residual.defined()) {
-    require_contiguous_f32(o.residual, "matmul", "residual");
-    if (o.residual.shape() != Shape{m, n})
-      throw Error("matmul: residual must have shape " + shape_to_string(Shape{m, n}) + ", got " +
-                  shape_to_string(o.residual.shape()));
-    reads.push_back(o.residual);
-  }
+  std::vector<Tensor> reads = epilogue_reads(o, {m, n}, n, "matmul");
+  reads.push_back(a);
+  reads.push_back(b);
   Tensor c = stream.device().empty({m, n}, DType::f32, stream);
   const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  const double bytes = 4.0 * static_cast<double>(m * k + k * n + m * n * (o.residual.defined() ? 2 : 1));
+  const double bytes = static_cast<double>(a.nbytes() + b.nbytes()) + 4.0 * static_cast<double>(m * n * (o.residual.defined() ? 2 : 1));
   if (o.backend == GemmBackend::openblas) make_openblas_single_threaded();
-  const std::string name = "matmul_" + std::string(gemm_backend_name(o.backend));
-  stream.launch({name, Unit::cube, flops, bytes, DType::f32}, reads, {c}, [a, b, c, o, m, n, k] {
-    const auto ptr = [](const Tensor& t) {
-      return t.defined() ? reinterpret_cast<const float*>(t.unsynchronized_data_ptr()) : nullptr;
-    };
+  const std::string name = "matmul_" + std::string(gemm_backend_name(o.backend)) + (o.compute == DType::bf16 ? "_bf16" : "");
+  stream.launch({name, Unit::cube, flops, bytes, o.compute}, reads, {c}, [a, b, c, o, m, n, k] {
     gemm::Problem p;
     p.m = m, p.n = n, p.k = k;
-    p.a = ptr(a), p.lda = k;
-    p.b = ptr(b), p.ldb = o.b_is_weight ? k : n, p.trans_b = o.b_is_weight;
+    p.a = a.unsynchronized_data_ptr(), p.lda = k, p.a_type = element_of(a);
+    p.b = b.unsynchronized_data_ptr(), p.ldb = o.b_is_weight ? k : n, p.b_type = element_of(b);
+    p.trans_b = o.b_is_weight;
     p.c = reinterpret_cast<float*>(c.unsynchronized_data_ptr()), p.ldc = n;
-    p.epilogue = {ptr(o.bias), o.activation, ptr(o.residual), n, ptr(o.gate)};
-    switch (o.backend) {
-      case GemmBackend::cubevec: return gemm::sgemm(p, gemm::best_isa(), tbb::this_task_arena::max_concurrency());
-      case GemmBackend::reference: return gemm_reference(p);
-      case GemmBackend::openblas: gemm_openblas(p); break;
-      case GemmBackend::eigen: gemm_eigen(p); break;
-    }
-    if (!p.epilogue.empty()) {  // the library backends have no fused epilogue: apply it after
-      const gemm::EpilogueFn epilogue = best_epilogue();
-      split_rows(m, [&](int64_t row, int64_t rows) { epilogue(p.epilogue, p.c + row * n, n, row, 0, rows, n); });
-    }
+    p.compute = o.compute == DType::bf16 ? gemm::Element::bf16 : gemm::Element::f32;
+    p.epilogue = {f32_ptr(o.bias), o.activation, f32_ptr(o.residual), n, f32_ptr(o.gate)};
+    run_gemm(p, o.backend, tbb::this_task_arena::max_concurrency());
+  });
+  return c;
+}
+
+Tensor bmm(const Tensor& a, const Tensor& b, const MatmulOptions& o, const Stream& stream) {
+  require_matrix_operand(a, "bmm", "A", o.backend);
+  require_matrix_operand(b, "bmm", "B", o.backend);
+  const bool shared_b = b.dim() == 2;
+  const int64_t k_of_b = (b.dim() == 2 || b.dim() == 3) ? (o.b_is_weight ? b.size(-1) : b.size(-2)) : -1;
+  if (a.dim() != 3 || !(shared_b || b.dim() == 3) || a.size(2) != k_of_b || (!shared_b && b.size(0) != a.size(0)))
+    throw Error(std::string("bmm: expected A [Bt, M, K] and ") + (o.b_is_weight ? "a weight" : "B") +
+                (o.b_is_weight ? " [Bt, N, K] or [N, K]" : " [Bt, K, N] or [K, N]") + ", got A " +
+                shape_to_string(a.shape()) + " and " + shape_to_string(b.shape()));
+  const int64_t batches = a.size(0), m = a.size(1), k = a.size(2), n = o.b_is_weight ? b.size(-2) : b.size(-1);
+  std::vector<Tensor> reads = epilogue_reads(o, {batches, m, n}, n, "bmm");
+  reads.push_back(a);
+  reads.push_back(b);
+  Tensor c = stream.device().empty({batches, m, n}, DType::f32, stream);
+  const double flops = 2.0 * static_cast<double>(batches * m) * static_cast<double>(n) * static_cast<double>(k);
+  const double bytes = static_cast<double>(a.nbytes() + b.nbytes()) + 4.0 * static_cast<double>(batches * m * n);
+  if (o.backend == GemmBackend::openblas) make_openblas_single_threaded();
+  const std::string name = "bmm_" + std::string(gemm_backend_name(o.backend)) + (o.compute == DType::bf16 ? "_bf16" : "");
+  stream.launch({name, Unit::cube, flops, bytes, o.compute}, reads, {c}, [a, b, c, o, batches, m, n, k, shared_b] {
+    const int threads = tbb::this_task_arena::max_concurrency();
+    // Many small batches: one batch per task; few large ones: each GEMM uses every thread.
+    const bool across_batches = batches >= threads;
+    const auto one_batch = [&](int64_t i) {
+      gemm::Problem p;
+      p.m = m, p.n = n, p.k = k;
+      p.a = a.unsynchronized_data_ptr() + i * m * k * static_cast<int64_t>(a.itemsize()), p.lda = k, p.a_type = element_of(a);
+      p.b = b.unsynchronized_data_ptr() + (shared_b ? 0 : i * n * k * static_cast<int64_t>(b.itemsize()));
+      p.ldb = o.b_is_weight ? k : n, p.b_type = element_of(b), p.trans_b = o.b_is_weight;
+      p.c = reinterpret_cast<float*>(c.unsynchronized_data_ptr()) + i * m * n, p.ldc = n;
+      p.compute = o.compute == DType::bf16 ? gemm::Element::bf16 : gemm::Element::f32;
+      const float* residual = f32_ptr(o.residual);
+      p.epilogue = {f32_ptr(o.bias), o.activation, residual ? residual + i * m * n : nullptr, n, f32_ptr(o.gate)};
+      run_gemm(p, o.backend, across_batches ? 1 : threads);
+    };
+    if (across_batches) tbb::parallel_for(int64_t{0}, batches, one_batch);
+    else
+      for (int64_t i = 0; i < batches; ++i) one_batch(i);
   });
   return c;
 }

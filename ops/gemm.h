@@ -28,13 +28,21 @@ struct MatmulOptions {
   Tensor residual{};                // [M, N]
   Tensor gate{};                    // [N]; needs residual
   bool b_is_weight = false;         // b is W [N, K] and C = A W^T (PyTorch's Linear layout)
+  // f32, or bf16: inputs rounded to bf16, products summed in f32 (cubevec and reference backends).
+  DType compute = DType::f32;
   GemmBackend backend = GemmBackend::cubevec;
 };
 
-// A contiguous f32 [M, K]; B contiguous f32 [K, N] (or [N, K] with b_is_weight). Runs on the
-// Cube unit of `stream`'s device.
+// A contiguous [M, K]; B contiguous [K, N] (or [N, K] with b_is_weight); each f32 or bf16 (bf16
+// inputs need the cubevec or reference backend). The result is f32 [M, N]. Runs on the Cube unit
+// of `stream`'s device.
 Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& options = {},
               const Stream& stream = default_op_stream());
+
+// Batched: a [Bt, M, K] with b [Bt, K, N] (or one b [K, N] shared by every batch), f32 [Bt, M, N].
+// Epilogue tensors (bias, gate: [N]; residual: [Bt, M, N]) apply to every batch.
+Tensor bmm(const Tensor& a, const Tensor& b, const MatmulOptions& options = {},
+           const Stream& stream = default_op_stream());
 
 // PyTorch's Linear: x [..., K], weight [N, K], bias [N] -> [..., N].
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, const Stream& stream = default_op_stream());

@@ -18,19 +18,30 @@ Isa best_isa();
 bool isa_supported(Isa isa);
 std::string_view isa_name(Isa isa);
 
+// Element types of the inputs: f32, or bf16 stored as uint16_t.
+enum class Element : uint8_t { f32, bf16 };
+
 struct Problem {
   int64_t m = 0, n = 0, k = 0;
-  const float* a = nullptr;  // [M, K], row stride lda
+  const void* a = nullptr;  // [M, K], row stride lda
   int64_t lda = 0;
-  const float* b = nullptr;  // [K, N] with row stride ldb, or, if trans_b, [N, K] (a Linear weight)
+  Element a_type = Element::f32;
+  const void* b = nullptr;  // [K, N] with row stride ldb, or, if trans_b, [N, K] (a Linear weight)
   int64_t ldb = 0;
+  Element b_type = Element::f32;
   bool trans_b = false;
-  float* c = nullptr;  // [M, N], row stride ldc
+  float* c = nullptr;  // [M, N], row stride ldc, always f32
   int64_t ldc = 0;
+  // bf16: the inputs are rounded to bf16 and their products summed in f32 (AVX512-BF16 dot
+  // products where the CPU has them, else the f32 kernel on the rounded values).
+  Element compute = Element::f32;
   Epilogue epilogue;
 };
 
 // Runs on the calling thread's TBB arena, splitting the work over up to `threads` tasks.
 void sgemm(const Problem& p, Isa isa, int threads);
+
+// True when bf16 compute runs on AVX512-BF16 dot products here.
+bool has_bf16_dot();
 
 }  // namespace cubevec::ops::gemm

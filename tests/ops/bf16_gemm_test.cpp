@@ -1,1 +1,127 @@
+// bf16 GEMM (AVX512-BF16 dot products where the CPU has them, the f32 kernel on rounded inputs
+// elsewhere) and batched GEMM, against a double-precision loop on the bf16-rounded inputs.
 #include <gtest/gtest.h>
+
+#include <random>
+
+#include "ops/gemm.h"
+#include "tensor/half.h"
+
+namespace cubevec {
+namespace {
+
+std::vector<float> random_values(int64_t count, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(static_cast<std::size_t>(count));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+Tensor as_bf16(const std::vector<float>& v, const Shape& shape) {
+  Tensor t = Tensor::empty(shape, DType::bf16);
+  auto* p = t.mutable_data<uint16_t>();
+  for (std::size_t i = 0; i < v.size(); ++i) p[i] = f32_to_bf16(v[i]);
+  return t;
+}
+
+// C = round(A) x round(B) in double; B is [K, N] or, with trans_b, [N, K].
+std::vector<double> product(const std::vector<float>& a, const std::vector<float>& b, int64_t m, int64_t n, int64_t k,
+                            bool trans_b) {
+  std::vector<double> c(static_cast<std::size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t q = 0; q < k; ++q)
+        s += double(round_bf16(a[i * k + q])) * round_bf16(trans_b ? b[j * k + q] : b[q * n + j]);
+      c[static_cast<std::size_t>(i * n + j)] = s;
+    }
+  return c;
+}
+
+TEST(Bf16Gemm, MatchesTheLoopOnRoundedInputs) {
+  const int64_t sizes[][3] = {{1, 1, 1}, {7, 17, 5}, {17, 33, 129}, {29, 65, 300}, {130, 70, 1601}};
+  for (const auto& s : sizes) {
+    const int64_t m = s[0], n = s[1], k = s[2];
+    const auto a = random_values(m * k, 1), b = random_values(k * n, 2);
+    for (bool trans_b : {false, true}) {
+      const auto want = product(a, b, m, n, k, trans_b);
+      const Shape b_shape = trans_b ? Shape{n, k} : Shape{k, n};
+      // bf16 tensors in, and f32 tensors computed in bf16: both round the same way.
+      for (bool bf16_tensors : {true, false}) {
+        const Tensor ta = bf16_tensors ? as_bf16(a, {m, k}) : Tensor::from_vector(a, {m, k});
+        const Tensor tb = bf16_tensors ? as_bf16(b, b_shape) : Tensor::from_vector(b, b_shape);
+        for (auto backend : {ops::GemmBackend::cubevec, ops::GemmBackend::reference}) {
+          const Tensor c = ops::matmul(ta, tb, {.b_is_weight = trans_b, .compute = DType::bf16, .backend = backend});
+          ASSERT_EQ(c.dtype(), DType::f32);
+          // Exact products of bf16 values, summed in f32 (pairwise in the dot instruction).
+          const double tolerance = 2e-6 * static_cast<double>(k) + 1e-6;
+          for (std::size_t i = 0; i < want.size(); ++i)
+            ASSERT_NEAR(c.data<float>()[i], want[i], tolerance)
+                << "M,N,K=" << m << "," << n << "," << k << " trans_b=" << trans_b << " bf16 tensors=" << bf16_tensors
+                << " " << ops::gemm_backend_name(backend) << " at " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(Bf16Gemm, EveryIsaComputesTheSameRoundedProduct) {
+  // Without AVX512-BF16 (here: forcing the AVX2 or portable kernel) bf16 compute rounds the inputs
+  // and runs the f32 kernel; the results must agree with the dot-product path.
+  const int64_t m = 23, n = 37, k = 301;
+  const auto a = random_values(m * k, 11), b = random_values(k * n, 12);
+  const auto want = product(a, b, m, n, k, false);
+  for (auto isa : {ops::gemm::Isa::avx512, ops::gemm::Isa::avx2, ops::gemm::Isa::portable}) {
+    if (!ops::gemm::isa_supported(isa)) continue;
+    std::vector<float> c(static_cast<std::size_t>(m * n));
+    ops::gemm::Problem p;
+    p.m = m, p.n = n, p.k = k, p.a = a.data(), p.lda = k, p.b = b.data(), p.ldb = n, p.c = c.data(), p.ldc = n;
+    p.compute = ops::gemm::Element::bf16;
+    ops::gemm::sgemm(p, isa, 2);
+    for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(c[i], want[i], 1e-3) << ops::gemm::isa_name(isa) << " at " << i;
+  }
+}
+
+TEST(Bf16Gemm, LibraryBackendsRefuseBf16Inputs) {
+  const Tensor a = as_bf16(random_values(6, 3), {2, 3}), b = as_bf16(random_values(6, 4), {3, 2});
+  try {
+    ops::matmul(a, b, {.backend = ops::GemmBackend::openblas});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the openblas backend takes f32 inputs only"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(ops::matmul(Tensor::from_vector(random_values(6, 5), {2, 3}), Tensor::from_vector(random_values(6, 6), {3, 2}),
+                           {.compute = DType::i8}),
+               Error);
+}
+
+TEST(BatchedGemm, EveryBatchMatchesItsOwnProduct) {
+  for (int64_t batches : {1, 2, 5}) {
+    const int64_t m = 9, n = 13, k = 21;
+    const auto a = random_values(batches * m * k, 7), b = random_values(batches * k * n, 8);
+    const auto shared = random_values(k * n, 9), bias = random_values(n, 10);
+    const Tensor c = ops::bmm(Tensor::from_vector(a, {batches, m, k}), Tensor::from_vector(b, {batches, k, n}),
+                              {.bias = Tensor::from_vector(bias, {n})});
+    const Tensor c_shared = ops::bmm(Tensor::from_vector(a, {batches, m, k}), Tensor::from_vector(shared, {k, n}));
+    ASSERT_EQ(c.shape(), (Shape{batches, m, n}));
+    for (int64_t t = 0; t < batches; ++t)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          double s = bias[j], s_shared = 0;
+          for (int64_t q = 0; q < k; ++q) {
+            s += double(a[(t * m + i) * k + q]) * b[(t * k + q) * n + j];
+            s_shared += double(a[(t * m + i) * k + q]) * shared[q * n + j];
+          }
+          ASSERT_NEAR(c.at<float>({t, i, j}), s, 1e-4) << t << "," << i << "," << j;
+          ASSERT_NEAR(c_shared.at<float>({t, i, j}), s_shared, 1e-4) << t << "," << i << "," << j;
+        }
+  }
+  EXPECT_THROW(ops::bmm(Tensor::from_vector(random_values(12, 1), {2, 2, 3}), Tensor::from_vector(random_values(18, 2), {3, 3, 2})),
+               Error);
+}
+
+}  // namespace
+}  // namespace cubevec

@@ -1,0 +1,41 @@
+// Compiled with -mavx512f -mavx512bf16 (see ops/CMakeLists.txt); called only on CPUs with AVX512-BF16.
+#include <immintrin.h>
+
+#include "ops/gemm/microkernel_bf16.h"
+
+namespace cubevec::ops::gemm {
+
+void microkernel_bf16_avx512(int64_t kpairs, const uint16_t* a, const uint16_t* b, float* c, int64_t ldc,
+                             bool accumulate) {
+  constexpr int MR = kMrBf16;
+  __m512 lo[MR], hi[MR];
+  for (int r = 0; r < MR; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
+  for (int r = 0; r < MR; ++r) {  // fetch the C tile while the dot products run
+    _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + 16), _MM_HINT_T0);
+  }
+  for (int64_t k = 0; k < kpairs; ++k) {
+    const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b));
+    const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + 32));
+    for (int r = 0; r < MR; ++r) {
+      int32_t pair;
+      __builtin_memcpy(&pair, a + 2 * r, sizeof pair);
+      const __m512bh ar = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
+      lo[r] = _mm512_dpbf16_ps(lo[r], ar, b0);
+      hi[r] = _mm512_dpbf16_ps(hi[r], ar, b1);
+    }
+    a += 2 * MR;
+    b += 2 * kNrBf16;
+  }
+  for (int r = 0; r < MR; ++r) {
+    float* row = c + r * ldc;
+    if (accumulate) {
+      lo[r] = _mm512_add_ps(lo[r], _mm512_loadu_ps(row));
+      hi[r] = _mm512_add_ps(hi[r], _mm512_loadu_ps(row + 16));
+    }
+    _mm512_storeu_ps(row, lo[r]);
+    _mm512_storeu_ps(row + 16, hi[r]);
+  }
+}
+
+}  // namespace cubevec::ops::gemm
