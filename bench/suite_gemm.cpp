@@ -8,10 +8,17 @@
 
 #include "bench/harness.h"
 #include "ops/gemm.h"
+#include "tensor/half.h"
 
 namespace cubevec::bench {
 
 namespace {
+
+Tensor to_bf16(const Tensor& t) {
+  Tensor out = Tensor::empty(t.shape(), DType::bf16);
+  convert_f32_to_bf16(t.data<float>(), out.mutable_data<uint16_t>(), static_cast<std::size_t>(t.numel()));
+  return out;
+}
 
 Tensor random_matrix(int64_t rows, int64_t cols, unsigned seed) {
   std::mt19937 rng(seed);
@@ -62,6 +69,18 @@ void gemm_suite(Context& context) {
                  (backend == ops::GemmBackend::cubevec ? "-" + std::string(ops::gemm::isa_name(ops::gemm::best_isa())) : ""),
              time_runs([&] { ops::matmul(a, b, {.backend = backend}, stream).data_ptr(); }, runs));
     }
+    // bf16 inputs, f32 sums: the rate to compare with cubevec's own f32 row.
+    const Tensor a16 = to_bf16(a), b16 = to_bf16(b);
+    const std::string f32_impl = "cubevec-" + std::string(ops::gemm::isa_name(ops::gemm::best_isa()));
+    const Timing t16 = time_runs([&] { ops::matmul(a16, b16, {.compute = DType::bf16}, stream).data_ptr(); }, runs);
+    Result r{"gemm", case_name, ops::gemm::has_bf16_dot() ? "cubevec-avx512bf16" : "cubevec-bf16-emulated"};
+    r.dtype = "bf16";
+    r.timing = t16;
+    r.gflops = flops / t16.median_s / 1e9;
+    r.peak_fraction = r.gflops / context.machine.fma_peak_gflops;
+    r.extra["x_openblas"] = median["openblas"] / t16.median_s;
+    r.extra["x_cubevec_f32"] = median[f32_impl] / t16.median_s;
+    context.add(r);
   }
 }
 

@@ -41,7 +41,7 @@ Plan<float> f32_plan(Isa isa) {
 
 Plan<uint16_t> bf16_plan() {
   // Same bytes per panel as the f32 plan at twice the k depth.
-  return {microkernel_bf16_avx512, epilogue_avx512, kMrBf16, kNrBf16, 1536, 14 * 12, 4096, 2};
+  return {microkernel_bf16_avx512, epilogue_avx512, kMrBf16, kNrBf16, 1536, 12 * 14, 4096, 2};
 }
 
 // Workspace from the caching allocator: the same blocks come back call after call, already mapped.

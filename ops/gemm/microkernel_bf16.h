@@ -8,7 +8,7 @@
 
 namespace cubevec::ops::gemm {
 
-inline constexpr int kMrBf16 = 14, kNrBf16 = 32;
+inline constexpr int kMrBf16 = 12, kNrBf16 = 32;
 // kpairs = kc / 2 (kc padded to even with zeros). Called only on CPUs with AVX512-BF16.
 void microkernel_bf16_avx512(int64_t kpairs, const uint16_t* a, const uint16_t* b, float* c, int64_t ldc,
                              bool accumulate);

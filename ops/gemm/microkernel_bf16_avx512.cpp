@@ -9,7 +9,9 @@ void microkernel_bf16_avx512(int64_t kpairs, const uint16_t* a, const uint16_t* 
                              bool accumulate) {
   constexpr int MR = kMrBf16;
   __m512 lo[MR], hi[MR];
+#pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
+#pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {  // fetch the C tile while the dot products run
     _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + 16), _MM_HINT_T0);
@@ -17,7 +19,8 @@ void microkernel_bf16_avx512(int64_t kpairs, const uint16_t* a, const uint16_t* 
   for (int64_t k = 0; k < kpairs; ++k) {
     const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b));
     const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + 32));
-    for (int r = 0; r < MR; ++r) {
+  #pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
       int32_t pair;
       __builtin_memcpy(&pair, a + 2 * r, sizeof pair);
       const __m512bh ar = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
@@ -27,14 +30,22 @@ void microkernel_bf16_avx512(int64_t kpairs, const uint16_t* a, const uint16_t* 
     a += 2 * MR;
     b += 2 * kNrBf16;
   }
+  // Park the sums in a local tile first: merging straight from the registers with C made GCC
+  // spill accumulators inside the k loop.
+  alignas(64) float tile[MR][kNrBf16];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+    _mm512_store_ps(tile[r], lo[r]);
+    _mm512_store_ps(tile[r] + 16, hi[r]);
+  }
+#pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {
     float* row = c + r * ldc;
-    if (accumulate) {
-      lo[r] = _mm512_add_ps(lo[r], _mm512_loadu_ps(row));
-      hi[r] = _mm512_add_ps(hi[r], _mm512_loadu_ps(row + 16));
+    for (int h = 0; h < kNrBf16; h += 16) {
+      __m512 v = _mm512_load_ps(tile[r] + h);
+      if (accumulate) v = _mm512_add_ps(v, _mm512_loadu_ps(row + h));
+      _mm512_storeu_ps(row + h, v);
     }
-    _mm512_storeu_ps(row, lo[r]);
-    _mm512_storeu_ps(row + 16, hi[r]);
   }
 }
 
