@@ -1,1 +1,118 @@
+// conv2d / conv3d (im2col + GEMM) against direct convolution loops written here.
+#include "ops/conv.h"
+
 #include <gtest/gtest.h>
+
+#include <random>
+
+namespace cubevec {
+namespace {
+
+std::vector<float> random_values(int64_t count, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(static_cast<std::size_t>(count));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// Direct 3-D convolution (2-D is the T = kt = 1 case), zero padding, in double.
+std::vector<double> direct_conv(const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>* bias,
+                                int64_t n, int64_t c, int64_t o, std::array<int64_t, 3> in, std::array<int64_t, 3> k,
+                                std::array<int64_t, 3> stride, std::array<int64_t, 3> pad, std::array<int64_t, 3> dil,
+                                std::array<int64_t, 3>& out) {
+  for (int d = 0; d < 3; ++d) out[d] = (in[d] + 2 * pad[d] - dil[d] * (k[d] - 1) - 1) / stride[d] + 1;
+  std::vector<double> y(static_cast<std::size_t>(n * o * out[0] * out[1] * out[2]));
+  std::size_t idx = 0;
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t oc = 0; oc < o; ++oc)
+      for (int64_t t = 0; t < out[0]; ++t)
+        for (int64_t h = 0; h < out[1]; ++h)
+          for (int64_t ww = 0; ww < out[2]; ++ww) {
+            double s = bias ? (*bias)[oc] : 0.0;
+            for (int64_t ic = 0; ic < c; ++ic)
+              for (int64_t kt = 0; kt < k[0]; ++kt)
+                for (int64_t kh = 0; kh < k[1]; ++kh)
+                  for (int64_t kw = 0; kw < k[2]; ++kw) {
+                    const int64_t it = t * stride[0] - pad[0] + kt * dil[0], ih = h * stride[1] - pad[1] + kh * dil[1],
+                                  iw = ww * stride[2] - pad[2] + kw * dil[2];
+                    if (it < 0 || ih < 0 || iw < 0 || it >= in[0] || ih >= in[1] || iw >= in[2]) continue;
+                    s += double(x[(((b * c + ic) * in[0] + it) * in[1] + ih) * in[2] + iw]) *
+                         w[(((oc * c + ic) * k[0] + kt) * k[1] + kh) * k[2] + kw];
+                  }
+            y[idx++] = s;
+          }
+  return y;
+}
+
+TEST(Conv, Conv2dMatchesDirectLoops) {
+  struct Case {
+    int64_t n, c, o, h, w, kh, kw, stride, pad, dil;
+  };
+  const Case cases[] = {{1, 3, 8, 9, 7, 3, 3, 1, 1, 1}, {2, 5, 4, 16, 16, 3, 3, 2, 1, 1}, {1, 4, 6, 8, 8, 1, 1, 1, 0, 1},
+                        {1, 2, 3, 11, 13, 3, 2, 1, 2, 2}, {1, 16, 16, 70, 70, 3, 3, 1, 1, 1}};
+  for (const Case& s : cases) {
+    const auto x = random_values(s.n * s.c * s.h * s.w, 1), w = random_values(s.o * s.c * s.kh * s.kw, 2),
+               bias = random_values(s.o, 3);
+    ops::Conv2dOptions opt;
+    opt.stride = {s.stride, s.stride};
+    opt.padding = {s.pad, s.pad};
+    opt.dilation = {s.dil, s.dil};
+    const Tensor y = ops::conv2d(Tensor::from_vector(x, {s.n, s.c, s.h, s.w}), Tensor::from_vector(w, {s.o, s.c, s.kh, s.kw}),
+                                 Tensor::from_vector(bias, {s.o}), opt);
+    std::array<int64_t, 3> out{};
+    const auto want = direct_conv(x, w, &bias, s.n, s.c, s.o, {1, s.h, s.w}, {1, s.kh, s.kw}, {1, s.stride, s.stride},
+                                  {0, s.pad, s.pad}, {1, s.dil, s.dil}, out);
+    ASSERT_EQ(y.shape(), (Shape{s.n, s.o, out[1], out[2]}));
+    for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(y.data<float>()[i], want[i], 1e-4) << "case c=" << s.c << " at " << i;
+  }
+}
+
+TEST(Conv, Conv3dMatchesDirectLoopsIncludingWanPatchEmbedding) {
+  // Wan's patch embedding: kernel = stride = (1, 2, 2); and a 3x3x3 VAE-style conv with padding.
+  struct Case {
+    int64_t c, o, t, h, w;
+    std::array<int64_t, 3> k, stride, pad;
+  };
+  const Case cases[] = {{4, 8, 3, 8, 6, {1, 2, 2}, {1, 2, 2}, {0, 0, 0}}, {3, 5, 4, 7, 9, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}}};
+  for (const Case& s : cases) {
+    const auto x = random_values(s.c * s.t * s.h * s.w, 4), w = random_values(s.o * s.c * s.k[0] * s.k[1] * s.k[2], 5);
+    ops::Conv3dOptions opt;
+    opt.stride = s.stride;
+    opt.padding = s.pad;
+    const Tensor y = ops::conv3d(Tensor::from_vector(x, {1, s.c, s.t, s.h, s.w}),
+                                 Tensor::from_vector(w, {s.o, s.c, s.k[0], s.k[1], s.k[2]}), {}, opt);
+    std::array<int64_t, 3> out{};
+    const auto want = direct_conv(x, w, nullptr, 1, s.c, s.o, {s.t, s.h, s.w}, s.k, s.stride, s.pad, {1, 1, 1}, out);
+    ASSERT_EQ(y.shape(), (Shape{1, s.o, out[0], out[1], out[2]}));
+    for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(y.data<float>()[i], want[i], 1e-4) << i;
+  }
+}
+
+TEST(Conv, ErrorsNameTheShapes) {
+  const Tensor x = Tensor::from_vector(random_values(2 * 3 * 4 * 4, 6), {2, 3, 4, 4});
+  const auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(message([&] { ops::conv2d(x, Tensor::from_vector(random_values(2 * 2 * 9, 7), {2, 2, 3, 3})); })
+                .find("weight must be [O, C, kh, kw] with C = 3"),
+            std::string::npos);
+  EXPECT_NE(message([&] { ops::conv2d(x, Tensor::from_vector(random_values(2 * 3 * 25, 8), {2, 3, 5, 5})); }).find("does not fit"),
+            std::string::npos);
+  EXPECT_NE(message([&] { ops::conv3d(x, Tensor::from_vector(random_values(27, 9), {1, 1, 3, 3, 3})); })
+                .find("x must be [N, C, T, H, W]"),
+            std::string::npos);
+  ops::Conv2dOptions bad;
+  bad.stride = {0, 1};
+  EXPECT_NE(message([&] { ops::conv2d(x, Tensor::from_vector(random_values(3 * 3, 10), {1, 3, 1, 3}), {}, bad); })
+                .find("stride and dilation must be >= 1"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace cubevec

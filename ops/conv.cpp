@@ -1,0 +1,156 @@
+#include "ops/conv.h"
+
+#include <algorithm>
+#include <tbb/parallel_for.h>
+
+namespace cubevec::ops {
+
+namespace {
+
+// Output positions per im2col block: bounds the buffer to (C x kernel volume) x kBlock floats.
+constexpr int64_t kBlock = 4096;
+
+template <int D>
+struct Geometry {
+  int64_t n = 0, c = 0, o = 0;
+  std::array<int64_t, D> in{}, kernel{}, out{};
+  int64_t in_volume() const { return product(in); }
+  int64_t kernel_volume() const { return product(kernel); }
+  int64_t out_volume() const { return product(out); }
+  static int64_t product(const std::array<int64_t, D>& v) {
+    int64_t p = 1;
+    for (int64_t s : v) p *= s;
+    return p;
+  }
+};
+
+template <int D>
+Geometry<D> check(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias, const ConvOptions<D>& o) {
+  require_contiguous_f32(x, op, "x");
+  require_contiguous_f32(w, op, "weight");
+  const char* layout = D == 2 ? "[N, C, H, W]" : "[N, C, T, H, W]";
+  const char* wlayout = D == 2 ? "[O, C, kh, kw]" : "[O, C, kt, kh, kw]";
+  if (x.dim() != D + 2) throw Error(std::string(op) + ": x must be " + layout + ", got " + shape_to_string(x.shape()));
+  if (w.dim() != D + 2 || w.size(1) != x.size(1))
+    throw Error(std::string(op) + ": weight must be " + wlayout + " with C = " + std::to_string(x.size(1)) +
+                " (groups = 1), got " + shape_to_string(w.shape()));
+  Geometry<D> g;
+  g.n = x.size(0), g.c = x.size(1), g.o = w.size(0);
+  if (bias.defined()) {
+    require_contiguous_f32(bias, op, "bias");
+    if (bias.shape() != Shape{g.o})
+      throw Error(std::string(op) + ": bias must have shape [" + std::to_string(g.o) + "], got " + shape_to_string(bias.shape()));
+  }
+  for (int d = 0; d < D; ++d) {
+    if (o.stride[d] < 1 || o.dilation[d] < 1 || o.padding[d] < 0)
+      throw Error(std::string(op) + ": stride and dilation must be >= 1 and padding >= 0 in every dimension");
+    g.in[d] = x.size(2 + d);
+    g.kernel[d] = w.size(2 + d);
+    const int64_t span = o.dilation[d] * (g.kernel[d] - 1) + 1;
+    const int64_t padded = g.in[d] + 2 * o.padding[d];
+    if (span > padded)
+      throw Error(std::string(op) + ": the kernel " + shape_to_string(w.shape()) + " (dilated) does not fit input " +
+                  shape_to_string(x.shape()) + " with padding in spatial dimension " + std::to_string(d));
+    g.out[d] = (padded - span) / o.stride[d] + 1;
+  }
+  return g;
+}
+
+// Fills cols [C x kernel volume, count] for output positions [first, first + count) of one image.
+template <int D>
+void im2col(const float* image, const Geometry<D>& g, const ConvOptions<D>& o, int64_t first, int64_t count, float* cols) {
+  const int64_t kvol = g.kernel_volume();
+  tbb::parallel_for(int64_t{0}, g.c * kvol, [&](int64_t row) {
+    const int64_t channel = row / kvol;
+    int64_t kidx = row % kvol;
+    std::array<int64_t, D> k{};
+    for (int d = D - 1; d >= 0; --d) {
+      k[d] = kidx % g.kernel[d];
+      kidx /= g.kernel[d];
+    }
+    const float* plane = image + channel * g.in_volume();
+    float* dst = cols + row * count;
+    for (int64_t j = 0; j < count; ++j) {
+      int64_t pos = first + j, offset = 0;
+      bool inside = true;
+      std::array<int64_t, D> out_index{};
+      for (int d = D - 1; d >= 0; --d) {
+        out_index[d] = pos % g.out[d];
+        pos /= g.out[d];
+      }
+      for (int d = 0; d < D; ++d) {
+        const int64_t coord = out_index[d] * o.stride[d] - o.padding[d] + k[d] * o.dilation[d];
+        inside = inside && coord >= 0 && coord < g.in[d];
+        offset = offset * g.in[d] + coord;
+      }
+      dst[j] = inside ? plane[offset] : 0.0f;
+    }
+  });
+}
+
+template <int D>
+Tensor conv(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias, const ConvOptions<D>& o,
+            const Stream& stream) {
+  const Geometry<D> g = check(op, x, w, bias, o);
+  Shape out_shape = {g.n, g.o};
+  for (int64_t s : g.out) out_shape.push_back(s);
+  Tensor out = stream.device().empty(out_shape, DType::f32, stream);
+  std::vector<Tensor> reads = {x, w};
+  if (bias.defined()) reads.push_back(bias);
+  const int64_t kdim = g.c * g.kernel_volume(), positions = g.out_volume();
+  const double flops = 2.0 * static_cast<double>(g.n * g.o) * static_cast<double>(kdim) * static_cast<double>(positions);
+  const double bytes = static_cast<double>(x.nbytes() + w.nbytes() + out.nbytes());
+  stream.launch({op, Unit::cube, flops, bytes, DType::f32}, reads, {out}, [x, w, bias, out, g, o, kdim, positions] {
+    const auto* px = reinterpret_cast<const float*>(x.unsynchronized_data_ptr());
+    const auto* pw = reinterpret_cast<const float*>(w.unsynchronized_data_ptr());
+    const float* pbias = bias.defined() ? reinterpret_cast<const float*>(bias.unsynchronized_data_ptr()) : nullptr;
+    auto* py = reinterpret_cast<float*>(out.unsynchronized_data_ptr());
+    const int threads = tbb::this_task_arena::max_concurrency();
+    // A 1x1 (x1) kernel with unit stride and no padding needs no im2col: the image is the matrix.
+    bool pointwise = true;
+    for (int d = 0; d < D; ++d) pointwise = pointwise && g.kernel[d] == 1 && o.stride[d] == 1 && o.padding[d] == 0;
+    const int64_t block = std::min(kBlock, positions);
+    std::vector<float> cols(pointwise ? 0 : static_cast<std::size_t>(kdim * block));
+    for (int64_t image = 0; image < g.n; ++image) {
+      const float* src = px + image * g.c * g.in_volume();
+      float* dst = py + image * g.o * positions;
+      for (int64_t first = 0; first < positions; first += block) {
+        const int64_t count = std::min(block, positions - first);
+        gemm::Problem p;
+        p.m = g.o, p.n = count, p.k = kdim;
+        p.a = pw, p.lda = kdim;
+        if (pointwise) {
+          p.b = src + first, p.ldb = positions;
+        } else {
+          im2col(src, g, o, first, count, cols.data());
+          p.b = cols.data(), p.ldb = count;
+        }
+        p.c = dst + first, p.ldc = positions;
+        if (o.backend == GemmBackend::reference) gemm_reference(p);
+        else gemm::sgemm(p, gemm::best_isa(), threads);
+      }
+      if (pbias)  // bias per output channel, i.e. per row of this image's [O, positions] result
+        tbb::parallel_for(int64_t{0}, g.o, [&](int64_t ch) {
+          float* row = dst + ch * positions;
+          for (int64_t j = 0; j < positions; ++j) row[j] += pbias[ch];
+        });
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dOptions& options, const Stream& stream) {
+  if (options.backend != GemmBackend::cubevec && options.backend != GemmBackend::reference)
+    throw Error("conv2d: backend must be cubevec or reference");
+  return conv<2>("conv2d", x, weight, bias, options, stream);
+}
+
+Tensor conv3d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv3dOptions& options, const Stream& stream) {
+  if (options.backend != GemmBackend::cubevec && options.backend != GemmBackend::reference)
+    throw Error("conv3d: backend must be cubevec or reference");
+  return conv<3>("conv3d", x, weight, bias, options, stream);
+}
+
+}  // namespace cubevec::ops

@@ -1,0 +1,36 @@
+// Convolutions on the Cube unit as im2col + GEMM: conv2d (VAE) and conv3d (Wan's patch embedding
+// and causal VAE). NCHW / NCTHW layouts, f32, groups = 1; the weight is PyTorch's
+// [O, C, kernel...]. The im2col buffer is built in blocks of output positions, so memory stays
+// bounded for large images.
+#pragma once
+
+#include <array>
+
+#include "ops/gemm.h"
+
+namespace cubevec::ops {
+
+template <int D>
+struct ConvOptions {
+  std::array<int64_t, D> stride;
+  std::array<int64_t, D> padding;   // zeros on both sides of each spatial dim
+  std::array<int64_t, D> dilation;
+  GemmBackend backend = GemmBackend::cubevec;
+
+  ConvOptions() {
+    stride.fill(1);
+    padding.fill(0);
+    dilation.fill(1);
+  }
+};
+using Conv2dOptions = ConvOptions<2>;
+using Conv3dOptions = ConvOptions<3>;
+
+// x [N, C, H, W], weight [O, C, kh, kw], bias [O] or undefined -> [N, O, Ho, Wo].
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, const Conv2dOptions& options = {},
+              const Stream& stream = default_op_stream());
+// x [N, C, T, H, W], weight [O, C, kt, kh, kw], bias [O] or undefined -> [N, O, To, Ho, Wo].
+Tensor conv3d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, const Conv3dOptions& options = {},
+              const Stream& stream = default_op_stream());
+
+}  // namespace cubevec::ops
