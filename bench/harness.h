@@ -52,5 +52,6 @@ void launch_suite(Context& context);
 void cv_suite(Context& context);
 void instances_suite(Context& context);
 void gemm_suite(Context& context);
+void vector_suite(Context& context);
 
 }  // namespace cubevec::bench

@@ -1,1 +1,270 @@
+// RMSNorm, fast_layernorm, layernorm_scale_shift (AdaLN) and GroupNorm against double-precision
+// loops written here, on odd widths, f32 and bf16 (with f32 or bf16 parameters), contiguous and
+// strided x, and the shape/dtype errors. Tolerances: f32 |got - want| <= 1e-5 |want| + 1e-5;
+// bf16 (reference from the bf16-rounded inputs) <= 2^-8 |want| + 1e-5 (about one bf16 ulp).
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "ops/vector_ops.h"
+#include "tensor/half.h"
+
+namespace cubevec {
+namespace {
+
+Tensor random_tensor(const Shape& shape, unsigned seed, DType dtype = DType::f32, float scale = 3.0f,
+                     float shift = 0.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(shift - scale, shift + scale);
+  std::vector<float> v(static_cast<std::size_t>(shape_numel(shape)));
+  for (float& x : v) x = dist(rng);
+  const Tensor t = Tensor::from_vector(v, shape);
+  if (dtype == DType::f32) return t;
+  Tensor out = Tensor::empty(shape, dtype);
+  uint16_t* o = out.mutable_data<uint16_t>();
+  for (std::size_t i = 0; i < v.size(); ++i) o[i] = dtype == DType::bf16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
+  return out;
+}
+
+Tensor strided_copy_of(const Tensor& t) {
+  return t.transpose(0, t.dim() - 1).contiguous().transpose(0, t.dim() - 1);
+}
+
+std::vector<double> values(const Tensor& t) {
+  if (!t.defined()) return {};
+  const Tensor c = t.contiguous();
+  std::vector<double> v(static_cast<std::size_t>(c.numel()));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (c.dtype() == DType::f32) v[i] = c.data<float>()[i];
+    else if (c.dtype() == DType::bf16) v[i] = bf16_to_f32(c.data<uint16_t>()[i]);
+    else v[i] = f16_to_f32(c.data<uint16_t>()[i]);
+  }
+  return v;
+}
+
+void expect_close(const Tensor& got, const std::vector<double>& want, DType dtype, const std::string& what) {
+  ASSERT_EQ(got.dtype(), dtype) << what;
+  const std::vector<double> g = values(got);
+  ASSERT_EQ(g.size(), want.size()) << what;
+  const double rtol = dtype == DType::f32 ? 1e-5 : dtype == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+  for (std::size_t i = 0; i < g.size(); ++i)
+    ASSERT_NEAR(g[i], want[i], rtol * std::fabs(want[i]) + 1e-5) << what << " at " << i;
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+constexpr int64_t kWidths[] = {1, 7, 17, 129};
+constexpr DType kDTypes[] = {DType::f32, DType::bf16};
+
+// Mean and 1/sqrt(var + eps) of each row of `width` values (two-pass, double).
+void row_stats(const std::vector<double>& x, int64_t width, double eps, std::vector<double>& mean,
+               std::vector<double>& rstd) {
+  const int64_t rows = static_cast<int64_t>(x.size()) / width;
+  mean.assign(static_cast<std::size_t>(rows), 0);
+  rstd.assign(static_cast<std::size_t>(rows), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = 0, v = 0;
+    for (int64_t i = 0; i < width; ++i) m += x[r * width + i];
+    m /= static_cast<double>(width);
+    for (int64_t i = 0; i < width; ++i) v += (x[r * width + i] - m) * (x[r * width + i] - m);
+    mean[r] = m;
+    rstd[r] = 1 / std::sqrt(v / static_cast<double>(width) + eps);
+  }
+}
+
+TEST(Norm, RmsNormMatchesDefinition) {
+  for (DType dtype : kDTypes)
+    for (int64_t h : kWidths)
+      for (DType wtype : kDTypes) {
+        const Tensor x = random_tensor({3, 5, h}, 1, dtype), w = random_tensor({h}, 2, wtype);
+        const std::vector<double> xv = values(x), wv = values(w);
+        std::vector<double> want(xv.size()), want_plain(xv.size());
+        for (int64_t r = 0; r < 15; ++r) {
+          double ms = 0;
+          for (int64_t i = 0; i < h; ++i) ms += xv[r * h + i] * xv[r * h + i];
+          ms /= static_cast<double>(h);
+          for (int64_t i = 0; i < h; ++i) {
+            want[r * h + i] = xv[r * h + i] / std::sqrt(ms + 1e-6) * wv[i];
+            want_plain[r * h + i] = xv[r * h + i] / std::sqrt(ms + 1e-5);
+          }
+        }
+        const std::string what = std::string(dtype_name(dtype)) + " weight " + std::string(dtype_name(wtype)) +
+                                 " h=" + std::to_string(h);
+        expect_close(ops::rms_norm(x, w, 1e-6f), want, dtype, what);
+        expect_close(ops::rms_norm(x, Tensor(), 1e-5f), want_plain, dtype, what + " no weight");
+        if (h > 1) expect_close(ops::rms_norm(strided_copy_of(x), w, 1e-6f), want, dtype, what + " strided");
+      }
+}
+
+TEST(Norm, FastLayerNormReturnsOutMeanAndRstd) {
+  for (auto mode : {ops::LayerNormImpl::high_precision, ops::LayerNormImpl::high_performance})
+    for (DType dtype : kDTypes)
+      for (int64_t h : kWidths) {
+        // A large mean relative to the spread: the two-pass variance must not cancel.
+        const Tensor x = random_tensor({2, 3, h}, 3, dtype, 2.0f, 50.0f);
+        const Tensor w = random_tensor({h}, 4), b = random_tensor({h}, 5, DType::bf16);
+        const std::vector<double> xv = values(x), wv = values(w), bv = values(b);
+        std::vector<double> mean, rstd;
+        row_stats(xv, h, 1e-5, mean, rstd);
+        std::vector<double> want(xv.size()), want_plain(xv.size());
+        for (std::size_t i = 0; i < xv.size(); ++i) {
+          const std::size_t r = i / static_cast<std::size_t>(h), c = i % static_cast<std::size_t>(h);
+          want_plain[i] = (xv[i] - mean[r]) * rstd[r];
+          want[i] = want_plain[i] * wv[c] + bv[c];
+        }
+        const std::string what = std::string(dtype_name(dtype)) + " h=" + std::to_string(h) + " mode " +
+                                 std::to_string(static_cast<int>(mode));
+        const ops::LayerNormResult r = ops::fast_layernorm(x, w, b, 1e-5f, mode);
+        expect_close(r.out, want, dtype, what);
+        EXPECT_EQ(r.mean.shape(), (Shape{2, 3})) << what;
+        ASSERT_EQ(r.rstd.dtype(), DType::f32);
+        const std::vector<double> mg = values(r.mean), rg = values(r.rstd);
+        for (std::size_t i = 0; i < mean.size(); ++i) {
+          EXPECT_NEAR(mg[i], mean[i], 1e-5 * std::fabs(mean[i])) << what;
+          // 1 / sqrt(1e-5) for h = 1: relative tolerance only.
+          EXPECT_NEAR(rg[i], rstd[i], 2e-5 * rstd[i]) << what;
+        }
+        expect_close(ops::fast_layernorm(x, {}, {}, 1e-5f, mode).out, want_plain, dtype, what + " no affine");
+        if (h > 1) expect_close(ops::fast_layernorm(strided_copy_of(x), w, b, 1e-5f, mode).out, want, dtype, what + " strided");
+      }
+}
+
+TEST(Norm, FastLayerNormFp16Mode) {
+  const int64_t h = 17;
+  const Tensor x = random_tensor({4, h}, 6, DType::f16), w = random_tensor({h}, 7, DType::f16),
+               b = random_tensor({h}, 8, DType::f16);
+  const std::vector<double> xv = values(x), wv = values(w), bv = values(b);
+  std::vector<double> mean, rstd;
+  row_stats(xv, h, 1e-5, mean, rstd);
+  std::vector<double> want(xv.size());
+  for (std::size_t i = 0; i < xv.size(); ++i)
+    want[i] = (xv[i] - mean[i / h]) * rstd[i / h] * wv[i % h] + bv[i % h];
+  expect_close(ops::fast_layernorm(x, w, b, 1e-5f, ops::LayerNormImpl::fp16).out, want, DType::f16, "fp16");
+  std::string msg = message_of([&] {
+    ops::fast_layernorm(random_tensor({4, h}, 6), w, b, 1e-5f, ops::LayerNormImpl::fp16);
+  });
+  EXPECT_NE(msg.find("fast_layernorm: impl_mode fp16 needs f16 x, weight and bias, got x f32 [4, 17]"),
+            std::string::npos)
+      << msg;
+  msg = message_of([&] { ops::fast_layernorm(x, {}, {}, 1e-5f, ops::LayerNormImpl::high_precision); });
+  EXPECT_NE(msg.find("fast_layernorm: x must be f32 or bf16 (f16 needs impl_mode fp16), got f16 [4, 17]"),
+            std::string::npos)
+      << msg;
+}
+
+TEST(Norm, LayerNormScaleShiftForEveryScaleShape) {
+  const int64_t batch = 2, s = 3;
+  for (DType dtype : kDTypes)
+    for (DType ptype : kDTypes)
+      for (int64_t h : kWidths)
+        for (int form = 0; form < 3; ++form) {
+          const Shape pshape = form == 0 ? Shape{batch, h} : form == 1 ? Shape{batch, 1, h} : Shape{batch, s, h};
+          const Tensor x = random_tensor({batch, s, h}, 9, dtype);
+          const Tensor scale = random_tensor(pshape, 10, ptype, 0.5f), shift = random_tensor(pshape, 11, ptype);
+          const Tensor w = random_tensor({h}, 12), b = random_tensor({h}, 13);
+          const std::vector<double> xv = values(x), sc = values(scale), sh = values(shift), wv = values(w),
+                                    bv = values(b);
+          std::vector<double> mean, rstd;
+          row_stats(xv, h, 1e-6, mean, rstd);
+          std::vector<double> want(xv.size()), want_affine(xv.size());
+          for (int64_t bi = 0; bi < batch; ++bi)
+            for (int64_t si = 0; si < s; ++si)
+              for (int64_t i = 0; i < h; ++i) {
+                const int64_t row = bi * s + si, p = (form == 2 ? row : bi) * h + i;
+                const double n = (xv[row * h + i] - mean[row]) * rstd[row];
+                want[row * h + i] = n * (1 + sc[p]) + sh[p];
+                want_affine[row * h + i] = (n * wv[i] + bv[i]) * (1 + sc[p]) + sh[p];
+              }
+          const std::string what = std::string(dtype_name(dtype)) + " params " + std::string(dtype_name(ptype)) +
+                                   " h=" + std::to_string(h) + " scale " + shape_to_string(pshape);
+          expect_close(ops::layernorm_scale_shift(x, scale, shift), want, dtype, what);
+          expect_close(ops::layernorm_scale_shift(x, scale, shift, w, b), want_affine, dtype, what + " affine");
+          if (h > 1)
+            expect_close(ops::layernorm_scale_shift(strided_copy_of(x), strided_copy_of(scale), shift, w, b),
+                         want_affine, dtype, what + " strided");
+        }
+}
+
+TEST(Norm, GroupNormMatchesDefinition) {
+  const std::pair<Shape, int64_t> cases[] = {{{2, 6, 7}, 3}, {{1, 4, 3, 5}, 2}, {{3, 5, 1}, 5}, {{2, 8, 129}, 1},
+                                             {{1, 6}, 2},    {{2, 4, 17}, 4}};
+  for (DType dtype : kDTypes)
+    for (const auto& [shape, groups] : cases) {
+      const int64_t n = shape[0], c = shape[1], hw = shape_numel(shape) / (n * c), cpg = c / groups;
+      const Tensor x = random_tensor(shape, 14, dtype, 2.0f, 10.0f);
+      const Tensor w = random_tensor({c}, 15, DType::bf16), b = random_tensor({c}, 16);
+      const std::vector<double> xv = values(x), wv = values(w), bv = values(b);
+      std::vector<double> mean, rstd;
+      row_stats(xv, cpg * hw, 1e-5, mean, rstd);  // a group is cpg * hw contiguous values
+      std::vector<double> want(xv.size()), want_plain(xv.size());
+      for (std::size_t i = 0; i < xv.size(); ++i) {
+        const auto g = static_cast<int64_t>(i) / (cpg * hw), ch = static_cast<int64_t>(i) / hw % c;
+        want_plain[i] = (xv[i] - mean[g]) * rstd[g];
+        want[i] = want_plain[i] * wv[ch] + bv[ch];
+      }
+      const std::string what = std::string(dtype_name(dtype)) + " " + shape_to_string(shape) + " groups " +
+                               std::to_string(groups);
+      expect_close(ops::group_norm(x, groups, w, b), want, dtype, what);
+      expect_close(ops::group_norm(x, groups), want_plain, dtype, what + " no affine");
+      expect_close(ops::group_norm(strided_copy_of(x), groups, w, b), want, dtype, what + " strided");
+    }
+}
+
+TEST(Norm, ErrorsNameWhatWasExpected) {
+  const Tensor x = random_tensor({2, 3, 4}, 17);
+  std::string msg = message_of([&] { ops::rms_norm(x, random_tensor({7}, 6)); });
+  EXPECT_NE(msg.find("rms_norm: weight must have shape [H] = [4] with H the last size of x [2, 3, 4], got [7]"),
+            std::string::npos)
+      << msg;
+  msg = message_of([&] { ops::rms_norm(x, Tensor(), 0.0f); });
+  EXPECT_NE(msg.find("rms_norm: eps must be positive"), std::string::npos) << msg;
+  msg = message_of([&] { ops::rms_norm(x, Tensor::zeros({4}, DType::i32)); });
+  EXPECT_NE(msg.find("rms_norm: weight must be f32 or bf16, got i32 [4]"), std::string::npos) << msg;
+  msg = message_of([&] { ops::layernorm_scale_shift(x, random_tensor({2, 2, 4}, 1), random_tensor({2, 2, 4}, 2)); });
+  EXPECT_NE(msg.find("layernorm_scale_shift: scale must have shape [B, H], [B, 1, H] or [B, S, H] = [2, 4], "
+                     "[2, 1, 4] or [2, 3, 4] for x [2, 3, 4], got [2, 2, 4]"),
+            std::string::npos)
+      << msg;
+  msg = message_of([&] { ops::layernorm_scale_shift(x, random_tensor({2, 4}, 1), random_tensor({2, 1, 4}, 2)); });
+  EXPECT_NE(msg.find("layernorm_scale_shift: scale and shift must have the same shape, got [2, 4] and [2, 1, 4]"),
+            std::string::npos)
+      << msg;
+  msg = message_of([&] { ops::layernorm_scale_shift(x.select(0, 0), random_tensor({2, 4}, 1), random_tensor({2, 4}, 2)); });
+  EXPECT_NE(msg.find("layernorm_scale_shift: x must be [B, S, H], got f32 [3, 4]"), std::string::npos) << msg;
+  msg = message_of([&] { ops::fast_layernorm(x, random_tensor({4}, 1), random_tensor({5}, 2)); });
+  EXPECT_NE(msg.find("fast_layernorm: bias must have shape [H] = [4] with H the last size of x [2, 3, 4], got [5]"),
+            std::string::npos)
+      << msg;
+  msg = message_of([&] { ops::group_norm(x, 2); });
+  EXPECT_NE(msg.find("group_norm: num_groups must be positive and divide the channel count C = 3 of x [2, 3, 4], got 2"),
+            std::string::npos)
+      << msg;
+  msg = message_of([&] { ops::group_norm(x, 3, random_tensor({4}, 1)); });
+  EXPECT_NE(msg.find("group_norm: weight must have shape [C] = [3]"), std::string::npos) << msg;
+}
+
+TEST(Norm, SimulateModeRecordsCostsWithoutData) {
+  Device device(builtin_cpu_profile(), {.simulate = true});
+  const Stream stream = device.new_stream("sim");
+  const Tensor x = Tensor::meta({2, 5, 8}, DType::bf16);
+  const Tensor y = ops::layernorm_scale_shift(x, Tensor::meta({2, 8}, DType::f32), Tensor::meta({2, 8}, DType::f32),
+                                              {}, {}, 1e-6f, stream);
+  const Tensor z = ops::group_norm(ops::rms_norm(y, {}, 1e-6f, stream), 5, {}, {}, 1e-5f, stream);
+  stream.synchronize();
+  EXPECT_EQ(z.shape(), x.shape());
+  EXPECT_EQ(z.dtype(), DType::bf16);
+  EXPECT_FALSE(z.has_storage());
+  EXPECT_GE(device.stats().kernels, 3u);
+}
+
+}  // namespace
+}  // namespace cubevec

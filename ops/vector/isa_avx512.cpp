@@ -1,0 +1,9 @@
+// The vector kernels compiled for AVX-512 (F, BW, VL, DQ) and FMA (flags in ops/CMakeLists.txt); reached only
+// through ops/vector/dispatch.cpp on CPUs that run them.
+#include "ops/vector/impl/table.h"
+
+namespace cubevec::ops::vk {
+
+const Kernels& kernels_avx512() { return kTable; }
+
+}  // namespace cubevec::ops::vk
