@@ -81,7 +81,7 @@ CvResult run_cv_experiment(const CvWorkload& w, CvMode mode, const DeviceProfile
     std::vector<Tensor> outputs;
     const auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < w.chunks; ++i) {
-      const Tensor y = ops::matmul(inputs[i], weight, {.backend = ops::GemmBackend::openblas}, cube);
+      const Tensor y = ops::matmul(inputs[i], weight, {}, cube);
       const Tensor normed = ops::rms_norm(y, {}, 1e-6f, vector);
       outputs.push_back(ops::softmax(ops::activation(normed, ops::Activation::gelu_tanh, vector), vector));
     }

@@ -17,8 +17,8 @@
 namespace cubevec {
 
 struct CvWorkload {
-  int chunks = 16;
-  int64_t m = 256, n = 1024, k = 1024;
+  int chunks = 32;
+  int64_t m = 512, n = 1024, k = 64;
 };
 
 enum class CvMode { serialized, overlapped, pinned };
