@@ -67,19 +67,20 @@ inline P load_as(const S* base, int64_t index, bool round_bf16) {
   }
 }
 
-// A[i0 .. i0+mc, p0 .. p0+kc] into MR-row panels of kgroup-wide k steps, zero-padded.
+// A[i0 .. i0+mc, p0 .. p0+kc] into MR-row panels of kgroup-wide k steps, zero-padded. Each row of
+// A is read sequentially (the panel being written is small enough to stay in L1).
 template <class P, class S>
 void pack_a(const Problem& p, const Plan<P>& plan, int64_t i0, int64_t mc, int64_t p0, int64_t kc, P* out) {
   const auto* a = static_cast<const S*>(p.a);
   const bool round = p.compute == Element::bf16;
-  for (int64_t ir = 0; ir < mc; ir += plan.mr) {
+  const int64_t g = plan.kgroup, k_steps = (kc + g - 1) / g, panel = k_steps * g * plan.mr;
+  for (int64_t ir = 0; ir < mc; ir += plan.mr, out += panel) {
     const int64_t rows = std::min(plan.mr, mc - ir);
-    for (int64_t k = 0; k < kc; k += plan.kgroup)
-      for (int64_t r = 0; r < plan.mr; ++r)
-        for (int64_t g = 0; g < plan.kgroup; ++g) {
-          const bool inside = r < rows && k + g < kc;
-          *out++ = inside ? load_as<P, S>(a, (i0 + ir + r) * p.lda + p0 + k + g, round) : P{};
-        }
+    if (rows < plan.mr || k_steps * g != kc) std::fill(out, out + panel, P{});
+    for (int64_t r = 0; r < rows; ++r) {
+      const S* src = a + (i0 + ir + r) * p.lda + p0;
+      for (int64_t k = 0; k < kc; ++k) out[(k / g * plan.mr + r) * g + k % g] = load_as<P, S>(src, k, round);
+    }
   }
 }
 
@@ -88,18 +89,22 @@ template <class P, class S>
 void pack_b(const Problem& p, const Plan<P>& plan, int64_t p0, int64_t kc, int64_t j0, int64_t nc, P* out) {
   const auto* b = static_cast<const S*>(p.b);
   const bool round = p.compute == Element::bf16;
-  for (int64_t jr = 0; jr < nc; jr += plan.nr) {
+  const int64_t g = plan.kgroup, k_steps = (kc + g - 1) / g, panel = k_steps * g * plan.nr;
+  for (int64_t jr = 0; jr < nc; jr += plan.nr, out += panel) {
     const int64_t cols = std::min(plan.nr, nc - jr);
-    for (int64_t k = 0; k < kc; k += plan.kgroup)
-      for (int64_t j = 0; j < plan.nr; ++j)
-        for (int64_t g = 0; g < plan.kgroup; ++g) {
-          if (j >= cols || k + g >= kc) {
-            *out++ = P{};
-            continue;
-          }
-          const int64_t row = p0 + k + g, col = j0 + jr + j;
-          *out++ = load_as<P, S>(b, p.trans_b ? col * p.ldb + row : row * p.ldb + col, round);
-        }
+    if (cols < plan.nr || k_steps * g != kc) std::fill(out, out + panel, P{});
+    if (!p.trans_b) {  // row k of the block is contiguous in B
+      for (int64_t k = 0; k < kc; ++k) {
+        const S* src = b + (p0 + k) * p.ldb + j0 + jr;
+        P* dst = out + (k / g) * g * plan.nr + k % g;
+        for (int64_t j = 0; j < cols; ++j) dst[j * g] = load_as<P, S>(src, j, round);
+      }
+    } else {  // B = W^T with W [N, K]: column j of B is row j of W, contiguous in k
+      for (int64_t j = 0; j < cols; ++j) {
+        const S* src = b + (j0 + jr + j) * p.ldb + p0;
+        for (int64_t k = 0; k < kc; ++k) out[(k / g * plan.nr + j) * g + k % g] = load_as<P, S>(src, k, round);
+      }
+    }
   }
 }
 
