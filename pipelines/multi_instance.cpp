@@ -40,7 +40,7 @@ Tensor mlp_forward(const MlpWeights& model, const Tensor& x, const Stream& cube,
   Tensor h = x;
   for (std::size_t l = 0; l < model.weights.size(); ++l) {
     const Tensor normed = ops::rms_norm(h, {}, 1e-6f, vector);
-    const Tensor projected = ops::matmul(normed, model.weights[l], {.bias = model.biases[l], .backend = ops::GemmBackend::openblas}, cube);
+    const Tensor projected = ops::matmul(normed, model.weights[l], {.bias = model.biases[l]}, cube);
     h = ops::activation(projected, ops::Activation::gelu_tanh, vector);
   }
   return h;
