@@ -7,16 +7,12 @@
 #include "ops/gemm.h"
 #include "tensor/half.h"
 
+#include "common/tensor_testing.h"
+
 namespace cubevec {
 namespace {
 
-std::vector<float> random_values(int64_t count, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(static_cast<std::size_t>(count));
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+using namespace cubevec::testing;
 
 float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 

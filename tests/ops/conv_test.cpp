@@ -5,16 +5,12 @@
 
 #include <random>
 
+#include "common/tensor_testing.h"
+
 namespace cubevec {
 namespace {
 
-std::vector<float> random_values(int64_t count, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(static_cast<std::size_t>(count));
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+using namespace cubevec::testing;
 
 // Direct 3-D convolution (2-D is the T = kt = 1 case), zero padding, in double.
 std::vector<double> direct_conv(const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>* bias,

@@ -7,19 +7,15 @@
 #include <cmath>
 #include <random>
 
+#include "common/tensor_testing.h"
+
 namespace cubevec {
 namespace {
 
+using namespace cubevec::testing;
+
 using ops::gemm::Activation;
 using ops::gemm::Isa;
-
-std::vector<float> random_values(int64_t count, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(static_cast<std::size_t>(count));
-  for (float& x : v) x = dist(rng);
-  return v;
-}
 
 struct Case {
   int64_t m, n, k;

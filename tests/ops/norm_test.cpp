@@ -11,55 +11,16 @@
 #include "ops/vector_ops.h"
 #include "tensor/half.h"
 
+#include "common/tensor_testing.h"
+
 namespace cubevec {
 namespace {
 
-Tensor random_tensor(const Shape& shape, unsigned seed, DType dtype = DType::f32, float scale = 3.0f,
-                     float shift = 0.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(shift - scale, shift + scale);
-  std::vector<float> v(static_cast<std::size_t>(shape_numel(shape)));
-  for (float& x : v) x = dist(rng);
-  const Tensor t = Tensor::from_vector(v, shape);
-  if (dtype == DType::f32) return t;
-  Tensor out = Tensor::empty(shape, dtype);
-  uint16_t* o = out.mutable_data<uint16_t>();
-  for (std::size_t i = 0; i < v.size(); ++i) o[i] = dtype == DType::bf16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
-  return out;
-}
+using namespace cubevec::testing;
 
-Tensor strided_copy_of(const Tensor& t) {
-  return t.transpose(0, t.dim() - 1).contiguous().transpose(0, t.dim() - 1);
-}
-
-std::vector<double> values(const Tensor& t) {
-  if (!t.defined()) return {};
-  const Tensor c = t.contiguous();
-  std::vector<double> v(static_cast<std::size_t>(c.numel()));
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (c.dtype() == DType::f32) v[i] = c.data<float>()[i];
-    else if (c.dtype() == DType::bf16) v[i] = bf16_to_f32(c.data<uint16_t>()[i]);
-    else v[i] = f16_to_f32(c.data<uint16_t>()[i]);
-  }
-  return v;
-}
-
-void expect_close(const Tensor& got, const std::vector<double>& want, DType dtype, const std::string& what) {
-  ASSERT_EQ(got.dtype(), dtype) << what;
-  const std::vector<double> g = values(got);
-  ASSERT_EQ(g.size(), want.size()) << what;
-  const double rtol = dtype == DType::f32 ? 1e-5 : dtype == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
-  for (std::size_t i = 0; i < g.size(); ++i)
-    ASSERT_NEAR(g[i], want[i], rtol * std::fabs(want[i]) + 1e-5) << what << " at " << i;
-}
-
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
+// Norms allow 1e-5 absolute in every dtype: outputs are O(1) and each sums a whole row.
+void expect_norm_close(const Tensor& got, const std::vector<double>& want, DType dtype, const std::string& what) {
+  expect_close(got, want, dtype, what, Tolerance{default_tolerance(dtype).rtol, 1e-5});
 }
 
 constexpr int64_t kWidths[] = {1, 7, 17, 129};
@@ -99,9 +60,9 @@ TEST(Norm, RmsNormMatchesDefinition) {
         }
         const std::string what = std::string(dtype_name(dtype)) + " weight " + std::string(dtype_name(wtype)) +
                                  " h=" + std::to_string(h);
-        expect_close(ops::rms_norm(x, w, 1e-6f), want, dtype, what);
-        expect_close(ops::rms_norm(x, Tensor(), 1e-5f), want_plain, dtype, what + " no weight");
-        if (h > 1) expect_close(ops::rms_norm(strided_copy_of(x), w, 1e-6f), want, dtype, what + " strided");
+        expect_norm_close(ops::rms_norm(x, w, 1e-6f), want, dtype, what);
+        expect_norm_close(ops::rms_norm(x, Tensor(), 1e-5f), want_plain, dtype, what + " no weight");
+        if (h > 1) expect_norm_close(ops::rms_norm(strided_copy_of(x), w, 1e-6f), want, dtype, what + " strided");
       }
 }
 
@@ -124,7 +85,7 @@ TEST(Norm, FastLayerNormReturnsOutMeanAndRstd) {
         const std::string what = std::string(dtype_name(dtype)) + " h=" + std::to_string(h) + " mode " +
                                  std::to_string(static_cast<int>(mode));
         const ops::LayerNormResult r = ops::fast_layernorm(x, w, b, 1e-5f, mode);
-        expect_close(r.out, want, dtype, what);
+        expect_norm_close(r.out, want, dtype, what);
         EXPECT_EQ(r.mean.shape(), (Shape{2, 3})) << what;
         ASSERT_EQ(r.rstd.dtype(), DType::f32);
         const std::vector<double> mg = values(r.mean), rg = values(r.rstd);
@@ -133,8 +94,8 @@ TEST(Norm, FastLayerNormReturnsOutMeanAndRstd) {
           // 1 / sqrt(1e-5) for h = 1: relative tolerance only.
           EXPECT_NEAR(rg[i], rstd[i], 2e-5 * rstd[i]) << what;
         }
-        expect_close(ops::fast_layernorm(x, {}, {}, 1e-5f, mode).out, want_plain, dtype, what + " no affine");
-        if (h > 1) expect_close(ops::fast_layernorm(strided_copy_of(x), w, b, 1e-5f, mode).out, want, dtype, what + " strided");
+        expect_norm_close(ops::fast_layernorm(x, {}, {}, 1e-5f, mode).out, want_plain, dtype, what + " no affine");
+        if (h > 1) expect_norm_close(ops::fast_layernorm(strided_copy_of(x), w, b, 1e-5f, mode).out, want, dtype, what + " strided");
       }
 }
 
@@ -148,7 +109,7 @@ TEST(Norm, FastLayerNormFp16Mode) {
   std::vector<double> want(xv.size());
   for (std::size_t i = 0; i < xv.size(); ++i)
     want[i] = (xv[i] - mean[i / h]) * rstd[i / h] * wv[i % h] + bv[i % h];
-  expect_close(ops::fast_layernorm(x, w, b, 1e-5f, ops::LayerNormImpl::fp16).out, want, DType::f16, "fp16");
+  expect_norm_close(ops::fast_layernorm(x, w, b, 1e-5f, ops::LayerNormImpl::fp16).out, want, DType::f16, "fp16");
   std::string msg = message_of([&] {
     ops::fast_layernorm(random_tensor({4, h}, 6), w, b, 1e-5f, ops::LayerNormImpl::fp16);
   });
@@ -186,10 +147,10 @@ TEST(Norm, LayerNormScaleShiftForEveryScaleShape) {
               }
           const std::string what = std::string(dtype_name(dtype)) + " params " + std::string(dtype_name(ptype)) +
                                    " h=" + std::to_string(h) + " scale " + shape_to_string(pshape);
-          expect_close(ops::layernorm_scale_shift(x, scale, shift), want, dtype, what);
-          expect_close(ops::layernorm_scale_shift(x, scale, shift, w, b), want_affine, dtype, what + " affine");
+          expect_norm_close(ops::layernorm_scale_shift(x, scale, shift), want, dtype, what);
+          expect_norm_close(ops::layernorm_scale_shift(x, scale, shift, w, b), want_affine, dtype, what + " affine");
           if (h > 1)
-            expect_close(ops::layernorm_scale_shift(strided_copy_of(x), strided_copy_of(scale), shift, w, b),
+            expect_norm_close(ops::layernorm_scale_shift(strided_copy_of(x), strided_copy_of(scale), shift, w, b),
                          want_affine, dtype, what + " strided");
         }
 }
@@ -213,9 +174,9 @@ TEST(Norm, GroupNormMatchesDefinition) {
       }
       const std::string what = std::string(dtype_name(dtype)) + " " + shape_to_string(shape) + " groups " +
                                std::to_string(groups);
-      expect_close(ops::group_norm(x, groups, w, b), want, dtype, what);
-      expect_close(ops::group_norm(x, groups), want_plain, dtype, what + " no affine");
-      expect_close(ops::group_norm(strided_copy_of(x), groups, w, b), want, dtype, what + " strided");
+      expect_norm_close(ops::group_norm(x, groups, w, b), want, dtype, what);
+      expect_norm_close(ops::group_norm(x, groups), want_plain, dtype, what + " no affine");
+      expect_norm_close(ops::group_norm(strided_copy_of(x), groups, w, b), want, dtype, what + " strided");
     }
 }
 

@@ -15,61 +15,12 @@
 #include "ops/vector/kernels.h"
 #include "tensor/half.h"
 
+#include "common/tensor_testing.h"
+
 namespace cubevec {
 namespace {
 
-// Random values in [-scale, scale], stored as `dtype` (f32 or bf16, rounded).
-Tensor random_tensor(const Shape& shape, unsigned seed, DType dtype = DType::f32, float scale = 3.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-scale, scale);
-  std::vector<float> v(static_cast<std::size_t>(shape_numel(shape)));
-  for (float& x : v) x = dist(rng);
-  const Tensor t = Tensor::from_vector(v, shape);
-  if (dtype == DType::f32) return t;
-  Tensor out = Tensor::empty(shape, DType::bf16);
-  uint16_t* o = out.mutable_data<uint16_t>();
-  for (std::size_t i = 0; i < v.size(); ++i) o[i] = f32_to_bf16(v[i]);
-  return out;
-}
-
-// The same values seen through a non-contiguous view: a transposed copy transposed back.
-Tensor strided_copy_of(const Tensor& t) {
-  const Tensor transposed = t.transpose(0, t.dim() - 1).contiguous();
-  Tensor view = transposed.transpose(0, t.dim() - 1);
-  EXPECT_FALSE(view.is_contiguous());
-  return view;
-}
-
-// Logical elements in row-major order, exactly, as double.
-std::vector<double> values(const Tensor& t) {
-  const Tensor c = t.contiguous();
-  std::vector<double> v(static_cast<std::size_t>(c.numel()));
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (c.dtype() == DType::f32) v[i] = c.data<float>()[i];
-    else if (c.dtype() == DType::bf16) v[i] = bf16_to_f32(c.data<uint16_t>()[i]);
-    else if (c.dtype() == DType::f16) v[i] = f16_to_f32(c.data<uint16_t>()[i]);
-  }
-  return v;
-}
-
-void expect_close(const Tensor& got, const std::vector<double>& want, DType dtype, const std::string& what) {
-  ASSERT_EQ(got.dtype(), dtype) << what;
-  const std::vector<double> g = values(got);
-  ASSERT_EQ(g.size(), want.size()) << what;
-  const double rtol = dtype == DType::bf16 ? std::ldexp(1.0, -8) : 1e-5;
-  const double atol = dtype == DType::bf16 ? 1e-5 : 1e-6;
-  for (std::size_t i = 0; i < g.size(); ++i)
-    ASSERT_NEAR(g[i], want[i], rtol * std::fabs(want[i]) + atol) << what << " at " << i;
-}
-
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using namespace cubevec::testing;
 
 // Runs `body` once per kernel ISA this CPU supports (CUBEVEC_VECTOR_ISA), restoring the default.
 void for_each_isa(const std::function<void(const std::string&)>& body) {
