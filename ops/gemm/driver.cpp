@@ -181,41 +181,13 @@ void run_split(const Problem& p, const Plan<P>& plan, int threads) {
 
 }  // namespace
 
-bool isa_supported(Isa isa) {
-  switch (isa) {
-    case Isa::avx512: return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
-    case Isa::avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case Isa::portable: return true;
-  }
-  return false;
-}
-
 bool has_bf16_dot() {
   static const bool has = isa_supported(Isa::avx512) && __builtin_cpu_supports("avx512bf16");
   return has;
 }
 
-std::string_view isa_name(Isa isa) {
-  switch (isa) {
-    case Isa::avx512: return "avx512";
-    case Isa::avx2: return "avx2";
-    case Isa::portable: return "portable";
-  }
-  return "?";
-}
-
 Isa best_isa() {
-  static const Isa best = [] {
-    Isa widest = isa_supported(Isa::avx512) ? Isa::avx512 : isa_supported(Isa::avx2) ? Isa::avx2 : Isa::portable;
-    const char* forced = std::getenv("CUBEVEC_GEMM_ISA");
-    if (!forced || !*forced) return widest;
-    for (Isa isa : {Isa::avx512, Isa::avx2, Isa::portable})
-      if (isa_name(isa) == forced) {
-        if (!isa_supported(isa)) throw Error(std::string("CUBEVEC_GEMM_ISA=") + forced + ": this CPU does not support it");
-        return isa;
-      }
-    throw Error(std::string("CUBEVEC_GEMM_ISA=") + forced + ": expected one of avx512, avx2, portable");
-  }();
+  static const Isa best = select_isa("CUBEVEC_GEMM_ISA");
   return best;
 }
 

@@ -7,16 +7,17 @@
 #include <string_view>
 
 #include "ops/gemm/epilogue.h"
+#include "ops/isa.h"
 
 namespace cubevec::ops::gemm {
 
-enum class Isa { avx512, avx2, portable };
+using ops::Isa;
+using ops::isa_name;
+using ops::isa_supported;
 
 // The widest ISA this CPU runs; CUBEVEC_GEMM_ISA=avx2|portable lowers it (for testing and
-// comparison). Throws on an unknown or unsupported value.
+// comparison), read once. Throws on an unknown or unsupported value.
 Isa best_isa();
-bool isa_supported(Isa isa);
-std::string_view isa_name(Isa isa);
 
 // Element types of the inputs: f32, or bf16 stored as uint16_t.
 enum class Element : uint8_t { f32, bf16 };

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "ops/isa.h"
+
 namespace cubevec::ops::vk {
 
 // How a float operand is stored: f32, or bf16 (its upper 16 bits, read exactly, written with
@@ -112,17 +114,16 @@ struct Kernels {
   void (*convert)(const ConvertArgs&, int64_t i0, int64_t i1);
 };
 
-enum class Isa { avx512, avx2, portable };
+using ops::Isa;
+using ops::isa_name;
+using ops::isa_supported;
 
 const Kernels& kernels_avx512();
 const Kernels& kernels_avx2();
 const Kernels& kernels_portable();
 
-bool isa_supported(Isa isa);
-std::string_view isa_name(Isa isa);
-// The widest ISA this CPU runs; the environment variable CUBEVEC_VECTOR_ISA=avx512|avx2|portable
-// picks another (read on every call, so tests can exercise each path). Throws on an unknown or
-// unsupported value.
+// The widest ISA this CPU runs; CUBEVEC_VECTOR_ISA=avx512|avx2|portable picks another (read on
+// every call, so tests can exercise each path).
 Isa best_isa();
 const Kernels& kernels(Isa isa);
 const Kernels& kernels();  // kernels(best_isa())
