@@ -2,6 +2,8 @@
 // The functions are `static inline` on purpose: this header is included by files compiled for
 // different ISAs, and internal linkage keeps each file's copy to itself (an inline function with
 // external linkage could be merged across them, running AVX-512 code on a CPU without it).
+// They are also always_inline: a call GCC's inliner leaves out of line (it can give up in the large
+// ISA files) keeps the loop around it from vectorizing.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +12,7 @@
 namespace cubevec::ops::vmath {
 
 // exp(x) with about 2 ulp error over the float range; 0 below -87.3, large finite above 88.7.
-static inline float exp(float x) {
+[[gnu::always_inline]] static inline float exp(float x) {
   x = x < -87.3f ? -87.3f : (x > 88.7f ? 88.7f : x);
   // x = n ln2 + r with |r| <= ln2 / 2; n by round-to-nearest through the 1.5 * 2^23 trick.
   const float shifter = 12582912.0f;
@@ -31,11 +33,11 @@ static inline float exp(float x) {
 }
 
 // tanh(x) = 1 - 2 / (exp(2x) + 1); saturates cleanly to +-1.
-static inline float tanh(float x) { return 1.0f - 2.0f / (vmath::exp(2.0f * x) + 1.0f); }
+[[gnu::always_inline]] static inline float tanh(float x) { return 1.0f - 2.0f / (vmath::exp(2.0f * x) + 1.0f); }
 
-static inline float silu(float x) { return x / (1.0f + vmath::exp(-x)); }
+[[gnu::always_inline]] static inline float silu(float x) { return x / (1.0f + vmath::exp(-x)); }
 
-static inline float gelu_tanh(float x) {
+[[gnu::always_inline]] static inline float gelu_tanh(float x) {
   return 0.5f * x * (1.0f + vmath::tanh(0.79788456080286536f * (x + 0.044715f * x * x * x)));
 }
 

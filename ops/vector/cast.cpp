@@ -1,4 +1,5 @@
 // cast (f32 / bf16 / f16) and contiguous copies, on the Vector unit.
+#include <algorithm>
 #include <cstring>
 
 #include "ops/vector/common.h"
@@ -16,6 +17,41 @@ void strided_copy(const std::byte* src, std::byte* dst, const detail::CollapsedL
   const int64_t inner = shape.back(), inner_stride = strides.back();
   const int64_t rows = shape_numel(shape) / inner;
   const auto isize = static_cast<int64_t>(item);
+  if (rank >= 2 && inner_stride != 1 && strides[rank - 2] == 1 && (item == 1 || item == 2 || item == 4 || item == 8)) {
+    // A batch of transposes (the second-to-last dim is the source's contiguous one): copied in
+    // square tiles so both the reads and the writes stay within a few cache lines.
+    constexpr int64_t kTile = 64;
+    const int64_t a_size = shape[rank - 2], b_size = inner;
+    const int64_t a_tiles = (a_size + kTile - 1) / kTile, b_tiles = (b_size + kTile - 1) / kTile;
+    const int64_t outer = shape_numel(shape) / (a_size * b_size);
+    const auto copy = [&](auto word) {
+      using Word = decltype(word);
+      detail::parallel_chunks(outer * a_tiles * b_tiles, kTile * kTile, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+          const int64_t bt = t % b_tiles, at = (t / b_tiles) % a_tiles, o = t / (b_tiles * a_tiles);
+          int64_t offset = 0;
+          for (int64_t d = rank - 3, rest = o; d >= 0; --d) {
+            offset += (rest % shape[d]) * strides[d];
+            rest /= shape[d];
+          }
+          const Word* s = reinterpret_cast<const Word*>(src) + offset;
+          Word* o_ptr = reinterpret_cast<Word*>(dst) + o * a_size * b_size;
+          const int64_t a0 = at * kTile, a1 = std::min(a_size, a0 + kTile);
+          const int64_t b0 = bt * kTile, b1 = std::min(b_size, b0 + kTile);
+          for (int64_t a = a0; a < a1; ++a) {
+            Word* __restrict oa = o_ptr + a * b_size;
+            const Word* __restrict sa = s + a;
+            for (int64_t b = b0; b < b1; ++b) oa[b] = sa[b * inner_stride];
+          }
+        }
+      });
+    };
+    if (item == 1) copy(uint8_t{});
+    else if (item == 2) copy(uint16_t{});
+    else if (item == 4) copy(uint32_t{});
+    else copy(uint64_t{});
+    return;
+  }
   detail::parallel_chunks(rows, inner, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       int64_t offset = 0;

@@ -32,6 +32,22 @@ inline float max_f(float a, float b) { return a > b ? a : b; }
 inline float abs_f(float a) { return __builtin_fabsf(a); }
 inline float sqrt_f(float a) { return __builtin_sqrtf(a); }
 
+// Before a loop whose input and output rows never overlap: GCC does not always apply __restrict
+// to row pointers computed inside the kernels, versions such loops with a runtime overlap check,
+// and that check can send the whole loop down its scalar path.
+#if defined(__GNUC__) && !defined(__clang__)
+#define CUBEVEC_NO_ALIAS _Pragma("GCC ivdep")
+#else
+#define CUBEVEC_NO_ALIAS
+#endif
+
+// Row `x` of n values as f32: the row itself for f32, else converted into `buf` (room for n).
+inline const float* as_f32(const float* x, int64_t, float*) { return x; }
+inline const float* as_f32(const bf16_t* __restrict x, int64_t n, float* __restrict buf) {
+  for (int64_t i = 0; i < n; ++i) buf[i] = load(x, i);
+  return buf;
+}
+
 // Reductions keep kLanes independent partial results (one or more vector registers), so they
 // vectorize without reassociating a single sum; the tail and the final fold are scalar.
 constexpr int64_t kLanes = 16;

@@ -8,20 +8,31 @@
 namespace cubevec::ops::vk {
 namespace {
 
+// bf16 rows that fit are converted into an f32 buffer once, then read as f32.
+constexpr int64_t kRowBuffer = 4096;
+
 template <class T>
 void rms_norm_rows(const RowArgs& a, int64_t r0, int64_t r1) {
   const int64_t n = a.width;
   const float* __restrict w = a.weight;
   const float inv_n = 1.0f / static_cast<float>(n);
+  float buffer[kRowBuffer];
+  const auto row = [&](const auto* __restrict x, T* __restrict out) __attribute__((always_inline)) {
+    const float ms = reduce_sum(x, n, [](float v) { return v * v; }) * inv_n;
+    const float inv = 1.0f / sqrt_f(ms + a.eps);
+    if (w) {
+      CUBEVEC_NO_ALIAS
+      for (int64_t i = 0; i < n; ++i) store(out, i, load(x, i) * inv * w[i]);
+    } else {
+      CUBEVEC_NO_ALIAS
+      for (int64_t i = 0; i < n; ++i) store(out, i, load(x, i) * inv);
+    }
+  };
   for (int64_t r = r0; r < r1; ++r) {
     const T* __restrict x = static_cast<const T*>(a.x) + r * n;
     T* __restrict out = static_cast<T*>(a.out) + r * n;
-    const float ms = reduce_sum(x, n, [](float v) { return v * v; }) * inv_n;
-    const float inv = 1.0f / sqrt_f(ms + a.eps);
-    if (w)
-      for (int64_t i = 0; i < n; ++i) store(out, i, load(x, i) * inv * w[i]);
-    else
-      for (int64_t i = 0; i < n; ++i) store(out, i, load(x, i) * inv);
+    if (n <= kRowBuffer) row(as_f32(x, n, buffer), out);
+    else row(x, out);
   }
 }
 
@@ -33,9 +44,8 @@ void layer_norm_rows_impl(const RowArgs& a, int64_t r0, int64_t r1) {
   const float* __restrict w = a.weight;
   const float* __restrict b = a.bias;
   const float inv_n = 1.0f / static_cast<float>(n);
-  for (int64_t r = r0; r < r1; ++r) {
-    const T* __restrict x = static_cast<const T*>(a.x) + r * n;
-    T* __restrict out = static_cast<T*>(a.out) + r * n;
+  float buffer[kRowBuffer];
+  const auto row = [&](int64_t r, const auto* __restrict x, T* __restrict out) __attribute__((always_inline)) {
     const float mean = reduce_sum(x, n, [](float v) { return v; }) * inv_n;
     const float var = reduce_sum(x, n, [mean](float v) { return (v - mean) * (v - mean); }) * inv_n;
     const float rstd = 1.0f / sqrt_f(var + a.eps);
@@ -45,6 +55,7 @@ void layer_norm_rows_impl(const RowArgs& a, int64_t r0, int64_t r1) {
       const int64_t p = r / a.param_div;
       const P* __restrict scale = static_cast<const P*>(a.scale) + p * n;
       const P* __restrict shift = static_cast<const P*>(a.shift) + p * n;
+      CUBEVEC_NO_ALIAS
       for (int64_t i = 0; i < n; ++i) {
         float v = (load(x, i) - mean) * rstd;
         if constexpr (kWeight) v *= w[i];
@@ -52,6 +63,7 @@ void layer_norm_rows_impl(const RowArgs& a, int64_t r0, int64_t r1) {
         store(out, i, v * (1.0f + load(scale, i)) + load(shift, i));
       }
     } else {
+      CUBEVEC_NO_ALIAS
       for (int64_t i = 0; i < n; ++i) {
         float v = (load(x, i) - mean) * rstd;
         if constexpr (kWeight) v *= w[i];
@@ -59,6 +71,12 @@ void layer_norm_rows_impl(const RowArgs& a, int64_t r0, int64_t r1) {
         store(out, i, v);
       }
     }
+  };
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* __restrict x = static_cast<const T*>(a.x) + r * n;
+    T* __restrict out = static_cast<T*>(a.out) + r * n;
+    if (n <= kRowBuffer) row(r, as_f32(x, n, buffer), out);
+    else row(r, x, out);
   }
 }
 
@@ -77,9 +95,9 @@ void layer_norm_rows(const RowArgs& a, int64_t r0, int64_t r1) {
   else layer_norm_rows<T, bf16_t>(a, r0, r1);
 }
 
-// Softmax of each row, shifted by the row's max, in simple loops that vectorize one by one: f32
-// rows keep exp() in the output and rescale; bf16 rows keep it in a stack buffer when the row
-// fits, else compute it twice.
+// Softmax of each row, shifted by the row's max: bf16 rows are first converted into an f32
+// buffer (when they fit; else read twice); then the max, exp() into the output (f32) or the buffer
+// (bf16, in place), its sum, and one scaling pass, each a simple loop that vectorizes.
 template <class T>
 void softmax_rows(const RowArgs& a, int64_t r0, int64_t r1) {
   constexpr int64_t kBuffer = 4096;
@@ -88,16 +106,22 @@ void softmax_rows(const RowArgs& a, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
     const T* __restrict x = static_cast<const T*>(a.x) + r * n;
     T* __restrict out = static_cast<T*>(a.out) + r * n;
-    const float max = reduce_max(x, n);
     if (__is_same(T, float) || n <= kBuffer) {
-      float* __restrict e = __is_same(T, float) ? reinterpret_cast<float*>(out) : buffer;
-      for (int64_t i = 0; i < n; ++i) e[i] = vmath::exp(load(x, i) - max);
-      const float inv = 1.0f / reduce_sum(static_cast<const float*>(e), n, [](float v) { return v; });
-      if constexpr (__is_same(T, float))
-        for (int64_t i = 0; i < n; ++i) e[i] *= inv;
-      else
-        for (int64_t i = 0; i < n; ++i) store(out, i, e[i] * inv);
+      if constexpr (__is_same(T, float)) {
+        const float max = reduce_max(x, n);
+        CUBEVEC_NO_ALIAS
+        for (int64_t i = 0; i < n; ++i) out[i] = vmath::exp(x[i] - max);
+        const float inv = 1.0f / reduce_sum(static_cast<const float*>(out), n, [](float v) { return v; });
+        for (int64_t i = 0; i < n; ++i) out[i] *= inv;
+      } else {
+        for (int64_t i = 0; i < n; ++i) buffer[i] = load(x, i);
+        const float max = reduce_max(static_cast<const float*>(buffer), n);
+        for (int64_t i = 0; i < n; ++i) buffer[i] = vmath::exp(buffer[i] - max);
+        const float inv = 1.0f / reduce_sum(static_cast<const float*>(buffer), n, [](float v) { return v; });
+        for (int64_t i = 0; i < n; ++i) store(out, i, buffer[i] * inv);
+      }
     } else {
+      const float max = reduce_max(x, n);
       const float inv = 1.0f / reduce_sum(x, n, [max](float v) { return vmath::exp(v - max); });
       for (int64_t i = 0; i < n; ++i) store(out, i, vmath::exp(load(x, i) - max) * inv);
     }
@@ -117,23 +141,9 @@ void group_norm_groups(const GroupNormArgs& a, int64_t g0, int64_t g1) {
     double s1 = 0, s2 = 0;
     for (int64_t i = 0; i < n; i += kBlock) {
       const int64_t len = n - i < kBlock ? n - i : kBlock;
-      float acc1[kLanes] = {}, acc2[kLanes] = {};
-      int64_t j = 0;
-      for (; j + kLanes <= len; j += kLanes)
-        for (int64_t l = 0; l < kLanes; ++l) {
-          const float d = load(x, i + j + l) - k;
-          acc1[l] += d;
-          acc2[l] += d * d;
-        }
-      for (; j < len; ++j) {
-        const float d = load(x, i + j) - k;
-        s1 += d;
-        s2 += static_cast<double>(d) * d;
-      }
-      for (int64_t l = 0; l < kLanes; ++l) {
-        s1 += acc1[l];
-        s2 += acc2[l];
-      }
+      const T* __restrict xb = x + i;
+      s1 += reduce_sum(xb, len, [k](float v) { return v - k; });
+      s2 += reduce_sum(xb, len, [k](float v) { return (v - k) * (v - k); });
     }
     const double mean_shifted = s1 / static_cast<double>(n);
     double var = s2 / static_cast<double>(n) - mean_shifted * mean_shifted;
@@ -147,6 +157,7 @@ void group_norm_groups(const GroupNormArgs& a, int64_t g0, int64_t g1) {
       const float offset = a.bias ? a.bias[c0 + c] : 0.0f;
       const T* __restrict xc = x + c * hw;
       T* __restrict oc = out + c * hw;
+      CUBEVEC_NO_ALIAS
       for (int64_t i = 0; i < hw; ++i) store(oc, i, (load(xc, i) - mean) * scale + offset);
     }
   }
