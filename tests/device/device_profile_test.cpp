@@ -6,19 +6,14 @@
 
 #include "tensor/error.h"
 
+#include "common/tensor_testing.h"
+
 namespace cubevec {
 namespace {
 
-const std::string kDevices = std::string(CUBEVEC_SOURCE_DIR) + "/assets/devices/";
+using testing::message_of;
 
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+const std::string kDevices = std::string(CUBEVEC_SOURCE_DIR) + "/assets/devices/";
 
 const char* kValid = R"({"name": "t", "cpu": {"cube_threads": 2, "vector_threads": 3, "pin_units": true},
   "npu": {"ai_cores": 4, "vector_cores": 8, "cube_tflops": {"bf16": 10}, "vector_tflops": {"f32": 1.5},
@@ -66,7 +61,7 @@ TEST(DeviceProfile, ErrorsNameTheFieldAndWhatWasExpected) {
     return text.replace(at, from.size(), to);
   };
   const auto fails = [&](const std::string& text, const std::string& fragment) {
-    const std::string message = error_of([&] { parse_device_profile(text, "p.json"); });
+    const std::string message = message_of([&] { parse_device_profile(text, "p.json"); });
     EXPECT_NE(message.find(fragment), std::string::npos) << "expected '" << fragment << "' in: " << message;
   };
   fails("{", "p.json: not valid JSON");
@@ -78,7 +73,7 @@ TEST(DeviceProfile, ErrorsNameTheFieldAndWhatWasExpected) {
   fails(with(R"({"bf16": 10})", R"({"float16": 10})"), "unknown dtype 'float16'");
   fails(with(R"({"bf16": 10})", "{}"), "p.json.npu.cube_tflops: expected at least one dtype");
   fails(with(R"("l2_mib": 8)", R"("l2_mib": "big")"), "p.json.npu.l2_mib: expected a non-negative number");
-  EXPECT_NE(error_of([] { load_device_profile("/nonexistent/profile.json"); }).find("cannot open"), std::string::npos);
+  EXPECT_NE(message_of([] { load_device_profile("/nonexistent/profile.json"); }).find("cannot open"), std::string::npos);
 }
 
 TEST(DeviceProfile, ThreadOverridesFromEnvironmentThenFlags) {
@@ -90,7 +85,7 @@ TEST(DeviceProfile, ThreadOverridesFromEnvironmentThenFlags) {
   EXPECT_EQ(p.cube_threads, 5);
   EXPECT_EQ(p.vector_threads, 2);
   setenv("CUBEVEC_CUBE_THREADS", "two", 1);
-  EXPECT_NE(error_of([&] { apply_thread_overrides(p); }).find("CUBEVEC_CUBE_THREADS=two: expected an integer"),
+  EXPECT_NE(message_of([&] { apply_thread_overrides(p); }).find("CUBEVEC_CUBE_THREADS=two: expected an integer"),
             std::string::npos);
   unsetenv("CUBEVEC_CUBE_THREADS");
 }

@@ -87,25 +87,17 @@ TEST(Conv, Conv3dMatchesDirectLoopsIncludingWanPatchEmbedding) {
 
 TEST(Conv, ErrorsNameTheShapes) {
   const Tensor x = Tensor::from_vector(random_values(2 * 3 * 4 * 4, 6), {2, 3, 4, 4});
-  const auto message = [](const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("(no error)");
-  };
-  EXPECT_NE(message([&] { ops::conv2d(x, Tensor::from_vector(random_values(2 * 2 * 9, 7), {2, 2, 3, 3})); })
+  EXPECT_NE(message_of([&] { ops::conv2d(x, Tensor::from_vector(random_values(2 * 2 * 9, 7), {2, 2, 3, 3})); })
                 .find("weight must be [O, C, kh, kw] with C = 3"),
             std::string::npos);
-  EXPECT_NE(message([&] { ops::conv2d(x, Tensor::from_vector(random_values(2 * 3 * 25, 8), {2, 3, 5, 5})); }).find("does not fit"),
+  EXPECT_NE(message_of([&] { ops::conv2d(x, Tensor::from_vector(random_values(2 * 3 * 25, 8), {2, 3, 5, 5})); }).find("does not fit"),
             std::string::npos);
-  EXPECT_NE(message([&] { ops::conv3d(x, Tensor::from_vector(random_values(27, 9), {1, 1, 3, 3, 3})); })
+  EXPECT_NE(message_of([&] { ops::conv3d(x, Tensor::from_vector(random_values(27, 9), {1, 1, 3, 3, 3})); })
                 .find("x must be [N, C, T, H, W]"),
             std::string::npos);
   ops::Conv2dOptions bad;
   bad.stride = {0, 1};
-  EXPECT_NE(message([&] { ops::conv2d(x, Tensor::from_vector(random_values(3 * 3, 10), {1, 3, 1, 3}), {}, bad); })
+  EXPECT_NE(message_of([&] { ops::conv2d(x, Tensor::from_vector(random_values(3 * 3, 10), {1, 3, 1, 3}), {}, bad); })
                 .find("stride and dilation must be >= 1"),
             std::string::npos);
 }

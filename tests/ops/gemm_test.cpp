@@ -103,30 +103,22 @@ TEST(Gemm, LinearKeepsLeadingDimensions) {
 
 TEST(Gemm, RejectsBadShapesAndLayouts) {
   const Tensor a = Tensor::from_vector(random_values(12, 1), {4, 3}), b = Tensor::from_vector(random_values(10, 2), {5, 2});
-  const auto message = [](const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("(no error)");
-  };
-  EXPECT_NE(message([&] { ops::matmul(a, b); }).find("expected A [M, K] and B [K, N], got A [4, 3] and B [5, 2]"),
+  EXPECT_NE(message_of([&] { ops::matmul(a, b); }).find("expected A [M, K] and B [K, N], got A [4, 3] and B [5, 2]"),
             std::string::npos);
-  EXPECT_NE(message([&] { ops::matmul(a, b, {.b_is_weight = true}); }).find("a weight [N, K]"), std::string::npos);
+  EXPECT_NE(message_of([&] { ops::matmul(a, b, {.b_is_weight = true}); }).find("a weight [N, K]"), std::string::npos);
   const Tensor bt = Tensor::from_vector(random_values(6, 3), {2, 3}).transpose(0, 1);
-  EXPECT_NE(message([&] { ops::matmul(a, bt); }).find("B must be a contiguous f32 or bf16 tensor"), std::string::npos);
+  EXPECT_NE(message_of([&] { ops::matmul(a, bt); }).find("B must be a contiguous f32 or bf16 tensor"), std::string::npos);
   const Tensor b32 = Tensor::from_vector(random_values(6, 4), {3, 2});
-  EXPECT_NE(message([&] { ops::matmul(a, b32, {.bias = Tensor::from_vector(random_values(3, 5), {3})}); })
+  EXPECT_NE(message_of([&] { ops::matmul(a, b32, {.bias = Tensor::from_vector(random_values(3, 5), {3})}); })
                 .find("bias must have shape [2], got [3]"),
             std::string::npos);
-  EXPECT_NE(message([&] { ops::matmul(a, b32, {.gate = Tensor::from_vector(random_values(2, 5), {2})}); })
+  EXPECT_NE(message_of([&] { ops::matmul(a, b32, {.gate = Tensor::from_vector(random_values(2, 5), {2})}); })
                 .find("a gate needs a residual"),
             std::string::npos);
-  EXPECT_NE(message([&] { ops::matmul(a, b32, {.residual = Tensor::from_vector(random_values(8, 6), {2, 4})}); })
+  EXPECT_NE(message_of([&] { ops::matmul(a, b32, {.residual = Tensor::from_vector(random_values(8, 6), {2, 4})}); })
                 .find("residual must have shape [4, 2]"),
             std::string::npos);
-  EXPECT_NE(message([] { ops::parse_gemm_backend("mkl"); }).find("expected one of: cubevec, openblas, eigen, reference"),
+  EXPECT_NE(message_of([] { ops::parse_gemm_backend("mkl"); }).find("expected one of: cubevec, openblas, eigen, reference"),
             std::string::npos);
 }
 

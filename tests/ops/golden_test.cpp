@@ -289,18 +289,19 @@ std::vector<GemmRun> gemm_runs(const GoldenFile& golden, const GoldenCase& c) {
   return runs;
 }
 
-TEST(GoldenGemm, Matmul) {
+// Runs every matmul-like case of the gemm goldens through `op` with each dtype/backend run.
+template <class Op>
+void check_gemm_cases(const char* op_name, Op op) {
   auto golden = open_golden("gemm");
   ASSERT_TRUE(golden);
-  for_each_case(*golden, "matmul", [&](const GoldenCase& c) {
+  for_each_case(*golden, op_name, [&](const GoldenCase& c) {
     for (const GemmRun& run : gemm_runs(*golden, c)) {
       SCOPED_TRACE(run.label + ", backend " + std::string(ops::gemm_backend_name(run.backend)));
       ops::MatmulOptions options = gemm_options(*golden, c);
       options.compute = run.compute;
       options.backend = run.backend;
       try {
-        expect_matches(*golden, c, "expected", ops::matmul(run.a, run.b, options),
-                       gemm_tolerance(c.params.at("k").get<int64_t>()));
+        expect_matches(*golden, c, "expected", op(run.a, run.b, options), gemm_tolerance(c.params.at("k").get<int64_t>()));
       } catch (const std::exception& e) {
         ADD_FAILURE() << c.name << " (" << run.label << ", " << ops::gemm_backend_name(run.backend)
                       << "): threw: " << e.what();
@@ -309,24 +310,12 @@ TEST(GoldenGemm, Matmul) {
   });
 }
 
+TEST(GoldenGemm, Matmul) {
+  check_gemm_cases("matmul", [](const Tensor& a, const Tensor& b, const ops::MatmulOptions& o) { return ops::matmul(a, b, o); });
+}
+
 TEST(GoldenGemm, BatchedMatmul) {
-  auto golden = open_golden("gemm");
-  ASSERT_TRUE(golden);
-  for_each_case(*golden, "bmm", [&](const GoldenCase& c) {
-    for (const GemmRun& run : gemm_runs(*golden, c)) {
-      SCOPED_TRACE(run.label + ", backend " + std::string(ops::gemm_backend_name(run.backend)));
-      ops::MatmulOptions options = gemm_options(*golden, c);
-      options.compute = run.compute;
-      options.backend = run.backend;
-      try {
-        expect_matches(*golden, c, "expected", ops::bmm(run.a, run.b, options),
-                       gemm_tolerance(c.params.at("k").get<int64_t>()));
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << c.name << " (" << run.label << ", " << ops::gemm_backend_name(run.backend)
-                      << "): threw: " << e.what();
-      }
-    }
-  });
+  check_gemm_cases("bmm", [](const Tensor& a, const Tensor& b, const ops::MatmulOptions& o) { return ops::bmm(a, b, o); });
 }
 
 TEST(GoldenGemm, Linear) {

@@ -9,8 +9,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/tensor_testing.h"
+
 namespace cubevec {
 namespace {
+
+using testing::message_of;
 
 std::string temp_path(const std::string& name) {
   return (std::filesystem::temp_directory_path() / ("cubevec_st_" + name)).string();
@@ -29,15 +33,6 @@ Tensor patterned(const Shape& shape, DType dtype, int seed) {
 bool same_bytes(const Tensor& a, const Tensor& b) {
   const Tensor ca = a.contiguous(), cb = b.contiguous();
   return ca.nbytes() == cb.nbytes() && std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0;
-}
-
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 TEST(Safetensors, RoundTripEveryDtype) {
@@ -81,7 +76,7 @@ TEST(Safetensors, ReadsAreZeroCopyAndReadOnly) {
   Tensor a = file.tensor("a");
   EXPECT_TRUE(a.storage()->read_only()) << "a view of the mapping, not a copy";
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(a.data_ptr()) % 4, 0u);
-  EXPECT_NE(error_of([&] { a.mutable_data<float>(); }).find("read-only"), std::string::npos);
+  EXPECT_NE(message_of([&] { a.mutable_data<float>(); }).find("read-only"), std::string::npos);
   std::remove(path.c_str());  // the mapping keeps the bytes alive after the file is unlinked
   EXPECT_TRUE(same_bytes(a, patterned({8, 8}, DType::f32, 1)));
 }
@@ -138,10 +133,10 @@ TEST(Safetensors, ClearErrorsForNamesAndDtypes) {
   const std::string path = temp_path("f64.safetensors");
   std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   const SafetensorsFile file = SafetensorsFile::open(path);
-  EXPECT_NE(error_of([&] { file.tensor("d"); }).find(path + ": tensor 'd' has dtype F64, which cubevec does not support"),
+  EXPECT_NE(message_of([&] { file.tensor("d"); }).find(path + ": tensor 'd' has dtype F64, which cubevec does not support"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { file.tensor("missing"); }).find(path + ": no tensor named 'missing'"), std::string::npos);
-  EXPECT_NE(error_of([] { SafetensorsFile::open("/nonexistent/cubevec.safetensors"); })
+  EXPECT_NE(message_of([&] { file.tensor("missing"); }).find(path + ": no tensor named 'missing'"), std::string::npos);
+  EXPECT_NE(message_of([] { SafetensorsFile::open("/nonexistent/cubevec.safetensors"); })
                 .find("/nonexistent/cubevec.safetensors: cannot open: No such file or directory"),
             std::string::npos);
   std::remove(path.c_str());
@@ -150,11 +145,11 @@ TEST(Safetensors, ClearErrorsForNamesAndDtypes) {
 TEST(Safetensors, WriterRejectsBadInput) {
   const std::string path = temp_path("bad_write.safetensors");
   const Tensor t = patterned({2}, DType::f32, 1);
-  EXPECT_NE(error_of([&] { write_safetensors(path, {{"x", t}, {"x", t}}); }).find("'x' given twice"), std::string::npos);
-  EXPECT_NE(error_of([&] { write_safetensors(path, {{"__metadata__", t}}); }).find("reserved"), std::string::npos);
-  EXPECT_NE(error_of([&] { write_safetensors(path, {{"m", Tensor::meta({2}, DType::f32)}}); }).find("no data to write"),
+  EXPECT_NE(message_of([&] { write_safetensors(path, {{"x", t}, {"x", t}}); }).find("'x' given twice"), std::string::npos);
+  EXPECT_NE(message_of([&] { write_safetensors(path, {{"__metadata__", t}}); }).find("reserved"), std::string::npos);
+  EXPECT_NE(message_of([&] { write_safetensors(path, {{"m", Tensor::meta({2}, DType::f32)}}); }).find("no data to write"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { write_safetensors("/nonexistent/dir/x.safetensors", {{"x", t}}); }).find("cannot open"),
+  EXPECT_NE(message_of([&] { write_safetensors("/nonexistent/dir/x.safetensors", {{"x", t}}); }).find("cannot open"),
             std::string::npos);
   EXPECT_FALSE(std::filesystem::exists(path));
 }

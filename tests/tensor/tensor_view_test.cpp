@@ -7,8 +7,12 @@
 
 #include "tensor/tensor.h"
 
+#include "common/tensor_testing.h"
+
 namespace cubevec {
 namespace {
+
+using testing::message_of;
 
 // A contiguous f32 tensor whose element at linear position p holds p.
 Tensor arange(const Shape& shape) {
@@ -45,15 +49,6 @@ void expect_view(const Tensor& view, const Shape& shape, const std::function<int
     ++position;
   });
   EXPECT_EQ(position, shape_numel(shape));
-}
-
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 TEST(TensorView, ContiguousLayoutAndNumel) {
@@ -102,7 +97,7 @@ TEST(TensorView, ViewAndReshape) {
   const Tensor merged = p.view({12, 2});  // j and k stay one contiguous run: still a view
   EXPECT_TRUE(merged.shares_storage_with(t));
   expect_view(merged, {12, 2}, [](const auto& x) { return 12 * x[1] + 4 * (x[0] / 4) + x[0] % 4; });
-  EXPECT_NE(error_of([&] { p.view({6, 4}); }).find("cannot view"), std::string::npos);
+  EXPECT_NE(message_of([&] { p.view({6, 4}); }).find("cannot view"), std::string::npos);
   const Tensor r = p.reshape({6, 4});
   EXPECT_FALSE(r.shares_storage_with(t));
   expect_view(r, {6, 4}, [](const auto& x) {
@@ -119,7 +114,7 @@ TEST(TensorView, ViewOfSlicedRowsKeepsRowStride) {
   const Tensor v = rows.view({4, 2, 2});
   EXPECT_TRUE(v.shares_storage_with(t));
   expect_view(v, {4, 2, 2}, [](const auto& x) { return 8 * x[0] + 2 * x[1] + x[2]; });
-  EXPECT_NE(error_of([&] { rows.view({16}); }).find("[4, 4]"), std::string::npos);
+  EXPECT_NE(message_of([&] { rows.view({16}); }).find("[4, 4]"), std::string::npos);
 }
 
 TEST(TensorView, ExpandBroadcasts) {
@@ -129,8 +124,8 @@ TEST(TensorView, ExpandBroadcasts) {
   EXPECT_EQ(e.strides()[2], 0);
   expect_view(e, {2, 3, 4}, [](const auto& x) { return x[1]; });
   expect_view(t.expand({-1, 5}), {3, 5}, [](const auto& x) { return x[0]; });
-  EXPECT_NE(error_of([&] { t.expand({4, 4}); }).find("cannot expand shape [3, 1] to [4, 4]"), std::string::npos);
-  EXPECT_NE(error_of([&] { t.expand({4}); }).find("fewer dimensions"), std::string::npos);
+  EXPECT_NE(message_of([&] { t.expand({4, 4}); }).find("cannot expand shape [3, 1] to [4, 4]"), std::string::npos);
+  EXPECT_NE(message_of([&] { t.expand({4}); }).find("fewer dimensions"), std::string::npos);
 }
 
 TEST(TensorView, UnsqueezeSqueeze) {
@@ -139,7 +134,7 @@ TEST(TensorView, UnsqueezeSqueeze) {
   expect_view(t.unsqueeze(-1), {2, 3, 1}, [](const auto& x) { return 3 * x[0] + x[1]; });
   EXPECT_TRUE(t.unsqueeze(1).is_contiguous());
   expect_view(t.unsqueeze(1).squeeze(1), {2, 3}, [](const auto& x) { return 3 * x[0] + x[1]; });
-  EXPECT_NE(error_of([&] { t.squeeze(0); }).find("has size 2, expected 1"), std::string::npos);
+  EXPECT_NE(message_of([&] { t.squeeze(0); }).find("has size 2, expected 1"), std::string::npos);
 }
 
 TEST(TensorView, ZeroSizeAndScalar) {
@@ -147,7 +142,7 @@ TEST(TensorView, ZeroSizeAndScalar) {
   EXPECT_EQ(empty.numel(), 0);
   EXPECT_EQ(empty.view({0, 5}).shape(), (Shape{0, 5}));
   EXPECT_EQ(empty.permute({2, 1, 0}).contiguous().numel(), 0);
-  EXPECT_NE(error_of([&] { empty.view({-1, 0}); }).find("ambiguous"), std::string::npos);
+  EXPECT_NE(message_of([&] { empty.view({-1, 0}); }).find("ambiguous"), std::string::npos);
   const Tensor scalar = Tensor::from_vector(std::vector<float>{7.5f}, {});
   EXPECT_EQ(scalar.dim(), 0);
   EXPECT_EQ(scalar.at<float>({}), 7.5f);
@@ -190,21 +185,21 @@ TEST(TensorView, CopyFromOverlappingSourceIsSafe) {
 
 TEST(TensorView, InvalidViewsNameTheShapes) {
   const Tensor t = arange({2, 3, 4});
-  EXPECT_NE(error_of([&] { t.view({5, 5}); }).find("cannot view a tensor of shape [2, 3, 4] (24 elements) as shape [5, 5]"),
+  EXPECT_NE(message_of([&] { t.view({5, 5}); }).find("cannot view a tensor of shape [2, 3, 4] (24 elements) as shape [5, 5]"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { t.view({-1, -1}); }).find("more than one -1"), std::string::npos);
-  EXPECT_NE(error_of([&] { t.view({5, -1}); }).find("not divisible"), std::string::npos);
-  EXPECT_NE(error_of([&] { t.permute({0, 1}); }).find("expected one per dimension of shape [2, 3, 4]"), std::string::npos);
-  EXPECT_NE(error_of([&] { t.permute({0, 1, 1}); }).find("repeats dimension 1"), std::string::npos);
-  EXPECT_NE(error_of([&] { t.transpose(0, 3); }).find("dimension 3 is out of range for a tensor of rank 3"), std::string::npos);
-  EXPECT_NE(error_of([&] { t.narrow(2, 3, 2); }).find("do not fit dimension 2 of size 4 in shape [2, 3, 4]"), std::string::npos);
-  EXPECT_NE(error_of([&] { t.slice(1, 2, 7); }).find("out of range for dimension 1 of size 3"), std::string::npos);
-  EXPECT_NE(error_of([&] { t.slice(1, 0, 3, 0); }).find("step must be positive"), std::string::npos);
-  EXPECT_NE(error_of([&] { t.select(0, 2); }).find("index 2 is out of range for dimension 0 of size 2"), std::string::npos);
-  EXPECT_NE(error_of([&] { t.at<float>({0, 3, 0}); }).find("out of bounds"), std::string::npos);
-  EXPECT_NE(error_of([&] { t.at<int32_t>({0, 0, 0}); }).find("dtype f32 accessed as i32"), std::string::npos);
-  EXPECT_NE(error_of([&] { Tensor::empty({2, -3}, DType::f32); }).find("sizes must be non-negative"), std::string::npos);
-  EXPECT_NE(error_of([&] { Tensor::empty({int64_t{1} << 40, int64_t{1} << 40}, DType::f32); }).find("overflows"),
+  EXPECT_NE(message_of([&] { t.view({-1, -1}); }).find("more than one -1"), std::string::npos);
+  EXPECT_NE(message_of([&] { t.view({5, -1}); }).find("not divisible"), std::string::npos);
+  EXPECT_NE(message_of([&] { t.permute({0, 1}); }).find("expected one per dimension of shape [2, 3, 4]"), std::string::npos);
+  EXPECT_NE(message_of([&] { t.permute({0, 1, 1}); }).find("repeats dimension 1"), std::string::npos);
+  EXPECT_NE(message_of([&] { t.transpose(0, 3); }).find("dimension 3 is out of range for a tensor of rank 3"), std::string::npos);
+  EXPECT_NE(message_of([&] { t.narrow(2, 3, 2); }).find("do not fit dimension 2 of size 4 in shape [2, 3, 4]"), std::string::npos);
+  EXPECT_NE(message_of([&] { t.slice(1, 2, 7); }).find("out of range for dimension 1 of size 3"), std::string::npos);
+  EXPECT_NE(message_of([&] { t.slice(1, 0, 3, 0); }).find("step must be positive"), std::string::npos);
+  EXPECT_NE(message_of([&] { t.select(0, 2); }).find("index 2 is out of range for dimension 0 of size 2"), std::string::npos);
+  EXPECT_NE(message_of([&] { t.at<float>({0, 3, 0}); }).find("out of bounds"), std::string::npos);
+  EXPECT_NE(message_of([&] { t.at<int32_t>({0, 0, 0}); }).find("dtype f32 accessed as i32"), std::string::npos);
+  EXPECT_NE(message_of([&] { Tensor::empty({2, -3}, DType::f32); }).find("sizes must be non-negative"), std::string::npos);
+  EXPECT_NE(message_of([&] { Tensor::empty({int64_t{1} << 40, int64_t{1} << 40}, DType::f32); }).find("overflows"),
             std::string::npos);
 }
 
@@ -212,12 +207,12 @@ TEST(TensorView, FromStorageChecksBounds) {
   auto storage = Storage::allocate(24 * sizeof(float), default_allocator());
   const Tensor ok = Tensor::from_storage(storage, {2, 3}, {1, 8}, 4, DType::f32);  // reaches element 4 + 1 + 16 = 21
   EXPECT_EQ(ok.numel(), 6);
-  EXPECT_NE(error_of([&] { Tensor::from_storage(storage, {2, 3}, {1, 8}, 7, DType::f32); })
+  EXPECT_NE(message_of([&] { Tensor::from_storage(storage, {2, 3}, {1, 8}, 7, DType::f32); })
                 .find("reaches element 24 but the storage holds 24 elements"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { Tensor::from_storage(storage, {2}, {-1}, 1, DType::f32); }).find("negative stride"),
+  EXPECT_NE(message_of([&] { Tensor::from_storage(storage, {2}, {-1}, 1, DType::f32); }).find("negative stride"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { Tensor::from_storage(storage, {2}, {1, 1}, 0, DType::f32); }).find("rank of strides"),
+  EXPECT_NE(message_of([&] { Tensor::from_storage(storage, {2}, {1, 1}, 0, DType::f32); }).find("rank of strides"),
             std::string::npos);
 }
 
@@ -227,7 +222,7 @@ TEST(TensorView, MetaTensorsHaveNoData) {
   EXPECT_EQ(m.nbytes(), 4096u * 3072u * 2u);
   const Tensor v = m.transpose(0, 1).reshape({-1});
   EXPECT_EQ(v.shape(), (Shape{4096 * 3072}));
-  EXPECT_NE(error_of([&] { m.data_ptr(); }).find("no storage"), std::string::npos);
+  EXPECT_NE(message_of([&] { m.data_ptr(); }).find("no storage"), std::string::npos);
 }
 
 TEST(TensorView, ReadOnlyStorageRefusesWrites) {
@@ -235,7 +230,7 @@ TEST(TensorView, ReadOnlyStorageRefusesWrites) {
   auto storage = Storage::borrow(owner->data(), 16, owner, /*read_only=*/true);
   Tensor t = Tensor::from_storage(storage, {4}, {1}, 0, DType::f32);
   EXPECT_EQ(t.at<float>({2}), 3.0f);
-  EXPECT_NE(error_of([&] { t.mutable_data<float>(); }).find("read-only"), std::string::npos);
+  EXPECT_NE(message_of([&] { t.mutable_data<float>(); }).find("read-only"), std::string::npos);
   Tensor copy = t.clone();
   copy.mutable_data<float>()[0] = 9.0f;
   EXPECT_EQ((*owner)[0], 1.0f);
