@@ -53,6 +53,20 @@ Stream Device::new_stream(std::string label) {
   return Stream(state);
 }
 
+Stream Device::named_stream(const std::string& label) {
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& [name, stream] : named_streams_)
+      if (name == label) return stream;
+  }
+  Stream made = new_stream(label);
+  std::lock_guard lock(mutex_);
+  for (const auto& [name, stream] : named_streams_)
+    if (name == label) return stream;  // another thread made it first
+  named_streams_.emplace_back(label, made);
+  return made;
+}
+
 void Device::synchronize() {
   std::vector<std::shared_ptr<StreamState>> streams;
   {

@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "device/device_profile.h"
@@ -57,6 +58,9 @@ class Device {
   Stream new_stream(std::string label = "");
   // The stream that work goes to when none is named; created with the device.
   Stream default_stream() const { return *default_stream_; }
+  // A stream the device owns, made on the first request for `label` and the same one afterwards:
+  // for ops that need a second stream of their own (the Vector half of CV-pipelined attention).
+  Stream named_stream(const std::string& label);
   // Waits for every stream; rethrows the first failure found.
   void synchronize();
 
@@ -86,6 +90,7 @@ class Device {
   mutable std::mutex mutex_;  // streams_, stats_, unit_free_s_
   std::vector<std::shared_ptr<StreamState>> streams_;
   std::unique_ptr<Stream> default_stream_;
+  std::vector<std::pair<std::string, Stream>> named_streams_;
   StreamTag next_stream_id_ = 1;
   std::array<double, 2> unit_free_s_{};
   DeviceStats stats_;

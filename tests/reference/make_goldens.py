@@ -6,7 +6,8 @@ Run with Debian's torch (1.13), which only /usr/bin/python3 sees:
     /usr/bin/python3 tests/reference/make_goldens.py [OUTPUT_DIR]
 
 Every file holds, per case, the inputs `<case>.<input>` and the result(s) `<case>.expected`
-(plus `<case>.mean` / `<case>.rstd` for layer norm). The file's `__metadata__` maps each case name
+(plus `<case>.mean` / `<case>.rstd` for layer norm; attention also has a bool `<case>.mask` and,
+packed, int32 `<case>.cu_seqlens_q` / `.cu_seqlens_k`). The file's `__metadata__` maps each case name
 to a JSON object with the op and its parameters; keys starting with "_" describe the file.
 
 Numerics:
@@ -14,6 +15,8 @@ Numerics:
     so the expected values are (nearly) exact.
   * bf16 cases: the inputs are bf16; torch computes in f32 on the bf16 values and rounds the
     result to bf16 once, which is what ops/vector_ops.h says cubevec does.
+  * bf16 attention: MindIE's attention_math path, which also rounds q*scale, the scores and the
+    probabilities to bf16 (see attention_bf16_math).
 Seeds are fixed, so the output is deterministic (same torch version, same bytes).
 """
 import json
@@ -48,7 +51,17 @@ def tensor_bytes(t):
         return "BF16", bits.astype("<u2").tobytes()
     if t.dtype == torch.float16:
         return "F16", t.numpy().astype("<f2").tobytes()
+    if t.dtype == torch.int32:
+        return "I32", t.numpy().astype("<i4").tobytes()
+    if t.dtype == torch.bool:
+        # One byte per element, 0 or 1 (cubevec reads it as DType::boolean).
+        return "BOOL", t.numpy().astype("u1").tobytes()
     raise TypeError(f"unsupported dtype {t.dtype}")
+
+
+# Write order: wider dtypes first, so every tensor stays aligned; F32 before I32 as in the reference
+# writer's order (F16 and BF16 tie and go by name, as the files written before I32/BOOL did).
+DTYPE_ORDER = {"F32": (4, 1), "I32": (4, 0), "F16": (2, 0), "BF16": (2, 0), "BOOL": (1, 0)}
 
 
 def write_safetensors(path, tensors, metadata):
@@ -57,7 +70,7 @@ def write_safetensors(path, tensors, metadata):
         dtype, data = tensor_bytes(t)
         entries.append((name, dtype, list(t.shape), data))
     # Wider dtypes first (as the reference writer does) so every tensor stays aligned.
-    entries.sort(key=lambda e: (-{"F32": 4, "F16": 2, "BF16": 2}[e[1]], e[0]))
+    entries.sort(key=lambda e: (-DTYPE_ORDER[e[1]][0], -DTYPE_ORDER[e[1]][1], e[0]))
     header = {"__metadata__": metadata}
     offset = 0
     for name, dtype, shape, data in entries:
@@ -599,11 +612,185 @@ def make_elementwise():
     return g.write()
 
 
+# ---------------------------------------------------------------------------------------------
+# Attention (ops/attention.h, MindIE SD's attention_forward / attention_forward_varlen):
+#   out = softmax(scale * q k^T + bias) v, bias 0 where the bool mask is true, -inf where false.
+# ---------------------------------------------------------------------------------------------
+def to_bnsd(x, layout, n):
+    """The stored q/k/v/out in `layout` -> [B, N, S, D]."""
+    if layout == "BNSD":
+        return x
+    if layout == "BSH":
+        b, s, h = x.shape
+        x = x.reshape(b, s, n, h // n)
+    return x.transpose(1, 2)
+
+
+def from_bnsd(x, layout):
+    """[B, N, S, D] -> the layout's stored form (BSH: [B, S, N*D], channel = head * D + d)."""
+    if layout == "BNSD":
+        return x.contiguous()
+    x = x.transpose(1, 2).contiguous()
+    return x.reshape(x.shape[0], x.shape[1], -1) if layout == "BSH" else x
+
+
+def attention_bias(mask, dtype):
+    """0 where the mask is true, -inf where false (None: no bias)."""
+    if mask is None:
+        return None
+    return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, float("-inf"))
+
+
+def attention_f32(q, k, v, mask, scale):
+    """f32 case, [B, N, S, D]: everything in float64 on the f32 inputs, rounded to f32 once."""
+    s = scale * torch.matmul(q.double(), k.double().transpose(-2, -1))
+    if mask is not None:
+        s = s + attention_bias(mask, torch.float64)
+    return torch.matmul(torch.softmax(s, dim=-1), v.double()).float()
+
+
+def attention_bf16_math(q, k, v, mask, scale):
+    """bf16 case, [B, N, S, D]: MindIE's attention_math in bf16 -- q * scale (an f32 product rounded
+    to bf16), scores = (q*scale) k^T rounded to bf16, cast to f32, + bias, softmax in f32 (computed
+    in float64 and rounded to f32, so the result does not depend on torch's vectorized exp), rounded
+    to bf16, then P v rounded to bf16. The two matmuls sum exactly (float64) and round once, as an
+    f32-accumulating bf16 matmul does up to its summation order."""
+    qs = (q.float() * torch.tensor(scale, dtype=torch.float32)).to(BF16)
+    scores = torch.matmul(qs.double(), k.double().transpose(-2, -1)).float().to(BF16).float()
+    if mask is not None:
+        scores = scores + attention_bias(mask, torch.float32)
+    p = torch.softmax(scores.double(), dim=-1).float().to(BF16)
+    return torch.matmul(p.double(), v.double()).float().to(BF16)
+
+
+def attention_mask(g, shape, keep=0.7):
+    """A random bool mask (True = attend) with at least one true entry in every row."""
+    mask = torch.rand(shape, generator=g.gen, dtype=torch.float64) < keep
+    sk = shape[-1]
+    rows = mask.reshape(-1, sk)
+    pick = torch.randint(0, sk, (rows.shape[0],), generator=g.gen)
+    rows[torch.arange(rows.shape[0]), pick] = True
+    return rows.reshape(shape)
+
+
+def make_attention():
+    g = Golden("attention", 8008)
+    # (dtype, layout, B, N, Sq, Sk, D, mask shape kind, scale or None, extra)
+    #   mask kinds: "none", "2d" [Sq, Sk], "4d" [B, N, Sq, Sk], "4d_b1" [B, 1, Sq, Sk],
+    #   "4d_1n" [1, N, Sq, Sk], "4d_11" [1, 1, Sq, Sk]; extra "masked_row": a row masked everywhere
+    #   (its output is NaN).
+    cases = [
+        ("f32", "BSND", 2, 3, 1, 1, 8, "none", None, None),
+        ("f32", "BNSD", 2, 3, 7, 7, 40, "2d", None, None),
+        ("f32", "BSH", 2, 3, 7, 7, 24, "4d", None, None),
+        ("f32", "BNSD", 2, 3, 33, 33, 8, "4d_b1", None, None),
+        ("f32", "BSND", 1, 1, 130, 130, 8, "2d", None, None),
+        ("f32", "BSH", 2, 3, 37, 11, 8, "4d", None, None),
+        ("f32", "BSND", 2, 2, 5, 70, 8, "2d", None, None),
+        ("f32", "BSND", 1, 2, 7, 9, 64, "none", 0.3, None),
+        ("f32", "BNSD", 1, 2, 9, 13, 72, "4d_1n", None, None),
+        ("f32", "BSH", 2, 1, 3, 9, 80, "2d", None, None),
+        ("f32", "BSND", 1, 1, 4, 9, 128, "none", None, None),
+        ("f32", "BNSD", 2, 3, 7, 9, 8, "2d", None, "masked_row"),
+        ("f32", "BSH", 2, 3, 6, 6, 8, "4d", None, "masked_row"),
+        ("f32", "BSND", 2, 3, 7, 13, 24, "none", 1.5, None),
+        ("f32", "BNSD", 2, 3, 5, 5, 8, "4d_11", None, None),
+        ("f32", "BNSD", 2, 2, 1, 33, 17, "none", None, None),
+        ("f32", "BSH", 1, 2, 17, 17, 17, "4d_b1", 0.25, None),
+        ("bf16", "BSND", 2, 3, 7, 7, 40, "2d", None, None),
+        ("bf16", "BNSD", 2, 3, 37, 11, 8, "4d_b1", None, None),
+        ("bf16", "BSH", 1, 2, 17, 17, 64, "none", None, None),
+        ("bf16", "BSND", 2, 2, 5, 70, 17, "4d", 0.5, None),
+        ("bf16", "BNSD", 1, 2, 4, 6, 8, "2d", None, "masked_row"),
+        ("bf16", "BSND", 1, 1, 3, 33, 128, "none", None, None),
+    ]
+    for dt, layout, bsz, n, sq, sk, d, mkind, scale, extra in cases:
+        q = g.randn((bsz, n, sq, d))
+        k = g.randn((bsz, n, sk, d))
+        v = g.randn((bsz, n, sk, d))
+        mshape = {"none": None, "2d": (sq, sk), "4d": (bsz, n, sq, sk), "4d_b1": (bsz, 1, sq, sk),
+                  "4d_1n": (1, n, sq, sk), "4d_11": (1, 1, sq, sk)}[mkind]
+        mask = attention_mask(g, mshape) if mshape else None
+        if extra == "masked_row":
+            if mkind == "2d":
+                mask[sq // 2, :] = False  # every batch and head
+            else:
+                mask[-1, -1, 0, :] = False  # one (batch, head) only
+        eff_scale = scale if scale is not None else d ** -0.5
+        if dt == "f32":
+            expected = attention_f32(q, k, v, mask, eff_scale)
+        else:
+            q, k, v = q.to(BF16), k.to(BF16), v.to(BF16)
+            expected = attention_bf16_math(q, k, v, mask, eff_scale)
+        if extra == "masked_row":
+            assert torch.isnan(expected.float()).any() and not torch.isnan(expected.float()).all()
+        else:
+            assert not torch.isnan(expected.float()).any()
+        inputs = {"q": from_bnsd(q, layout), "k": from_bnsd(k, layout), "v": from_bnsd(v, layout)}
+        if mask is not None:
+            inputs["mask"] = mask.contiguous()
+        params = dict(op="attention", dtype=dt, layout=layout, num_heads=n, batch=bsz, seq_q=sq, seq_k=sk,
+                      head_dim=d, mask="none" if mkind == "none" else mkind[:2])
+        if mask is not None:
+            params["mask_shape"] = list(mask.shape)
+        if scale is not None:
+            params["scale"] = scale
+        if extra:
+            params["masked_row"] = True
+        case = f"attention_{dt}_{layout}_b{bsz}n{n}_sq{sq}_sk{sk}_d{d}_mask{mkind}" + (
+            f"_s{scale:g}" if scale is not None else "") + (f"_{extra}" if extra else "")
+        g.add(case, params, inputs, {"expected": from_bnsd(expected, layout)})
+
+    # attention_forward_varlen: packed q [Tq, N, D], k, v [Tk, N, D], cu_seqlens int32 [B + 1].
+    # causal is bottom-right aligned: query i of a sequence attends key j iff j <= i + (Sk - Sq).
+    # (N, D, q lengths, k lengths, causal, scale or None)
+    varlen = [
+        (2, 24, [1, 7, 0, 13], [1, 11, 0, 5], False, None),  # lengths 1, unequal, an empty sequence
+        (3, 17, [3, 0, 2], [4, 5, 1], False, 0.5),           # a sequence with keys but no queries
+        (1, 80, [9], [14], False, None),                     # one sequence
+        (3, 17, [1, 6, 0, 5, 1], [1, 6, 3, 12, 9], True, None),
+        (2, 8, [70, 3], [70, 20], True, 0.5),                # crosses 64-row tiles
+        (2, 24, [12, 1, 4], [12, 1, 4], True, None),         # Sq == Sk: the usual causal mask
+    ]
+    for n, d, lq, lk, causal, scale in varlen:
+        assert len(lq) == len(lk)
+        assert all(b > 0 or a == 0 for a, b in zip(lq, lk)), "a query row with no key would be NaN"
+        tq, tk = sum(lq), sum(lk)
+        q, k, v = g.randn((tq, n, d)), g.randn((tk, n, d)), g.randn((tk, n, d))
+        cu_q = torch.tensor([0] + np.cumsum(lq).tolist(), dtype=torch.int32)
+        cu_k = torch.tensor([0] + np.cumsum(lk).tolist(), dtype=torch.int32)
+        eff_scale = scale if scale is not None else d ** -0.5
+        out = torch.zeros((tq, n, d), dtype=torch.float64)
+        for b in range(len(lq)):
+            q0, q1, k0, k1 = int(cu_q[b]), int(cu_q[b + 1]), int(cu_k[b]), int(cu_k[b + 1])
+            if q1 == q0:
+                continue
+            qb = q[q0:q1].double().transpose(0, 1)  # [N, Sq, D]
+            kb, vb = k[k0:k1].double().transpose(0, 1), v[k0:k1].double().transpose(0, 1)
+            s = eff_scale * torch.matmul(qb, kb.transpose(-2, -1))  # [N, Sq, Sk]
+            if causal:
+                i = torch.arange(q1 - q0)[:, None]
+                j = torch.arange(k1 - k0)[None, :]
+                s = s.masked_fill(j > i + ((k1 - k0) - (q1 - q0)), float("-inf"))
+            out[q0:q1] = torch.matmul(torch.softmax(s, dim=-1), vb).transpose(0, 1)
+        expected = out.float()
+        assert not torch.isnan(expected).any()
+        params = dict(op="attention_varlen", dtype="f32", causal=causal, num_heads=n, head_dim=d,
+                      seqlens_q=lq, seqlens_k=lk)
+        if scale is not None:
+            params["scale"] = scale
+        case = f"attention_varlen_f32_n{n}_d{d}_q{'-'.join(map(str, lq))}_k{'-'.join(map(str, lk))}" + (
+            "_causal" if causal else "") + (f"_s{scale:g}" if scale is not None else "")
+        g.add(case, params, {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k},
+              {"expected": expected})
+    return g.write()
+
+
 def main():
     os.makedirs(OUT_DIR, exist_ok=True)
     total = 0
     for make in [make_gemm, make_norms, make_rope, make_activations, make_softmax, make_group_norm,
-                 make_elementwise]:
+                 make_elementwise, make_attention]:
         total += make()
     print(f"total: {total} bytes (torch {torch.__version__})")
 

@@ -1,0 +1,79 @@
+// Attention with MindIE SD's semantics (../shared/reference/mindie-sd.md, section A1).
+//
+//   out = softmax(scale * q k^T + bias) v,   bias = 0 where the mask is true (attend), -inf where false
+//
+// Three implementations, all f32 or bf16 in and out, sums and softmax in f32:
+//   math:          materialized [Sq, Sk] scores per head, then softmax, then P v; MindIE's
+//                  attention_math, the reference. bf16 rounds where MindIE does: q*scale, the
+//                  scores, and the probabilities are rounded to bf16 before their next use.
+//   flash:         tiled flash attention with an online softmax; the Cube unit's threads run
+//                  QK^T, the softmax update and PV tile by tile (packed K/V, register-blocked
+//                  kernels, any head dim padded only inside the kernel).
+//   cv_pipelined:  the same tiles split across the units: QK^T and PV on the Cube unit, scale /
+//                  mask / online softmax on the Vector unit, handed over through bounded
+//                  double-buffered queues (Ascend's TQue pattern, ../shared/reference/engine-anchors.md
+//                  section 5). If the Vector unit is busy elsewhere the Cube side does the softmax
+//                  itself, so the pair can never deadlock.
+// A row whose mask is false everywhere has no defined softmax: every implementation returns NaN
+// for it, as MindIE's math path does.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "ops/op_stream.h"
+
+namespace cubevec::ops {
+
+// How q, k, v (and the result) are laid out: BSND [B, S, N, D] (MindIE's head_first=false), BNSD
+// [B, N, S, D] (head_first=true), BSH [B, S, N*D] (needs AttentionOptions::num_heads).
+enum class AttentionLayout { bsnd, bnsd, bsh };
+AttentionLayout parse_attention_layout(std::string_view name);  // "BSND", "BNSD", "BSH" (any case)
+std::string_view attention_layout_name(AttentionLayout layout);  // "BSND", ...
+
+enum class AttentionImpl { math, flash, cv_pipelined };
+AttentionImpl parse_attention_impl(std::string_view name);  // "math", "flash", "cv_pipelined"
+std::string_view attention_impl_name(AttentionImpl impl);
+
+// MindIE's opt_mode: runtime (time the candidates on the first call for a key, keep the fastest),
+// static (a fixed table), manual (op_type and kernel_layout as given).
+enum class AttentionOptMode { runtime, static_table, manual };
+AttentionOptMode parse_attention_opt_mode(std::string_view name);  // "runtime", "static", "manual"
+std::string_view attention_opt_mode_name(AttentionOptMode mode);
+
+struct AttentionOptions {
+  // Boolean (DType::boolean), true = attend: [Sq, Sk], or [B, N, Sq, Sk] (dims of size 1 broadcast).
+  Tensor mask{};
+  std::optional<double> scale{};  // default D^-0.5
+  AttentionLayout layout = AttentionLayout::bsnd;
+  int64_t num_heads = 0;  // BSH only
+  AttentionOptMode opt_mode = AttentionOptMode::runtime;
+  // manual only: the implementation, and the layout handed to the kernel (q, k, v are copied into
+  // it when it differs from `layout`; BSH is handed over as BSND).
+  AttentionImpl op_type = AttentionImpl::flash;
+  AttentionLayout kernel_layout = AttentionLayout::bnsd;
+};
+
+// q [B, Sq, N, D], k and v [B, Sk, N, D] in BSND (or the other layouts), same dtype (f32 or bf16);
+// Sq may differ from Sk (cross-attention). Returns q's layout, shape and dtype.
+Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options = {},
+                         const Stream& stream = default_op_stream());
+
+// Packed variable-length sequences: q [Tq, N, D], k and v [Tk, N, D]; sequence b holds rows
+// cu_seqlens_q[b] .. cu_seqlens_q[b+1] of q and cu_seqlens_k[b] .. cu_seqlens_k[b+1] of k and v.
+// cu_seqlens_* are int32 [B+1], starting at 0, non-decreasing, ending at Tq (Tk). causal: query i of a
+// sequence attends to key j when j <= i + (Sk_b - Sq_b) (bottom-right aligned, as flash-attn and
+// Ascend's sparse_mode 3). A sequence with queries but no keys is an error; a causal row that
+// sees no key (Sq_b > Sk_b) comes out NaN. Returns [Tq, N, D] in q's dtype.
+struct VarlenOptions {
+  std::optional<double> scale{};
+  bool causal = false;
+  AttentionImpl impl = AttentionImpl::flash;  // any implementation; math is the reference
+};
+Tensor attention_forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q,
+                                const Tensor& cu_seqlens_k, const VarlenOptions& options = {},
+                                const Stream& stream = default_op_stream());
+
+}  // namespace cubevec::ops

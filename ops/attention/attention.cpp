@@ -1,0 +1,446 @@
+// attention_forward and attention_forward_varlen: argument checks with MindIE-style messages,
+// layouts turned into per-head problems (ops/attention/problem.h), the choice of implementation
+// (opt_mode, the autotuner) and the launches on the device.
+#include "ops/attention.h"
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <cmath>
+#include <memory>
+#include <mutex>
+#include <sstream>
+
+#include "ops/attention/cv_pipeline.h"
+#include "ops/attention/problem.h"
+#include "ops/attention_tuner.h"
+#include "ops/vector_ops.h"
+#include "tensor/error.h"
+
+namespace cubevec::ops {
+
+namespace {
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string brief(const Tensor& t) {
+  return std::string(dtype_name(t.dtype())) + " " + shape_to_string(t.shape());
+}
+
+// q, k, v as 4-D views in BSND or BNSD (BSH viewed as BSND), checked.
+struct Inputs {
+  Tensor q, k, v;
+  AttentionLayout layout = AttentionLayout::bsnd;  // bsnd or bnsd
+  int64_t batch = 0, heads = 0, d = 0, sq = 0, sk = 0;
+  Tensor mask;  // undefined, or boolean [B|1, N|1, Sq, Sk] with unit stride in the last dim
+  AttentionMaskKind mask_kind = AttentionMaskKind::none;
+  float scale = 1.0f;
+};
+
+int64_t seq_dim(AttentionLayout layout) { return layout == AttentionLayout::bnsd ? 2 : 1; }
+int64_t head_dim_index(AttentionLayout layout) { return layout == AttentionLayout::bnsd ? 1 : 2; }
+
+Inputs check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o,
+                    const Stream& stream) {
+  const char* op = "attention_forward";
+  auto fail = [&](const std::string& what) { throw Error(std::string(op) + ": " + what); };
+  for (const auto& [t, name] : {std::pair{&q, "query"}, {&k, "key"}, {&v, "value"}}) {
+    if (!t->defined()) fail(std::string(name) + " is undefined");
+    if (t->dtype() != DType::f32 && t->dtype() != DType::bf16)
+      fail(std::string(name) + " must be f32 or bf16, got " + brief(*t));
+  }
+  if (k.dtype() != q.dtype() || v.dtype() != q.dtype())
+    fail("query, key and value must share a dtype, got " + brief(q) + ", " + brief(k) + ", " + brief(v));
+  Inputs in;
+  const std::string layout_name(attention_layout_name(o.layout));
+  if (o.layout == AttentionLayout::bsh) {
+    for (const auto& [t, name] : {std::pair{&q, "query"}, {&k, "key"}, {&v, "value"}})
+      if (t->dim() != 3) fail(std::string(name) + " must be 3-D [B, S, H] for layout BSH, got " + brief(*t));
+    if (o.num_heads <= 0) fail("layout BSH needs num_heads > 0, got " + std::to_string(o.num_heads));
+    if (q.size(2) % o.num_heads != 0)
+      fail("query's hidden size " + std::to_string(q.size(2)) + " is not divisible by num_heads " +
+           std::to_string(o.num_heads));
+    auto split = [&](const Tensor& t) {
+      const Shape shape{t.size(0), t.size(1), o.num_heads, t.size(2) / o.num_heads};
+      return t.stride(2) == 1 ? t.reshape(shape) : contiguous(t, stream).reshape(shape);
+    };
+    if (k.size(2) != q.size(2) || v.size(2) != q.size(2))
+      fail("query, key and value must have the same hidden size, got " + brief(q) + ", " + brief(k) + ", " + brief(v));
+    in.q = split(q);
+    in.k = split(k);
+    in.v = split(v);
+    in.layout = AttentionLayout::bsnd;
+  } else {
+    for (const auto& [t, name] : {std::pair{&q, "query"}, {&k, "key"}, {&v, "value"}})
+      if (t->dim() != 4) fail(std::string(name) + " must be 4-D [" + (o.layout == AttentionLayout::bnsd ? "B, N, S, D" : "B, S, N, D") + "] for layout " + layout_name + ", got " + brief(*t));
+    in.q = q;
+    in.k = k;
+    in.v = v;
+    in.layout = o.layout;
+  }
+  const int64_t s = seq_dim(in.layout), n = head_dim_index(in.layout);
+  in.batch = in.q.size(0);
+  in.heads = in.q.size(n);
+  in.d = in.q.size(3);
+  in.sq = in.q.size(s);
+  in.sk = in.k.size(s);
+  if (in.k.shape() != in.v.shape()) fail("key and value must have the same shape, got " + brief(k) + " and " + brief(v));
+  if (in.k.size(0) != in.batch || in.k.size(n) != in.heads || in.k.size(3) != in.d)
+    fail("key must match query in batch, heads and head dim (layout " + layout_name + "), got query " + brief(q) +
+         " and key " + brief(k));
+  if (in.d == 0) fail("the head dim must be at least 1, got query " + brief(q));
+  if (in.sk == 0 && in.sq > 0) fail("key and value must hold at least one position, got " + brief(k));
+  // Kernels read rows with unit stride in the head dim.
+  for (Tensor* t : {&in.q, &in.k, &in.v})
+    if (t->stride(3) != 1 && t->numel() > 0) *t = contiguous(*t, stream);
+
+  double scale = 1.0 / std::sqrt(static_cast<double>(in.d));
+  if (o.scale) {
+    if (!std::isfinite(*o.scale)) fail("scale must be a finite number, got " + std::to_string(*o.scale));
+    scale = *o.scale;
+  }
+  in.scale = static_cast<float>(scale);
+
+  if (o.mask.defined()) {
+    const Tensor& m = o.mask;
+    if (m.dtype() != DType::boolean) fail("attn_mask must be bool (true = attend), got " + brief(m));
+    Tensor m4;
+    if (m.dim() == 2) {
+      if (m.size(0) != in.sq || m.size(1) != in.sk)
+        fail("a 2-D attn_mask must be [Sq, Sk] = [" + std::to_string(in.sq) + ", " + std::to_string(in.sk) + "], got " + brief(m));
+      m4 = m.unsqueeze(0).unsqueeze(0);
+      in.mask_kind = AttentionMaskKind::mask_2d;
+    } else if (m.dim() == 4) {
+      const bool ok = (m.size(0) == in.batch || m.size(0) == 1) && (m.size(1) == in.heads || m.size(1) == 1) &&
+                      m.size(2) == in.sq && m.size(3) == in.sk;
+      if (!ok)
+        fail("a 4-D attn_mask must be [B, N, Sq, Sk] = [" + std::to_string(in.batch) + ", " + std::to_string(in.heads) +
+             ", " + std::to_string(in.sq) + ", " + std::to_string(in.sk) + "] (B and N may be 1), got " + brief(m));
+      m4 = m;
+      in.mask_kind = AttentionMaskKind::mask_4d;
+    } else {
+      fail("attn_mask must be 2-D [Sq, Sk] or 4-D [B, N, Sq, Sk], got " + brief(m));
+    }
+    if (m4.stride(3) != 1 && m4.numel() > 0) m4 = m4.contiguous();
+    in.mask = m4;
+  }
+  return in;
+}
+
+// The per-head problems of 4-D q, k, v, out in `layout` (bsnd or bnsd), all with unit stride in D.
+attn::AttentionBatch make_batch(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                const Tensor& mask, AttentionLayout layout, float scale) {
+  attn::AttentionBatch batch;
+  batch.d = q.size(3);
+  batch.dtype = q.dtype();
+  batch.scale = scale;
+  const int64_t s = seq_dim(layout), n = head_dim_index(layout);
+  const int64_t item = static_cast<int64_t>(q.itemsize());
+  auto at = [&](const Tensor& t, int64_t b, int64_t h) {
+    return t.unsynchronized_data_ptr() + (b * t.stride(0) + h * t.stride(n)) * item;
+  };
+  for (int64_t b = 0; b < q.size(0); ++b) {
+    for (int64_t h = 0; h < q.size(n); ++h) {
+      attn::HeadProblem p;
+      p.q = at(q, b, h);
+      p.k = at(k, b, h);
+      p.v = at(v, b, h);
+      p.out = at(out, b, h);
+      p.q_ld = q.stride(s);
+      p.k_ld = k.stride(s);
+      p.v_ld = v.stride(s);
+      p.out_ld = out.stride(s);
+      p.sq = q.size(s);
+      p.sk = k.size(s);
+      if (mask.defined()) {
+        const int64_t mb = mask.size(0) == 1 ? 0 : b, mh = mask.size(1) == 1 ? 0 : h;
+        p.mask = reinterpret_cast<const uint8_t*>(mask.unsynchronized_data_ptr()) + mb * mask.stride(0) + mh * mask.stride(1);
+        p.mask_ld = mask.stride(2);
+      }
+      batch.heads.push_back(p);
+    }
+  }
+  return batch;
+}
+
+// The Cube kernel's cost: the matmuls, and the bytes of q, k, v, out (math adds the scores).
+KernelDesc cube_desc(const Inputs& in, double flops, bool materialized) {
+  const double elems = static_cast<double>(in.batch * in.heads * in.d);
+  double bytes = static_cast<double>(dtype_size(in.q.dtype())) * elems * static_cast<double>(2 * in.sq + 2 * in.sk);
+  if (materialized) bytes += 3.0 * 4.0 * static_cast<double>(in.batch * in.heads) * static_cast<double>(in.sq * in.sk);
+  return {"", Unit::cube, flops, bytes, DType::f32};
+}
+
+// Launches `impl` on the heads batch_of() builds (called inside the kernel, when the tensors are
+// ready). `cube` carries the Cube kernel's cost; `scores` counts the score elements (the Vector
+// half's work in the CV pipeline). Kernels are named "<prefix>_<impl>".
+void launch_batch(AttentionImpl impl, const std::string& prefix, const std::function<attn::AttentionBatch()>& batch_of,
+                  KernelDesc cube, double scores, const std::vector<Tensor>& reads, const Tensor& out,
+                  const Stream& stream) {
+  switch (impl) {
+    case AttentionImpl::math:
+      cube.name = prefix + "_math";
+      stream.launch(cube, reads, {out}, [batch_of] { attn::run_math(batch_of()); });
+      return;
+    case AttentionImpl::flash:
+      cube.name = prefix + "_flash";
+      stream.launch(cube, reads, {out}, [batch_of] { attn::run_flash(batch_of()); });
+      return;
+    case AttentionImpl::cv_pipelined: {
+      // Both halves share one pipeline, made by whichever starts first (their tensors are ready by then).
+      struct Shared {
+        std::once_flag once;
+        std::unique_ptr<attn::CvPipeline> pipeline;
+      };
+      auto shared = std::make_shared<Shared>();
+      const int lanes = stream.device().profile().cube_threads;
+      auto get = [shared, batch_of, lanes]() -> attn::CvPipeline& {
+        std::call_once(shared->once, [&] { shared->pipeline = std::make_unique<attn::CvPipeline>(batch_of(), lanes); });
+        return *shared->pipeline;
+      };
+      // The Vector half waits for everything the caller queued before, so it never holds the
+      // Vector unit while the Cube half still waits for earlier work.
+      Stream vector_stream = stream.device().named_stream("attention.cv_vector");
+      vector_stream.wait(stream.record());
+      vector_stream.launch({prefix + "_cv_softmax", Unit::vector, 6.0 * scores, 2.0 * 4.0 * scores, DType::f32}, reads, {},
+                           [get] { get().run_vector(); });
+      cube.name = prefix + "_cv_matmul";
+      stream.launch(cube, reads, {out}, [get] { get().run_cube(); });
+      return;
+    }
+  }
+}
+
+// Runs `impl` with q, k, v handed over in `kernel_layout`; returns the result in in.layout.
+Tensor run_impl(const Inputs& in, AttentionImpl impl, AttentionLayout kernel_layout, const Stream& stream) {
+  if (kernel_layout == AttentionLayout::bsh) kernel_layout = AttentionLayout::bsnd;
+  const bool transposed = kernel_layout != in.layout;
+  auto to_kernel = [&](const Tensor& t) { return transposed ? contiguous(t.permute({0, 2, 1, 3}), stream) : t; };
+  const Tensor q = to_kernel(in.q), k = to_kernel(in.k), v = to_kernel(in.v), mask = in.mask;
+  Tensor out = stream.device().empty(q.shape(), q.dtype(), stream);
+  const double flops = 4.0 * static_cast<double>(in.batch * in.heads) * static_cast<double>(in.sq) *
+                       static_cast<double>(in.sk) * static_cast<double>(in.d);
+  const float scale = in.scale;
+  std::vector<Tensor> reads{q, k, v};
+  if (mask.defined()) reads.push_back(mask);
+  auto batch_of = [=] { return make_batch(q, k, v, out, mask, kernel_layout, scale); };
+  const double scores = static_cast<double>(in.batch * in.heads) * static_cast<double>(in.sq * in.sk);
+  launch_batch(impl, "attention", batch_of, cube_desc(in, flops, impl == AttentionImpl::math), scores, reads, out, stream);
+  return transposed ? contiguous(out.permute({0, 2, 1, 3}), stream) : out;
+}
+
+struct Candidate {
+  AttentionImpl impl;
+  AttentionLayout kernel_layout;
+};
+
+AttentionTuneChoice static_choice(const Inputs& in) { return {AttentionImpl::flash, in.layout, 0.0}; }
+
+// MindIE's runtime mode: time each candidate (one warm-up call, then the best of two timed
+// calls, each synchronized), keep the fastest. A candidate that throws is skipped; if all do, the
+// math path is the answer, cached like any other.
+AttentionTuneChoice tune(const Inputs& in, const Stream& stream) {
+  const Candidate candidates[] = {{AttentionImpl::flash, AttentionLayout::bnsd},
+                                  {AttentionImpl::flash, AttentionLayout::bsnd},
+                                  {AttentionImpl::cv_pipelined, AttentionLayout::bnsd},
+                                  {AttentionImpl::cv_pipelined, AttentionLayout::bsnd}};
+  stream.synchronize();
+  AttentionTuneChoice best{AttentionImpl::math, in.layout, 0.0};
+  double best_s = 0;
+  for (const Candidate& c : candidates) {
+    try {
+      double fastest = 0;
+      for (int run = 0; run < 3; ++run) {
+        const auto t0 = std::chrono::steady_clock::now();
+        run_impl(in, c.impl, c.kernel_layout, stream);
+        stream.synchronize();
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (run == 1 || (run > 1 && s < fastest)) fastest = s;
+      }
+      if (best_s == 0 || fastest < best_s) {
+        best_s = fastest;
+        best = {c.impl, c.kernel_layout, fastest};
+      }
+    } catch (const std::exception&) {
+      // As MindIE: a candidate that fails is not a candidate.
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+AttentionLayout parse_attention_layout(std::string_view name) {
+  const std::string n = lower(name);
+  if (n == "bsnd") return AttentionLayout::bsnd;
+  if (n == "bnsd") return AttentionLayout::bnsd;
+  if (n == "bsh") return AttentionLayout::bsh;
+  throw Error("unknown attention layout '" + std::string(name) + "' (expected BSND, BNSD or BSH)");
+}
+
+std::string_view attention_layout_name(AttentionLayout layout) {
+  switch (layout) {
+    case AttentionLayout::bsnd: return "BSND";
+    case AttentionLayout::bnsd: return "BNSD";
+    case AttentionLayout::bsh: return "BSH";
+  }
+  return "?";
+}
+
+AttentionImpl parse_attention_impl(std::string_view name) {
+  const std::string n = lower(name);
+  if (n == "math") return AttentionImpl::math;
+  if (n == "flash") return AttentionImpl::flash;
+  if (n == "cv_pipelined") return AttentionImpl::cv_pipelined;
+  throw Error("unknown attention op_type '" + std::string(name) + "' (expected math, flash or cv_pipelined)");
+}
+
+std::string_view attention_impl_name(AttentionImpl impl) {
+  switch (impl) {
+    case AttentionImpl::math: return "math";
+    case AttentionImpl::flash: return "flash";
+    case AttentionImpl::cv_pipelined: return "cv_pipelined";
+  }
+  return "?";
+}
+
+AttentionOptMode parse_attention_opt_mode(std::string_view name) {
+  const std::string n = lower(name);
+  if (n == "runtime") return AttentionOptMode::runtime;
+  if (n == "static") return AttentionOptMode::static_table;
+  if (n == "manual") return AttentionOptMode::manual;
+  throw Error("unknown attention opt_mode '" + std::string(name) + "' (expected runtime, static or manual)");
+}
+
+std::string_view attention_opt_mode_name(AttentionOptMode mode) {
+  switch (mode) {
+    case AttentionOptMode::runtime: return "runtime";
+    case AttentionOptMode::static_table: return "static";
+    case AttentionOptMode::manual: return "manual";
+  }
+  return "?";
+}
+
+Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
+                         const Stream& stream) {
+  const Inputs in = check_inputs(q, k, v, options, stream);
+  AttentionTuneChoice choice;
+  switch (options.opt_mode) {
+    case AttentionOptMode::manual:
+      if (options.kernel_layout == AttentionLayout::bsh && options.layout != AttentionLayout::bsh)
+        throw Error("attention_forward: kernel_layout BSH needs BSH input (layout " +
+                    std::string(attention_layout_name(options.layout)) + " given)");
+      choice = {options.op_type, options.kernel_layout, 0.0};
+      break;
+    case AttentionOptMode::static_table:
+      choice = static_choice(in);
+      break;
+    case AttentionOptMode::runtime: {
+      if (stream.device().simulate()) {
+        choice = static_choice(in);
+        break;
+      }
+      const AttentionTuneKey key{in.batch, in.heads, in.d, in.sq, in.sk, in.q.dtype(), options.layout, in.mask_kind};
+      if (auto found = AttentionTuner::global().find(key)) {
+        choice = *found;
+      } else {
+        choice = tune(in, stream);
+        AttentionTuner::global().store(key, choice);
+      }
+      break;
+    }
+  }
+  Tensor out = run_impl(in, choice.op_type, choice.kernel_layout, stream);
+  return options.layout == AttentionLayout::bsh ? out.reshape(q.shape()) : out;
+}
+
+Tensor attention_forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q,
+                                const Tensor& cu_seqlens_k, const VarlenOptions& options, const Stream& stream) {
+  const char* op = "attention_forward_varlen";
+  auto fail = [&](const std::string& what) { throw Error(std::string(op) + ": " + what); };
+  for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) {
+    if (!t->defined() || t->dim() != 3) fail(std::string(name) + " must be 3-D [T, N, D], got " + (t->defined() ? brief(*t) : "undefined"));
+    if (t->dtype() != DType::f32 && t->dtype() != DType::bf16) fail(std::string(name) + " must be f32 or bf16, got " + brief(*t));
+  }
+  if (k.dtype() != q.dtype() || v.dtype() != q.dtype()) fail("q, k and v must share a dtype, got " + brief(q) + ", " + brief(k) + ", " + brief(v));
+  if (k.shape() != v.shape()) fail("k and v must have the same shape, got " + brief(k) + " and " + brief(v));
+  if (k.size(1) != q.size(1) || k.size(2) != q.size(2))
+    fail("k must match q in heads and head dim, got q " + brief(q) + " and k " + brief(k));
+  if (q.size(2) == 0) fail("the head dim must be at least 1, got q " + brief(q));
+  auto read_cu = [&](const Tensor& cu, const char* name, int64_t total) {
+    if (!cu.defined() || cu.dtype() != DType::i32 || cu.dim() != 1 || cu.size(0) < 2)
+      fail(std::string(name) + " must be int32 [B+1] with B >= 1, got " + (cu.defined() ? brief(cu) : "undefined"));
+    std::vector<int64_t> values(static_cast<std::size_t>(cu.size(0)));
+    for (int64_t i = 0; i < cu.size(0); ++i) values[static_cast<std::size_t>(i)] = cu.at<int32_t>({i});
+    if (values.front() != 0) fail(std::string(name) + " must start at 0, got " + std::to_string(values.front()));
+    for (std::size_t i = 1; i < values.size(); ++i)
+      if (values[i] < values[i - 1])
+        fail(std::string(name) + " must be non-decreasing, but entry " + std::to_string(i) + " (" +
+             std::to_string(values[i]) + ") is below entry " + std::to_string(i - 1) + " (" + std::to_string(values[i - 1]) + ")");
+    if (values.back() != total)
+      fail(std::string(name) + " must end at the token count " + std::to_string(total) + ", got " + std::to_string(values.back()));
+    return values;
+  };
+  const std::vector<int64_t> cu_q = read_cu(cu_seqlens_q, "cu_seqlens_q", q.size(0));
+  const std::vector<int64_t> cu_k = read_cu(cu_seqlens_k, "cu_seqlens_k", k.size(0));
+  if (cu_q.size() != cu_k.size())
+    fail("cu_seqlens_q and cu_seqlens_k must have the same length, got " + std::to_string(cu_q.size()) + " and " +
+         std::to_string(cu_k.size()));
+  for (std::size_t b = 0; b + 1 < cu_q.size(); ++b)
+    if (cu_k[b + 1] == cu_k[b] && cu_q[b + 1] > cu_q[b])
+      fail("sequence " + std::to_string(b) + " has " + std::to_string(cu_q[b + 1] - cu_q[b]) + " queries but no keys");
+  double scale = 1.0 / std::sqrt(static_cast<double>(q.size(2)));
+  if (options.scale) {
+    if (!std::isfinite(*options.scale)) fail("softmax_scale must be a finite number");
+    scale = *options.scale;
+  }
+  Tensor qc = q.stride(2) == 1 ? q : contiguous(q, stream);
+  Tensor kc = k.stride(2) == 1 ? k : contiguous(k, stream);
+  Tensor vc = v.stride(2) == 1 ? v : contiguous(v, stream);
+  Tensor out = stream.device().empty(q.shape(), q.dtype(), stream);
+  const bool causal = options.causal;
+  const float fscale = static_cast<float>(scale);
+  auto batch_of = [=] {
+    attn::AttentionBatch batch;
+    batch.d = qc.size(2);
+    batch.dtype = qc.dtype();
+    batch.scale = fscale;
+    const int64_t item = static_cast<int64_t>(qc.itemsize());
+    for (std::size_t b = 0; b + 1 < cu_q.size(); ++b) {
+      if (cu_q[b + 1] == cu_q[b]) continue;
+      for (int64_t h = 0; h < qc.size(1); ++h) {
+        attn::HeadProblem p;
+        p.q = qc.unsynchronized_data_ptr() + (cu_q[b] * qc.stride(0) + h * qc.stride(1)) * item;
+        p.k = kc.unsynchronized_data_ptr() + (cu_k[b] * kc.stride(0) + h * kc.stride(1)) * item;
+        p.v = vc.unsynchronized_data_ptr() + (cu_k[b] * vc.stride(0) + h * vc.stride(1)) * item;
+        p.out = out.unsynchronized_data_ptr() + (cu_q[b] * out.stride(0) + h * out.stride(1)) * item;
+        p.q_ld = qc.stride(0);
+        p.k_ld = kc.stride(0);
+        p.v_ld = vc.stride(0);
+        p.out_ld = out.stride(0);
+        p.sq = cu_q[b + 1] - cu_q[b];
+        p.sk = cu_k[b + 1] - cu_k[b];
+        p.causal = causal;
+        batch.heads.push_back(p);
+      }
+    }
+    return batch;
+  };
+  double flops = 0;
+  for (std::size_t b = 0; b + 1 < cu_q.size(); ++b)
+    flops += 4.0 * static_cast<double>((cu_q[b + 1] - cu_q[b]) * (cu_k[b + 1] - cu_k[b])) *
+             static_cast<double>(q.size(1) * q.size(2));
+  const double bytes = static_cast<double>(qc.nbytes() + kc.nbytes() + vc.nbytes() + out.nbytes());
+  double scores = 0;
+  for (std::size_t b = 0; b + 1 < cu_q.size(); ++b)
+    scores += static_cast<double>((cu_q[b + 1] - cu_q[b]) * (cu_k[b + 1] - cu_k[b])) * static_cast<double>(q.size(1));
+  launch_batch(options.impl, "attention_varlen", batch_of, {"", Unit::cube, flops, bytes, DType::f32}, scores,
+               {qc, kc, vc}, out, stream);
+  return out;
+}
+
+}  // namespace cubevec::ops

@@ -1,0 +1,101 @@
+// The building blocks shared by tiled flash attention (flash.cpp) and its CV-pipelined form
+// (cv_pipeline.cpp): the ISA's tile kernels, K/V packed once per head, Q packed per micro-panel,
+// the three tile steps and the final normalization.
+//
+// Tiles: a q-block is kPanelsPerBlock micro-panels of MR query rows; it walks the head's keys in
+// blocks of kBlockKeys. K is packed in NR-key panels (d x NR, k-major) for the QK micro-kernel; V
+// per key block in column panels (kBlockKeys x W, W the PV kernel's width, columns past d zero),
+// so any head dim runs on full-width kernels with at most one narrow or padded column panel.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ops/attention/problem.h"
+#include "ops/attention/tile_kernels.h"
+#include "ops/isa.h"
+
+namespace cubevec::ops::attn {
+
+inline constexpr int kPanelsPerBlock = 4;
+
+// The tile kernels of the widest ISA the GEMM may use (CUBEVEC_GEMM_ISA narrows it).
+const TileKernels& tile_kernels();
+const TileKernels& tile_kernels(Isa isa);
+
+struct ColumnPanel {
+  int64_t col0 = 0;
+  int width = 0;
+  PvKernel kernel = nullptr;
+};
+
+// Sizes that depend on the head dim and the kernels, not on a head.
+struct FlashGeometry {
+  FlashGeometry(const TileKernels& kernels, int64_t d);
+  const TileKernels* kernels;
+  int64_t d;
+  int64_t dp = 0;  // d padded to the column panels
+  std::vector<ColumnPanel> columns;
+  int64_t block_rows() const { return int64_t{kPanelsPerBlock} * kernels->mr; }
+  int64_t q_blocks(int64_t sq) const { return (sq + block_rows() - 1) / block_rows(); }
+  static int64_t key_blocks(int64_t sk) { return (sk + kBlockKeys - 1) / kBlockKeys; }
+  int64_t packed_k_floats(int64_t sk) const;
+  int64_t packed_v_floats(int64_t sk) const { return key_blocks(sk) * kBlockKeys * dp; }
+};
+
+// One head's K and V in the packed layouts above.
+struct PackedKV {
+  float* k = nullptr;
+  float* v = nullptr;
+};
+// Packs key blocks [kb_begin, kb_end) of `head` (callers split the blocks over threads).
+void pack_kv_blocks(const FlashGeometry& g, const HeadProblem& head, DType dtype, int64_t kb_begin, int64_t kb_end,
+                    const PackedKV& out);
+
+// Per q-block scratch: packed Q panels, S/P tile(s), O accumulators and the softmax state.
+struct QBlockState {
+  explicit QBlockState(const FlashGeometry& g);
+  std::vector<float> q;      // kPanelsPerBlock panels of d x MR
+  std::vector<float> o;      // kPanelsPerBlock x MR x dp
+  std::vector<float> m, l, alpha;  // kPanelsPerBlock x MR each
+  std::vector<int32_t> row_cols;   // MR, for causal prefixes
+  bool o_started[kPanelsPerBlock] = {};
+  int64_t q0 = 0;  // first query row of the block
+  int panels = 0;  // micro-panels holding at least one query row
+};
+
+// Resets `st` for the q-block starting at row q0 and packs its Q rows.
+void begin_q_block(const FlashGeometry& g, const HeadProblem& head, DType dtype, int64_t q0, QBlockState& st);
+
+// Whether key block kb holds any key that micro-panel `panel` of the block may see (false only
+// for causal blocks entirely above the diagonal).
+bool panel_sees_block(const FlashGeometry& g, const HeadProblem& head, const QBlockState& st, int panel, int64_t kb);
+
+// S (MR x kBlockKeys) = the panel's Q times key block kb's keys^T.
+void qk_tile(const FlashGeometry& g, const HeadProblem& head, const PackedKV& kv, const QBlockState& st, int panel,
+             int64_t kb, float* s);
+// The softmax step on S for `panel` against key block kb: masks, updates m and l, writes P into S
+// and the rescale factors into alpha (MR floats).
+void softmax_step(const FlashGeometry& g, const HeadProblem& head, float scale, int64_t q0_panel, int64_t kb,
+                  float* s, float* m, float* l, float* alpha);
+// O_panel = alpha * O_panel + P V_block (O starts at zero on the panel's first block).
+void pv_tile(const FlashGeometry& g, const HeadProblem& head, const PackedKV& kv, QBlockState& st, int panel,
+             int64_t kb, const float* p, const float* alpha);
+// out rows of the block = O / l (NaN for a row that attended to no key).
+void finish_q_block(const FlashGeometry& g, const HeadProblem& head, DType dtype, const QBlockState& st,
+                    const float* l);
+
+// Scratch from the caching allocator (the same blocks come back call after call).
+class Scratch {
+ public:
+  explicit Scratch(int64_t floats);
+  ~Scratch();
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  float* data() const { return ptr_; }
+
+ private:
+  float* ptr_;
+};
+
+}  // namespace cubevec::ops::attn

@@ -1,0 +1,39 @@
+// The unit of work every attention implementation takes: a list of independent heads, each a
+// (q, k, v, out) quadruple of row-major matrices with their own lengths, row strides and mask.
+// attention_forward and attention_forward_varlen only translate their layouts into this.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tensor/dtype.h"
+
+namespace cubevec::ops::attn {
+
+struct HeadProblem {
+  const void* q = nullptr;  // sq rows of d elements, row stride q_ld (elements)
+  const void* k = nullptr;  // sk rows
+  const void* v = nullptr;  // sk rows
+  void* out = nullptr;      // sq rows
+  int64_t q_ld = 0, k_ld = 0, v_ld = 0, out_ld = 0;
+  int64_t sq = 0, sk = 0;
+  const uint8_t* mask = nullptr;  // [sq, sk] bool bytes with row stride mask_ld, 1 = attend; or null
+  int64_t mask_ld = 0;
+  bool causal = false;  // key j visible to query i when j <= i + (sk - sq)
+};
+
+struct AttentionBatch {
+  std::vector<HeadProblem> heads;
+  int64_t d = 0;             // head dim, the same for q, k, v and out
+  DType dtype = DType::f32;  // of q, k, v and out: f32 or bf16
+  float scale = 1.0f;
+
+  double flops() const;  // 4 * sq * sk * d summed over heads
+};
+
+// Every implementation; each runs inside a Cube-unit kernel body (tbb::parallel_for uses the
+// unit's threads). A row that can attend to no key comes out NaN.
+void run_math(const AttentionBatch& batch);
+void run_flash(const AttentionBatch& batch);
+
+}  // namespace cubevec::ops::attn

@@ -1,0 +1,134 @@
+// Compiled with -mavx512f -mavx512bw -mavx512vl -mfma (see ops/CMakeLists.txt); called only on CPUs
+// with AVX-512.
+#include <immintrin.h>
+
+// GCC 12's own AVX-512 intrinsics (max, roundscale, scalef, ...) pass _mm512_undefined_ps() as the
+// unused merge source, which -Wmaybe-uninitialized reports at every inlined use: a false positive.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include "ops/attention/tile_kernels.h"
+
+namespace cubevec::ops::attn {
+
+namespace {
+
+constexpr int MR = gemm::kMrAvx512;
+
+// W = 16 * NV columns of O for MR rows; the accumulators are MR * NV zmm registers.
+template <int NV>
+[[gnu::always_inline]] inline void pv_tile(int64_t kc, const float* p, const float* v, float* o, int64_t ldo,
+                                           const float* alpha) {
+  __m512 acc[MR][NV];
+  if (alpha) {
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const __m512 a = _mm512_set1_ps(alpha[r]);
+#pragma GCC unroll 2
+      for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_mul_ps(a, _mm512_loadu_ps(o + r * ldo + 16 * c));
+    }
+  } else {
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+      for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_setzero_ps();
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    __m512 b[NV];
+#pragma GCC unroll 2
+    for (int c = 0; c < NV; ++c) b[c] = _mm512_loadu_ps(v + 16 * c);
+    // Row r of P sits at the fixed distance r * kBlockKeys from row 0: one base register for all.
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const __m512 pr = _mm512_set1_ps(p[r * kBlockKeys + k]);
+#pragma GCC unroll 2
+      for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_fmadd_ps(pr, b[c], acc[r][c]);
+    }
+    v += 16 * NV;
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(o + r * ldo + 16 * c, acc[r][c]);
+}
+
+// exp(x) for x <= 0 (the softmax only needs that range): Cody-Waite reduction, degree-6 Taylor
+// polynomial, 2^n applied by scalef (about 2 ulp, the same scheme as ops/vector_math.h).
+[[gnu::always_inline]] inline __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723e-6f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+inline __mmask16 first_lanes(int count) {
+  return count >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (count > 0 ? count : 0)) - 1u);
+}
+
+}  // namespace
+
+void pv_avx512_w32(int64_t kc, const float* p, const float* v, float* o, int64_t ldo, const float* alpha) {
+  pv_tile<2>(kc, p, v, o, ldo, alpha);
+}
+
+void pv_avx512_w16(int64_t kc, const float* p, const float* v, float* o, int64_t ldo, const float* alpha) {
+  pv_tile<1>(kc, p, v, o, ldo, alpha);
+}
+
+void softmax_tile_avx512(const SoftmaxTile& t) {
+  const float neg_inf = -__builtin_inff();
+  const __m512 vneg_inf = _mm512_set1_ps(neg_inf), vscale = _mm512_set1_ps(t.scale);
+  for (int r = 0; r < t.rows; ++r) {
+    float* s = t.s + r * kBlockKeys;
+    int n = t.row_cols ? t.row_cols[r] : t.cols;
+    n = n < 0 ? 0 : (n > t.cols ? t.cols : n);
+    const uint8_t* mask = (t.mask && r < t.mask_rows) ? t.mask + r * t.mask_ld : nullptr;
+    // Pass 1: scaled scores, -inf where the key is masked out or beyond the row's prefix; row max.
+    __m512 vmax = vneg_inf;
+    for (int j = 0; j < t.cols; j += 16) {
+      const __mmask16 in_block = first_lanes(t.cols - j);
+      __mmask16 attend = first_lanes(n - j);
+      if (mask) {
+        const __m128i bytes = _mm_maskz_loadu_epi8(in_block, mask + j);
+        attend &= _mm_test_epi8_mask(bytes, bytes);
+      }
+      const __m512 x = _mm512_mask_mul_ps(vneg_inf, attend, _mm512_maskz_loadu_ps(in_block, s + j), vscale);
+      _mm512_mask_storeu_ps(s + j, in_block, x);
+      vmax = _mm512_max_ps(vmax, x);
+    }
+    const float m_old = t.m[r];
+    const float row_max = _mm512_reduce_max_ps(vmax);
+    const float m_new = row_max > m_old ? row_max : m_old;
+    if (m_new == neg_inf) {  // nothing to attend to yet: P = 0, O and the sum stay as they are
+      for (int j = 0; j < t.cols; j += 16) _mm512_mask_storeu_ps(s + j, first_lanes(t.cols - j), _mm512_setzero_ps());
+      t.alpha[r] = 1.0f;
+      continue;
+    }
+    // Pass 2: P = exp(x - m_new), exactly 0 where x is -inf; row sum.
+    const __m512 vm = _mm512_set1_ps(m_new);
+    __m512 vsum = _mm512_setzero_ps();
+    for (int j = 0; j < t.cols; j += 16) {
+      const __mmask16 in_block = first_lanes(t.cols - j);
+      const __m512 x = _mm512_maskz_loadu_ps(in_block, s + j);
+      const __mmask16 finite = _mm512_mask_cmp_ps_mask(in_block, x, vneg_inf, _CMP_NEQ_OQ);
+      const __m512 p = _mm512_maskz_mov_ps(finite, exp_nonpositive(_mm512_sub_ps(x, vm)));
+      _mm512_mask_storeu_ps(s + j, in_block, p);
+      vsum = _mm512_add_ps(vsum, p);
+    }
+    const float alpha =
+        m_old == neg_inf ? 0.0f : _mm512_cvtss_f32(exp_nonpositive(_mm512_set1_ps(m_old - m_new)));
+    t.alpha[r] = alpha;
+    t.m[r] = m_new;
+    t.l[r] = t.l[r] * alpha + _mm512_reduce_add_ps(vsum);
+  }
+}
+
+}  // namespace cubevec::ops::attn

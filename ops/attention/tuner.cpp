@@ -1,0 +1,179 @@
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "ops/attention_tuner.h"
+#include "ops/gemm/driver.h"
+#include "tensor/strict_json.h"
+
+namespace cubevec::ops {
+
+namespace {
+
+constexpr const char* kFormat = "cubevec-attention-tune-cache";
+constexpr int kVersion = 1;
+
+using nlohmann::json;
+
+AttentionMaskKind parse_mask_kind(std::string_view name) {
+  if (name == "none") return AttentionMaskKind::none;
+  if (name == "2d") return AttentionMaskKind::mask_2d;
+  if (name == "4d") return AttentionMaskKind::mask_4d;
+  throw Error("unknown mask kind '" + std::string(name) + "' (expected none, 2d or 4d)");
+}
+
+int64_t positive_field(const json& entry, const char* name) {
+  if (!entry.contains(name) || !entry[name].is_number_integer() || entry[name].get<int64_t>() < 0)
+    throw Error(std::string("field '") + name + "' must be a non-negative integer");
+  return entry[name].get<int64_t>();
+}
+
+std::string string_field(const json& entry, const char* name) {
+  if (!entry.contains(name) || !entry[name].is_string()) throw Error(std::string("field '") + name + "' must be a string");
+  return entry[name].get<std::string>();
+}
+
+}  // namespace
+
+std::string_view attention_mask_kind_name(AttentionMaskKind kind) {
+  switch (kind) {
+    case AttentionMaskKind::none: return "none";
+    case AttentionMaskKind::mask_2d: return "2d";
+    case AttentionMaskKind::mask_4d: return "4d";
+  }
+  return "?";
+}
+
+std::string AttentionTuneKey::text() const {
+  std::ostringstream s;
+  s << "B" << batch << " N" << heads << " D" << head_dim << " Sq" << q_len << " Sk" << kv_len << " "
+    << dtype_name(dtype) << " " << attention_layout_name(layout) << " mask " << attention_mask_kind_name(mask);
+  return s.str();
+}
+
+AttentionTuner& AttentionTuner::global() {
+  static AttentionTuner tuner;
+  return tuner;
+}
+
+std::optional<AttentionTuneChoice> AttentionTuner::find(const AttentionTuneKey& key) const {
+  std::lock_guard lock(mutex_);
+  for (const auto& [k, choice] : entries_)
+    if (k == key) return choice;
+  return std::nullopt;
+}
+
+void AttentionTuner::store(const AttentionTuneKey& key, const AttentionTuneChoice& choice) {
+  std::lock_guard lock(mutex_);
+  for (auto& [k, c] : entries_)
+    if (k == key) {
+      c = choice;
+      return;
+    }
+  if (entries_.size() >= kMaxEntries) entries_.erase(entries_.begin());
+  entries_.emplace_back(key, choice);
+}
+
+std::vector<std::pair<AttentionTuneKey, AttentionTuneChoice>> AttentionTuner::entries() const {
+  std::lock_guard lock(mutex_);
+  return entries_;
+}
+
+void AttentionTuner::clear() {
+  std::lock_guard lock(mutex_);
+  entries_.clear();
+}
+
+std::string AttentionTuner::load(const std::string& path, const std::string& fingerprint) {
+  if (!std::filesystem::exists(path))
+    return "attention tune cache " + path + " does not exist yet; it will be written after tuning";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("attention tune cache " + path + ": cannot be read");
+  std::stringstream text;
+  text << in.rdbuf();
+  std::vector<std::pair<AttentionTuneKey, AttentionTuneChoice>> loaded;
+  try {
+    const json doc = parse_strict_json(text.str(), 8);
+    if (!doc.is_object()) throw Error("expected a JSON object at the top level");
+    if (!doc.contains("format") || doc["format"] != kFormat)
+      throw Error(std::string("field 'format' must be \"") + kFormat + "\"");
+    if (!doc.contains("version") || !doc["version"].is_number_integer())
+      throw Error("field 'version' must be an integer");
+    if (doc["version"].get<int64_t>() != kVersion)
+      return "attention tune cache " + path + " has format version " + doc["version"].dump() + ", this cubevec writes " +
+             std::to_string(kVersion) + "; ignoring it (it will be rewritten)";
+    const std::string file_fingerprint = string_field(doc, "fingerprint");
+    if (!doc.contains("entries") || !doc["entries"].is_array()) throw Error("field 'entries' must be an array");
+    std::size_t index = 0;
+    for (const json& e : doc["entries"]) {
+      try {
+        if (!e.is_object()) throw Error("must be an object");
+        AttentionTuneKey key;
+        key.batch = positive_field(e, "batch");
+        key.heads = positive_field(e, "heads");
+        key.head_dim = positive_field(e, "head_dim");
+        key.q_len = positive_field(e, "q_len");
+        key.kv_len = positive_field(e, "kv_len");
+        key.dtype = parse_dtype(string_field(e, "dtype"));
+        if (key.dtype != DType::f32 && key.dtype != DType::bf16) throw Error("field 'dtype' must be f32 or bf16");
+        key.layout = parse_attention_layout(string_field(e, "layout"));
+        key.mask = parse_mask_kind(string_field(e, "mask"));
+        AttentionTuneChoice choice;
+        choice.op_type = parse_attention_impl(string_field(e, "op_type"));
+        choice.kernel_layout = parse_attention_layout(string_field(e, "kernel_layout"));
+        if (choice.kernel_layout == AttentionLayout::bsh) throw Error("field 'kernel_layout' must be BSND or BNSD");
+        if (!e.contains("seconds") || !e["seconds"].is_number() || !(e["seconds"].get<double>() >= 0))
+          throw Error("field 'seconds' must be a non-negative number");
+        choice.seconds = e["seconds"].get<double>();
+        loaded.emplace_back(key, choice);
+      } catch (const Error& err) {
+        throw Error("entry " + std::to_string(index) + ": " + err.what());
+      }
+      ++index;
+    }
+    if (file_fingerprint != fingerprint)
+      return "attention tune cache " + path + " is stale: tuned for '" + file_fingerprint + "', this run is '" +
+             fingerprint + "'; ignoring its " + std::to_string(loaded.size()) + " entries (they will be rewritten)";
+  } catch (const Error& err) {
+    throw Error("attention tune cache " + path + " is not valid: " + err.what() +
+                " (delete it to tune again)");
+  }
+  for (const auto& [key, choice] : loaded) store(key, choice);
+  return "";
+}
+
+void AttentionTuner::save(const std::string& path, const std::string& fingerprint) const {
+  json entries = json::array();
+  for (const auto& [k, c] : this->entries()) {
+    entries.push_back({{"batch", k.batch},
+                       {"heads", k.heads},
+                       {"head_dim", k.head_dim},
+                       {"q_len", k.q_len},
+                       {"kv_len", k.kv_len},
+                       {"dtype", std::string(dtype_name(k.dtype))},
+                       {"layout", std::string(attention_layout_name(k.layout))},
+                       {"mask", std::string(attention_mask_kind_name(k.mask))},
+                       {"op_type", std::string(attention_impl_name(c.op_type))},
+                       {"kernel_layout", std::string(attention_layout_name(c.kernel_layout))},
+                       {"seconds", c.seconds}});
+  }
+  const json doc = {{"format", kFormat}, {"version", kVersion}, {"fingerprint", fingerprint}, {"entries", entries}};
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << doc.dump(1) << "\n";
+    if (!out) throw Error("attention tune cache " + path + ": cannot write " + tmp);
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw Error("attention tune cache " + path + ": cannot replace it: " + ec.message());
+}
+
+std::string attention_tune_fingerprint(const Device& device) {
+  return std::string("isa=") + std::string(isa_name(gemm::best_isa())) +
+         " cube_threads=" + std::to_string(device.profile().cube_threads) +
+         " vector_threads=" + std::to_string(device.profile().vector_threads);
+}
+
+}  // namespace cubevec::ops

@@ -1,0 +1,72 @@
+// The autotuner behind attention_forward's opt_mode "runtime": the first call for a key times the
+// candidate (implementation, kernel layout) pairs and keeps the fastest; later calls look it up.
+// Unlike MindIE SD's in-process cache, the table can be saved to and loaded from a JSON file
+// (the CLI's --attn-tune-cache), so a process need not tune again:
+//
+//   {"format": "cubevec-attention-tune-cache", "version": 1, "fingerprint": "...",
+//    "entries": [{"batch": 1, "heads": 24, "head_dim": 128, "q_len": 4608, "kv_len": 4608,
+//                 "dtype": "f32", "layout": "BSND", "mask": "none",
+//                 "op_type": "flash", "kernel_layout": "BNSD", "seconds": 0.93}, ...]}
+//
+// The fingerprint names what the timings depend on (ISA, the device's thread counts); a file
+// tuned elsewhere is stale and ignored with a warning, a malformed one is an error.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "device/device.h"
+#include "ops/attention.h"
+
+namespace cubevec::ops {
+
+enum class AttentionMaskKind { none, mask_2d, mask_4d };
+std::string_view attention_mask_kind_name(AttentionMaskKind kind);  // "none", "2d", "4d"
+
+struct AttentionTuneKey {
+  int64_t batch = 0, heads = 0, head_dim = 0, q_len = 0, kv_len = 0;
+  DType dtype = DType::f32;
+  AttentionLayout layout = AttentionLayout::bsnd;
+  AttentionMaskKind mask = AttentionMaskKind::none;
+  bool operator==(const AttentionTuneKey&) const = default;
+  std::string text() const;  // "B1 N24 D128 Sq4608 Sk4608 f32 BSND mask none"
+};
+
+struct AttentionTuneChoice {
+  AttentionImpl op_type = AttentionImpl::flash;
+  AttentionLayout kernel_layout = AttentionLayout::bnsd;
+  double seconds = 0;  // the measured time that won (0 for a static choice)
+};
+
+class AttentionTuner {
+ public:
+  static constexpr std::size_t kMaxEntries = 512;  // as MindIE SD's LRU; the oldest entry goes first
+
+  // The tuner attention_forward uses.
+  static AttentionTuner& global();
+
+  std::optional<AttentionTuneChoice> find(const AttentionTuneKey& key) const;
+  void store(const AttentionTuneKey& key, const AttentionTuneChoice& choice);
+  std::vector<std::pair<AttentionTuneKey, AttentionTuneChoice>> entries() const;
+  void clear();
+
+  // Adds the file's entries. Returns a warning (empty when none): the file does not exist yet, or
+  // it was tuned for another fingerprint (its entries are then ignored). Throws cubevec::Error
+  // naming the file and the problem when it is not a valid cache.
+  std::string load(const std::string& path, const std::string& fingerprint);
+  // Writes every entry (atomically: a temporary file renamed over `path`).
+  void save(const std::string& path, const std::string& fingerprint) const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::pair<AttentionTuneKey, AttentionTuneChoice>> entries_;
+};
+
+// What the timings depend on: this CPU's kernel ISA and the device's Cube and Vector thread counts.
+std::string attention_tune_fingerprint(const Device& device);
+
+}  // namespace cubevec::ops
