@@ -38,8 +38,8 @@ void run_q_block(const FlashGeometry& g, const AttentionBatch& batch, const Head
 
 }  // namespace
 
-void run_flash(const AttentionBatch& batch) {
-  const FlashGeometry g(tile_kernels(), batch.d);
+void run_flash(const AttentionBatch& batch, const TileKernels* kernels) {
+  const FlashGeometry g(kernels ? *kernels : tile_kernels(), batch.d);
   const auto& heads = batch.heads;
   std::size_t h0 = 0;
   while (h0 < heads.size()) {

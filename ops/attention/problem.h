@@ -31,9 +31,12 @@ struct AttentionBatch {
   double flops() const;  // 4 * sq * sk * d summed over heads
 };
 
+struct TileKernels;
+
 // Every implementation; each runs inside a Cube-unit kernel body (tbb::parallel_for uses the
 // unit's threads). A row that can attend to no key comes out NaN.
 void run_math(const AttentionBatch& batch);
-void run_flash(const AttentionBatch& batch);
+// `kernels`: the tile kernels of one ISA (tests run each); null for the widest this CPU has.
+void run_flash(const AttentionBatch& batch, const TileKernels* kernels = nullptr);
 
 }  // namespace cubevec::ops::attn

@@ -1,0 +1,492 @@
+// Attention against a plain double-precision loop written here, at shapes that span many tiles
+// (q-blocks of 4 x MR rows, key blocks of 128): every ISA's tile kernels, every implementation
+// through the public API, masks (2-D, 4-D with broadcast dims, rows with nothing to attend to),
+// varlen with and without causal; the CV pipeline with the Vector unit busy, two pipelines at
+// once, and two lanes; simulate mode; and the argument errors.
+//
+// Tolerances (ref = the double loop on the same, possibly bf16-rounded, inputs; M = max |ref|):
+//   f32:  |got - ref| <= 1e-5 * sqrt(Sk + D) * max(1, M)
+//   bf16: |got - ref| <= 2^-7 * max(1, M)  (one rounding of the output plus the f32 sums)
+//   rows with no key to attend to must be NaN in both.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <future>
+#include <limits>
+#include <random>
+#include <thread>
+
+#include "device/device.h"
+#include "ops/attention.h"
+#include "ops/attention/cv_pipeline.h"
+#include "ops/attention/flash_tiles.h"
+#include "ops/attention/problem.h"
+#include "tensor/half.h"
+
+#include "common/tensor_testing.h"
+#include "device/device_test_util.h"
+
+namespace cubevec {
+namespace {
+
+using namespace cubevec::testing;
+using ops::AttentionImpl;
+using ops::AttentionLayout;
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// One head in plain arrays (double), the reference's view.
+struct RefHead {
+  int64_t sq, sk, d;
+  const double* q;  // [sq, d]
+  const double* k;  // [sk, d]
+  const double* v;
+  const uint8_t* mask;  // [sq, sk] or null
+  bool causal;
+};
+
+std::vector<double> reference_head(const RefHead& h, double scale) {
+  std::vector<double> out(static_cast<std::size_t>(h.sq * h.d), kNaN);
+  for (int64_t i = 0; i < h.sq; ++i) {
+    std::vector<double> w(static_cast<std::size_t>(h.sk), 0.0);
+    double mx = -INFINITY;
+    for (int64_t j = 0; j < h.sk; ++j) {
+      const bool attend = (!h.mask || h.mask[i * h.sk + j]) && (!h.causal || j <= i + h.sk - h.sq);
+      if (!attend) {
+        w[j] = -INFINITY;
+        continue;
+      }
+      double dot = 0;
+      for (int64_t c = 0; c < h.d; ++c) dot += h.q[i * h.d + c] * h.k[j * h.d + c];
+      w[j] = dot * scale;
+      mx = std::max(mx, w[j]);
+    }
+    if (mx == -INFINITY) continue;  // nothing to attend to: NaN
+    double sum = 0;
+    for (double& x : w) sum += x = x == -INFINITY ? 0.0 : std::exp(x - mx);
+    for (int64_t c = 0; c < h.d; ++c) {
+      double acc = 0;
+      for (int64_t j = 0; j < h.sk; ++j) acc += w[j] * h.v[j * h.d + c];
+      out[i * h.d + c] = acc / sum;
+    }
+  }
+  return out;
+}
+
+void expect_matches(const std::vector<double>& got, const std::vector<double>& want, DType dtype, int64_t sk,
+                    int64_t d, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double m = 1.0;
+  for (double x : want)
+    if (!std::isnan(x)) m = std::max(m, std::fabs(x));
+  const double tol = dtype == DType::bf16 ? std::ldexp(1.0, -7) * m : 1e-5 * std::sqrt(double(sk + d)) * m;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(want[i])) {
+      ASSERT_TRUE(std::isnan(got[i])) << what << " at " << i << ": expected NaN, got " << got[i];
+    } else {
+      ASSERT_NEAR(got[i], want[i], tol) << what << " at " << i;
+    }
+  }
+}
+
+// q, k, v in BSND as random tensors, and their values as double.
+struct Qkv {
+  Tensor q, k, v;
+  std::vector<double> qd, kd, vd;
+};
+
+Qkv make_qkv(int64_t b, int64_t sq, int64_t sk, int64_t n, int64_t d, DType dtype, unsigned seed) {
+  Qkv x;
+  x.q = random_tensor({b, sq, n, d}, seed, dtype, 2.0f);
+  x.k = random_tensor({b, sk, n, d}, seed + 1, dtype, 2.0f);
+  x.v = random_tensor({b, sk, n, d}, seed + 2, dtype, 1.0f);
+  x.qd = values(x.q);
+  x.kd = values(x.k);
+  x.vd = values(x.v);
+  return x;
+}
+
+// Head (bi, ni) of a BSND tensor's values as a contiguous [s, d] block.
+std::vector<double> head_of(const std::vector<double>& all, int64_t bi, int64_t ni, int64_t s, int64_t n, int64_t d) {
+  std::vector<double> out(static_cast<std::size_t>(s * d));
+  for (int64_t i = 0; i < s; ++i)
+    for (int64_t c = 0; c < d; ++c) out[i * d + c] = all[((bi * s + i) * n + ni) * d + c];
+  return out;
+}
+
+// The reference for BSND inputs, with an optional [B|1, N|1, Sq, Sk] mask (as bytes).
+std::vector<double> reference_bsnd(const Qkv& x, int64_t b, int64_t sq, int64_t sk, int64_t n, int64_t d,
+                                   const std::vector<uint8_t>* mask, int64_t mb, int64_t mn, double scale) {
+  std::vector<double> out(static_cast<std::size_t>(b * sq * n * d));
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t ni = 0; ni < n; ++ni) {
+      const auto q = head_of(x.qd, bi, ni, sq, n, d), k = head_of(x.kd, bi, ni, sk, n, d),
+                 v = head_of(x.vd, bi, ni, sk, n, d);
+      const uint8_t* m = mask ? mask->data() + ((mb == 1 ? 0 : bi) * mn + (mn == 1 ? 0 : ni)) * sq * sk : nullptr;
+      const auto o = reference_head({sq, sk, d, q.data(), k.data(), v.data(), m, false}, scale);
+      for (int64_t i = 0; i < sq; ++i)
+        for (int64_t c = 0; c < d; ++c) out[((bi * sq + i) * n + ni) * d + c] = o[i * d + c];
+    }
+  return out;
+}
+
+Tensor bool_tensor(const std::vector<uint8_t>& bytes, const Shape& shape) {
+  Tensor t = Tensor::empty(shape, DType::boolean);
+  std::memcpy(t.mutable_data_ptr(), bytes.data(), bytes.size());
+  return t;
+}
+
+std::vector<uint8_t> random_mask(int64_t count, unsigned seed, double p_attend) {
+  std::mt19937 rng(seed);
+  std::bernoulli_distribution attend(p_attend);
+  std::vector<uint8_t> m(static_cast<std::size_t>(count));
+  for (auto& x : m) x = attend(rng) ? 1 : 0;
+  return m;
+}
+
+ops::AttentionOptions manual(AttentionImpl impl, AttentionLayout kernel_layout = AttentionLayout::bnsd) {
+  ops::AttentionOptions o;
+  o.opt_mode = ops::AttentionOptMode::manual;
+  o.op_type = impl;
+  o.kernel_layout = kernel_layout;
+  return o;
+}
+
+const AttentionImpl kImpls[] = {AttentionImpl::math, AttentionImpl::flash, AttentionImpl::cv_pipelined};
+
+// --- the tile kernels of every ISA, through run_flash on hand-made heads --------------------------
+
+TEST(AttentionFlash, EveryIsaMatchesTheDoubleLoop) {
+  struct Case {
+    int64_t sq, sk, d;
+    bool mask, causal;
+  };
+  // Around the tile edges: q-blocks of 56 (AVX-512) / 24 (AVX2) / 16 (portable) rows, key blocks of
+  // 128, QK panels of 32 / 16 keys, PV panels of 32+16 / 16+8 columns; head dims with every tail.
+  const Case cases[] = {{1, 1, 1, false, false},     {57, 129, 72, false, false}, {113, 257, 128, true, false},
+                        {200, 130, 17, false, true}, {24, 300, 96, true, true},   {70, 40, 130, false, false},
+                        {3, 511, 33, true, false},   {128, 128, 64, false, true}, {90, 60, 7, false, true}};
+  for (ops::Isa isa : {ops::Isa::avx512, ops::Isa::avx2, ops::Isa::portable}) {
+    if (!ops::isa_supported(isa)) continue;
+    const ops::attn::TileKernels& kernels = ops::attn::tile_kernels(isa);
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      unsigned seed = 100;
+      for (const Case& c : cases) {
+        const std::string what = std::string(ops::isa_name(isa)) + " " + std::string(dtype_name(dtype)) +
+                                 " sq=" + std::to_string(c.sq) + " sk=" + std::to_string(c.sk) + " d=" +
+                                 std::to_string(c.d) + (c.mask ? " mask" : "") + (c.causal ? " causal" : "");
+        const Qkv x = make_qkv(1, c.sq, c.sk, 1, c.d, dtype, seed += 10);
+        const std::vector<uint8_t> mask = random_mask(c.sq * c.sk, seed, 0.7);
+        Tensor out = Tensor::empty({c.sq, c.d}, dtype);
+        ops::attn::AttentionBatch batch;
+        batch.d = c.d;
+        batch.dtype = dtype;
+        batch.scale = 0.37f;
+        ops::attn::HeadProblem h;
+        h.q = x.q.data_ptr();
+        h.k = x.k.data_ptr();
+        h.v = x.v.data_ptr();
+        h.out = out.mutable_data_ptr();
+        h.q_ld = h.k_ld = h.v_ld = h.out_ld = c.d;
+        h.sq = c.sq;
+        h.sk = c.sk;
+        h.mask = c.mask ? mask.data() : nullptr;
+        h.mask_ld = c.sk;
+        h.causal = c.causal;
+        batch.heads.push_back(h);
+        ops::attn::run_flash(batch, &kernels);
+        const auto want = reference_head({c.sq, c.sk, c.d, x.qd.data(), x.kd.data(), x.vd.data(),
+                                          c.mask ? mask.data() : nullptr, c.causal},
+                                         0.37);
+        expect_matches(values(out), want, dtype, c.sk, c.d, what);
+      }
+    }
+  }
+}
+
+// --- the public API, every implementation -----------------------------------------------------------
+
+TEST(AttentionForward, EveryImplementationMatchesTheDoubleLoopOnManyTiles) {
+  const int64_t b = 2, sq = 131, sk = 260, n = 2, d = 72;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const Qkv x = make_qkv(b, sq, sk, n, d, dtype, 7);
+    // A [B, 1, Sq, Sk] mask with a fully masked row in batch 1.
+    std::vector<uint8_t> mask = random_mask(b * sq * sk, 8, 0.6);
+    for (int64_t j = 0; j < sk; ++j) mask[(1 * sq + 5) * sk + j] = 0;
+    const Tensor mask_t = bool_tensor(mask, {b, 1, sq, sk});
+    const auto want_masked = reference_bsnd(x, b, sq, sk, n, d, &mask, b, 1, 1.0 / std::sqrt(72.0));
+    const auto want_plain = reference_bsnd(x, b, sq, sk, n, d, nullptr, 1, 1, 0.25);
+    for (AttentionImpl impl : kImpls) {
+      for (AttentionLayout kl : {AttentionLayout::bnsd, AttentionLayout::bsnd}) {
+        const std::string what = std::string(ops::attention_impl_name(impl)) + "/" +
+                                 std::string(ops::attention_layout_name(kl)) + " " + std::string(dtype_name(dtype));
+        ops::AttentionOptions o = manual(impl, kl);
+        o.mask = mask_t;
+        const auto got = values(ops::attention_forward(x.q, x.k, x.v, o));
+        // The math path rounds its intermediates in bf16 (MindIE's semantics): a wider bound.
+        if (impl == AttentionImpl::math && dtype == DType::bf16) {
+          for (std::size_t i = 0; i < got.size(); ++i) {
+            if (std::isnan(want_masked[i])) ASSERT_TRUE(std::isnan(got[i])) << what << " at " << i;
+            else ASSERT_NEAR(got[i], want_masked[i], 0.04) << what << " at " << i;
+          }
+        } else {
+          expect_matches(got, want_masked, dtype, sk, d, what + " masked");
+        }
+        if (impl == AttentionImpl::math) continue;
+        ops::AttentionOptions plain = manual(impl, kl);
+        plain.scale = 0.25;
+        expect_matches(values(ops::attention_forward(x.q, x.k, x.v, plain)), want_plain, dtype, sk, d, what + " scale 0.25");
+      }
+    }
+  }
+}
+
+TEST(AttentionForward, LayoutsAndStridedInputsGiveTheSameResult) {
+  const int64_t b = 1, sq = 60, sk = 45, n = 3, d = 40;
+  const Qkv x = make_qkv(b, sq, sk, n, d, DType::f32, 21);
+  const auto want = reference_bsnd(x, b, sq, sk, n, d, nullptr, 1, 1, 1.0 / std::sqrt(40.0));
+  for (AttentionImpl impl : kImpls) {
+    const std::string what(ops::attention_impl_name(impl));
+    // BNSD input: the result comes back in BNSD.
+    ops::AttentionOptions o = manual(impl);
+    o.layout = AttentionLayout::bnsd;
+    const Tensor out_bnsd = ops::attention_forward(x.q.permute({0, 2, 1, 3}).contiguous(), x.k.permute({0, 2, 1, 3}).contiguous(),
+                                                   x.v.permute({0, 2, 1, 3}).contiguous(), o);
+    ASSERT_EQ(out_bnsd.shape(), (Shape{b, n, sq, d}));
+    expect_matches(values(out_bnsd.permute({0, 2, 1, 3})), want, DType::f32, sk, d, what + " BNSD");
+    // BSH input.
+    o.layout = AttentionLayout::bsh;
+    o.num_heads = n;
+    const Tensor out_bsh = ops::attention_forward(x.q.reshape({b, sq, n * d}), x.k.reshape({b, sk, n * d}),
+                                                  x.v.reshape({b, sk, n * d}), o);
+    ASSERT_EQ(out_bsh.shape(), (Shape{b, sq, n * d}));
+    expect_matches(values(out_bsh), want, DType::f32, sk, d, what + " BSH");
+    // BSND views that are not contiguous (the head dim strided): copied before the kernel.
+    const Tensor qs = strided_copy_of(x.q), ks = strided_copy_of(x.k), vs = strided_copy_of(x.v);
+    expect_matches(values(ops::attention_forward(qs, ks, vs, manual(impl))), want, DType::f32, sk, d, what + " strided");
+  }
+}
+
+TEST(AttentionForward, TwoDimensionalMaskAppliesToEveryHead) {
+  const int64_t b = 2, sq = 70, sk = 150, n = 2, d = 24;
+  const Qkv x = make_qkv(b, sq, sk, n, d, DType::f32, 31);
+  const std::vector<uint8_t> mask = random_mask(sq * sk, 32, 0.3);
+  const auto want = reference_bsnd(x, b, sq, sk, n, d, &mask, 1, 1, 1.0 / std::sqrt(24.0));
+  for (AttentionImpl impl : kImpls) {
+    ops::AttentionOptions o = manual(impl);
+    o.mask = bool_tensor(mask, {sq, sk});
+    expect_matches(values(ops::attention_forward(x.q, x.k, x.v, o)), want, DType::f32, sk, d,
+                   std::string(ops::attention_impl_name(impl)));
+  }
+}
+
+// --- varlen -----------------------------------------------------------------------------------------
+
+TEST(AttentionVarlen, EveryImplementationMatchesTheDoubleLoopWithAndWithoutCausal) {
+  // Sequences (q len, k len): long ones over many tiles, single tokens, an empty one, and causal
+  // rows that see no key at all (q longer than k: the first rows are NaN under causal).
+  const std::vector<std::pair<int64_t, int64_t>> seqs = {{200, 300}, {1, 1}, {0, 0}, {130, 130}, {64, 10}, {5, 140}};
+  const int64_t n = 2, d = 48;
+  std::vector<int32_t> cu_q{0}, cu_k{0};
+  for (const auto& [a, c] : seqs) {
+    cu_q.push_back(cu_q.back() + static_cast<int32_t>(a));
+    cu_k.push_back(cu_k.back() + static_cast<int32_t>(c));
+  }
+  const int64_t tq = cu_q.back(), tk = cu_k.back();
+  const Tensor q = random_tensor({tq, n, d}, 41, DType::f32, 2.0f), k = random_tensor({tk, n, d}, 42, DType::f32, 2.0f),
+               v = random_tensor({tk, n, d}, 43, DType::f32, 1.0f);
+  const auto qd = values(q), kd = values(k), vd = values(v);
+  const Tensor cq = Tensor::from_vector(cu_q, {static_cast<int64_t>(cu_q.size())});
+  const Tensor ck = Tensor::from_vector(cu_k, {static_cast<int64_t>(cu_k.size())});
+  for (bool causal : {false, true}) {
+    std::vector<double> want(static_cast<std::size_t>(tq * n * d));
+    for (std::size_t s = 0; s < seqs.size(); ++s) {
+      const int64_t sq = seqs[s].first, sk = seqs[s].second;
+      for (int64_t h = 0; h < n; ++h) {
+        std::vector<double> qh(static_cast<std::size_t>(sq * d)), kh(static_cast<std::size_t>(sk * d)), vh(kh.size());
+        for (int64_t i = 0; i < sq; ++i)
+          for (int64_t c = 0; c < d; ++c) qh[i * d + c] = qd[((cu_q[s] + i) * n + h) * d + c];
+        for (int64_t j = 0; j < sk; ++j)
+          for (int64_t c = 0; c < d; ++c) {
+            kh[j * d + c] = kd[((cu_k[s] + j) * n + h) * d + c];
+            vh[j * d + c] = vd[((cu_k[s] + j) * n + h) * d + c];
+          }
+        const auto o = reference_head({sq, sk, d, qh.data(), kh.data(), vh.data(), nullptr, causal}, 0.2);
+        for (int64_t i = 0; i < sq; ++i)
+          for (int64_t c = 0; c < d; ++c) want[((cu_q[s] + i) * n + h) * d + c] = o[i * d + c];
+      }
+    }
+    for (AttentionImpl impl : kImpls) {
+      ops::VarlenOptions o;
+      o.causal = causal;
+      o.scale = 0.2;
+      o.impl = impl;
+      expect_matches(values(ops::attention_forward_varlen(q, k, v, cq, ck, o)), want, DType::f32, 300, d,
+                     std::string(ops::attention_impl_name(impl)) + (causal ? " causal" : ""));
+    }
+  }
+}
+
+// --- the CV pipeline when the units are not both free ----------------------------------------------
+
+Tensor run_with_timeout(const std::function<Tensor()>& fn, const char* what) {
+  auto future = std::async(std::launch::async, fn);
+  if (future.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    ADD_FAILURE() << what << ": did not finish within 60 s (deadlock?)";
+    std::abort();  // the stuck threads cannot be joined
+  }
+  return future.get();
+}
+
+TEST(AttentionCvPipeline, FinishesCorrectlyWhileTheVectorUnitIsBusy) {
+  Device device(builtin_cpu_profile());
+  const Stream main = device.new_stream("main"), other = device.new_stream("other");
+  const int64_t sq = 300, sk = 400, n = 2, d = 64;
+  const Qkv x = make_qkv(1, sq, sk, n, d, DType::f32, 51);
+  const auto want = reference_bsnd(x, 1, sq, sk, n, d, nullptr, 1, 1, 0.125);
+  // A long kernel holds the Vector unit: the Cube half must not wait for its partner.
+  testing_ops::fill(other, {16}, 1.0f, Unit::vector, 300);
+  const Tensor out = run_with_timeout(
+      [&] {
+        // BSND in and to the kernel: no layout copies, which would queue behind the busy unit.
+        Tensor t = ops::attention_forward(x.q, x.k, x.v, manual(AttentionImpl::cv_pipelined, AttentionLayout::bsnd), main);
+        t.data_ptr();
+        return t;
+      },
+      "cv_pipelined with a busy Vector unit");
+  expect_matches(values(out), want, DType::f32, sk, d, "busy vector unit");
+  const auto stats = ops::attn::last_cv_pipeline_stats();
+  EXPECT_GT(stats.tiles, 0);
+  EXPECT_LT(stats.vector_tiles, stats.tiles) << "the Cube side should have done the softmax while the Vector unit was busy";
+}
+
+TEST(AttentionCvPipeline, TwoCallsOnTwoStreamsAtOnceBothFinish) {
+  DeviceProfile profile = builtin_cpu_profile();
+  profile.cube_threads = 2;  // two lanes per call
+  Device device(profile);
+  const int64_t sq = 250, sk = 260, n = 3, d = 32;
+  const Qkv x = make_qkv(1, sq, sk, n, d, DType::f32, 61), y = make_qkv(1, sq, sk, n, d, DType::f32, 71);
+  const auto want_x = reference_bsnd(x, 1, sq, sk, n, d, nullptr, 1, 1, 1.0 / std::sqrt(32.0));
+  const auto want_y = reference_bsnd(y, 1, sq, sk, n, d, nullptr, 1, 1, 1.0 / std::sqrt(32.0));
+  for (int round = 0; round < 3; ++round) {
+    const Stream s1 = device.new_stream("one"), s2 = device.new_stream("two");
+    Tensor a, b;
+    run_with_timeout(
+        [&] {
+          auto fa = std::async(std::launch::async, [&] {
+            for (int i = 0; i < 3; ++i) a = ops::attention_forward(x.q, x.k, x.v, manual(AttentionImpl::cv_pipelined), s1);
+          });
+          auto fb = std::async(std::launch::async, [&] {
+            for (int i = 0; i < 3; ++i) b = ops::attention_forward(y.q, y.k, y.v, manual(AttentionImpl::cv_pipelined), s2);
+          });
+          fa.get();
+          fb.get();
+          device.synchronize();
+          return a;
+        },
+        "two concurrent cv_pipelined calls");
+    expect_matches(values(a), want_x, DType::f32, sk, d, "stream one");
+    expect_matches(values(b), want_y, DType::f32, sk, d, "stream two");
+  }
+}
+
+// --- simulate mode ----------------------------------------------------------------------------------
+
+TEST(AttentionForward, SimulateModeRecordsTheModelledKernels) {
+  Device device(builtin_cpu_profile(), {.simulate = true, .trace = true});
+  const Stream stream = device.default_stream();
+  const int64_t b = 1, s = 4608, n = 24, d = 128;
+  const Tensor q = Tensor::meta({b, s, n, d}, DType::bf16), k = Tensor::meta({b, s, n, d}, DType::bf16),
+               v = Tensor::meta({b, s, n, d}, DType::bf16);
+  const Tensor out = ops::attention_forward(q, k, v, {}, stream);  // runtime mode: no tuning here
+  EXPECT_EQ(out.shape(), q.shape());
+  EXPECT_FALSE(out.has_storage());
+  ops::attention_forward(q, k, v, manual(AttentionImpl::cv_pipelined, AttentionLayout::bsnd), stream);
+  device.synchronize();
+  const auto records = device.trace().records();
+  ASSERT_EQ(records.size(), 3u);
+  EXPECT_EQ(records[0].desc.name, "attention_flash");
+  EXPECT_EQ(records[0].desc.unit, Unit::cube);
+  EXPECT_DOUBLE_EQ(records[0].desc.flops, 4.0 * b * n * s * s * d);
+  EXPECT_EQ(records[1].desc.name, "attention_cv_softmax");
+  EXPECT_EQ(records[1].desc.unit, Unit::vector);
+  EXPECT_EQ(records[2].desc.name, "attention_cv_matmul");
+  for (const auto& r : records) EXPECT_FALSE(r.ran);
+  EXPECT_GT(device.stats().modelled_makespan_s, 0.0);
+}
+
+// --- errors -----------------------------------------------------------------------------------------
+
+TEST(AttentionForward, BadArgumentsGiveClearErrors) {
+  const Tensor q = random_tensor({1, 8, 2, 16}, 1), k = random_tensor({1, 6, 2, 16}, 2), v = random_tensor({1, 6, 2, 16}, 3);
+  auto run = [&](const Tensor& qq, const Tensor& kk, const Tensor& vv, ops::AttentionOptions o = {}) {
+    return message_of([&] { ops::attention_forward(qq, kk, vv, o); });
+  };
+  auto with_mask = [](const Tensor& m) {
+    ops::AttentionOptions o = manual(AttentionImpl::flash);
+    o.mask = m;
+    return o;
+  };
+  const struct {
+    std::string got, expected;
+  } cases[] = {
+      {run(random_tensor({8, 2, 16}, 4), k, v), "query must be 4-D [B, S, N, D] for layout BSND, got f32 [8, 2, 16]"},
+      {run(q, random_tensor({1, 6, 2, 16}, 5, DType::bf16), v), "query, key and value must share a dtype"},
+      {run(random_tensor({1, 8, 2, 16}, 6, DType::f16), k, v), "query must be f32 or bf16, got f16 [1, 8, 2, 16]"},
+      {run(q, k, random_tensor({1, 7, 2, 16}, 7)), "key and value must have the same shape"},
+      {run(q, random_tensor({1, 6, 2, 8}, 8), random_tensor({1, 6, 2, 8}, 9)), "key must match query in batch, heads and head dim"},
+      {run(q, random_tensor({1, 6, 3, 16}, 8), random_tensor({1, 6, 3, 16}, 9)), "key must match query in batch, heads and head dim"},
+      {run(q, random_tensor({1, 0, 2, 16}, 8), random_tensor({1, 0, 2, 16}, 9)), "key and value must hold at least one position"},
+      {run(q.reshape({1, 8, 32}), k.reshape({1, 6, 32}), v.reshape({1, 6, 32}), [] {
+         ops::AttentionOptions o;
+         o.layout = AttentionLayout::bsh;
+         return o;
+       }()), "layout BSH needs num_heads > 0, got 0"},
+      {run(q.reshape({1, 8, 32}), k.reshape({1, 6, 32}), v.reshape({1, 6, 32}), [] {
+         ops::AttentionOptions o;
+         o.layout = AttentionLayout::bsh;
+         o.num_heads = 3;
+         return o;
+       }()), "query's hidden size 32 is not divisible by num_heads 3"},
+      {run(q, k, v, with_mask(random_tensor({8, 6}, 10))), "attn_mask must be bool (true = attend), got f32 [8, 6]"},
+      {run(q, k, v, with_mask(bool_tensor(std::vector<uint8_t>(48, 1), {6, 8}))), "a 2-D attn_mask must be [Sq, Sk] = [8, 6], got bool [6, 8]"},
+      {run(q, k, v, with_mask(bool_tensor(std::vector<uint8_t>(48, 1), {1, 8, 6}))), "attn_mask must be 2-D [Sq, Sk] or 4-D [B, N, Sq, Sk], got bool [1, 8, 6]"},
+      {run(q, k, v, with_mask(bool_tensor(std::vector<uint8_t>(144, 1), {1, 3, 8, 6}))), "a 4-D attn_mask must be [B, N, Sq, Sk] = [1, 2, 8, 6] (B and N may be 1), got bool [1, 3, 8, 6]"},
+      {run(q, k, v, [] {
+         ops::AttentionOptions o;
+         o.scale = std::numeric_limits<double>::quiet_NaN();
+         return o;
+       }()), "scale must be a finite number"},
+      {run(q, k, v, manual(AttentionImpl::flash, AttentionLayout::bsh)), "kernel_layout BSH needs BSH input (layout BSND given)"},
+      {message_of([] { ops::parse_attention_layout("SBH"); }), "unknown attention layout 'SBH' (expected BSND, BNSD or BSH)"},
+      {message_of([] { ops::parse_attention_impl("laser"); }), "unknown attention op_type 'laser' (expected math, flash or cv_pipelined)"},
+      {message_of([] { ops::parse_attention_opt_mode("auto"); }), "unknown attention opt_mode 'auto' (expected runtime, static or manual)"},
+  };
+  for (const auto& c : cases) EXPECT_NE(c.got.find(c.expected), std::string::npos) << "got: " << c.got << "\nexpected: " << c.expected;
+}
+
+TEST(AttentionVarlen, InvalidCuSeqlensGiveClearErrors) {
+  const Tensor q = random_tensor({10, 2, 8}, 1), k = random_tensor({12, 2, 8}, 2), v = random_tensor({12, 2, 8}, 3);
+  auto cu = [](std::vector<int32_t> x) { return Tensor::from_vector(x, {static_cast<int64_t>(x.size())}); };
+  auto run = [&](const Tensor& cq, const Tensor& ck, const Tensor& qq) {
+    return message_of([&] { ops::attention_forward_varlen(qq, k, v, cq, ck); });
+  };
+  const struct {
+    std::string got, expected;
+  } cases[] = {
+      {run(cu({0, 4, 3, 10}), cu({0, 4, 8, 12}), q), "cu_seqlens_q must be non-decreasing, but entry 2 (3) is below entry 1 (4)"},
+      {run(cu({0, 4, 9}), cu({0, 4, 12}), q), "cu_seqlens_q must end at the token count 10, got 9"},
+      {run(cu({1, 4, 10}), cu({0, 4, 12}), q), "cu_seqlens_q must start at 0, got 1"},
+      {run(cu({0, 4, 10}), cu({0, 4, 13}), q), "cu_seqlens_k must end at the token count 12, got 13"},
+      {run(cu({0, 4, 10}), cu({0, 2, 6, 12}), q), "cu_seqlens_q and cu_seqlens_k must have the same length, got 3 and 4"},
+      {run(cu({0, 4, 10}), cu({0, 12, 12}), q), "sequence 1 has 6 queries but no keys"},
+      {run(Tensor::from_vector(std::vector<int64_t>{0, 10}, {2}), cu({0, 12}), q), "cu_seqlens_q must be int32 [B+1] with B >= 1, got i64 [2]"},
+      {run(cu({0}), cu({0, 12}), q), "cu_seqlens_q must be int32 [B+1] with B >= 1, got i32 [1]"},
+      {run(cu({0, 10}), cu({0, 12}), random_tensor({1, 10, 2, 8}, 4)), "q must be 3-D [T, N, D], got f32 [1, 10, 2, 8]"},
+  };
+  for (const auto& c : cases) EXPECT_NE(c.got.find(c.expected), std::string::npos) << "got: " << c.got << "\nexpected: " << c.expected;
+}
+
+}  // namespace
+}  // namespace cubevec

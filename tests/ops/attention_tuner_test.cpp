@@ -1,0 +1,184 @@
+// The attention autotuner: runtime mode tunes once per key and reuses the pick (and runs what the
+// table says), the static and manual modes, and the JSON cache: round trip, missing, stale,
+// other-version and malformed files (a clear error naming the file, and the table untouched).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "device/device.h"
+#include "ops/attention.h"
+#include "ops/attention_tuner.h"
+
+#include "common/tensor_testing.h"
+
+namespace cubevec {
+namespace {
+
+using namespace cubevec::testing;
+using ops::AttentionImpl;
+using ops::AttentionLayout;
+using ops::AttentionTuneChoice;
+using ops::AttentionTuneKey;
+using ops::AttentionTuner;
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("cubevec_tune_" + std::to_string(::getpid()) + "_" + name)).string();
+}
+
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
+// The names of the Cube kernels a device ran.
+std::vector<std::string> cube_kernels(Device& device) {
+  device.synchronize();
+  std::vector<std::string> names;
+  for (const auto& r : device.trace().records())
+    if (r.desc.unit == Unit::cube) names.push_back(r.desc.name);
+  return names;
+}
+
+class AttentionTunerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { AttentionTuner::global().clear(); }
+  void TearDown() override { AttentionTuner::global().clear(); }
+};
+
+TEST_F(AttentionTunerTest, RuntimeModeTunesOncePerKeyAndReusesThePick) {
+  Device device(builtin_cpu_profile(), {.trace = true});
+  const Stream stream = device.default_stream();
+  const Tensor q = random_tensor({1, 40, 2, 16}, 1), k = random_tensor({1, 50, 2, 16}, 2), v = random_tensor({1, 50, 2, 16}, 3);
+  const Tensor first = ops::attention_forward(q, k, v, {}, stream);
+  const AttentionTuneKey key{1, 2, 16, 40, 50, DType::f32, AttentionLayout::bsnd, ops::AttentionMaskKind::none};
+  const auto pick = AttentionTuner::global().find(key);
+  ASSERT_TRUE(pick.has_value());
+  EXPECT_NE(pick->op_type, AttentionImpl::math) << "a candidate should have worked";
+  EXPECT_GT(pick->seconds, 0.0);
+  const std::size_t tuning_kernels = cube_kernels(device).size();
+  EXPECT_GE(tuning_kernels, 12u) << "four candidates, three calls each, plus the answer";
+  // The second call is a lookup: one more Cube kernel, the picked one.
+  const Tensor second = ops::attention_forward(q, k, v, {}, stream);
+  const auto names = cube_kernels(device);
+  ASSERT_EQ(names.size(), tuning_kernels + 1);
+  EXPECT_EQ(names.back(), pick->op_type == AttentionImpl::flash ? "attention_flash" : "attention_cv_matmul");
+  EXPECT_EQ(values(first), values(second));
+  EXPECT_EQ(AttentionTuner::global().entries().size(), 1u);
+  // A mask is part of the key: a new entry.
+  Tensor mask = Tensor::empty({40, 50}, DType::boolean);
+  std::memset(mask.mutable_data_ptr(), 1, 2000);
+  ops::AttentionOptions masked;
+  masked.mask = mask;
+  ops::attention_forward(q, k, v, masked, stream);
+  EXPECT_EQ(AttentionTuner::global().entries().size(), 2u);
+}
+
+TEST_F(AttentionTunerTest, RuntimeModeRunsWhatTheTableSays) {
+  Device device(builtin_cpu_profile(), {.trace = true});
+  const Tensor q = random_tensor({2, 9, 1, 8}, 1), k = random_tensor({2, 9, 1, 8}, 2), v = random_tensor({2, 9, 1, 8}, 3);
+  AttentionTuner::global().store({2, 1, 8, 9, 9, DType::f32, AttentionLayout::bsnd, ops::AttentionMaskKind::none},
+                                 {AttentionImpl::math, AttentionLayout::bnsd, 0.5});
+  ops::attention_forward(q, k, v, {}, device.default_stream());
+  EXPECT_EQ(cube_kernels(device), std::vector<std::string>{"attention_math"});
+}
+
+TEST_F(AttentionTunerTest, StaticAndManualModesNeverTune) {
+  Device device(builtin_cpu_profile(), {.trace = true});
+  const Tensor q = random_tensor({1, 9, 1, 8}, 1);
+  ops::AttentionOptions o;
+  o.opt_mode = ops::AttentionOptMode::static_table;
+  ops::attention_forward(q, q, q, o, device.default_stream());
+  o.opt_mode = ops::AttentionOptMode::manual;
+  o.op_type = AttentionImpl::math;
+  ops::attention_forward(q, q, q, o, device.default_stream());
+  EXPECT_EQ(cube_kernels(device), (std::vector<std::string>{"attention_flash", "attention_math"}));
+  EXPECT_TRUE(AttentionTuner::global().entries().empty());
+}
+
+TEST_F(AttentionTunerTest, CacheFileRoundTrip) {
+  const std::string path = temp_path("roundtrip.json");
+  const AttentionTuneKey a{1, 24, 128, 4608, 4608, DType::f32, AttentionLayout::bsnd, ops::AttentionMaskKind::none};
+  const AttentionTuneKey b{2, 12, 72, 4680, 512, DType::bf16, AttentionLayout::bsh, ops::AttentionMaskKind::mask_4d};
+  AttentionTuner::global().store(a, {AttentionImpl::cv_pipelined, AttentionLayout::bsnd, 1.25});
+  AttentionTuner::global().store(b, {AttentionImpl::flash, AttentionLayout::bnsd, 0.5});
+  AttentionTuner::global().save(path, "fp");
+  AttentionTuner::global().clear();
+  EXPECT_EQ(AttentionTuner::global().load(path, "fp"), "");
+  const auto ea = AttentionTuner::global().find(a), eb = AttentionTuner::global().find(b);
+  ASSERT_TRUE(ea && eb);
+  EXPECT_EQ(ea->op_type, AttentionImpl::cv_pipelined);
+  EXPECT_EQ(ea->kernel_layout, AttentionLayout::bsnd);
+  EXPECT_DOUBLE_EQ(ea->seconds, 1.25);
+  EXPECT_EQ(eb->op_type, AttentionImpl::flash);
+  EXPECT_EQ(eb->kernel_layout, AttentionLayout::bnsd);
+  EXPECT_EQ(b.text(), "B2 N12 D72 Sq4680 Sk512 bf16 BSH mask 4d");
+  std::filesystem::remove(path);
+}
+
+TEST_F(AttentionTunerTest, MissingStaleAndOtherVersionFilesWarnAndLoadNothing) {
+  const std::string missing = temp_path("missing.json");
+  std::filesystem::remove(missing);
+  EXPECT_NE(AttentionTuner::global().load(missing, "fp").find("does not exist yet"), std::string::npos);
+
+  const std::string path = temp_path("stale.json");
+  AttentionTuner::global().store({1, 1, 8, 9, 9, DType::f32, AttentionLayout::bsnd, ops::AttentionMaskKind::none},
+                                 {AttentionImpl::flash, AttentionLayout::bnsd, 0.1});
+  AttentionTuner::global().save(path, "isa=avx2 cube_threads=4 vector_threads=4");
+  AttentionTuner::global().clear();
+  const std::string warning = AttentionTuner::global().load(path, "isa=avx512 cube_threads=1 vector_threads=1");
+  EXPECT_NE(warning.find("is stale: tuned for 'isa=avx2 cube_threads=4 vector_threads=4'"), std::string::npos) << warning;
+  EXPECT_NE(warning.find("ignoring its 1 entries"), std::string::npos) << warning;
+  EXPECT_TRUE(AttentionTuner::global().entries().empty());
+
+  write_text(path, R"({"format": "cubevec-attention-tune-cache", "version": 7, "fingerprint": "fp", "entries": []})");
+  EXPECT_NE(AttentionTuner::global().load(path, "fp").find("has format version 7"), std::string::npos);
+  std::filesystem::remove(path);
+}
+
+TEST_F(AttentionTunerTest, MalformedFilesAreErrorsNamingFileAndProblem) {
+  const std::string path = temp_path("bad.json");
+  const std::string entry_ok =
+      R"({"batch": 1, "heads": 2, "head_dim": 8, "q_len": 9, "kv_len": 9, "dtype": "f32", "layout": "BSND", "mask": "none", "op_type": "flash", "kernel_layout": "BNSD", "seconds": 0.1})";
+  auto doc = [&](const std::string& entries) {
+    return R"({"format": "cubevec-attention-tune-cache", "version": 1, "fingerprint": "fp", "entries": [)" + entries + "]}";
+  };
+  auto replace = [&](std::string from, std::string to) {
+    std::string e = entry_ok;
+    e.replace(e.find(from), from.size(), to);
+    return doc(entry_ok + ", " + e);
+  };
+  const struct {
+    std::string text, expected;
+  } cases[] = {
+      {"{not json", "is not valid"},
+      {"[1, 2]", "expected a JSON object at the top level"},
+      {R"({"format": "other", "version": 1})", "field 'format' must be \"cubevec-attention-tune-cache\""},
+      {R"({"format": "cubevec-attention-tune-cache", "version": 1, "fingerprint": "fp"})", "field 'entries' must be an array"},
+      {replace("\"flash\"", "\"laser\""), "entry 1: unknown attention op_type 'laser'"},
+      {replace("\"heads\": 2", "\"heads\": -2"), "entry 1: field 'heads' must be a non-negative integer"},
+      {replace("\"dtype\": \"f32\"", "\"dtype\": \"i8\""), "entry 1: field 'dtype' must be f32 or bf16"},
+      {replace("\"kernel_layout\": \"BNSD\"", "\"kernel_layout\": \"BSH\""), "entry 1: field 'kernel_layout' must be BSND or BNSD"},
+      {replace("\"mask\": \"none\"", "\"mask\": \"3d\""), "entry 1: unknown mask kind '3d'"},
+      {replace("\"seconds\": 0.1", "\"seconds\": \"fast\""), "entry 1: field 'seconds' must be a non-negative number"},
+      {doc(entry_ok + ", 5"), "entry 1: must be an object"},
+      {R"({"format": "cubevec-attention-tune-cache", "format": "x"})", "is not valid"},
+  };
+  for (const auto& c : cases) {
+    write_text(path, c.text);
+    const std::string message = message_of([&] { AttentionTuner::global().load(path, "fp"); });
+    EXPECT_NE(message.find("attention tune cache " + path), std::string::npos) << message;
+    EXPECT_NE(message.find(c.expected), std::string::npos) << "got: " << message << "\nexpected: " << c.expected;
+    EXPECT_TRUE(AttentionTuner::global().entries().empty()) << "a bad file must load nothing: " << c.expected;
+  }
+  std::filesystem::remove(path);
+}
+
+TEST_F(AttentionTunerTest, TheTableKeepsAtMostItsLimitDroppingTheOldest) {
+  for (int64_t i = 0; i < static_cast<int64_t>(AttentionTuner::kMaxEntries) + 3; ++i)
+    AttentionTuner::global().store({1, 1, 8, i + 1, 9, DType::f32, AttentionLayout::bsnd, ops::AttentionMaskKind::none},
+                                   {AttentionImpl::flash, AttentionLayout::bnsd, 0.1});
+  EXPECT_EQ(AttentionTuner::global().entries().size(), AttentionTuner::kMaxEntries);
+  EXPECT_FALSE(AttentionTuner::global().find({1, 1, 8, 1, 9, DType::f32, AttentionLayout::bsnd, ops::AttentionMaskKind::none}));
+  EXPECT_TRUE(AttentionTuner::global().find({1, 1, 8, 4, 9, DType::f32, AttentionLayout::bsnd, ops::AttentionMaskKind::none}));
+}
+
+}  // namespace
+}  // namespace cubevec
