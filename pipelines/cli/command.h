@@ -12,5 +12,6 @@ using CommandRunner = std::function<int()>;
 
 CommandRunner add_inspect_command(CLI::App& app);
 CommandRunner add_cv_experiment_command(CLI::App& app);
+CommandRunner add_attention_command(CLI::App& app);
 
 }  // namespace cubevec::cli

@@ -1,0 +1,69 @@
+// `cubevec attention` as a user runs it: the autotuner's pick persisted by --attn-tune-cache (tuned
+// once, then a cache hit), stale and malformed cache files, --json, and bad flags.
+#include <nlohmann/json.hpp>
+
+#include "cli/run_cubevec.h"
+
+namespace {
+
+using AttentionCli = cubevec_cli_test::CliTest;
+using cubevec_cli_test::read_file;
+
+const std::vector<std::string> kSmall = {"attention", "--q-len", "40", "--kv-len", "70", "--heads", "2", "--head-dim", "24", "--repeats", "1"};
+
+std::vector<std::string> with(std::vector<std::string> args, const std::vector<std::string>& more) {
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+TEST_F(AttentionCli, TuneCacheIsWrittenThenUsed) {
+  const std::string cache = (dir_ / "tune.json").string(), json_path = (dir_ / "report.json").string();
+  const auto first = run(with(kSmall, {"--attn-tune-cache", cache}));
+  ASSERT_EQ(first.status, 0) << first.err;
+  EXPECT_NE(first.err.find("does not exist yet"), std::string::npos) << first.err;
+  EXPECT_NE(first.err.find("tuned on the first call"), std::string::npos) << first.err;
+  const auto written = nlohmann::json::parse(read_file(cache));
+  ASSERT_EQ(written["entries"].size(), 1u);
+  EXPECT_EQ(written["entries"][0]["q_len"], 40);
+  EXPECT_EQ(written["entries"][0]["kv_len"], 70);
+
+  const auto second = run(with(kSmall, {"--attn-tune-cache", cache, "--json", json_path}));
+  ASSERT_EQ(second.status, 0) << second.err;
+  EXPECT_NE(second.err.find("attention tune cache: 1 entries"), std::string::npos) << second.err;
+  EXPECT_NE(second.err.find("tune cache hit"), std::string::npos) << second.err;
+  const auto report = nlohmann::json::parse(read_file(json_path));
+  EXPECT_EQ(report["tune_cache_hit"], true);
+  EXPECT_EQ(report["implementation"], std::string(written["entries"][0]["op_type"]) + "/" +
+                                          std::string(written["entries"][0]["kernel_layout"]));
+  EXPECT_GT(report["gflops"].get<double>(), 0.0);
+
+  // Tuned for other thread counts: a warning, tuned again, the file rewritten for this device.
+  const auto stale = run(with(kSmall, {"--attn-tune-cache", cache, "--cube-threads", "2"}));
+  ASSERT_EQ(stale.status, 0) << stale.err;
+  EXPECT_NE(stale.err.find("warning: attention tune cache " + cache + " is stale"), std::string::npos) << stale.err;
+  EXPECT_NE(stale.err.find("tuned on the first call"), std::string::npos) << stale.err;
+  EXPECT_NE(read_file(cache).find("cube_threads=2"), std::string::npos);
+}
+
+TEST_F(AttentionCli, MalformedCacheAndBadFlagsAreOneLineErrors) {
+  const std::string cache = (dir_ / "bad.json").string();
+  std::ofstream(cache) << "{\"format\": \"cubevec-attention-tune-cache\", \"version\": 1, \"entries\": 3}";
+  for (const auto& args : {with(kSmall, {"--attn-tune-cache", cache}), with(kSmall, {"--opt-mode", "auto"}),
+                           with(kSmall, {"--opt-mode", "manual", "--op-type", "laser"}), with(kSmall, {"--dtype", "f16"}),
+                           with(kSmall, {"--layout", "BSH", "--heads", "5", "--head-dim", "0"})}) {
+    const auto r = run(args);
+    EXPECT_EQ(r.status, 1) << args.back() << ": " << r.err;
+    EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+  const auto r = run(with(kSmall, {"--attn-tune-cache", cache}));
+  EXPECT_NE(r.err.find("attention tune cache " + cache + " is not valid: field 'fingerprint' must be a string"), std::string::npos) << r.err;
+}
+
+TEST_F(AttentionCli, ManualModeRunsTheNamedImplementation) {
+  const auto r = run(with(kSmall, {"--opt-mode", "manual", "--op-type", "cv_pipelined", "--kernel-layout", "BSND", "--dtype", "bf16"}));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("implementation  cv_pipelined/BSND"), std::string::npos) << r.out;
+}
+
+}  // namespace
