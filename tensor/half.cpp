@@ -76,6 +76,21 @@ __attribute__((target("avx,f16c"))) void f16_to_f32_f16c(const uint16_t* src, fl
   for (; i < n; ++i) dst[i] = f16_to_f32(src[i]);
 }
 
+bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+
+// bf16 -> f32 is a 16-bit shift; eight at a time (attention converts every bf16 row it packs).
+__attribute__((target("avx2"))) void bf16_to_f32_avx2(const uint16_t* src, float* dst, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  for (; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
+}
+
 }  // namespace
 
 void convert_f32_to_f16(const float* src, uint16_t* dst, std::size_t n) {
@@ -93,6 +108,7 @@ void convert_f32_to_bf16(const float* src, uint16_t* dst, std::size_t n) {
 }
 
 void convert_bf16_to_f32(const uint16_t* src, float* dst, std::size_t n) {
+  if (cpu_has_avx2()) return bf16_to_f32_avx2(src, dst, n);
   for (std::size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
 }
 
