@@ -6,7 +6,9 @@
 #include <limits>
 #include <thread>
 #include <vector>
+#include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
+#include <tbb/partitioner.h>
 
 #include "device/spin_wait.h"
 #include "ops/attention/flash_tiles.h"
@@ -249,24 +251,31 @@ CvPipeline::CvPipeline(AttentionBatch batch, int lanes) : batch_(std::move(batch
 
 CvPipeline::~CvPipeline() = default;
 
+// One task per lane (simple_partitioner: lanes are few and long, nothing to gain from splitting).
 void CvPipeline::run_cube() {
-  tbb::parallel_for(0, lane_count_, [&](int i) {
-    Lane& lane = lanes_[static_cast<std::size_t>(i)];
-    for (const Tile& job : lane.empty_jobs) {
-      const HeadProblem& head = batch_.heads[static_cast<std::size_t>(job.head)];
-      QBlockState st(*geometry_);
-      begin_q_block(*geometry_, head, batch_.dtype, job.q0, st);
-      finish_q_block(*geometry_, head, batch_.dtype, st, st.l.data());
-    }
-    lane.run_cube();
-  });
+  tbb::parallel_for(tbb::blocked_range<int>(0, lane_count_, 1), [&](const tbb::blocked_range<int>& range) {
+    for (int i = range.begin(); i < range.end(); ++i) run_cube_lane(i);
+  }, tbb::simple_partitioner());
   const CvPipelineStats s = stats();
   g_last_tiles.store(s.tiles);
   g_last_vector_tiles.store(s.vector_tiles);
 }
 
+void CvPipeline::run_cube_lane(int i) {
+  Lane& lane = lanes_[static_cast<std::size_t>(i)];
+  for (const Tile& job : lane.empty_jobs) {
+    const HeadProblem& head = batch_.heads[static_cast<std::size_t>(job.head)];
+    QBlockState st(*geometry_);
+    begin_q_block(*geometry_, head, batch_.dtype, job.q0, st);
+    finish_q_block(*geometry_, head, batch_.dtype, st, st.l.data());
+  }
+  lane.run_cube();
+}
+
 void CvPipeline::run_vector() {
-  tbb::parallel_for(0, lane_count_, [&](int i) { lanes_[static_cast<std::size_t>(i)].run_vector(); });
+  tbb::parallel_for(tbb::blocked_range<int>(0, lane_count_, 1), [&](const tbb::blocked_range<int>& range) {
+    for (int i = range.begin(); i < range.end(); ++i) lanes_[static_cast<std::size_t>(i)].run_vector();
+  }, tbb::simple_partitioner());
 }
 
 CvPipelineStats CvPipeline::stats() const {

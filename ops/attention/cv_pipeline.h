@@ -42,6 +42,7 @@ class CvPipeline {
 
  private:
   struct Lane;
+  void run_cube_lane(int lane);
   AttentionBatch batch_;
   std::unique_ptr<FlashGeometry> geometry_;
   std::unique_ptr<Lane[]> lanes_;
