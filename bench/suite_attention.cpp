@@ -78,6 +78,7 @@ void attention_suite(Context& context) {
           r.extra["x_flash_1t"] = median["flash-1t"] / t.median_s;
           const auto st = ops::attn::last_cv_pipeline_stats();
           r.extra["vector_share"] = st.tiles ? static_cast<double>(st.vector_tiles) / static_cast<double>(st.tiles) : 0;
+          r.extra["vector_packs"] = st.heads ? static_cast<double>(st.vector_packs) / static_cast<double>(st.heads) : 0;
         }
         context.add(r);
       };

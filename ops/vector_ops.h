@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string_view>
+#include <vector>
 
 #include "ops/op_stream.h"
 
@@ -65,6 +66,13 @@ Tensor mul(const Tensor& a, const Tensor& b, const Stream& stream = default_op_s
 Tensor div(const Tensor& a, const Tensor& b, const Stream& stream = default_op_stream());
 // MindIE's muls_add: x * scale + y, same shapes.
 Tensor muls_add(const Tensor& x, const Tensor& y, float scale, const Stream& stream = default_op_stream());
+
+// The parts (same dtype, same sizes except along `dim`) side by side along `dim`; any strides in.
+Tensor concat(const std::vector<Tensor>& parts, int64_t dim, const Stream& stream = default_op_stream());
+
+// torch.nn.functional.interpolate(x, scale_factor=scale, mode="nearest") for x [N, C, H, W]:
+// out[n, c, y, x] = x[n, c, y / scale, x / scale] (integer division), out [N, C, H*scale, W*scale].
+Tensor upsample_nearest2d(const Tensor& x, int64_t scale = 2, const Stream& stream = default_op_stream());
 
 // Casts between f32, bf16 and f16 (round to nearest even); any strides in, contiguous out.
 Tensor cast(const Tensor& x, DType to, const Stream& stream = default_op_stream());

@@ -10,6 +10,8 @@
 #include <tbb/parallel_for.h>
 #include <tbb/partitioner.h>
 
+#include <immintrin.h>
+
 #include "device/spin_wait.h"
 #include "ops/attention/flash_tiles.h"
 #include "tensor/error.h"
@@ -22,7 +24,7 @@ namespace {
 // (Note [CV pipeline without deadlock]); a tile takes tens of microseconds when both sides run.
 constexpr double kVectorPatienceSeconds = 0.02;
 
-std::atomic<int64_t> g_last_tiles{0}, g_last_vector_tiles{0};
+std::atomic<int64_t> g_last_tiles{0}, g_last_vector_tiles{0}, g_last_heads{0}, g_last_vector_packs{0};
 
 struct Tile {
   int32_t head = 0;
@@ -52,6 +54,17 @@ struct CvPipeline::Lane {
   std::vector<Tile> tiles;
   std::vector<Tile> empty_jobs;  // q-blocks of heads without keys: NaN rows, no tiles
 
+  // K/V packing, the Vector side's second job: the lane's heads in tile order, each packed into
+  // buffer (its position % 2) by whichever side claims it first (0 free, 1 claimed, 2 packed).
+  // Head j may be packed once head j - 2, the buffer's previous user, is consumed.
+  std::vector<int32_t> head_order;
+  std::vector<int32_t> head_seq_of_tile;
+  std::unique_ptr<std::atomic<int>[]> pack_state;
+  PackedKV kv[2];
+  std::unique_ptr<Scratch> kv_scratch;
+  alignas(64) std::atomic<int64_t> heads_released{0};  // heads [0, released) fully consumed by the Cube side
+  std::atomic<int64_t> vector_packs{0};
+
   // The queue: two S/P slots with the softmax outputs the Cube side needs.
   struct Slot {
     std::vector<float> s, alpha, final_l;
@@ -77,6 +90,36 @@ struct CvPipeline::Lane {
     }
     m.assign(rows, 0.0f);
     l.assign(rows, 0.0f);
+    head_seq_of_tile.resize(tiles.size());
+    for (std::size_t i = 0; i < tiles.size(); ++i) {
+      if (head_order.empty() || head_order.back() != tiles[i].head) head_order.push_back(tiles[i].head);
+      head_seq_of_tile[i] = static_cast<int32_t>(head_order.size() - 1);
+    }
+    pack_state = std::make_unique<std::atomic<int>[]>(head_order.size());
+    int64_t max_sk = 0;
+    for (int32_t h : head_order) max_sk = std::max(max_sk, b.heads[static_cast<std::size_t>(h)].sk);
+    const int64_t k_floats = geometry.packed_k_floats(max_sk), kv_floats = k_floats + geometry.packed_v_floats(max_sk);
+    if (!head_order.empty()) {
+      kv_scratch = std::make_unique<Scratch>(2 * kv_floats);
+      for (int i = 0; i < 2; ++i) kv[i] = {kv_scratch->data() + i * kv_floats, kv_scratch->data() + i * kv_floats + k_floats};
+    }
+  }
+
+  // Packs head sequence j if it is free and its buffer is; true if this call packed it.
+  bool try_pack(int64_t j) {
+    if (j >= static_cast<int64_t>(head_order.size()) || heads_released.load(std::memory_order_acquire) < j - 1) return false;
+    int expected = 0;
+    if (!pack_state[static_cast<std::size_t>(j)].compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) return false;
+    const HeadProblem& head = batch->heads[static_cast<std::size_t>(head_order[static_cast<std::size_t>(j)])];
+    pack_kv_blocks(*g, head, batch->dtype, 0, FlashGeometry::key_blocks(head.sk), kv[j % 2]);
+    pack_state[static_cast<std::size_t>(j)].store(2, std::memory_order_release);
+    return true;
+  }
+
+  // Cube side: head sequence j packed in kv[j % 2], here if nobody has started it.
+  void await_pack(int64_t j) {
+    if (try_pack(j)) return;
+    wait_for([&] { return pack_state[static_cast<std::size_t>(j)].load(std::memory_order_acquire) == 2; }, 1e9);
   }
 
   // The softmax of tile t, by whichever side claimed it.
@@ -118,38 +161,26 @@ struct CvPipeline::Lane {
     const int64_t count = static_cast<int64_t>(tiles.size());
     if (count == 0) return;
     const FlashGeometry& geo = *g;
-    // Two of each: tile t+1's QK may start a new head or q-block while tile t's PV needs the old.
-    int64_t max_sk = 0;
-    for (const Tile& t : tiles) max_sk = std::max(max_sk, batch->heads[static_cast<std::size_t>(t.head)].sk);
-    const int64_t kv_floats = geo.packed_k_floats(max_sk) + geo.packed_v_floats(max_sk);
-    Scratch kv_scratch(2 * kv_floats);
-    PackedKV kv[2];
-    for (int i = 0; i < 2; ++i) kv[i] = {kv_scratch.data() + i * kv_floats, kv_scratch.data() + i * kv_floats + geo.packed_k_floats(max_sk)};
     QBlockState st0(geo), st1(geo);
     QBlockState* states[2] = {&st0, &st1};
-    std::vector<int> kv_index(tiles.size()), st_index(tiles.size());
-    int32_t packed_head = -1;
-    int kv_next = 1, st_next = 1;
+    std::vector<int> st_index(tiles.size());
+    int st_next = 1;
     const int64_t mr = geo.kernels->mr;
 
     auto produce = [&](int64_t t) {
       const Tile& tile = tiles[static_cast<std::size_t>(t)];
       const HeadProblem& head = batch->heads[static_cast<std::size_t>(tile.head)];
-      if (tile.head != packed_head) {
-        kv_next ^= 1;
-        pack_kv_blocks(geo, head, batch->dtype, 0, FlashGeometry::key_blocks(head.sk), kv[kv_next]);
-        packed_head = tile.head;
-      }
+      const int32_t seq = head_seq_of_tile[static_cast<std::size_t>(t)];
+      if (t == 0 || head_seq_of_tile[static_cast<std::size_t>(t - 1)] != seq) await_pack(seq);
       if (tile.first) {
         st_next ^= 1;
         begin_q_block(geo, head, batch->dtype, tile.q0, *states[st_next]);
       }
-      kv_index[static_cast<std::size_t>(t)] = kv_next;
       st_index[static_cast<std::size_t>(t)] = st_next;
       QBlockState& st = *states[st_next];
       float* s = slots[t % 2].s.data();
       for (int p = 0; p < st.panels; ++p)
-        if (panel_sees_block(geo, head, st, p, tile.kb)) qk_tile(geo, head, kv[kv_next], st, p, tile.kb, s + p * mr * kBlockKeys);
+        if (panel_sees_block(geo, head, st, p, tile.kb)) qk_tile(geo, head, kv[seq % 2], st, p, tile.kb, s + p * mr * kBlockKeys);
       s_ready.store(t, std::memory_order_release);
     };
     auto consume = [&](int64_t t) {
@@ -158,11 +189,14 @@ struct CvPipeline::Lane {
       await_p(t);
       const Slot& slot = slots[t % 2];
       QBlockState& st = *states[st_index[static_cast<std::size_t>(t)]];
-      const PackedKV& kvt = kv[kv_index[static_cast<std::size_t>(t)]];
+      const int32_t seq = head_seq_of_tile[static_cast<std::size_t>(t)];
+      const PackedKV& kvt = kv[seq % 2];
       for (int p = 0; p < st.panels; ++p)
         if (panel_sees_block(geo, head, st, p, tile.kb))
           pv_tile(geo, head, kvt, st, p, tile.kb, slot.s.data() + p * mr * kBlockKeys, slot.alpha.data() + p * mr);
       if (tile.last) finish_q_block(geo, head, batch->dtype, st, slot.final_l.data());
+      const bool head_done = t + 1 == static_cast<int64_t>(tiles.size()) || head_seq_of_tile[static_cast<std::size_t>(t + 1)] != seq;
+      if (head_done) heads_released.store(seq + 1, std::memory_order_release);
     };
     try {
       produce(0);
@@ -176,26 +210,43 @@ struct CvPipeline::Lane {
     }
   }
 
+  // The Vector side: the softmax of each tile as soon as its S is ready (the Cube side waits for
+  // it), and, while it would otherwise wait, the packing of upcoming heads' K and V.
   void run_vector() {
     const int64_t count = static_cast<int64_t>(tiles.size());
     vector_joined.store(true, std::memory_order_release);
+    int64_t next_pack = 0;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(kVectorPatienceSeconds);
+    int idle = 0;
     for (;;) {
       const int64_t t = claimed.load(std::memory_order_acquire);
       if (t >= count || cube_failed.load(std::memory_order_acquire)) break;
-      const bool ready = wait_for(
-          [&] {
-            return (s_ready.load(std::memory_order_acquire) >= t && done.load(std::memory_order_acquire) == t) ||
-                   claimed.load(std::memory_order_acquire) != t || cube_failed.load(std::memory_order_acquire);
-          },
-          kVectorPatienceSeconds);
-      if (!ready) break;  // the Cube side is elsewhere: leave the tiles to it
-      int64_t expected = t;
-      if (s_ready.load(std::memory_order_acquire) >= t && done.load(std::memory_order_acquire) == t &&
-          claimed.compare_exchange_strong(expected, t + 1, std::memory_order_acq_rel)) {
-        softmax(t);
-        vector_tiles.fetch_add(1, std::memory_order_relaxed);
-        done.store(t + 1, std::memory_order_release);
+      if (s_ready.load(std::memory_order_acquire) >= t && done.load(std::memory_order_acquire) == t) {
+        int64_t expected = t;
+        if (claimed.compare_exchange_strong(expected, t + 1, std::memory_order_acq_rel)) {
+          softmax(t);
+          vector_tiles.fetch_add(1, std::memory_order_relaxed);
+          done.store(t + 1, std::memory_order_release);
+        }
+      } else {
+        while (next_pack < static_cast<int64_t>(head_order.size()) &&
+               pack_state[static_cast<std::size_t>(next_pack)].load(std::memory_order_acquire) != 0)
+          ++next_pack;
+        if (try_pack(next_pack)) {
+          vector_packs.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          // Nothing to do: spin a little, then yield the core; give up after the patience runs out.
+          if (++idle < 64) {
+            for (int i = 0; i < 16; ++i) _mm_pause();
+          } else {
+            if (std::chrono::steady_clock::now() > deadline) break;  // the Cube side is elsewhere
+            std::this_thread::yield();
+          }
+          continue;
+        }
       }
+      idle = 0;
+      deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(kVectorPatienceSeconds);
     }
     vector_joined.store(false, std::memory_order_release);
   }
@@ -259,6 +310,8 @@ void CvPipeline::run_cube() {
   const CvPipelineStats s = stats();
   g_last_tiles.store(s.tiles);
   g_last_vector_tiles.store(s.vector_tiles);
+  g_last_heads.store(s.heads);
+  g_last_vector_packs.store(s.vector_packs);
 }
 
 void CvPipeline::run_cube_lane(int i) {
@@ -283,10 +336,14 @@ CvPipelineStats CvPipeline::stats() const {
   for (int i = 0; i < lane_count_; ++i) {
     s.tiles += static_cast<int64_t>(lanes_[static_cast<std::size_t>(i)].tiles.size());
     s.vector_tiles += lanes_[static_cast<std::size_t>(i)].vector_tiles.load();
+    s.heads += static_cast<int64_t>(lanes_[static_cast<std::size_t>(i)].head_order.size());
+    s.vector_packs += lanes_[static_cast<std::size_t>(i)].vector_packs.load();
   }
   return s;
 }
 
-CvPipelineStats last_cv_pipeline_stats() { return {g_last_tiles.load(), g_last_vector_tiles.load()}; }
+CvPipelineStats last_cv_pipeline_stats() {
+  return {g_last_tiles.load(), g_last_vector_tiles.load(), g_last_heads.load(), g_last_vector_packs.load()};
+}
 
 }  // namespace cubevec::ops::attn

@@ -4,6 +4,8 @@
 // Each lane is one Cube thread and one Vector thread joined by a queue of two S/P slots (double
 // buffering, Ascend's TQue with num = 2). The Cube side computes S = QK^T for tile t+1 while the
 // Vector side turns S(t) into P(t) (scale, mask, online softmax); then the Cube side runs P(t) V.
+// Between tiles the Vector side also packs the next head's K and V (layout change and bf16
+// conversion, the data movement Ascend's MTE/Vector units do), into the second of two buffers.
 //
 // Note [CV pipeline without deadlock]
 // The two halves are separate kernels on separate streams, so either may start late: the Vector
@@ -27,6 +29,8 @@ struct FlashGeometry;
 struct CvPipelineStats {
   int64_t tiles = 0;         // softmax tiles in the call
   int64_t vector_tiles = 0;  // of those, computed on the Vector unit
+  int64_t heads = 0;         // K/V packings in the call (one per head and lane)
+  int64_t vector_packs = 0;  // of those, done on the Vector unit
 };
 
 class CvPipeline {

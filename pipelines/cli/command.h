@@ -13,5 +13,7 @@ using CommandRunner = std::function<int()>;
 CommandRunner add_inspect_command(CLI::App& app);
 CommandRunner add_cv_experiment_command(CLI::App& app);
 CommandRunner add_attention_command(CLI::App& app);
+CommandRunner add_t2i_command(CLI::App& app);
+CommandRunner add_forward_command(CLI::App& app);
 
 }  // namespace cubevec::cli

@@ -22,12 +22,14 @@ Seeds are fixed, so the output is deterministic (same torch version, same bytes)
 import json
 import math
 import os
-import struct
 import sys
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+# The safetensors writer (torch 1.13 has no safetensors package), shared with make_flux_reference.py.
+from safetensors_io import write_safetensors
 
 torch.set_num_threads(1)
 torch.use_deterministic_algorithms(True)
@@ -35,56 +37,6 @@ torch.use_deterministic_algorithms(True)
 BF16 = torch.bfloat16
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT_DIR = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "tests", "data")
-
-
-# ---------------------------------------------------------------------------------------------
-# safetensors writer (torch 1.13 has no safetensors package): u64 LE header length, JSON header
-# padded with spaces to a multiple of 8, then the tensors' bytes, contiguous from offset 0.
-# ---------------------------------------------------------------------------------------------
-def tensor_bytes(t):
-    t = t.detach().contiguous()
-    if t.dtype == torch.float32:
-        return "F32", t.numpy().astype("<f4").tobytes()
-    if t.dtype == BF16:
-        # The upper 16 bits of the f32 holding torch's own (round-to-nearest-even) bf16 value.
-        bits = t.to(torch.float32).numpy().astype("<f4").view("<u4") >> 16
-        return "BF16", bits.astype("<u2").tobytes()
-    if t.dtype == torch.float16:
-        return "F16", t.numpy().astype("<f2").tobytes()
-    if t.dtype == torch.int32:
-        return "I32", t.numpy().astype("<i4").tobytes()
-    if t.dtype == torch.bool:
-        # One byte per element, 0 or 1 (cubevec reads it as DType::boolean).
-        return "BOOL", t.numpy().astype("u1").tobytes()
-    raise TypeError(f"unsupported dtype {t.dtype}")
-
-
-# Write order: wider dtypes first, so every tensor stays aligned; F32 before I32 as in the reference
-# writer's order (F16 and BF16 tie and go by name, as the files written before I32/BOOL did).
-DTYPE_ORDER = {"F32": (4, 1), "I32": (4, 0), "F16": (2, 0), "BF16": (2, 0), "BOOL": (1, 0)}
-
-
-def write_safetensors(path, tensors, metadata):
-    entries = []
-    for name, t in tensors.items():
-        dtype, data = tensor_bytes(t)
-        entries.append((name, dtype, list(t.shape), data))
-    # Wider dtypes first (as the reference writer does) so every tensor stays aligned.
-    entries.sort(key=lambda e: (-DTYPE_ORDER[e[1]][0], -DTYPE_ORDER[e[1]][1], e[0]))
-    header = {"__metadata__": metadata}
-    offset = 0
-    for name, dtype, shape, data in entries:
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(data)]}
-        offset += len(data)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * ((8 - len(text) % 8) % 8)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for e in entries:
-            f.write(e[3])
-    os.replace(tmp, path)
 
 
 class Golden:

@@ -1,0 +1,459 @@
+#include "models/autoencoder_kl.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include "ops/attention.h"
+#include "ops/vector_ops.h"
+#include "tensor/error.h"
+#include "tensor/strict_json.h"
+
+namespace cubevec::models {
+
+// --- config -------------------------------------------------------------------------------------
+
+namespace {
+
+std::string quoted(const std::string& key) { return "'" + key + "'"; }
+
+int64_t int_value(const nlohmann::json& value, const std::string& source, const std::string& key, int64_t min) {
+  const bool fits = value.is_number_integer() &&
+                    !(value.is_number_unsigned() &&
+                      value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()));
+  if (!fits || value.get<int64_t>() < min)
+    throw Error(source + ": " + quoted(key) + " must be an integer >= " + std::to_string(min) + ", got " +
+                value.dump());
+  return value.get<int64_t>();
+}
+
+bool bool_value(const nlohmann::json& value, const std::string& source, const std::string& key) {
+  if (!value.is_boolean()) throw Error(source + ": " + quoted(key) + " must be true or false, got " + value.dump());
+  return value.get<bool>();
+}
+
+double number_value(const nlohmann::json& value, const std::string& source, const std::string& key) {
+  if (!value.is_number() || !std::isfinite(value.get<double>()))
+    throw Error(source + ": " + quoted(key) + " must be a finite number, got " + value.dump());
+  return value.get<double>();
+}
+
+std::vector<int64_t> int_list(const nlohmann::json& value, const std::string& source, const std::string& key,
+                              int64_t min) {
+  if (!value.is_array() || value.empty())
+    throw Error(source + ": " + quoted(key) + " must be a non-empty list of integers >= " + std::to_string(min) +
+                ", got " + value.dump());
+  std::vector<int64_t> out;
+  for (const auto& v : value) out.push_back(int_value(v, source, key + "[" + std::to_string(out.size()) + "]", min));
+  return out;
+}
+
+std::vector<std::string> string_list(const nlohmann::json& value, const std::string& source, const std::string& key) {
+  if (!value.is_array()) throw Error(source + ": " + quoted(key) + " must be a list of strings, got " + value.dump());
+  std::vector<std::string> out;
+  for (const auto& v : value) {
+    if (!v.is_string()) throw Error(source + ": " + quoted(key) + " must be a list of strings, got " + value.dump());
+    out.push_back(v.get<std::string>());
+  }
+  return out;
+}
+
+// null or a list of numbers (latents_mean / latents_std, which only pipelines read).
+void optional_number_list(const nlohmann::json& value, const std::string& source, const std::string& key) {
+  if (value.is_null()) return;
+  const bool ok = value.is_array() && std::all_of(value.begin(), value.end(), [](const auto& v) { return v.is_number(); });
+  if (!ok) throw Error(source + ": " + quoted(key) + " must be null or a list of numbers, got " + value.dump());
+}
+
+// What the decoder needs of any config, however it was made.
+void validate(const AutoencoderKLConfig& c, const std::string& source) {
+  const auto positive = [&](int64_t v, const char* key) {
+    if (v < 1) throw Error(source + ": '" + key + "' must be >= 1, got " + std::to_string(v));
+  };
+  positive(c.in_channels, "in_channels");
+  positive(c.out_channels, "out_channels");
+  positive(c.latent_channels, "latent_channels");
+  positive(c.norm_num_groups, "norm_num_groups");
+  positive(c.sample_size, "sample_size");
+  if (c.layers_per_block < 0)
+    throw Error(source + ": 'layers_per_block' must be >= 0, got " + std::to_string(c.layers_per_block));
+  if (c.block_out_channels.empty() || c.block_out_channels.size() > 16)
+    throw Error(source + ": 'block_out_channels' must list 1 to 16 channel counts, got " +
+                std::to_string(c.block_out_channels.size()));
+  for (int64_t ch : c.block_out_channels)
+    if (ch < 1 || ch % c.norm_num_groups != 0)
+      throw Error(source + ": every 'block_out_channels' entry must be a positive multiple of norm_num_groups " +
+                  std::to_string(c.norm_num_groups) + " (GroupNorm), got " + std::to_string(ch));
+  if (c.act_fn != "silu")
+    throw Error(source + ": 'act_fn' " + quoted(c.act_fn) + " is not supported (the decoder supports \"silu\")");
+  if (!std::isfinite(c.scaling_factor) || c.scaling_factor == 0.0)
+    throw Error(source + ": 'scaling_factor' must be a finite non-zero number, got " + std::to_string(c.scaling_factor));
+  if (!std::isfinite(c.shift_factor))
+    throw Error(source + ": 'shift_factor' must be finite, got " + std::to_string(c.shift_factor));
+}
+
+}  // namespace
+
+AutoencoderKLConfig AutoencoderKLConfig::from_json(const nlohmann::json& json, const std::string& source) {
+  if (!json.is_object()) throw Error(source + ": expected a JSON object (a diffusers AutoencoderKL config)");
+  AutoencoderKLConfig c;
+  std::vector<std::string> up_block_types;
+  bool has_up_block_types = false;
+  for (const auto& [key, value] : json.items()) {
+    if (!key.empty() && key[0] == '_') continue;  // _class_name, _diffusers_version, ...
+    if (key == "in_channels") c.in_channels = int_value(value, source, key, 1);
+    else if (key == "out_channels") c.out_channels = int_value(value, source, key, 1);
+    else if (key == "latent_channels") c.latent_channels = int_value(value, source, key, 1);
+    else if (key == "block_out_channels") c.block_out_channels = int_list(value, source, key, 1);
+    else if (key == "layers_per_block") c.layers_per_block = int_value(value, source, key, 0);
+    else if (key == "norm_num_groups") c.norm_num_groups = int_value(value, source, key, 1);
+    else if (key == "sample_size") {
+      // An int, or a list whose first entry diffusers uses for tiling.
+      c.sample_size = value.is_array() ? int_list(value, source, key, 1).front() : int_value(value, source, key, 1);
+    } else if (key == "scaling_factor") {
+      c.scaling_factor = number_value(value, source, key);
+    } else if (key == "shift_factor") {
+      c.shift_factor = value.is_null() ? 0.0 : number_value(value, source, key);
+    } else if (key == "use_quant_conv") {
+      c.use_quant_conv = bool_value(value, source, key);
+    } else if (key == "use_post_quant_conv") {
+      c.use_post_quant_conv = bool_value(value, source, key);
+    } else if (key == "mid_block_add_attention") {
+      c.mid_block_add_attention = bool_value(value, source, key);
+    } else if (key == "act_fn") {
+      if (!value.is_string()) throw Error(source + ": 'act_fn' must be a string, got " + value.dump());
+      std::string name = value.get<std::string>();
+      std::transform(name.begin(), name.end(), name.begin(), [](unsigned char ch) { return std::tolower(ch); });
+      if (name != "silu" && name != "swish")
+        throw Error(source + ": 'act_fn' " + value.dump() + " is not supported (the decoder supports \"silu\")");
+      c.act_fn = "silu";
+    } else if (key == "up_block_types") {
+      up_block_types = string_list(value, source, key);
+      has_up_block_types = true;
+    } else if (key == "down_block_types") {
+      string_list(value, source, key);  // the encoder's; checked for type only
+    } else if (key == "force_upcast") {
+      if (!value.is_boolean() && !value.is_number())
+        throw Error(source + ": 'force_upcast' must be true or false, got " + value.dump());
+    } else if (key == "latents_mean" || key == "latents_std") {
+      optional_number_list(value, source, key);
+    } else {
+      throw Error(source + ": unknown key " + quoted(key) + " for AutoencoderKL");
+    }
+  }
+  for (const char* key :
+       {"out_channels", "latent_channels", "block_out_channels", "layers_per_block", "norm_num_groups", "scaling_factor"})
+    if (!json.contains(key)) throw Error(source + ": missing required key '" + std::string(key) + "'");
+  if (has_up_block_types) {
+    if (up_block_types.size() != c.block_out_channels.size())
+      throw Error(source + ": 'up_block_types' has " + std::to_string(up_block_types.size()) +
+                  " entries but 'block_out_channels' has " + std::to_string(c.block_out_channels.size()));
+    for (const std::string& type : up_block_types)
+      if (type != "UpDecoderBlock2D")
+        throw Error(source + ": 'up_block_types' entry \"" + type +
+                    "\" is not supported (the decoder supports \"UpDecoderBlock2D\")");
+  }
+  validate(c, source);
+  return c;
+}
+
+AutoencoderKLConfig AutoencoderKLConfig::load(const std::string& config_path) {
+  std::ifstream in(config_path, std::ios::binary);
+  if (!in) throw Error(config_path + ": cannot be read");
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json json;
+  try {
+    json = parse_strict_json(text.str(), 16);
+  } catch (const Error& e) {
+    throw Error(config_path + ": not valid JSON: " + e.what());
+  }
+  return from_json(json, config_path);
+}
+
+AutoencoderKLConfig AutoencoderKLConfig::flux() {
+  AutoencoderKLConfig c;
+  c.in_channels = 3;
+  c.out_channels = 3;
+  c.latent_channels = 16;
+  c.block_out_channels = {128, 256, 512, 512};
+  c.layers_per_block = 2;
+  c.norm_num_groups = 32;
+  c.sample_size = 1024;
+  c.scaling_factor = 0.3611;
+  c.shift_factor = 0.1159;
+  c.use_quant_conv = false;
+  c.use_post_quant_conv = false;
+  c.mid_block_add_attention = true;
+  return c;
+}
+
+// --- blocks -------------------------------------------------------------------------------------
+
+namespace vae {
+
+namespace {
+constexpr float kEps = 1e-6f;  // every GroupNorm of the decoder
+}
+
+void GroupNorm::declare(ParameterTable& table, const std::string& name, int64_t channels, int64_t num_groups) {
+  groups = num_groups;
+  eps = kEps;
+  weight.declare(table, name + ".weight", channels);
+  bias.declare(table, name + ".bias", channels);
+}
+
+Tensor GroupNorm::operator()(const Tensor& x, const Stream& stream, bool silu) const {
+  const Tensor y = ops::group_norm(x, groups, weight.value, bias.value, eps, stream);
+  return silu ? ops::activation(y, ops::Activation::silu, stream) : y;
+}
+
+void ResnetBlock2D::declare(ParameterTable& table, const std::string& prefix, int64_t in, int64_t out,
+                            int64_t groups) {
+  norm1.declare(table, prefix + ".norm1", in, groups);
+  conv1.declare(table, prefix + ".conv1", in, out, 3, 1, 1);
+  norm2.declare(table, prefix + ".norm2", out, groups);
+  conv2.declare(table, prefix + ".conv2", out, out, 3, 1, 1);
+  has_shortcut = in != out;
+  if (has_shortcut) conv_shortcut.declare(table, prefix + ".conv_shortcut", in, out, 1);
+}
+
+Tensor ResnetBlock2D::operator()(const Tensor& x, const Stream& stream) const {
+  Tensor h = conv1(norm1(x, stream, true), stream);
+  h = conv2(norm2(h, stream, true), stream);
+  return ops::add(has_shortcut ? conv_shortcut(x, stream) : x, h, stream);
+}
+
+void Attention::declare(ParameterTable& table, const std::string& prefix, int64_t num_channels, int64_t groups) {
+  channels = num_channels;
+  group_norm.declare(table, prefix + ".group_norm", channels, groups);
+  to_q.declare(table, prefix + ".to_q", channels, channels);
+  to_k.declare(table, prefix + ".to_k", channels, channels);
+  to_v.declare(table, prefix + ".to_v", channels, channels);
+  to_out.declare(table, prefix + ".to_out.0", channels, channels);
+}
+
+Tensor Attention::operator()(const Tensor& x_in, const Stream& stream) const {
+  const Tensor x = ops::contiguous(x_in, stream);
+  const int64_t b = x.size(0), c = x.size(1), hw = x.size(2) * x.size(3);
+  // GroupNorm in NCHW, then the positions as tokens [B, HW, C].
+  const Tensor tokens = ops::contiguous(group_norm(x, stream).reshape({b, c, hw}).transpose(1, 2), stream);
+  const auto heads = [&](const Linear& proj) { return proj(tokens, stream).reshape({b, hw, 1, c}); };
+  // One head of width C in BSND; the default scale is C^-0.5.
+  const Tensor a = ops::attention_forward(heads(to_q), heads(to_k), heads(to_v), {}, stream);
+  const Tensor o = to_out(a.reshape({b, hw, c}), stream);  // [B, HW, C]
+  return ops::add(x.reshape({b, c, hw}), o.transpose(1, 2), stream).reshape(x.shape());
+}
+
+void Upsample2D::declare(ParameterTable& table, const std::string& prefix, int64_t channels) {
+  conv.declare(table, prefix + ".conv", channels, channels, 3, 1, 1);
+}
+
+Tensor Upsample2D::operator()(const Tensor& x, const Stream& stream) const {
+  return conv(ops::upsample_nearest2d(x, 2, stream), stream);
+}
+
+void MidBlock::declare(ParameterTable& table, const std::string& prefix, int64_t channels, int64_t groups,
+                       bool add_attention) {
+  resnet0.declare(table, prefix + ".resnets.0", channels, channels, groups);
+  has_attention = add_attention;
+  if (has_attention) attention.declare(table, prefix + ".attentions.0", channels, groups);
+  resnet1.declare(table, prefix + ".resnets.1", channels, channels, groups);
+}
+
+Tensor MidBlock::operator()(const Tensor& x, const Stream& stream) const {
+  Tensor h = resnet0(x, stream);
+  if (has_attention) h = attention(h, stream);
+  return resnet1(h, stream);
+}
+
+void UpDecoderBlock::declare(ParameterTable& table, const std::string& prefix, int64_t in, int64_t out,
+                             int64_t num_resnets, bool add_upsample, int64_t groups) {
+  resnets.resize(static_cast<std::size_t>(num_resnets));
+  for (std::size_t j = 0; j < resnets.size(); ++j)
+    resnets[j].declare(table, prefix + ".resnets." + std::to_string(j), j == 0 ? in : out, out, groups);
+  has_upsampler = add_upsample;
+  if (has_upsampler) upsampler.declare(table, prefix + ".upsamplers.0", out);
+}
+
+Tensor UpDecoderBlock::operator()(const Tensor& x, const Stream& stream) const {
+  Tensor h = x;
+  for (const ResnetBlock2D& resnet : resnets) h = resnet(h, stream);
+  return has_upsampler ? upsampler(h, stream) : h;
+}
+
+// --- tiling -------------------------------------------------------------------------------------
+
+namespace {
+
+// Blends the decoded tile [B, C, th, tw] with its upper neighbour (over its first bv rows) and then
+// its left neighbour (over its first bh columns), as diffusers' blend_v and blend_h do in place, into
+// a new tensor that it returns; and copies the blended tile's first keep rows and columns into `out`
+// at (y0, x0).
+Tensor blend_tile(const Tensor& tile, const Tensor& top, const Tensor& left, int64_t blend, const Tensor& out,
+                  int64_t y0, int64_t x0, int64_t keep, const Stream& stream) {
+  const int64_t planes = tile.size(0) * tile.size(1), th = tile.size(2), tw = tile.size(3);
+  const int64_t bv = top.defined() ? std::min({top.size(2), th, blend}) : 0;
+  const int64_t bh = left.defined() ? std::min({left.size(3), tw, blend}) : 0;
+  const int64_t top_h = top.defined() ? top.size(2) : 0, left_w = left.defined() ? left.size(3) : 0;
+  const int64_t out_h = out.size(2), out_w = out.size(3);
+  const int64_t keep_h = std::min(keep, th), keep_w = std::min(keep, tw);
+  Tensor blended = stream.device().empty(tile.shape(), DType::f32, stream);
+  std::vector<Tensor> reads = {tile};
+  if (bv > 0) reads.push_back(top);
+  if (bh > 0) reads.push_back(left);
+  const auto p = static_cast<double>(planes);
+  const double flops = 3.0 * p * static_cast<double>(bv * tw + bh * th);
+  const double bytes = 4.0 * p * static_cast<double>(2 * th * tw + bv * tw + bh * th + keep_h * keep_w);
+  stream.launch({"vae_tile_blend", Unit::vector, flops, bytes, DType::f32}, reads, {blended, out}, [=] {
+    const auto* src = reinterpret_cast<const float*>(tile.unsynchronized_data_ptr());
+    const float* above = bv > 0 ? reinterpret_cast<const float*>(top.unsynchronized_data_ptr()) : nullptr;
+    const float* beside = bh > 0 ? reinterpret_cast<const float*>(left.unsynchronized_data_ptr()) : nullptr;
+    auto* dst = reinterpret_cast<float*>(blended.unsynchronized_data_ptr());
+    auto* image = reinterpret_cast<float*>(out.unsynchronized_data_ptr());
+    const int64_t rows = planes * th;
+    const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, tw));
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, rows, grain), [&](const tbb::blocked_range<int64_t>& r) {
+      for (int64_t row = r.begin(); row < r.end(); ++row) {
+        const int64_t plane = row / th, y = row % th;
+        const float* s = src + row * tw;
+        float* d = dst + row * tw;
+        if (y < bv) {  // the upper tile's last bv rows fade out as this tile's first bv rows fade in
+          const float* a = above + (plane * top_h + top_h - bv + y) * tw;
+          const auto wa = static_cast<float>(1.0 - static_cast<double>(y) / static_cast<double>(bv));
+          const auto wb = static_cast<float>(static_cast<double>(y) / static_cast<double>(bv));
+          for (int64_t x = 0; x < tw; ++x) d[x] = a[x] * wa + s[x] * wb;
+        } else {
+          std::memcpy(d, s, static_cast<std::size_t>(tw) * sizeof(float));
+        }
+        if (bh > 0) {  // likewise across the columns, after the vertical blend
+          const float* a = beside + (plane * th + y) * left_w + left_w - bh;
+          for (int64_t x = 0; x < bh; ++x) {
+            const auto wa = static_cast<float>(1.0 - static_cast<double>(x) / static_cast<double>(bh));
+            const auto wb = static_cast<float>(static_cast<double>(x) / static_cast<double>(bh));
+            d[x] = a[x] * wa + d[x] * wb;
+          }
+        }
+        if (y < keep_h)
+          std::memcpy(image + (plane * out_h + y0 + y) * out_w + x0, d, static_cast<std::size_t>(keep_w) * sizeof(float));
+      }
+    });
+  });
+  return blended;
+}
+
+}  // namespace
+
+Tensor decode_in_tiles(const Tensor& z, int64_t tile, int64_t overlap, int64_t upscale,
+                       const std::function<Tensor(const Tensor&)>& decode_tile, const Stream& stream) {
+  if (!z.defined() || z.dim() != 4 || z.size(2) < 1 || z.size(3) < 1)
+    throw Error("decode_in_tiles: z must be [B, C, H, W] with H, W >= 1, got " +
+                (z.defined() ? shape_to_string(z.shape()) : std::string("an undefined tensor")));
+  if (tile < 1 || overlap < 0 || overlap >= tile)
+    throw Error("decode_in_tiles: need a tile size >= 1 and 0 <= overlap < tile, got tile " + std::to_string(tile) +
+                " and overlap " + std::to_string(overlap));
+  if (upscale < 1) throw Error("decode_in_tiles: upscale must be >= 1, got " + std::to_string(upscale));
+  if (!decode_tile) throw Error("decode_in_tiles: no tile decoder given");
+  const int64_t batch = z.size(0), height = z.size(2), width = z.size(3), step = tile - overlap;
+  const int64_t blend = upscale * overlap, keep = upscale * step;
+  Tensor out;
+  std::vector<Tensor> above, current;  // the blended tiles of the previous and the current row
+  for (int64_t i = 0; i < height; i += step) {
+    current.clear();
+    for (int64_t j = 0; j < width; j += step) {
+      const int64_t th = std::min(tile, height - i), tw = std::min(tile, width - j);
+      Tensor decoded = decode_tile(z.narrow(2, i, th).narrow(3, j, tw));
+      int64_t channels = out.defined() ? out.size(1) : -1;  // the first tile sets the channel count
+      if (!out.defined() && decoded.defined() && decoded.dim() == 4) channels = decoded.size(1);
+      const Shape want = {batch, channels, upscale * th, upscale * tw};
+      if (!decoded.defined() || decoded.dtype() != DType::f32 || decoded.shape() != want)
+        throw Error("decode_in_tiles: the tile decoder must return f32 " + shape_to_string(want) + " for the tile at (" +
+                    std::to_string(i) + ", " + std::to_string(j) + "), got " +
+                    (decoded.defined() ? decoded.describe() : std::string("an undefined tensor")));
+      if (!decoded.is_contiguous()) decoded = ops::contiguous(decoded, stream);
+      if (!out.defined()) out = stream.device().empty({batch, channels, upscale * height, upscale * width}, DType::f32, stream);
+      const std::size_t col = current.size();
+      current.push_back(blend_tile(decoded, i > 0 ? above[col] : Tensor(), col > 0 ? current[col - 1] : Tensor(), blend,
+                                   out, upscale * i, upscale * j, keep, stream));
+    }
+    above.swap(current);
+  }
+  return out;
+}
+
+}  // namespace vae
+
+// --- the decoder --------------------------------------------------------------------------------
+
+AutoencoderKLDecoder::AutoencoderKLDecoder(AutoencoderKLConfig config)
+    : config_(std::move(config)), modules_(std::make_unique<vae::DecoderModules>()) {
+  validate(config_, "AutoencoderKLDecoder");
+  vae::DecoderModules& m = *modules_;
+  const std::vector<int64_t>& channels = config_.block_out_channels;
+  const int64_t groups = config_.norm_num_groups, latent = config_.latent_channels;
+  m.has_post_quant_conv = config_.use_post_quant_conv;
+  if (m.has_post_quant_conv) m.post_quant_conv.declare(table_, "post_quant_conv", latent, latent, 1);
+  m.conv_in.declare(table_, "decoder.conv_in", latent, channels.back(), 3, 1, 1);
+  m.mid_block.declare(table_, "decoder.mid_block", channels.back(), groups, config_.mid_block_add_attention);
+  // The up blocks run the channel counts in reverse; all but the last upsample.
+  const std::size_t n = channels.size();
+  m.up_blocks.resize(n);
+  int64_t previous = channels.back();
+  for (std::size_t i = 0; i < n; ++i) {
+    const int64_t out = channels[n - 1 - i];
+    m.up_blocks[i].declare(table_, "decoder.up_blocks." + std::to_string(i), previous, out,
+                           config_.layers_per_block + 1, i + 1 < n, groups);
+    previous = out;
+  }
+  m.conv_norm_out.declare(table_, "decoder.conv_norm_out", channels.front(), groups);
+  m.conv_out.declare(table_, "decoder.conv_out", channels.front(), config_.out_channels, 3, 1, 1);
+}
+
+Tensor AutoencoderKLDecoder::decode(const Tensor& z, const Stream& stream) const {
+  if (!z.defined() || z.dim() != 4 || z.size(1) != config_.latent_channels ||
+      (z.dtype() != DType::f32 && z.dtype() != DType::bf16))
+    throw Error("AutoencoderKL decode: z must be an f32 or bf16 latent [B, " + std::to_string(config_.latent_channels) +
+                ", h, w], got " + (z.defined() ? z.describe() : std::string("an undefined tensor")));
+  const vae::DecoderModules& m = *modules_;
+  Tensor x = z.dtype() == DType::f32 ? z : ops::cast(z, DType::f32, stream);
+  if (m.has_post_quant_conv) x = m.post_quant_conv(x, stream);
+  x = m.conv_in(x, stream);
+  x = m.mid_block(x, stream);
+  for (const vae::UpDecoderBlock& block : m.up_blocks) x = block(x, stream);
+  return m.conv_out(m.conv_norm_out(x, stream, true), stream);
+}
+
+Tensor AutoencoderKLDecoder::decode_tiled(const Tensor& z, const TileOptions& options, const Stream& stream) const {
+  if (options.tile_latent_size < 0)
+    throw Error("AutoencoderKL decode_tiled: tile_latent_size must be >= 1 (or 0 for the config's), got " +
+                std::to_string(options.tile_latent_size));
+  const int64_t tile = options.tile_latent_size > 0 ? options.tile_latent_size : config_.tile_latent_size();
+  if (tile < 1)
+    throw Error("AutoencoderKL decode_tiled: the config's tile size, sample_size " +
+                std::to_string(config_.sample_size) + " / upscale " + std::to_string(config_.upscale()) +
+                ", is 0 latent pixels; give TileOptions::tile_latent_size");
+  const int64_t overlap = options.overlap_latent >= 0 ? options.overlap_latent : tile - (3 * tile) / 4;
+  if (options.overlap_latent < -1 || overlap >= tile)
+    throw Error("AutoencoderKL decode_tiled: the overlap must be in [0, tile size " + std::to_string(tile) +
+                ") latent pixels, got " + std::to_string(options.overlap_latent));
+  // As diffusers: a latent that fits in one tile is decoded whole (and a malformed z gets decode's message).
+  if (!z.defined() || z.dim() != 4 || (z.size(2) <= tile && z.size(3) <= tile)) return decode(z, stream);
+  return vae::decode_in_tiles(z, tile, overlap, config_.upscale(), [&](const Tensor& t) { return decode(t, stream); },
+                              stream);
+}
+
+AutoencoderKLDecoder load_autoencoder_kl(const std::string& dir, DType dtype) {
+  AutoencoderKLDecoder model(AutoencoderKLConfig::load(dir + "/config.json"));
+  LoadOptions options;
+  options.unexpected_prefixes = {"decoder.", "post_quant_conv."};  // encoder.* and quant_conv.* are the encoder's
+  load_parameters(model.parameters(), Checkpoint::open(dir), dtype, options);
+  return model;
+}
+
+}  // namespace cubevec::models

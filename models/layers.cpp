@@ -1,0 +1,50 @@
+#include "models/layers.h"
+
+#include "ops/conv.h"
+#include "ops/vector_ops.h"
+
+namespace cubevec::models {
+
+void Linear::declare(ParameterTable& table, const std::string& name, int64_t in_features, int64_t out_features,
+                     bool has_bias) {
+  in = in_features;
+  out = out_features;
+  table.add(name + ".weight", {out, in}, &weight);
+  if (has_bias) table.add(name + ".bias", {out}, &bias);
+}
+
+Tensor Linear::operator()(const Tensor& x, const Stream& stream, ops::MatmulOptions epilogue) const {
+  Shape rows_shape = x.shape();
+  rows_shape.back() = out;
+  // A strided x (a slice of a joint sequence) is made contiguous on the device, not on the host.
+  const Tensor x2 = (x.is_contiguous() ? x : ops::contiguous(x, stream)).reshape({x.numel() / in, in});
+  epilogue.bias = bias;
+  epilogue.b_is_weight = true;
+  epilogue.compute = weight.dtype() == DType::bf16 ? DType::bf16 : DType::f32;
+  if (epilogue.residual.defined()) epilogue.residual = epilogue.residual.reshape({x.numel() / in, out});
+  return ops::matmul(x2, weight, epilogue, stream).reshape(rows_shape);
+}
+
+void Conv2d::declare(ParameterTable& table, const std::string& name, int64_t in_channels, int64_t out_channels,
+                     int64_t kernel_size, int64_t conv_stride, int64_t conv_padding, bool has_bias) {
+  in = in_channels;
+  out = out_channels;
+  kernel = kernel_size;
+  stride = conv_stride;
+  padding = conv_padding;
+  table.add(name + ".weight", {out, in, kernel, kernel}, &weight);
+  if (has_bias) table.add(name + ".bias", {out}, &bias);
+}
+
+Tensor Conv2d::operator()(const Tensor& x, const Stream& stream) const {
+  const auto f32 = [&](const Tensor& t) {
+    return !t.defined() || t.dtype() == DType::f32 ? t : ops::cast(t, DType::f32, stream);
+  };
+  ops::Conv2dOptions options;
+  options.stride = {stride, stride};
+  options.padding = {padding, padding};
+  const Tensor xc = x.is_contiguous() ? x : ops::contiguous(x, stream);
+  return ops::conv2d(xc, f32(weight), f32(bias), options, stream);
+}
+
+}  // namespace cubevec::models

@@ -1,0 +1,45 @@
+// The layers every model here is built from, each a thin holder of its diffusers-named weights
+// over one fused op. Activations are f32; weights are f32 or bf16 (a bf16 weight makes the GEMM
+// round its inputs to bf16 and sum in f32).
+#pragma once
+
+#include <string>
+
+#include "models/parameters.h"
+#include "ops/gemm.h"
+
+namespace cubevec::models {
+
+// PyTorch's Linear: y = x W^T + b, W [out, in].
+struct Linear {
+  Tensor weight, bias;
+  int64_t in = 0, out = 0;
+
+  // Declares `<name>.weight` [out, in] and, with has_bias, `<name>.bias` [out].
+  void declare(ParameterTable& table, const std::string& name, int64_t in_features, int64_t out_features,
+               bool has_bias = true);
+  // x [..., in] -> [..., out] (f32). `epilogue` may add an activation, a residual and a gate (its
+  // bias, b_is_weight and compute fields are set here).
+  Tensor operator()(const Tensor& x, const Stream& stream, ops::MatmulOptions epilogue = {}) const;
+};
+
+// A norm's weight vector (RMSNorm's weight, GroupNorm's weight and bias, ...).
+struct Vector1d {
+  Tensor value;
+  void declare(ParameterTable& table, const std::string& name, int64_t size) { table.add(name, {size}, &value); }
+};
+
+// PyTorch's Conv2d (groups 1, square kernel): weight [out, in, k, k], bias [out]; x [N, in, H, W]
+// f32 (any strides) -> [N, out, Ho, Wo] f32. conv2d is f32 only, so a bf16 weight (or bias) is
+// widened to f32 on the Vector unit at each call.
+struct Conv2d {
+  Tensor weight, bias;
+  int64_t in = 0, out = 0, kernel = 1, stride = 1, padding = 0;
+
+  // Declares `<name>.weight` [out, in, k, k] and, with has_bias, `<name>.bias` [out].
+  void declare(ParameterTable& table, const std::string& name, int64_t in_channels, int64_t out_channels,
+               int64_t kernel_size, int64_t conv_stride = 1, int64_t conv_padding = 0, bool has_bias = true);
+  Tensor operator()(const Tensor& x, const Stream& stream) const;
+};
+
+}  // namespace cubevec::models

@@ -1,0 +1,57 @@
+// Parameters by their diffusers names. A model declares every tensor it needs (full name, expected
+// shape, and the Tensor member it fills) in a ParameterTable; load_parameters then fills them all
+// from a checkpoint, checking every name and shape, and reports every problem in one error.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tensor/checkpoint.h"
+#include "tensor/tensor.h"
+
+namespace cubevec::models {
+
+struct ParameterSpec {
+  std::string name;  // the checkpoint key, e.g. "transformer_blocks.0.attn.to_q.weight"
+  Shape shape;
+  Tensor* slot = nullptr;  // filled by the loaders below
+};
+
+class ParameterTable {
+ public:
+  // Registers `name` (throws on a duplicate). The slot must outlive the table's use.
+  void add(const std::string& name, Shape shape, Tensor* slot);
+  const std::vector<ParameterSpec>& specs() const { return specs_; }
+  int64_t numel() const;  // total elements of every parameter
+
+ private:
+  std::vector<ParameterSpec> specs_;
+};
+
+// Fills every slot from `checkpoint`, stored as `dtype` (f32 or bf16; f32, bf16 and f16 checkpoint
+// tensors are converted, f32 ones kept zero-copy when dtype is f32). With bf16, matrices and
+// kernels (2-D and up) are stored bf16 while vectors (biases, norm weights) stay f32. Throws one cubevec::Error
+// naming the checkpoint and listing every missing, unexpected and mis-shaped tensor, and every
+// tensor of a dtype that is not a float.
+void load_parameters(const ParameterTable& table, const Checkpoint& checkpoint, DType dtype = DType::f32);
+
+// For a table that covers only part of a checkpoint (a VAE's decoder without its encoder): only
+// checkpoint tensors whose names start with one of `unexpected_prefixes` are reported as
+// unexpected; the others are ignored. An empty list means every undeclared tensor is unexpected,
+// as load_parameters(table, checkpoint, dtype) does. Missing, mis-shaped and non-float declared
+// tensors are reported either way.
+struct LoadOptions {
+  std::vector<std::string> unexpected_prefixes{};
+};
+void load_parameters(const ParameterTable& table, const Checkpoint& checkpoint, DType dtype,
+                     const LoadOptions& options);
+
+// Shape-only parameters for simulate mode.
+void make_meta_parameters(const ParameterTable& table, DType dtype);
+
+// Deterministic random parameters, uniform in [-scale, scale] (biases and norm weights too), for
+// tests and benchmarks that need no checkpoint.
+void make_random_parameters(const ParameterTable& table, DType dtype, uint64_t seed, float scale = 0.02f);
+
+}  // namespace cubevec::models

@@ -1,0 +1,72 @@
+// `cubevec forward`: one transformer forward on tensors named as diffusers' forward arguments,
+// written as `sample`, so a port can be compared with a PyTorch dump of the same checkpoint
+// (docs/porting.md).
+#include <chrono>
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+
+#include "models/flux_transformer.h"
+#include "pipelines/cli/attention_tune_cache.h"
+#include "pipelines/cli/command.h"
+#include "pipelines/cli/device_flags.h"
+#include "tensor/error.h"
+#include "tensor/safetensors.h"
+
+namespace cubevec::cli {
+
+namespace {
+
+struct ForwardFlags {
+  std::string model, inputs, out, dtype = "f32";
+};
+
+int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache) {
+  const DType dtype = parse_dtype(f.dtype);
+  if (dtype != DType::f32 && dtype != DType::bf16) throw Error("--dtype must be f32 or bf16, got " + f.dtype);
+  Device device(device_flags.resolve());
+  cache.load(device);
+  const std::string dir = std::filesystem::exists(f.model + "/transformer/config.json") ? f.model + "/transformer" : f.model;
+  const auto model = models::FluxTransformer2DModel::load(dir, dtype);
+  const SafetensorsFile in = SafetensorsFile::open(f.inputs);
+  const std::vector<std::string> known = {"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep",
+                                          "img_ids", "txt_ids", "guidance"};
+  for (const auto& e : in.entries())
+    if (std::find(known.begin(), known.end(), e.name) == known.end())
+      throw Error(f.inputs + ": unknown tensor '" + e.name + "' (FluxTransformer2DModel.forward takes hidden_states, "
+                  "encoder_hidden_states, pooled_projections, timestep, img_ids, txt_ids, guidance)");
+  auto get = [&](const std::string& name) { return in.contains(name) ? in.tensor(name) : Tensor{}; };
+  models::FluxInputs inputs;
+  inputs.hidden_states = get("hidden_states");
+  inputs.encoder_hidden_states = get("encoder_hidden_states");
+  inputs.pooled_projections = get("pooled_projections");
+  inputs.timestep = get("timestep");
+  inputs.img_ids = get("img_ids");
+  inputs.txt_ids = get("txt_ids");
+  inputs.guidance = get("guidance");
+  const auto t0 = std::chrono::steady_clock::now();
+  const Tensor sample = model->forward(inputs, device.default_stream()).contiguous();
+  sample.data_ptr();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  write_safetensors(f.out, {{"sample", sample}});
+  std::fprintf(stderr, "forward: %s -> sample %s in %.3f s, written to %s\n", shape_to_string(inputs.hidden_states.shape()).c_str(),
+               shape_to_string(sample.shape()).c_str(), seconds, f.out.c_str());
+  cache.save(device);
+  return 0;
+}
+
+}  // namespace
+
+CommandRunner add_forward_command(CLI::App& app) {
+  auto* command = app.add_subcommand("forward", "One Flux transformer forward on diffusers-named input tensors; writes `sample`");
+  auto flags = std::make_shared<ForwardFlags>();
+  auto device_flags = add_device_flags(*command);
+  auto cache = add_attention_tune_cache_flag(*command);
+  command->add_option("--model", flags->model, "Diffusers model directory, or its transformer/ directory")->required();
+  command->add_option("--inputs", flags->inputs, "safetensors with hidden_states, encoder_hidden_states, ...")->required();
+  command->add_option("--out", flags->out, "Output safetensors (one tensor: sample)")->required();
+  command->add_option("--dtype", flags->dtype, "Weights: f32 or bf16");
+  return [flags, device_flags, cache] { return run(*flags, *device_flags, *cache); };
+}
+
+}  // namespace cubevec::cli

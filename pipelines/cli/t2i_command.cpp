@@ -1,0 +1,187 @@
+// `cubevec t2i`: text-to-image with a diffusers Flux model directory: progress per step on
+// stderr, then a per-stage timing table and the allocator's peak memory; --json writes the same
+// figures, --trace a Chrome trace of every kernel. --simulate runs the same launches with
+// shape-only weights on the device profile's modelled clock (config files only).
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "pipelines/cli/attention_tune_cache.h"
+#include "pipelines/cli/command.h"
+#include "pipelines/cli/device_flags.h"
+#include "pipelines/flux_t2i.h"
+#include "pipelines/jpeg.h"
+#include "tensor/error.h"
+
+namespace cubevec::cli {
+
+namespace {
+
+struct T2IFlags {
+  std::string model, prompt, negative_prompt, prompt_embeds, out, json_path, trace_path, dtype = "f32", cfg = "off";
+  pipelines::T2IOptions options;
+  int threads = 0;
+  bool simulate = false;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string mib(std::size_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return text;
+}
+
+int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache) {
+  if (f.model.empty()) throw Error("--model DIR is required (a diffusers Flux directory: transformer/, vae/, scheduler/)");
+  if (!f.simulate && f.out.empty()) throw Error("--out FILE.jpg is required");
+  const DType dtype = parse_dtype(f.dtype);
+  if (dtype != DType::f32 && dtype != DType::bf16) throw Error("--dtype must be f32 or bf16, got " + f.dtype);
+  f.options.cfg = pipelines::parse_cfg_mode(f.cfg);
+  DeviceFlags resolved_flags = device_flags;
+  if (f.threads > 0) resolved_flags.cube_threads = resolved_flags.cube_threads > 0 ? resolved_flags.cube_threads : f.threads;
+  DeviceProfile profile = resolved_flags.resolve();
+  Device device(profile, {.simulate = f.simulate, .trace = !f.trace_path.empty()});
+  cache.load(device);
+  default_allocator().reset_peak_stats();
+
+  // Stage 1: the model and the text conditioning.
+  auto t0 = std::chrono::steady_clock::now();
+  const pipelines::FluxT2IPipeline pipeline =
+      f.simulate ? pipelines::FluxT2IPipeline::load_meta(f.model, dtype) : pipelines::FluxT2IPipeline::load(f.model, dtype);
+  const double load_s = seconds_since(t0);
+  const models::FluxConfig& mc = pipeline.transformer().config();
+  t0 = std::chrono::steady_clock::now();
+  std::optional<pipelines::PromptEmbedsFile> embeds;
+  pipelines::PromptEmbeddings positive;
+  std::optional<pipelines::PromptEmbeddings> negative;
+  if (!f.prompt_embeds.empty()) {
+    embeds = pipelines::PromptEmbedsFile::load(f.prompt_embeds);
+    positive = embeds->positive;
+    negative = embeds->negative;
+    if (!f.prompt.empty()) std::fprintf(stderr, "note: --prompt-embeds given, so the text of --prompt is not encoded\n");
+  } else if (f.simulate) {
+    // Shapes only: T5's 512 tokens and CLIP's pooled vector, as FLUX.1 uses them.
+    positive = {Tensor::meta({1, 512, mc.joint_attention_dim}, DType::f32), Tensor::meta({1, mc.pooled_projection_dim}, DType::f32)};
+    negative = positive;
+  } else {
+    throw Error(f.model + " has no text encoder cubevec can run yet (CLIP-L / T5-XXL come in a later issue): pass --prompt-embeds FILE");
+  }
+  if (f.options.cfg != pipelines::CfgMode::off && !negative)
+    throw Error("--cfg " + f.cfg + " needs negative embeddings: negative_prompt_embeds and negative_pooled_prompt_embeds in the --prompt-embeds file");
+  const double text_s = seconds_since(t0);
+  pipeline.check(f.options, negative.has_value());
+
+  std::fprintf(stderr, "t2i: %lldx%lld, %d steps, cfg %s, %s, transformer %lld+%lld blocks x %lld wide (%s), profile %s: %d Cube + %d Vector thread(s)%s\n",
+               static_cast<long long>(f.options.width), static_cast<long long>(f.options.height), f.options.steps, f.cfg.c_str(),
+               mc.guidance_embeds ? ("guidance " + std::to_string(f.options.guidance)).c_str() : "no guidance embedding",
+               static_cast<long long>(mc.num_layers), static_cast<long long>(mc.num_single_layers),
+               static_cast<long long>(mc.inner_dim()), f.dtype.c_str(), profile.name.c_str(), profile.cube_threads,
+               profile.vector_threads, f.simulate ? ", SIMULATED (modelled times)" : "");
+
+  // Stage 2: denoising, with progress.
+  pipelines::T2ITimings timings;
+  const auto on_step = [&](int step, int steps, double s) {
+    double mean = 0;
+    for (double x : timings.step_s) mean += x;
+    mean /= static_cast<double>(timings.step_s.size());
+    if (f.simulate)
+      std::fprintf(stderr, "step %d/%d  modelled %.3f s/step\n", step, steps, timings.modelled_step_s.back());
+    else
+      std::fprintf(stderr, "step %d/%d  %.2f s/step  ETA %.1f s\n", step, steps, s, mean * (steps - step));
+  };
+  const Tensor latents = pipeline.denoise(positive, negative ? &*negative : nullptr, f.options, device, on_step, timings);
+
+  // Stage 3 and 4: VAE decode and JPEG.
+  double jpeg_s = 0;
+  if (!f.simulate) {
+    const Tensor image = pipeline.decode(latents, f.options, device, timings);
+    t0 = std::chrono::steady_clock::now();
+    pipelines::write_jpeg(f.out, pipelines::to_rgb(image));
+    jpeg_s = seconds_since(t0);
+  }
+  device.synchronize();
+  const AllocatorStats mem = default_allocator().stats();
+  double step_mean = 0, modelled_step_mean = 0;
+  for (double x : timings.step_s) step_mean += x / static_cast<double>(timings.step_s.size());
+  for (double x : timings.modelled_step_s) modelled_step_mean += x / static_cast<double>(timings.modelled_step_s.size());
+
+  std::fprintf(stderr, "\n%-22s %10s\n", "stage", "seconds");
+  std::fprintf(stderr, "%-22s %10.3f\n", "load", load_s);
+  std::fprintf(stderr, "%-22s %10.3f\n", "text encoding", text_s);
+  std::fprintf(stderr, "%-22s %10.3f   (%.3f s/step mean over %d steps)\n", "denoising", timings.denoise_s, step_mean, f.options.steps);
+  if (!f.simulate) {
+    std::fprintf(stderr, "%-22s %10.3f\n", "VAE decode", timings.vae_s);
+    std::fprintf(stderr, "%-22s %10.3f\n", "JPEG encode", jpeg_s);
+  }
+  std::fprintf(stderr, "%-22s %10.3f   (%.3f s/step on the %s profile's modelled clock)\n", "modelled denoising",
+               timings.modelled_denoise_s, modelled_step_mean, profile.name.c_str());
+  std::fprintf(stderr, "peak memory (allocator): %s live, %s reserved\n", mib(mem.peak_live_bytes).c_str(),
+               mib(mem.peak_reserved_bytes).c_str());
+  if (!f.simulate) std::fprintf(stderr, "wrote %s\n", f.out.c_str());
+
+  cache.save(device);
+  if (!f.trace_path.empty()) {
+    write_chrome_trace(f.trace_path, {{"t2i", device.trace().records()}});
+    std::fprintf(stderr, "trace written to %s\n", f.trace_path.c_str());
+  }
+  if (!f.json_path.empty()) {
+    const nlohmann::ordered_json json = {
+        {"model", f.model},
+        {"width", f.options.width},
+        {"height", f.options.height},
+        {"steps", f.options.steps},
+        {"cfg", f.cfg},
+        {"seed", f.options.seed},
+        {"dtype", f.dtype},
+        {"simulate", f.simulate},
+        {"profile", profile.name},
+        {"stages_s", {{"load", load_s}, {"text_encoding", text_s}, {"denoising", timings.denoise_s}, {"vae_decode", timings.vae_s}, {"jpeg_encode", jpeg_s}}},
+        {"step_s", timings.step_s},
+        {"step_mean_s", step_mean},
+        {"modelled_denoising_s", timings.modelled_denoise_s},
+        {"modelled_step_s", timings.modelled_step_s},
+        {"modelled_step_mean_s", modelled_step_mean},
+        {"peak_live_bytes", mem.peak_live_bytes},
+        {"peak_reserved_bytes", mem.peak_reserved_bytes},
+        {"out", f.out}};
+    std::ofstream out(f.json_path);
+    out << json.dump(2) << "\n";
+    if (!out) throw Error(f.json_path + ": cannot write the JSON report");
+  }
+  return 0;
+}
+
+}  // namespace
+
+CommandRunner add_t2i_command(CLI::App& app) {
+  auto* command = app.add_subcommand("t2i", "Text to image with a diffusers Flux model directory, written as JPEG");
+  auto flags = std::make_shared<T2IFlags>();
+  auto device_flags = add_device_flags(*command);
+  auto cache = add_attention_tune_cache_flag(*command);
+  command->add_option("--model", flags->model, "Diffusers model directory (transformer/, vae/, scheduler/)");
+  command->add_option("--prompt", flags->prompt, "The prompt");
+  command->add_option("--negative-prompt", flags->negative_prompt, "The negative prompt (true CFG)");
+  command->add_option("--prompt-embeds", flags->prompt_embeds,
+                      "safetensors with prompt_embeds [1,L,D] and pooled_prompt_embeds [1,P] (and negative_* for CFG)");
+  command->add_option("--width", flags->options.width, "Image width in pixels")->check(CLI::Range(int64_t{16}, int64_t{16384}));
+  command->add_option("--height", flags->options.height, "Image height in pixels")->check(CLI::Range(int64_t{16}, int64_t{16384}));
+  command->add_option("--steps", flags->options.steps, "Denoising steps")->check(CLI::Range(1, 1000));
+  command->add_option("--guidance", flags->options.guidance, "Embedded guidance scale (guidance-distilled models)")->check(CLI::Range(0.0, 100.0));
+  command->add_option("--cfg", flags->cfg, "True CFG: off, fused (one batch of 2) or streams (two overlapping streams)");
+  command->add_option("--cfg-scale", flags->options.cfg_scale, "True CFG scale")->check(CLI::Range(0.0, 100.0));
+  command->add_option("--seed", flags->options.seed, "Noise seed");
+  command->add_option("--out", flags->out, "Output JPEG file");
+  command->add_option("--dtype", flags->dtype, "Transformer weights: f32 or bf16");
+  command->add_option("--threads", flags->threads, "Cube-unit threads (same as --cube-threads)")->check(CLI::Range(1, 4096));
+  command->add_flag("--simulate", flags->simulate, "Shape-only run on the device profile's modelled clock (reads config files only)");
+  command->add_option("--json", flags->json_path, "Write the timings as JSON to this file");
+  command->add_option("--trace", flags->trace_path, "Write a Chrome trace of every kernel to this file");
+  return [flags, device_flags, cache] { return run(*flags, *device_flags, *cache); };
+}
+
+}  // namespace cubevec::cli

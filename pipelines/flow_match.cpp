@@ -1,0 +1,155 @@
+#include "pipelines/flow_match.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "ops/vector_ops.h"
+#include "tensor/error.h"
+#include "tensor/strict_json.h"
+
+namespace cubevec::pipelines {
+
+namespace {
+
+// shift * s / (1 + (shift - 1) * s), each operation in float32 as numpy/torch do on float32 arrays.
+float static_shift(float s, double shift) {
+  const auto f = static_cast<float>(shift);
+  return (f * s) / (1.0f + (static_cast<float>(shift - 1.0)) * s);
+}
+
+}  // namespace
+
+FlowMatchConfig FlowMatchConfig::from_json(const nlohmann::json& json, const std::string& source) {
+  if (!json.is_object()) throw Error(source + ": expected a JSON object");
+  FlowMatchConfig c;
+  auto number = [&](const char* key, double& out) {
+    if (!json.contains(key) || json[key].is_null()) return;
+    if (!json[key].is_number()) throw Error(source + ": '" + key + "' must be a number, got " + json[key].dump());
+    out = json[key].get<double>();
+  };
+  auto integer = [&](const char* key, int64_t& out) {
+    if (!json.contains(key) || json[key].is_null()) return;
+    if (!json[key].is_number_integer() || json[key].get<int64_t>() < 1)
+      throw Error(source + ": '" + key + "' must be a positive integer, got " + json[key].dump());
+    out = json[key].get<int64_t>();
+  };
+  auto flag = [&](const char* key) {
+    if (!json.contains(key) || json[key].is_null()) return false;
+    if (!json[key].is_boolean()) throw Error(source + ": '" + key + "' must be true or false, got " + json[key].dump());
+    return json[key].get<bool>();
+  };
+  if (json.contains("_class_name") && json["_class_name"] != "FlowMatchEulerDiscreteScheduler")
+    throw Error(source + ": this is a " + json["_class_name"].dump() + " config; cubevec implements FlowMatchEulerDiscreteScheduler");
+  integer("num_train_timesteps", c.num_train_timesteps);
+  number("shift", c.shift);
+  c.use_dynamic_shifting = flag("use_dynamic_shifting");
+  number("base_shift", c.base_shift);
+  number("max_shift", c.max_shift);
+  integer("base_image_seq_len", c.base_image_seq_len);
+  integer("max_image_seq_len", c.max_image_seq_len);
+  if (json.contains("time_shift_type") && !json["time_shift_type"].is_null()) {
+    if (json["time_shift_type"] != "exponential" && json["time_shift_type"] != "linear")
+      throw Error(source + ": 'time_shift_type' must be \"exponential\" or \"linear\", got " + json["time_shift_type"].dump());
+    c.time_shift_type = json["time_shift_type"].get<std::string>();
+  }
+  for (const char* unsupported : {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "invert_sigmas",
+                                  "stochastic_sampling"})
+    if (flag(unsupported)) throw Error(source + ": '" + unsupported + "' is true, which cubevec does not implement");
+  if (json.contains("shift_terminal") && !json["shift_terminal"].is_null())
+    throw Error(source + ": 'shift_terminal' is set, which cubevec does not implement");
+  if (!(c.shift > 0)) throw Error(source + ": 'shift' must be positive");
+  return c;
+}
+
+FlowMatchConfig FlowMatchConfig::load(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot be read");
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json json;
+  try {
+    json = parse_strict_json(text.str(), 16);
+  } catch (const Error& e) {
+    throw Error(path + ": not valid JSON: " + e.what());
+  }
+  return from_json(json, path);
+}
+
+double flux_mu(const FlowMatchConfig& c, int64_t image_seq_len) {
+  const double m = (c.max_shift - c.base_shift) / static_cast<double>(c.max_image_seq_len - c.base_image_seq_len);
+  const double b = c.base_shift - m * static_cast<double>(c.base_image_seq_len);
+  return static_cast<double>(image_seq_len) * m + b;
+}
+
+FlowMatchEulerScheduler::FlowMatchEulerScheduler(FlowMatchConfig config) : config_(std::move(config)) {
+  // The trained sigmas k/1000 for k = 1000 .. 1 (float32), shifted unless the shift is dynamic.
+  const auto n = config_.num_train_timesteps;
+  auto trained = [&](int64_t k) {
+    const float s = static_cast<float>(k) / static_cast<float>(n);
+    return config_.use_dynamic_shifting ? s : static_shift(s, config_.shift);
+  };
+  sigma_max_ = trained(n);
+  sigma_min_ = trained(1);
+}
+
+void FlowMatchEulerScheduler::set_timesteps(int steps, std::optional<double> mu) {
+  if (steps < 1) throw Error("FlowMatchEulerScheduler: steps must be at least 1, got " + std::to_string(steps));
+  // linspace(sigma_max * N, sigma_min * N, steps) / N in float64, then float32.
+  const double n = static_cast<double>(config_.num_train_timesteps);
+  const double t0 = static_cast<double>(sigma_max_) * n, t1 = static_cast<double>(sigma_min_) * n;
+  std::vector<float> sigmas(static_cast<std::size_t>(steps));
+  for (int i = 0; i < steps; ++i) {
+    const double t = steps == 1 ? t0 : t0 + (t1 - t0) * static_cast<double>(i) / static_cast<double>(steps - 1);
+    sigmas[static_cast<std::size_t>(i)] = static_cast<float>(t / n);
+  }
+  if (steps > 1) sigmas.back() = static_cast<float>(t1 / n);  // numpy's linspace ends exactly at its stop
+  finish(std::move(sigmas), mu);
+}
+
+void FlowMatchEulerScheduler::set_sigmas(const std::vector<double>& sigmas, std::optional<double> mu) {
+  if (sigmas.empty()) throw Error("FlowMatchEulerScheduler: sigmas must not be empty");
+  std::vector<float> f(sigmas.size());
+  for (std::size_t i = 0; i < sigmas.size(); ++i) f[i] = static_cast<float>(sigmas[i]);
+  finish(std::move(f), mu);
+}
+
+void FlowMatchEulerScheduler::set_flux_timesteps(int steps, int64_t image_seq_len) {
+  if (steps < 1) throw Error("FlowMatchEulerScheduler: steps must be at least 1, got " + std::to_string(steps));
+  std::vector<double> sigmas(static_cast<std::size_t>(steps));
+  const double stop = 1.0 / steps;
+  for (int i = 0; i < steps; ++i)
+    sigmas[static_cast<std::size_t>(i)] = steps == 1 ? 1.0 : 1.0 + (stop - 1.0) * static_cast<double>(i) / (steps - 1);
+  if (steps > 1) sigmas.back() = stop;
+  set_sigmas(sigmas, flux_mu(config_, image_seq_len));
+}
+
+void FlowMatchEulerScheduler::finish(std::vector<float> sigmas, std::optional<double> mu) {
+  if (config_.use_dynamic_shifting) {
+    if (!mu) throw Error("FlowMatchEulerScheduler: use_dynamic_shifting needs mu");
+    // exponential: e^mu / (e^mu + (1/s - 1)); linear: mu / (mu + (1/s - 1)); float32 throughout.
+    const float e = config_.time_shift_type == "linear" ? static_cast<float>(*mu) : static_cast<float>(std::exp(*mu));
+    for (float& s : sigmas) s = e / (e + (1.0f / s - 1.0f));
+  } else {
+    for (float& s : sigmas) s = static_shift(s, config_.shift);
+  }
+  timesteps_.resize(sigmas.size());
+  for (std::size_t i = 0; i < sigmas.size(); ++i) timesteps_[i] = sigmas[i] * static_cast<float>(config_.num_train_timesteps);
+  sigmas.push_back(0.0f);
+  sigmas_ = std::move(sigmas);
+  step_index_ = 0;
+}
+
+Tensor FlowMatchEulerScheduler::step(const Tensor& v, const Tensor& x, const Stream& stream) {
+  if (step_index_ >= steps())
+    throw Error("FlowMatchEulerScheduler: step " + std::to_string(step_index_ + 1) + " of " + std::to_string(steps()) +
+                " schedule (call set_timesteps first)");
+  if (v.shape() != x.shape())
+    throw Error("FlowMatchEulerScheduler: the model output " + shape_to_string(v.shape()) + " and the sample " +
+                shape_to_string(x.shape()) + " must have the same shape");
+  const float dt = sigmas_[static_cast<std::size_t>(step_index_) + 1] - sigmas_[static_cast<std::size_t>(step_index_)];
+  ++step_index_;
+  return ops::muls_add(v, x, dt, stream);
+}
+
+}  // namespace cubevec::pipelines

@@ -1,0 +1,198 @@
+#include "pipelines/flux_t2i.h"
+
+#include <chrono>
+#include <filesystem>
+
+#include "ops/vector_ops.h"
+#include "pipelines/noise.h"
+#include "tensor/error.h"
+
+namespace cubevec::pipelines {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Tensor filled(int64_t n, float value) { return Tensor::from_vector(std::vector<float>(static_cast<std::size_t>(n), value), {n}); }
+
+// The scheduler when the model directory has none: FLUX.1-dev's (porting-spec 4).
+FlowMatchConfig scheduler_of(const std::string& model_dir) {
+  const std::string path = model_dir + "/scheduler/scheduler_config.json";
+  if (std::filesystem::exists(path)) return FlowMatchConfig::load(path);
+  FlowMatchConfig c;
+  c.shift = 3.0;
+  c.use_dynamic_shifting = true;
+  return c;
+}
+
+}  // namespace
+
+CfgMode parse_cfg_mode(std::string_view name) {
+  if (name == "off") return CfgMode::off;
+  if (name == "fused") return CfgMode::fused;
+  if (name == "streams") return CfgMode::streams;
+  throw Error("unknown CFG mode '" + std::string(name) + "' (expected off, fused or streams)");
+}
+
+std::string_view cfg_mode_name(CfgMode mode) {
+  switch (mode) {
+    case CfgMode::off: return "off";
+    case CfgMode::fused: return "fused";
+    case CfgMode::streams: return "streams";
+  }
+  return "?";
+}
+
+FluxT2IPipeline::FluxT2IPipeline(std::unique_ptr<models::FluxTransformer2DModel> transformer,
+                                 std::unique_ptr<models::AutoencoderKLDecoder> vae, FlowMatchConfig scheduler)
+    : transformer_(std::move(transformer)), vae_(std::move(vae)), scheduler_(std::move(scheduler)) {
+  if (vae_ && vae_->config().latent_channels * 4 != transformer_->config().in_channels)
+    throw Error("the VAE's " + std::to_string(vae_->config().latent_channels) + " latent channels do not pack into the transformer's " +
+                std::to_string(transformer_->config().in_channels) + " input channels (expected 4 x latent channels)");
+}
+
+FluxT2IPipeline FluxT2IPipeline::load(const std::string& dir, DType dtype) {
+  if (!std::filesystem::is_directory(dir + "/transformer"))
+    throw Error(dir + ": not a diffusers Flux model directory (expected transformer/, vae/ and scheduler/)");
+  auto vae = std::make_unique<models::AutoencoderKLDecoder>(models::load_autoencoder_kl(dir + "/vae", DType::f32));
+  return FluxT2IPipeline(models::FluxTransformer2DModel::load(dir + "/transformer", dtype), std::move(vae), scheduler_of(dir));
+}
+
+FluxT2IPipeline FluxT2IPipeline::load_meta(const std::string& dir, DType dtype) {
+  auto transformer = std::make_unique<models::FluxTransformer2DModel>(models::FluxConfig::load(dir + "/transformer/config.json"));
+  models::make_meta_parameters(transformer->parameters(), dtype);
+  std::unique_ptr<models::AutoencoderKLDecoder> vae;
+  if (std::filesystem::exists(dir + "/vae/config.json")) {
+    vae = std::make_unique<models::AutoencoderKLDecoder>(models::AutoencoderKLConfig::load(dir + "/vae/config.json"));
+    models::make_meta_parameters(vae->parameters(), DType::f32);
+  }
+  return FluxT2IPipeline(std::move(transformer), std::move(vae), scheduler_of(dir));
+}
+
+int64_t FluxT2IPipeline::size_multiple() const { return 2 * (vae_ ? vae_->config().upscale() : 8); }
+
+void FluxT2IPipeline::check(const T2IOptions& o, bool have_negative) const {
+  const int64_t multiple = size_multiple();
+  if (o.width <= 0 || o.height <= 0 || o.width % multiple != 0 || o.height % multiple != 0)
+    throw Error("width and height must be positive multiples of " + std::to_string(multiple) + " for this model, got " +
+                std::to_string(o.width) + "x" + std::to_string(o.height));
+  if (o.steps < 1) throw Error("steps must be at least 1, got " + std::to_string(o.steps));
+  if (o.cfg != CfgMode::off && !have_negative)
+    throw Error("--cfg " + std::string(cfg_mode_name(o.cfg)) + " needs negative embeddings (a negative prompt)");
+}
+
+Tensor FluxT2IPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddings* neg, const T2IOptions& o,
+                                Device& device, const StepCallback& on_step, T2ITimings& timings) const {
+  const models::FluxConfig& c = transformer_->config();
+  check(o, neg != nullptr);
+  const int64_t multiple = size_multiple();
+  for (const PromptEmbeddings* e : {&pos, neg}) {
+    if (!e) continue;
+    if (e->sequence.dim() != 3 || e->sequence.size(0) != 1 || e->sequence.size(2) != c.joint_attention_dim)
+      throw Error("the prompt embeddings must be [1, L, " + std::to_string(c.joint_attention_dim) + "] for this transformer, got " +
+                  shape_to_string(e->sequence.shape()));
+    if (e->pooled.dim() != 2 || e->pooled.size(0) != 1 || e->pooled.size(1) != c.pooled_projection_dim)
+      throw Error("the pooled embeddings must be [1, " + std::to_string(c.pooled_projection_dim) + "] for this transformer, got " +
+                  shape_to_string(e->pooled.shape()));
+  }
+  if (o.cfg == CfgMode::fused && neg->sequence.size(1) != pos.sequence.size(1))
+    throw Error("--cfg fused needs prompt and negative prompt embeddings of one length, got " +
+                std::to_string(pos.sequence.size(1)) + " and " + std::to_string(neg->sequence.size(1)) + " (use --cfg streams)");
+
+  const Stream main = device.default_stream();
+  const int64_t upscale = multiple / 2, lh = o.height / upscale, lw = o.width / upscale;
+  const int64_t channels = c.in_channels / 4, tokens = (lh / 2) * (lw / 2);
+  // Noise as (1, C, H, W), then packed (porting-spec 1.7).
+  if (o.initial_noise.defined() && o.initial_noise.shape() != Shape{1, channels, lh, lw})
+    throw Error("initial noise must be " + shape_to_string(Shape{1, channels, lh, lw}) + " for a " + std::to_string(o.width) + "x" +
+                std::to_string(o.height) + " image, got " + shape_to_string(o.initial_noise.shape()));
+  Tensor latents = models::pack_latents(o.initial_noise.defined() ? o.initial_noise : gaussian_noise({1, channels, lh, lw}, o.seed), main);
+  FlowMatchEulerScheduler scheduler(scheduler_);
+  scheduler.set_flux_timesteps(o.steps, tokens);
+  const Tensor img_ids = models::flux_image_ids(lh, lw);
+  auto txt_ids = [](const PromptEmbeddings& e) { return Tensor::zeros({e.sequence.size(1), 3}, DType::f32); };
+
+  const int batch = o.cfg == CfgMode::fused ? 2 : 1;
+  models::FluxInputs base;
+  base.img_ids = img_ids;
+  base.txt_ids = txt_ids(pos);
+  if (o.cfg == CfgMode::fused) {
+    base.encoder_hidden_states = ops::concat({pos.sequence, neg->sequence}, 0, main);
+    base.pooled_projections = ops::concat({pos.pooled, neg->pooled}, 0, main);
+  } else {
+    base.encoder_hidden_states = pos.sequence;
+    base.pooled_projections = pos.pooled;
+  }
+  models::FluxInputs negative_inputs;
+  Stream side = main;
+  if (o.cfg == CfgMode::streams) {
+    side = device.named_stream("t2i.uncond");
+    negative_inputs.img_ids = img_ids;
+    negative_inputs.txt_ids = txt_ids(*neg);
+    negative_inputs.encoder_hidden_states = neg->sequence;
+    negative_inputs.pooled_projections = neg->pooled;
+  }
+  const auto cfg_scale = static_cast<float>(o.cfg_scale);
+  const auto denoise_start = std::chrono::steady_clock::now();
+  const double modelled_start = device.stats().modelled_makespan_s;
+  for (int i = 0; i < o.steps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const double m0 = device.stats().modelled_makespan_s;
+    // diffusers passes t / 1000 (= sigma) and the model multiplies by 1000 again.
+    const float t = scheduler.timesteps()[static_cast<std::size_t>(i)] / 1000.0f;
+    models::FluxInputs in = base;
+    in.timestep = filled(batch, t);
+    if (c.guidance_embeds) in.guidance = filled(batch, static_cast<float>(o.guidance));
+    Tensor v;
+    if (o.cfg == CfgMode::off) {
+      in.hidden_states = latents;
+      v = transformer_->forward(in, main);
+    } else if (o.cfg == CfgMode::fused) {
+      in.hidden_states = ops::concat({latents, latents}, 0, main);
+      const Tensor both = transformer_->forward(in, main);
+      const Tensor vp = both.narrow(0, 0, 1), vn = both.narrow(0, 1, 1);
+      v = ops::muls_add(ops::sub(vp, vn, main), ops::contiguous(vn, main), cfg_scale, main);
+    } else {
+      // cond on the main stream, uncond on the side stream: the two forwards overlap on the units.
+      models::FluxInputs un = negative_inputs;
+      un.timestep = in.timestep;
+      un.guidance = in.guidance;
+      un.hidden_states = latents;
+      in.hidden_states = latents;
+      const Tensor vn = transformer_->forward(un, side);
+      const Tensor vp = transformer_->forward(in, main);
+      v = ops::muls_add(ops::sub(vp, vn, main), vn, cfg_scale, main);  // the device orders main after side
+    }
+    latents = scheduler.step(v, latents, main);
+    if (!device.simulate()) latents.data_ptr();  // wait, so the step's time is real
+    const double step_s = seconds_since(t0);
+    timings.step_s.push_back(step_s);
+    timings.modelled_step_s.push_back(device.stats().modelled_makespan_s - m0);
+    if (on_step) on_step(i + 1, o.steps, step_s);
+  }
+  timings.denoise_s = seconds_since(denoise_start);
+  timings.modelled_denoise_s = device.stats().modelled_makespan_s - modelled_start;
+  return latents;
+}
+
+Tensor FluxT2IPipeline::decode(const Tensor& packed, const T2IOptions& o, Device& device, T2ITimings& timings) const {
+  if (!vae_) throw Error("this model has no VAE (vae/config.json) to decode with");
+  const Stream main = device.default_stream();
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t upscale = vae_->config().upscale();
+  const Tensor latents = models::unpack_latents(packed, o.height / upscale, o.width / upscale, main);
+  // z = latents / scaling_factor + shift_factor (porting-spec 1.8).
+  const auto& vc = vae_->config();
+  const Tensor z = ops::muls_add(latents, Tensor::from_vector(std::vector<float>(static_cast<std::size_t>(latents.numel()),
+                                                                                 static_cast<float>(vc.shift_factor)),
+                                                              latents.shape()),
+                                 static_cast<float>(1.0 / vc.scaling_factor), main);
+  Tensor image = vae_->decode_tiled(z, {}, main);
+  if (!device.simulate()) image.data_ptr();
+  timings.vae_s = seconds_since(t0);
+  return image;
+}
+
+}  // namespace cubevec::pipelines

@@ -1,0 +1,82 @@
+// Text-to-image with a Flux transformer and its VAE (porting-spec 1.7, 1.8): seeded noise, 2x2
+// packing, the FlowMatch Euler loop with Flux's dynamic shift, guidance embedding for
+// guidance-distilled models, true CFG as one fused batch or on two overlapping streams, and the
+// VAE decode (tiled for large images).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "models/autoencoder_kl.h"
+#include "models/flux_transformer.h"
+#include "pipelines/flow_match.h"
+#include "pipelines/text_encoder.h"
+
+namespace cubevec::pipelines {
+
+// How true classifier-free guidance runs: off (one forward per step), fused (cond and uncond as one
+// batch of 2), streams (cond and uncond forwards on two streams of the device, overlapping).
+enum class CfgMode { off, fused, streams };
+CfgMode parse_cfg_mode(std::string_view name);  // "off", "fused", "streams"
+std::string_view cfg_mode_name(CfgMode mode);
+
+struct T2IOptions {
+  int64_t width = 1024, height = 1024;  // multiples of 2 x the VAE's upscale (16 for Flux)
+  int steps = 28;
+  double guidance = 3.5;   // embedded guidance scale (guidance-distilled models only)
+  CfgMode cfg = CfgMode::off;
+  double cfg_scale = 4.0;  // true CFG: v = v_neg + cfg_scale (v - v_neg)
+  uint64_t seed = 0;
+  // When defined, [1, C, H/upscale, W/upscale] noise used instead of the seeded generator's (for
+  // parity runs against another implementation, which cannot share our generator).
+  Tensor initial_noise{};
+};
+
+struct T2ITimings {
+  double denoise_s = 0, vae_s = 0;
+  std::vector<double> step_s;     // measured per step
+  double modelled_denoise_s = 0;  // on the device's modelled clock (the NPU in simulate mode)
+  std::vector<double> modelled_step_s;
+};
+
+// Called after each denoising step: (step, steps, seconds this step took).
+using StepCallback = std::function<void(int, int, double)>;
+
+class FluxT2IPipeline {
+ public:
+  FluxT2IPipeline(std::unique_ptr<models::FluxTransformer2DModel> transformer,
+                  std::unique_ptr<models::AutoencoderKLDecoder> vae, FlowMatchConfig scheduler);
+
+  // A diffusers model directory: transformer/, vae/, scheduler/ (scheduler_config.json; FLUX.1-dev's
+  // settings when absent). The transformer's matrices are stored as `dtype`; the VAE is f32.
+  static FluxT2IPipeline load(const std::string& model_dir, DType dtype = DType::f32);
+  // The same with shape-only weights, for simulate mode: only the config files are read (the
+  // VAE is skipped when vae/config.json is absent).
+  static FluxT2IPipeline load_meta(const std::string& model_dir, DType dtype = DType::f32);
+
+  const models::FluxTransformer2DModel& transformer() const { return *transformer_; }
+  const models::AutoencoderKLDecoder* vae() const { return vae_.get(); }
+  const FlowMatchConfig& scheduler_config() const { return scheduler_; }
+  // Pixels per packed latent token side: 2 x the VAE's upscale (16 for Flux; 8 without a VAE).
+  int64_t size_multiple() const;
+
+  // Throws for options this model cannot honour (size, steps, CFG without negative embeddings...).
+  void check(const T2IOptions& options, bool have_negative) const;
+
+  // Denoises from seeded noise to packed latents [1, N_img, in_channels] on `device`.
+  // `negative` is needed iff options.cfg is not off. Throws for options the model cannot honour.
+  Tensor denoise(const PromptEmbeddings& positive, const PromptEmbeddings* negative, const T2IOptions& options,
+                 Device& device, const StepCallback& on_step, T2ITimings& timings) const;
+  // Packed latents -> image [1, 3, H, W] (unclamped, about [-1, 1]).
+  Tensor decode(const Tensor& packed, const T2IOptions& options, Device& device, T2ITimings& timings) const;
+
+ private:
+  std::unique_ptr<models::FluxTransformer2DModel> transformer_;
+  std::unique_ptr<models::AutoencoderKLDecoder> vae_;
+  FlowMatchConfig scheduler_;
+};
+
+}  // namespace cubevec::pipelines

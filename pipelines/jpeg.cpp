@@ -1,0 +1,96 @@
+#include "pipelines/jpeg.h"
+
+#include <turbojpeg.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "tensor/error.h"
+
+namespace cubevec::pipelines {
+
+namespace {
+
+struct TjHandle {
+  explicit TjHandle(tjhandle h) : handle(h) {}
+  ~TjHandle() {
+    if (handle) tjDestroy(handle);
+  }
+  TjHandle(const TjHandle&) = delete;
+  TjHandle& operator=(const TjHandle&) = delete;
+  tjhandle handle;
+};
+
+}  // namespace
+
+RgbImage to_rgb(const Tensor& image) {
+  if (image.dim() != 4 || image.size(0) != 1 || image.size(1) != 3)
+    throw Error("to_rgb: expected an image [1, 3, H, W], got " + shape_to_string(image.shape()));
+  if (image.dtype() != DType::f32) throw Error("to_rgb: expected f32, got " + std::string(dtype_name(image.dtype())));
+  const Tensor x = image.contiguous();
+  RgbImage out;
+  out.height = static_cast<int>(x.size(2));
+  out.width = static_cast<int>(x.size(3));
+  out.pixels.resize(static_cast<std::size_t>(out.width) * static_cast<std::size_t>(out.height) * 3);
+  const float* p = x.data<float>();
+  const std::size_t plane = static_cast<std::size_t>(out.width) * static_cast<std::size_t>(out.height);
+  for (std::size_t i = 0; i < plane; ++i)
+    for (std::size_t c = 0; c < 3; ++c) {
+      float v = p[c * plane + i] * 0.5f + 0.5f;
+      v = std::isnan(v) ? 0.0f : std::min(1.0f, std::max(0.0f, v));
+      out.pixels[i * 3 + c] = static_cast<uint8_t>(std::lround(v * 255.0f));
+    }
+  return out;
+}
+
+void write_jpeg(const std::string& path, const RgbImage& image, int quality) {
+  if (image.width <= 0 || image.height <= 0 ||
+      image.pixels.size() != static_cast<std::size_t>(image.width) * static_cast<std::size_t>(image.height) * 3)
+    throw Error(path + ": cannot write an empty or inconsistent image");
+  if (quality < 1 || quality > 100) throw Error(path + ": JPEG quality must be in 1..100, got " + std::to_string(quality));
+  TjHandle tj(tjInitCompress());
+  if (!tj.handle) throw Error(path + ": TurboJPEG could not start: " + std::string(tjGetErrorStr()));
+  unsigned char* buffer = nullptr;
+  unsigned long size = 0;
+  const int subsampling = quality >= 90 ? TJSAMP_444 : TJSAMP_420;
+  if (tjCompress2(tj.handle, image.pixels.data(), image.width, 0, image.height, TJPF_RGB, &buffer, &size, subsampling,
+                  quality, TJFLAG_ACCURATEDCT) != 0) {
+    const std::string why = tjGetErrorStr2(tj.handle);
+    tjFree(buffer);
+    throw Error(path + ": JPEG encoding failed: " + why);
+  }
+  std::unique_ptr<unsigned char, void (*)(unsigned char*)> owned(buffer, [](unsigned char* b) { tjFree(b); });
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(buffer), static_cast<std::streamsize>(size));
+    if (!out) throw Error(path + ": cannot write " + tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw Error(path + ": cannot move " + tmp + " into place");
+}
+
+RgbImage read_jpeg(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot be read");
+  std::stringstream bytes_stream;
+  bytes_stream << in.rdbuf();
+  const std::string bytes = bytes_stream.str();
+  TjHandle tj(tjInitDecompress());
+  int width = 0, height = 0, subsampling = 0, colorspace = 0;
+  auto* data = reinterpret_cast<unsigned char*>(const_cast<char*>(bytes.data()));
+  if (tjDecompressHeader3(tj.handle, data, bytes.size(), &width, &height, &subsampling, &colorspace) != 0)
+    throw Error(path + ": not a JPEG file: " + std::string(tjGetErrorStr2(tj.handle)));
+  RgbImage image;
+  image.width = width;
+  image.height = height;
+  image.pixels.resize(static_cast<std::size_t>(width) * static_cast<std::size_t>(height) * 3);
+  if (tjDecompress2(tj.handle, data, bytes.size(), image.pixels.data(), width, 0, height, TJPF_RGB, TJFLAG_ACCURATEDCT) != 0)
+    throw Error(path + ": JPEG decoding failed: " + std::string(tjGetErrorStr2(tj.handle)));
+  return image;
+}
+
+}  // namespace cubevec::pipelines
