@@ -95,16 +95,26 @@ FlowMatchEulerScheduler::FlowMatchEulerScheduler(FlowMatchConfig config) : confi
 
 void FlowMatchEulerScheduler::set_timesteps(int steps, std::optional<double> mu) {
   if (steps < 1) throw Error("FlowMatchEulerScheduler: steps must be at least 1, got " + std::to_string(steps));
-  // linspace(sigma_max * N, sigma_min * N, steps) / N in float64, then float32.
+  // diffusers builds these in numpy float64 (linspace of Python floats), shifts them in float64
+  // and only then casts to float32.
   const double n = static_cast<double>(config_.num_train_timesteps);
   const double t0 = static_cast<double>(sigma_max_) * n, t1 = static_cast<double>(sigma_min_) * n;
-  std::vector<float> sigmas(static_cast<std::size_t>(steps));
+  std::vector<double> sigmas(static_cast<std::size_t>(steps));
   for (int i = 0; i < steps; ++i) {
     const double t = steps == 1 ? t0 : t0 + (t1 - t0) * static_cast<double>(i) / static_cast<double>(steps - 1);
-    sigmas[static_cast<std::size_t>(i)] = static_cast<float>(t / n);
+    sigmas[static_cast<std::size_t>(i)] = t / n;
   }
-  if (steps > 1) sigmas.back() = static_cast<float>(t1 / n);  // numpy's linspace ends exactly at its stop
-  finish(std::move(sigmas), mu);
+  if (steps > 1) sigmas.back() = t1 / n;  // numpy's linspace ends exactly at its stop
+  if (config_.use_dynamic_shifting) {
+    if (!mu) throw Error("FlowMatchEulerScheduler: use_dynamic_shifting needs mu");
+    const double e = config_.time_shift_type == "linear" ? *mu : std::exp(*mu);
+    for (double& s : sigmas) s = e / (e + (1.0 / s - 1.0));
+  } else {
+    for (double& s : sigmas) s = config_.shift * s / (1.0 + (config_.shift - 1.0) * s);
+  }
+  std::vector<float> f(sigmas.size());
+  for (std::size_t i = 0; i < sigmas.size(); ++i) f[i] = static_cast<float>(sigmas[i]);
+  finish(std::move(f), std::nullopt, /*already_shifted=*/true);
 }
 
 void FlowMatchEulerScheduler::set_sigmas(const std::vector<double>& sigmas, std::optional<double> mu) {
@@ -124,8 +134,9 @@ void FlowMatchEulerScheduler::set_flux_timesteps(int steps, int64_t image_seq_le
   set_sigmas(sigmas, flux_mu(config_, image_seq_len));
 }
 
-void FlowMatchEulerScheduler::finish(std::vector<float> sigmas, std::optional<double> mu) {
-  if (config_.use_dynamic_shifting) {
+void FlowMatchEulerScheduler::finish(std::vector<float> sigmas, std::optional<double> mu, bool already_shifted) {
+  if (already_shifted) {
+  } else if (config_.use_dynamic_shifting) {
     if (!mu) throw Error("FlowMatchEulerScheduler: use_dynamic_shifting needs mu");
     // exponential: e^mu / (e^mu + (1/s - 1)); linear: mu / (mu + (1/s - 1)); float32 throughout.
     const float e = config_.time_shift_type == "linear" ? static_cast<float>(*mu) : static_cast<float>(std::exp(*mu));

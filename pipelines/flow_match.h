@@ -1,6 +1,7 @@
 // diffusers' FlowMatchEulerDiscreteScheduler (../shared/reference/porting-spec.md section 4), with
-// its float32 arithmetic reproduced step for step so sigmas and timesteps match diffusers' to the
-// last bit, and Flux's `calculate_shift` (mu from the image sequence length).
+// its arithmetic reproduced step for step (float64 where diffusers' numpy code is float64,
+// float32 where it is float32) so sigmas and timesteps match diffusers' to the last bit, and
+// Flux's `calculate_shift` (mu from the image sequence length).
 #pragma once
 
 #include <optional>
@@ -59,7 +60,8 @@ class FlowMatchEulerScheduler {
   Tensor step(const Tensor& v, const Tensor& x, const Stream& stream);
 
  private:
-  void finish(std::vector<float> sigmas, std::optional<double> mu);
+  // Shifts float32 sigmas (in float32, unless already shifted), appends the final 0, derives the timesteps.
+  void finish(std::vector<float> sigmas, std::optional<double> mu, bool already_shifted = false);
 
   FlowMatchConfig config_;
   float sigma_min_ = 0, sigma_max_ = 1;

@@ -185,10 +185,8 @@ Tensor FluxT2IPipeline::decode(const Tensor& packed, const T2IOptions& o, Device
   const Tensor latents = models::unpack_latents(packed, o.height / upscale, o.width / upscale, main);
   // z = latents / scaling_factor + shift_factor (porting-spec 1.8).
   const auto& vc = vae_->config();
-  const Tensor z = ops::muls_add(latents, Tensor::from_vector(std::vector<float>(static_cast<std::size_t>(latents.numel()),
-                                                                                 static_cast<float>(vc.shift_factor)),
-                                                              latents.shape()),
-                                 static_cast<float>(1.0 / vc.scaling_factor), main);
+  const Tensor z = ops::add(ops::div(latents, filled(1, static_cast<float>(vc.scaling_factor)), main),
+                            filled(1, static_cast<float>(vc.shift_factor)), main);
   Tensor image = vae_->decode_tiled(z, {}, main);
   if (!device.simulate()) image.data_ptr();
   timings.vae_s = seconds_since(t0);
