@@ -21,6 +21,15 @@ Tensor Linear::operator()(const Tensor& x, const Stream& stream, ops::MatmulOpti
   epilogue.bias = bias;
   epilogue.b_is_weight = true;
   epilogue.compute = weight.dtype() == DType::bf16 ? DType::bf16 : DType::f32;
+  if (weight.has_storage() && epilogue.backend == ops::GemmBackend::cubevec) {
+    std::lock_guard lock(pack_cache->mutex);
+    const void* source = weight.unsynchronized_data_ptr();
+    if (!pack_cache->packed || pack_cache->source != source) {
+      pack_cache->packed = ops::pack_weight(weight, epilogue.compute);
+      pack_cache->source = source;
+    }
+    epilogue.packed_weight = pack_cache->packed;
+  }
   if (epilogue.residual.defined()) epilogue.residual = epilogue.residual.reshape({x.numel() / in, out});
   return ops::matmul(x2, weight, epilogue, stream).reshape(rows_shape);
 }

@@ -3,6 +3,8 @@
 // round its inputs to bf16 and sum in f32).
 #pragma once
 
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "models/parameters.h"
@@ -10,10 +12,14 @@
 
 namespace cubevec::models {
 
-// PyTorch's Linear: y = x W^T + b, W [out, in].
+// PyTorch's Linear: y = x W^T + b, W [out, in]. The first call packs W into the GEMM's panel
+// layout and later calls reuse it (repacked if `weight` is replaced by another tensor; the weight's
+// values must not be changed in place).
 struct Linear {
   Tensor weight, bias;
   int64_t in = 0, out = 0;
+  struct PackCache;
+  std::shared_ptr<PackCache> pack_cache = std::make_shared<PackCache>();
 
   // Declares `<name>.weight` [out, in] and, with has_bias, `<name>.bias` [out].
   void declare(ParameterTable& table, const std::string& name, int64_t in_features, int64_t out_features,
@@ -21,6 +27,12 @@ struct Linear {
   // x [..., in] -> [..., out] (f32). `epilogue` may add an activation, a residual and a gate (its
   // bias, b_is_weight and compute fields are set here).
   Tensor operator()(const Tensor& x, const Stream& stream, ops::MatmulOptions epilogue = {}) const;
+};
+
+struct Linear::PackCache {
+  std::mutex mutex;
+  const void* source = nullptr;  // the weight's storage and offset the packed copy was made from
+  std::shared_ptr<const ops::gemm::PackedB> packed;
 };
 
 // A norm's weight vector (RMSNorm's weight, GroupNorm's weight and bias, ...).

@@ -175,6 +175,10 @@ Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& o, const St
                 ", got A " + shape_to_string(a.shape()) + " and " + (o.b_is_weight ? "weight " : "B ") +
                 shape_to_string(b.shape()));
   const int64_t m = a.size(0), k = a.size(1), n = o.b_is_weight ? b.size(0) : b.size(1);
+  if (o.packed_weight && (o.backend != GemmBackend::cubevec || !o.b_is_weight || o.packed_weight->n != n ||
+                          o.packed_weight->k != k ||
+                          o.packed_weight->compute != (o.compute == DType::bf16 ? gemm::Element::bf16 : gemm::Element::f32)))
+    throw Error("matmul: packed_weight was made for another weight, compute dtype or backend");
   std::vector<Tensor> reads = epilogue_reads(o, {m, n}, n, "matmul");
   reads.push_back(a);
   reads.push_back(b);
@@ -192,9 +196,25 @@ Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& o, const St
     p.c = reinterpret_cast<float*>(c.unsynchronized_data_ptr()), p.ldc = n;
     p.compute = o.compute == DType::bf16 ? gemm::Element::bf16 : gemm::Element::f32;
     p.epilogue = {f32_ptr(o.bias), o.activation, f32_ptr(o.residual), n, f32_ptr(o.gate)};
+    p.packed_b = o.packed_weight.get();
     run_gemm(p, o.backend, tbb::this_task_arena::max_concurrency());
   });
   return c;
+}
+
+std::shared_ptr<const gemm::PackedB> pack_weight(const Tensor& weight, DType compute) {
+  if (!weight.defined() || weight.dim() != 2 || (weight.dtype() != DType::f32 && weight.dtype() != DType::bf16))
+    throw Error("pack_weight: expected an f32 or bf16 weight [N, K], got " + (weight.defined() ? weight.describe() : std::string("undefined")));
+  const Tensor w = weight.contiguous();
+  gemm::Problem p;
+  p.n = w.size(0);
+  p.k = w.size(1);
+  p.b = w.data_ptr();
+  p.ldb = p.k;
+  p.b_type = w.dtype() == DType::bf16 ? gemm::Element::bf16 : gemm::Element::f32;
+  p.trans_b = true;
+  p.compute = compute == DType::bf16 ? gemm::Element::bf16 : gemm::Element::f32;
+  return gemm::pack_b_once(p, gemm::best_isa());
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b, const MatmulOptions& o, const Stream& stream) {

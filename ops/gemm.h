@@ -31,7 +31,13 @@ struct MatmulOptions {
   // f32, or bf16: inputs rounded to bf16, products summed in f32 (cubevec and reference backends).
   DType compute = DType::f32;
   GemmBackend backend = GemmBackend::cubevec;
+  // b already packed by pack_weight (cubevec backend): the GEMM skips packing it on every call.
+  std::shared_ptr<const gemm::PackedB> packed_weight{};
 };
+
+// Packs a weight W [N, K] (b_is_weight layout, f32 or bf16) once for matmul with `compute`, on the
+// calling thread. The packed copy does not follow later changes to W.
+std::shared_ptr<const gemm::PackedB> pack_weight(const Tensor& weight, DType compute = DType::f32);
 
 // A contiguous [M, K]; B contiguous [K, N] (or [N, K] with b_is_weight); each f32 or bf16 (bf16
 // inputs need the cubevec or reference backend). The result is f32 [M, N]. Runs on the Cube unit

@@ -124,7 +124,8 @@ void gemm_block(const Problem& p, const Plan<P>& plan, int64_t row0, int64_t row
   const int64_t nc_max = std::min(plan.nc, round_up(n, plan.nr));
   const int64_t mc_max = std::min(plan.mc, round_up(m, plan.mr));
   const int64_t kc_max = round_up(std::min(plan.kc, std::max<int64_t>(p.k, 1)), plan.kgroup);
-  Workspace<P> packed_a(static_cast<std::size_t>(mc_max * kc_max)), packed_b(static_cast<std::size_t>(nc_max * kc_max));
+  Workspace<P> packed_a(static_cast<std::size_t>(mc_max * kc_max)),
+      packed_b(p.packed_b ? std::size_t{1} : static_cast<std::size_t>(nc_max * kc_max));
   alignas(64) float edge[32 * 32];  // full tile for partial edges (MR, NR <= 32)
 
   if (p.k == 0) {  // C = 0, then the epilogue
@@ -138,13 +139,24 @@ void gemm_block(const Problem& p, const Plan<P>& plan, int64_t row0, int64_t row
       const int64_t kc = std::min(plan.kc, p.k - pc);
       const int64_t k_steps = round_up(kc, plan.kgroup) / plan.kgroup;
       const bool first = pc == 0, last = pc + kc == p.k;
-      pack_b_fn(p, plan, pc, kc, jc, nc, packed_b.ptr);
+      const P* b_block = nullptr;
+      if (p.packed_b) {
+        const auto& pre = p.packed_b;
+        const P* base;
+        if constexpr (std::is_same_v<P, float>) base = pre->f32.data();
+        else base = pre->bf16.data();
+        // Panels of the whole N for this K block, NR columns each: jc is a multiple of NR.
+        b_block = base + (pc / plan.kc) * pre->panel_stride + (jc / plan.nr) * k_steps * plan.kgroup * plan.nr;
+      } else {
+        pack_b_fn(p, plan, pc, kc, jc, nc, packed_b.ptr);
+        b_block = packed_b.ptr;
+      }
       for (int64_t ic = row0; ic < row1; ic += plan.mc) {
         const int64_t mc = std::min(plan.mc, row1 - ic);
         pack_a_fn(p, plan, ic, mc, pc, kc, packed_a.ptr);
         for (int64_t jr = 0; jr < nc; jr += plan.nr) {
           const int64_t cols = std::min(plan.nr, nc - jr);
-          const P* b_panel = packed_b.ptr + jr * k_steps * plan.kgroup;
+          const P* b_panel = b_block + jr * k_steps * plan.kgroup;
           for (int64_t ir = 0; ir < mc; ir += plan.mr) {
             const int64_t rows = std::min(plan.mr, mc - ir);
             const P* a_panel = packed_a.ptr + ir * k_steps * plan.kgroup;
@@ -191,9 +203,43 @@ Isa best_isa() {
   return best;
 }
 
+namespace {
+
+template <class P>
+void pack_all(const Problem& p, const Plan<P>& plan, PackedB& out, std::vector<P>& data) {
+  const int64_t n_panels = (p.n + plan.nr - 1) / plan.nr;
+  out.kc = plan.kc;
+  const int64_t kc_full = (plan.kc + plan.kgroup - 1) / plan.kgroup * plan.kgroup;
+  out.panel_stride = n_panels * plan.nr * kc_full;
+  const int64_t blocks = (p.k + plan.kc - 1) / plan.kc;
+  data.assign(static_cast<std::size_t>(std::max<int64_t>(blocks, 1) * out.panel_stride), P{});
+  const auto pack = p.b_type == Element::f32 ? pack_b<P, float> : pack_b<P, uint16_t>;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t pc = b * plan.kc, kc = std::min(plan.kc, p.k - pc);
+    pack(p, plan, pc, kc, 0, p.n, data.data() + b * out.panel_stride);
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<const PackedB> pack_b_once(const Problem& p, Isa isa) {
+  if (!isa_supported(isa)) throw Error("gemm: ISA " + std::string(isa_name(isa)) + " is not supported by this CPU");
+  auto out = std::make_shared<PackedB>();
+  out->n = p.n;
+  out->k = p.k;
+  out->compute = p.compute;
+  out->isa = isa;
+  out->bf16_dot = p.compute == Element::bf16 && isa == Isa::avx512 && has_bf16_dot();
+  if (out->bf16_dot) pack_all(p, bf16_plan(), *out, out->bf16);
+  else pack_all(p, f32_plan(isa), *out, out->f32);
+  return out;
+}
+
 void sgemm(const Problem& p, Isa isa, int threads) {
   if (!isa_supported(isa)) throw Error("gemm: ISA " + std::string(isa_name(isa)) + " is not supported by this CPU");
   if (p.m <= 0 || p.n <= 0) return;
+  if (p.packed_b && (p.packed_b->n != p.n || p.packed_b->k != p.k || p.packed_b->compute != p.compute || p.packed_b->isa != isa))
+    throw Error("gemm: the packed B was made for another problem (N, K, compute or ISA differ)");
   if (p.compute == Element::bf16 && isa == Isa::avx512 && has_bf16_dot()) run_split(p, bf16_plan(), threads);
   else run_split(p, f32_plan(isa), threads);
 }

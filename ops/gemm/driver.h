@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <vector>
 #include <string_view>
 
 #include "ops/gemm/epilogue.h"
@@ -22,6 +24,8 @@ Isa best_isa();
 // Element types of the inputs: f32, or bf16 stored as uint16_t.
 enum class Element : uint8_t { f32, bf16 };
 
+struct PackedB;
+
 struct Problem {
   int64_t m = 0, n = 0, k = 0;
   const void* a = nullptr;  // [M, K], row stride lda
@@ -37,7 +41,24 @@ struct Problem {
   // products where the CPU has them, else the f32 kernel on the rounded values).
   Element compute = Element::f32;
   Epilogue epilogue;
+  // B already packed by pack_b_once (then b and ldb are not read). Must match n, k, compute, b's
+  // layout and the ISA sgemm runs with.
+  const PackedB* packed_b = nullptr;
 };
+
+// B packed once into the micro-kernel's panel layout, for a B that does not change between calls
+// (a model's weights): every call then skips packing B, which otherwise each thread redoes per call.
+struct PackedB {
+  int64_t n = 0, k = 0;
+  Element compute = Element::f32;
+  Isa isa = Isa::portable;
+  bool bf16_dot = false;  // packed as bf16 pairs for the AVX512-BF16 kernel
+  int64_t kc = 0, panel_stride = 0;  // K block size; elements per K block (all N panels)
+  std::vector<float> f32;            // the panels (f32 kernels)
+  std::vector<uint16_t> bf16;        // the panels (bf16-pair kernel)
+};
+// Packs p's B (p.b, ldb, b_type, trans_b, n, k, compute) for sgemm with `isa`.
+std::shared_ptr<const PackedB> pack_b_once(const Problem& p, Isa isa);
 
 // Runs on the calling thread's TBB arena, splitting the work over up to `threads` tasks.
 void sgemm(const Problem& p, Isa isa, int threads);
