@@ -62,6 +62,9 @@ class FluxT2IPipeline {
   const FlowMatchConfig& scheduler_config() const { return scheduler_; }
   // Pixels per packed latent token side: 2 x the VAE's upscale (16 for Flux; 8 without a VAE).
   int64_t size_multiple() const;
+  // The image size the model is made for: the VAE config's sample_size (1024 for FLUX.1, 64 for
+  // the shipped tiny model), 1024 without a VAE.
+  int64_t default_image_size() const { return vae_ ? vae_->config().sample_size : 1024; }
 
   // Throws for options this model cannot honour (size, steps, CFG without negative embeddings...).
   void check(const T2IOptions& options, bool have_negative) const;

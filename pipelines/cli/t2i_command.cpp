@@ -2,6 +2,9 @@
 // stderr, then a per-stage timing table and the allocator's peak memory; --json writes the same
 // figures, --trace a Chrome trace of every kernel. --simulate runs the same launches with
 // shape-only weights on the device profile's modelled clock (config files only).
+// The text conditioning comes from --prompt-embeds, or, when the model directory has a
+// text_encoder/ (the shipped tiny model, assets/tinyflux), from --prompt through that encoder.
+// Without --width / --height the image has the model's own size (the VAE's sample_size).
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -13,6 +16,7 @@
 #include "pipelines/cli/device_flags.h"
 #include "pipelines/flux_t2i.h"
 #include "pipelines/jpeg.h"
+#include "pipelines/tiny_text_encoder.h"
 #include "tensor/error.h"
 
 namespace cubevec::cli {
@@ -55,7 +59,11 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
       f.simulate ? pipelines::FluxT2IPipeline::load_meta(f.model, dtype) : pipelines::FluxT2IPipeline::load(f.model, dtype);
   const double load_s = seconds_since(t0);
   const models::FluxConfig& mc = pipeline.transformer().config();
+  // Width and height not given: the model's own size (the VAE's sample_size; 1024 for FLUX.1).
+  if (f.options.width == 0) f.options.width = pipeline.default_image_size();
+  if (f.options.height == 0) f.options.height = pipeline.default_image_size();
   t0 = std::chrono::steady_clock::now();
+  std::string text_source = "embeddings from --prompt-embeds";
   std::optional<pipelines::PromptEmbedsFile> embeds;
   pipelines::PromptEmbeddings positive;
   std::optional<pipelines::PromptEmbeddings> negative;
@@ -68,6 +76,19 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
     // Shapes only: T5's 512 tokens and CLIP's pooled vector, as FLUX.1 uses them.
     positive = {Tensor::meta({1, 512, mc.joint_attention_dim}, DType::f32), Tensor::meta({1, mc.pooled_projection_dim}, DType::f32)};
     negative = positive;
+    text_source = "shape-only T5/CLIP embeddings";
+  } else if (pipelines::TinyTextEncoder::present(f.model)) {
+    // The model's own text encoder (the shipped tiny model): --prompt, and --negative-prompt for
+    // true CFG (empty: the empty caption, the unconditional input the model was trained with).
+    auto encoder = pipelines::TinyTextEncoder::load(f.model, device.default_stream());
+    if (f.prompt.empty())
+      throw Error("--prompt TEXT is required (this model's text encoder knows these words: " + encoder->tokenizer().known_words() + ")");
+    positive = encoder->encode(f.prompt);
+    if (f.options.cfg != pipelines::CfgMode::off)
+      negative = encoder->encode(f.negative_prompt);
+    else if (!f.negative_prompt.empty())
+      std::fprintf(stderr, "note: --negative-prompt is used only with --cfg fused or --cfg streams\n");
+    text_source = encoder->name();
   } else {
     throw Error(f.model + " has no text encoder cubevec can run yet (CLIP-L / T5-XXL come in a later issue): pass --prompt-embeds FILE");
   }
@@ -76,6 +97,7 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   const double text_s = seconds_since(t0);
   pipeline.check(f.options, negative.has_value());
 
+  std::fprintf(stderr, "t2i: text: %s\n", text_source.c_str());
   std::fprintf(stderr, "t2i: %lldx%lld, %d steps, cfg %s, %s, transformer %lld+%lld blocks x %lld wide (%s), profile %s: %d Cube + %d Vector thread(s)%s\n",
                static_cast<long long>(f.options.width), static_cast<long long>(f.options.height), f.options.steps, f.cfg.c_str(),
                mc.guidance_embeds ? ("guidance " + std::to_string(f.options.guidance)).c_str() : "no guidance embedding",
@@ -164,12 +186,15 @@ CommandRunner add_t2i_command(CLI::App& app) {
   auto device_flags = add_device_flags(*command);
   auto cache = add_attention_tune_cache_flag(*command);
   command->add_option("--model", flags->model, "Diffusers model directory (transformer/, vae/, scheduler/)");
-  command->add_option("--prompt", flags->prompt, "The prompt");
-  command->add_option("--negative-prompt", flags->negative_prompt, "The negative prompt (true CFG)");
+  command->add_option("--prompt", flags->prompt, "The prompt (encoded by the model's text_encoder/, when it has one)");
+  command->add_option("--negative-prompt", flags->negative_prompt, "The negative prompt for true CFG (default: the empty prompt)");
   command->add_option("--prompt-embeds", flags->prompt_embeds,
                       "safetensors with prompt_embeds [1,L,D] and pooled_prompt_embeds [1,P] (and negative_* for CFG)");
-  command->add_option("--width", flags->options.width, "Image width in pixels")->check(CLI::Range(int64_t{16}, int64_t{16384}));
-  command->add_option("--height", flags->options.height, "Image height in pixels")->check(CLI::Range(int64_t{16}, int64_t{16384}));
+  flags->options.width = flags->options.height = 0;  // the model's size unless given
+  command->add_option("--width", flags->options.width, "Image width in pixels (default: the VAE's sample_size, 1024 for FLUX.1)")
+      ->check(CLI::Range(int64_t{16}, int64_t{16384}));
+  command->add_option("--height", flags->options.height, "Image height in pixels (default: the VAE's sample_size)")
+      ->check(CLI::Range(int64_t{16}, int64_t{16384}));
   command->add_option("--steps", flags->options.steps, "Denoising steps")->check(CLI::Range(1, 1000));
   command->add_option("--guidance", flags->options.guidance, "Embedded guidance scale (guidance-distilled models)")->check(CLI::Range(0.0, 100.0));
   command->add_option("--cfg", flags->cfg, "True CFG: off, fused (one batch of 2) or streams (two overlapping streams)");

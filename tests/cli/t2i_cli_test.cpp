@@ -1,7 +1,9 @@
 // `cubevec t2i` and `cubevec forward` as a user runs them, on the tiny Flux checkpoint in
 // tests/data/flux_tiny: a JPEG that decodes at the asked size, progress and the stage table, the
 // JSON report, true CFG fused and on two streams giving the same picture, simulate mode, and
-// one-line errors; `forward` reproduces the PyTorch golden's `sample`.
+// one-line errors; `forward` reproduces the PyTorch golden's `sample`; the shipped tiny model
+// (assets/tinyflux) from a prompt, with CFG, and its prompt errors.
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -99,7 +101,7 @@ TEST_F(T2ICli, BadInputsAreOneLineErrors) {
     std::string expected;
   } cases[] = {
       {{"t2i", "--model", kModel, "--out", out}, "has no text encoder cubevec can run yet"},
-      {{"t2i", "--model", kModel, "--prompt-embeds", embeds, "--width", "36", "--out", out}, "width and height must be positive multiples of 8 for this model, got 36x1024"},
+      {{"t2i", "--model", kModel, "--prompt-embeds", embeds, "--width", "36", "--out", out}, "width and height must be positive multiples of 8 for this model, got 36x32"},
       {{"t2i", "--model", kModel, "--prompt-embeds", embeds, "--cfg", "fused", "--out", out}, "needs negative embeddings"},
       {{"t2i", "--model", kModel, "--prompt-embeds", embeds, "--cfg", "both", "--out", out}, "unknown CFG mode 'both'"},
       {{"t2i", "--model", "/nonexistent", "--prompt-embeds", embeds, "--out", out}, "not a diffusers Flux model directory"},
@@ -111,6 +113,66 @@ TEST_F(T2ICli, BadInputsAreOneLineErrors) {
     EXPECT_EQ(r.status, 1) << c.expected << ": " << r.err;
     EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
     EXPECT_NE(r.err.find(c.expected), std::string::npos) << "expected '" << c.expected << "' in: " << r.err;
+  }
+}
+
+// The shipped tiny model: the README's first command, its text encoder's errors, and true CFG with
+// the empty negative prompt (the caption dropout's unconditional input).
+const std::string kTinyFlux = std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinyflux";
+
+TEST_F(T2ICli, TinyModelRendersThePromptAtItsOwnSize) {
+  const std::string out = (dir_ / "tiny.jpg").string();
+  const auto r = run({"t2i", "--model", kTinyFlux, "--prompt", "a large red circle in the center on a blue background", "--out", out});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("t2i: text: tiny text encoder"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("t2i: 64x64, 28 steps"), std::string::npos) << r.err;
+  const cubevec::pipelines::RgbImage image = cubevec::pipelines::read_jpeg(out);
+  ASSERT_EQ(image.width, 64);
+  ASSERT_EQ(image.height, 64);
+  // A blue corner and a red center (tinyflux_test checks colors exactly; this is the JPEG).
+  auto at = [&](int x, int y, int c) { return int(image.pixels[static_cast<std::size_t>((y * 64 + x) * 3 + c)]); };
+  EXPECT_GT(at(1, 1, 2), at(1, 1, 0) + 80) << "corner is not blue";
+  EXPECT_GT(at(32, 32, 0), at(32, 32, 2) + 80) << "center is not red";
+}
+
+TEST_F(T2ICli, TinyModelCfgWithTheEmptyNegativePrompt) {
+  std::vector<cubevec::pipelines::RgbImage> images;
+  for (const char* mode : {"fused", "streams"}) {
+    const std::string out = (dir_ / (std::string(mode) + ".jpg")).string();
+    const auto r = run({"t2i", "--model", kTinyFlux, "--prompt", "a small green square on the left", "--cfg", mode, "--cfg-scale",
+                        "2", "--steps", "8", "--out", out});
+    ASSERT_EQ(r.status, 0) << mode << ": " << r.err;
+    images.push_back(cubevec::pipelines::read_jpeg(out));
+  }
+  int worst = 0;
+  for (std::size_t i = 0; i < images[0].pixels.size(); ++i)
+    worst = std::max(worst, std::abs(int(images[0].pixels[i]) - int(images[1].pixels[i])));
+  EXPECT_LE(worst, 2);
+  const auto note = run({"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--negative-prompt", "a blue circle", "--steps", "2",
+                         "--out", (dir_ / "n.jpg").string()});
+  EXPECT_EQ(note.status, 0) << note.err;
+  EXPECT_NE(note.err.find("--negative-prompt is used only with --cfg"), std::string::npos) << note.err;
+}
+
+TEST_F(T2ICli, TinyModelPromptErrors) {
+  const std::string out = (dir_ / "x.jpg").string();
+  const struct {
+    std::vector<std::string> args;
+    std::string expected;
+  } cases[] = {
+      {{"t2i", "--model", kTinyFlux, "--prompt", "a red cat", "--out", out},
+       "the prompt has a word this model does not know: 'cat'. It knows these 30 words: a an two small"},
+      {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--negative-prompt", "no dogs", "--cfg", "fused", "--out", out},
+       "words this model does not know: 'no', 'dogs'"},
+      {{"t2i", "--model", kTinyFlux, "--out", out}, "--prompt TEXT is required (this model's text encoder knows these words: a an two"},
+  };
+  for (const auto& c : cases) {
+    const auto r = run(c.args);
+    EXPECT_EQ(r.status, 1) << c.expected << ": " << r.err;
+    EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "one line: " << r.err;
+    EXPECT_NE(r.err.find(c.expected), std::string::npos) << "expected '" << c.expected << "' in: " << r.err;
+    EXPECT_FALSE(std::filesystem::exists(out)) << "no picture for a prompt the model cannot read";
   }
 }
 
