@@ -4,9 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
@@ -164,16 +162,7 @@ AutoencoderKLConfig AutoencoderKLConfig::from_json(const nlohmann::json& json, c
 }
 
 AutoencoderKLConfig AutoencoderKLConfig::load(const std::string& config_path) {
-  std::ifstream in(config_path, std::ios::binary);
-  if (!in) throw Error(config_path + ": cannot be read");
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json json;
-  try {
-    json = parse_strict_json(text.str(), 16);
-  } catch (const Error& e) {
-    throw Error(config_path + ": not valid JSON: " + e.what());
-  }
+  const nlohmann::json json = read_json_file(config_path);
   return from_json(json, config_path);
 }
 

@@ -1,11 +1,8 @@
 #include "models/flux_transformer.h"
 
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
-#include "ops/attention.h"
-#include "ops/vector_ops.h"
+#include "models/dit_ops.h"
 #include "tensor/error.h"
 #include "tensor/half.h"
 #include "tensor/strict_json.h"
@@ -16,43 +13,14 @@ namespace {
 
 using ops::Activation;
 
-// Chunk k of n along the last dim of a [B, n*D] modulation vector: a [B, D] view.
-Tensor chunk(const Tensor& mod, int64_t n, int64_t k) {
-  const int64_t d = mod.size(-1) / n;
-  return mod.narrow(mod.dim() - 1, k * d, d);
-}
-
-// h + gate * y, gate [B, D] broadcast over the tokens of y [B, S, D].
-Tensor gated_add(const Tensor& h, const Tensor& gate, const Tensor& y, const Stream& stream) {
-  return ops::add(h, ops::mul(y, gate.unsqueeze(1), stream), stream);
-}
-
-// h + gate * linear(x), fused into the GEMM's epilogue when the gate is one vector (B = 1).
-Tensor gated_linear(const Linear& linear, const Tensor& x, const Tensor& h, const Tensor& gate, const Stream& stream) {
-  if (gate.size(0) == 1 && h.is_contiguous() && h.dtype() == DType::f32)
-    return linear(x, stream, {.residual = h, .gate = gate.reshape({gate.size(1)}).contiguous()});
-  return gated_add(h, gate, linear(x, stream), stream);
-}
+using dit::attention;
+using dit::chunk;
+using dit::gated_linear;
+using dit::rope;
 
 // [B, S, D] -> per-head RMS-normed [B, S, heads, head_dim].
 Tensor heads_rms(const Tensor& x, const Vector1d& weight, int64_t heads, int64_t head_dim, const Stream& stream) {
-  return ops::rms_norm(x.reshape({x.size(0), x.size(1), heads, head_dim}), weight.value, 1e-6f, stream);
-}
-
-Tensor rope(const Tensor& x, const RopeTable& table, const Stream& stream) {
-  return ops::rotary_position_embedding(x, table.cos, table.sin, ops::RotatedMode::rotated_interleaved,
-                                        ops::RopeLayout::BSND, stream);
-}
-
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Stream& stream) {
-  const Tensor o = ops::attention_forward(q, k, v, {}, stream);  // BSND, scale head_dim^-0.5, runtime-tuned
-  return o.reshape({o.size(0), o.size(1), o.size(2) * o.size(3)});
-}
-
-int64_t get_int(const nlohmann::json& value, const std::string& source, const std::string& key, int64_t min) {
-  if (!value.is_number_integer() || value.get<int64_t>() < min)
-    throw Error(source + ": '" + key + "' must be an integer >= " + std::to_string(min) + ", got " + value.dump());
-  return value.get<int64_t>();
+  return ops::rms_norm(dit::split_heads(x, heads, head_dim), weight.value, 1e-6f, stream);
 }
 
 }  // namespace
@@ -65,26 +33,26 @@ FluxConfig FluxConfig::from_json(const nlohmann::json& json, const std::string& 
   bool out_set = false;
   for (const auto& [key, value] : json.items()) {
     if (!key.empty() && key[0] == '_') continue;
-    if (key == "patch_size") c.patch_size = get_int(value, source, key, 1);
-    else if (key == "in_channels") c.in_channels = get_int(value, source, key, 1);
+    if (key == "patch_size") c.patch_size = json_int(value, source, key, 1);
+    else if (key == "in_channels") c.in_channels = json_int(value, source, key, 1);
     else if (key == "out_channels") {
       if (!value.is_null()) {
-        c.out_channels = get_int(value, source, key, 1);
+        c.out_channels = json_int(value, source, key, 1);
         out_set = true;
       }
-    } else if (key == "num_layers") c.num_layers = get_int(value, source, key, 0);
-    else if (key == "num_single_layers") c.num_single_layers = get_int(value, source, key, 0);
-    else if (key == "attention_head_dim") c.attention_head_dim = get_int(value, source, key, 2);
-    else if (key == "num_attention_heads") c.num_attention_heads = get_int(value, source, key, 1);
-    else if (key == "joint_attention_dim") c.joint_attention_dim = get_int(value, source, key, 1);
-    else if (key == "pooled_projection_dim") c.pooled_projection_dim = get_int(value, source, key, 1);
+    } else if (key == "num_layers") c.num_layers = json_int(value, source, key, 0);
+    else if (key == "num_single_layers") c.num_single_layers = json_int(value, source, key, 0);
+    else if (key == "attention_head_dim") c.attention_head_dim = json_int(value, source, key, 2);
+    else if (key == "num_attention_heads") c.num_attention_heads = json_int(value, source, key, 1);
+    else if (key == "joint_attention_dim") c.joint_attention_dim = json_int(value, source, key, 1);
+    else if (key == "pooled_projection_dim") c.pooled_projection_dim = json_int(value, source, key, 1);
     else if (key == "guidance_embeds") {
       if (!value.is_boolean()) throw Error(source + ": 'guidance_embeds' must be true or false, got " + value.dump());
       c.guidance_embeds = value.get<bool>();
     } else if (key == "axes_dims_rope") {
       if (!value.is_array() || value.size() != 3) throw Error(source + ": 'axes_dims_rope' must be a list of 3 integers, got " + value.dump());
       c.axes_dims_rope.clear();
-      for (const auto& v : value) c.axes_dims_rope.push_back(get_int(v, source, key, 2));
+      for (const auto& v : value) c.axes_dims_rope.push_back(json_int(v, source, key, 2));
     } else {
       throw Error(source + ": unknown key '" + key + "' for FluxTransformer2DModel");
     }
@@ -103,16 +71,7 @@ FluxConfig FluxConfig::from_json(const nlohmann::json& json, const std::string& 
 }
 
 FluxConfig FluxConfig::load(const std::string& config_path) {
-  std::ifstream in(config_path, std::ios::binary);
-  if (!in) throw Error(config_path + ": cannot be read");
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json json;
-  try {
-    json = parse_strict_json(text.str(), 16);
-  } catch (const Error& e) {
-    throw Error(config_path + ": not valid JSON: " + e.what());
-  }
+  const nlohmann::json json = read_json_file(config_path);
   return from_json(json, config_path);
 }
 

@@ -34,14 +34,16 @@ void check_dtype(DType dtype, const char* what) {
 
 // bf16 storage applies to matrices and kernels; biases and norm weights (1-D) stay f32, as the
 // GEMM epilogue and the vector ops take them.
-DType storage_dtype(const Shape& shape, DType dtype) { return shape.size() >= 2 ? dtype : DType::f32; }
+DType storage_dtype(const ParameterSpec& spec, DType dtype) {
+  return spec.shape.size() >= 2 && !spec.keep_f32 ? dtype : DType::f32;
+}
 
 }  // namespace
 
-void ParameterTable::add(const std::string& name, Shape shape, Tensor* slot) {
+void ParameterTable::add(const std::string& name, Shape shape, Tensor* slot, bool keep_f32) {
   for (const auto& s : specs_)
     if (s.name == name) throw Error("parameter '" + name + "' declared twice");
-  specs_.push_back({name, std::move(shape), slot});
+  specs_.push_back({name, std::move(shape), slot, keep_f32});
 }
 
 int64_t ParameterTable::numel() const {
@@ -98,12 +100,12 @@ void load_parameters(const ParameterTable& table, const Checkpoint& checkpoint, 
     throw Error(msg.str());
   }
   for (const auto& spec : table.specs())
-    *spec.slot = converted(checkpoint.tensor(spec.name), storage_dtype(spec.shape, dtype));
+    *spec.slot = converted(checkpoint.tensor(spec.name), storage_dtype(spec, dtype));
 }
 
 void make_meta_parameters(const ParameterTable& table, DType dtype) {
   check_dtype(dtype, "make_meta_parameters");
-  for (const auto& spec : table.specs()) *spec.slot = Tensor::meta(spec.shape, storage_dtype(spec.shape, dtype));
+  for (const auto& spec : table.specs()) *spec.slot = Tensor::meta(spec.shape, storage_dtype(spec, dtype));
 }
 
 void make_random_parameters(const ParameterTable& table, DType dtype, uint64_t seed, float scale) {
@@ -113,7 +115,7 @@ void make_random_parameters(const ParameterTable& table, DType dtype, uint64_t s
   for (const auto& spec : table.specs()) {
     std::vector<float> v(static_cast<std::size_t>(shape_numel(spec.shape)));
     for (float& x : v) x = dist(rng);
-    *spec.slot = converted(Tensor::from_vector(v, spec.shape), storage_dtype(spec.shape, dtype));
+    *spec.slot = converted(Tensor::from_vector(v, spec.shape), storage_dtype(spec, dtype));
   }
 }
 

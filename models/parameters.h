@@ -16,12 +16,14 @@ struct ParameterSpec {
   std::string name;  // the checkpoint key, e.g. "transformer_blocks.0.attn.to_q.weight"
   Shape shape;
   Tensor* slot = nullptr;  // filled by the loaders below
+  bool keep_f32 = false;   // stays f32 in bf16 mode (a modulation table the model adds in f32)
 };
 
 class ParameterTable {
  public:
-  // Registers `name` (throws on a duplicate). The slot must outlive the table's use.
-  void add(const std::string& name, Shape shape, Tensor* slot);
+  // Registers `name` (throws on a duplicate). The slot must outlive the table's use. keep_f32: the
+  // tensor stays f32 when the model is loaded in bf16 (as diffusers' _keep_in_fp32_modules).
+  void add(const std::string& name, Shape shape, Tensor* slot, bool keep_f32 = false);
   const std::vector<ParameterSpec>& specs() const { return specs_; }
   int64_t numel() const;  // total elements of every parameter
 

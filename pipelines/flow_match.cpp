@@ -1,8 +1,6 @@
 #include "pipelines/flow_match.h"
 
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
 #include "ops/vector_ops.h"
 #include "tensor/error.h"
@@ -63,16 +61,7 @@ FlowMatchConfig FlowMatchConfig::from_json(const nlohmann::json& json, const std
 }
 
 FlowMatchConfig FlowMatchConfig::load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot be read");
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json json;
-  try {
-    json = parse_strict_json(text.str(), 16);
-  } catch (const Error& e) {
-    throw Error(path + ": not valid JSON: " + e.what());
-  }
+  const nlohmann::json json = read_json_file(path);
   return from_json(json, path);
 }
 

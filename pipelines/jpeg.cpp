@@ -47,13 +47,13 @@ RgbImage to_rgb(const Tensor& image) {
   return out;
 }
 
-void write_jpeg(const std::string& path, const RgbImage& image, int quality) {
+std::vector<uint8_t> encode_jpeg(const RgbImage& image, int quality, const std::string& what) {
   if (image.width <= 0 || image.height <= 0 ||
       image.pixels.size() != static_cast<std::size_t>(image.width) * static_cast<std::size_t>(image.height) * 3)
-    throw Error(path + ": cannot write an empty or inconsistent image");
-  if (quality < 1 || quality > 100) throw Error(path + ": JPEG quality must be in 1..100, got " + std::to_string(quality));
+    throw Error(what + ": cannot write an empty or inconsistent image");
+  if (quality < 1 || quality > 100) throw Error(what + ": JPEG quality must be in 1..100, got " + std::to_string(quality));
   TjHandle tj(tjInitCompress());
-  if (!tj.handle) throw Error(path + ": TurboJPEG could not start: " + std::string(tjGetErrorStr()));
+  if (!tj.handle) throw Error(what + ": TurboJPEG could not start: " + std::string(tjGetErrorStr()));
   unsigned char* buffer = nullptr;
   unsigned long size = 0;
   const int subsampling = quality >= 90 ? TJSAMP_444 : TJSAMP_420;
@@ -61,16 +61,43 @@ void write_jpeg(const std::string& path, const RgbImage& image, int quality) {
                   quality, TJFLAG_ACCURATEDCT) != 0) {
     const std::string why = tjGetErrorStr2(tj.handle);
     tjFree(buffer);
-    throw Error(path + ": JPEG encoding failed: " + why);
+    throw Error(what + ": JPEG encoding failed: " + why);
   }
   std::unique_ptr<unsigned char, void (*)(unsigned char*)> owned(buffer, [](unsigned char* b) { tjFree(b); });
+  return std::vector<uint8_t>(buffer, buffer + size);
+}
+
+void write_jpeg(const std::string& path, const RgbImage& image, int quality) {
+  const std::vector<uint8_t> bytes = encode_jpeg(image, quality, path);
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(buffer), static_cast<std::streamsize>(size));
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
     if (!out) throw Error(path + ": cannot write " + tmp);
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) throw Error(path + ": cannot move " + tmp + " into place");
+}
+
+JpegSize jpeg_size(const uint8_t* data, std::size_t size, const std::string& what) {
+  TjHandle tj(tjInitDecompress());
+  if (!tj.handle) throw Error(what + ": TurboJPEG could not start: " + std::string(tjGetErrorStr()));
+  int width = 0, height = 0, subsampling = 0, colorspace = 0;
+  if (size == 0 || tjDecompressHeader3(tj.handle, data, size, &width, &height, &subsampling, &colorspace) != 0)
+    throw Error(what + ": not a JPEG file: " + (size == 0 ? std::string("no data") : std::string(tjGetErrorStr2(tj.handle))));
+  return {width, height};
+}
+
+RgbImage decode_jpeg(const uint8_t* data, std::size_t size, const std::string& what) {
+  const JpegSize dims = jpeg_size(data, size, what);
+  TjHandle tj(tjInitDecompress());
+  if (!tj.handle) throw Error(what + ": TurboJPEG could not start: " + std::string(tjGetErrorStr()));
+  RgbImage image;
+  image.width = dims.width;
+  image.height = dims.height;
+  image.pixels.resize(static_cast<std::size_t>(dims.width) * static_cast<std::size_t>(dims.height) * 3);
+  if (tjDecompress2(tj.handle, data, size, image.pixels.data(), dims.width, 0, dims.height, TJPF_RGB, TJFLAG_ACCURATEDCT) != 0)
+    throw Error(what + ": JPEG decoding failed: " + std::string(tjGetErrorStr2(tj.handle)));
+  return image;
 }
 
 RgbImage read_jpeg(const std::string& path) {
@@ -79,18 +106,7 @@ RgbImage read_jpeg(const std::string& path) {
   std::stringstream bytes_stream;
   bytes_stream << in.rdbuf();
   const std::string bytes = bytes_stream.str();
-  TjHandle tj(tjInitDecompress());
-  int width = 0, height = 0, subsampling = 0, colorspace = 0;
-  auto* data = reinterpret_cast<unsigned char*>(const_cast<char*>(bytes.data()));
-  if (tjDecompressHeader3(tj.handle, data, bytes.size(), &width, &height, &subsampling, &colorspace) != 0)
-    throw Error(path + ": not a JPEG file: " + std::string(tjGetErrorStr2(tj.handle)));
-  RgbImage image;
-  image.width = width;
-  image.height = height;
-  image.pixels.resize(static_cast<std::size_t>(width) * static_cast<std::size_t>(height) * 3);
-  if (tjDecompress2(tj.handle, data, bytes.size(), image.pixels.data(), width, 0, height, TJPF_RGB, TJFLAG_ACCURATEDCT) != 0)
-    throw Error(path + ": JPEG decoding failed: " + std::string(tjGetErrorStr2(tj.handle)));
-  return image;
+  return decode_jpeg(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), path);
 }
 
 }  // namespace cubevec::pipelines

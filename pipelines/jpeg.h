@@ -24,4 +24,18 @@ void write_jpeg(const std::string& path, const RgbImage& image, int quality = 92
 // Reads a JPEG back as RGB (for tests and tools).
 RgbImage read_jpeg(const std::string& path);
 
+// The same in memory (for MJPEG video frames). `what` names the image or data in error messages
+// (a file name, "frame 3 of out.avi").
+std::vector<uint8_t> encode_jpeg(const RgbImage& image, int quality = 92, const std::string& what = "image");
+RgbImage decode_jpeg(const uint8_t* data, std::size_t size, const std::string& what = "JPEG data");
+inline RgbImage decode_jpeg(const std::vector<uint8_t>& bytes, const std::string& what = "JPEG data") {
+  return decode_jpeg(bytes.data(), bytes.size(), what);
+}
+
+struct JpegSize {
+  int width = 0, height = 0;
+};
+// Width and height from a JPEG's header, without decoding the image.
+JpegSize jpeg_size(const uint8_t* data, std::size_t size, const std::string& what = "JPEG data");
+
 }  // namespace cubevec::pipelines

@@ -5,7 +5,7 @@
 
 namespace cubevec::pipelines {
 
-PromptEmbedsFile PromptEmbedsFile::load(const std::string& path) {
+PromptEmbedsFile PromptEmbedsFile::load(const std::string& path, bool with_pooled) {
   const SafetensorsFile file = SafetensorsFile::open(path);
   auto find = [&](std::initializer_list<const char*> names, int rank_without_batch, bool required) -> Tensor {
     for (const char* name : names) {
@@ -22,12 +22,24 @@ PromptEmbedsFile PromptEmbedsFile::load(const std::string& path) {
     if (required) {
       std::string list;
       for (const char* name : names) list += (list.empty() ? "'" : " or '") + std::string(name) + "'";
-      throw Error(path + ": no " + list + " tensor (a --prompt-embeds file holds prompt_embeds [1, L, D] and pooled_prompt_embeds [1, P])");
+      throw Error(path + ": no " + list + " tensor (a --prompt-embeds file holds prompt_embeds [1, L, D]" +
+                  (with_pooled ? " and pooled_prompt_embeds [1, P])" : ")"));
     }
     return {};
   };
   PromptEmbedsFile out;
   out.positive.sequence = find({"prompt_embeds", "encoder_hidden_states"}, 2, true);
+  if (!with_pooled) {
+    // Wan: one sequence per prompt, no pooled vector.
+    const Tensor neg = find({"negative_prompt_embeds"}, 2, false);
+    if (neg.defined()) {
+      if (neg.size(2) != out.positive.sequence.size(2))
+        throw Error(path + ": the negative embeddings " + shape_to_string(neg.shape()) + " must have the width of the positive ones " +
+                    shape_to_string(out.positive.sequence.shape()));
+      out.negative = PromptEmbeddings{neg, {}};
+    }
+    return out;
+  }
   out.positive.pooled = find({"pooled_prompt_embeds", "pooled_projections"}, 1, true);
   const Tensor neg = find({"negative_prompt_embeds"}, 2, false);
   const Tensor neg_pooled = find({"negative_pooled_prompt_embeds"}, 1, false);

@@ -14,7 +14,7 @@ namespace cubevec::pipelines {
 
 struct PromptEmbeddings {
   Tensor sequence;  // [1, L, joint_attention_dim]
-  Tensor pooled;    // [1, pooled_projection_dim]
+  Tensor pooled;    // [1, pooled_projection_dim] (undefined for Wan, which has none)
 };
 
 class TextEncoder {
@@ -29,11 +29,12 @@ class TextEncoder {
 // FluxPipeline arguments: `prompt_embeds` [1, L, D] and `pooled_prompt_embeds` [1, P], optionally
 // `negative_prompt_embeds` and `negative_pooled_prompt_embeds` for true CFG. (The forward names
 // `encoder_hidden_states` / `pooled_projections` are accepted too.) 2-D tensors get a batch dim.
+// Without with_pooled (Wan: umT5 states only) the pooled tensors are neither needed nor read.
 struct PromptEmbedsFile {
   PromptEmbeddings positive;
   std::optional<PromptEmbeddings> negative;
 
-  static PromptEmbedsFile load(const std::string& path);
+  static PromptEmbedsFile load(const std::string& path, bool with_pooled = true);
 };
 
 // A TextEncoder that returns fixed embeddings whatever the prompt (the file's).

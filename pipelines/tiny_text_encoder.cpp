@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "ops/attention.h"
 #include "ops/vector_ops.h"
@@ -13,28 +11,6 @@
 #include "tensor/strict_json.h"
 
 namespace cubevec::pipelines {
-
-namespace {
-
-nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot be read");
-  std::stringstream text;
-  text << in.rdbuf();
-  try {
-    return parse_strict_json(text.str(), 16);
-  } catch (const Error& e) {
-    throw Error(path + ": not valid JSON: " + e.what());
-  }
-}
-
-int64_t get_int(const nlohmann::json& value, const std::string& source, const std::string& key, int64_t min) {
-  if (!value.is_number_integer() || value.get<int64_t>() < min)
-    throw Error(source + ": '" + key + "' must be an integer >= " + std::to_string(min) + ", got " + value.dump());
-  return value.get<int64_t>();
-}
-
-}  // namespace
 
 // --- config -------------------------------------------------------------------------------------
 
@@ -60,7 +36,7 @@ TinyTextEncoderConfig TinyTextEncoderConfig::from_json(const nlohmann::json& jso
     bool known = false;
     for (const auto& i : ints)
       if (key == i.key) {
-        *i.field = get_int(value, source, key, i.min);
+        *i.field = json_int(value, source, key, i.min);
         known = true;
       }
     if (known) continue;
@@ -84,7 +60,7 @@ TinyTextEncoderConfig TinyTextEncoderConfig::from_json(const nlohmann::json& jso
   return c;
 }
 
-TinyTextEncoderConfig TinyTextEncoderConfig::load(const std::string& path) { return from_json(read_json(path), path); }
+TinyTextEncoderConfig TinyTextEncoderConfig::load(const std::string& path) { return from_json(read_json_file(path), path); }
 
 // --- tokenizer ------------------------------------------------------------------------------------
 
@@ -92,7 +68,7 @@ WordTokenizer WordTokenizer::load(const std::string& dir) {
   WordTokenizer t;
   t.source_ = dir;
   const std::string vocab_path = dir + "/vocab.json", config_path = dir + "/tokenizer_config.json";
-  const nlohmann::json vocab = read_json(vocab_path);
+  const nlohmann::json vocab = read_json_file(vocab_path);
   if (!vocab.is_object() || vocab.empty()) throw Error(vocab_path + ": expected a non-empty JSON object {\"word\": id, ...}");
   t.words_.assign(vocab.size(), std::string());
   std::vector<bool> seen(vocab.size(), false);
@@ -108,10 +84,10 @@ WordTokenizer WordTokenizer::load(const std::string& dir) {
     t.words_[i] = word;
     t.ids_[word] = static_cast<int32_t>(i);
   }
-  const nlohmann::json config = read_json(config_path);
+  const nlohmann::json config = read_json_file(config_path);
   if (!config.is_object()) throw Error(config_path + ": expected a JSON object");
   if (!config.contains("model_max_length")) throw Error(config_path + ": missing key 'model_max_length'");
-  t.max_length_ = get_int(config["model_max_length"], config_path, "model_max_length", 1);
+  t.max_length_ = json_int(config["model_max_length"], config_path, "model_max_length", 1);
   if (!config.contains("pad_token") || !config["pad_token"].is_string())
     throw Error(config_path + ": 'pad_token' must be a string naming the padding word of vocab.json");
   const std::string pad = config["pad_token"].get<std::string>();

@@ -1,5 +1,8 @@
 #include "tensor/strict_json.h"
 
+#include <fstream>
+#include <sstream>
+
 #include <set>
 #include <vector>
 
@@ -24,6 +27,34 @@ nlohmann::json parse_strict_json(std::string_view text, int max_depth) {
   } catch (const nlohmann::json::exception& e) {
     throw StrictJsonError(StrictJsonError::Kind::Syntax, 0, std::string("not valid JSON: ") + e.what());
   }
+}
+
+nlohmann::json read_json_file(const std::string& path, int max_depth) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot be read");
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return parse_strict_json(text.str(), max_depth);
+  } catch (const Error& e) {
+    throw Error(path + ": not valid JSON: " + e.what());
+  }
+}
+
+int64_t json_int(const nlohmann::json& value, const std::string& source, const std::string& key, int64_t min) {
+  if (!value.is_number_integer() || value.get<int64_t>() < min)
+    throw Error(source + ": '" + key + "' must be an integer >= " + std::to_string(min) + ", got " + value.dump());
+  return value.get<int64_t>();
+}
+
+bool json_bool(const nlohmann::json& value, const std::string& source, const std::string& key) {
+  if (!value.is_boolean()) throw Error(source + ": '" + key + "' must be true or false, got " + value.dump());
+  return value.get<bool>();
+}
+
+double json_number(const nlohmann::json& value, const std::string& source, const std::string& key) {
+  if (!value.is_number()) throw Error(source + ": '" + key + "' must be a number, got " + value.dump());
+  return value.get<double>();
 }
 
 }  // namespace cubevec

@@ -14,6 +14,7 @@
 #include "pipelines/cli/attention_tune_cache.h"
 #include "pipelines/cli/command.h"
 #include "pipelines/cli/device_flags.h"
+#include "pipelines/cli/generation_report.h"
 #include "pipelines/flux_t2i.h"
 #include "pipelines/jpeg.h"
 #include "pipelines/tiny_text_encoder.h"
@@ -32,12 +33,6 @@ struct T2IFlags {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-std::string mib(std::size_t bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-  return text;
 }
 
 int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache) {
@@ -107,15 +102,7 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
 
   // Stage 2: denoising, with progress.
   pipelines::T2ITimings timings;
-  const auto on_step = [&](int step, int steps, double s) {
-    double mean = 0;
-    for (double x : timings.step_s) mean += x;
-    mean /= static_cast<double>(timings.step_s.size());
-    if (f.simulate)
-      std::fprintf(stderr, "step %d/%d  modelled %.3f s/step\n", step, steps, timings.modelled_step_s.back());
-    else
-      std::fprintf(stderr, "step %d/%d  %.2f s/step  ETA %.1f s\n", step, steps, s, mean * (steps - step));
-  };
+  const auto on_step = progress_printer(timings, f.simulate);
   const Tensor latents = pipeline.denoise(positive, negative ? &*negative : nullptr, f.options, device, on_step, timings);
 
   // Stage 3 and 4: VAE decode and JPEG.
@@ -128,22 +115,12 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   }
   device.synchronize();
   const AllocatorStats mem = default_allocator().stats();
-  double step_mean = 0, modelled_step_mean = 0;
-  for (double x : timings.step_s) step_mean += x / static_cast<double>(timings.step_s.size());
-  for (double x : timings.modelled_step_s) modelled_step_mean += x / static_cast<double>(timings.modelled_step_s.size());
-
-  std::fprintf(stderr, "\n%-22s %10s\n", "stage", "seconds");
-  std::fprintf(stderr, "%-22s %10.3f\n", "load", load_s);
-  std::fprintf(stderr, "%-22s %10.3f\n", "text encoding", text_s);
-  std::fprintf(stderr, "%-22s %10.3f   (%.3f s/step mean over %d steps)\n", "denoising", timings.denoise_s, step_mean, f.options.steps);
+  std::vector<StageTime> stages{{"load", load_s}, {"text encoding", text_s}, {"denoising", timings.denoise_s}};
   if (!f.simulate) {
-    std::fprintf(stderr, "%-22s %10.3f\n", "VAE decode", timings.vae_s);
-    std::fprintf(stderr, "%-22s %10.3f\n", "JPEG encode", jpeg_s);
+    stages.push_back({"VAE decode", timings.vae_s});
+    stages.push_back({"JPEG encode", jpeg_s});
   }
-  std::fprintf(stderr, "%-22s %10.3f   (%.3f s/step on the %s profile's modelled clock)\n", "modelled denoising",
-               timings.modelled_denoise_s, modelled_step_mean, profile.name.c_str());
-  std::fprintf(stderr, "peak memory (allocator): %s live, %s reserved\n", mib(mem.peak_live_bytes).c_str(),
-               mib(mem.peak_reserved_bytes).c_str());
+  print_stage_table(stages, timings, f.options.steps, profile.name, mem);
   if (!f.simulate) std::fprintf(stderr, "wrote %s\n", f.out.c_str());
 
   cache.save(device);
@@ -152,7 +129,7 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
     std::fprintf(stderr, "trace written to %s\n", f.trace_path.c_str());
   }
   if (!f.json_path.empty()) {
-    const nlohmann::ordered_json json = {
+    nlohmann::ordered_json json = {
         {"model", f.model},
         {"width", f.options.width},
         {"height", f.options.height},
@@ -161,16 +138,9 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
         {"seed", f.options.seed},
         {"dtype", f.dtype},
         {"simulate", f.simulate},
-        {"profile", profile.name},
-        {"stages_s", {{"load", load_s}, {"text_encoding", text_s}, {"denoising", timings.denoise_s}, {"vae_decode", timings.vae_s}, {"jpeg_encode", jpeg_s}}},
-        {"step_s", timings.step_s},
-        {"step_mean_s", step_mean},
-        {"modelled_denoising_s", timings.modelled_denoise_s},
-        {"modelled_step_s", timings.modelled_step_s},
-        {"modelled_step_mean_s", modelled_step_mean},
-        {"peak_live_bytes", mem.peak_live_bytes},
-        {"peak_reserved_bytes", mem.peak_reserved_bytes},
-        {"out", f.out}};
+        {"profile", profile.name}};
+    json.update(timing_json(stages, timings, mem));
+    json["out"] = f.out;
     std::ofstream out(f.json_path);
     out << json.dump(2) << "\n";
     if (!out) throw Error(f.json_path + ": cannot write the JSON report");

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <optional>
@@ -76,6 +77,23 @@ inline void expect_close(const Tensor& got, const std::vector<double>& want, DTy
   const Tolerance tol = tolerance.value_or(default_tolerance(dtype));
   for (std::size_t i = 0; i < g.size(); ++i)
     ASSERT_NEAR(g[i], want[i], tol.rtol * std::fabs(want[i]) + tol.atol) << what << " at " << i;
+}
+
+// Scale-relative closeness for whole model outputs: max |got - want| <= rel * max |want| + abs,
+// reporting the worst element (a NaN in got fails).
+inline void expect_close_rel(const Tensor& got, const Tensor& want, double rel, const std::string& what, double abs = 0.0) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const auto g = values(got), w = values(want);
+  double scale = 0, worst = 0;
+  std::size_t at = 0;
+  for (double x : w) scale = std::max(scale, std::fabs(x));
+  for (std::size_t i = 0; i < g.size(); ++i)
+    if (std::fabs(g[i] - w[i]) > worst || std::isnan(g[i])) {
+      worst = std::isnan(g[i]) ? INFINITY : std::fabs(g[i] - w[i]);
+      at = i;
+    }
+  EXPECT_LE(worst, rel * scale + abs) << what << ": worst at " << at << " got " << g[at] << " expected " << w[at]
+                                      << " (max |expected| " << scale << ")";
 }
 
 // The message of the cubevec::Error that `action` throws, or "(no error)".

@@ -39,22 +39,6 @@ const models::FluxTransformer2DModel& tiny(const std::string& dir) {
   return *slot;
 }
 
-// max |got - want| <= rel * max |want| (+ abs), printing the worst element.
-void expect_close_rel(const Tensor& got, const Tensor& want, double rel, const std::string& what, double abs = 0.0) {
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  const auto g = values(got), w = values(want);
-  double scale = 0, worst = 0;
-  std::size_t at = 0;
-  for (double x : w) scale = std::max(scale, std::fabs(x));
-  for (std::size_t i = 0; i < g.size(); ++i)
-    if (std::fabs(g[i] - w[i]) > worst || std::isnan(g[i])) {
-      worst = std::isnan(g[i]) ? INFINITY : std::fabs(g[i] - w[i]);
-      at = i;
-    }
-  EXPECT_LE(worst, rel * scale + abs) << what << ": worst at " << at << " got " << g[at] << " expected " << w[at]
-                                      << " (max |expected| " << scale << ")";
-}
-
 TEST(FluxGolden, RopeTablesAndSinusoid) {
   for (const auto& [name, axes] : {std::pair<std::string, std::vector<int64_t>>{"rope", {4, 6, 6}}, {"rope_axes_2_2_4", {2, 2, 4}}}) {
     const models::RopeTable t = models::flux_rope(golden(name + ".ids"), axes);

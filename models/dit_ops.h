@@ -1,0 +1,48 @@
+// Small compositions of fused ops that every DiT block here uses (Flux, Wan): modulation chunks,
+// gated residuals through the GEMM epilogue, per-head RoPE and attention on [B, S, heads, head_dim].
+#pragma once
+
+#include "models/flux_transformer.h"
+#include "models/layers.h"
+#include "ops/attention.h"
+#include "ops/vector_ops.h"
+
+namespace cubevec::models::dit {
+
+// Chunk k of n along the last dim of a [B, n*D] modulation vector: a [B, D] view.
+inline Tensor chunk(const Tensor& mod, int64_t n, int64_t k) {
+  const int64_t d = mod.size(-1) / n;
+  return mod.narrow(mod.dim() - 1, k * d, d);
+}
+
+// h + gate * y, gate [B, D] broadcast over the tokens of y [B, S, D].
+inline Tensor gated_add(const Tensor& h, const Tensor& gate, const Tensor& y, const Stream& stream) {
+  return ops::add(h, ops::mul(y, gate.unsqueeze(1), stream), stream);
+}
+
+// h + gate * linear(x), fused into the GEMM's epilogue when the gate is one vector (B = 1).
+inline Tensor gated_linear(const Linear& linear, const Tensor& x, const Tensor& h, const Tensor& gate,
+                           const Stream& stream) {
+  if (gate.size(0) == 1 && h.is_contiguous() && h.dtype() == DType::f32)
+    return linear(x, stream, {.residual = h, .gate = gate.reshape({gate.size(1)}).contiguous()});
+  return gated_add(h, gate, linear(x, stream), stream);
+}
+
+// Interleaved RoPE on [B, S, heads, head_dim] with a [S, head_dim] table.
+inline Tensor rope(const Tensor& x, const RopeTable& table, const Stream& stream) {
+  return ops::rotary_position_embedding(x, table.cos, table.sin, ops::RotatedMode::rotated_interleaved,
+                                        ops::RopeLayout::BSND, stream);
+}
+
+// Attention on BSND heads (scale head_dim^-0.5, no mask, runtime-tuned) -> [B, Sq, heads * head_dim].
+inline Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Stream& stream) {
+  const Tensor o = ops::attention_forward(q, k, v, {}, stream);
+  return o.reshape({o.size(0), o.size(1), o.size(2) * o.size(3)});
+}
+
+// [B, S, heads * head_dim] viewed as [B, S, heads, head_dim].
+inline Tensor split_heads(const Tensor& x, int64_t heads, int64_t head_dim) {
+  return x.reshape({x.size(0), x.size(1), heads, head_dim});
+}
+
+}  // namespace cubevec::models::dit

@@ -1,0 +1,62 @@
+#include "pipelines/cli/generation_report.h"
+
+#include <cctype>
+#include <cstdio>
+
+namespace cubevec::cli {
+
+double mean(const std::vector<double>& values) {
+  double sum = 0;
+  for (double x : values) sum += x;
+  return values.empty() ? 0.0 : sum / static_cast<double>(values.size());
+}
+
+std::string mib(std::size_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return text;
+}
+
+pipelines::StepCallback progress_printer(const pipelines::T2ITimings& timings, bool simulate) {
+  return [&timings, simulate](int step, int steps, double seconds) {
+    if (simulate)
+      std::fprintf(stderr, "step %d/%d  modelled %.3f s/step\n", step, steps, timings.modelled_step_s.back());
+    else
+      std::fprintf(stderr, "step %d/%d  %.2f s/step  ETA %.1f s\n", step, steps, seconds, mean(timings.step_s) * (steps - step));
+  };
+}
+
+void print_stage_table(const std::vector<StageTime>& stages, const pipelines::T2ITimings& timings, int steps,
+                       const std::string& profile, const AllocatorStats& memory) {
+  std::fprintf(stderr, "\n%-22s %10s\n", "stage", "seconds");
+  for (const StageTime& stage : stages) {
+    if (stage.name == "denoising")
+      std::fprintf(stderr, "%-22s %10.3f   (%.3f s/step mean over %d steps)\n", "denoising", stage.seconds, mean(timings.step_s), steps);
+    else
+      std::fprintf(stderr, "%-22s %10.3f\n", stage.name.c_str(), stage.seconds);
+  }
+  std::fprintf(stderr, "%-22s %10.3f   (%.3f s/step on the %s profile's modelled clock)\n", "modelled denoising",
+               timings.modelled_denoise_s, mean(timings.modelled_step_s), profile.c_str());
+  std::fprintf(stderr, "peak memory (allocator): %s live, %s reserved\n", mib(memory.peak_live_bytes).c_str(),
+               mib(memory.peak_reserved_bytes).c_str());
+}
+
+nlohmann::ordered_json timing_json(const std::vector<StageTime>& stages, const pipelines::T2ITimings& timings,
+                                   const AllocatorStats& memory) {
+  nlohmann::ordered_json stage_json = nlohmann::ordered_json::object();
+  for (const StageTime& stage : stages) {
+    std::string key = stage.name;
+    for (char& ch : key) ch = ch == ' ' ? '_' : static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    stage_json[key] = stage.seconds;
+  }
+  return {{"stages_s", stage_json},
+          {"step_s", timings.step_s},
+          {"step_mean_s", mean(timings.step_s)},
+          {"modelled_denoising_s", timings.modelled_denoise_s},
+          {"modelled_step_s", timings.modelled_step_s},
+          {"modelled_step_mean_s", mean(timings.modelled_step_s)},
+          {"peak_live_bytes", memory.peak_live_bytes},
+          {"peak_reserved_bytes", memory.peak_reserved_bytes}};
+}
+
+}  // namespace cubevec::cli
