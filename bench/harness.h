@@ -55,5 +55,6 @@ void cv_suite(Context& context);
 void instances_suite(Context& context);
 void gemm_suite(Context& context);
 void vector_suite(Context& context);
+void vae_suite(Context& context);
 
 }  // namespace cubevec::bench

@@ -1,9 +1,11 @@
 // Suite `blocks`: one Flux double block and one single block at FLUX.1 width (3072 hidden, 24
-// heads x 128) on 1024 image + 256 text tokens, f32 and bf16 weights, each with its per-op
-// breakdown (measured kernel time by kernel name), and the same two blocks in PyTorch 1.13 on CPU
-// measured in the same run by bench/torch_flux_blocks.py (Debian's /usr/bin/python3; skipped with a
-// note when torch is not installed). GFLOP/s count every kernel's declared FLOPs; the fraction is
-// of the measured 2-thread FMA peak.
+// heads x 128) on 1024 image + 256 text tokens, and one Wan2.1 block at the 1.3B model's width
+// (1536 hidden, 12 heads x 128, FFN 8960) on a 4,680-token video (13 latent frames of 18 x 20
+// patches) with 512 text tokens; f32 and bf16 weights, each with its per-op breakdown (measured
+// kernel time by kernel name), and the same blocks in PyTorch 1.13 on CPU measured in the same run
+// by bench/torch_flux_blocks.py and bench/torch_wan_blocks.py (Debian's /usr/bin/python3; skipped
+// with a note when torch is not installed). GFLOP/s count every kernel's declared FLOPs; the
+// fraction is of the measured 2-thread FMA peak.
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -12,6 +14,7 @@
 
 #include "bench/harness.h"
 #include "models/flux_transformer.h"
+#include "models/wan_transformer.h"
 #include "ops/vector_ops.h"
 
 namespace cubevec::bench {
@@ -19,10 +22,11 @@ namespace cubevec::bench {
 namespace {
 
 constexpr int64_t kImg = 1024, kTxt = 256;
+constexpr int64_t kWanFrames = 13, kWanHeight = 18, kWanWidth = 20, kWanTxt = 512;  // 4,680 video tokens
 
-// bench/torch_flux_blocks.py's JSON, or null when it cannot run.
-nlohmann::json run_torch(int threads, int repeats) {
-  const std::string script = std::string(CUBEVEC_SOURCE_DIR) + "/bench/torch_flux_blocks.py";
+// The JSON of a bench/torch_*_blocks.py script, or null when it cannot run.
+nlohmann::json run_torch(const std::string& script_name, int threads, int repeats) {
+  const std::string script = std::string(CUBEVEC_SOURCE_DIR) + "/bench/" + script_name;
   const std::string command = "/usr/bin/python3 " + script + " --threads " + std::to_string(threads) + " --repeats " +
                               std::to_string(repeats) + " 2>/dev/null";
   std::fprintf(stderr, "running the PyTorch baseline: %s\n", command.c_str());
@@ -45,12 +49,88 @@ struct BlockRun {
   std::map<std::string, double> op_s;  // measured kernel seconds by kernel name, one run
 };
 
+// Times `forward` (median of runs), then runs it once more traced for the FLOPs and the breakdown.
+BlockRun measure(Device& device, const std::function<Tensor()>& forward, int repeats) {
+  BlockRun run;
+  run.timing = time_runs([&] { forward().data_ptr(); }, std::max(2, repeats / 2));
+  device.synchronize();
+  device.trace().clear();
+  forward().data_ptr();
+  device.synchronize();
+  for (const auto& r : device.trace().records()) {
+    run.flops += r.desc.flops;
+    run.op_s[r.desc.name] += r.real_end_s - r.real_start_s;
+  }
+  return run;
+}
+
+// The block's row (with x PyTorch when the baseline ran), its per-op rows largest first, and the
+// PyTorch row.
+void report(Context& context, const std::string& label, const std::string& block, const std::string& dt, const BlockRun& run,
+            const nlohmann::json& torch) {
+  Result r{"blocks", label, "cubevec"};
+  r.dtype = dt;
+  r.timing = run.timing;
+  r.gflops = run.flops / run.timing.median_s / 1e9;
+  r.peak_fraction = r.gflops / context.machine.fma_peak_gflops;
+  const nlohmann::json* baseline = nullptr;
+  if (!torch.is_null())
+    for (const auto& t : torch["results"])
+      if (t["block"] == block && t["dtype"] == dt) baseline = &t;
+  if (baseline) r.extra["x_torch"] = (*baseline)["median_s"].get<double>() / run.timing.median_s;
+  context.add(r);
+  std::vector<std::pair<double, std::string>> ops;
+  double total = 0;
+  for (const auto& [name, sec] : run.op_s) {
+    ops.push_back({sec, name});
+    total += sec;
+  }
+  std::sort(ops.rbegin(), ops.rend());
+  for (const auto& [sec, name] : ops) {
+    Result op{"blocks", "  " + block + " op", name};
+    op.dtype = dt;
+    op.timing = summarize({sec});
+    op.extra["share"] = sec / total;
+    context.add(op);
+  }
+  if (baseline) {
+    Result t{"blocks", label, "pytorch-" + torch["torch_version"].get<std::string>()};
+    t.dtype = dt;
+    t.timing = summarize((*baseline)["runs_s"].get<std::vector<double>>());
+    context.add(t);
+  }
+}
+
+// One Wan2.1-1.3B block on the video sequence, f32 and bf16 weights.
+void wan_block(Context& context, Device& device, const nlohmann::json& torch) {
+  const Stream s = device.default_stream();
+  const models::WanConfig config = models::WanConfig::wan21_1_3b();
+  const int64_t d = config.inner_dim(), tokens = kWanFrames * kWanHeight * kWanWidth;
+  models::ParameterTable inputs_table;
+  Tensor hidden, context_states, timestep_proj;
+  inputs_table.add("hidden", {1, tokens, d}, &hidden);
+  inputs_table.add("context", {1, kWanTxt, d}, &context_states);
+  inputs_table.add("timestep_proj", {1, 6, d}, &timestep_proj);
+  models::make_random_parameters(inputs_table, DType::f32, 13, 1.0f);
+  const models::RopeTable rope = models::wan_rope(kWanFrames, kWanHeight, kWanWidth, config);
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    models::ParameterTable table;
+    models::WanBlock block;
+    block.declare(table, "wan.", config);
+    models::make_random_parameters(table, dtype, 7, 0.02f);
+    const BlockRun run = measure(device, [&] { return block.forward(hidden, context_states, timestep_proj, rope, s); }, context.repeats);
+    report(context, "wan 4680+512 x1536", "wan", std::string(dtype_name(dtype)), run, torch);
+  }
+}
+
 }  // namespace
 
 void blocks_suite(Context& context) {
   const int threads = context.machine.threads;
-  const nlohmann::json torch = run_torch(threads, std::max(2, context.repeats / 2));
-  if (torch.is_null()) std::fprintf(stderr, "note: the PyTorch baseline did not run (needs Debian's python3-torch)\n");
+  const nlohmann::json torch = run_torch("torch_flux_blocks.py", threads, std::max(2, context.repeats / 2));
+  const nlohmann::json torch_wan = run_torch("torch_wan_blocks.py", threads, std::max(2, context.repeats / 2));
+  if (torch.is_null() || torch_wan.is_null())
+    std::fprintf(stderr, "note: a PyTorch baseline did not run (needs Debian's python3-torch)\n");
 
   DeviceProfile profile = builtin_cpu_profile();
   profile.cube_threads = threads;
@@ -82,62 +162,13 @@ void blocks_suite(Context& context) {
     models::make_random_parameters(table, dtype, 5, 0.02f);
     const Tensor joint = ops::concat({context_states, hidden}, 1, s);
 
-    auto measure = [&](const std::function<Tensor()>& forward) {
-      BlockRun run;
-      const int runs = std::max(2, context.repeats / 2);
-      run.timing = time_runs([&] { forward().data_ptr(); }, runs);
-      // One more, traced, for the breakdown and the FLOP count.
-      device.synchronize();
-      device.trace().clear();
-      forward().data_ptr();
-      device.synchronize();
-      for (const auto& r : device.trace().records()) {
-        run.flops += r.desc.flops;
-        run.op_s[r.desc.name] += r.real_end_s - r.real_start_s;
-      }
-      return run;
-    };
     const BlockRun runs[2] = {
-        measure([&] { return double_block.forward(hidden, context_states, silu, rope, s).first; }),
-        measure([&] { return single_block.forward(joint, silu, rope, s); })};
+        measure(device, [&] { return double_block.forward(hidden, context_states, silu, rope, s).first; }, context.repeats),
+        measure(device, [&] { return single_block.forward(joint, silu, rope, s); }, context.repeats)};
     const char* names[2] = {"double", "single"};
-    for (int b = 0; b < 2; ++b) {
-      const BlockRun& run = runs[b];
-      Result r{"blocks", std::string("flux ") + names[b] + " 1024+256 x3072", "cubevec"};
-      r.dtype = dt;
-      r.timing = run.timing;
-      r.gflops = run.flops / run.timing.median_s / 1e9;
-      r.peak_fraction = r.gflops / context.machine.fma_peak_gflops;
-      if (!torch.is_null())
-        for (const auto& t : torch["results"])
-          if (t["block"] == names[b] && t["dtype"] == dt) r.extra["x_torch"] = t["median_s"].get<double>() / run.timing.median_s;
-      context.add(r);
-      // The per-op breakdown: measured kernel time, largest first.
-      std::vector<std::pair<double, std::string>> ops;
-      double total = 0;
-      for (const auto& [name, sec] : run.op_s) {
-        ops.push_back({sec, name});
-        total += sec;
-      }
-      std::sort(ops.rbegin(), ops.rend());
-      for (const auto& [sec, name] : ops) {
-        Result op{"blocks", std::string("  ") + names[b] + " op", name};
-        op.dtype = dt;
-        op.timing = summarize({sec});
-        op.extra["share"] = sec / total;
-        context.add(op);
-      }
-    }
-    if (!torch.is_null()) {
-      for (const auto& t : torch["results"]) {
-        if (t["dtype"] != dt) continue;
-        Result r{"blocks", "flux " + t["block"].get<std::string>() + " 1024+256 x3072", "pytorch-" + torch["torch_version"].get<std::string>()};
-        r.dtype = dt;
-        r.timing = summarize(t["runs_s"].get<std::vector<double>>());
-        context.add(r);
-      }
-    }
+    for (int b = 0; b < 2; ++b) report(context, std::string("flux ") + names[b] + " 1024+256 x3072", names[b], dt, runs[b], torch);
   }
+  wan_block(context, device, torch_wan);
 }
 
 }  // namespace cubevec::bench

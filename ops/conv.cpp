@@ -7,8 +7,15 @@ namespace cubevec::ops {
 
 namespace {
 
-// Output positions per im2col block: bounds the buffer to (C x kernel volume) x kBlock floats.
+// Output positions per im2col block: at most kBlock, and few enough that the block's columns
+// (C x kernel volume rows) fit in kBlockBytes, so the GEMM packs them from the last-level cache
+// right after im2col wrote them.
 constexpr int64_t kBlock = 4096;
+constexpr int64_t kBlockBytes = int64_t{4} << 20;
+int64_t block_positions(int64_t kdim) {
+  const int64_t fit = kBlockBytes / (static_cast<int64_t>(sizeof(float)) * std::max<int64_t>(kdim, 1));
+  return std::clamp<int64_t>(fit / 64 * 64, 256, kBlock);
+}
 
 template <int D>
 struct Geometry {
@@ -57,33 +64,63 @@ Geometry<D> check(const char* op, const Tensor& x, const Tensor& w, const Tensor
 }
 
 // Fills cols [C x kernel volume, count] for output positions [first, first + count) of one image.
+// Each row (one input channel and kernel offset) is filled in runs along the last output dim:
+// within a run the outer coordinates are fixed, so the run is one bounds check and a copy (a
+// memcpy with zero edges for unit stride).
 template <int D>
 void im2col(const float* image, const Geometry<D>& g, const ConvOptions<D>& o, int64_t first, int64_t count, float* cols) {
   const int64_t kvol = g.kernel_volume();
+  constexpr int L = D - 1;  // the last (contiguous) dim
+  const int64_t out_last = g.out[L], in_last = g.in[L], stride_last = o.stride[L];
+  std::array<int64_t, D> start{};  // the output index of position `first`
+  for (int64_t d = L, pos = first; d >= 0; --d) {
+    start[d] = pos % g.out[d];
+    pos /= g.out[d];
+  }
   tbb::parallel_for(int64_t{0}, g.c * kvol, [&](int64_t row) {
     const int64_t channel = row / kvol;
     int64_t kidx = row % kvol;
     std::array<int64_t, D> k{};
-    for (int d = D - 1; d >= 0; --d) {
+    for (int d = L; d >= 0; --d) {
       k[d] = kidx % g.kernel[d];
       kidx /= g.kernel[d];
     }
     const float* plane = image + channel * g.in_volume();
     float* dst = cols + row * count;
-    for (int64_t j = 0; j < count; ++j) {
-      int64_t pos = first + j, offset = 0;
+    const int64_t shift = k[L] * o.dilation[L] - o.padding[L];  // input x = out x * stride + shift
+    std::array<int64_t, D> index = start;
+    for (int64_t j = 0; j < count;) {
+      const int64_t run = std::min(count - j, out_last - index[L]);
+      float* out = dst + j;
       bool inside = true;
-      std::array<int64_t, D> out_index{};
-      for (int d = D - 1; d >= 0; --d) {
-        out_index[d] = pos % g.out[d];
-        pos /= g.out[d];
-      }
-      for (int d = 0; d < D; ++d) {
-        const int64_t coord = out_index[d] * o.stride[d] - o.padding[d] + k[d] * o.dilation[d];
+      int64_t offset = 0;  // of the input row the run reads
+      for (int d = 0; d < L; ++d) {
+        const int64_t coord = index[d] * o.stride[d] - o.padding[d] + k[d] * o.dilation[d];
         inside = inside && coord >= 0 && coord < g.in[d];
         offset = offset * g.in[d] + coord;
       }
-      dst[j] = inside ? plane[offset] : 0.0f;
+      if (!inside) {
+        std::fill(out, out + run, 0.0f);
+      } else if (stride_last == 1) {
+        const int64_t x0 = index[L] + shift;  // out[r] is input x0 + r: inside for r in [lo, hi)
+        const int64_t lo = std::clamp<int64_t>(-x0, 0, run), hi = std::clamp<int64_t>(in_last - x0, lo, run);
+        const float* src = plane + offset * in_last;
+        std::fill(out, out + lo, 0.0f);
+        if (hi > lo) std::copy(src + x0 + lo, src + x0 + hi, out + lo);
+        std::fill(out + hi, out + run, 0.0f);
+      } else {
+        const float* src = plane + offset * in_last;
+        for (int64_t r = 0; r < run; ++r) {
+          const int64_t x = (index[L] + r) * stride_last + shift;
+          out[r] = x >= 0 && x < in_last ? src[x] : 0.0f;
+        }
+      }
+      j += run;
+      index[L] += run;  // the next run starts a new output row
+      for (int d = L; d > 0 && index[d] == g.out[d]; --d) {
+        index[d] = 0;
+        ++index[d - 1];
+      }
     }
   });
 }
@@ -109,7 +146,7 @@ Tensor conv(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias
     // A 1x1 (x1) kernel with unit stride and no padding needs no im2col: the image is the matrix.
     bool pointwise = true;
     for (int d = 0; d < D; ++d) pointwise = pointwise && g.kernel[d] == 1 && o.stride[d] == 1 && o.padding[d] == 0;
-    const int64_t block = std::min(kBlock, positions);
+    const int64_t block = std::min(pointwise ? kBlock : block_positions(kdim), positions);
     std::vector<float> cols(pointwise ? 0 : static_cast<std::size_t>(kdim * block));
     for (int64_t image = 0; image < g.n; ++image) {
       const float* src = px + image * g.c * g.in_volume();

@@ -52,6 +52,22 @@ struct GroupNormArgs {
   const float* bias = nullptr;    // [C] or null
 };
 
+// normalize_channels over contiguous x [N, C, S]: item i of the N * ceil(S / block) items is the
+// column block [b * block, min(S, (b + 1) * block)) of sample n (i = n * blocks + b); every column
+// (one position s) is scaled by scale / max(||x[n, :, s]||_2, eps), then each channel by weight[c].
+struct ChannelNormArgs {
+  const void* x = nullptr;
+  void* out = nullptr;
+  Elem type = Elem::f32;
+  int64_t channels = 1;  // C
+  int64_t inner = 1;     // S
+  int64_t block = 1;     // columns per item, at most kChannelNormBlock
+  float eps = 0;
+  float scale = 1;
+  const float* weight = nullptr;  // [C] or null (ones)
+};
+inline constexpr int64_t kChannelNormBlock = 256;
+
 // RoPE on contiguous rows of `d` values; row r uses cos/sin row (r / s_div) % s_mod.
 struct RopeArgs {
   const void* x = nullptr;
@@ -112,6 +128,7 @@ struct Kernels {
   void (*unary)(const UnaryArgs&, int64_t i0, int64_t i1);
   void (*binary)(const BinaryArgs&, int64_t r0, int64_t r1);
   void (*convert)(const ConvertArgs&, int64_t i0, int64_t i1);
+  void (*channel_norm)(const ChannelNormArgs&, int64_t i0, int64_t i1);  // over the column-block items
 };
 
 using ops::Isa;

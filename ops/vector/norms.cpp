@@ -1,4 +1,8 @@
-// RMSNorm, fast_layernorm, layernorm_scale_shift (AdaLN) and GroupNorm.
+// RMSNorm, fast_layernorm, layernorm_scale_shift (AdaLN), GroupNorm and the channel L2 norm
+// (normalize_channels).
+#include <algorithm>
+#include <cmath>
+
 #include "ops/vector/common.h"
 
 namespace cubevec::ops {
@@ -200,6 +204,40 @@ Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight, con
                   detail::parallel_chunks(n * num_groups, group_size,
                                           [&](int64_t g0, int64_t g1) { k->group_norm(a, g0, g1); });
                 });
+  return out;
+}
+
+Tensor normalize_channels(const Tensor& x, const Tensor& weight, float scale, float eps, const Stream& stream) {
+  constexpr const char* op = "normalize_channels";
+  detail::float_elem(x, op, "x");
+  if (x.dim() < 2) throw Error("normalize_channels: x must be [N, C, *], got " + brief(x));
+  check_eps(eps, op);
+  if (!std::isfinite(scale)) throw Error("normalize_channels: scale must be finite, got " + std::to_string(scale));
+  const int64_t n = x.size(0), c = x.size(1);
+  const std::string c_text = "[C] = [" + std::to_string(c) + "] with C the channels of x " + shape_to_string(x.shape());
+  const Tensor w = detail::f32_param(weight, {c}, c_text, op, "weight", stream);
+  const Tensor xc = detail::contiguous_on(x, stream);
+  Tensor out = stream.device().empty(x.shape(), x.dtype(), stream);
+  const int64_t inner = c == 0 || n == 0 ? 0 : x.numel() / (n * c);
+  std::vector<Tensor> reads = {xc};
+  if (w.defined()) reads.push_back(w);
+  const double bytes = 2.0 * detail::bytes_of(xc) + detail::bytes_of(w);
+  const vk::Kernels* k = &vk::kernels();
+  stream.launch({op, Unit::vector, 4.0 * static_cast<double>(x.numel()), bytes, DType::f32}, reads, {out}, [=] {
+    if (inner == 0 || c == 0) return;
+    vk::ChannelNormArgs a;
+    a.x = detail::in_ptr(xc);
+    a.out = detail::out_ptr(out);
+    a.type = detail::elem_of(xc.dtype());
+    a.channels = c;
+    a.inner = inner;
+    a.block = std::min(inner, vk::kChannelNormBlock);
+    a.eps = eps;
+    a.scale = scale;
+    a.weight = detail::f32_ptr(w);
+    const int64_t blocks = (inner + a.block - 1) / a.block;
+    detail::parallel_chunks(n * blocks, c * a.block, [&](int64_t i0, int64_t i1) { k->channel_norm(a, i0, i1); });
+  });
   return out;
 }
 

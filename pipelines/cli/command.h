@@ -14,6 +14,7 @@ CommandRunner add_inspect_command(CLI::App& app);
 CommandRunner add_cv_experiment_command(CLI::App& app);
 CommandRunner add_attention_command(CLI::App& app);
 CommandRunner add_t2i_command(CLI::App& app);
+CommandRunner add_t2v_command(CLI::App& app);
 CommandRunner add_forward_command(CLI::App& app);
 
 }  // namespace cubevec::cli

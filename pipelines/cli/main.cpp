@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   add(cubevec::cli::add_cv_experiment_command);
   add(cubevec::cli::add_attention_command);
   add(cubevec::cli::add_t2i_command);
+  add(cubevec::cli::add_t2v_command);
   add(cubevec::cli::add_forward_command);
 
   // CLI11 would only say "a subcommand is required"; name the unknown word and the known ones.

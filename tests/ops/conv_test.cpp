@@ -70,7 +70,12 @@ TEST(Conv, Conv3dMatchesDirectLoopsIncludingWanPatchEmbedding) {
     int64_t c, o, t, h, w;
     std::array<int64_t, 3> k, stride, pad;
   };
-  const Case cases[] = {{4, 8, 3, 8, 6, {1, 2, 2}, {1, 2, 2}, {0, 0, 0}}, {3, 5, 4, 7, 9, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}}};
+  // More than one 4096-position im2col block (the second starting mid-row), a stride in the last
+  // dim, and padding wider than the kernel reach.
+  const Case cases[] = {{4, 8, 3, 8, 6, {1, 2, 2}, {1, 2, 2}, {0, 0, 0}},
+                        {3, 5, 4, 7, 9, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}},
+                        {2, 3, 5, 21, 43, {3, 3, 3}, {1, 1, 1}, {2, 1, 1}},
+                        {2, 4, 4, 9, 31, {3, 1, 3}, {1, 2, 3}, {1, 0, 3}}};
   for (const Case& s : cases) {
     const auto x = random_values(s.c * s.t * s.h * s.w, 4), w = random_values(s.o * s.c * s.k[0] * s.k[1] * s.k[2], 5);
     ops::Conv3dOptions opt;

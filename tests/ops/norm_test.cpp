@@ -1,13 +1,15 @@
-// RMSNorm, fast_layernorm, layernorm_scale_shift (AdaLN) and GroupNorm against double-precision
-// loops written here, on odd widths, f32 and bf16 (with f32 or bf16 parameters), contiguous and
+// RMSNorm, fast_layernorm, layernorm_scale_shift (AdaLN), GroupNorm and normalize_channels against
+// double-precision loops written here, on odd widths, f32 and bf16 (with f32 or bf16 parameters), contiguous and
 // strided x, and the shape/dtype errors. Tolerances: f32 |got - want| <= 1e-5 |want| + 1e-5;
 // bf16 (reference from the bf16-rounded inputs) <= 2^-8 |want| + 1e-5 (about one bf16 ulp).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <random>
 
+#include "ops/vector/kernels.h"
 #include "ops/vector_ops.h"
 #include "tensor/half.h"
 
@@ -178,6 +180,59 @@ TEST(Norm, GroupNormMatchesDefinition) {
       expect_norm_close(ops::group_norm(x, groups), want_plain, dtype, what + " no affine");
       expect_norm_close(ops::group_norm(strided_copy_of(x), groups, w, b), want, dtype, what + " strided");
     }
+}
+
+// Wan's RMS_norm: F.normalize(x, dim=1) * scale * weight, on every kernel ISA this CPU runs, with
+// inner sizes around the kernel's 256-column blocks, a zero column (eps), and a strided x.
+TEST(Norm, NormalizeChannelsMatchesDefinition) {
+  const Shape shapes[] = {{2, 5, 7}, {1, 3, 2, 3, 43}, {2, 16, 257}, {1, 1, 9}, {3, 4}, {1, 7, 513}};
+  for (auto isa : {ops::vk::Isa::avx512, ops::vk::Isa::avx2, ops::vk::Isa::portable}) {
+    if (!ops::vk::isa_supported(isa)) continue;
+    setenv("CUBEVEC_VECTOR_ISA", std::string(ops::vk::isa_name(isa)).c_str(), 1);
+    for (DType dtype : kDTypes)
+      for (const Shape& shape : shapes) {
+        const int64_t n = shape[0], c = shape[1], s = shape_numel(shape) / (n * c);
+        Tensor x = random_tensor(shape, 18, dtype, 2.0f, 0.5f);
+        if (dtype == DType::f32) {  // column 0 of sample 0 all zeros: 0 / max(0, eps) = 0
+          std::vector<double> v = values(x);
+          for (int64_t ch = 0; ch < c; ++ch) v[static_cast<std::size_t>(ch * s)] = 0;
+          x = Tensor::from_vector(std::vector<float>(v.begin(), v.end()), shape);
+        }
+        const Tensor w = random_tensor({c}, 19, DType::bf16);
+        const std::vector<double> xv = values(x), wv = values(w);
+        const double scale = std::sqrt(static_cast<double>(c));
+        std::vector<double> want(xv.size()), want_plain(xv.size());
+        for (int64_t b = 0; b < n; ++b)
+          for (int64_t i = 0; i < s; ++i) {
+            double sq = 0;
+            for (int64_t ch = 0; ch < c; ++ch) sq += std::pow(xv[static_cast<std::size_t>((b * c + ch) * s + i)], 2);
+            const double norm = std::max(std::sqrt(sq), 1e-12);
+            for (int64_t ch = 0; ch < c; ++ch) {
+              const auto at = static_cast<std::size_t>((b * c + ch) * s + i);
+              want_plain[at] = xv[at] / norm;
+              want[at] = xv[at] / norm * scale * wv[static_cast<std::size_t>(ch)];
+            }
+          }
+        const std::string what = std::string(ops::vk::isa_name(isa)) + " " + std::string(dtype_name(dtype)) + " " +
+                                 shape_to_string(shape);
+        const Tensor y = ops::normalize_channels(x, w, static_cast<float>(scale));
+        EXPECT_EQ(y.shape(), shape) << what;
+        expect_norm_close(y, want, dtype, what);
+        expect_norm_close(ops::normalize_channels(x, Tensor()), want_plain, dtype, what + " no weight");
+        expect_norm_close(ops::normalize_channels(strided_copy_of(x), w, static_cast<float>(scale)), want, dtype,
+                          what + " strided");
+      }
+    unsetenv("CUBEVEC_VECTOR_ISA");
+  }
+  const Tensor x = random_tensor({2, 3, 4}, 20);
+  std::string msg = message_of([&] { ops::normalize_channels(x, random_tensor({4}, 1)); });
+  EXPECT_NE(msg.find("normalize_channels: weight must have shape [C] = [3] with C the channels of x [2, 3, 4], got [4]"),
+            std::string::npos)
+      << msg;
+  msg = message_of([&] { ops::normalize_channels(x.select(0, 0).select(0, 0), Tensor()); });
+  EXPECT_NE(msg.find("normalize_channels: x must be [N, C, *], got f32 [4]"), std::string::npos) << msg;
+  msg = message_of([&] { ops::normalize_channels(x, Tensor(), 1.0f, 0.0f); });
+  EXPECT_NE(msg.find("normalize_channels: eps must be positive"), std::string::npos) << msg;
 }
 
 TEST(Norm, ErrorsNameWhatWasExpected) {

@@ -163,5 +163,37 @@ void group_norm_groups(const GroupNormArgs& a, int64_t g0, int64_t g1) {
   }
 }
 
+// normalize_channels: for each column block, the squared norms of its columns summed channel by
+// channel (contiguous runs of the block's columns, so the loops vectorize across positions), then
+// one scaling pass over the same runs.
+template <class T>
+void channel_norm_blocks(const ChannelNormArgs& a, int64_t i0, int64_t i1) {
+  const int64_t c_count = a.channels, s_count = a.inner, block = a.block;
+  const int64_t blocks = (s_count + block - 1) / block;
+  float sums[kChannelNormBlock];
+  for (int64_t item = i0; item < i1; ++item) {
+    const int64_t n = item / blocks, s0 = (item % blocks) * block;
+    const int64_t len = s_count - s0 < block ? s_count - s0 : block;
+    const T* __restrict x = static_cast<const T*>(a.x) + n * c_count * s_count + s0;
+    T* __restrict out = static_cast<T*>(a.out) + n * c_count * s_count + s0;
+    for (int64_t i = 0; i < len; ++i) sums[i] = 0.0f;
+    for (int64_t c = 0; c < c_count; ++c) {
+      const T* __restrict xc = x + c * s_count;
+      for (int64_t i = 0; i < len; ++i) {
+        const float v = load(xc, i);
+        sums[i] += v * v;
+      }
+    }
+    for (int64_t i = 0; i < len; ++i) sums[i] = a.scale / max_f(sqrt_f(sums[i]), a.eps);
+    for (int64_t c = 0; c < c_count; ++c) {
+      const float w = a.weight ? a.weight[c] : 1.0f;
+      const T* __restrict xc = x + c * s_count;
+      T* __restrict oc = out + c * s_count;
+      CUBEVEC_NO_ALIAS
+      for (int64_t i = 0; i < len; ++i) store(oc, i, load(xc, i) * sums[i] * w);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace cubevec::ops::vk

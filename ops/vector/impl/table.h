@@ -51,8 +51,14 @@ void convert_entry(const ConvertArgs& a, int64_t i0, int64_t i1) {
   else convert_range<bf16_t, bf16_t>(a, i0, i1);
 }
 
+void channel_norm_entry(const ChannelNormArgs& a, int64_t i0, int64_t i1) {
+  if (a.type == Elem::f32) channel_norm_blocks<float>(a, i0, i1);
+  else channel_norm_blocks<bf16_t>(a, i0, i1);
+}
+
 constexpr Kernels kTable = {rms_norm_entry, layer_norm_entry, softmax_entry, group_norm_entry,
-                            rope_entry,     unary_entry,      binary_entry,  convert_entry};
+                            rope_entry,     unary_entry,      binary_entry,  convert_entry,
+                            channel_norm_entry};
 
 }  // namespace
 }  // namespace cubevec::ops::vk

@@ -1,0 +1,247 @@
+#include "models/wan_transformer.h"
+
+#include "models/dit_ops.h"
+#include "ops/conv.h"
+#include "tensor/error.h"
+#include "tensor/strict_json.h"
+
+namespace cubevec::models {
+
+namespace {
+
+using dit::attention;
+using dit::gated_linear;
+using dit::rope;
+using dit::split_heads;
+
+// Row k of a [B, n, D] modulation tensor: a [B, D] view.
+Tensor row(const Tensor& mod, int64_t k) { return mod.select(1, k); }
+
+void require_null(const nlohmann::json& value, const std::string& source, const std::string& key) {
+  if (!value.is_null())
+    throw Error(source + ": '" + key + "' is " + value.dump() +
+                "; cubevec's WanTransformer3DModel is the text-to-video model, which has it null (no image branch)");
+}
+
+}  // namespace
+
+// --- config -------------------------------------------------------------------------------------
+
+std::array<int64_t, 3> WanConfig::rope_axes() const {
+  const int64_t hw = 2 * (attention_head_dim / 6);
+  return {attention_head_dim - 2 * hw, hw, hw};
+}
+
+WanConfig WanConfig::from_json(const nlohmann::json& json, const std::string& source) {
+  if (!json.is_object()) throw Error(source + ": expected a JSON object");
+  WanConfig c;
+  bool out_set = false;
+  for (const auto& [key, value] : json.items()) {
+    if (!key.empty() && key[0] == '_') continue;
+    if (key == "patch_size") {
+      if (!value.is_array() || value.size() != 3)
+        throw Error(source + ": 'patch_size' must be a list of 3 integers (t, h, w), got " + value.dump());
+      for (std::size_t i = 0; i < 3; ++i) c.patch_size[i] = json_int(value[i], source, key, 1);
+    } else if (key == "num_attention_heads") c.num_attention_heads = json_int(value, source, key, 1);
+    else if (key == "attention_head_dim") c.attention_head_dim = json_int(value, source, key, 6);
+    else if (key == "in_channels") c.in_channels = json_int(value, source, key, 1);
+    else if (key == "out_channels") {
+      if (!value.is_null()) {
+        c.out_channels = json_int(value, source, key, 1);
+        out_set = true;
+      }
+    } else if (key == "text_dim") c.text_dim = json_int(value, source, key, 1);
+    else if (key == "freq_dim") c.freq_dim = json_int(value, source, key, 2);
+    else if (key == "ffn_dim") c.ffn_dim = json_int(value, source, key, 1);
+    else if (key == "num_layers") c.num_layers = json_int(value, source, key, 0);
+    else if (key == "cross_attn_norm") c.cross_attn_norm = json_bool(value, source, key);
+    else if (key == "qk_norm") {
+      if (value != "rms_norm_across_heads")
+        throw Error(source + ": 'qk_norm' " + value.dump() + " is not supported (Wan2.1 uses \"rms_norm_across_heads\")");
+    } else if (key == "eps") c.eps = json_number(value, source, key);
+    else if (key == "rope_max_seq_len") c.rope_max_seq_len = json_int(value, source, key, 1);
+    else if (key == "image_dim" || key == "added_kv_proj_dim" || key == "pos_embed_seq_len") require_null(value, source, key);
+    else throw Error(source + ": unknown key '" + key + "' for WanTransformer3DModel");
+  }
+  if (!out_set) c.out_channels = c.in_channels;
+  if (c.freq_dim % 2 != 0) throw Error(source + ": 'freq_dim' must be even, got " + std::to_string(c.freq_dim));
+  if (c.attention_head_dim % 2 != 0)
+    throw Error(source + ": 'attention_head_dim' must be even (RoPE rotates pairs), got " + std::to_string(c.attention_head_dim));
+  if (!(c.eps > 0)) throw Error(source + ": 'eps' must be positive");
+  return c;
+}
+
+WanConfig WanConfig::load(const std::string& config_path) { return from_json(read_json_file(config_path), config_path); }
+
+WanConfig WanConfig::wan21_1_3b() {
+  WanConfig c;
+  c.num_attention_heads = 12;
+  c.ffn_dim = 8960;
+  c.num_layers = 30;
+  return c;
+}
+
+WanConfig WanConfig::wan21_14b() { return WanConfig{}; }  // diffusers' code defaults are the 14B model
+
+// --- RoPE ---------------------------------------------------------------------------------------
+
+RopeTable wan_rope(int64_t frames, int64_t height, int64_t width, const WanConfig& config) {
+  const int64_t limit = config.rope_max_seq_len;
+  if (frames > limit || height > limit || width > limit)
+    throw Error("wan_rope: the patch grid " + std::to_string(frames) + "x" + std::to_string(height) + "x" +
+                std::to_string(width) + " exceeds rope_max_seq_len " + std::to_string(limit) + " on an axis");
+  // Token (f, i, j) in (t, h, w) row-major order; the per-axis frequencies are Flux's formula.
+  std::vector<float> ids;
+  ids.reserve(static_cast<std::size_t>(frames * height * width * 3));
+  for (int64_t f = 0; f < frames; ++f)
+    for (int64_t i = 0; i < height; ++i)
+      for (int64_t j = 0; j < width; ++j)
+        for (int64_t v : {f, i, j}) ids.push_back(static_cast<float>(v));
+  const auto axes = config.rope_axes();
+  return flux_rope(Tensor::from_vector(ids, {frames * height * width, 3}), {axes[0], axes[1], axes[2]});
+}
+
+// --- block --------------------------------------------------------------------------------------
+
+void WanBlock::declare(ParameterTable& t, const std::string& p, const WanConfig& c) {
+  const int64_t d = c.inner_dim();
+  heads = c.num_attention_heads;
+  head_dim = c.attention_head_dim;
+  eps = static_cast<float>(c.eps);
+  cross_attn_norm = c.cross_attn_norm;
+  t.add(p + "scale_shift_table", {1, 6, d}, &scale_shift_table, /*keep_f32=*/true);
+  to_q.declare(t, p + "attn1.to_q", d, d);
+  to_k.declare(t, p + "attn1.to_k", d, d);
+  to_v.declare(t, p + "attn1.to_v", d, d);
+  to_out.declare(t, p + "attn1.to_out.0", d, d);
+  norm_q.declare(t, p + "attn1.norm_q.weight", d);
+  norm_k.declare(t, p + "attn1.norm_k.weight", d);
+  if (cross_attn_norm) {
+    norm2_weight.declare(t, p + "norm2.weight", d);
+    norm2_bias.declare(t, p + "norm2.bias", d);
+  }
+  cross_q.declare(t, p + "attn2.to_q", d, d);
+  cross_k.declare(t, p + "attn2.to_k", d, d);
+  cross_v.declare(t, p + "attn2.to_v", d, d);
+  cross_out.declare(t, p + "attn2.to_out.0", d, d);
+  cross_norm_q.declare(t, p + "attn2.norm_q.weight", d);
+  cross_norm_k.declare(t, p + "attn2.norm_k.weight", d);
+  ffn_in.declare(t, p + "ffn.net.0.proj", d, c.ffn_dim);
+  ffn_out.declare(t, p + "ffn.net.2", c.ffn_dim, d);
+}
+
+Tensor WanBlock::forward(const Tensor& h, const Tensor& ctx, const Tensor& timestep_proj, const RopeTable& table,
+                         const Stream& s) const {
+  // M = scale_shift_table + timestep_proj: shift, scale, gate (self-attention), then the FFN's.
+  const Tensor mod = ops::add(timestep_proj, scale_shift_table, s);
+  // Self-attention: q and k RMS-normed over all D channels (before the head split), RoPE, no mask.
+  const Tensor xn = ops::layernorm_scale_shift(h, row(mod, 1), row(mod, 0), {}, {}, eps, s);
+  const Tensor q = ops::rms_norm(to_q(xn, s), norm_q.value, eps, s);
+  const Tensor k = ops::rms_norm(to_k(xn, s), norm_k.value, eps, s);
+  const Tensor v = to_v(xn, s);
+  const Tensor o = attention(rope(split_heads(q, heads, head_dim), table, s),
+                             rope(split_heads(k, heads, head_dim), table, s), split_heads(v, heads, head_dim), s);
+  Tensor h2 = gated_linear(to_out, o, h, row(mod, 2), s);
+  // Cross-attention to the text: affine LayerNorm, no RoPE, no mask, no gate.
+  const Tensor cn = cross_attn_norm ? ops::fast_layernorm(h2, norm2_weight.value, norm2_bias.value, eps, ops::LayerNormImpl::high_precision, s).out : h2;
+  const Tensor cq = ops::rms_norm(cross_q(cn, s), cross_norm_q.value, eps, s);
+  const Tensor ck = ops::rms_norm(cross_k(ctx, s), cross_norm_k.value, eps, s);
+  const Tensor cv = cross_v(ctx, s);
+  const Tensor co = attention(split_heads(cq, heads, head_dim), split_heads(ck, heads, head_dim),
+                              split_heads(cv, heads, head_dim), s);
+  h2 = cross_out(co, s, {.residual = h2});
+  // Feed-forward: GELU-tanh MLP through the FFN's gate.
+  const Tensor fn = ops::layernorm_scale_shift(h2, row(mod, 4), row(mod, 3), {}, {}, eps, s);
+  return gated_linear(ffn_out, ffn_in(fn, s, {.activation = ops::GemmActivation::gelu_tanh}), h2, row(mod, 5), s);
+}
+
+// --- the model ----------------------------------------------------------------------------------
+
+WanTransformer3DModel::WanTransformer3DModel(WanConfig config) : config_(std::move(config)) {
+  const WanConfig& c = config_;
+  const int64_t d = c.inner_dim();
+  const auto& p = c.patch_size;
+  table_.add("patch_embedding.weight", {d, c.in_channels, p[0], p[1], p[2]}, &patch_weight_);
+  table_.add("patch_embedding.bias", {d}, &patch_bias_);
+  time_1_.declare(table_, "condition_embedder.time_embedder.linear_1", c.freq_dim, d);
+  time_2_.declare(table_, "condition_embedder.time_embedder.linear_2", d, d);
+  time_proj_.declare(table_, "condition_embedder.time_proj", d, 6 * d);
+  text_1_.declare(table_, "condition_embedder.text_embedder.linear_1", c.text_dim, d);
+  text_2_.declare(table_, "condition_embedder.text_embedder.linear_2", d, d);
+  blocks_.resize(static_cast<std::size_t>(c.num_layers));
+  for (std::size_t i = 0; i < blocks_.size(); ++i) blocks_[i].declare(table_, "blocks." + std::to_string(i) + ".", c);
+  table_.add("scale_shift_table", {1, 2, d}, &scale_shift_table_, /*keep_f32=*/true);
+  proj_out_.declare(table_, "proj_out", d, c.out_channels * p[0] * p[1] * p[2]);
+}
+
+std::unique_ptr<WanTransformer3DModel> WanTransformer3DModel::load(const std::string& dir, DType dtype) {
+  auto model = std::make_unique<WanTransformer3DModel>(WanConfig::load(dir + "/config.json"));
+  load_parameters(model->table_, Checkpoint::open(dir), dtype);
+  return model;
+}
+
+std::pair<Tensor, Tensor> WanTransformer3DModel::time_embedding(const Tensor& timestep, const Stream& s) const {
+  // The raw timestep (0..1000) goes into the sinusoid, unscaled.
+  const Tensor temb = time_2_(time_1_(timestep_sinusoid(timestep, config_.freq_dim, 1.0f), s,
+                                      {.activation = ops::GemmActivation::silu}),
+                              s);
+  const Tensor proj = time_proj_(ops::activation(temb, ops::Activation::silu, s), s);
+  return {temb, proj.reshape({proj.size(0), 6, config_.inner_dim()})};
+}
+
+Tensor WanTransformer3DModel::text_embedding(const Tensor& encoder_hidden_states, const Stream& s) const {
+  return text_2_(text_1_(ops::cast(encoder_hidden_states, DType::f32), s, {.activation = ops::GemmActivation::gelu_tanh}), s);
+}
+
+Tensor WanTransformer3DModel::patch_embed(const Tensor& x, const Stream& s) const {
+  const auto& p = config_.patch_size;
+  ops::Conv3dOptions options;
+  options.stride = {p[0], p[1], p[2]};
+  // The Conv3d runs in f32: a bf16 kernel is widened per call (it is small: D x C x 4).
+  const Tensor tokens = ops::conv3d(ops::cast(x, DType::f32), ops::cast(patch_weight_, DType::f32), patch_bias_, options, s);
+  const int64_t b = tokens.size(0), d = tokens.size(1);
+  // [B, D, T', H', W'] -> [B, L, D] in (t, h, w) row-major token order.
+  return ops::contiguous(tokens.reshape({b, d, tokens.numel() / (b * d)}).permute({0, 2, 1}), s);
+}
+
+Tensor WanTransformer3DModel::head(const Tensor& h, const Tensor& temb, int64_t frames, int64_t height, int64_t width,
+                                   const Stream& s) const {
+  const auto& p = config_.patch_size;
+  // [shift, scale] = scale_shift_table + temb (not the 6-way projection); shift first.
+  const Tensor mod = ops::add(temb.unsqueeze(1), scale_shift_table_, s);
+  const Tensor y = proj_out_(ops::layernorm_scale_shift(h, row(mod, 1), row(mod, 0), {}, {}, static_cast<float>(config_.eps), s), s);
+  // Unpatchify: each token's outputs are (pt, ph, pw, C) with the channel minor.
+  const int64_t b = h.size(0), c = config_.out_channels;
+  const int64_t tp = frames / p[0], hp = height / p[1], wp = width / p[2];
+  const Tensor v = y.reshape({b, tp, hp, wp, p[0], p[1], p[2], c}).permute({0, 7, 1, 4, 2, 5, 3, 6});
+  return ops::contiguous(v, s).reshape({b, c, frames, height, width});
+}
+
+Tensor WanTransformer3DModel::forward(const WanInputs& in, const Stream& s) const {
+  const WanConfig& c = config_;
+  const auto& p = c.patch_size;
+  const Tensor& x = in.hidden_states;
+  if (!x.defined() || x.dim() != 5 || x.size(1) != c.in_channels)
+    throw Error("wan forward: hidden_states must be [B, " + std::to_string(c.in_channels) + ", T, H, W], got " +
+                (x.defined() ? shape_to_string(x.shape()) : std::string("nothing")));
+  const int64_t batch = x.size(0), frames = x.size(2), height = x.size(3), width = x.size(4);
+  if (frames % p[0] != 0 || height % p[1] != 0 || width % p[2] != 0)
+    throw Error("wan forward: hidden_states " + shape_to_string(x.shape()) + ": T, H, W must be multiples of patch_size (" +
+                std::to_string(p[0]) + ", " + std::to_string(p[1]) + ", " + std::to_string(p[2]) + ")");
+  if (!in.timestep.defined() || in.timestep.dim() != 1 || in.timestep.size(0) != batch)
+    throw Error("wan forward: timestep must be [" + std::to_string(batch) + "], got " +
+                (in.timestep.defined() ? shape_to_string(in.timestep.shape()) : std::string("nothing")));
+  const Tensor& text = in.encoder_hidden_states;
+  if (!text.defined() || text.dim() != 3 || text.size(0) != batch || text.size(2) != c.text_dim)
+    throw Error("wan forward: encoder_hidden_states must be [" + std::to_string(batch) + ", L, " + std::to_string(c.text_dim) +
+                "], got " + (text.defined() ? shape_to_string(text.shape()) : std::string("nothing")));
+
+  const RopeTable table = wan_rope(frames / p[0], height / p[1], width / p[2], c);
+  const auto [temb, timestep_proj] = time_embedding(in.timestep, s);
+  const Tensor ctx = text_embedding(text, s);
+  Tensor h = patch_embed(x, s);
+  for (const WanBlock& block : blocks_) h = block.forward(h, ctx, timestep_proj, table, s);
+  return head(h, temb, frames, height, width, s);
+}
+
+}  // namespace cubevec::models

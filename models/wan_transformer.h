@@ -1,0 +1,115 @@
+// diffusers' WanTransformer3DModel (Wan2.1 text-to-video, 1.3B and 14B, and any config.json of that
+// class without the image branch), written from ../shared/reference/porting-spec.md section 2.
+// Each block is a plain sequence of the fused ops Flux uses (layernorm_scale_shift, linear with
+// fused epilogues, rms_norm, interleaved RoPE, attention_forward); the checkpoint key is beside
+// each weight where it is declared (wan_transformer.cpp).
+#pragma once
+
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/flux_transformer.h"  // RopeTable, timestep_sinusoid
+#include "models/layers.h"
+
+namespace cubevec::models {
+
+struct WanConfig {
+  std::array<int64_t, 3> patch_size{1, 2, 2};  // (t, h, w)
+  int64_t num_attention_heads = 40;
+  int64_t attention_head_dim = 128;
+  int64_t in_channels = 16;
+  int64_t out_channels = 16;
+  int64_t text_dim = 4096;
+  int64_t freq_dim = 256;
+  int64_t ffn_dim = 13824;
+  int64_t num_layers = 40;
+  bool cross_attn_norm = true;
+  double eps = 1e-6;
+  int64_t rope_max_seq_len = 1024;
+
+  int64_t inner_dim() const { return num_attention_heads * attention_head_dim; }
+  // The head dim's RoPE split [t | h | w]: h = w = 2 floor(head_dim / 6), t the rest (44, 42, 42).
+  std::array<int64_t, 3> rope_axes() const;
+
+  // From a diffusers transformer/config.json. Keys starting with '_' are ignored; the image-to-video
+  // keys (image_dim, added_kv_proj_dim, pos_embed_seq_len) must be null; qk_norm must be
+  // "rms_norm_across_heads"; unknown keys and wrong types are errors naming `source` and the key.
+  static WanConfig from_json(const nlohmann::json& json, const std::string& source);
+  static WanConfig load(const std::string& config_path);
+  static WanConfig wan21_1_3b();  // 30 blocks, 1536 wide, 12 heads, ffn 8960
+  static WanConfig wan21_14b();   // 40 blocks, 5120 wide, 40 heads, ffn 13824
+};
+
+// forward's arguments, named as diffusers' forward names them.
+struct WanInputs {
+  Tensor hidden_states;          // [B, in_channels, T, H, W] latents
+  Tensor timestep;               // [B], raw scheduler timesteps in [0, 1000] (not divided by 1000)
+  Tensor encoder_hidden_states;  // [B, L_txt, text_dim] (umT5 states, zero-padded)
+};
+
+// The RoPE table [T' H' W', head_dim] of a patch grid: token (f, i, j), (t, h, w) row-major, gets
+// angles f w_t | i w_h | j w_w (theta 10000), each repeated twice (the interleaved layout).
+RopeTable wan_rope(int64_t frames, int64_t height, int64_t width, const WanConfig& config);
+
+// One WanTransformerBlock under `blocks.N.`: self-attention with RoPE, cross-attention to the text,
+// feed-forward; modulated by scale_shift_table + the timestep projection.
+struct WanBlock {
+  Tensor scale_shift_table;  // [1, 6, D]: shift, scale, gate (self-attention), shift, scale, gate (FFN)
+  Linear to_q, to_k, to_v, to_out;          // attn1.to_q ..., attn1.to_out.0
+  Vector1d norm_q, norm_k;                  // attn1.norm_q, norm_k: RMSNorm over all D channels
+  Vector1d norm2_weight, norm2_bias;        // norm2: the cross-attention's affine LayerNorm
+  Linear cross_q, cross_k, cross_v, cross_out;  // attn2.*
+  Vector1d cross_norm_q, cross_norm_k;
+  Linear ffn_in, ffn_out;                   // ffn.net.0.proj, ffn.net.2
+  int64_t heads = 0, head_dim = 0;
+  float eps = 1e-6f;
+  bool cross_attn_norm = true;
+
+  void declare(ParameterTable& table, const std::string& prefix, const WanConfig& config);
+  // h [B, L, D] tokens, ctx [B, L_txt, D] projected text, timestep_proj [B, 6, D]; returns the new h.
+  Tensor forward(const Tensor& h, const Tensor& ctx, const Tensor& timestep_proj, const RopeTable& rope,
+                 const Stream& stream) const;
+};
+
+class WanTransformer3DModel {
+ public:
+  explicit WanTransformer3DModel(WanConfig config);
+  WanTransformer3DModel(const WanTransformer3DModel&) = delete;
+  WanTransformer3DModel& operator=(const WanTransformer3DModel&) = delete;
+
+  // A diffusers transformer directory (config.json + weights, one file or a sharded index),
+  // weights converted to `dtype` (f32 or bf16; scale_shift_table stays f32 as in diffusers).
+  static std::unique_ptr<WanTransformer3DModel> load(const std::string& dir, DType dtype = DType::f32);
+
+  const WanConfig& config() const { return config_; }
+  const ParameterTable& parameters() const { return table_; }
+  ParameterTable& mutable_parameters() { return table_; }
+  const std::vector<WanBlock>& blocks() const { return blocks_; }
+
+  // The predicted flow [B, out_channels, T, H, W]. Checks every input's shape against the config.
+  Tensor forward(const WanInputs& inputs, const Stream& stream) const;
+
+  // The pieces of forward, for tests and the step cache of later issues:
+  // temb [B, D] = time_embedder(sinusoid(timestep)); timestep_proj [B, 6, D] = time_proj(SiLU(temb)).
+  std::pair<Tensor, Tensor> time_embedding(const Tensor& timestep, const Stream& stream) const;
+  Tensor text_embedding(const Tensor& encoder_hidden_states, const Stream& stream) const;  // [B, L_txt, D]
+  Tensor patch_embed(const Tensor& hidden_states, const Stream& stream) const;           // [B, L, D]
+  // The output head and unpatchify: h [B, L, D], temb [B, D] -> [B, out_channels, T, H, W].
+  Tensor head(const Tensor& h, const Tensor& temb, int64_t frames, int64_t height, int64_t width,
+              const Stream& stream) const;
+
+ private:
+  WanConfig config_;
+  ParameterTable table_;
+  Tensor patch_weight_, patch_bias_;  // patch_embedding: Conv3d, kernel = stride = patch_size
+  Linear time_1_, time_2_, time_proj_, text_1_, text_2_;
+  std::vector<WanBlock> blocks_;
+  Tensor scale_shift_table_;  // [1, 2, D]: shift, scale of the output head
+  Linear proj_out_;
+};
+
+}  // namespace cubevec::models

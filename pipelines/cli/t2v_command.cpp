@@ -1,0 +1,218 @@
+// `cubevec t2v`: text to video with a diffusers Wan2.1 model directory, written as an MJPEG AVI
+// (and optionally one JPEG per frame). Frames go to the file as the VAE decodes them, one latent
+// frame at a time, so memory does not grow with the frame count. Progress, the stage table, --json
+// and --trace as in t2i; --simulate runs the launches with shape-only weights on the device
+// profile's modelled clock (config files only).
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+
+#include "device/trace.h"
+#include "pipelines/avi.h"
+#include "pipelines/cli/attention_tune_cache.h"
+#include "pipelines/cli/command.h"
+#include "pipelines/cli/device_flags.h"
+#include "pipelines/cli/generation_report.h"
+#include "pipelines/wan_t2v.h"
+#include "tensor/error.h"
+
+namespace cubevec::cli {
+
+namespace {
+
+struct T2VFlags {
+  std::string model, prompt, negative_prompt, prompt_embeds, out, frames_dir, json_path, trace_path, dtype = "f32", cfg = "fused";
+  pipelines::T2VOptions options;
+  int fps = 16;  // Wan2.1's frame rate
+  int quality = 90;
+  int threads = 0;
+  bool simulate = false;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Writes each decoded frame to the AVI and, with --frames-dir, as DIR/frame_00000.jpg ...
+class FrameWriter {
+ public:
+  FrameWriter(const T2VFlags& f)
+      : avi_(f.out, static_cast<int>(f.options.width), static_cast<int>(f.options.height), f.fps), dir_(f.frames_dir),
+        quality_(f.quality) {
+    if (!dir_.empty()) {
+      std::error_code error;
+      std::filesystem::create_directories(dir_, error);
+      if (error || !std::filesystem::is_directory(dir_)) throw Error(dir_ + ": cannot create the frames directory");
+    }
+  }
+
+  void operator()(const Tensor& frames) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < frames.size(2); ++i) {
+      const pipelines::RgbImage image = pipelines::to_rgb(frames.select(2, i));
+      const std::vector<uint8_t> jpeg = pipelines::encode_jpeg(image, quality_, avi_.path());
+      avi_.add_frame(jpeg);
+      if (!dir_.empty()) {
+        char name[32];
+        std::snprintf(name, sizeof name, "/frame_%05d.jpg", avi_.frame_count() - 1);
+        std::ofstream out(dir_ + name, std::ios::binary);
+        out.write(reinterpret_cast<const char*>(jpeg.data()), static_cast<std::streamsize>(jpeg.size()));
+        if (!out) throw Error(dir_ + name + ": cannot write the frame");
+      }
+    }
+    encode_s_ += seconds_since(t0);
+    std::fprintf(stderr, "decoded %d frame(s)\n", avi_.frame_count());
+  }
+
+  void finish() { avi_.finish(); }
+  int frame_count() const { return avi_.frame_count(); }
+  double encode_seconds() const { return encode_s_; }
+
+ private:
+  pipelines::MjpegAviWriter avi_;
+  std::string dir_;
+  int quality_;
+  double encode_s_ = 0;
+};
+
+int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache) {
+  if (f.model.empty()) throw Error("--model DIR is required (a diffusers Wan directory: transformer/, vae/, scheduler/)");
+  if (!f.simulate && f.out.empty()) throw Error("--out FILE.avi is required");
+  const DType dtype = parse_dtype(f.dtype);
+  if (dtype != DType::f32 && dtype != DType::bf16) throw Error("--dtype must be f32 or bf16, got " + f.dtype);
+  f.options.cfg = pipelines::parse_cfg_mode(f.cfg);
+  DeviceFlags resolved_flags = device_flags;
+  if (f.threads > 0) resolved_flags.cube_threads = resolved_flags.cube_threads > 0 ? resolved_flags.cube_threads : f.threads;
+  DeviceProfile profile = resolved_flags.resolve();
+  Device device(profile, {.simulate = f.simulate, .trace = !f.trace_path.empty()});
+  cache.load(device);
+  default_allocator().reset_peak_stats();
+
+  // Stage 1: the model and the text conditioning.
+  auto t0 = std::chrono::steady_clock::now();
+  const pipelines::WanT2VPipeline pipeline =
+      f.simulate ? pipelines::WanT2VPipeline::load_meta(f.model, dtype) : pipelines::WanT2VPipeline::load(f.model, dtype);
+  const double load_s = seconds_since(t0);
+  const models::WanConfig& mc = pipeline.transformer().config();
+  t0 = std::chrono::steady_clock::now();
+  pipelines::PromptEmbeddings positive;
+  std::optional<pipelines::PromptEmbeddings> negative;
+  std::string text_source;
+  if (!f.prompt_embeds.empty()) {
+    auto file = pipelines::PromptEmbedsFile::load(f.prompt_embeds, /*with_pooled=*/false);
+    positive = file.positive;
+    negative = file.negative;
+    text_source = "embeddings from " + f.prompt_embeds;
+  } else if (f.simulate) {
+    // Shapes only: umT5's 512 tokens, as Wan2.1 uses them.
+    positive.sequence = Tensor::meta({1, 512, mc.text_dim}, DType::f32);
+    negative = positive;
+    text_source = "shape-only umT5 embeddings";
+  } else {
+    throw Error("Wan's umT5-XXL text encoder is not implemented yet" + std::string(f.prompt.empty() ? "" : " (so --prompt cannot be encoded)") +
+                ": pass --prompt-embeds FILE with prompt_embeds [1, L, " + std::to_string(mc.text_dim) +
+                "] (and negative_prompt_embeds for CFG)");
+  }
+  if (f.options.cfg != pipelines::CfgMode::off && !negative)
+    throw Error("--cfg " + f.cfg + " needs negative_prompt_embeds in the --prompt-embeds file (or --cfg off)");
+  const double text_s = seconds_since(t0);
+  pipeline.check(f.options, negative.has_value());
+  // The output files are opened before denoising, so a bad path fails at once, not after it.
+  std::optional<FrameWriter> writer;
+  if (!f.simulate) writer.emplace(f);
+
+  std::fprintf(stderr, "t2v: text: %s\n", text_source.c_str());
+  std::fprintf(stderr, "t2v: scheduler: %s\n", pipelines::scheduler_name(pipeline.scheduler_config()).c_str());
+  std::fprintf(stderr,
+               "t2v: %lld frames of %lldx%lld (latent %lld x %lld x %lld), %d steps, cfg %s (scale %.2f), transformer %lld blocks x %lld "
+               "wide (%s), profile %s: %d Cube + %d Vector thread(s)%s\n",
+               static_cast<long long>(f.options.frames), static_cast<long long>(f.options.width), static_cast<long long>(f.options.height),
+               static_cast<long long>(f.options.latent_frames()), static_cast<long long>(f.options.height / 8),
+               static_cast<long long>(f.options.width / 8), f.options.steps, f.cfg.c_str(), f.options.guidance,
+               static_cast<long long>(mc.num_layers), static_cast<long long>(mc.inner_dim()), f.dtype.c_str(), profile.name.c_str(),
+               profile.cube_threads, profile.vector_threads, f.simulate ? ", SIMULATED (modelled times)" : "");
+
+  // Stage 2: denoising, with progress.
+  pipelines::T2ITimings timings;
+  const Tensor latents =
+      pipeline.denoise(positive, negative ? &*negative : nullptr, f.options, device, progress_printer(timings, f.simulate), timings);
+
+  // Stage 3: the VAE decode, frames streamed to the AVI (and JPEG folder) as they come.
+  if (writer) {
+    pipeline.decode(latents, device, [&](const Tensor& frames) { (*writer)(frames); }, timings);
+    writer->finish();
+  }
+  device.synchronize();
+  const AllocatorStats mem = default_allocator().stats();
+  std::vector<StageTime> stages{{"load", load_s}, {"text encoding", text_s}, {"denoising", timings.denoise_s}};
+  if (writer) {
+    stages.push_back({"VAE decode", timings.vae_s - writer->encode_seconds()});
+    stages.push_back({"JPEG + AVI", writer->encode_seconds()});
+  }
+  print_stage_table(stages, timings, f.options.steps, profile.name, mem);
+  if (writer)
+    std::fprintf(stderr, "wrote %s (%d frames at %d fps)%s%s\n", f.out.c_str(), writer->frame_count(), f.fps,
+                 f.frames_dir.empty() ? "" : " and the frames to ", f.frames_dir.c_str());
+
+  cache.save(device);
+  if (!f.trace_path.empty()) {
+    write_chrome_trace(f.trace_path, {{"t2v", device.trace().records()}});
+    std::fprintf(stderr, "trace written to %s\n", f.trace_path.c_str());
+  }
+  if (!f.json_path.empty()) {
+    nlohmann::ordered_json json = {{"model", f.model},
+                                   {"frames", f.options.frames},
+                                   {"width", f.options.width},
+                                   {"height", f.options.height},
+                                   {"steps", f.options.steps},
+                                   {"cfg", f.cfg},
+                                   {"guidance", f.options.guidance},
+                                   {"seed", f.options.seed},
+                                   {"dtype", f.dtype},
+                                   {"simulate", f.simulate},
+                                   {"profile", profile.name},
+                                   {"scheduler", pipelines::scheduler_name(pipeline.scheduler_config())}};
+    json.update(timing_json(stages, timings, mem));
+    json["out"] = f.out;
+    std::ofstream out(f.json_path);
+    out << json.dump(2) << "\n";
+    if (!out) throw Error(f.json_path + ": cannot write the JSON report");
+  }
+  return 0;
+}
+
+}  // namespace
+
+CommandRunner add_t2v_command(CLI::App& app) {
+  auto* command = app.add_subcommand("t2v", "Text to video with a diffusers Wan2.1 model directory, written as an MJPEG AVI");
+  auto flags = std::make_shared<T2VFlags>();
+  auto device_flags = add_device_flags(*command);
+  auto cache = add_attention_tune_cache_flag(*command);
+  command->add_option("--model", flags->model, "Diffusers Wan model directory (transformer/, vae/, scheduler/)");
+  command->add_option("--prompt", flags->prompt, "The prompt (needs the umT5 encoder, not implemented yet: use --prompt-embeds)");
+  command->add_option("--prompt-embeds", flags->prompt_embeds,
+                      "safetensors with prompt_embeds [1,L,text_dim] (and negative_prompt_embeds for CFG)");
+  command->add_option("--frames", flags->options.frames, "Frames, 1 + 4k (default 81)")->check(CLI::Range(int64_t{1}, int64_t{4097}));
+  command->add_option("--width", flags->options.width, "Width in pixels, a multiple of 16 (default 832)")
+      ->check(CLI::Range(int64_t{16}, int64_t{8192}));
+  command->add_option("--height", flags->options.height, "Height in pixels, a multiple of 16 (default 480)")
+      ->check(CLI::Range(int64_t{16}, int64_t{8192}));
+  command->add_option("--steps", flags->options.steps, "Denoising steps (default 50)")->check(CLI::Range(1, 1000));
+  command->add_option("--guidance", flags->options.guidance, "CFG scale: v = v_u + g (v_c - v_u) (default 5)")->check(CLI::Range(0.0, 100.0));
+  command->add_option("--cfg", flags->cfg, "CFG: fused (one batch of 2, default), streams (two overlapping streams) or off");
+  command->add_option("--seed", flags->options.seed, "Noise seed");
+  command->add_option("--out", flags->out, "Output MJPEG AVI file");
+  command->add_option("--frames-dir", flags->frames_dir, "Also write each frame as DIR/frame_NNNNN.jpg");
+  command->add_option("--fps", flags->fps, "Frame rate of the AVI (default 16, Wan2.1's)")->check(CLI::Range(1, 240));
+  command->add_option("--quality", flags->quality, "JPEG quality of the frames (default 90)")->check(CLI::Range(1, 100));
+  command->add_option("--dtype", flags->dtype, "Transformer weights: f32 or bf16");
+  command->add_option("--threads", flags->threads, "Cube-unit threads (same as --cube-threads)")->check(CLI::Range(1, 4096));
+  command->add_flag("--simulate", flags->simulate, "Shape-only run on the device profile's modelled clock (reads config files only)");
+  command->add_option("--json", flags->json_path, "Write the timings as JSON to this file");
+  command->add_option("--trace", flags->trace_path, "Write a Chrome trace of every kernel to this file");
+  return [flags, device_flags, cache] { return run(*flags, *device_flags, *cache); };
+}
+
+}  // namespace cubevec::cli

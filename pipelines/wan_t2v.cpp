@@ -1,0 +1,168 @@
+#include "pipelines/wan_t2v.h"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+
+#include "ops/vector_ops.h"
+#include "pipelines/noise.h"
+#include "tensor/error.h"
+#include "tensor/strict_json.h"
+
+namespace cubevec::pipelines {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Tensor filled(int64_t n, float value) { return Tensor::from_vector(std::vector<float>(static_cast<std::size_t>(n), value), {n}); }
+
+// The model's scheduler: UniPC or FlowMatch Euler by _class_name; the Wan2.1 480p repos' UniPC
+// (flow shift 3) when the directory has none.
+WanSchedulerConfig scheduler_of(const std::string& model_dir) {
+  const std::string path = model_dir + "/scheduler/scheduler_config.json";
+  if (!std::filesystem::exists(path)) {
+    UniPCConfig c;
+    c.flow_shift = 3.0;
+    return c;
+  }
+  const nlohmann::json json = read_json_file(path);
+  if (json.is_object() && json.value("_class_name", std::string()) == "UniPCMultistepScheduler") return UniPCConfig::from_json(json, path);
+  return FlowMatchConfig::from_json(json, path);
+}
+
+// One denoising schedule, whichever scheduler runs it: the model's timesteps and the update.
+struct Schedule {
+  std::vector<float> timesteps;
+  std::function<Tensor(const Tensor& v, const Tensor& x, const Stream& stream)> step;
+};
+
+Schedule make_schedule(const WanSchedulerConfig& config, int steps) {
+  if (const auto* unipc = std::get_if<UniPCConfig>(&config)) {
+    auto scheduler = std::make_shared<UniPCMultistepScheduler>(*unipc);
+    scheduler->set_timesteps(steps);
+    return {scheduler->timesteps(), [scheduler](const Tensor& v, const Tensor& x, const Stream& s) { return scheduler->step(v, x, s); }};
+  }
+  auto scheduler = std::make_shared<FlowMatchEulerScheduler>(std::get<FlowMatchConfig>(config));
+  scheduler->set_timesteps(steps);  // Wan passes neither sigmas nor mu
+  return {scheduler->timesteps(), [scheduler](const Tensor& v, const Tensor& x, const Stream& s) { return scheduler->step(v, x, s); }};
+}
+
+}  // namespace
+
+std::string scheduler_name(const WanSchedulerConfig& config) {
+  char text[96];
+  if (const auto* unipc = std::get_if<UniPCConfig>(&config))
+    std::snprintf(text, sizeof text, "UniPC multistep (order %d, flow shift %g)", static_cast<int>(unipc->solver_order), unipc->flow_shift);
+  else
+    std::snprintf(text, sizeof text, "FlowMatch Euler (shift %g)", std::get<FlowMatchConfig>(config).shift);
+  return text;
+}
+
+WanT2VPipeline::WanT2VPipeline(std::unique_ptr<models::WanTransformer3DModel> transformer,
+                               std::unique_ptr<models::AutoencoderKLWan> vae, WanSchedulerConfig scheduler)
+    : transformer_(std::move(transformer)), vae_(std::move(vae)), scheduler_(std::move(scheduler)) {
+  if (vae_ && vae_->config().z_dim != transformer_->config().in_channels)
+    throw Error("the VAE's " + std::to_string(vae_->config().z_dim) + " latent channels (z_dim) do not match the transformer's " +
+                std::to_string(transformer_->config().in_channels) + " input channels");
+  if (const auto* euler = std::get_if<FlowMatchConfig>(&scheduler_); euler && euler->use_dynamic_shifting)
+    throw Error("the scheduler config uses dynamic shifting, which the Wan pipeline does not (it needs a fixed 'shift')");
+}
+
+WanT2VPipeline WanT2VPipeline::load(const std::string& dir, DType dtype) {
+  if (!std::filesystem::is_directory(dir + "/transformer"))
+    throw Error(dir + ": not a diffusers Wan model directory (expected transformer/, vae/ and scheduler/)");
+  auto vae = std::make_unique<models::AutoencoderKLWan>(models::load_autoencoder_kl_wan(dir + "/vae", DType::f32));
+  return WanT2VPipeline(models::WanTransformer3DModel::load(dir + "/transformer", dtype), std::move(vae), scheduler_of(dir));
+}
+
+WanT2VPipeline WanT2VPipeline::load_meta(const std::string& dir, DType dtype) {
+  auto transformer = std::make_unique<models::WanTransformer3DModel>(models::WanConfig::load(dir + "/transformer/config.json"));
+  models::make_meta_parameters(transformer->parameters(), dtype);
+  std::unique_ptr<models::AutoencoderKLWan> vae;
+  if (std::filesystem::exists(dir + "/vae/config.json")) {
+    vae = std::make_unique<models::AutoencoderKLWan>(models::AutoencoderKLWanConfig::load(dir + "/vae/config.json"));
+    models::make_meta_parameters(vae->parameters(), DType::f32);
+  }
+  return WanT2VPipeline(std::move(transformer), std::move(vae), scheduler_of(dir));
+}
+
+void WanT2VPipeline::check(const T2VOptions& o, bool have_negative) const {
+  if (o.width <= 0 || o.height <= 0 || o.width % 16 != 0 || o.height % 16 != 0)
+    throw Error("width and height must be positive multiples of 16 (8 for the VAE x 2 for the patch), got " +
+                std::to_string(o.width) + "x" + std::to_string(o.height));
+  if (o.frames < 1 || (o.frames - 1) % 4 != 0)
+    throw Error("frames must be 1 + 4k (1, 5, ..., 81: the VAE makes 4 frames of each latent frame after the first), got " +
+                std::to_string(o.frames));
+  if (o.steps < 1) throw Error("steps must be at least 1, got " + std::to_string(o.steps));
+  if (o.cfg != CfgMode::off && !have_negative)
+    throw Error("--cfg " + std::string(cfg_mode_name(o.cfg)) + " needs negative embeddings (a negative prompt)");
+}
+
+Tensor WanT2VPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddings* neg, const T2VOptions& o, Device& device,
+                               const StepCallback& on_step, T2ITimings& timings) const {
+  const models::WanConfig& c = transformer_->config();
+  check(o, neg != nullptr);
+  for (const PromptEmbeddings* e : {&pos, neg})
+    if (e && (e->sequence.dim() != 3 || e->sequence.size(0) != 1 || e->sequence.size(2) != c.text_dim))
+      throw Error("the prompt embeddings must be [1, L, " + std::to_string(c.text_dim) + "] for this transformer, got " +
+                  shape_to_string(e->sequence.shape()));
+  if (o.cfg == CfgMode::fused && neg->sequence.size(1) != pos.sequence.size(1))
+    throw Error("--cfg fused needs prompt and negative prompt embeddings of one length, got " +
+                std::to_string(pos.sequence.size(1)) + " and " + std::to_string(neg->sequence.size(1)) + " (use --cfg streams)");
+
+  const Stream main = device.default_stream();
+  const Shape shape{1, c.in_channels, o.latent_frames(), o.height / 8, o.width / 8};
+  if (o.initial_noise.defined() && o.initial_noise.shape() != shape)
+    throw Error("initial noise must be " + shape_to_string(shape) + " for " + std::to_string(o.frames) + " frames of " +
+                std::to_string(o.width) + "x" + std::to_string(o.height) + ", got " + shape_to_string(o.initial_noise.shape()));
+  Tensor latents = o.initial_noise.defined() ? o.initial_noise : gaussian_noise(shape, o.seed);
+  const Schedule schedule = make_schedule(scheduler_, o.steps);
+
+  const int batch = o.cfg == CfgMode::fused ? 2 : 1;
+  const Tensor text = o.cfg == CfgMode::fused ? ops::concat({pos.sequence, neg->sequence}, 0, main) : pos.sequence;
+  const Stream side = o.cfg == CfgMode::streams ? device.named_stream("t2v.uncond") : main;
+  const auto scale = static_cast<float>(o.guidance);
+  const auto denoise_start = std::chrono::steady_clock::now();
+  const double modelled_start = device.stats().modelled_makespan_s;
+  for (int i = 0; i < o.steps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const double m0 = device.stats().modelled_makespan_s;
+    const float t = schedule.timesteps[static_cast<std::size_t>(i)];  // raw, 0..1000 (UniPC: integers)
+    Tensor v;
+    if (o.cfg == CfgMode::off) {
+      v = transformer_->forward({latents, filled(1, t), text}, main);
+    } else if (o.cfg == CfgMode::fused) {
+      const Tensor both = transformer_->forward({ops::concat({latents, latents}, 0, main), filled(batch, t), text}, main);
+      const Tensor vc = both.narrow(0, 0, 1), vu = ops::contiguous(both.narrow(0, 1, 1), main);
+      v = ops::muls_add(ops::sub(vc, vu, main), vu, scale, main);
+    } else {
+      // The unconditional forward on the side stream overlaps the conditional one on the units.
+      const Tensor vu = transformer_->forward({latents, filled(1, t), neg->sequence}, side);
+      const Tensor vc = transformer_->forward({latents, filled(1, t), pos.sequence}, main);
+      v = ops::muls_add(ops::sub(vc, vu, main), vu, scale, main);
+    }
+    latents = schedule.step(v, latents, main);
+    if (!device.simulate()) latents.data_ptr();  // wait, so the step's time is real
+    const double step_s = seconds_since(t0);
+    timings.step_s.push_back(step_s);
+    timings.modelled_step_s.push_back(device.stats().modelled_makespan_s - m0);
+    if (on_step) on_step(i + 1, o.steps, step_s);
+  }
+  timings.denoise_s = seconds_since(denoise_start);
+  timings.modelled_denoise_s = device.stats().modelled_makespan_s - modelled_start;
+  return latents;
+}
+
+void WanT2VPipeline::decode(const Tensor& latents, Device& device, const FrameSink& sink, T2ITimings& timings) const {
+  if (!vae_) throw Error("this model has no VAE (vae/config.json) to decode with");
+  const Stream main = device.default_stream();
+  const auto t0 = std::chrono::steady_clock::now();
+  vae_->decode_frames(vae_->unnormalize(latents, main), sink, {}, main);
+  timings.vae_s = seconds_since(t0);
+}
+
+}  // namespace cubevec::pipelines

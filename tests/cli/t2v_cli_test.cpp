@@ -1,0 +1,194 @@
+// `cubevec t2v` and `cubevec forward` on a Wan model as a user runs them, on the tiny random Wan
+// model in tests/data/wan_tiny (written by tests/reference/make_wan_reference.py): a valid MJPEG
+// AVI with 1 + 4k frames at the asked size whose frames decode, the JPEG frame folder, progress and
+// the stage table, the JSON report, CFG fused and on two streams giving the same video, simulate
+// mode on the full-size Wan2.1-14B configs, one-line errors; `forward` reproduces the PyTorch
+// golden's `sample`.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli/run_cubevec.h"
+#include "pipelines/avi.h"
+#include "pipelines/jpeg.h"
+#include "tensor/safetensors.h"
+
+#include "common/tensor_testing.h"
+
+namespace {
+
+using T2VCli = cubevec_cli_test::CliTest;
+using cubevec_cli_test::read_file;
+
+const std::string kModel = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/wan_tiny";
+
+// umT5-like states for the tiny model's 24-wide text input: 7 tokens, the last 2 zero-padded.
+std::string write_embeds(const std::filesystem::path& dir, bool negative, int64_t neg_len = 7) {
+  const std::string path = (dir / (negative ? "embeds_cfg.safetensors" : "embeds.safetensors")).string();
+  cubevec::Tensor positive = cubevec::testing::random_tensor({1, 7, 24}, 1, cubevec::DType::f32, 1.0f);
+  std::fill(positive.mutable_data<float>() + 5 * 24, positive.mutable_data<float>() + 7 * 24, 0.0f);
+  cubevec::NamedTensors t = {{"prompt_embeds", positive}};
+  if (negative) t.push_back({"negative_prompt_embeds", cubevec::testing::random_tensor({1, neg_len, 24}, 3, cubevec::DType::f32, 1.0f)});
+  cubevec::write_safetensors(path, t);
+  return path;
+}
+
+std::vector<cubevec::pipelines::RgbImage> frames_of(const std::string& avi) {
+  const cubevec::pipelines::AviInfo info = cubevec::pipelines::read_avi_info(avi);
+  std::vector<cubevec::pipelines::RgbImage> frames;
+  for (const auto& frame : info.frames) frames.push_back(cubevec::pipelines::decode_jpeg(cubevec::pipelines::read_avi_frame(avi, frame)));
+  return frames;
+}
+
+TEST_F(T2VCli, WritesAnAviAndFramesWithProgressTableAndJson) {
+  const std::string out = (dir_ / "a.avi").string(), json_path = (dir_ / "a.json").string(), frames_dir = (dir_ / "frames").string();
+  const auto r = run({"t2v", "--model", kModel, "--prompt-embeds", write_embeds(dir_, true), "--frames", "9", "--width", "48",
+                      "--height", "32", "--steps", "3", "--seed", "7", "--out", out, "--frames-dir", frames_dir, "--json", json_path});
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const char* line : {"t2v: 9 frames of 48x32 (latent 3 x 4 x 6), 3 steps, cfg fused", "step 1/3", "step 3/3", "ETA",
+                           "decoded 1 frame(s)", "decoded 9 frame(s)", "denoising", "VAE decode", "JPEG + AVI", "peak memory",
+                           "wrote "})
+    EXPECT_NE(r.err.find(line), std::string::npos) << line << " missing:\n" << r.err;
+  const cubevec::pipelines::AviInfo info = cubevec::pipelines::read_avi_info(out);
+  EXPECT_EQ(info.width, 48);
+  EXPECT_EQ(info.height, 32);
+  EXPECT_EQ(info.frame_count, 9);
+  EXPECT_DOUBLE_EQ(info.fps, 16.0);
+  const auto frames = frames_of(out);
+  ASSERT_EQ(frames.size(), 9u);
+  for (std::size_t i = 0; i < frames.size(); ++i) {
+    EXPECT_EQ(frames[i].width, 48);
+    EXPECT_EQ(frames[i].height, 32);
+    // The folder holds the same JPEGs.
+    char name[32];
+    std::snprintf(name, sizeof name, "/frame_%05zu.jpg", i);
+    EXPECT_EQ(cubevec::pipelines::read_jpeg(frames_dir + name).pixels, frames[i].pixels) << name;
+  }
+  const auto report = nlohmann::json::parse(read_file(json_path));
+  EXPECT_EQ(report["frames"], 9);
+  EXPECT_EQ(report["step_s"].size(), 3u);
+  EXPECT_GT(report["stages_s"]["vae_decode"].get<double>(), 0.0);
+  EXPECT_GT(report["peak_live_bytes"].get<double>(), 0.0);
+  // The same seed gives the same video; another seed another one.
+  const std::string again = (dir_ / "b.avi").string(), other = (dir_ / "c.avi").string();
+  for (const auto& [path, seed] : {std::pair{again, "7"}, std::pair{other, "8"}})
+    ASSERT_EQ(run({"t2v", "--model", kModel, "--prompt-embeds", write_embeds(dir_, true), "--frames", "9", "--width", "48",
+                   "--height", "32", "--steps", "3", "--seed", seed, "--out", path}).status, 0);
+  EXPECT_EQ(read_file(out), read_file(again));
+  EXPECT_NE(read_file(out), read_file(other));
+}
+
+TEST_F(T2VCli, FusedAndTwoStreamCfgGiveTheSameVideo) {
+  const std::string embeds = write_embeds(dir_, true);
+  std::vector<std::vector<cubevec::pipelines::RgbImage>> videos;
+  for (const char* mode : {"fused", "streams"}) {
+    const std::string out = (dir_ / (std::string(mode) + ".avi")).string();
+    const auto r = run({"t2v", "--model", kModel, "--prompt-embeds", embeds, "--frames", "5", "--width", "32", "--height", "32",
+                        "--steps", "2", "--cfg", mode, "--guidance", "4", "--out", out});
+    ASSERT_EQ(r.status, 0) << mode << ": " << r.err;
+    videos.push_back(frames_of(out));
+  }
+  ASSERT_EQ(videos[0].size(), 5u);
+  ASSERT_EQ(videos[1].size(), 5u);
+  int worst = 0;
+  for (std::size_t f = 0; f < 5; ++f)
+    for (std::size_t i = 0; i < videos[0][f].pixels.size(); ++i)
+      worst = std::max(worst, std::abs(int(videos[0][f].pixels[i]) - int(videos[1][f].pixels[i])));
+  EXPECT_LE(worst, 2) << "fused and two-stream CFG compute the same velocities";
+}
+
+TEST_F(T2VCli, RunsTheSchedulerTheModelShips) {
+  // The tiny model with the UniPC config the diffusers Wan2.1 repos ship instead of its Euler one.
+  const std::filesystem::path model = dir_ / "wan_unipc";
+  std::filesystem::copy(kModel, model, std::filesystem::copy_options::recursive);
+  std::filesystem::copy_file(std::string(CUBEVEC_SOURCE_DIR) + "/assets/configs/wan2.1-t2v-14b/scheduler/scheduler_config.json",
+                             model / "scheduler" / "scheduler_config.json", std::filesystem::copy_options::overwrite_existing);
+  const std::string embeds = write_embeds(dir_, true);
+  std::vector<std::string> videos;
+  for (const std::string& m : {model.string(), kModel}) {
+    const std::string out = (dir_ / (std::to_string(videos.size()) + ".avi")).string();
+    const auto r = run({"t2v", "--model", m, "--prompt-embeds", embeds, "--frames", "5", "--width", "32", "--height", "32",
+                        "--steps", "4", "--out", out});
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.err.find(videos.empty() ? "t2v: scheduler: UniPC multistep (order 2, flow shift 3)"
+                                        : "t2v: scheduler: FlowMatch Euler (shift 3)"),
+              std::string::npos)
+        << r.err;
+    videos.push_back(read_file(out));
+  }
+  EXPECT_NE(videos[0], videos[1]) << "UniPC and Euler take different steps";
+  // A UniPC option cubevec does not implement is a named error.
+  std::ofstream(model / "scheduler" / "scheduler_config.json")
+      << R"({"_class_name": "UniPCMultistepScheduler", "prediction_type": "flow_prediction", "use_flow_sigmas": true, "solver_type": "bh1"})";
+  const auto bad = run({"t2v", "--model", model.string(), "--prompt-embeds", embeds, "--frames", "1", "--out", (dir_ / "x.avi").string()});
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("solver_type"), std::string::npos) << bad.err;
+}
+
+TEST_F(T2VCli, SimulateFullSizeWan14B) {
+  const std::string json_path = (dir_ / "sim.json").string();
+  const auto r = run({"t2v", "--simulate", "--model", std::string(CUBEVEC_SOURCE_DIR) + "/assets/configs/wan2.1-t2v-14b", "--steps",
+                      "1", "--device-profile", std::string(CUBEVEC_SOURCE_DIR) + "/assets/devices/ascend-910b.json", "--dtype", "bf16",
+                      "--json", json_path});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("SIMULATED"), std::string::npos);
+  EXPECT_NE(r.err.find("81 frames of 832x480 (latent 21 x 60 x 104)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("t2v: scheduler: UniPC multistep (order 2, flow shift 3)"), std::string::npos) << r.err;
+  const auto report = nlohmann::json::parse(read_file(json_path));
+  // A 14B step with CFG at 32,760 tokens is tens of seconds on a 910B.
+  const double step = report["modelled_step_mean_s"].get<double>();
+  EXPECT_GT(step, 5.0);
+  EXPECT_LT(step, 500.0);
+}
+
+TEST_F(T2VCli, BadInputsAreOneLineErrors) {
+  const std::string embeds = write_embeds(dir_, false), with_negative = write_embeds(dir_, true), out = (dir_ / "x.avi").string();
+  const struct {
+    std::vector<std::string> args;
+    std::string expected;
+  } cases[] = {
+      {{"t2v", "--model", kModel, "--prompt", "a cat", "--out", out}, "umT5-XXL text encoder is not implemented yet"},
+      {{"t2v", "--model", kModel, "--prompt-embeds", with_negative, "--frames", "8", "--out", out}, "frames must be 1 + 4k"},
+      {{"t2v", "--model", kModel, "--prompt-embeds", with_negative, "--width", "40", "--out", out},
+       "width and height must be positive multiples of 16"},
+      {{"t2v", "--model", kModel, "--prompt-embeds", embeds, "--out", out}, "needs negative_prompt_embeds"},
+      {{"t2v", "--model", kModel, "--prompt-embeds", with_negative, "--cfg", "both", "--out", out}, "unknown CFG mode 'both'"},
+      {{"t2v", "--model", "/nonexistent", "--prompt-embeds", embeds, "--out", out}, "not a diffusers Wan model directory"},
+      {{"t2v", "--model", kModel, "--prompt-embeds", with_negative}, "--out FILE.avi is required"},
+      {{"t2v", "--model", kModel, "--prompt-embeds", with_negative, "--out", "/nonexistent/dir/x.avi", "--frames", "1", "--steps", "1",
+        "--width", "16", "--height", "16"},
+       "/nonexistent/dir/x.avi"},
+  };
+  for (const auto& c : cases) {
+    const auto r = run(c.args);
+    EXPECT_EQ(r.status, 1) << c.expected << ": " << r.err;
+    EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
+    EXPECT_NE(r.err.find(c.expected), std::string::npos) << "expected '" << c.expected << "' in: " << r.err;
+  }
+  // CFG off needs no negative embeddings.
+  EXPECT_EQ(run({"t2v", "--model", kModel, "--prompt-embeds", embeds, "--cfg", "off", "--frames", "1", "--steps", "1", "--width", "16",
+                 "--height", "16", "--out", out}).status, 0);
+}
+
+TEST_F(T2VCli, ForwardRunsTheWanTransformer) {
+  const cubevec::SafetensorsFile goldens =
+      cubevec::SafetensorsFile::open(std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/goldens_wan.safetensors");
+  const std::string inputs = (dir_ / "in.safetensors").string(), out = (dir_ / "out.safetensors").string();
+  cubevec::write_safetensors(inputs, {{"hidden_states", goldens.tensor("transformer.hidden_states")},
+                                      {"timestep", goldens.tensor("transformer.timestep")},
+                                      {"encoder_hidden_states", goldens.tensor("transformer.encoder_hidden_states")}});
+  const auto r = run({"forward", "--model", kModel, "--inputs", inputs, "--out", out});
+  ASSERT_EQ(r.status, 0) << r.err;
+  cubevec::testing::expect_close_rel(cubevec::SafetensorsFile::open(out).tensor("sample"), goldens.tensor("transformer.sample"), 1e-4,
+                                     "forward sample");
+  // A Flux argument name is rejected for a Wan model.
+  cubevec::write_safetensors(inputs, {{"hidden_states", goldens.tensor("transformer.hidden_states")},
+                                      {"pooled_projections", goldens.tensor("transformer.timestep")}});
+  const auto bad = run({"forward", "--model", kModel, "--inputs", inputs, "--out", out});
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("unknown tensor 'pooled_projections' (WanTransformer3DModel.forward takes"), std::string::npos) << bad.err;
+}
+
+}  // namespace
