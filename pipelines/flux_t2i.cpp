@@ -11,10 +11,6 @@ namespace cubevec::pipelines {
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 Tensor filled(int64_t n, float value) { return Tensor::from_vector(std::vector<float>(static_cast<std::size_t>(n), value), {n}); }
 
 // The scheduler when the model directory has none: FLUX.1-dev's (porting-spec 4).
@@ -28,22 +24,6 @@ FlowMatchConfig scheduler_of(const std::string& model_dir) {
 }
 
 }  // namespace
-
-CfgMode parse_cfg_mode(std::string_view name) {
-  if (name == "off") return CfgMode::off;
-  if (name == "fused") return CfgMode::fused;
-  if (name == "streams") return CfgMode::streams;
-  throw Error("unknown CFG mode '" + std::string(name) + "' (expected off, fused or streams)");
-}
-
-std::string_view cfg_mode_name(CfgMode mode) {
-  switch (mode) {
-    case CfgMode::off: return "off";
-    case CfgMode::fused: return "fused";
-    case CfgMode::streams: return "streams";
-  }
-  return "?";
-}
 
 FluxT2IPipeline::FluxT2IPipeline(std::unique_ptr<models::FluxTransformer2DModel> transformer,
                                  std::unique_ptr<models::AutoencoderKLDecoder> vae, FlowMatchConfig scheduler)
@@ -135,11 +115,9 @@ Tensor FluxT2IPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddi
     negative_inputs.pooled_projections = neg->pooled;
   }
   const auto cfg_scale = static_cast<float>(o.cfg_scale);
-  const auto denoise_start = std::chrono::steady_clock::now();
-  const double modelled_start = device.stats().modelled_makespan_s;
+  DenoiseTimer timer(device, timings, on_step);
   for (int i = 0; i < o.steps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const double m0 = device.stats().modelled_makespan_s;
+    timer.begin_step();
     // diffusers passes t / 1000 (= sigma) and the model multiplies by 1000 again.
     const float t = scheduler.timesteps()[static_cast<std::size_t>(i)] / 1000.0f;
     models::FluxInputs in = base;
@@ -166,14 +144,9 @@ Tensor FluxT2IPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddi
       v = ops::muls_add(ops::sub(vp, vn, main), vn, cfg_scale, main);  // the device orders main after side
     }
     latents = scheduler.step(v, latents, main);
-    if (!device.simulate()) latents.data_ptr();  // wait, so the step's time is real
-    const double step_s = seconds_since(t0);
-    timings.step_s.push_back(step_s);
-    timings.modelled_step_s.push_back(device.stats().modelled_makespan_s - m0);
-    if (on_step) on_step(i + 1, o.steps, step_s);
+    timer.end_step(i + 1, o.steps, latents);
   }
-  timings.denoise_s = seconds_since(denoise_start);
-  timings.modelled_denoise_s = device.stats().modelled_makespan_s - modelled_start;
+  timer.finish();
   return latents;
 }
 

@@ -13,15 +13,10 @@
 #include "models/autoencoder_kl.h"
 #include "models/flux_transformer.h"
 #include "pipelines/flow_match.h"
+#include "pipelines/generation.h"
 #include "pipelines/text_encoder.h"
 
 namespace cubevec::pipelines {
-
-// How true classifier-free guidance runs: off (one forward per step), fused (cond and uncond as one
-// batch of 2), streams (cond and uncond forwards on two streams of the device, overlapping).
-enum class CfgMode { off, fused, streams };
-CfgMode parse_cfg_mode(std::string_view name);  // "off", "fused", "streams"
-std::string_view cfg_mode_name(CfgMode mode);
 
 struct T2IOptions {
   int64_t width = 1024, height = 1024;  // multiples of 2 x the VAE's upscale (16 for Flux)
@@ -34,16 +29,6 @@ struct T2IOptions {
   // parity runs against another implementation, which cannot share our generator).
   Tensor initial_noise{};
 };
-
-struct T2ITimings {
-  double denoise_s = 0, vae_s = 0;
-  std::vector<double> step_s;     // measured per step
-  double modelled_denoise_s = 0;  // on the device's modelled clock (the NPU in simulate mode)
-  std::vector<double> modelled_step_s;
-};
-
-// Called after each denoising step: (step, steps, seconds this step took).
-using StepCallback = std::function<void(int, int, double)>;
 
 class FluxT2IPipeline {
  public:

@@ -14,10 +14,6 @@ namespace cubevec::pipelines {
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 Tensor filled(int64_t n, float value) { return Tensor::from_vector(std::vector<float>(static_cast<std::size_t>(n), value), {n}); }
 
 // The model's scheduler: UniPC or FlowMatch Euler by _class_name; the Wan2.1 480p repos' UniPC
@@ -126,11 +122,9 @@ Tensor WanT2VPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddin
   const Tensor text = o.cfg == CfgMode::fused ? ops::concat({pos.sequence, neg->sequence}, 0, main) : pos.sequence;
   const Stream side = o.cfg == CfgMode::streams ? device.named_stream("t2v.uncond") : main;
   const auto scale = static_cast<float>(o.guidance);
-  const auto denoise_start = std::chrono::steady_clock::now();
-  const double modelled_start = device.stats().modelled_makespan_s;
+  DenoiseTimer timer(device, timings, on_step);
   for (int i = 0; i < o.steps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const double m0 = device.stats().modelled_makespan_s;
+    timer.begin_step();
     const float t = schedule.timesteps[static_cast<std::size_t>(i)];  // raw, 0..1000 (UniPC: integers)
     Tensor v;
     if (o.cfg == CfgMode::off) {
@@ -146,14 +140,9 @@ Tensor WanT2VPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddin
       v = ops::muls_add(ops::sub(vc, vu, main), vu, scale, main);
     }
     latents = schedule.step(v, latents, main);
-    if (!device.simulate()) latents.data_ptr();  // wait, so the step's time is real
-    const double step_s = seconds_since(t0);
-    timings.step_s.push_back(step_s);
-    timings.modelled_step_s.push_back(device.stats().modelled_makespan_s - m0);
-    if (on_step) on_step(i + 1, o.steps, step_s);
+    timer.end_step(i + 1, o.steps, latents);
   }
-  timings.denoise_s = seconds_since(denoise_start);
-  timings.modelled_denoise_s = device.stats().modelled_makespan_s - modelled_start;
+  timer.finish();
   return latents;
 }
 

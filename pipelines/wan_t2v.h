@@ -14,7 +14,7 @@
 #include "models/autoencoder_kl_wan.h"
 #include "models/wan_transformer.h"
 #include "pipelines/flow_match.h"
-#include "pipelines/flux_t2i.h"  // CfgMode, T2ITimings, StepCallback
+#include "pipelines/generation.h"
 #include "pipelines/text_encoder.h"
 #include "pipelines/unipc.h"
 

@@ -2,8 +2,44 @@
 
 #include <cctype>
 #include <cstdio>
+#include <fstream>
+
+#include "device/trace.h"
+#include "tensor/error.h"
 
 namespace cubevec::cli {
+
+DType GenerationFlags::weight_dtype() const {
+  const DType d = parse_dtype(dtype);
+  if (d != DType::f32 && d != DType::bf16) throw Error("--dtype must be f32 or bf16, got " + dtype);
+  return d;
+}
+
+DeviceProfile GenerationFlags::profile(const DeviceFlags& device_flags) const {
+  DeviceFlags resolved = device_flags;
+  if (threads > 0 && resolved.cube_threads <= 0) resolved.cube_threads = threads;
+  return resolved.resolve();
+}
+
+void add_generation_flags(CLI::App& command, GenerationFlags& flags) {
+  command.add_option("--dtype", flags.dtype, "Transformer weights: f32 or bf16");
+  command.add_option("--threads", flags.threads, "Cube-unit threads (same as --cube-threads)")->check(CLI::Range(1, 4096));
+  command.add_flag("--simulate", flags.simulate, "Shape-only run on the device profile's modelled clock (reads config files only)");
+  command.add_option("--json", flags.json_path, "Write the timings as JSON to this file");
+  command.add_option("--trace", flags.trace_path, "Write a Chrome trace of every kernel to this file");
+}
+
+void write_outputs(const GenerationFlags& flags, const std::string& label, Device& device, const nlohmann::ordered_json& json) {
+  if (!flags.trace_path.empty()) {
+    write_chrome_trace(flags.trace_path, {{label, device.trace().records()}});
+    std::fprintf(stderr, "trace written to %s\n", flags.trace_path.c_str());
+  }
+  if (!flags.json_path.empty()) {
+    std::ofstream out(flags.json_path);
+    out << json.dump(2) << "\n";
+    if (!out) throw Error(flags.json_path + ": cannot write the JSON report");
+  }
+}
 
 double mean(const std::vector<double>& values) {
   double sum = 0;

@@ -1,17 +1,36 @@
-// What t2i and t2v print while and after they generate: per-step progress (s/step and ETA, or the
-// modelled s/step in simulate mode), the per-stage timing table with the modelled denoising time
-// and the allocator's peak memory, and the same figures for --json.
+// What t2i and t2v share: the flags --dtype, --threads, --simulate, --json and --trace; per-step
+// progress (s/step and ETA, or the modelled s/step in simulate mode); the per-stage timing table
+// with the modelled denoising time and the allocator's peak memory; the same figures for --json.
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "pipelines/flux_t2i.h"
+#include "device/device.h"
+#include "pipelines/cli/device_flags.h"
+#include "pipelines/generation.h"
 #include "tensor/caching_allocator.h"
 
 namespace cubevec::cli {
+
+struct GenerationFlags {
+  std::string dtype = "f32", json_path, trace_path;
+  int threads = 0;
+  bool simulate = false;
+
+  DType weight_dtype() const;  // --dtype: f32 or bf16, else an Error
+  // The device profile: --device-profile and friends, with --threads as the Cube threads unless
+  // --cube-threads is given.
+  DeviceProfile profile(const DeviceFlags& device_flags) const;
+};
+void add_generation_flags(CLI::App& command, GenerationFlags& flags);
+
+// Writes --trace (the device's records under `label`) and --json (`json`, already holding the
+// run's fields, timings and outputs), each when asked for.
+void write_outputs(const GenerationFlags& flags, const std::string& label, Device& device, const nlohmann::ordered_json& json);
 
 struct StageTime {
   std::string name;  // "load", "text encoding", ... (JSON key: lower case, spaces become underscores)

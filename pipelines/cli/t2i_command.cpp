@@ -25,34 +25,26 @@ namespace cubevec::cli {
 namespace {
 
 struct T2IFlags {
-  std::string model, prompt, negative_prompt, prompt_embeds, out, json_path, trace_path, dtype = "f32", cfg = "off";
+  std::string model, prompt, negative_prompt, prompt_embeds, out, cfg = "off";
   pipelines::T2IOptions options;
-  int threads = 0;
-  bool simulate = false;
+  GenerationFlags common;
 };
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache) {
   if (f.model.empty()) throw Error("--model DIR is required (a diffusers Flux directory: transformer/, vae/, scheduler/)");
-  if (!f.simulate && f.out.empty()) throw Error("--out FILE.jpg is required");
-  const DType dtype = parse_dtype(f.dtype);
-  if (dtype != DType::f32 && dtype != DType::bf16) throw Error("--dtype must be f32 or bf16, got " + f.dtype);
+  if (!f.common.simulate && f.out.empty()) throw Error("--out FILE.jpg is required");
+  const DType dtype = f.common.weight_dtype();
   f.options.cfg = pipelines::parse_cfg_mode(f.cfg);
-  DeviceFlags resolved_flags = device_flags;
-  if (f.threads > 0) resolved_flags.cube_threads = resolved_flags.cube_threads > 0 ? resolved_flags.cube_threads : f.threads;
-  DeviceProfile profile = resolved_flags.resolve();
-  Device device(profile, {.simulate = f.simulate, .trace = !f.trace_path.empty()});
+  const DeviceProfile profile = f.common.profile(device_flags);
+  Device device(profile, {.simulate = f.common.simulate, .trace = !f.common.trace_path.empty()});
   cache.load(device);
   default_allocator().reset_peak_stats();
 
   // Stage 1: the model and the text conditioning.
   auto t0 = std::chrono::steady_clock::now();
   const pipelines::FluxT2IPipeline pipeline =
-      f.simulate ? pipelines::FluxT2IPipeline::load_meta(f.model, dtype) : pipelines::FluxT2IPipeline::load(f.model, dtype);
-  const double load_s = seconds_since(t0);
+      f.common.simulate ? pipelines::FluxT2IPipeline::load_meta(f.model, dtype) : pipelines::FluxT2IPipeline::load(f.model, dtype);
+  const double load_s = pipelines::seconds_since(t0);
   const models::FluxConfig& mc = pipeline.transformer().config();
   // Width and height not given: the model's own size (the VAE's sample_size; 1024 for FLUX.1).
   if (f.options.width == 0) f.options.width = pipeline.default_image_size();
@@ -67,7 +59,7 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
     positive = embeds->positive;
     negative = embeds->negative;
     if (!f.prompt.empty()) std::fprintf(stderr, "note: --prompt-embeds given, so the text of --prompt is not encoded\n");
-  } else if (f.simulate) {
+  } else if (f.common.simulate) {
     // Shapes only: T5's 512 tokens and CLIP's pooled vector, as FLUX.1 uses them.
     positive = {Tensor::meta({1, 512, mc.joint_attention_dim}, DType::f32), Tensor::meta({1, mc.pooled_projection_dim}, DType::f32)};
     negative = positive;
@@ -89,7 +81,7 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   }
   if (f.options.cfg != pipelines::CfgMode::off && !negative)
     throw Error("--cfg " + f.cfg + " needs negative embeddings: negative_prompt_embeds and negative_pooled_prompt_embeds in the --prompt-embeds file");
-  const double text_s = seconds_since(t0);
+  const double text_s = pipelines::seconds_since(t0);
   pipeline.check(f.options, negative.has_value());
 
   std::fprintf(stderr, "t2i: text: %s\n", text_source.c_str());
@@ -97,54 +89,46 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
                static_cast<long long>(f.options.width), static_cast<long long>(f.options.height), f.options.steps, f.cfg.c_str(),
                mc.guidance_embeds ? ("guidance " + std::to_string(f.options.guidance)).c_str() : "no guidance embedding",
                static_cast<long long>(mc.num_layers), static_cast<long long>(mc.num_single_layers),
-               static_cast<long long>(mc.inner_dim()), f.dtype.c_str(), profile.name.c_str(), profile.cube_threads,
-               profile.vector_threads, f.simulate ? ", SIMULATED (modelled times)" : "");
+               static_cast<long long>(mc.inner_dim()), f.common.dtype.c_str(), profile.name.c_str(), profile.cube_threads,
+               profile.vector_threads, f.common.simulate ? ", SIMULATED (modelled times)" : "");
 
   // Stage 2: denoising, with progress.
   pipelines::T2ITimings timings;
-  const auto on_step = progress_printer(timings, f.simulate);
+  const auto on_step = progress_printer(timings, f.common.simulate);
   const Tensor latents = pipeline.denoise(positive, negative ? &*negative : nullptr, f.options, device, on_step, timings);
 
   // Stage 3 and 4: VAE decode and JPEG.
   double jpeg_s = 0;
-  if (!f.simulate) {
+  if (!f.common.simulate) {
     const Tensor image = pipeline.decode(latents, f.options, device, timings);
     t0 = std::chrono::steady_clock::now();
     pipelines::write_jpeg(f.out, pipelines::to_rgb(image));
-    jpeg_s = seconds_since(t0);
+    jpeg_s = pipelines::seconds_since(t0);
   }
   device.synchronize();
   const AllocatorStats mem = default_allocator().stats();
   std::vector<StageTime> stages{{"load", load_s}, {"text encoding", text_s}, {"denoising", timings.denoise_s}};
-  if (!f.simulate) {
+  if (!f.common.simulate) {
     stages.push_back({"VAE decode", timings.vae_s});
     stages.push_back({"JPEG encode", jpeg_s});
   }
   print_stage_table(stages, timings, f.options.steps, profile.name, mem);
-  if (!f.simulate) std::fprintf(stderr, "wrote %s\n", f.out.c_str());
+  if (!f.common.simulate) std::fprintf(stderr, "wrote %s\n", f.out.c_str());
 
   cache.save(device);
-  if (!f.trace_path.empty()) {
-    write_chrome_trace(f.trace_path, {{"t2i", device.trace().records()}});
-    std::fprintf(stderr, "trace written to %s\n", f.trace_path.c_str());
-  }
-  if (!f.json_path.empty()) {
-    nlohmann::ordered_json json = {
-        {"model", f.model},
-        {"width", f.options.width},
-        {"height", f.options.height},
-        {"steps", f.options.steps},
-        {"cfg", f.cfg},
-        {"seed", f.options.seed},
-        {"dtype", f.dtype},
-        {"simulate", f.simulate},
-        {"profile", profile.name}};
-    json.update(timing_json(stages, timings, mem));
-    json["out"] = f.out;
-    std::ofstream out(f.json_path);
-    out << json.dump(2) << "\n";
-    if (!out) throw Error(f.json_path + ": cannot write the JSON report");
-  }
+  nlohmann::ordered_json json = {
+      {"model", f.model},
+      {"width", f.options.width},
+      {"height", f.options.height},
+      {"steps", f.options.steps},
+      {"cfg", f.cfg},
+      {"seed", f.options.seed},
+      {"dtype", f.common.dtype},
+      {"simulate", f.common.simulate},
+      {"profile", profile.name}};
+  json.update(timing_json(stages, timings, mem));
+  json["out"] = f.out;
+  write_outputs(f.common, "t2i", device, json);
   return 0;
 }
 
@@ -171,11 +155,7 @@ CommandRunner add_t2i_command(CLI::App& app) {
   command->add_option("--cfg-scale", flags->options.cfg_scale, "True CFG scale")->check(CLI::Range(0.0, 100.0));
   command->add_option("--seed", flags->options.seed, "Noise seed");
   command->add_option("--out", flags->out, "Output JPEG file");
-  command->add_option("--dtype", flags->dtype, "Transformer weights: f32 or bf16");
-  command->add_option("--threads", flags->threads, "Cube-unit threads (same as --cube-threads)")->check(CLI::Range(1, 4096));
-  command->add_flag("--simulate", flags->simulate, "Shape-only run on the device profile's modelled clock (reads config files only)");
-  command->add_option("--json", flags->json_path, "Write the timings as JSON to this file");
-  command->add_option("--trace", flags->trace_path, "Write a Chrome trace of every kernel to this file");
+  add_generation_flags(*command, flags->common);
   return [flags, device_flags, cache] { return run(*flags, *device_flags, *cache); };
 }
 

@@ -23,17 +23,12 @@ namespace cubevec::cli {
 namespace {
 
 struct T2VFlags {
-  std::string model, prompt, negative_prompt, prompt_embeds, out, frames_dir, json_path, trace_path, dtype = "f32", cfg = "fused";
+  std::string model, prompt, negative_prompt, prompt_embeds, out, frames_dir, cfg = "fused";
   pipelines::T2VOptions options;
   int fps = 16;  // Wan2.1's frame rate
   int quality = 90;
-  int threads = 0;
-  bool simulate = false;
+  GenerationFlags common;
 };
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // Writes each decoded frame to the AVI and, with --frames-dir, as DIR/frame_00000.jpg ...
 class FrameWriter {
@@ -62,7 +57,7 @@ class FrameWriter {
         if (!out) throw Error(dir_ + name + ": cannot write the frame");
       }
     }
-    encode_s_ += seconds_since(t0);
+    encode_s_ += pipelines::seconds_since(t0);
     std::fprintf(stderr, "decoded %d frame(s)\n", avi_.frame_count());
   }
 
@@ -79,22 +74,19 @@ class FrameWriter {
 
 int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache) {
   if (f.model.empty()) throw Error("--model DIR is required (a diffusers Wan directory: transformer/, vae/, scheduler/)");
-  if (!f.simulate && f.out.empty()) throw Error("--out FILE.avi is required");
-  const DType dtype = parse_dtype(f.dtype);
-  if (dtype != DType::f32 && dtype != DType::bf16) throw Error("--dtype must be f32 or bf16, got " + f.dtype);
+  if (!f.common.simulate && f.out.empty()) throw Error("--out FILE.avi is required");
+  const DType dtype = f.common.weight_dtype();
   f.options.cfg = pipelines::parse_cfg_mode(f.cfg);
-  DeviceFlags resolved_flags = device_flags;
-  if (f.threads > 0) resolved_flags.cube_threads = resolved_flags.cube_threads > 0 ? resolved_flags.cube_threads : f.threads;
-  DeviceProfile profile = resolved_flags.resolve();
-  Device device(profile, {.simulate = f.simulate, .trace = !f.trace_path.empty()});
+  const DeviceProfile profile = f.common.profile(device_flags);
+  Device device(profile, {.simulate = f.common.simulate, .trace = !f.common.trace_path.empty()});
   cache.load(device);
   default_allocator().reset_peak_stats();
 
   // Stage 1: the model and the text conditioning.
   auto t0 = std::chrono::steady_clock::now();
   const pipelines::WanT2VPipeline pipeline =
-      f.simulate ? pipelines::WanT2VPipeline::load_meta(f.model, dtype) : pipelines::WanT2VPipeline::load(f.model, dtype);
-  const double load_s = seconds_since(t0);
+      f.common.simulate ? pipelines::WanT2VPipeline::load_meta(f.model, dtype) : pipelines::WanT2VPipeline::load(f.model, dtype);
+  const double load_s = pipelines::seconds_since(t0);
   const models::WanConfig& mc = pipeline.transformer().config();
   t0 = std::chrono::steady_clock::now();
   pipelines::PromptEmbeddings positive;
@@ -105,7 +97,7 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
     positive = file.positive;
     negative = file.negative;
     text_source = "embeddings from " + f.prompt_embeds;
-  } else if (f.simulate) {
+  } else if (f.common.simulate) {
     // Shapes only: umT5's 512 tokens, as Wan2.1 uses them.
     positive.sequence = Tensor::meta({1, 512, mc.text_dim}, DType::f32);
     negative = positive;
@@ -117,11 +109,11 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   }
   if (f.options.cfg != pipelines::CfgMode::off && !negative)
     throw Error("--cfg " + f.cfg + " needs negative_prompt_embeds in the --prompt-embeds file (or --cfg off)");
-  const double text_s = seconds_since(t0);
+  const double text_s = pipelines::seconds_since(t0);
   pipeline.check(f.options, negative.has_value());
   // The output files are opened before denoising, so a bad path fails at once, not after it.
   std::optional<FrameWriter> writer;
-  if (!f.simulate) writer.emplace(f);
+  if (!f.common.simulate) writer.emplace(f);
 
   std::fprintf(stderr, "t2v: text: %s\n", text_source.c_str());
   std::fprintf(stderr, "t2v: scheduler: %s\n", pipelines::scheduler_name(pipeline.scheduler_config()).c_str());
@@ -131,13 +123,13 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
                static_cast<long long>(f.options.frames), static_cast<long long>(f.options.width), static_cast<long long>(f.options.height),
                static_cast<long long>(f.options.latent_frames()), static_cast<long long>(f.options.height / 8),
                static_cast<long long>(f.options.width / 8), f.options.steps, f.cfg.c_str(), f.options.guidance,
-               static_cast<long long>(mc.num_layers), static_cast<long long>(mc.inner_dim()), f.dtype.c_str(), profile.name.c_str(),
-               profile.cube_threads, profile.vector_threads, f.simulate ? ", SIMULATED (modelled times)" : "");
+               static_cast<long long>(mc.num_layers), static_cast<long long>(mc.inner_dim()), f.common.dtype.c_str(), profile.name.c_str(),
+               profile.cube_threads, profile.vector_threads, f.common.simulate ? ", SIMULATED (modelled times)" : "");
 
   // Stage 2: denoising, with progress.
   pipelines::T2ITimings timings;
   const Tensor latents =
-      pipeline.denoise(positive, negative ? &*negative : nullptr, f.options, device, progress_printer(timings, f.simulate), timings);
+      pipeline.denoise(positive, negative ? &*negative : nullptr, f.options, device, progress_printer(timings, f.common.simulate), timings);
 
   // Stage 3: the VAE decode, frames streamed to the AVI (and JPEG folder) as they come.
   if (writer) {
@@ -157,29 +149,21 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
                  f.frames_dir.empty() ? "" : " and the frames to ", f.frames_dir.c_str());
 
   cache.save(device);
-  if (!f.trace_path.empty()) {
-    write_chrome_trace(f.trace_path, {{"t2v", device.trace().records()}});
-    std::fprintf(stderr, "trace written to %s\n", f.trace_path.c_str());
-  }
-  if (!f.json_path.empty()) {
-    nlohmann::ordered_json json = {{"model", f.model},
-                                   {"frames", f.options.frames},
-                                   {"width", f.options.width},
-                                   {"height", f.options.height},
-                                   {"steps", f.options.steps},
-                                   {"cfg", f.cfg},
-                                   {"guidance", f.options.guidance},
-                                   {"seed", f.options.seed},
-                                   {"dtype", f.dtype},
-                                   {"simulate", f.simulate},
-                                   {"profile", profile.name},
-                                   {"scheduler", pipelines::scheduler_name(pipeline.scheduler_config())}};
-    json.update(timing_json(stages, timings, mem));
-    json["out"] = f.out;
-    std::ofstream out(f.json_path);
-    out << json.dump(2) << "\n";
-    if (!out) throw Error(f.json_path + ": cannot write the JSON report");
-  }
+  nlohmann::ordered_json json = {{"model", f.model},
+                                 {"frames", f.options.frames},
+                                 {"width", f.options.width},
+                                 {"height", f.options.height},
+                                 {"steps", f.options.steps},
+                                 {"cfg", f.cfg},
+                                 {"guidance", f.options.guidance},
+                                 {"seed", f.options.seed},
+                                 {"dtype", f.common.dtype},
+                                 {"simulate", f.common.simulate},
+                                 {"profile", profile.name},
+                                 {"scheduler", pipelines::scheduler_name(pipeline.scheduler_config())}};
+  json.update(timing_json(stages, timings, mem));
+  json["out"] = f.out;
+  write_outputs(f.common, "t2v", device, json);
   return 0;
 }
 
@@ -207,11 +191,7 @@ CommandRunner add_t2v_command(CLI::App& app) {
   command->add_option("--frames-dir", flags->frames_dir, "Also write each frame as DIR/frame_NNNNN.jpg");
   command->add_option("--fps", flags->fps, "Frame rate of the AVI (default 16, Wan2.1's)")->check(CLI::Range(1, 240));
   command->add_option("--quality", flags->quality, "JPEG quality of the frames (default 90)")->check(CLI::Range(1, 100));
-  command->add_option("--dtype", flags->dtype, "Transformer weights: f32 or bf16");
-  command->add_option("--threads", flags->threads, "Cube-unit threads (same as --cube-threads)")->check(CLI::Range(1, 4096));
-  command->add_flag("--simulate", flags->simulate, "Shape-only run on the device profile's modelled clock (reads config files only)");
-  command->add_option("--json", flags->json_path, "Write the timings as JSON to this file");
-  command->add_option("--trace", flags->trace_path, "Write a Chrome trace of every kernel to this file");
+  add_generation_flags(*command, flags->common);
   return [flags, device_flags, cache] { return run(*flags, *device_flags, *cache); };
 }
 
