@@ -60,57 +60,30 @@ count through openblas_set_num_threads when the library is loaded. bf16 Linears 
 oneDNN.
 """
 import argparse
-import ctypes
-import json
 import math
-import os
-import platform
-import statistics
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
+# The harness shared with torch_wan_blocks.py (timer, attention, helpers, threads, environment, report).
+from torch_bench_common import (DTYPES, Attention, OpTimer, add_common_arguments, add_norm_weights,
+                                add_trailing_arguments, apply_rope, case_result, emit, head_view, lin, log,
+                                merge_heads, parse_dtypes, random_linears, rms_norm, start, time_forwards)
+
 GROUPS = ["modulation_linear", "layernorm_modulate", "qkv_linear", "qk_rmsnorm", "rope", "attention", "out_proj",
           "mlp_in", "gelu", "mlp_out", "gated_residual", "concat_split"]
-DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
-SCORE_BUDGET_BYTES = 512 << 20
 LN_EPS = 1e-6
-RMS_EPS = 1e-6
 
-
-def log(*args):
-    print(*args, file=sys.stderr, flush=True)
+OPS = OpTimer(GROUPS)
+# One score buffer at a time (the two blocks' sequences have the same length); --plain-attention sets .plain.
+attention = Attention(one_buffer=True)
 
 
 # ------------------------------------------------------------------------------------------------
-# Per-op instrumentation: tick(group) charges the time since the previous tick to `group`.
+# Building blocks (porting-spec 0.4-0.7, 1.6); apply_rope, rms_norm, lin and merge_heads are shared.
 # ------------------------------------------------------------------------------------------------
-class OpTimer:
-    def __init__(self):
-        self.on = False
-        self.seconds = {}
-        self.last = 0.0
-
-    def start(self, on):
-        self.on = on
-        self.seconds = {g: 0.0 for g in GROUPS}
-        self.last = time.perf_counter()
-
-    def tick(self, group):
-        if self.on:
-            now = time.perf_counter()
-            self.seconds[group] += now - self.last
-            self.last = now
-
-
-OPS = OpTimer()
-
-# ------------------------------------------------------------------------------------------------
-# Building blocks (porting-spec 0.4-0.7, 1.6)
-# ------------------------------------------------------------------------------------------------
-HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
+heads = head_view  # [B, N, D] -> [B, H, N, hd], a transposed view
 
 
 def flux_rope_table(txt, img, head_dim):
@@ -142,126 +115,34 @@ def rope_halves(cos, sin):
     return cos[:, 0::2].contiguous(), sin[:, 0::2].contiguous()
 
 
-def apply_rope(x, cos_h, sin_h):
-    """Rotate the pairs (x[2j], x[2j+1]) of x [B, H, L, hd] by the angles of cos_h/sin_h [L, hd/2]
-    (porting-spec 0.5), in f32, cast back to x's dtype."""
-    xf = x.float()
-    even, odd = xf[..., 0::2], xf[..., 1::2]
-    out = torch.empty_like(xf)
-    out[..., 0::2] = even * cos_h - odd * sin_h
-    out[..., 1::2] = odd * cos_h + even * sin_h
-    return out.to(x.dtype)
-
-
-def rms_norm(x, weight):
-    """x / sqrt(mean(x^2) + eps) * weight over the last dim; statistics in f32, normalized value cast
-    back to x's dtype before the weight multiply."""
-    xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + RMS_EPS)
-    return y.to(x.dtype) * weight
-
-
 def layernorm_modulate(x, shift, scale):
     """LN_1e-6(x) * (1 + scale) + shift, scale/shift [B, D] broadcast over tokens."""
     normed = F.layer_norm(x, (x.shape[-1],), eps=LN_EPS)
     return torch.addcmul(shift[:, None], normed, 1 + scale[:, None])
 
 
-_SCORES = {}  # reusable score buffers: a fresh 150 MB tensor per call costs ~25% of the attention in page faults
-PLAIN_ATTENTION = False  # --plain-attention: fresh buffers and an out-of-place softmax
-
-
-def _softmax_inplace(x):
-    try:
-        torch._softmax(x, -1, False, out=x)
-    except (AttributeError, RuntimeError, TypeError):
-        x.copy_(torch.softmax(x, dim=-1))
-    return x
-
-
-def attention(q, k, v):
-    """softmax(q k^T / sqrt(hd)) v for q, k, v [B, H, L, hd] (contiguous) -> [B, H, L, hd]."""
-    b, h, n, hd = q.shape
-    scale = 1.0 / math.sqrt(hd)
-    if HAS_SDPA:
-        return F.scaled_dot_product_attention(q, k, v)
-    q3, k3, v3 = (t.reshape(b * h, n, hd) for t in (q, k, v))
-    per_head = n * n * q.element_size()
-    chunk = max(1, min(b * h, SCORE_BUDGET_BYTES // per_head))
-    out = torch.empty_like(q3)
-    key = (chunk, n, q.dtype)
-    if PLAIN_ATTENTION:
-        scores = torch.empty(chunk, n, n, dtype=q.dtype)
-    else:
-        if key not in _SCORES:
-            _SCORES.clear()
-            _SCORES[key] = torch.empty(chunk, n, n, dtype=q.dtype)
-        scores = _SCORES[key]
-    for s in range(0, b * h, chunk):
-        e = min(b * h, s + chunk)
-        sc = scores[: e - s]
-        torch.baddbmm(sc, q3[s:e], k3[s:e].transpose(1, 2), beta=0.0, alpha=scale, out=sc)
-        probs = torch.softmax(sc, dim=-1) if PLAIN_ATTENTION else _softmax_inplace(sc)
-        torch.bmm(probs, v3[s:e], out=out[s:e])
-    return out.view(b, h, n, hd)
-
-
-def heads(x, num_heads):
-    """[B, N, D] -> [B, H, N, hd] (a transposed view)."""
-    b, n, d = x.shape
-    return x.view(b, n, num_heads, d // num_heads).transpose(1, 2)
-
-
-def merge_heads(x):
-    """[B, H, L, hd] -> [B, L, H * hd] (contiguous)."""
-    b, h, n, hd = x.shape
-    return x.transpose(1, 2).reshape(b, n, h * hd)
-
-
 # ------------------------------------------------------------------------------------------------
 # The two blocks (porting-spec 1.4); parameters are plain tensors in a dict with diffusers' names.
 # ------------------------------------------------------------------------------------------------
 def double_block_params(dim, head_dim, gen):
-    shapes = {}
-
-    def linear(name, n_in, n_out):
-        shapes[name + ".weight"] = (n_out, n_in)
-        shapes[name + ".bias"] = (n_out,)
-
-    linear("norm1.linear", dim, 6 * dim)
-    linear("norm1_context.linear", dim, 6 * dim)
+    linears = [("norm1.linear", dim, 6 * dim), ("norm1_context.linear", dim, 6 * dim)]
     for name in ["attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj",
                  "attn.to_out.0", "attn.to_add_out"]:
-        linear(name, dim, dim)
+        linears.append((name, dim, dim))
     for ff in ["ff", "ff_context"]:
-        linear(ff + ".net.0.proj", dim, 4 * dim)
-        linear(ff + ".net.2", 4 * dim, dim)
-    params = {name: torch.empty(shape).normal_(0.0, 0.02, generator=gen) for name, shape in shapes.items()}
-    for name in ["attn.norm_q", "attn.norm_k", "attn.norm_added_q", "attn.norm_added_k"]:
-        params[name + ".weight"] = 1.0 + torch.empty(head_dim).normal_(0.0, 0.02, generator=gen)
+        linears += [(ff + ".net.0.proj", dim, 4 * dim), (ff + ".net.2", 4 * dim, dim)]
+    params = random_linears(linears, gen)
+    add_norm_weights(params, ["attn.norm_q", "attn.norm_k", "attn.norm_added_q", "attn.norm_added_k"], head_dim, gen)
     return params
 
 
 def single_block_params(dim, head_dim, gen):
-    shapes = {}
-
-    def linear(name, n_in, n_out):
-        shapes[name + ".weight"] = (n_out, n_in)
-        shapes[name + ".bias"] = (n_out,)
-
-    linear("norm.linear", dim, 3 * dim)
-    linear("proj_mlp", dim, 4 * dim)
-    for name in ["attn.to_q", "attn.to_k", "attn.to_v"]:
-        linear(name, dim, dim)
-    linear("proj_out", 5 * dim, dim)
-    params = {name: torch.empty(shape).normal_(0.0, 0.02, generator=gen) for name, shape in shapes.items()}
-    for name in ["attn.norm_q", "attn.norm_k"]:
-        params[name + ".weight"] = 1.0 + torch.empty(head_dim).normal_(0.0, 0.02, generator=gen)
+    linears = [("norm.linear", dim, 3 * dim), ("proj_mlp", dim, 4 * dim)]
+    linears += [(name, dim, dim) for name in ["attn.to_q", "attn.to_k", "attn.to_v"]]
+    linears.append(("proj_out", 5 * dim, dim))
+    params = random_linears(linears, gen)
+    add_norm_weights(params, ["attn.norm_q", "attn.norm_k"], head_dim, gen)
     return params
-
-
-def lin(p, name, x):
-    return F.linear(x, p[name + ".weight"], p[name + ".bias"])
 
 
 def double_block(p, h, c, temb, cos_h, sin_h, num_heads):
@@ -369,90 +250,28 @@ def block_gflop(kind, dim, img, txt):
 # ------------------------------------------------------------------------------------------------
 # Driver
 # ------------------------------------------------------------------------------------------------
-def set_openblas_threads(n):
-    """Sets OpenBLAS's own pool (torch's f32 GEMM backend on Debian) to n threads, if it is loaded."""
-    for lib in ["libopenblas.so.0", "libopenblas.so"]:
-        try:
-            ob = ctypes.CDLL(lib, mode=getattr(os, "RTLD_NOLOAD", 4) | ctypes.RTLD_GLOBAL)
-        except OSError:
-            continue
-        info = {"openblas_threads_before": ob.openblas_get_num_threads()}
-        ob.openblas_set_num_threads(n)
-        info["openblas_threads"] = ob.openblas_get_num_threads()
-        try:
-            ob.openblas_get_config.restype = ctypes.c_char_p
-            ob.openblas_get_corename.restype = ctypes.c_char_p
-            info["openblas_config"] = ob.openblas_get_config().decode()
-            info["openblas_core"] = ob.openblas_get_corename().decode()
-        except AttributeError:
-            pass
-        return info
-    return {"openblas_threads": None}
-
-
-def environment(threads):
-    env = {k: os.environ.get(k) for k in ["OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OPENBLAS_L2_SIZE",
-                                          "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS",
-                                          "DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA"]}
-    env.update(set_openblas_threads(threads))
-    env["torch_num_threads"] = torch.get_num_threads()
-    env["mkldnn"] = torch.backends.mkldnn.is_available()
-    config = torch.__config__.show()
-    env["cpu_capability"] = next((line.split(":", 1)[1].strip() for line in config.splitlines()
-                                  if "CPU capability usage" in line), None)
-    env["blas_info"] = next((part.split("=", 1)[1] for part in config.replace(",", "\n").split()
-                             if part.startswith("BLAS_INFO=")), None)
-    env["python"] = platform.python_version()
-    env["cpus"] = os.cpu_count()
-    env["loadavg_at_start"] = [round(x, 2) for x in os.getloadavg()]
-    return env
-
-
 def run_case(kind, params, inputs, num_heads, repeats):
     fn = double_block if kind == "double" else single_block
     h, c, temb, cos_h, sin_h = inputs
-
-    def forward(instrumented=False):
-        OPS.start(instrumented)
-        t0 = time.perf_counter()
-        out = fn(params, h, c, temb, cos_h, sin_h, num_heads)
-        return time.perf_counter() - t0, out
-
-    with torch.no_grad():
-        warm, out = forward()
-        for x in out:
-            if not torch.isfinite(x.float()).all():
-                raise RuntimeError(f"{kind} block produced non-finite values")
-        runs = [forward()[0] for _ in range(repeats)]
-        total, _ = forward(instrumented=True)
-    ops = dict(OPS.seconds)
-    OPS.start(False)
-    return warm, runs, ops, total
+    return time_forwards(lambda: fn(params, h, c, temb, cos_h, sin_h, num_heads), OPS, repeats, f"{kind} block")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dtypes", default="f32,bf16", help="comma-separated: f32, bf16")
+    add_common_arguments(parser)
     parser.add_argument("--blocks", default="double,single", help="comma-separated: double, single")
     parser.add_argument("--hidden", type=int, default=3072)
     parser.add_argument("--heads", type=int, default=24)
     parser.add_argument("--img", type=int, default=1024)
     parser.add_argument("--txt", type=int, default=256)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="hidden 256, heads 2, img 64, txt 16")
-    parser.add_argument("--plain-attention", action="store_true",
-                        help="math attention with a fresh score tensor per call and an out-of-place softmax "
-                             "(what a straightforward torch 1.13 port does); default: reused buffer, in-place")
+    add_trailing_arguments(parser, "hidden 256, heads 2, img 64, txt 16",
+                           "math attention with a fresh score tensor per call and an out-of-place softmax "
+                           "(what a straightforward torch 1.13 port does); default: reused buffer, in-place")
     args = parser.parse_args()
     if args.quick:
         args.hidden, args.heads, args.img, args.txt = 256, 2, 64, 16
-    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    dtypes = parse_dtypes(parser, args)
     blocks = [b.strip() for b in args.blocks.split(",") if b.strip()]
-    for d in dtypes:
-        if d not in DTYPES:
-            parser.error(f"unknown dtype {d!r} (expected f32 or bf16)")
     for b in blocks:
         if b not in ("double", "single"):
             parser.error(f"unknown block {b!r} (expected double or single)")
@@ -461,14 +280,10 @@ def main():
     if args.hidden % args.heads or (args.hidden // args.heads) % 2:
         parser.error("--hidden must be --heads times an even head dim")
 
-    global PLAIN_ATTENTION
-    PLAIN_ATTENTION = args.plain_attention
-    wall0 = time.perf_counter()
-    torch.set_num_threads(args.threads)
-    env = environment(args.threads)
+    attention.plain = args.plain_attention
+    wall0, env = start(args)
     dim, num_heads, head_dim = args.hidden, args.heads, args.hidden // args.heads
-    attention_impl = ("sdpa" if HAS_SDPA else "math: baddbmm + softmax + bmm, " +
-                      ("fresh buffers" if PLAIN_ATTENTION else "reused score buffer, in-place softmax"))
+    attention_impl = attention.describe()
     log(f"torch {torch.__version__}, {args.threads} threads, attention {attention_impl}; D {dim}, {num_heads} heads x {head_dim}, "
         f"img {args.img} + txt {args.txt} tokens; load average {env['loadavg_at_start']}")
 
@@ -490,25 +305,13 @@ def main():
             dtype = DTYPES[dname]
             params = master if dtype == torch.float32 else {k: v.to(dtype) for k, v in master.items()}
             inputs = (h.to(dtype), c.to(dtype), temb.to(dtype), cos_h, sin_h)
-            warm, runs, ops, total = run_case(kind, params, inputs, num_heads, args.repeats)
+            timing = run_case(kind, params, inputs, num_heads, args.repeats)
             del params
-            median = statistics.median(runs)
-            log(f"  {kind} {dname}: warm-up {warm:.3f} s, runs {', '.join(f'{r:.3f}' for r in runs)} s, "
-                f"median {median:.3f} s; instrumented {total:.3f} s")
-            for g in GROUPS:
-                if ops[g] > 0:
-                    log(f"      {g:<20} {ops[g] * 1e3:9.1f} ms  {100 * ops[g] / total:5.1f}%")
-            results.append({"block": kind, "dtype": dname, "median_s": median, "runs_s": runs, "ops_s": ops,
-                            "ops_total_s": total, "gflop": block_gflop(kind, dim, args.img, args.txt)})
+            results.append(case_result(kind, dname, timing, GROUPS, block_gflop(kind, dim, args.img, args.txt)))
         del master
-        _SCORES.clear()
-    env["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    log(f"total {time.perf_counter() - wall0:.1f} s")
-    print(json.dumps({"torch_version": torch.__version__, "threads": args.threads,
-                      "attention": "sdpa" if HAS_SDPA else "math", "attention_impl": attention_impl, "env": env,
-                      "shape": {"hidden": dim, "heads": num_heads, "head_dim": head_dim, "img": args.img,
-                                "txt": args.txt}, "results": results}))
-
+        attention.scores.clear()
+    emit(args, attention_impl, env, {"hidden": dim, "heads": num_heads, "head_dim": head_dim, "img": args.img,
+                                     "txt": args.txt}, results, wall0)
 
 if __name__ == "__main__":
     main()

@@ -61,49 +61,27 @@ where gflop counts the matmul FLOPs (the Linears and the four attention products
 stderr. Threads: as torch_flux_blocks.py (torch.set_num_threads plus OpenBLAS's own pool).
 """
 import argparse
-import json
 import math
-import os
-import statistics
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
-# Shared with the Flux baseline: the environment report (sets OpenBLAS's pool), the in-place softmax
-# and logging, so the two baselines are measured the same way.
-from torch_flux_blocks import SCORE_BUDGET_BYTES, _softmax_inplace, environment, log
+# The harness shared with the Flux baseline (torch_bench_common.py: timer, attention, helpers, threads,
+# environment report, timed forwards and JSON output), so the two baselines are measured the same way.
+from torch_bench_common import (DTYPES, Attention, OpTimer, add_common_arguments, add_norm_weights,
+                                add_trailing_arguments, apply_rope, case_result, emit, head_view, lin, log,
+                                merge_heads, parse_dtypes, random_linears, rms_norm, start, time_forwards)
 
 GROUPS = ["modulation", "layernorm_modulate", "qkv_linear", "qk_rmsnorm", "rope", "attention", "out_proj",
           "gated_residual", "cross_norm", "cross_q_linear", "cross_kv_linear", "cross_attention", "cross_out_proj",
           "mlp_in", "gelu", "mlp_out", "concat_split"]
-DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 EPS = 1e-6
-HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
 
-
-class OpTimer:
-    """tick(group) charges the time since the previous tick to `group` (when switched on)."""
-
-    def __init__(self):
-        self.on = False
-        self.seconds = {}
-        self.last = 0.0
-
-    def start(self, on):
-        self.on = on
-        self.seconds = {g: 0.0 for g in GROUPS}
-        self.last = time.perf_counter()
-
-    def tick(self, group):
-        if self.on:
-            now = time.perf_counter()
-            self.seconds[group] += now - self.last
-            self.last = now
-
-
-OPS = OpTimer()
+OPS = OpTimer(GROUPS)
+# Self and cross attention each keep their score buffer; --plain-attention sets .plain.
+attention = Attention(one_buffer=False)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -125,98 +103,32 @@ def wan_rope_halves(frames, height, width, head_dim):
     return torch.cos(a).float(), torch.sin(a).float()
 
 
-def apply_rope(x, cos_h, sin_h):
-    """Rotate the pairs (x[2j], x[2j+1]) of x [B, H, L, hd] by the angles [L, hd/2], in f32, cast back."""
-    xf = x.float()
-    even, odd = xf[..., 0::2], xf[..., 1::2]
-    out = torch.empty_like(xf)
-    out[..., 0::2] = even * cos_h - odd * sin_h
-    out[..., 1::2] = odd * cos_h + even * sin_h
-    return out.to(x.dtype)
-
-
-def rms_norm(x, weight):
-    """RMSNorm over the last dim (all D channels): statistics in f32, normalized value cast back to x's
-    dtype, then times the weight."""
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype) * weight
-
-
 def layernorm_modulate(x, shift, scale):
     """(LN_1e-6(x in f32) * (1 + scale) + shift) cast to x's dtype; shift/scale [B, 1, D] f32."""
     normed = F.layer_norm(x.float(), (x.shape[-1],), eps=EPS)
     return torch.addcmul(shift, normed, 1 + scale).to(x.dtype)
 
 
-_SCORES = {}
-PLAIN_ATTENTION = False
-
-
-def attention(q, k, v):
-    """softmax(q k^T / sqrt(hd)) v for q [B, H, Lq, hd], k and v [B, H, Lk, hd] (contiguous) -> [B, H, Lq, hd]."""
-    b, h, nq, hd = q.shape
-    nk = k.shape[2]
-    if HAS_SDPA:
-        return F.scaled_dot_product_attention(q, k, v)
-    q3, k3, v3 = q.reshape(b * h, nq, hd), k.reshape(b * h, nk, hd), v.reshape(b * h, nk, hd)
-    chunk = max(1, min(b * h, SCORE_BUDGET_BYTES // (nq * nk * q.element_size())))
-    key = (chunk, nq, nk, q.dtype)
-    if PLAIN_ATTENTION:
-        scores = torch.empty(chunk, nq, nk, dtype=q.dtype)
-    else:
-        if key not in _SCORES:  # self and cross attention each keep their buffer
-            _SCORES[key] = torch.empty(chunk, nq, nk, dtype=q.dtype)
-        scores = _SCORES[key]
-    out = torch.empty_like(q3)
-    for s in range(0, b * h, chunk):
-        e = min(b * h, s + chunk)
-        sc = scores[: e - s]
-        torch.baddbmm(sc, q3[s:e], k3[s:e].transpose(1, 2), beta=0.0, alpha=1.0 / math.sqrt(hd), out=sc)
-        probs = torch.softmax(sc, dim=-1) if PLAIN_ATTENTION else _softmax_inplace(sc)
-        torch.bmm(probs, v3[s:e], out=out[s:e])
-    return out.view(b, h, nq, hd)
-
-
 def heads(x, num_heads):
     """[B, N, D] -> [B, H, N, hd] contiguous (the layout of the batched products)."""
-    b, n, d = x.shape
-    return x.view(b, n, num_heads, d // num_heads).transpose(1, 2).contiguous()
-
-
-def merge_heads(x):
-    """[B, H, L, hd] -> [B, L, H * hd] (contiguous)."""
-    b, h, n, hd = x.shape
-    return x.transpose(1, 2).reshape(b, n, h * hd)
+    return head_view(x, num_heads).contiguous()
 
 
 # ------------------------------------------------------------------------------------------------
 # The block (porting-spec 2.3); parameters are plain tensors in a dict with diffusers' names.
 # ------------------------------------------------------------------------------------------------
 def block_params(dim, ffn, gen):
-    shapes = {}
-
-    def linear(name, n_in, n_out):
-        shapes[name + ".weight"] = (n_out, n_in)
-        shapes[name + ".bias"] = (n_out,)
-
-    for attn in ["attn1", "attn2"]:
-        for proj in ["to_q", "to_k", "to_v", "to_out.0"]:
-            linear(f"{attn}.{proj}", dim, dim)
-    linear("ffn.net.0.proj", dim, ffn)
-    linear("ffn.net.2", ffn, dim)
-    params = {name: torch.empty(shape).normal_(0.0, 0.02, generator=gen) for name, shape in shapes.items()}
-    for name in ["attn1.norm_q", "attn1.norm_k", "attn2.norm_q", "attn2.norm_k", "norm2"]:
-        params[name + ".weight"] = 1.0 + torch.empty(dim).normal_(0.0, 0.02, generator=gen)
+    linears = [(f"{attn}.{proj}", dim, dim) for attn in ["attn1", "attn2"]
+               for proj in ["to_q", "to_k", "to_v", "to_out.0"]]
+    linears += [("ffn.net.0.proj", dim, ffn), ("ffn.net.2", ffn, dim)]
+    params = random_linears(linears, gen)
+    add_norm_weights(params, ["attn1.norm_q", "attn1.norm_k", "attn2.norm_q", "attn2.norm_k", "norm2"], dim, gen)
     params["norm2.bias"] = torch.empty(dim).normal_(0.0, 0.02, generator=gen)
     params["scale_shift_table"] = torch.randn(1, 6, dim, generator=gen) / math.sqrt(dim)
     return params
 
 
 FP32_KEPT = ("scale_shift_table", "norm2.weight", "norm2.bias")  # diffusers' _keep_in_fp32_modules
-
-
-def lin(p, name, x):
-    return F.linear(x, p[name + ".weight"], p[name + ".bias"])
 
 
 def wan_block(p, h, context, timestep_proj, cos_h, sin_h, num_heads):
@@ -290,29 +202,13 @@ def block_gflop(dim, ffn, tokens, txt):
 # ------------------------------------------------------------------------------------------------
 def run_case(params, inputs, num_heads, repeats):
     h, context, timestep_proj, cos_h, sin_h = inputs
-
-    def forward(instrumented=False):
-        OPS.start(instrumented)
-        t0 = time.perf_counter()
-        out = wan_block(params, h, context, timestep_proj, cos_h, sin_h, num_heads)
-        return time.perf_counter() - t0, out
-
-    with torch.no_grad():
-        warm, out = forward()
-        if not torch.isfinite(out.float()).all():
-            raise RuntimeError("the block produced non-finite values")
-        runs = [forward()[0] for _ in range(repeats)]
-        total, _ = forward(instrumented=True)
-    ops = dict(OPS.seconds)
-    OPS.start(False)
-    return warm, runs, ops, total
+    return time_forwards(lambda: wan_block(params, h, context, timestep_proj, cos_h, sin_h, num_heads), OPS,
+                         repeats, "the block")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dtypes", default="f32,bf16", help="comma-separated: f32, bf16")
+    add_common_arguments(parser)
     parser.add_argument("--blocks", default="wan", help="only 'wan' (for symmetry with torch_flux_blocks.py)")
     parser.add_argument("--hidden", type=int, default=1536)
     parser.add_argument("--heads", type=int, default=12)
@@ -321,17 +217,12 @@ def main():
     parser.add_argument("--height", type=int, default=18, help="post-patch token grid: latent height / 2")
     parser.add_argument("--width", type=int, default=20, help="post-patch token grid: latent width / 2")
     parser.add_argument("--txt", type=int, default=512)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="hidden 256, heads 2, ffn 512, grid 2x4x8, txt 16")
-    parser.add_argument("--plain-attention", action="store_true",
-                        help="math attention with fresh score tensors and an out-of-place softmax")
+    add_trailing_arguments(parser, "hidden 256, heads 2, ffn 512, grid 2x4x8, txt 16",
+                           "math attention with fresh score tensors and an out-of-place softmax")
     args = parser.parse_args()
     if args.quick:
         args.hidden, args.heads, args.ffn, args.frames, args.height, args.width, args.txt = 256, 2, 512, 2, 4, 8, 16
-    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    for d in dtypes:
-        if d not in DTYPES:
-            parser.error(f"unknown dtype {d!r} (expected f32 or bf16)")
+    dtypes = parse_dtypes(parser, args)
     if [b.strip() for b in args.blocks.split(",") if b.strip()] != ["wan"]:
         parser.error("--blocks: only 'wan'")
     if args.threads < 1 or args.repeats < 1:
@@ -339,15 +230,11 @@ def main():
     if args.hidden % args.heads or (args.hidden // args.heads) % 2 or args.hidden // args.heads < 6:
         parser.error("--hidden must be --heads times an even head dim >= 6")
 
-    global PLAIN_ATTENTION
-    PLAIN_ATTENTION = args.plain_attention
-    wall0 = time.perf_counter()
-    torch.set_num_threads(args.threads)
-    env = environment(args.threads)
+    attention.plain = args.plain_attention
+    wall0, env = start(args)
     dim, num_heads, head_dim = args.hidden, args.heads, args.hidden // args.heads
     tokens = args.frames * args.height * args.width
-    attention_impl = ("sdpa" if HAS_SDPA else "math: baddbmm + softmax + bmm, " +
-                      ("fresh buffers" if PLAIN_ATTENTION else "reused score buffers, in-place softmax"))
+    attention_impl = attention.describe()
     log(f"torch {torch.__version__}, {args.threads} threads, attention {attention_impl}; D {dim}, {num_heads} heads x "
         f"{head_dim}, ffn {args.ffn}; grid {args.frames} x {args.height} x {args.width} = {tokens} video + {args.txt} "
         f"text tokens; load average {env['loadavg_at_start']}")
@@ -367,25 +254,13 @@ def main():
         dtype = DTYPES[dname]
         params = {k: (v if k in FP32_KEPT else v.to(dtype)) for k, v in master.items()}
         inputs = (h.to(dtype), context.to(dtype), timestep_proj.to(dtype), cos_h, sin_h)
-        warm, runs, ops, total = run_case(params, inputs, num_heads, args.repeats)
+        timing = run_case(params, inputs, num_heads, args.repeats)
         del params
-        median = statistics.median(runs)
-        log(f"  wan {dname}: warm-up {warm:.3f} s, runs {', '.join(f'{r:.3f}' for r in runs)} s, "
-            f"median {median:.3f} s; instrumented {total:.3f} s")
-        for g in GROUPS:
-            if ops[g] > 0:
-                log(f"      {g:<20} {ops[g] * 1e3:9.1f} ms  {100 * ops[g] / total:5.1f}%")
-        results.append({"block": "wan", "dtype": dname, "median_s": median, "runs_s": runs, "ops_s": ops,
-                        "ops_total_s": total, "gflop": block_gflop(dim, args.ffn, tokens, args.txt)})
-        _SCORES.clear()
-    env["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    log(f"total {time.perf_counter() - wall0:.1f} s")
-    print(json.dumps({"torch_version": torch.__version__, "threads": args.threads,
-                      "attention": "sdpa" if HAS_SDPA else "math", "attention_impl": attention_impl, "env": env,
-                      "shape": {"hidden": dim, "heads": num_heads, "head_dim": head_dim, "ffn": args.ffn,
-                                "grid": [args.frames, args.height, args.width], "video_tokens": tokens,
-                                "txt": args.txt, "batch": 1}, "results": results}))
-
+        results.append(case_result("wan", dname, timing, GROUPS, block_gflop(dim, args.ffn, tokens, args.txt)))
+        attention.scores.clear()
+    emit(args, attention_impl, env, {"hidden": dim, "heads": num_heads, "head_dim": head_dim, "ffn": args.ffn,
+                                     "grid": [args.frames, args.height, args.width], "video_tokens": tokens,
+                                     "txt": args.txt, "batch": 1}, results, wall0)
 
 if __name__ == "__main__":
     sys.exit(main())

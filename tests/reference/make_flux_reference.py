@@ -70,19 +70,18 @@ GENERATOR = "tests/reference/make_flux_reference.py"
 # =============================================================================================
 # Shared building blocks (porting-spec section 0)
 # =============================================================================================
-def sinusoid_arguments(values):
-    """Timesteps(256, flip_sin_to_cos=True, downscale_freq_shift=0) up to the cos/sin: the f32
-    arguments a[b, j] = f32(values[b] * f_j), j < 128 (see the module docstring)."""
-    half = 128
+def sinusoid_arguments(values, half=128):
+    """Timesteps(2 half (256 for Flux), flip_sin_to_cos=True, downscale_freq_shift=0) up to the cos/sin:
+    the f32 arguments a[b, j] = f32(values[b] * f_j), j < half (see the module docstring)."""
     exponent = -math.log(10000) * torch.arange(0, half, dtype=torch.float32)  # f32(c) * j, rounded to f32
-    exponent = exponent / half  # exact
+    exponent = exponent / half  # an f32 division, as diffusers (exact for power-of-two halves)
     freqs = torch.exp(exponent.double()).float()  # correctly rounded f32 exp
     return values.float()[:, None] * freqs[None, :]
 
 
-def timestep_sinusoid(values, dtype):
-    """[cos(a), sin(a)] (cosines first), [B, 256], cos/sin taken in float64 of the f32 arguments."""
-    a = sinusoid_arguments(values).double()
+def timestep_sinusoid(values, dtype, num_channels=256):
+    """[cos(a), sin(a)] (cosines first), [B, num_channels], cos/sin taken in float64 of the f32 arguments."""
+    a = sinusoid_arguments(values, num_channels // 2).double()
     return torch.cat([torch.cos(a), torch.sin(a)], dim=-1).to(dtype)
 
 
@@ -149,11 +148,12 @@ class GELU(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """FeedForward(dim, dim_out, mult=4, activation_fn="gelu-approximate"): net.0.proj, net.2."""
+    """FeedForward(dim, dim_out, mult=4, activation_fn="gelu-approximate", inner_dim): net.0.proj, net.2
+    (the hidden width is inner_dim when given, else dim * mult)."""
 
-    def __init__(self, dim, dim_out=None, mult=4):
+    def __init__(self, dim, dim_out=None, mult=4, inner_dim=None):
         super().__init__()
-        inner = dim * mult
+        inner = inner_dim or dim * mult
         self.net = nn.ModuleList([GELU(dim, inner), nn.Dropout(0.0), nn.Linear(inner, dim_out or dim)])
 
     def forward(self, x):
@@ -175,15 +175,18 @@ class TimestepEmbedding(nn.Module):
 
 
 class PixArtAlphaTextProjection(nn.Module):
-    """linear_1 (in -> D), SiLU (Flux), linear_2 (D -> D)."""
+    """linear_1 (in -> D), act_fn: "silu" (Flux) or "gelu_tanh" (Wan), linear_2 (D -> D)."""
 
-    def __init__(self, in_features, dim):
+    def __init__(self, in_features, dim, act_fn="silu"):
         super().__init__()
+        assert act_fn in ("silu", "gelu_tanh"), act_fn
+        self.act_fn = act_fn
         self.linear_1 = nn.Linear(in_features, dim)
         self.linear_2 = nn.Linear(dim, dim)
 
     def forward(self, x):
-        return self.linear_2(F.silu(self.linear_1(x)))
+        x = self.linear_1(x)
+        return self.linear_2(F.silu(x) if self.act_fn == "silu" else F.gelu(x, approximate="tanh"))
 
 
 # =============================================================================================
@@ -710,24 +713,43 @@ def init_weights(model, seed):
             else:
                 std = 0.3 if module.endswith(MODULATION) else 0.1
                 v = torch.randn(p.shape, generator=gen, dtype=F64) * std
-            p.copy_(v.float().to(BF16).float())
+            p.copy_(bf16_representable(v))
     return model
 
 
-def save_model(model, directory, config, config_name="config.json", dtype=torch.float32):
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, config_name), "w") as f:
-        f.write(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    tensors = {k: v.detach().float().contiguous().to(dtype) for k, v in model.state_dict().items()}
+def bf16_representable(t):
+    """t rounded to the nearest bf16 value, as f32."""
+    return t.float().to(BF16).float()
+
+
+def write_json(path, obj):
+    """obj as indented JSON with sorted keys and a final newline; creates the directory."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def save_tensors(directory, config, tensors, dtype=torch.float32):
+    """directory/config.json and directory/diffusion_pytorch_model.safetensors (tensors as dtype); returns
+    the tensors written."""
+    write_json(os.path.join(directory, "config.json"), config)
+    tensors = {k: v.detach().float().contiguous().to(dtype) for k, v in tensors.items()}
     write_safetensors(os.path.join(directory, "diffusion_pytorch_model.safetensors"), tensors, {"format": "pt"})
     return tensors
 
 
+def save_model(model, directory, config, dtype=torch.float32):
+    return save_tensors(directory, config, model.state_dict(), dtype)
+
+
 class Goldens:
-    def __init__(self, seed):
+    """The cases of one golden file: tensors "<case>.<name>" (f32) and __metadata__ (`meta`: the keys
+    starting with "_" describe the file, Flux's description unless given; each case maps to its JSON)."""
+
+    def __init__(self, seed, meta=None):
         self.gen = torch.Generator().manual_seed(seed)
         self.tensors = {}
-        self.meta = {
+        self.meta = meta if meta is not None else {
             "_generator": GENERATOR,
             "_torch_version": torch.__version__,
             "_seed": str(seed),
@@ -752,9 +774,29 @@ class Goldens:
             self.tensors[key] = t.float().contiguous()
         self.meta[case] = json.dumps(params, separators=(",", ":"), sort_keys=True)
 
+    def write(self, path):
+        """Writes the safetensors file and checks it reads back the same."""
+        write_safetensors(path, self.tensors, self.meta)
+        back, meta = read_safetensors(path)
+        assert set(back) == set(self.tensors) and all(torch.equal(back[k], self.tensors[k]) for k in back)
+        assert meta == self.meta
+
 
 def max_abs(t):
     return float(t.detach().abs().max())
+
+
+def print_model_files(data):
+    """One line per file of each model directory under `data`: its path (from the repository root), size."""
+    for name in sorted(os.listdir(data)):
+        for fname in sorted(os.listdir(os.path.join(data, name))):
+            p = os.path.join(data, name, fname)
+            print(f"{os.path.relpath(p, ROOT)}: {os.path.getsize(p)} bytes")
+
+
+def print_report(report):
+    for k, v in report.items():
+        print(f"  {k}: " + ", ".join(f"{a}={b:.4g}" for a, b in v.items()))
 
 
 def f32_run_error(model, fn, expected):
@@ -784,9 +826,7 @@ def main():
     save_model(flux_ng, os.path.join(data, "transformer_noguidance"), TRANSFORMER_NOGUIDANCE_CONFIG)
     save_model(vae, os.path.join(data, "vae"), VAE_CONFIG)
     save_model(vae_pq, os.path.join(data, "vae_postquant"), VAE_POSTQUANT_CONFIG)
-    os.makedirs(os.path.join(data, "scheduler"), exist_ok=True)
-    with open(os.path.join(data, "scheduler", "scheduler_config.json"), "w") as f:
-        f.write(json.dumps(SCHEDULER_CONFIG, indent=2, sort_keys=True) + "\n")
+    write_json(os.path.join(data, "scheduler", "scheduler_config.json"), SCHEDULER_CONFIG)
 
     g = Goldens(3100)
     cfg = flux.cfg
@@ -939,23 +979,16 @@ def main():
     report["pipeline"] = dict(max_abs_expected=max_abs(image), max_abs_latents=max_abs(lat))
 
     path = os.path.join(OUT_DIR, "goldens_flux.safetensors")
-    write_safetensors(path, g.tensors, g.meta)
-    back, meta = read_safetensors(path)
-    assert set(back) == set(g.tensors) and all(torch.equal(back[k], g.tensors[k]) for k in back)
-    assert meta == g.meta
+    g.write(path)
 
     # ---- scheduler reference values ----------------------------------------------------------------------
     write_scheduler_reference(os.path.join(OUT_DIR, "flowmatch_reference.json"))
 
-    for name in sorted(os.listdir(data)):
-        for fname in sorted(os.listdir(os.path.join(data, name))):
-            p = os.path.join(data, name, fname)
-            print(f"{os.path.relpath(p, ROOT)}: {os.path.getsize(p)} bytes")
+    print_model_files(data)
     for p in (path, os.path.join(OUT_DIR, "flowmatch_reference.json")):
         print(f"{os.path.relpath(p, ROOT)}: {os.path.getsize(p)} bytes")
     print("cases:", ", ".join(k for k in g.meta if not k.startswith("_")))
-    for k, v in report.items():
-        print(f"  {k}: " + ", ".join(f"{a}={b:.4g}" for a, b in v.items()))
+    print_report(report)
 
 
 def f32_list(a):

@@ -78,7 +78,6 @@ Where this script goes beyond the spec, and the source fact used (diffusers, rea
 Seeds are fixed, so the output is deterministic (same torch and numpy versions, same bytes).
 """
 import copy
-import json
 import math
 import os
 import sys
@@ -88,14 +87,18 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from safetensors_io import read_safetensors, write_safetensors
-# The scheduler's numpy float32 arithmetic is shared with the Flux reference (porting-spec section 4).
-from make_flux_reference import FlowMatchEulerDiscreteScheduler
+from safetensors_io import read_safetensors
+# Shared with the Flux reference: the building blocks of porting-spec section 0 (the timestep sinusoid,
+# the 1-D RoPE table, attention, the norms, the feed-forward and embedding modules), the scheduler's
+# numpy float32 arithmetic (section 4), and the weight, file and golden helpers.
+from make_flux_reference import (FeedForward, FlowMatchEulerDiscreteScheduler, Goldens, PixArtAlphaTextProjection,
+                                 RMSNorm, TimestepEmbedding, bf16_representable, layer_norm, max_abs,
+                                 print_model_files, print_report, rope_1d, save_tensors, sdpa, timestep_sinusoid,
+                                 write_json)
 
 torch.set_num_threads(1)
 torch.use_deterministic_algorithms(True)
 
-BF16 = torch.bfloat16
 F64 = torch.float64
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT_DIR = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "tests", "data")
@@ -104,28 +107,12 @@ ROPE_THETA = 10000.0
 
 
 # =============================================================================================
-# Shared building blocks (porting-spec section 0)
+# Shared building blocks (porting-spec section 0): the rest are make_flux_reference.py's
 # =============================================================================================
-def timestep_sinusoid(timesteps, num_channels, dtype):
-    """Timesteps(num_channels, flip_sin_to_cos=True, downscale_freq_shift=0): [cos(a) | sin(a)], [B, C].
-
-    The arguments a[b, j] = f32(t_b * f_j) are formed in f32 as diffusers does (the frequency table is
-    f32, the exp correctly rounded); only cos and sin are taken in float64."""
-    half = num_channels // 2
-    exponent = -math.log(10000) * torch.arange(0, half, dtype=torch.float32)  # f32(f32(c) * j)
-    exponent = exponent / half  # an f32 division, as diffusers (exact for power-of-two halves)
-    freqs = torch.exp(exponent.double()).float()
-    args = (timesteps.float()[:, None] * freqs[None, :]).double()
-    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1).to(dtype)
-
-
 def rope_axis_table(dim, num_positions):
     """get_1d_rotary_pos_embed(dim, positions 0..n-1, theta 10000, use_real, repeat_interleave_real):
     float64 angles p * theta^(-2j/dim), cos and sin each repeated twice ([c0, c0, c1, c1, ...]), as f32."""
-    omega = 1.0 / (ROPE_THETA ** (torch.arange(0, dim, 2, dtype=F64)[: dim // 2] / dim))
-    angles = torch.outer(torch.arange(num_positions, dtype=F64), omega)
-    return (torch.cos(angles).repeat_interleave(2, dim=1).float(),
-            torch.sin(angles).repeat_interleave(2, dim=1).float())
+    return rope_1d(dim, torch.arange(num_positions, dtype=F64), ROPE_THETA)
 
 
 def apply_rope(x, cos, sin):
@@ -136,79 +123,6 @@ def apply_rope(x, cos, sin):
     s = sin.to(x.dtype)[None, :, None, 1::2]
     even, odd = x[..., 0::2], x[..., 1::2]
     return torch.stack([even * c - odd * s, even * s + odd * c], dim=-1).flatten(-2)
-
-
-def attention(q, k, v):
-    """softmax(q k^T / sqrt(hd)) v per head; q [B, Lq, H, hd], k and v [B, Lk, H, hd] -> [B, Lq, H * hd]
-    (heads concatenated head-major). No mask: Wan attends to every text position, padding included."""
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
-    return torch.matmul(torch.softmax(scores, dim=-1), v).transpose(1, 2).flatten(2)
-
-
-def layer_norm(x, eps):
-    """LayerNorm over the last dim, biased variance, no affine (Wan's norm1 / norm3 / norm_out)."""
-    return F.layer_norm(x, (x.shape[-1],), eps=eps)
-
-
-class RMSNorm(nn.Module):
-    """torch.nn.RMSNorm(dim, eps, elementwise_affine=True): x / sqrt(mean(x^2) + eps) * weight."""
-
-    def __init__(self, dim, eps):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-class GELUTanh(nn.Module):
-    """diffusers' activations.GELU(approximate="tanh"): a `proj` Linear, then GELUt."""
-
-    def __init__(self, dim_in, dim_out):
-        super().__init__()
-        self.proj = nn.Linear(dim_in, dim_out)
-
-    def forward(self, x):
-        return F.gelu(self.proj(x), approximate="tanh")
-
-
-class FeedForward(nn.Module):
-    """FeedForward(dim, inner_dim=ffn_dim, activation_fn="gelu-approximate"): net.0.proj, net.2."""
-
-    def __init__(self, dim, inner_dim):
-        super().__init__()
-        self.net = nn.ModuleList([GELUTanh(dim, inner_dim), nn.Dropout(0.0), nn.Linear(inner_dim, dim)])
-
-    def forward(self, x):
-        for layer in self.net:
-            x = layer(x)
-        return x
-
-
-class TimestepEmbedding(nn.Module):
-    """linear_1 (freq_dim -> D), SiLU, linear_2 (D -> D)."""
-
-    def __init__(self, in_channels, dim):
-        super().__init__()
-        self.linear_1 = nn.Linear(in_channels, dim)
-        self.linear_2 = nn.Linear(dim, dim)
-
-    def forward(self, x):
-        return self.linear_2(F.silu(self.linear_1(x)))
-
-
-class TextProjection(nn.Module):
-    """PixArtAlphaTextProjection with act_fn "gelu_tanh" (Wan; Flux's uses SiLU): linear_1, GELUt, linear_2."""
-
-    def __init__(self, in_features, dim):
-        super().__init__()
-        self.linear_1 = nn.Linear(in_features, dim)
-        self.linear_2 = nn.Linear(dim, dim)
-
-    def forward(self, x):
-        return self.linear_2(F.gelu(self.linear_1(x), approximate="tanh"))
 
 
 # =============================================================================================
@@ -268,7 +182,7 @@ class WanAttention(nn.Module):
         v = self.to_v(source).unflatten(2, (self.heads, -1))
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        return self.to_out[0](attention(q, k, v))
+        return self.to_out[0](sdpa(q, k, v))  # no mask: Wan attends to every text position, padding included
 
 
 class WanTransformerBlock(nn.Module):
@@ -281,7 +195,7 @@ class WanTransformerBlock(nn.Module):
         self.attn2 = WanAttention(dim, heads, eps)
         # diffusers' norm2 is the *cross-attention* pre-norm (the original checkpoint's norm3), affine.
         self.norm2 = nn.LayerNorm(dim, eps=eps, elementwise_affine=True) if cross_attn_norm else None
-        self.ffn = FeedForward(dim, ffn_dim)
+        self.ffn = FeedForward(dim, inner_dim=ffn_dim)
         self.scale_shift_table = nn.Parameter(torch.zeros(1, 6, dim))
 
     def forward(self, h, context, timestep_proj, rope):
@@ -304,11 +218,11 @@ class WanConditionEmbedder(nn.Module):
         self.freq_dim = freq_dim
         self.time_embedder = TimestepEmbedding(freq_dim, dim)
         self.time_proj = nn.Linear(dim, 6 * dim)
-        self.text_embedder = TextProjection(text_dim, dim)
+        self.text_embedder = PixArtAlphaTextProjection(text_dim, dim, act_fn="gelu_tanh")
 
     def forward(self, timestep, encoder_hidden_states):
         dtype = encoder_hidden_states.dtype
-        temb = self.time_embedder(timestep_sinusoid(timestep, self.freq_dim, dtype))
+        temb = self.time_embedder(timestep_sinusoid(timestep, dtype, self.freq_dim))
         timestep_proj = self.time_proj(F.silu(temb))
         return temb, timestep_proj, self.text_embedder(encoder_hidden_states)
 
@@ -703,10 +617,6 @@ def expected_transformer_shapes(cfg):
     return shapes
 
 
-def bf16_representable(t):
-    return t.float().to(BF16).float()
-
-
 def init_transformer(model, seed):
     """Random weights, bf16-representable. Linear / conv weights N(0, 1/fan_in); biases N(0, 0.1^2); RMS
     and LayerNorm weights U(0.5, 1.5) (so no norm weight is 1), norm2's bias N(0, 0.1^2). The modulation
@@ -758,49 +668,25 @@ def vae_encoder_only_tensors(cfg, seed):
     return {k: bf16_representable(torch.randn(s, generator=gen, dtype=F64) * 0.2) for k, s in shapes.items()}
 
 
-def write_json(path, obj):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-
-
 def save_model(directory, config, tensors):
-    write_json(os.path.join(directory, "config.json"), config)
-    tensors = {k: v.detach().float().contiguous() for k, v in tensors.items()}
+    """config.json and the F32 safetensors (make_flux_reference.save_tensors), checked by reading them back."""
+    tensors = save_tensors(directory, config, tensors)
     path = os.path.join(directory, "diffusion_pytorch_model.safetensors")
-    write_safetensors(path, tensors, {"format": "pt"})
     back, _ = read_safetensors(path)
     assert set(back) == set(tensors) and all(torch.equal(back[k], tensors[k]) for k in back), path
 
 
-class Goldens:
-    def __init__(self, seed):
-        self.gen = torch.Generator().manual_seed(seed)
-        self.tensors = {}
-        self.meta = {
-            "_generator": GENERATOR,
-            "_torch_version": torch.__version__,
-            "_numpy_version": np.__version__,
-            "_seed": str(seed),
-            "_numerics": "models in float64 on f32 inputs and bf16-representable weights, results rounded "
-                         "to f32; timestep sinusoid arguments and RoPE tables as an f32 diffusers run; "
-                         "scheduler values numpy float32 as diffusers (see the generator's docstring)",
-        }
-
-    def randn(self, shape):
-        return torch.randn(shape, generator=self.gen, dtype=F64).float()
-
-    def add(self, case, params, tensors):
-        assert case not in self.meta, case
-        for name, t in tensors.items():
-            key = f"{case}.{name}"
-            assert key not in self.tensors, key
-            self.tensors[key] = t.detach().float().contiguous()
-        self.meta[case] = json.dumps(params, separators=(",", ":"), sort_keys=True)
-
-
-def max_abs(t):
-    return float(t.detach().abs().max())
+def golden_meta(seed):
+    """The file-level __metadata__ of goldens_wan.safetensors."""
+    return {
+        "_generator": GENERATOR,
+        "_torch_version": torch.__version__,
+        "_numpy_version": np.__version__,
+        "_seed": str(seed),
+        "_numerics": "models in float64 on f32 inputs and bf16-representable weights, results rounded "
+                     "to f32; timestep sinusoid arguments and RoPE tables as an f32 diffusers run; "
+                     "scheduler values numpy float32 as diffusers (see the generator's docstring)",
+    }
 
 
 def max_diff(a, b):
@@ -918,29 +804,22 @@ def main():
     write_json(os.path.join(data, "scheduler", "scheduler_config.json"), SCHEDULER_CONFIG)
 
     # ---- goldens ---------------------------------------------------------------------------------
-    g = Goldens(8100)
+    g = Goldens(8100, golden_meta(8100))
     transformer_cases(g, model, report)
     vae_case(g, vae, VAE_CONFIG, report)
     scheduler_case(g, report)
 
     path = os.path.join(OUT_DIR, "goldens_wan.safetensors")
-    write_safetensors(path, g.tensors, g.meta)
-    back, meta = read_safetensors(path)
-    assert set(back) == set(g.tensors) and all(torch.equal(back[k], g.tensors[k]) for k in back)
-    assert meta == g.meta
+    g.write(path)
 
     # ---- summary ---------------------------------------------------------------------------------
-    for name in sorted(os.listdir(data)):
-        for fname in sorted(os.listdir(os.path.join(data, name))):
-            p = os.path.join(data, name, fname)
-            print(f"{os.path.relpath(p, ROOT)}: {os.path.getsize(p)} bytes")
+    print_model_files(data)
     print(f"{os.path.relpath(path, ROOT)}: {os.path.getsize(path)} bytes, {len(g.tensors)} tensors")
     print("max |value| of each golden:")
     for k in sorted(g.tensors):
         t = g.tensors[k]
         print(f"  {k:<40} {str(list(t.shape)):<20} {max_abs(t):.6g}")
-    for k, v in report.items():
-        print(f"  {k}: " + ", ".join(f"{a}={b:.4g}" for a, b in v.items()))
+    print_report(report)
     vr = report["vae"]
     print(f"VAE: whole-sequence and chunked (frame-by-frame, cached) decodes agree: max |diff| "
           f"{vr['whole_vs_chunked_f64']:.3g} in float64, {vr['whole_vs_chunked_f32']:.3g} in f32 (asserted <= 1e-5)")
