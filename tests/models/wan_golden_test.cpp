@@ -2,17 +2,24 @@
 // tiny diffusers checkpoint tests/data/wan_tiny/transformer, written by
 // tests/reference/make_wan_reference.py from porting-spec section 2): the 3-D RoPE table, the time
 // and text embeddings, each block, the whole transformer at batch 2 (two timesteps, one prompt
-// zero-padded), in f32 and with bf16 weights; the Euler schedule with Wan's shift; plus config and
-// input errors.
+// zero-padded), in f32 and with bf16 weights; the Euler schedule with Wan's shift; a 3-step
+// WanT2VPipeline run from the reference's noise (CFG fused, streams and off, the latents and the video
+// its FrameSink receives); plus config and input errors.
 //
 // Tolerance (the issue's): max |got - expected| <= 1e-4 * max |expected| in f32; tables 1e-6
 // absolute. bf16 weights: 2e-2 of the scale (the weights themselves are rounded to 8 bits).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
 #include <nlohmann/json.hpp>
 
 #include "models/wan_transformer.h"
+#include "ops/vector_ops.h"
 #include "pipelines/flow_match.h"
+#include "pipelines/wan_t2v.h"
 #include "tensor/safetensors.h"
 
 #include "common/tensor_testing.h"
@@ -103,6 +110,77 @@ TEST(WanGolden, EulerSchedulerWithWansDoubleShift) {
   const Tensor timesteps = Tensor::from_vector(scheduler.timesteps(), {static_cast<int64_t>(scheduler.timesteps().size())});
   expect_close_rel(sigmas, golden("scheduler.sigmas"), 0, "sigmas", 1e-7);        // within an f32 ulp of 1
   expect_close_rel(timesteps, golden("scheduler.timesteps"), 0, "timesteps", 1e-4);  // within an f32 ulp of 1000
+}
+
+// The reference's pipeline case (spec 2.6 + 4): the tiny model directory with its Euler scheduler
+// (shift 3), the golden noise as initial_noise, 3 steps, CFG 4.0; the latents after the loop and the
+// video collected through the FrameSink (un-normalized per channel, decoded frame by frame, clamped).
+struct PipelineRun {
+  Tensor latents, video;
+  int step_calls = 0, sink_calls = 0;
+};
+
+const pipelines::WanT2VPipeline& tiny_pipeline() {
+  static const pipelines::WanT2VPipeline pipeline = pipelines::WanT2VPipeline::load(data_path("wan_tiny"));
+  return pipeline;
+}
+
+PipelineRun run_pipeline(pipelines::CfgMode cfg, double guidance) {
+  const pipelines::WanT2VPipeline& pipeline = tiny_pipeline();
+  pipelines::T2VOptions o;
+  o.initial_noise = golden("pipeline.noise");  // [1, 4, 3, 4, 6]: 9 frames of 48 x 32
+  o.frames = 1 + 4 * (o.initial_noise.size(2) - 1);
+  o.height = o.initial_noise.size(3) * 8;
+  o.width = o.initial_noise.size(4) * 8;
+  o.steps = 3;
+  o.guidance = guidance;
+  o.cfg = cfg;
+  const pipelines::PromptEmbeddings pos{golden("pipeline.prompt_embeds"), {}};
+  const pipelines::PromptEmbeddings neg{golden("pipeline.negative_prompt_embeds"), {}};
+  Device& device = default_device();
+  pipelines::T2ITimings timings;
+  PipelineRun run;
+  run.latents = pipeline.denoise(pos, cfg == pipelines::CfgMode::off ? nullptr : &neg, o, device,
+                                 [&](int, int, double) { ++run.step_calls; }, timings);
+  std::vector<Tensor> chunks;
+  pipeline.decode(run.latents, device, [&](const Tensor& frames) {
+    ++run.sink_calls;
+    chunks.push_back(frames);
+  }, timings);
+  run.video = ops::concat(chunks, 2, device.default_stream());
+  return run;
+}
+
+// Checks max |got - want| <= 1e-4 x max |want| (the bar) and prints the ratio.
+void report_error(const Tensor& got, const Tensor& want, const std::string& what) {
+  expect_close_rel(got, want, 1e-4, what);
+  const auto g = values(got), w = values(want);
+  if (g.size() != w.size()) return;  // reported above
+  double worst = 0, scale = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    worst = std::max(worst, std::fabs(g[i] - w[i]));
+    scale = std::max(scale, std::fabs(w[i]));
+  }
+  std::printf("%s: max |error| %.3g = %.3g x max |reference| %.4g\n", what.c_str(), worst, worst / scale, scale);
+}
+
+TEST(WanPipelineGolden, ThreeStepsWithCfgFusedAndStreams) {
+  ASSERT_EQ(pipelines::scheduler_name(tiny_pipeline().scheduler_config()), "FlowMatch Euler (shift 3)");
+  for (const pipelines::CfgMode cfg : {pipelines::CfgMode::fused, pipelines::CfgMode::streams}) {
+    const std::string mode(pipelines::cfg_mode_name(cfg));
+    const PipelineRun run = run_pipeline(cfg, 4.0);
+    EXPECT_EQ(run.step_calls, 3) << mode;
+    EXPECT_EQ(run.sink_calls, 3) << mode;  // one chunk per latent frame: 1 + 4 + 4 frames
+    report_error(run.latents, golden("pipeline.latents"), "latents after 3 steps, cfg " + mode);
+    report_error(run.video, golden("pipeline.video"), "decoded video, cfg " + mode);
+  }
+}
+
+TEST(WanPipelineGolden, CfgOffIsOneForwardPerStep) {
+  // Guidance is ignored when CFG is off: v = v_c.
+  const PipelineRun run = run_pipeline(pipelines::CfgMode::off, 4.0);
+  EXPECT_EQ(run.step_calls, 3);
+  report_error(run.latents, golden("pipeline.latents_cfg_off"), "latents after 3 steps, cfg off");
 }
 
 TEST(WanConfigErrors, NamedKeysAndValues) {

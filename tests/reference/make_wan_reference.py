@@ -25,6 +25,10 @@ state_dict() is a diffusers checkpoint. It writes, under OUTPUT_DIR:
       block0.{hidden_states, out}, block1.out [2,18,32]   (block 0's input is the patch embedding)
       vae.{latents, z [1,4,3,4,4], video_unclamped, video [1,3,9,32,32]} and vae.intermediate.*
       scheduler.{sigmas [11], timesteps [10]}   set_timesteps(10), no sigmas, no mu (Wan's Euler path)
+      pipeline.{noise [1,4,3,4,6], prompt_embeds [1,7,24] (last 2 rows zero), negative_prompt_embeds [1,7,24],
+               latents and latents_cfg_off [1,4,3,4,6], video [1,3,9,32,48]} and pipeline.intermediate.*:
+               WanPipeline (spec 2.6) with the Euler scheduler (spec 4), 3 steps, CFG 4.0 (and CFG off),
+               un-normalize per channel, decode, clamp
 
 Golden file layout (as make_flux_reference.py): tensors "<case>.<name>"; __metadata__ maps each case to a
 JSON object (op, weights directory, shapes, note); keys starting with "_" describe the file.
@@ -41,6 +45,9 @@ Numerics (as make_flux_reference.py):
       - the RoPE tables (spec 0.4, 2.4): float64, rounded to f32; the rotation uses the f32 table.
   * The scheduler values are numpy float32 exactly as diffusers computes them (the class is shared with
     make_flux_reference.py, which checks it against other cases).
+  * The pipeline case follows an f32 WanPipeline run: the float64 velocities are combined by CFG in
+    float64 and rounded to f32 once, the Euler update is f32 (make_flux_reference.euler_step: f32(x +
+    f32(f32(dt) * v))), so the latents are f32 between steps; the model gets the raw f32 timestep.
 
 Where this script goes beyond the spec, and the source fact used (diffusers, read for facts only):
   * Decoder up-block channels (spec 3.2 gives only the base-96 table): WanDecoder3d builds
@@ -92,7 +99,7 @@ from safetensors_io import read_safetensors
 # the 1-D RoPE table, attention, the norms, the feed-forward and embedding modules), the scheduler's
 # numpy float32 arithmetic (section 4), and the weight, file and golden helpers.
 from make_flux_reference import (FeedForward, FlowMatchEulerDiscreteScheduler, Goldens, PixArtAlphaTextProjection,
-                                 RMSNorm, TimestepEmbedding, bf16_representable, layer_norm, max_abs,
+                                 RMSNorm, TimestepEmbedding, bf16_representable, euler_step, layer_norm, max_abs,
                                  print_model_files, print_report, rope_1d, save_tensors, sdpa, timestep_sinusoid,
                                  write_json)
 
@@ -785,6 +792,78 @@ def scheduler_case(g, report):
     report["scheduler"] = dict(max_abs_sigmas=float(np.abs(sigmas).max()), max_abs_timesteps=float(np.abs(timesteps).max()))
 
 
+PIPELINE_SEED = 8200  # its own generator, so the earlier cases' draws (and bytes) do not depend on this one
+PIPELINE_STEPS = 3
+PIPELINE_GUIDANCE = 4.0
+
+
+def pipeline_case(model, vae, vae_cfg, g, report):
+    """WanPipeline (spec 2.6) with the tiny model's FlowMatch Euler scheduler (spec 4, shift 3): the given
+    noise as the f32 latents, set_timesteps(N) without sigmas or mu, per step the raw f32 timestep t_i to
+    the model, real CFG v = v_u + g (v_c - v_u), Euler x' = f32(x) + f32(sigma_{i+1} - sigma_i) * v in f32
+    (the latents are f32 between steps, as an f32 run); then z = latents / (1 / std) + mean per channel
+    (f32) and the VAE decode, clamped to [-1, 1]."""
+    gen = torch.Generator().manual_seed(PIPELINE_SEED)
+    cfg = model.cfg
+
+    def randn(shape):
+        return torch.randn(shape, generator=gen, dtype=F64).float()
+
+    noise = randn((1, cfg["in_channels"], 3, 4, 6))
+    prompt = randn((1, 7, cfg["text_dim"]))
+    prompt[:, 5:] = 0.0  # a 5-token prompt zero-filled to 7 (spec 2.6)
+    negative = randn((1, 7, cfg["text_dim"]))
+    sched = FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG)
+    sigmas, timesteps = sched.set_timesteps(PIPELINE_STEPS)  # Wan: no sigmas, no mu
+
+    def velocity(x, t, text):
+        """The model's velocity (float64) for the f32 latents x at the raw f32 timestep t."""
+        return model(torch.from_numpy(x).double(), torch.tensor([t], dtype=torch.float32), text.double()).numpy()
+
+    def run(guidance):
+        x = noise.numpy().copy()
+        steps = []
+        for i in range(PIPELINE_STEPS):
+            v = velocity(x, timesteps[i], prompt)
+            if guidance is not None:
+                v_u = velocity(x, timesteps[i], negative)
+                v = v_u + guidance * (v - v_u)
+            x, _ = euler_step(x, v.astype(np.float32), sigmas[i], sigmas[i + 1])  # v as an f32 run has it
+            steps.append(torch.from_numpy(x.copy()))
+        return torch.from_numpy(x), steps
+
+    with torch.no_grad():
+        latents, steps = run(PIPELINE_GUIDANCE)
+        latents_off, _ = run(None)
+        z = unnormalize_latents(latents, vae_cfg["latents_mean"], vae_cfg["latents_std"])
+        whole = vae.decode_whole(z.double())
+        agree = max_diff(whole, vae.decode_chunked(z.double()))
+    assert agree <= 1e-5, agree
+    video = whole.clamp(-1.0, 1.0)
+    tensors = {"noise": noise, "prompt_embeds": prompt, "negative_prompt_embeds": negative,
+               "latents": latents, "video": video, "latents_cfg_off": latents_off,
+               "intermediate.sigmas": torch.from_numpy(sigmas.copy()),
+               "intermediate.timesteps": torch.from_numpy(timesteps.copy()), "intermediate.z": z}
+    tensors.update({f"intermediate.latents_step{i}": s for i, s in enumerate(steps)})
+    g.add("pipeline", dict(op="wan_t2v_pipeline", transformer="wan_tiny/transformer", vae="wan_tiny/vae",
+                           scheduler="wan_tiny/scheduler", num_inference_steps=PIPELINE_STEPS,
+                           guidance_scale=PIPELINE_GUIDANCE, frames=int(video.shape[2]), height=int(video.shape[3]),
+                           width=int(video.shape[4]), seed=PIPELINE_SEED, prompt_length=5,
+                           note="noise is the initial f32 latents; per step t_i = the scheduler's raw f32 timestep "
+                                "(set_timesteps(N), no sigmas or mu), v_c / v_u the model on prompt_embeds / "
+                                "negative_prompt_embeds, v = v_u + g (v_c - v_u) rounded to f32, latents = "
+                                "f32(latents + f32(sigma_{i+1} - sigma_i) * v); latents after the loop; "
+                                "latents_cfg_off the same loop with one forward per step (v = v_c, guidance "
+                                "ignored); z = latents / (1 / latents_std) + latents_mean (f32); video = "
+                                "clamp(vae.decode(z), -1, 1), before the (x / 2 + 0.5) postprocess"),
+          tensors)
+    report["pipeline"] = dict(max_abs_latents=max_abs(latents), max_abs_latents_cfg_off=max_abs(latents_off),
+                              cfg_vs_off=max_diff(latents, latents_off), max_abs_video=max_abs(video),
+                              max_abs_video_unclamped=max_abs(whole),
+                              fraction_within_1=float((whole.abs() <= 1.0).double().mean()),
+                              whole_vs_chunked_f64=agree)
+
+
 def main():
     data = os.path.join(OUT_DIR, "wan_tiny")
     report = {}
@@ -808,6 +887,7 @@ def main():
     transformer_cases(g, model, report)
     vae_case(g, vae, VAE_CONFIG, report)
     scheduler_case(g, report)
+    pipeline_case(model, vae, VAE_CONFIG, g, report)
 
     path = os.path.join(OUT_DIR, "goldens_wan.safetensors")
     g.write(path)
