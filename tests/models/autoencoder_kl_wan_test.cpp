@@ -13,6 +13,7 @@
 #include <map>
 #include <unistd.h>
 
+#include "common/temp_dir.h"
 #include "common/tensor_testing.h"
 #include "ops/vector_ops.h"
 #include "tensor/safetensors.h"
@@ -294,22 +295,9 @@ const char* kWan21Config = R"({
   "z_dim": 16
 })";
 
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    path = std::filesystem::temp_directory_path() /
-           ("cubevec_wan_vae_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
-    std::filesystem::create_directories(path);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  static int& counter() {
-    static int n = 0;
-    return n;
-  }
-  std::string write(const std::string& name, const std::string& text) const {
-    std::ofstream(path / name) << text;
-    return (path / name).string();
-  }
+// Test files in a fresh temp directory.
+struct TempDir : cubevec::testing::TempDir {
+  TempDir() : cubevec::testing::TempDir("cubevec_wan_vae_test") {}
 };
 
 // --- config -----------------------------------------------------------------------------------------
