@@ -11,6 +11,7 @@
 #include "ops/attention.h"
 #include "ops/vector_ops.h"
 #include "tensor/error.h"
+#include "tensor/config_reader.h"
 #include "tensor/strict_json.h"
 
 namespace cubevec::models {
@@ -18,56 +19,6 @@ namespace cubevec::models {
 // --- config -------------------------------------------------------------------------------------
 
 namespace {
-
-std::string quoted(const std::string& key) { return "'" + key + "'"; }
-
-int64_t int_value(const nlohmann::json& value, const std::string& source, const std::string& key, int64_t min) {
-  const bool fits = value.is_number_integer() &&
-                    !(value.is_number_unsigned() &&
-                      value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()));
-  if (!fits || value.get<int64_t>() < min)
-    throw Error(source + ": " + quoted(key) + " must be an integer >= " + std::to_string(min) + ", got " +
-                value.dump());
-  return value.get<int64_t>();
-}
-
-bool bool_value(const nlohmann::json& value, const std::string& source, const std::string& key) {
-  if (!value.is_boolean()) throw Error(source + ": " + quoted(key) + " must be true or false, got " + value.dump());
-  return value.get<bool>();
-}
-
-double number_value(const nlohmann::json& value, const std::string& source, const std::string& key) {
-  if (!value.is_number() || !std::isfinite(value.get<double>()))
-    throw Error(source + ": " + quoted(key) + " must be a finite number, got " + value.dump());
-  return value.get<double>();
-}
-
-std::vector<int64_t> int_list(const nlohmann::json& value, const std::string& source, const std::string& key,
-                              int64_t min) {
-  if (!value.is_array() || value.empty())
-    throw Error(source + ": " + quoted(key) + " must be a non-empty list of integers >= " + std::to_string(min) +
-                ", got " + value.dump());
-  std::vector<int64_t> out;
-  for (const auto& v : value) out.push_back(int_value(v, source, key + "[" + std::to_string(out.size()) + "]", min));
-  return out;
-}
-
-std::vector<std::string> string_list(const nlohmann::json& value, const std::string& source, const std::string& key) {
-  if (!value.is_array()) throw Error(source + ": " + quoted(key) + " must be a list of strings, got " + value.dump());
-  std::vector<std::string> out;
-  for (const auto& v : value) {
-    if (!v.is_string()) throw Error(source + ": " + quoted(key) + " must be a list of strings, got " + value.dump());
-    out.push_back(v.get<std::string>());
-  }
-  return out;
-}
-
-// null or a list of numbers (latents_mean / latents_std, which only pipelines read).
-void optional_number_list(const nlohmann::json& value, const std::string& source, const std::string& key) {
-  if (value.is_null()) return;
-  const bool ok = value.is_array() && std::all_of(value.begin(), value.end(), [](const auto& v) { return v.is_number(); });
-  if (!ok) throw Error(source + ": " + quoted(key) + " must be null or a list of numbers, got " + value.dump());
-}
 
 // What the decoder needs of any config, however it was made.
 void validate(const AutoencoderKLConfig& c, const std::string& source) {
@@ -89,7 +40,7 @@ void validate(const AutoencoderKLConfig& c, const std::string& source) {
       throw Error(source + ": every 'block_out_channels' entry must be a positive multiple of norm_num_groups " +
                   std::to_string(c.norm_num_groups) + " (GroupNorm), got " + std::to_string(ch));
   if (c.act_fn != "silu")
-    throw Error(source + ": 'act_fn' " + quoted(c.act_fn) + " is not supported (the decoder supports \"silu\")");
+    throw Error(source + ": 'act_fn' '" + c.act_fn + "' is not supported (the decoder supports \"silu\")");
   if (!std::isfinite(c.scaling_factor) || c.scaling_factor == 0.0)
     throw Error(source + ": 'scaling_factor' must be a finite non-zero number, got " + std::to_string(c.scaling_factor));
   if (!std::isfinite(c.shift_factor))
@@ -99,63 +50,50 @@ void validate(const AutoencoderKLConfig& c, const std::string& source) {
 }  // namespace
 
 AutoencoderKLConfig AutoencoderKLConfig::from_json(const nlohmann::json& json, const std::string& source) {
-  if (!json.is_object()) throw Error(source + ": expected a JSON object (a diffusers AutoencoderKL config)");
+  ConfigReader r(json, source, "AutoencoderKL");
+  r.expect_class({"AutoencoderKL"});
   AutoencoderKLConfig c;
-  std::vector<std::string> up_block_types;
-  bool has_up_block_types = false;
-  for (const auto& [key, value] : json.items()) {
-    if (!key.empty() && key[0] == '_') continue;  // _class_name, _diffusers_version, ...
-    if (key == "in_channels") c.in_channels = int_value(value, source, key, 1);
-    else if (key == "out_channels") c.out_channels = int_value(value, source, key, 1);
-    else if (key == "latent_channels") c.latent_channels = int_value(value, source, key, 1);
-    else if (key == "block_out_channels") c.block_out_channels = int_list(value, source, key, 1);
-    else if (key == "layers_per_block") c.layers_per_block = int_value(value, source, key, 0);
-    else if (key == "norm_num_groups") c.norm_num_groups = int_value(value, source, key, 1);
-    else if (key == "sample_size") {
-      // An int, or a list whose first entry diffusers uses for tiling.
-      c.sample_size = value.is_array() ? int_list(value, source, key, 1).front() : int_value(value, source, key, 1);
-    } else if (key == "scaling_factor") {
-      c.scaling_factor = number_value(value, source, key);
-    } else if (key == "shift_factor") {
-      c.shift_factor = value.is_null() ? 0.0 : number_value(value, source, key);
-    } else if (key == "use_quant_conv") {
-      c.use_quant_conv = bool_value(value, source, key);
-    } else if (key == "use_post_quant_conv") {
-      c.use_post_quant_conv = bool_value(value, source, key);
-    } else if (key == "mid_block_add_attention") {
-      c.mid_block_add_attention = bool_value(value, source, key);
-    } else if (key == "act_fn") {
-      if (!value.is_string()) throw Error(source + ": 'act_fn' must be a string, got " + value.dump());
-      std::string name = value.get<std::string>();
-      std::transform(name.begin(), name.end(), name.begin(), [](unsigned char ch) { return std::tolower(ch); });
-      if (name != "silu" && name != "swish")
-        throw Error(source + ": 'act_fn' " + value.dump() + " is not supported (the decoder supports \"silu\")");
-      c.act_fn = "silu";
-    } else if (key == "up_block_types") {
-      up_block_types = string_list(value, source, key);
-      has_up_block_types = true;
-    } else if (key == "down_block_types") {
-      string_list(value, source, key);  // the encoder's; checked for type only
-    } else if (key == "force_upcast") {
-      if (!value.is_boolean() && !value.is_number())
-        throw Error(source + ": 'force_upcast' must be true or false, got " + value.dump());
-    } else if (key == "latents_mean" || key == "latents_std") {
-      optional_number_list(value, source, key);
-    } else {
-      throw Error(source + ": unknown key " + quoted(key) + " for AutoencoderKL");
-    }
+  std::vector<std::string> up_block_types, down_block_types;
+  std::vector<double> latents_mean, latents_std;  // only pipelines read them
+  bool force_upcast = true;
+  // sample_size: an int, or a list whose first entry diffusers uses for tiling.
+  if (r.has("sample_size") && r.raw("sample_size").is_array()) {
+    std::vector<int64_t> sizes;
+    r.integers("sample_size", sizes, 1);
+    c.sample_size = sizes.front();
+  } else {
+    r.integer("sample_size", c.sample_size, 1);
   }
-  for (const char* key :
-       {"out_channels", "latent_channels", "block_out_channels", "layers_per_block", "norm_num_groups", "scaling_factor"})
-    if (!json.contains(key)) throw Error(source + ": missing required key '" + std::string(key) + "'");
-  if (has_up_block_types) {
+  std::string act_fn = c.act_fn;
+  r.integer("in_channels", c.in_channels, 1)
+      .integer("out_channels", c.out_channels, 1)
+      .integer("latent_channels", c.latent_channels, 1)
+      .integers("block_out_channels", c.block_out_channels, 1)
+      .integer("layers_per_block", c.layers_per_block, 0)
+      .integer("norm_num_groups", c.norm_num_groups, 1)
+      .number("scaling_factor", c.scaling_factor)
+      .number("shift_factor", c.shift_factor)
+      .boolean("use_quant_conv", c.use_quant_conv)
+      .boolean("use_post_quant_conv", c.use_post_quant_conv)
+      .boolean("mid_block_add_attention", c.mid_block_add_attention)
+      .text("act_fn", act_fn)
+      .texts("up_block_types", up_block_types)
+      .texts("down_block_types", down_block_types)  // the encoder's; checked for type only
+      .boolean("force_upcast", force_upcast)
+      .numbers("latents_mean", latents_mean)
+      .numbers("latents_std", latents_std);
+  r.reject_unknown();
+  r.require({"out_channels", "latent_channels", "block_out_channels", "layers_per_block", "norm_num_groups", "scaling_factor"});
+  std::transform(act_fn.begin(), act_fn.end(), act_fn.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  if (act_fn != "silu" && act_fn != "swish") r.fail("act_fn", "\"" + act_fn + "\" is not supported (the decoder supports \"silu\")");
+  c.act_fn = "silu";
+  if (r.has("up_block_types")) {
     if (up_block_types.size() != c.block_out_channels.size())
-      throw Error(source + ": 'up_block_types' has " + std::to_string(up_block_types.size()) +
-                  " entries but 'block_out_channels' has " + std::to_string(c.block_out_channels.size()));
+      r.fail("up_block_types", "has " + std::to_string(up_block_types.size()) + " entries but 'block_out_channels' has " +
+                                   std::to_string(c.block_out_channels.size()));
     for (const std::string& type : up_block_types)
       if (type != "UpDecoderBlock2D")
-        throw Error(source + ": 'up_block_types' entry \"" + type +
-                    "\" is not supported (the decoder supports \"UpDecoderBlock2D\")");
+        r.fail("up_block_types", "entry \"" + type + "\" is not supported (the decoder supports \"UpDecoderBlock2D\")");
   }
   validate(c, source);
   return c;

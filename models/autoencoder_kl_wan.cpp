@@ -11,6 +11,7 @@
 #include "ops/conv.h"
 #include "ops/vector_ops.h"
 #include "tensor/error.h"
+#include "tensor/config_reader.h"
 #include "tensor/strict_json.h"
 
 namespace cubevec::models {
@@ -18,36 +19,6 @@ namespace cubevec::models {
 // --- config -------------------------------------------------------------------------------------
 
 namespace {
-
-std::string quoted(const std::string& key) { return "'" + key + "'"; }
-
-std::vector<int64_t> int_list(const nlohmann::json& value, const std::string& source, const std::string& key,
-                              int64_t min) {
-  if (!value.is_array() || value.empty())
-    throw Error(source + ": " + quoted(key) + " must be a non-empty list of integers >= " + std::to_string(min) +
-                ", got " + value.dump());
-  std::vector<int64_t> out;
-  for (const auto& v : value) out.push_back(json_int(v, source, key + "[" + std::to_string(out.size()) + "]", min));
-  return out;
-}
-
-std::vector<double> number_list(const nlohmann::json& value, const std::string& source, const std::string& key) {
-  const bool ok = value.is_array() && std::all_of(value.begin(), value.end(), [](const auto& v) {
-                    return v.is_number() && std::isfinite(v.template get<double>());
-                  });
-  if (!ok) throw Error(source + ": " + quoted(key) + " must be a list of finite numbers, got " + value.dump());
-  std::vector<double> out;
-  for (const auto& v : value) out.push_back(v.get<double>());
-  return out;
-}
-
-std::vector<bool> bool_list(const nlohmann::json& value, const std::string& source, const std::string& key) {
-  const bool ok = value.is_array() && std::all_of(value.begin(), value.end(), [](const auto& v) { return v.is_boolean(); });
-  if (!ok) throw Error(source + ": " + quoted(key) + " must be a list of true / false, got " + value.dump());
-  std::vector<bool> out;
-  for (const auto& v : value) out.push_back(v.get<bool>());
-  return out;
-}
 
 int64_t power_of_two(std::size_t exponent) { return int64_t{1} << exponent; }
 
@@ -105,57 +76,38 @@ int64_t AutoencoderKLWanConfig::temporal_upscale() const {
 }
 
 AutoencoderKLWanConfig AutoencoderKLWanConfig::from_json(const nlohmann::json& json, const std::string& source) {
-  if (!json.is_object()) throw Error(source + ": expected a JSON object (a diffusers AutoencoderKLWan config)");
+  ConfigReader r(json, source, "AutoencoderKLWan");
+  r.expect_class({"AutoencoderKLWan"});
   AutoencoderKLWanConfig c;
-  bool temporal_given = false, spatial_given = false;
-  for (const auto& [key, value] : json.items()) {
-    if (key == "_class_name") {
-      if (!value.is_string() || value.get<std::string>() != "AutoencoderKLWan")
-        throw Error(source + ": '_class_name' must be \"AutoencoderKLWan\", got " + value.dump());
-      continue;
-    }
-    if (!key.empty() && key[0] == '_') continue;  // _diffusers_version, _name_or_path, ...
-    if (key == "base_dim") c.base_dim = json_int(value, source, key, 1);
-    else if (key == "decoder_base_dim") c.decoder_base_dim = value.is_null() ? 0 : json_int(value, source, key, 1);
-    else if (key == "z_dim") c.z_dim = json_int(value, source, key, 1);
-    else if (key == "dim_mult") c.dim_mult = int_list(value, source, key, 1);
-    else if (key == "num_res_blocks") c.num_res_blocks = json_int(value, source, key, 0);
-    else if (key == "attn_scales") c.attn_scales = number_list(value, source, key);  // the encoder's
-    else if (key == "temperal_downsample") c.temperal_downsample = bool_list(value, source, key);
-    else if (key == "dropout") {
-      if (!value.is_number()) throw Error(source + ": 'dropout' must be a number in [0, 1], got " + value.dump());
-      c.dropout = value.get<double>();
-    } else if (key == "latents_mean") {
-      c.latents_mean = number_list(value, source, key);
-    } else if (key == "latents_std") {
-      c.latents_std = number_list(value, source, key);
-    } else if (key == "is_residual") {
-      if (json_bool(value, source, key))
-        throw Error(source + ": 'is_residual' true (Wan2.2's residual VAE) is not supported; the decoder supports false");
-    } else if (key == "patch_size") {
-      if (!value.is_null() && json_int(value, source, key, 1) != 1)
-        throw Error(source + ": 'patch_size' " + value.dump() +
-                    " (Wan2.2's patchified VAE) is not supported; the decoder supports null or 1");
-    } else if (key == "in_channels") {
-      c.in_channels = json_int(value, source, key, 1);
-    } else if (key == "out_channels") {
-      c.out_channels = json_int(value, source, key, 1);
-    } else if (key == "scale_factor_temporal") {
-      temporal_given = !value.is_null();
-      if (temporal_given) c.scale_factor_temporal = json_int(value, source, key, 1);
-    } else if (key == "scale_factor_spatial") {
-      spatial_given = !value.is_null();
-      if (spatial_given) c.scale_factor_spatial = json_int(value, source, key, 1);
-    } else if (key == "clip_output") {
-      json_bool(value, source, key);  // an older diffusers key; the video is always clamped
-    } else {
-      throw Error(source + ": unknown key " + quoted(key) + " for AutoencoderKLWan");
-    }
-  }
+  bool is_residual = false, clip_output = true;
+  int64_t patch_size = 1;
+  r.integer("base_dim", c.base_dim, 1)
+      .integer("decoder_base_dim", c.decoder_base_dim, 1)
+      .integer("z_dim", c.z_dim, 1)
+      .integers("dim_mult", c.dim_mult, 1)
+      .integer("num_res_blocks", c.num_res_blocks, 0)
+      .numbers("attn_scales", c.attn_scales)  // the encoder's
+      .booleans("temperal_downsample", c.temperal_downsample)
+      .number_in("dropout", c.dropout, 0.0, 1.0)
+      .numbers("latents_mean", c.latents_mean)
+      .numbers("latents_std", c.latents_std)
+      .boolean("is_residual", is_residual)
+      .integer("patch_size", patch_size, 1)
+      .integer("in_channels", c.in_channels, 1)
+      .integer("out_channels", c.out_channels, 1)
+      .integer("scale_factor_temporal", c.scale_factor_temporal, 1)
+      .integer("scale_factor_spatial", c.scale_factor_spatial, 1)
+      .boolean("clip_output", clip_output);  // an older diffusers key; the video is always clamped
+  r.reject_unknown();
+  for (const char* key : {"latents_mean", "latents_std"})
+    if (r.contains(key) && !r.has(key)) r.fail(key, "must be a list of finite numbers, got null");
+  if (is_residual) r.fail("is_residual", "true (Wan2.2's residual VAE) is not supported; the decoder supports false");
+  if (patch_size != 1)
+    r.fail("patch_size", std::to_string(patch_size) + " (Wan2.2's patchified VAE) is not supported; the decoder supports null or 1");
   // Left out or null: what the architecture gives (checked against it otherwise).
-  if (!temporal_given && c.temperal_downsample.size() + 1 == c.dim_mult.size() && c.dim_mult.size() <= 8)
+  if (!r.has("scale_factor_temporal") && c.temperal_downsample.size() + 1 == c.dim_mult.size() && c.dim_mult.size() <= 8)
     c.scale_factor_temporal = c.temporal_upscale();
-  if (!spatial_given && c.dim_mult.size() >= 1 && c.dim_mult.size() <= 8) c.scale_factor_spatial = c.spatial_upscale();
+  if (!r.has("scale_factor_spatial") && c.dim_mult.size() >= 1 && c.dim_mult.size() <= 8) c.scale_factor_spatial = c.spatial_upscale();
   validate(c, source);
   return c;
 }

@@ -5,6 +5,7 @@
 #include "models/dit_ops.h"
 #include "tensor/error.h"
 #include "tensor/half.h"
+#include "tensor/config_reader.h"
 #include "tensor/strict_json.h"
 
 namespace cubevec::models {
@@ -28,45 +29,31 @@ Tensor heads_rms(const Tensor& x, const Vector1d& weight, int64_t heads, int64_t
 // --- config -------------------------------------------------------------------------------------
 
 FluxConfig FluxConfig::from_json(const nlohmann::json& json, const std::string& source) {
-  if (!json.is_object()) throw Error(source + ": expected a JSON object");
+  ConfigReader r(json, source, "FluxTransformer2DModel");
+  r.expect_class({"FluxTransformer2DModel"});
   FluxConfig c;
-  bool out_set = false;
-  for (const auto& [key, value] : json.items()) {
-    if (!key.empty() && key[0] == '_') continue;
-    if (key == "patch_size") c.patch_size = json_int(value, source, key, 1);
-    else if (key == "in_channels") c.in_channels = json_int(value, source, key, 1);
-    else if (key == "out_channels") {
-      if (!value.is_null()) {
-        c.out_channels = json_int(value, source, key, 1);
-        out_set = true;
-      }
-    } else if (key == "num_layers") c.num_layers = json_int(value, source, key, 0);
-    else if (key == "num_single_layers") c.num_single_layers = json_int(value, source, key, 0);
-    else if (key == "attention_head_dim") c.attention_head_dim = json_int(value, source, key, 2);
-    else if (key == "num_attention_heads") c.num_attention_heads = json_int(value, source, key, 1);
-    else if (key == "joint_attention_dim") c.joint_attention_dim = json_int(value, source, key, 1);
-    else if (key == "pooled_projection_dim") c.pooled_projection_dim = json_int(value, source, key, 1);
-    else if (key == "guidance_embeds") {
-      if (!value.is_boolean()) throw Error(source + ": 'guidance_embeds' must be true or false, got " + value.dump());
-      c.guidance_embeds = value.get<bool>();
-    } else if (key == "axes_dims_rope") {
-      if (!value.is_array() || value.size() != 3) throw Error(source + ": 'axes_dims_rope' must be a list of 3 integers, got " + value.dump());
-      c.axes_dims_rope.clear();
-      for (const auto& v : value) c.axes_dims_rope.push_back(json_int(v, source, key, 2));
-    } else {
-      throw Error(source + ": unknown key '" + key + "' for FluxTransformer2DModel");
-    }
-  }
-  if (!out_set) c.out_channels = c.in_channels;
-  if (c.patch_size != 1) throw Error(source + ": patch_size " + std::to_string(c.patch_size) + " is not supported (Flux uses 1)");
+  c.out_channels = 0;  // null or absent: in_channels
+  r.integer("patch_size", c.patch_size, 1, 1)
+      .integer("in_channels", c.in_channels, 1)
+      .integer("out_channels", c.out_channels, 1)
+      .integer("num_layers", c.num_layers, 0, 1024)
+      .integer("num_single_layers", c.num_single_layers, 0, 1024)
+      .integer("attention_head_dim", c.attention_head_dim, 2, 1024)
+      .integer("num_attention_heads", c.num_attention_heads, 1, 1024)
+      .integer("joint_attention_dim", c.joint_attention_dim, 1)
+      .integer("pooled_projection_dim", c.pooled_projection_dim, 1)
+      .boolean("guidance_embeds", c.guidance_embeds)
+      .integers("axes_dims_rope", c.axes_dims_rope, 2, 3, 1024);
+  r.reject_unknown();
+  if (c.out_channels == 0) c.out_channels = c.in_channels;
   int64_t rope_dims = 0;
   for (int64_t d : c.axes_dims_rope) {
-    if (d % 2 != 0) throw Error(source + ": every 'axes_dims_rope' entry must be even, got " + json["axes_dims_rope"].dump());
+    if (d % 2 != 0) r.fail("axes_dims_rope", "entries must be even, got " + json["axes_dims_rope"].dump());
     rope_dims += d;
   }
   if (rope_dims != c.attention_head_dim)
-    throw Error(source + ": 'axes_dims_rope' must sum to attention_head_dim " + std::to_string(c.attention_head_dim) +
-                ", sums to " + std::to_string(rope_dims));
+    r.fail("axes_dims_rope", "must sum to attention_head_dim " + std::to_string(c.attention_head_dim) + ", sums to " +
+                                 std::to_string(rope_dims));
   return c;
 }
 

@@ -3,6 +3,7 @@
 #include "models/dit_ops.h"
 #include "ops/conv.h"
 #include "tensor/error.h"
+#include "tensor/config_reader.h"
 #include "tensor/strict_json.h"
 
 namespace cubevec::models {
@@ -17,12 +18,6 @@ using dit::split_heads;
 // Row k of a [B, n, D] modulation tensor: a [B, D] view.
 Tensor row(const Tensor& mod, int64_t k) { return mod.select(1, k); }
 
-void require_null(const nlohmann::json& value, const std::string& source, const std::string& key) {
-  if (!value.is_null())
-    throw Error(source + ": '" + key + "' is " + value.dump() +
-                "; cubevec's WanTransformer3DModel is the text-to-video model, which has it null (no image branch)");
-}
-
 }  // namespace
 
 // --- config -------------------------------------------------------------------------------------
@@ -33,41 +28,37 @@ std::array<int64_t, 3> WanConfig::rope_axes() const {
 }
 
 WanConfig WanConfig::from_json(const nlohmann::json& json, const std::string& source) {
-  if (!json.is_object()) throw Error(source + ": expected a JSON object");
+  ConfigReader r(json, source, "WanTransformer3DModel");
+  r.expect_class({"WanTransformer3DModel"});
   WanConfig c;
-  bool out_set = false;
-  for (const auto& [key, value] : json.items()) {
-    if (!key.empty() && key[0] == '_') continue;
-    if (key == "patch_size") {
-      if (!value.is_array() || value.size() != 3)
-        throw Error(source + ": 'patch_size' must be a list of 3 integers (t, h, w), got " + value.dump());
-      for (std::size_t i = 0; i < 3; ++i) c.patch_size[i] = json_int(value[i], source, key, 1);
-    } else if (key == "num_attention_heads") c.num_attention_heads = json_int(value, source, key, 1);
-    else if (key == "attention_head_dim") c.attention_head_dim = json_int(value, source, key, 6);
-    else if (key == "in_channels") c.in_channels = json_int(value, source, key, 1);
-    else if (key == "out_channels") {
-      if (!value.is_null()) {
-        c.out_channels = json_int(value, source, key, 1);
-        out_set = true;
-      }
-    } else if (key == "text_dim") c.text_dim = json_int(value, source, key, 1);
-    else if (key == "freq_dim") c.freq_dim = json_int(value, source, key, 2);
-    else if (key == "ffn_dim") c.ffn_dim = json_int(value, source, key, 1);
-    else if (key == "num_layers") c.num_layers = json_int(value, source, key, 0);
-    else if (key == "cross_attn_norm") c.cross_attn_norm = json_bool(value, source, key);
-    else if (key == "qk_norm") {
-      if (value != "rms_norm_across_heads")
-        throw Error(source + ": 'qk_norm' " + value.dump() + " is not supported (Wan2.1 uses \"rms_norm_across_heads\")");
-    } else if (key == "eps") c.eps = json_number(value, source, key);
-    else if (key == "rope_max_seq_len") c.rope_max_seq_len = json_int(value, source, key, 1);
-    else if (key == "image_dim" || key == "added_kv_proj_dim" || key == "pos_embed_seq_len") require_null(value, source, key);
-    else throw Error(source + ": unknown key '" + key + "' for WanTransformer3DModel");
-  }
-  if (!out_set) c.out_channels = c.in_channels;
-  if (c.freq_dim % 2 != 0) throw Error(source + ": 'freq_dim' must be even, got " + std::to_string(c.freq_dim));
+  c.out_channels = 0;  // null or absent: in_channels
+  std::vector<int64_t> patch{c.patch_size.begin(), c.patch_size.end()};
+  std::string qk_norm = "rms_norm_across_heads";
+  r.integers("patch_size", patch, 1, 3, 64)
+      .integer("num_attention_heads", c.num_attention_heads, 1, 1024)
+      .integer("attention_head_dim", c.attention_head_dim, 6, 1024)
+      .integer("in_channels", c.in_channels, 1)
+      .integer("out_channels", c.out_channels, 1)
+      .integer("text_dim", c.text_dim, 1)
+      .integer("freq_dim", c.freq_dim, 2)
+      .integer("ffn_dim", c.ffn_dim, 1)
+      .integer("num_layers", c.num_layers, 0, 1024)
+      .boolean("cross_attn_norm", c.cross_attn_norm)
+      .text("qk_norm", qk_norm, {"rms_norm_across_heads"})
+      .positive_number("eps", c.eps)
+      .integer("rope_max_seq_len", c.rope_max_seq_len, 1);
+  // The image-to-video branch: cubevec's model is the text-to-video one, which has these null.
+  for (const char* key : {"image_dim", "added_kv_proj_dim", "pos_embed_seq_len"})
+    if (r.has(key))
+      r.fail(key, "is " + r.raw(key).dump() + "; cubevec's WanTransformer3DModel is the text-to-video model, which has it null (no image branch)");
+    else
+      r.ignore({key});
+  r.reject_unknown();
+  for (std::size_t i = 0; i < 3; ++i) c.patch_size[i] = patch[i];
+  if (c.out_channels == 0) c.out_channels = c.in_channels;
+  if (c.freq_dim % 2 != 0) r.fail("freq_dim", "must be even, got " + std::to_string(c.freq_dim));
   if (c.attention_head_dim % 2 != 0)
-    throw Error(source + ": 'attention_head_dim' must be even (RoPE rotates pairs), got " + std::to_string(c.attention_head_dim));
-  if (!(c.eps > 0)) throw Error(source + ": 'eps' must be positive");
+    r.fail("attention_head_dim", "must be even (RoPE rotates pairs), got " + std::to_string(c.attention_head_dim));
   return c;
 }
 

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <tbb/parallel_for.h>
 
+#include "tensor/enum_names.h"
 #include "tensor/half.h"
 
 namespace cubevec::ops {
@@ -69,21 +70,16 @@ void check_vector(const Tensor& t, int64_t n, const char* what) {
 
 }  // namespace
 
-GemmBackend parse_gemm_backend(std::string_view name) {
-  for (GemmBackend b : {GemmBackend::cubevec, GemmBackend::openblas, GemmBackend::eigen, GemmBackend::reference})
-    if (gemm_backend_name(b) == name) return b;
-  throw Error("unknown GEMM backend '" + std::string(name) + "' (expected one of: cubevec, openblas, eigen, reference)");
-}
+namespace {
+constexpr auto kBackendNames = enum_names<GemmBackend>("GEMM backend", {{GemmBackend::cubevec, "cubevec"},
+                                                                         {GemmBackend::openblas, "openblas"},
+                                                                         {GemmBackend::eigen, "eigen"},
+                                                                         {GemmBackend::reference, "reference"}});
+}  // namespace
 
-std::string_view gemm_backend_name(GemmBackend backend) {
-  switch (backend) {
-    case GemmBackend::cubevec: return "cubevec";
-    case GemmBackend::openblas: return "openblas";
-    case GemmBackend::eigen: return "eigen";
-    case GemmBackend::reference: return "reference";
-  }
-  return "?";
-}
+GemmBackend parse_gemm_backend(std::string_view name) { return kBackendNames.parse(name); }
+
+std::string_view gemm_backend_name(GemmBackend backend) { return kBackendNames.name(backend); }
 
 void gemm_reference(const gemm::Problem& p) {
   const gemm::Epilogue& ep = p.epilogue;

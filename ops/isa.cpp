@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "tensor/enum_names.h"
 #include "tensor/error.h"
 
 namespace cubevec::ops {
@@ -18,24 +19,19 @@ bool isa_supported(Isa isa) {
   return false;
 }
 
-std::string_view isa_name(Isa isa) {
-  switch (isa) {
-    case Isa::avx512: return "avx512";
-    case Isa::avx2: return "avx2";
-    case Isa::portable: return "portable";
-  }
-  return "?";
-}
+namespace {
+constexpr auto kIsaNames = enum_names<Isa>("ISA", {{Isa::avx512, "avx512"}, {Isa::avx2, "avx2"}, {Isa::portable, "portable"}});
+}  // namespace
+
+std::string_view isa_name(Isa isa) { return kIsaNames.name(isa); }
 
 Isa select_isa(const char* env_name) {
   if (const char* env = std::getenv(env_name); env && *env) {
-    for (Isa isa : {Isa::avx512, Isa::avx2, Isa::portable})
-      if (isa_name(isa) == env) {
-        if (!isa_supported(isa))
-          throw Error(std::string(env_name) + "=" + env + ": this CPU does not support that ISA");
-        return isa;
-      }
-    throw Error(std::string(env_name) + "=" + env + ": unknown ISA (expected one of: avx512, avx2, portable)");
+    if (!kIsaNames.contains(env))
+      throw Error(std::string(env_name) + "=" + env + ": unknown ISA (expected one of: " + kIsaNames.list() + ")");
+    const Isa isa = kIsaNames.parse(env);
+    if (!isa_supported(isa)) throw Error(std::string(env_name) + "=" + env + ": this CPU does not support that ISA");
+    return isa;
   }
   static const Isa widest = isa_supported(Isa::avx512) ? Isa::avx512
                             : isa_supported(Isa::avx2) ? Isa::avx2

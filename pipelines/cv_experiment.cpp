@@ -6,6 +6,7 @@
 
 #include "ops/gemm.h"
 #include "ops/vector_ops.h"
+#include "tensor/enum_names.h"
 
 namespace cubevec {
 
@@ -34,12 +35,9 @@ Tensor random_matrix(int64_t rows, int64_t cols, unsigned seed) {
 }  // namespace
 
 std::string_view cv_mode_name(CvMode mode) {
-  switch (mode) {
-    case CvMode::serialized: return "serialized";
-    case CvMode::overlapped: return "overlapped";
-    case CvMode::pinned: return "pinned";
-  }
-  return "?";
+  static constexpr auto kNames = enum_names<CvMode>(
+      "CV mode", {{CvMode::serialized, "serialized"}, {CvMode::overlapped, "overlapped"}, {CvMode::pinned, "pinned"}});
+  return kNames.name(mode);
 }
 
 double busy_time(Intervals intervals) {

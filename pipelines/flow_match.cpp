@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "ops/vector_ops.h"
+#include "tensor/config_reader.h"
 #include "tensor/error.h"
 #include "tensor/strict_json.h"
 
@@ -19,45 +20,24 @@ float static_shift(float s, double shift) {
 }  // namespace
 
 FlowMatchConfig FlowMatchConfig::from_json(const nlohmann::json& json, const std::string& source) {
-  if (!json.is_object()) throw Error(source + ": expected a JSON object");
+  ConfigReader r(json, source, "FlowMatchEulerDiscreteScheduler");
+  r.expect_class({"FlowMatchEulerDiscreteScheduler"});
   FlowMatchConfig c;
-  auto number = [&](const char* key, double& out) {
-    if (!json.contains(key) || json[key].is_null()) return;
-    if (!json[key].is_number()) throw Error(source + ": '" + key + "' must be a number, got " + json[key].dump());
-    out = json[key].get<double>();
-  };
-  auto integer = [&](const char* key, int64_t& out) {
-    if (!json.contains(key) || json[key].is_null()) return;
-    if (!json[key].is_number_integer() || json[key].get<int64_t>() < 1)
-      throw Error(source + ": '" + key + "' must be a positive integer, got " + json[key].dump());
-    out = json[key].get<int64_t>();
-  };
-  auto flag = [&](const char* key) {
-    if (!json.contains(key) || json[key].is_null()) return false;
-    if (!json[key].is_boolean()) throw Error(source + ": '" + key + "' must be true or false, got " + json[key].dump());
-    return json[key].get<bool>();
-  };
-  if (json.contains("_class_name") && json["_class_name"] != "FlowMatchEulerDiscreteScheduler")
-    throw Error(source + ": this is a " + json["_class_name"].dump() + " config; cubevec implements FlowMatchEulerDiscreteScheduler");
-  integer("num_train_timesteps", c.num_train_timesteps);
-  number("shift", c.shift);
-  c.use_dynamic_shifting = flag("use_dynamic_shifting");
-  number("base_shift", c.base_shift);
-  number("max_shift", c.max_shift);
-  integer("base_image_seq_len", c.base_image_seq_len);
-  integer("max_image_seq_len", c.max_image_seq_len);
-  if (json.contains("time_shift_type") && !json["time_shift_type"].is_null()) {
-    if (json["time_shift_type"] != "exponential" && json["time_shift_type"] != "linear")
-      throw Error(source + ": 'time_shift_type' must be \"exponential\" or \"linear\", got " + json["time_shift_type"].dump());
-    c.time_shift_type = json["time_shift_type"].get<std::string>();
+  r.integer("num_train_timesteps", c.num_train_timesteps, 1)
+      .positive_number("shift", c.shift)
+      .boolean("use_dynamic_shifting", c.use_dynamic_shifting)
+      .number("base_shift", c.base_shift)
+      .number("max_shift", c.max_shift)
+      .integer("base_image_seq_len", c.base_image_seq_len, 1)
+      .integer("max_image_seq_len", c.max_image_seq_len, 1)
+      .text("time_shift_type", c.time_shift_type, {"exponential", "linear"});
+  for (const char* key : {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "invert_sigmas", "stochastic_sampling"}) {
+    bool on = false;
+    r.boolean(key, on);
+    if (on) r.fail(key, "is true, which cubevec does not implement");
   }
-  for (const char* unsupported : {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "invert_sigmas",
-                                  "stochastic_sampling"})
-    if (flag(unsupported)) throw Error(source + ": '" + unsupported + "' is true, which cubevec does not implement");
-  if (json.contains("shift_terminal") && !json["shift_terminal"].is_null())
-    throw Error(source + ": 'shift_terminal' is set, which cubevec does not implement");
-  if (!(c.shift > 0)) throw Error(source + ": 'shift' must be positive");
-  return c;
+  if (r.has("shift_terminal")) r.fail("shift_terminal", "is set, which cubevec does not implement");
+  return c;  // other keys are ignored, as diffusers ignores them
 }
 
 FlowMatchConfig FlowMatchConfig::load(const std::string& path) {

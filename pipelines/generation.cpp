@@ -1,24 +1,18 @@
 #include "pipelines/generation.h"
 
+#include "tensor/enum_names.h"
 #include "tensor/error.h"
 
 namespace cubevec::pipelines {
 
-CfgMode parse_cfg_mode(std::string_view name) {
-  if (name == "off") return CfgMode::off;
-  if (name == "fused") return CfgMode::fused;
-  if (name == "streams") return CfgMode::streams;
-  throw Error("unknown CFG mode '" + std::string(name) + "' (expected off, fused or streams)");
-}
+namespace {
+constexpr auto kCfgModeNames =
+    enum_names<CfgMode>("CFG mode", {{CfgMode::off, "off"}, {CfgMode::fused, "fused"}, {CfgMode::streams, "streams"}});
+}  // namespace
 
-std::string_view cfg_mode_name(CfgMode mode) {
-  switch (mode) {
-    case CfgMode::off: return "off";
-    case CfgMode::fused: return "fused";
-    case CfgMode::streams: return "streams";
-  }
-  return "?";
-}
+CfgMode parse_cfg_mode(std::string_view name) { return kCfgModeNames.parse(name); }
+
+std::string_view cfg_mode_name(CfgMode mode) { return kCfgModeNames.name(mode); }
 
 DenoiseTimer::DenoiseTimer(Device& device, T2ITimings& timings, StepCallback on_step)
     : device_(device), timings_(timings), on_step_(std::move(on_step)), start_(std::chrono::steady_clock::now()),

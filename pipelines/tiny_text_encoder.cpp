@@ -7,6 +7,7 @@
 #include "ops/attention.h"
 #include "ops/vector_ops.h"
 #include "tensor/checkpoint.h"
+#include "tensor/config_reader.h"
 #include "tensor/error.h"
 #include "tensor/strict_json.h"
 
@@ -15,48 +16,27 @@ namespace cubevec::pipelines {
 // --- config -------------------------------------------------------------------------------------
 
 TinyTextEncoderConfig TinyTextEncoderConfig::from_json(const nlohmann::json& json, const std::string& source) {
-  if (!json.is_object()) throw Error(source + ": expected a JSON object");
-  if (json.contains("_class_name") && json["_class_name"] != "CubevecTinyTextEncoder")
-    throw Error(source + ": this is a " + json["_class_name"].dump() + " config; expected CubevecTinyTextEncoder");
+  ConfigReader r(json, source, "CubevecTinyTextEncoder");
+  r.expect_class({"CubevecTinyTextEncoder"});
   TinyTextEncoderConfig c;
-  const struct {
-    const char* key;
-    int64_t* field;
-    int64_t min;
-  } ints[] = {{"vocab_size", &c.vocab_size, 1},
-              {"max_position_embeddings", &c.max_position_embeddings, 1},
-              {"hidden_size", &c.hidden_size, 1},
-              {"num_hidden_layers", &c.num_hidden_layers, 0},
-              {"num_attention_heads", &c.num_attention_heads, 1},
-              {"intermediate_size", &c.intermediate_size, 1},
-              {"pad_token_id", &c.pad_token_id, 0},
-              {"pooled_projection_dim", &c.pooled_projection_dim, 1}};
-  for (const auto& [key, value] : json.items()) {
-    if (!key.empty() && key[0] == '_') continue;
-    bool known = false;
-    for (const auto& i : ints)
-      if (key == i.key) {
-        *i.field = json_int(value, source, key, i.min);
-        known = true;
-      }
-    if (known) continue;
-    if (key == "layer_norm_eps") {
-      if (!value.is_number() || !(value.get<double>() > 0))
-        throw Error(source + ": 'layer_norm_eps' must be a positive number, got " + value.dump());
-      c.layer_norm_eps = value.get<double>();
-    } else if (key == "hidden_act") {
-      if (value != "gelu_tanh") throw Error(source + ": 'hidden_act' must be \"gelu_tanh\", got " + value.dump());
-    } else {
-      throw Error(source + ": unknown key '" + key + "' for CubevecTinyTextEncoder");
-    }
-  }
-  for (const auto& i : ints)
-    if (!json.contains(i.key)) throw Error(source + ": missing key '" + std::string(i.key) + "'");
+  std::string hidden_act = "gelu_tanh";
+  r.integer("vocab_size", c.vocab_size, 1)
+      .integer("max_position_embeddings", c.max_position_embeddings, 1)
+      .integer("hidden_size", c.hidden_size, 1)
+      .integer("num_hidden_layers", c.num_hidden_layers, 0, 1024)
+      .integer("num_attention_heads", c.num_attention_heads, 1, 1024)
+      .integer("intermediate_size", c.intermediate_size, 1)
+      .integer("pad_token_id", c.pad_token_id, 0)
+      .integer("pooled_projection_dim", c.pooled_projection_dim, 1)
+      .positive_number("layer_norm_eps", c.layer_norm_eps)
+      .text("hidden_act", hidden_act, {"gelu_tanh"});
+  r.reject_unknown();
+  r.require({"vocab_size", "max_position_embeddings", "hidden_size", "num_hidden_layers", "num_attention_heads",
+             "intermediate_size", "pad_token_id", "pooled_projection_dim"});
   if (c.hidden_size % c.num_attention_heads != 0)
-    throw Error(source + ": hidden_size " + std::to_string(c.hidden_size) + " is not a multiple of num_attention_heads " +
-                std::to_string(c.num_attention_heads));
+    r.fail("hidden_size", std::to_string(c.hidden_size) + " is not a multiple of num_attention_heads " + std::to_string(c.num_attention_heads));
   if (c.pad_token_id >= c.vocab_size)
-    throw Error(source + ": pad_token_id " + std::to_string(c.pad_token_id) + " is not below vocab_size " + std::to_string(c.vocab_size));
+    r.fail("pad_token_id", std::to_string(c.pad_token_id) + " is not below vocab_size " + std::to_string(c.vocab_size));
   return c;
 }
 
@@ -85,22 +65,12 @@ WordTokenizer WordTokenizer::load(const std::string& dir) {
     t.ids_[word] = static_cast<int32_t>(i);
   }
   const nlohmann::json config = read_json_file(config_path);
-  if (!config.is_object()) throw Error(config_path + ": expected a JSON object");
-  if (!config.contains("model_max_length")) throw Error(config_path + ": missing key 'model_max_length'");
-  t.max_length_ = json_int(config["model_max_length"], config_path, "model_max_length", 1);
-  if (!config.contains("pad_token") || !config["pad_token"].is_string())
-    throw Error(config_path + ": 'pad_token' must be a string naming the padding word of vocab.json");
-  const std::string pad = config["pad_token"].get<std::string>();
-  if (!t.ids_.count(pad)) throw Error(config_path + ": the pad_token '" + pad + "' is not in vocab.json");
+  ConfigReader r(config, config_path, "word tokenizer");
+  std::string pad;
+  r.require({"model_max_length", "pad_token"});
+  r.integer("model_max_length", t.max_length_, 1).text("pad_token", pad).text("separators", t.separators_).boolean("do_lower_case", t.lower_case_);
+  if (!t.ids_.count(pad)) r.fail("pad_token", "'" + pad + "' is not in vocab.json");
   t.pad_id_ = t.ids_.at(pad);
-  if (config.contains("separators")) {
-    if (!config["separators"].is_string()) throw Error(config_path + ": 'separators' must be a string of characters");
-    t.separators_ = config["separators"].get<std::string>();
-  }
-  if (config.contains("do_lower_case")) {
-    if (!config["do_lower_case"].is_boolean()) throw Error(config_path + ": 'do_lower_case' must be true or false");
-    t.lower_case_ = config["do_lower_case"].get<bool>();
-  }
   return t;
 }
 

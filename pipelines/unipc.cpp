@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "ops/vector_ops.h"
+#include "tensor/config_reader.h"
 #include "tensor/error.h"
 #include "tensor/strict_json.h"
 
@@ -27,66 +28,57 @@ struct Move {
 }  // namespace
 
 UniPCConfig UniPCConfig::from_json(const nlohmann::json& json, const std::string& source) {
-  if (!json.is_object()) throw Error(source + ": expected a JSON object");
-  auto has = [&](const char* key) { return json.contains(key) && !json[key].is_null(); };
-  auto text = [&](const char* key, const std::string& fallback) {
-    if (!has(key)) return fallback;
-    if (!json[key].is_string()) throw Error(source + ": '" + key + "' must be a string, got " + json[key].dump());
-    return json[key].get<std::string>();
-  };
-  auto flag = [&](const char* key, bool fallback) { return json.contains(key) ? json_bool(json[key], source, key) : fallback; };
+  ConfigReader r(json, source, kClassName);
+  r.expect_class({kClassName});
   auto unsupported = [&](const std::string& key, const std::string& what) {
-    return Error(source + ": '" + key + "' is " + what + ", which cubevec's UniPCMultistepScheduler does not implement");
+    r.fail(key, "is " + what + ", which cubevec's UniPCMultistepScheduler does not implement");
   };
-
-  if (json.contains("_class_name") && json["_class_name"] != kClassName)
-    throw Error(source + ": this is a " + json["_class_name"].dump() + " config; expected \"" + kClassName + "\"");
+  auto flag = [&](const char* key, bool fallback) {
+    r.boolean(key, fallback);
+    return fallback;
+  };
   UniPCConfig c;
-  if (json.contains("num_train_timesteps")) c.num_train_timesteps = json_int(json["num_train_timesteps"], source, "num_train_timesteps", 1);
-  if (json.contains("flow_shift")) {
-    c.flow_shift = json_number(json["flow_shift"], source, "flow_shift");
-    if (!(c.flow_shift > 0) || !std::isfinite(c.flow_shift))
-      throw Error(source + ": 'flow_shift' must be a positive number, got " + json["flow_shift"].dump());
-  }
-  if (json.contains("solver_order")) {
-    const int64_t order = json_int(json["solver_order"], source, "solver_order", 1);
-    if (order > 2) throw unsupported("solver_order", std::to_string(order) + " (1 and 2 are)");
-    c.solver_order = static_cast<int>(order);
-  }
+  int64_t order = c.solver_order;
+  r.integer("num_train_timesteps", c.num_train_timesteps, 1).positive_number("flow_shift", c.flow_shift).integer("solver_order", order, 1);
+  if (order > 2) unsupported("solver_order", std::to_string(order) + " (1 and 2 are)");
+  c.solver_order = static_cast<int>(order);
 
   // diffusers' defaults are the epsilon / VP-schedule ones, so these two must be present.
-  const std::string prediction = text("prediction_type", "epsilon");
+  std::string prediction = "epsilon";
+  r.text("prediction_type", prediction);
   if (prediction != "flow_prediction")
-    throw unsupported("prediction_type", "\"" + prediction + "\"" + (has("prediction_type") ? "" : " (diffusers' default)") +
-                                             " (only \"flow_prediction\" is)");
+    unsupported("prediction_type", "\"" + prediction + "\"" + (r.has("prediction_type") ? "" : " (diffusers' default)") +
+                                       " (only \"flow_prediction\" is)");
   if (!flag("use_flow_sigmas", false))
-    throw unsupported("use_flow_sigmas", json.contains("use_flow_sigmas") ? "false" : "false (diffusers' default)");
+    unsupported("use_flow_sigmas", r.has("use_flow_sigmas") ? "false" : "false (diffusers' default)");
 
-  if (!flag("predict_x0", true)) throw unsupported("predict_x0", "false");
-  const std::string solver = text("solver_type", "bh2");
+  if (!flag("predict_x0", true)) unsupported("predict_x0", "false");
+  std::string solver = "bh2";
+  r.text("solver_type", solver);
   // diffusers maps the DPM-Solver names onto bh2.
   if (solver != "bh2" && solver != "midpoint" && solver != "heun" && solver != "logrho")
-    throw unsupported("solver_type", "\"" + solver + "\" (only \"bh2\" is)");
+    unsupported("solver_type", "\"" + solver + "\" (only \"bh2\" is)");
   if (!flag("lower_order_final", true))
-    throw unsupported("lower_order_final", "false (with final_sigmas_type \"zero\" diffusers' last step is then not finite)");
-  const std::string final_sigmas = text("final_sigmas_type", "zero");
-  if (final_sigmas != "zero") throw unsupported("final_sigmas_type", "\"" + final_sigmas + "\" (only \"zero\" is)");
+    unsupported("lower_order_final", "false (with final_sigmas_type \"zero\" diffusers' last step is then not finite)");
+  std::string final_sigmas = "zero";
+  r.text("final_sigmas_type", final_sigmas);
+  if (final_sigmas != "zero") unsupported("final_sigmas_type", "\"" + final_sigmas + "\" (only \"zero\" is)");
   for (const char* key : {"thresholding", "use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "use_dynamic_shifting"})
-    if (flag(key, false)) throw unsupported(key, "true");
-  if (has("shift_terminal") && !(json["shift_terminal"].is_number() && json["shift_terminal"].get<double>() == 0.0))
-    throw unsupported("shift_terminal", "set");
-  if (json.contains("disable_corrector")) {
-    const auto& d = json["disable_corrector"];
-    if (!d.is_array()) throw Error(source + ": 'disable_corrector' must be a list of step indices, got " + d.dump());
-    if (!d.empty()) throw unsupported("disable_corrector", d.dump() + " (only [] is)");
+    if (flag(key, false)) unsupported(key, "true");
+  double shift_terminal = 0.0;
+  if (r.has("shift_terminal") && (r.number("shift_terminal", shift_terminal), shift_terminal != 0.0))
+    unsupported("shift_terminal", "set");
+  if (r.has("disable_corrector")) {
+    const nlohmann::json& d = r.raw("disable_corrector");
+    if (!d.is_array()) r.fail("disable_corrector", "must be a list of step indices, got " + d.dump());
+    if (!d.empty()) unsupported("disable_corrector", d.dump() + " (only [] is)");
   }
   for (const char* key : {"solver_p", "variance_type"})
-    if (has(key)) throw unsupported(key, json[key].dump());
+    if (r.has(key)) unsupported(key, r.raw(key).dump());
   // Shapes a timestep grid that the flow-sigma branch overwrites; diffusers still rejects others.
-  const std::string spacing = text("timestep_spacing", "linspace");
-  if (spacing != "linspace" && spacing != "leading" && spacing != "trailing")
-    throw Error(source + ": 'timestep_spacing' must be \"linspace\", \"leading\" or \"trailing\", got \"" + spacing + "\"");
-  return c;
+  std::string spacing = "linspace";
+  r.text("timestep_spacing", spacing, {"linspace", "leading", "trailing"});
+  return c;  // keys that do not affect this configuration (the beta schedule, steps_offset, ...) are ignored
 }
 
 UniPCConfig UniPCConfig::load(const std::string& path) { return from_json(read_json_file(path), path); }

@@ -41,20 +41,4 @@ nlohmann::json read_json_file(const std::string& path, int max_depth) {
   }
 }
 
-int64_t json_int(const nlohmann::json& value, const std::string& source, const std::string& key, int64_t min) {
-  if (!value.is_number_integer() || value.get<int64_t>() < min)
-    throw Error(source + ": '" + key + "' must be an integer >= " + std::to_string(min) + ", got " + value.dump());
-  return value.get<int64_t>();
-}
-
-bool json_bool(const nlohmann::json& value, const std::string& source, const std::string& key) {
-  if (!value.is_boolean()) throw Error(source + ": '" + key + "' must be true or false, got " + value.dump());
-  return value.get<bool>();
-}
-
-double json_number(const nlohmann::json& value, const std::string& source, const std::string& key) {
-  if (!value.is_number()) throw Error(source + ": '" + key + "' must be a number, got " + value.dump());
-  return value.get<double>();
-}
-
 }  // namespace cubevec

@@ -29,9 +29,4 @@ nlohmann::json parse_strict_json(std::string_view text, int max_depth);
 // invalid JSON is an Error naming `path`.
 nlohmann::json read_json_file(const std::string& path, int max_depth = 16);
 
-// Typed config fields: the value of `key` in `source`, or an Error naming both and what was expected.
-int64_t json_int(const nlohmann::json& value, const std::string& source, const std::string& key, int64_t min);
-bool json_bool(const nlohmann::json& value, const std::string& source, const std::string& key);
-double json_number(const nlohmann::json& value, const std::string& source, const std::string& key);
-
 }  // namespace cubevec

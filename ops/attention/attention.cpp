@@ -15,17 +15,12 @@
 #include "ops/attention/problem.h"
 #include "ops/attention_tuner.h"
 #include "ops/vector_ops.h"
+#include "tensor/enum_names.h"
 #include "tensor/error.h"
 
 namespace cubevec::ops {
 
 namespace {
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
 
 std::string brief(const Tensor& t) {
   return std::string(dtype_name(t.dtype())) + " " + shape_to_string(t.shape());
@@ -274,56 +269,26 @@ AttentionTuneChoice tune(const Inputs& in, const Stream& stream) {
 
 }  // namespace
 
-AttentionLayout parse_attention_layout(std::string_view name) {
-  const std::string n = lower(name);
-  if (n == "bsnd") return AttentionLayout::bsnd;
-  if (n == "bnsd") return AttentionLayout::bnsd;
-  if (n == "bsh") return AttentionLayout::bsh;
-  throw Error("unknown attention layout '" + std::string(name) + "' (expected BSND, BNSD or BSH)");
-}
+namespace {
+constexpr auto kLayoutNames = enum_names<AttentionLayout>(
+    "attention layout", {{AttentionLayout::bsnd, "BSND"}, {AttentionLayout::bnsd, "BNSD"}, {AttentionLayout::bsh, "BSH"}},
+    /*ignore_case=*/true);
+constexpr auto kImplNames = enum_names<AttentionImpl>(
+    "attention op_type",
+    {{AttentionImpl::math, "math"}, {AttentionImpl::flash, "flash"}, {AttentionImpl::cv_pipelined, "cv_pipelined"}},
+    /*ignore_case=*/true);
+constexpr auto kOptModeNames = enum_names<AttentionOptMode>(
+    "attention opt_mode",
+    {{AttentionOptMode::runtime, "runtime"}, {AttentionOptMode::static_table, "static"}, {AttentionOptMode::manual, "manual"}},
+    /*ignore_case=*/true);
+}  // namespace
 
-std::string_view attention_layout_name(AttentionLayout layout) {
-  switch (layout) {
-    case AttentionLayout::bsnd: return "BSND";
-    case AttentionLayout::bnsd: return "BNSD";
-    case AttentionLayout::bsh: return "BSH";
-  }
-  return "?";
-}
-
-AttentionImpl parse_attention_impl(std::string_view name) {
-  const std::string n = lower(name);
-  if (n == "math") return AttentionImpl::math;
-  if (n == "flash") return AttentionImpl::flash;
-  if (n == "cv_pipelined") return AttentionImpl::cv_pipelined;
-  throw Error("unknown attention op_type '" + std::string(name) + "' (expected math, flash or cv_pipelined)");
-}
-
-std::string_view attention_impl_name(AttentionImpl impl) {
-  switch (impl) {
-    case AttentionImpl::math: return "math";
-    case AttentionImpl::flash: return "flash";
-    case AttentionImpl::cv_pipelined: return "cv_pipelined";
-  }
-  return "?";
-}
-
-AttentionOptMode parse_attention_opt_mode(std::string_view name) {
-  const std::string n = lower(name);
-  if (n == "runtime") return AttentionOptMode::runtime;
-  if (n == "static") return AttentionOptMode::static_table;
-  if (n == "manual") return AttentionOptMode::manual;
-  throw Error("unknown attention opt_mode '" + std::string(name) + "' (expected runtime, static or manual)");
-}
-
-std::string_view attention_opt_mode_name(AttentionOptMode mode) {
-  switch (mode) {
-    case AttentionOptMode::runtime: return "runtime";
-    case AttentionOptMode::static_table: return "static";
-    case AttentionOptMode::manual: return "manual";
-  }
-  return "?";
-}
+AttentionLayout parse_attention_layout(std::string_view name) { return kLayoutNames.parse(name); }
+std::string_view attention_layout_name(AttentionLayout layout) { return kLayoutNames.name(layout); }
+AttentionImpl parse_attention_impl(std::string_view name) { return kImplNames.parse(name); }
+std::string_view attention_impl_name(AttentionImpl impl) { return kImplNames.name(impl); }
+AttentionOptMode parse_attention_opt_mode(std::string_view name) { return kOptModeNames.parse(name); }
+std::string_view attention_opt_mode_name(AttentionOptMode mode) { return kOptModeNames.name(mode); }
 
 Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
                          const Stream& stream) {

@@ -5,6 +5,7 @@
 
 #include "ops/attention_tuner.h"
 #include "ops/gemm/driver.h"
+#include "tensor/enum_names.h"
 #include "tensor/strict_json.h"
 
 namespace cubevec::ops {
@@ -36,14 +37,12 @@ std::string string_field(const json& entry, const char* name) {
 
 }  // namespace
 
-std::string_view attention_mask_kind_name(AttentionMaskKind kind) {
-  switch (kind) {
-    case AttentionMaskKind::none: return "none";
-    case AttentionMaskKind::mask_2d: return "2d";
-    case AttentionMaskKind::mask_4d: return "4d";
-  }
-  return "?";
-}
+namespace {
+constexpr auto kMaskKindNames = enum_names<AttentionMaskKind>(
+    "mask kind", {{AttentionMaskKind::none, "none"}, {AttentionMaskKind::mask_2d, "2d"}, {AttentionMaskKind::mask_4d, "4d"}});
+}  // namespace
+
+std::string_view attention_mask_kind_name(AttentionMaskKind kind) { return kMaskKindNames.name(kind); }
 
 std::string AttentionTuneKey::text() const {
   std::ostringstream s;

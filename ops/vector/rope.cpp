@@ -2,14 +2,14 @@
 #include <cctype>
 
 #include "ops/vector/common.h"
+#include "tensor/enum_names.h"
 
 namespace cubevec::ops {
 
 RotatedMode parse_rotated_mode(std::string_view name) {
-  if (name == "rotated_half") return RotatedMode::rotated_half;
-  if (name == "rotated_interleaved") return RotatedMode::rotated_interleaved;
-  throw Error("rotary_position_embedding: unknown rotated_mode '" + std::string(name) +
-              "' (expected one of: rotated_half, rotated_interleaved)");
+  static constexpr auto kNames = enum_names<RotatedMode>(
+      "rotated_mode", {{RotatedMode::rotated_half, "rotated_half"}, {RotatedMode::rotated_interleaved, "rotated_interleaved"}});
+  return kNames.parse(name);
 }
 
 Tensor rotary_position_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin, RotatedMode mode,

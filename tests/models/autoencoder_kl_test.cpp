@@ -344,10 +344,10 @@ TEST(AutoencoderKLConfig, BadConfigsNameTheFileAndTheKey) {
       {[](auto& j) { j.erase("latent_channels"); }, ": missing required key 'latent_channels'"},
       {[](auto& j) { j.erase("block_out_channels"); }, ": missing required key 'block_out_channels'"},
       {[](auto& j) { j.erase("scaling_factor"); }, ": missing required key 'scaling_factor'"},
-      {[](auto& j) { j["block_out_channels"] = "128"; }, ": 'block_out_channels' must be a non-empty list of integers >= 1"},
-      {[](auto& j) { j["block_out_channels"] = {128, 2.5}; }, ": 'block_out_channels[1]' must be an integer >= 1, got 2.5"},
-      {[](auto& j) { j["layers_per_block"] = 2.0; }, ": 'layers_per_block' must be an integer >= 0, got 2.0"},
-      {[](auto& j) { j["latent_channels"] = -16; }, ": 'latent_channels' must be an integer >= 1, got -16"},
+      {[](auto& j) { j["block_out_channels"] = "128"; }, ": 'block_out_channels' must be a non-empty list of integers in [1, 16777216]"},
+      {[](auto& j) { j["block_out_channels"] = {128, 2.5}; }, ": 'block_out_channels' entry 1 must be an integer in [1, 16777216], got 2.5"},
+      {[](auto& j) { j["layers_per_block"] = 2.0; }, ": 'layers_per_block' must be an integer in [0, 16777216], got 2.0"},
+      {[](auto& j) { j["latent_channels"] = -16; }, ": 'latent_channels' must be an integer in [1, 16777216], got -16"},
       {[](auto& j) { j["use_post_quant_conv"] = "false"; }, ": 'use_post_quant_conv' must be true or false, got \"false\""},
       {[](auto& j) { j["mid_block_add_attention"] = 1; }, ": 'mid_block_add_attention' must be true or false, got 1"},
       {[](auto& j) { j["scaling_factor"] = "0.3611"; }, ": 'scaling_factor' must be a finite number"},
@@ -358,7 +358,7 @@ TEST(AutoencoderKLConfig, BadConfigsNameTheFileAndTheKey) {
       {[](auto& j) { j["up_block_types"].erase(0); }, ": 'up_block_types' has 3 entries but 'block_out_channels' has 4"},
       {[](auto& j) { j["block_out_channels"] = {128, 256, 500, 512}; },
        ": every 'block_out_channels' entry must be a positive multiple of norm_num_groups 32 (GroupNorm), got 500"},
-      {[](auto& j) { j["latents_mean"] = "zero"; }, ": 'latents_mean' must be null or a list of numbers"},
+      {[](auto& j) { j["latents_mean"] = "zero"; }, ": 'latents_mean' must be a list of finite numbers, got \"zero\""},
       {[](auto& j) { j["decoder_attention"] = true; }, ": unknown key 'decoder_attention' for AutoencoderKL"},
   };
   for (const auto& [edit, expected] : cases) {

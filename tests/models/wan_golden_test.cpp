@@ -188,11 +188,11 @@ TEST(WanConfigErrors, NamedKeysAndValues) {
   auto error = [&](const nlohmann::json& j) { return message_of([&] { models::WanConfig::from_json(j, src); }); };
   EXPECT_NE(error({{"num_layers", 2}, {"flash", true}}).find("unknown key 'flash'"), std::string::npos);
   EXPECT_NE(error({{"patch_size", {1, 2}}}).find("'patch_size' must be a list of 3 integers"), std::string::npos);
-  EXPECT_NE(error({{"num_attention_heads", 0}}).find("'num_attention_heads' must be an integer >= 1, got 0"), std::string::npos);
-  EXPECT_NE(error({{"qk_norm", "rms_norm"}}).find("'qk_norm' \"rms_norm\" is not supported"), std::string::npos);
+  EXPECT_NE(error({{"num_attention_heads", 0}}).find("'num_attention_heads' must be an integer in [1, 1024], got 0"), std::string::npos);
+  EXPECT_NE(error({{"qk_norm", "rms_norm"}}).find("'qk_norm' must be one of \"rms_norm_across_heads\", got \"rms_norm\""), std::string::npos);
   EXPECT_NE(error({{"image_dim", 1280}}).find("'image_dim' is 1280"), std::string::npos);
   EXPECT_NE(error({{"cross_attn_norm", 1}}).find("'cross_attn_norm' must be true or false"), std::string::npos);
-  EXPECT_NE(error({{"eps", "small"}}).find("'eps' must be a number"), std::string::npos);
+  EXPECT_NE(error({{"eps", "small"}}).find("'eps' must be a positive finite number"), std::string::npos);
   EXPECT_NE(error(nlohmann::json::array()).find("expected a JSON object"), std::string::npos);
   // Every message names the file.
   EXPECT_EQ(error({{"flash", true}}).rfind(src, 0), 0u);

@@ -465,9 +465,9 @@ TEST(AttentionForward, BadArgumentsGiveClearErrors) {
          return o;
        }()), "scale must be a finite number"},
       {run(q, k, v, manual(AttentionImpl::flash, AttentionLayout::bsh)), "kernel_layout BSH needs BSH input (layout BSND given)"},
-      {message_of([] { ops::parse_attention_layout("SBH"); }), "unknown attention layout 'SBH' (expected BSND, BNSD or BSH)"},
-      {message_of([] { ops::parse_attention_impl("laser"); }), "unknown attention op_type 'laser' (expected math, flash or cv_pipelined)"},
-      {message_of([] { ops::parse_attention_opt_mode("auto"); }), "unknown attention opt_mode 'auto' (expected runtime, static or manual)"},
+      {message_of([] { ops::parse_attention_layout("SBH"); }), "unknown attention layout 'SBH' (expected one of: BSND, BNSD, BSH)"},
+      {message_of([] { ops::parse_attention_impl("laser"); }), "unknown attention op_type 'laser' (expected one of: math, flash, cv_pipelined)"},
+      {message_of([] { ops::parse_attention_opt_mode("auto"); }), "unknown attention opt_mode 'auto' (expected one of: runtime, static, manual)"},
   };
   for (const auto& c : cases) EXPECT_NE(c.got.find(c.expected), std::string::npos) << "got: " << c.got << "\nexpected: " << c.expected;
 }

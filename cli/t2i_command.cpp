@@ -11,10 +11,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "pipelines/cli/attention_tune_cache.h"
-#include "pipelines/cli/command.h"
-#include "pipelines/cli/device_flags.h"
-#include "pipelines/cli/generation_report.h"
+#include "cli/attention_tune_cache.h"
+#include "cli/command.h"
+#include "cli/device_flags.h"
+#include "cli/generation_report.h"
 #include "pipelines/flux_t2i.h"
 #include "pipelines/jpeg.h"
 #include "pipelines/tiny_text_encoder.h"

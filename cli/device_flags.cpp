@@ -1,4 +1,4 @@
-#include "pipelines/cli/device_flags.h"
+#include "cli/device_flags.h"
 
 namespace cubevec::cli {
 

@@ -1,4 +1,4 @@
-#include "pipelines/cli/attention_tune_cache.h"
+#include "cli/attention_tune_cache.h"
 
 #include <cstdio>
 

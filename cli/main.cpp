@@ -5,7 +5,7 @@
 #include <exception>
 #include <map>
 
-#include "pipelines/cli/command.h"
+#include "cli/command.h"
 #include "tensor/error.h"
 
 int main(int argc, char** argv) {

@@ -10,9 +10,9 @@
 
 #include "ops/attention.h"
 #include "ops/attention_tuner.h"
-#include "pipelines/cli/attention_tune_cache.h"
-#include "pipelines/cli/command.h"
-#include "pipelines/cli/device_flags.h"
+#include "cli/attention_tune_cache.h"
+#include "cli/command.h"
+#include "cli/device_flags.h"
 #include "tensor/half.h"
 
 namespace cubevec::cli {

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "device/device.h"
-#include "pipelines/cli/device_flags.h"
+#include "cli/device_flags.h"
 #include "pipelines/generation.h"
 #include "tensor/caching_allocator.h"
 

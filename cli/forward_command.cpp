@@ -10,9 +10,9 @@
 
 #include "models/flux_transformer.h"
 #include "models/wan_transformer.h"
-#include "pipelines/cli/attention_tune_cache.h"
-#include "pipelines/cli/command.h"
-#include "pipelines/cli/device_flags.h"
+#include "cli/attention_tune_cache.h"
+#include "cli/command.h"
+#include "cli/device_flags.h"
 #include "tensor/error.h"
 #include "tensor/safetensors.h"
 #include "tensor/strict_json.h"

@@ -11,10 +11,10 @@
 
 #include "device/trace.h"
 #include "pipelines/avi.h"
-#include "pipelines/cli/attention_tune_cache.h"
-#include "pipelines/cli/command.h"
-#include "pipelines/cli/device_flags.h"
-#include "pipelines/cli/generation_report.h"
+#include "cli/attention_tune_cache.h"
+#include "cli/command.h"
+#include "cli/device_flags.h"
+#include "cli/generation_report.h"
 #include "pipelines/wan_t2v.h"
 #include "tensor/error.h"
 

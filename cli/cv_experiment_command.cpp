@@ -4,8 +4,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "pipelines/cli/command.h"
-#include "pipelines/cli/device_flags.h"
+#include "cli/command.h"
+#include "cli/device_flags.h"
 #include "pipelines/cv_experiment.h"
 
 namespace cubevec::cli {

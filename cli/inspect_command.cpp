@@ -3,7 +3,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "pipelines/cli/command.h"
+#include "cli/command.h"
 #include "tensor/checkpoint.h"
 
 namespace cubevec::cli {

@@ -1,4 +1,4 @@
-#include "pipelines/cli/generation_report.h"
+#include "cli/generation_report.h"
 
 #include <cctype>
 #include <cstdio>
