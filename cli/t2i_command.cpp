@@ -17,7 +17,7 @@
 #include "cli/generation_report.h"
 #include "pipelines/flux_t2i.h"
 #include "pipelines/jpeg.h"
-#include "pipelines/tiny_text_encoder.h"
+#include "models/tiny_text_encoder.h"
 #include "tensor/error.h"
 
 namespace cubevec::cli {
@@ -64,10 +64,10 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
     positive = {Tensor::meta({1, 512, mc.joint_attention_dim}, DType::f32), Tensor::meta({1, mc.pooled_projection_dim}, DType::f32)};
     negative = positive;
     text_source = "shape-only T5/CLIP embeddings";
-  } else if (pipelines::TinyTextEncoder::present(f.model)) {
+  } else if (models::TinyTextEncoder::present(f.model)) {
     // The model's own text encoder (the shipped tiny model): --prompt, and --negative-prompt for
     // true CFG (empty: the empty caption, the unconditional input the model was trained with).
-    auto encoder = pipelines::TinyTextEncoder::load(f.model, device.default_stream());
+    auto encoder = models::TinyTextEncoder::load(f.model, device.default_stream());
     if (f.prompt.empty())
       throw Error("--prompt TEXT is required (this model's text encoder knows these words: " + encoder->tokenizer().known_words() + ")");
     positive = encoder->encode(f.prompt);

@@ -217,65 +217,6 @@ Tensor UpDecoderBlock::operator()(const Tensor& x, const Stream& stream) const {
 
 // --- tiling -------------------------------------------------------------------------------------
 
-namespace {
-
-// Blends the decoded tile [B, C, th, tw] with its upper neighbour (over its first bv rows) and then
-// its left neighbour (over its first bh columns), as diffusers' blend_v and blend_h do in place, into
-// a new tensor that it returns; and copies the blended tile's first keep rows and columns into `out`
-// at (y0, x0).
-Tensor blend_tile(const Tensor& tile, const Tensor& top, const Tensor& left, int64_t blend, const Tensor& out,
-                  int64_t y0, int64_t x0, int64_t keep, const Stream& stream) {
-  const int64_t planes = tile.size(0) * tile.size(1), th = tile.size(2), tw = tile.size(3);
-  const int64_t bv = top.defined() ? std::min({top.size(2), th, blend}) : 0;
-  const int64_t bh = left.defined() ? std::min({left.size(3), tw, blend}) : 0;
-  const int64_t top_h = top.defined() ? top.size(2) : 0, left_w = left.defined() ? left.size(3) : 0;
-  const int64_t out_h = out.size(2), out_w = out.size(3);
-  const int64_t keep_h = std::min(keep, th), keep_w = std::min(keep, tw);
-  Tensor blended = stream.device().empty(tile.shape(), DType::f32, stream);
-  std::vector<Tensor> reads = {tile};
-  if (bv > 0) reads.push_back(top);
-  if (bh > 0) reads.push_back(left);
-  const auto p = static_cast<double>(planes);
-  const double flops = 3.0 * p * static_cast<double>(bv * tw + bh * th);
-  const double bytes = 4.0 * p * static_cast<double>(2 * th * tw + bv * tw + bh * th + keep_h * keep_w);
-  stream.launch({"vae_tile_blend", Unit::vector, flops, bytes, DType::f32}, reads, {blended, out}, [=] {
-    const auto* src = reinterpret_cast<const float*>(tile.unsynchronized_data_ptr());
-    const float* above = bv > 0 ? reinterpret_cast<const float*>(top.unsynchronized_data_ptr()) : nullptr;
-    const float* beside = bh > 0 ? reinterpret_cast<const float*>(left.unsynchronized_data_ptr()) : nullptr;
-    auto* dst = reinterpret_cast<float*>(blended.unsynchronized_data_ptr());
-    auto* image = reinterpret_cast<float*>(out.unsynchronized_data_ptr());
-    const int64_t rows = planes * th;
-    const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, tw));
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, rows, grain), [&](const tbb::blocked_range<int64_t>& r) {
-      for (int64_t row = r.begin(); row < r.end(); ++row) {
-        const int64_t plane = row / th, y = row % th;
-        const float* s = src + row * tw;
-        float* d = dst + row * tw;
-        if (y < bv) {  // the upper tile's last bv rows fade out as this tile's first bv rows fade in
-          const float* a = above + (plane * top_h + top_h - bv + y) * tw;
-          const auto wa = static_cast<float>(1.0 - static_cast<double>(y) / static_cast<double>(bv));
-          const auto wb = static_cast<float>(static_cast<double>(y) / static_cast<double>(bv));
-          for (int64_t x = 0; x < tw; ++x) d[x] = a[x] * wa + s[x] * wb;
-        } else {
-          std::memcpy(d, s, static_cast<std::size_t>(tw) * sizeof(float));
-        }
-        if (bh > 0) {  // likewise across the columns, after the vertical blend
-          const float* a = beside + (plane * th + y) * left_w + left_w - bh;
-          for (int64_t x = 0; x < bh; ++x) {
-            const auto wa = static_cast<float>(1.0 - static_cast<double>(x) / static_cast<double>(bh));
-            const auto wb = static_cast<float>(static_cast<double>(x) / static_cast<double>(bh));
-            d[x] = a[x] * wa + d[x] * wb;
-          }
-        }
-        if (y < keep_h)
-          std::memcpy(image + (plane * out_h + y0 + y) * out_w + x0, d, static_cast<std::size_t>(keep_w) * sizeof(float));
-      }
-    });
-  });
-  return blended;
-}
-
-}  // namespace
 
 Tensor decode_in_tiles(const Tensor& z, int64_t tile, int64_t overlap, int64_t upscale,
                        const std::function<Tensor(const Tensor&)>& decode_tile, const Stream& stream) {
@@ -306,7 +247,7 @@ Tensor decode_in_tiles(const Tensor& z, int64_t tile, int64_t overlap, int64_t u
       if (!decoded.is_contiguous()) decoded = ops::contiguous(decoded, stream);
       if (!out.defined()) out = stream.device().empty({batch, channels, upscale * height, upscale * width}, DType::f32, stream);
       const std::size_t col = current.size();
-      current.push_back(blend_tile(decoded, i > 0 ? above[col] : Tensor(), col > 0 ? current[col - 1] : Tensor(), blend,
+      current.push_back(ops::blend_tile(decoded, i > 0 ? above[col] : Tensor(), col > 0 ? current[col - 1] : Tensor(), blend,
                                    out, upscale * i, upscale * j, keep, stream));
     }
     above.swap(current);

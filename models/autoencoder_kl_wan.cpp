@@ -128,54 +128,6 @@ Tensor as_f32(const Tensor& t, const Stream& stream) {
   return !t.defined() || t.dtype() == DType::f32 ? t : ops::cast(t, DType::f32, stream);
 }
 
-// [zeros (zero_frames of them), cache (when defined), x] along time (dim 2) of 5-D f32 tensors, in
-// one Vector-unit kernel: the causal conv's input.
-Tensor causal_input(const Tensor& x_in, const Tensor& cache_in, int64_t zero_frames, const Stream& stream) {
-  const Tensor x = ops::contiguous(x_in, stream);
-  const Tensor cache = cache_in.defined() ? ops::contiguous(cache_in, stream) : Tensor();
-  const int64_t planes = x.size(0) * x.size(1), t = x.size(2), hw = x.size(3) * x.size(4);
-  const int64_t tc = cache.defined() ? cache.size(2) : 0, total = zero_frames + tc + t;
-  Tensor out = stream.device().empty({x.size(0), x.size(1), total, x.size(3), x.size(4)}, DType::f32, stream);
-  std::vector<Tensor> reads = {x};
-  if (cache.defined()) reads.push_back(cache);
-  const double bytes = 4.0 * static_cast<double>(planes * hw) * static_cast<double>(total + tc + t);
-  stream.launch({"wan_causal_pad", Unit::vector, 0.0, bytes, DType::f32}, reads, {out},
-                [x, cache, out, planes, t, hw, tc, total, zero_frames] {
-                  const auto* px = reinterpret_cast<const float*>(x.unsynchronized_data_ptr());
-                  const float* pc = tc > 0 ? reinterpret_cast<const float*>(cache.unsynchronized_data_ptr()) : nullptr;
-                  auto* po = reinterpret_cast<float*>(out.unsynchronized_data_ptr());
-                  const auto frame_bytes = static_cast<std::size_t>(hw) * sizeof(float);
-                  tbb::parallel_for(tbb::blocked_range<int64_t>(0, planes), [&](const tbb::blocked_range<int64_t>& r) {
-                    for (int64_t p = r.begin(); p < r.end(); ++p) {
-                      float* dst = po + p * total * hw;
-                      std::memset(dst, 0, static_cast<std::size_t>(zero_frames) * frame_bytes);
-                      if (tc > 0)
-                        std::memcpy(dst + zero_frames * hw, pc + p * tc * hw, static_cast<std::size_t>(tc) * frame_bytes);
-                      std::memcpy(dst + (zero_frames + tc) * hw, px + p * t * hw, static_cast<std::size_t>(t) * frame_bytes);
-                    }
-                  });
-                });
-  return out;
-}
-
-// torch.clamp(x, -1, 1) of an f32 tensor (a NaN stays NaN).
-Tensor clamp_unit(const Tensor& x_in, const Stream& stream) {
-  const Tensor x = ops::contiguous(x_in, stream);
-  Tensor out = stream.device().empty(x.shape(), DType::f32, stream);
-  const int64_t n = x.numel();
-  stream.launch({"wan_clamp", Unit::vector, 2.0 * static_cast<double>(n), 8.0 * static_cast<double>(n), DType::f32},
-                {x}, {out}, [x, out, n] {
-                  const auto* src = reinterpret_cast<const float*>(x.unsynchronized_data_ptr());
-                  auto* dst = reinterpret_cast<float*>(out.unsynchronized_data_ptr());
-                  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 16384), [&](const tbb::blocked_range<int64_t>& r) {
-                    for (int64_t i = r.begin(); i < r.end(); ++i) {
-                      const float v = src[i];
-                      dst[i] = v < -1.0f ? -1.0f : (v > 1.0f ? 1.0f : v);
-                    }
-                  });
-                });
-  return out;
-}
 
 void check_5d(const Tensor& x, int64_t channels, const char* what) {
   if (!x.defined() || x.dim() != 5 || x.size(1) != channels || x.dtype() != DType::f32)
@@ -214,7 +166,7 @@ Tensor CausalConv3d::operator()(const Tensor& x, const Tensor& cache, const Stre
   }
   ops::Conv3dOptions options;
   options.padding = {0, padding[1], padding[2]};
-  const Tensor input = context() > 0 ? causal_input(x, cache, context() - tc, stream) : ops::contiguous(x, stream);
+  const Tensor input = context() > 0 ? ops::pad_frames_front(x, cache, context() - tc, stream) : ops::contiguous(x, stream);
   return ops::conv3d(input, as_f32(weight, stream), as_f32(bias, stream), options, stream);
 }
 
@@ -466,7 +418,7 @@ void AutoencoderKLWan::decode_frames(const Tensor& z, const std::function<void(c
   wan_vae::FeatureCache cache = make_feature_cache();
   for (int64_t start = 0; start < frames; start += chunk) {
     const Tensor video = decode_chunk(x.narrow(2, start, std::min(chunk, frames - start)), cache, stream);
-    sink(options.clamp ? wan_vae::clamp_unit(video, stream) : video);
+    sink(options.clamp ? ops::clamp(video, -1.0f, 1.0f, stream) : video);
   }
 }
 

@@ -85,4 +85,20 @@ Tensor cast(const Tensor& x, DType to, const Stream& stream = default_op_stream(
 // A contiguous copy made on the Vector unit (x itself if already contiguous).
 Tensor contiguous(const Tensor& x, const Stream& stream = default_op_stream());
 
+// --- decoder data movement ---------------------------------------------------------------------
+
+// torch.clamp(x, lo, hi) of an f32 tensor (any strides; a NaN stays NaN).
+Tensor clamp(const Tensor& x, float lo, float hi, const Stream& stream = default_op_stream());
+
+// [zero_frames zero frames, cache (when defined), x] along time (dim 2) of 5-D f32 tensors with equal
+// batch, channel and spatial sizes, in one kernel: a causal 3-D convolution's padded input.
+Tensor pad_frames_front(const Tensor& x, const Tensor& cache, int64_t zero_frames, const Stream& stream = default_op_stream());
+
+// diffusers' tiled VAE decode step for one decoded tile [B, C, th, tw] (f32): blends it with its
+// upper neighbour `top` over its first `blend` rows and then with its left neighbour `left` over its
+// first `blend` columns (either may be undefined), as blend_v and blend_h do, returns the blended
+// tile, and copies its first `keep` rows and columns into `out` [B, C, H, W] at (y0, x0).
+Tensor blend_tile(const Tensor& tile, const Tensor& top, const Tensor& left, int64_t blend, const Tensor& out, int64_t y0,
+                  int64_t x0, int64_t keep, const Stream& stream = default_op_stream());
+
 }  // namespace cubevec::ops

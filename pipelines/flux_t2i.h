@@ -14,7 +14,7 @@
 #include "models/flux_transformer.h"
 #include "pipelines/flow_match.h"
 #include "pipelines/generation.h"
-#include "pipelines/text_encoder.h"
+#include "pipelines/prompt_embeds_file.h"
 
 namespace cubevec::pipelines {
 

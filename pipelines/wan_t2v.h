@@ -15,7 +15,7 @@
 #include "models/wan_transformer.h"
 #include "pipelines/flow_match.h"
 #include "pipelines/generation.h"
-#include "pipelines/text_encoder.h"
+#include "pipelines/prompt_embeds_file.h"
 #include "pipelines/unipc.h"
 
 namespace cubevec::pipelines {

@@ -17,7 +17,7 @@
 #include "pipelines/flux_t2i.h"
 #include "pipelines/jpeg.h"
 #include "pipelines/noise.h"
-#include "pipelines/tiny_text_encoder.h"
+#include "models/tiny_text_encoder.h"
 #include "tensor/safetensors.h"
 
 #include "common/tensor_testing.h"
@@ -35,7 +35,7 @@ const SafetensorsFile& reference() {
 
 struct TinyFlux {
   pipelines::FluxT2IPipeline pipeline = pipelines::FluxT2IPipeline::load(kModel);
-  std::unique_ptr<pipelines::TinyTextEncoder> text = pipelines::TinyTextEncoder::load(kModel);
+  std::unique_ptr<models::TinyTextEncoder> text = models::TinyTextEncoder::load(kModel);
 };
 
 TinyFlux& model() {

@@ -1,4 +1,4 @@
-#include "pipelines/text_encoder.h"
+#include "pipelines/prompt_embeds_file.h"
 
 #include "tensor/error.h"
 #include "tensor/safetensors.h"

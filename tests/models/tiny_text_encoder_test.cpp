@@ -11,7 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "pipelines/tiny_text_encoder.h"
+#include "models/tiny_text_encoder.h"
 #include "tensor/error.h"
 #include "tensor/safetensors.h"
 
@@ -21,7 +21,7 @@ namespace cubevec {
 namespace {
 
 namespace fs = std::filesystem;
-using pipelines::TinyTextEncoder;
+using models::TinyTextEncoder;
 
 const std::string kModel = std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinyflux";
 const std::string kReference = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/tinyflux_reference.safetensors";
@@ -59,14 +59,14 @@ TEST(TinyTextEncoder, MatchesThePyTorchEncoder) {
     const Tensor want_ids = ref.tensor(p + "input_ids").contiguous();
     ASSERT_EQ(static_cast<int64_t>(ids.size()), want_ids.numel()) << prompt;
     for (std::size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(ids[i], want_ids.data<int32_t>()[i]) << prompt << " token " << i;
-    const pipelines::PromptEmbeddings e = encoder().encode(prompt.get<std::string>());
+    const models::PromptEmbeddings e = encoder().encode(prompt.get<std::string>());
     expect_close(e.sequence, ref.tensor(p + "sequence"), "sequence of '" + prompt.get<std::string>() + "'");
     expect_close(e.pooled, ref.tensor(p + "pooled"), "pooled of '" + prompt.get<std::string>() + "'");
   }
 }
 
 TEST(TinyTextEncoder, ShapesFitTheShippedTransformer) {
-  const pipelines::PromptEmbeddings e = encoder().encode("a red circle on a blue background");
+  const models::PromptEmbeddings e = encoder().encode("a red circle on a blue background");
   EXPECT_EQ(e.sequence.shape(), (Shape{1, encoder().tokenizer().max_length(), encoder().config().hidden_size}));
   EXPECT_EQ(e.pooled.shape(), (Shape{1, encoder().config().pooled_projection_dim}));
 }

@@ -30,9 +30,9 @@
 
 #include "device/stream.h"
 #include "models/layers.h"
-#include "pipelines/text_encoder.h"
+#include "models/text_encoder.h"
 
-namespace cubevec::pipelines {
+namespace cubevec::models {
 
 // text_encoder/config.json ("_class_name": "CubevecTinyTextEncoder").
 struct TinyTextEncoderConfig {
@@ -97,12 +97,12 @@ class TinyTextEncoder : public TextEncoder {
 
   const TinyTextEncoderConfig& config() const { return config_; }
   const WordTokenizer& tokenizer() const { return tokenizer_; }
-  const models::ParameterTable& parameters() const { return table_; }
+  const ParameterTable& parameters() const { return table_; }
 
  private:
   struct Layer {
-    models::Vector1d ln1_weight, ln1_bias, ln2_weight, ln2_bias;
-    models::Linear q, k, v, out, fc1, fc2;
+    Vector1d ln1_weight, ln1_bias, ln2_weight, ln2_bias;
+    Linear q, k, v, out, fc1, fc2;
   };
   TinyTextEncoder(std::string source, TinyTextEncoderConfig config, WordTokenizer tokenizer, Stream stream);
 
@@ -110,11 +110,11 @@ class TinyTextEncoder : public TextEncoder {
   TinyTextEncoderConfig config_;
   WordTokenizer tokenizer_;
   Stream stream_;
-  models::ParameterTable table_;
+  ParameterTable table_;
   Tensor token_embedding_, position_embedding_;
   std::vector<Layer> layers_;  // sized once in the constructor: the table points into it
-  models::Vector1d final_weight_, final_bias_;
-  models::Linear pooled_projection_;
+  Vector1d final_weight_, final_bias_;
+  Linear pooled_projection_;
 };
 
-}  // namespace cubevec::pipelines
+}  // namespace cubevec::models

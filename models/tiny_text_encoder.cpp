@@ -1,4 +1,4 @@
-#include "pipelines/tiny_text_encoder.h"
+#include "models/tiny_text_encoder.h"
 
 #include <algorithm>
 #include <cctype>
@@ -11,7 +11,7 @@
 #include "tensor/error.h"
 #include "tensor/strict_json.h"
 
-namespace cubevec::pipelines {
+namespace cubevec::models {
 
 // --- config -------------------------------------------------------------------------------------
 
@@ -173,7 +173,7 @@ std::unique_ptr<TinyTextEncoder> TinyTextEncoder::load(const std::string& model_
                 "/config.json's max_position_embeddings " + std::to_string(config.max_position_embeddings));
   std::unique_ptr<TinyTextEncoder> encoder(
       new TinyTextEncoder(dir, std::move(config), std::move(tokenizer), stream ? *stream : ops::default_op_stream()));
-  models::load_parameters(encoder->table_, Checkpoint::open(dir), DType::f32);
+  load_parameters(encoder->table_, Checkpoint::open(dir), DType::f32);
   return encoder;
 }
 
@@ -226,4 +226,4 @@ PromptEmbeddings TinyTextEncoder::encode_ids(const std::vector<int32_t>& ids) co
   return {sequence, pooled};
 }
 
-}  // namespace cubevec::pipelines
+}  // namespace cubevec::models
