@@ -1,7 +1,7 @@
 // Suite `blocks`: one Flux double block and one single block at FLUX.1 width (3072 hidden, 24
 // heads x 128) on 1024 image + 256 text tokens, and one Wan2.1 block at the 1.3B model's width
 // (1536 hidden, 12 heads x 128, FFN 8960) on a 4,680-token video (13 latent frames of 18 x 20
-// patches) with 512 text tokens; f32 and bf16 weights, each with its per-op breakdown (measured
+// patches) with 512 text tokens; f32, bf16 weights, and bf16 weights + activations, each with its per-op breakdown (measured
 // kernel time by kernel name), and the same blocks in PyTorch 1.13 on CPU measured in the same run
 // by bench/torch_flux_blocks.py and bench/torch_wan_blocks.py (Debian's /usr/bin/python3; skipped
 // with a note when torch is not installed). GFLOP/s count every kernel's declared FLOPs; the
@@ -23,6 +23,15 @@ namespace {
 
 constexpr int64_t kImg = 1024, kTxt = 256;
 constexpr int64_t kWanFrames = 13, kWanHeight = 18, kWanWidth = 20, kWanTxt = 512;  // 4,680 video tokens
+
+// f32; bf16 weights with f32 activations; bf16 weights and activations (what --dtype bf16 runs, and
+// what PyTorch's bf16 block does).
+struct Precision {
+  const char* name;
+  DType weights, activations;
+};
+constexpr Precision kPrecisions[] = {
+    {"f32", DType::f32, DType::f32}, {"bf16-weights", DType::bf16, DType::f32}, {"bf16", DType::bf16, DType::bf16}};
 
 // The JSON of a bench/torch_*_blocks.py script, or null when it cannot run.
 nlohmann::json run_torch(const std::string& script_name, int threads, int repeats) {
@@ -68,6 +77,7 @@ BlockRun measure(Device& device, const std::function<Tensor()>& forward, int rep
 // PyTorch row.
 void report(Context& context, const std::string& label, const std::string& block, const std::string& dt, const BlockRun& run,
             const nlohmann::json& torch) {
+  const std::string torch_dt = dt == "f32" ? "f32" : "bf16";  // PyTorch's bf16 block has bf16 weights and activations
   Result r{"blocks", label, "cubevec"};
   r.dtype = dt;
   r.timing = run.timing;
@@ -76,7 +86,7 @@ void report(Context& context, const std::string& label, const std::string& block
   const nlohmann::json* baseline = nullptr;
   if (!torch.is_null())
     for (const auto& t : torch["results"])
-      if (t["block"] == block && t["dtype"] == dt) baseline = &t;
+      if (t["block"] == block && t["dtype"] == torch_dt) baseline = &t;
   if (baseline) r.extra["x_torch"] = (*baseline)["median_s"].get<double>() / run.timing.median_s;
   context.add(r);
   std::vector<std::pair<double, std::string>> ops;
@@ -93,9 +103,9 @@ void report(Context& context, const std::string& label, const std::string& block
     op.extra["share"] = sec / total;
     context.add(op);
   }
-  if (baseline) {
+  if (baseline && dt != "bf16-weights") {
     Result t{"blocks", label, "pytorch-" + torch["torch_version"].get<std::string>()};
-    t.dtype = dt;
+    t.dtype = torch_dt;
     t.timing = summarize((*baseline)["runs_s"].get<std::vector<double>>());
     context.add(t);
   }
@@ -113,13 +123,17 @@ void wan_block(Context& context, Device& device, const nlohmann::json& torch) {
   inputs_table.add("timestep_proj", {1, 6, d}, &timestep_proj);
   models::make_random_parameters(inputs_table, DType::f32, 13, 1.0f);
   const models::RopeTable rope = models::wan_rope(kWanFrames, kWanHeight, kWanWidth, config);
-  for (DType dtype : {DType::f32, DType::bf16}) {
+  for (const Precision& precision : kPrecisions) {
     models::ParameterTable table;
     models::WanBlock block;
-    block.declare(table, "wan.", config);
-    models::make_random_parameters(table, dtype, 7, 0.02f);
-    const BlockRun run = measure(device, [&] { return block.forward(hidden, context_states, timestep_proj, rope, s); }, context.repeats);
-    report(context, "wan 4680+512 x1536", "wan", std::string(dtype_name(dtype)), run, torch);
+    block.declare(table, 0, config);
+    models::make_random_parameters(table, precision.weights, 7, 0.02f);
+    const models::ForwardContext ctx{.activations = precision.activations};
+    const models::WanBlockInputs shared{ops::cast(context_states, precision.activations, s),
+                                        ops::cast(timestep_proj, precision.activations, s), rope, {kWanFrames, kWanHeight, kWanWidth}};
+    const Tensor h = ops::cast(hidden, precision.activations, s);
+    const BlockRun run = measure(device, [&] { return block.forward({h, {}}, shared, ctx, s).hidden; }, context.repeats);
+    report(context, "wan 4680+512 x1536", "wan", precision.name, run, torch);
   }
 }
 
@@ -148,25 +162,26 @@ void blocks_suite(Context& context) {
   inputs_table.add("temb", {1, d}, &temb);
   models::make_random_parameters(inputs_table, DType::f32, 11, 1.0f);
   const Tensor silu = ops::activation(temb, ops::Activation::silu, s);
-  const models::RopeTable txt = models::flux_rope(Tensor::zeros({kTxt, 3}, DType::f32), config.axes_dims_rope);
-  const models::RopeTable img = models::flux_rope(models::flux_image_ids(64, 64), config.axes_dims_rope);
+  const models::RopeTable txt = models::axial_rope(Tensor::zeros({kTxt, 3}, DType::f32), config.axes_dims_rope);
+  const models::RopeTable img = models::axial_rope(models::flux_image_ids(64, 64), config.axes_dims_rope);
   const models::RopeTable rope{ops::concat({txt.cos, img.cos}, 0, s), ops::concat({txt.sin, img.sin}, 0, s)};
 
-  for (DType dtype : {DType::f32, DType::bf16}) {
-    const std::string dt(dtype_name(dtype));
+  for (const Precision& precision : kPrecisions) {
     models::ParameterTable table;
     models::FluxDoubleBlock double_block;
     models::FluxSingleBlock single_block;
-    double_block.declare(table, "double.", config);
-    single_block.declare(table, "single.", config);
-    models::make_random_parameters(table, dtype, 5, 0.02f);
-    const Tensor joint = ops::concat({context_states, hidden}, 1, s);
-
-    const BlockRun runs[2] = {
-        measure(device, [&] { return double_block.forward(hidden, context_states, silu, rope, s).first; }, context.repeats),
-        measure(device, [&] { return single_block.forward(joint, silu, rope, s); }, context.repeats)};
+    double_block.declare(table, 0, config);
+    single_block.declare(table, 0, config);
+    models::make_random_parameters(table, precision.weights, 5, 0.02f);
+    const DType act = precision.activations;
+    const models::ForwardContext ctx{.activations = act};
+    const models::FluxBlockInputs shared{ops::cast(silu, act, s), rope, {1, 32, 32}};
+    const models::BlockState state{ops::cast(hidden, act, s), ops::cast(context_states, act, s)};
+    const BlockRun runs[2] = {measure(device, [&] { return double_block.forward(state, shared, ctx, s).hidden; }, context.repeats),
+                              measure(device, [&] { return single_block.forward(state, shared, ctx, s).hidden; }, context.repeats)};
     const char* names[2] = {"double", "single"};
-    for (int b = 0; b < 2; ++b) report(context, std::string("flux ") + names[b] + " 1024+256 x3072", names[b], dt, runs[b], torch);
+    for (int b = 0; b < 2; ++b)
+      report(context, std::string("flux ") + names[b] + " 1024+256 x3072", names[b], precision.name, runs[b], torch);
   }
   wan_block(context, device, torch_wan);
 }

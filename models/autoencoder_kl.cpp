@@ -8,6 +8,7 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
+#include "models/component.h"
 #include "ops/attention.h"
 #include "ops/vector_ops.h"
 #include "tensor/error.h"
@@ -316,11 +317,11 @@ Tensor AutoencoderKLDecoder::decode_tiled(const Tensor& z, const TileOptions& op
                               stream);
 }
 
-AutoencoderKLDecoder load_autoencoder_kl(const std::string& dir, DType dtype) {
+AutoencoderKLDecoder load_autoencoder_kl(const std::string& dir, DType dtype, const std::string& variant) {
   AutoencoderKLDecoder model(AutoencoderKLConfig::load(dir + "/config.json"));
   LoadOptions options;
   options.unexpected_prefixes = {"decoder.", "post_quant_conv."};  // encoder.* and quant_conv.* are the encoder's
-  load_parameters(model.parameters(), Checkpoint::open(dir), dtype, options);
+  load_parameters(model.parameters(), open_component_weights(dir, variant), dtype, options);
   return model;
 }
 

@@ -175,6 +175,6 @@ class AutoencoderKLDecoder {
 // index), stored as `dtype` (f32 or bf16). Only decoder.* and post_quant_conv.* are loaded; the
 // encoder's tensors (encoder.*, quant_conv.*) are ignored. A missing, mis-shaped or unexpected
 // decoder tensor is an error listing every such name.
-AutoencoderKLDecoder load_autoencoder_kl(const std::string& dir, DType dtype = DType::f32);
+AutoencoderKLDecoder load_autoencoder_kl(const std::string& dir, DType dtype = DType::f32, const std::string& variant = "");
 
 }  // namespace cubevec::models

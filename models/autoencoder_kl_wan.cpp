@@ -7,6 +7,7 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
+#include "models/component.h"
 #include "ops/attention.h"
 #include "ops/conv.h"
 #include "ops/vector_ops.h"
@@ -479,11 +480,11 @@ int64_t AutoencoderKLWan::estimate_peak_bytes(int64_t batch, int64_t latent_h, i
   return feature_cache_bytes(batch, latent_h, latent_w) + 6 * largest + kGemmWorkspace;
 }
 
-AutoencoderKLWan load_autoencoder_kl_wan(const std::string& dir, DType dtype) {
+AutoencoderKLWan load_autoencoder_kl_wan(const std::string& dir, DType dtype, const std::string& variant) {
   AutoencoderKLWan model(AutoencoderKLWanConfig::load(dir + "/config.json"));
   LoadOptions options;
   options.unexpected_prefixes = {"decoder.", "post_quant_conv."};  // encoder.* and quant_conv.* are the encoder's
-  load_parameters(model.parameters(), Checkpoint::open(dir), dtype, options);
+  load_parameters(model.parameters(), open_component_weights(dir, variant), dtype, options);
   return model;
 }
 

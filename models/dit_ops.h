@@ -2,8 +2,9 @@
 // gated residuals through the GEMM epilogue, per-head RoPE and attention on [B, S, heads, head_dim].
 #pragma once
 
-#include "models/flux_transformer.h"
+#include "models/forward_context.h"
 #include "models/layers.h"
+#include "models/shared_embeddings.h"
 #include "ops/attention.h"
 #include "ops/vector_ops.h"
 
@@ -15,16 +16,20 @@ inline Tensor chunk(const Tensor& mod, int64_t n, int64_t k) {
   return mod.narrow(mod.dim() - 1, k * d, d);
 }
 
-// h + gate * y, gate [B, D] broadcast over the tokens of y [B, S, D].
+// h + gate * y, gate [B, D] broadcast over the tokens of y [B, S, D]; in h's dtype (computed in
+// f32 and rounded once when the dtypes differ, as diffusers' Wan block does with .float()).
 inline Tensor gated_add(const Tensor& h, const Tensor& gate, const Tensor& y, const Stream& stream) {
-  return ops::add(h, ops::mul(y, gate.unsqueeze(1), stream), stream);
+  if (h.dtype() == gate.dtype() && h.dtype() == y.dtype()) return ops::add(h, ops::mul(y, gate.unsqueeze(1), stream), stream);
+  const auto f32 = [&](const Tensor& t) { return ops::cast(t, DType::f32, stream); };
+  return ops::cast(ops::add(f32(h), ops::mul(f32(y), f32(gate).unsqueeze(1), stream), stream), h.dtype(), stream);
 }
 
-// h + gate * linear(x), fused into the GEMM's epilogue when the gate is one vector (B = 1).
+// h + gate * linear(x), fused into the GEMM's epilogue when the gate is one vector (B = 1): summed
+// in f32 and rounded once to x's dtype.
 inline Tensor gated_linear(const Linear& linear, const Tensor& x, const Tensor& h, const Tensor& gate,
                            const Stream& stream) {
-  if (gate.size(0) == 1 && h.is_contiguous() && h.dtype() == DType::f32)
-    return linear(x, stream, {.residual = h, .gate = gate.reshape({gate.size(1)}).contiguous()});
+  if (gate.size(0) == 1 && h.is_contiguous() && h.dtype() == x.dtype())
+    return linear(x, stream, {.residual = h, .gate = ops::cast(gate.reshape({gate.size(1)}), DType::f32, stream)});
   return gated_add(h, gate, linear(x, stream), stream);
 }
 
@@ -32,12 +37,6 @@ inline Tensor gated_linear(const Linear& linear, const Tensor& x, const Tensor& 
 inline Tensor rope(const Tensor& x, const RopeTable& table, const Stream& stream) {
   return ops::rotary_position_embedding(x, table.cos, table.sin, ops::RotatedMode::rotated_interleaved,
                                         ops::RopeLayout::BSND, stream);
-}
-
-// Attention on BSND heads (scale head_dim^-0.5, no mask, runtime-tuned) -> [B, Sq, heads * head_dim].
-inline Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Stream& stream) {
-  const Tensor o = ops::attention_forward(q, k, v, {}, stream);
-  return o.reshape({o.size(0), o.size(1), o.size(2) * o.size(3)});
 }
 
 // [B, S, heads * head_dim] viewed as [B, S, heads, head_dim].

@@ -1,7 +1,9 @@
 #include "models/flux_transformer.h"
 
+#include <algorithm>
 #include <cmath>
 
+#include "models/component.h"
 #include "models/dit_ops.h"
 #include "tensor/error.h"
 #include "tensor/half.h"
@@ -14,10 +16,36 @@ namespace {
 
 using ops::Activation;
 
-using dit::attention;
 using dit::chunk;
 using dit::gated_linear;
 using dit::rope;
+
+// The image tokens' grid (1, rows, cols) when img_ids are (0, row, col) over a full rows x cols
+// grid, else (1, 1, N).
+std::array<int64_t, 3> image_grid(const Tensor& img_ids) {
+  const std::vector<float> key = rope_key(img_ids);  // shape first, then the values
+  const int64_t n = img_ids.size(0);
+  float rows = 0, cols = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    rows = std::max(rows, key[static_cast<std::size_t>(2 + 3 * i + 1)]);
+    cols = std::max(cols, key[static_cast<std::size_t>(2 + 3 * i + 2)]);
+  }
+  const auto r = static_cast<int64_t>(rows) + 1, c = static_cast<int64_t>(cols) + 1;
+  return r * c == n ? std::array<int64_t, 3>{1, r, c} : std::array<int64_t, 3>{1, 1, n};
+}
+
+// [text; image] as one [B, L, D] tensor: a view when the two streams are adjacent views of one
+// tensor (the previous single block's output), else a concatenation.
+Tensor joint_tokens(const Tensor& text, const Tensor& image, const Stream& s) {
+  const bool adjacent = text.shares_storage_with(image) && text.dtype() == image.dtype() && text.dim() == 3 && image.dim() == 3 &&
+                        text.strides() == image.strides() && text.size(0) == image.size(0) && text.size(2) == image.size(2) &&
+                        text.stride(2) == 1 && text.stride(1) == text.size(2) &&
+                        text.stride(0) == (text.size(1) + image.size(1)) * text.stride(1) &&
+                        image.offset() == text.offset() + text.size(1) * text.stride(1);
+  if (!adjacent) return ops::concat({text, image}, 1, s);
+  return Tensor::from_storage(text.storage(), {text.size(0), text.size(1) + image.size(1), text.size(2)}, text.strides(),
+                              text.offset(), text.dtype());
+}
 
 // [B, S, D] -> per-head RMS-normed [B, S, heads, head_dim].
 Tensor heads_rms(const Tensor& x, const Vector1d& weight, int64_t heads, int64_t head_dim, const Stream& stream) {
@@ -70,80 +98,16 @@ FluxConfig FluxConfig::flux1_dev() {
 
 // --- embeddings ---------------------------------------------------------------------------------
 
-RopeTable flux_rope(const Tensor& ids, const std::vector<int64_t>& axes_dims, double theta) {
-  const Tensor ids2 = ids.dim() == 3 ? ids.select(0, 0) : ids;
-  if (ids2.dim() != 2 || ids2.size(1) != static_cast<int64_t>(axes_dims.size()))
-    throw Error("flux_rope: ids must be [L, " + std::to_string(axes_dims.size()) + "], got " + shape_to_string(ids.shape()));
-  // Positions as f32 (diffusers casts the ids to float), whatever integer or float type they came in.
-  const Tensor idc = ids2.contiguous();
-  std::vector<float> positions(static_cast<std::size_t>(idc.numel()));
-  for (std::size_t i = 0; i < positions.size(); ++i) {
-    switch (idc.dtype()) {
-      case DType::f32: positions[i] = idc.data<float>()[i]; break;
-      case DType::i64: positions[i] = static_cast<float>(idc.data<int64_t>()[i]); break;
-      case DType::i32: positions[i] = static_cast<float>(idc.data<int32_t>()[i]); break;
-      case DType::bf16: positions[i] = bf16_to_f32(idc.data<uint16_t>()[i]); break;
-      default: throw Error("flux_rope: ids must be f32, bf16, i32 or i64, got " + std::string(dtype_name(idc.dtype())));
-    }
-  }
-  int64_t head_dim = 0;
-  for (int64_t d : axes_dims) head_dim += d;
-  const int64_t len = ids2.size(0);
-  std::vector<float> cos(static_cast<std::size_t>(len * head_dim)), sin(cos.size());
-  const float* pos = positions.data();
-  for (int64_t i = 0; i < len; ++i) {
-    int64_t col = 0;
-    for (std::size_t axis = 0; axis < axes_dims.size(); ++axis) {
-      const int64_t d = axes_dims[axis];
-      for (int64_t j = 0; j < d / 2; ++j) {
-        const double omega = 1.0 / std::pow(theta, static_cast<double>(2 * j) / static_cast<double>(d));
-        const double angle = static_cast<double>(pos[i * static_cast<int64_t>(axes_dims.size()) + static_cast<int64_t>(axis)]) * omega;
-        for (int r = 0; r < 2; ++r) {
-          cos[static_cast<std::size_t>(i * head_dim + col + 2 * j + r)] = static_cast<float>(std::cos(angle));
-          sin[static_cast<std::size_t>(i * head_dim + col + 2 * j + r)] = static_cast<float>(std::sin(angle));
-        }
-      }
-      col += d;
-    }
-  }
-  return {Tensor::from_vector(cos, {len, head_dim}), Tensor::from_vector(sin, {len, head_dim})};
-}
-
-Tensor timestep_sinusoid(const Tensor& values, int64_t channels, float multiplier) {
-  if (values.dim() != 1) throw Error("timestep_sinusoid: expected a 1-D tensor of values, got " + shape_to_string(values.shape()));
-  // A small host tensor even in simulate mode: the pipeline makes it, nothing on the device writes it.
-  const Tensor v = values.contiguous();
-  const int64_t batch = v.size(0), half = channels / 2;
-  std::vector<float> out(static_cast<std::size_t>(batch * channels), 0.0f);
-  const auto log_period = static_cast<float>(std::log(10000.0));
-  for (int64_t b = 0; b < batch; ++b) {
-    float t = 0;
-    switch (v.dtype()) {
-      case DType::f32: t = v.data<float>()[b]; break;
-      case DType::bf16: t = bf16_to_f32(v.data<uint16_t>()[b]); break;
-      case DType::i64: t = static_cast<float>(v.data<int64_t>()[b]); break;
-      default: throw Error("timestep_sinusoid: values must be f32, bf16 or i64, got " + std::string(dtype_name(v.dtype())));
-    }
-    t *= multiplier;
-    for (int64_t j = 0; j < half; ++j) {
-      // f32 exponent and argument as diffusers computes them; exp, cos and sin correctly rounded
-      // (through double), where torch's own f32 exp can be an ulp off.
-      const float exponent = (-log_period * static_cast<float>(j)) / static_cast<float>(half);
-      const auto freq = static_cast<float>(std::exp(static_cast<double>(exponent)));
-      const float a = t * freq;
-      out[static_cast<std::size_t>(b * channels + j)] = static_cast<float>(std::cos(static_cast<double>(a)));
-      out[static_cast<std::size_t>(b * channels + half + j)] = static_cast<float>(std::sin(static_cast<double>(a)));
-    }
-  }
-  return Tensor::from_vector(out, {batch, channels});
-}
-
 // --- blocks -------------------------------------------------------------------------------------
 
-void FluxDoubleBlock::declare(ParameterTable& t, const std::string& p, const FluxConfig& c) {
+void FluxDoubleBlock::declare(ParameterTable& t, int block_index, const FluxConfig& c) {
   const int64_t d = c.inner_dim(), hd = c.attention_head_dim;
   heads = c.num_attention_heads;
   head_dim = hd;
+  index = block_index;
+  blocks = static_cast<int>(c.num_layers + c.num_single_layers);
+  prefix = "transformer_blocks." + std::to_string(block_index);
+  const std::string p = prefix + ".";
   norm1.declare(t, p + "norm1.linear", d, 6 * d);
   norm1_context.declare(t, p + "norm1_context.linear", d, 6 * d);
   to_q.declare(t, p + "attn.to_q", d, d);
@@ -164,21 +128,24 @@ void FluxDoubleBlock::declare(ParameterTable& t, const std::string& p, const Flu
   ff_context_out.declare(t, p + "ff_context.net.2", 4 * d, d);
 }
 
-std::pair<Tensor, Tensor> FluxDoubleBlock::forward(const Tensor& h, const Tensor& c, const Tensor& silu_temb,
-                                                   const RopeTable& table, const Stream& s) const {
+BlockState FluxDoubleBlock::forward(const BlockState& in, const FluxBlockInputs& shared, const ForwardContext& ctx,
+                                    const Stream& s) const {
+  const Tensor &h = in.hidden, &c = in.encoder;
   // Modulation, order shift, scale, gate (attention), then shift, scale, gate (MLP).
-  const Tensor mod = norm1(silu_temb, s), cmod = norm1_context(silu_temb, s);
+  const Tensor mod = norm1(shared.silu_temb, s), cmod = norm1_context(shared.silu_temb, s);
   const Tensor xn = ops::layernorm_scale_shift(h, chunk(mod, 6, 1), chunk(mod, 6, 0), {}, {}, 1e-6f, s);
   const Tensor cn = ops::layernorm_scale_shift(c, chunk(cmod, 6, 1), chunk(cmod, 6, 0), {}, {}, 1e-6f, s);
-  // Joint attention over [text; image] with RoPE on q and k.
-  const Tensor q = ops::concat({heads_rms(add_q(cn, s), norm_added_q, heads, head_dim, s),
-                                heads_rms(to_q(xn, s), norm_q, heads, head_dim, s)}, 1, s);
-  const Tensor k = ops::concat({heads_rms(add_k(cn, s), norm_added_k, heads, head_dim, s),
-                                heads_rms(to_k(xn, s), norm_k, heads, head_dim, s)}, 1, s);
-  const Tensor v = ops::concat({add_v(cn, s).reshape({c.size(0), c.size(1), heads, head_dim}),
-                                to_v(xn, s).reshape({h.size(0), h.size(1), heads, head_dim})}, 1, s);
-  const Tensor o = attention(rope(q, table, s), rope(k, table, s), v, s);
   const int64_t txt = c.size(1), img = h.size(1);
+  // Joint attention over [text; image] with RoPE on q and k.
+  const AttentionIdentity id{index, blocks, AttentionKind::joint, txt, shared.grid, prefix + ".attn"};
+  const Tensor o = ctx.attend(id, [&] {
+    const Tensor q = ops::concat({heads_rms(add_q(cn, s), norm_added_q, heads, head_dim, s),
+                                  heads_rms(to_q(xn, s), norm_q, heads, head_dim, s)}, 1, s);
+    const Tensor k = ops::concat({heads_rms(add_k(cn, s), norm_added_k, heads, head_dim, s),
+                                  heads_rms(to_k(xn, s), norm_k, heads, head_dim, s)}, 1, s);
+    const Tensor v = ops::concat({dit::split_heads(add_v(cn, s), heads, head_dim), dit::split_heads(to_v(xn, s), heads, head_dim)}, 1, s);
+    return AttentionQkv{rope(q, shared.rope, s), rope(k, shared.rope, s), v};
+  }, s);
   // Image stream: attention output, then the MLP, each added through its gate.
   Tensor h2 = gated_linear(to_out, o.narrow(1, txt, img), h, chunk(mod, 6, 2), s);
   const Tensor hn = ops::layernorm_scale_shift(h2, chunk(mod, 6, 4), chunk(mod, 6, 3), {}, {}, 1e-6f, s);
@@ -191,10 +158,14 @@ std::pair<Tensor, Tensor> FluxDoubleBlock::forward(const Tensor& h, const Tensor
   return {h2, c2};
 }
 
-void FluxSingleBlock::declare(ParameterTable& t, const std::string& p, const FluxConfig& c) {
+void FluxSingleBlock::declare(ParameterTable& t, int single_index, const FluxConfig& c) {
   const int64_t d = c.inner_dim(), hd = c.attention_head_dim;
   heads = c.num_attention_heads;
   head_dim = hd;
+  index = static_cast<int>(c.num_layers) + single_index;
+  blocks = static_cast<int>(c.num_layers + c.num_single_layers);
+  prefix = "single_transformer_blocks." + std::to_string(single_index);
+  const std::string p = prefix + ".";
   norm.declare(t, p + "norm.linear", d, 3 * d);
   proj_mlp.declare(t, p + "proj_mlp", d, 4 * d);
   proj_out.declare(t, p + "proj_out", 5 * d, d);
@@ -205,16 +176,22 @@ void FluxSingleBlock::declare(ParameterTable& t, const std::string& p, const Flu
   norm_k.declare(t, p + "attn.norm_k.weight", hd);
 }
 
-Tensor FluxSingleBlock::forward(const Tensor& x, const Tensor& silu_temb, const RopeTable& table, const Stream& s) const {
-  const Tensor mod = norm(silu_temb, s);  // shift, scale, gate
+BlockState FluxSingleBlock::forward(const BlockState& in, const FluxBlockInputs& shared, const ForwardContext& ctx,
+                                    const Stream& s) const {
+  const int64_t txt = in.encoder.size(1), img = in.hidden.size(1);
+  const Tensor x = joint_tokens(in.encoder, in.hidden, s);  // [text; image]
+  const Tensor mod = norm(shared.silu_temb, s);  // shift, scale, gate
   const Tensor xn = ops::layernorm_scale_shift(x, chunk(mod, 3, 1), chunk(mod, 3, 0), {}, {}, 1e-6f, s);
   const Tensor mlp = proj_mlp(xn, s, {.activation = ops::GemmActivation::gelu_tanh});
-  const Tensor q = rope(heads_rms(to_q(xn, s), norm_q, heads, head_dim, s), table, s);
-  const Tensor k = rope(heads_rms(to_k(xn, s), norm_k, heads, head_dim, s), table, s);
-  const Tensor v = to_v(xn, s).reshape({x.size(0), x.size(1), heads, head_dim});
-  const Tensor a = attention(q, k, v, s);
+  const AttentionIdentity id{index, blocks, AttentionKind::joint, txt, shared.grid, prefix + ".attn"};
+  const Tensor a = ctx.attend(id, [&] {
+    return AttentionQkv{rope(heads_rms(to_q(xn, s), norm_q, heads, head_dim, s), shared.rope, s),
+                        rope(heads_rms(to_k(xn, s), norm_k, heads, head_dim, s), shared.rope, s),
+                        dit::split_heads(to_v(xn, s), heads, head_dim)};
+  }, s);
   // proj_out over [attention; MLP] channels (attention's first).
-  return gated_linear(proj_out, ops::concat({a, mlp}, 2, s), x, chunk(mod, 3, 2), s);
+  const Tensor out = gated_linear(proj_out, ops::concat({a, mlp}, 2, s), x, chunk(mod, 3, 2), s);
+  return {out.narrow(1, txt, img), out.narrow(1, 0, txt)};
 }
 
 // --- the model ----------------------------------------------------------------------------------
@@ -233,34 +210,45 @@ FluxTransformer2DModel::FluxTransformer2DModel(FluxConfig config) : config_(std:
   text_1_.declare(table_, "time_text_embed.text_embedder.linear_1", c.pooled_projection_dim, d);
   text_2_.declare(table_, "time_text_embed.text_embedder.linear_2", d, d);
   double_blocks_.resize(static_cast<std::size_t>(c.num_layers));
-  for (std::size_t i = 0; i < double_blocks_.size(); ++i)
-    double_blocks_[i].declare(table_, "transformer_blocks." + std::to_string(i) + ".", c);
+  for (std::size_t i = 0; i < double_blocks_.size(); ++i) double_blocks_[i].declare(table_, static_cast<int>(i), c);
   single_blocks_.resize(static_cast<std::size_t>(c.num_single_layers));
-  for (std::size_t i = 0; i < single_blocks_.size(); ++i)
-    single_blocks_[i].declare(table_, "single_transformer_blocks." + std::to_string(i) + ".", c);
+  for (std::size_t i = 0; i < single_blocks_.size(); ++i) single_blocks_[i].declare(table_, static_cast<int>(i), c);
   norm_out_.declare(table_, "norm_out.linear", d, 2 * d);
   proj_out_.declare(table_, "proj_out", d, c.out_channels);
 }
 
-std::unique_ptr<FluxTransformer2DModel> FluxTransformer2DModel::load(const std::string& dir, DType dtype) {
+std::unique_ptr<FluxTransformer2DModel> FluxTransformer2DModel::load(const std::string& dir, DType dtype, const std::string& variant) {
   auto model = std::make_unique<FluxTransformer2DModel>(FluxConfig::load(dir + "/config.json"));
-  load_parameters(model->table_, Checkpoint::open(dir), dtype);
+  load_parameters(model->table_, open_component_weights(dir, variant), dtype);
   return model;
 }
 
 Tensor FluxTransformer2DModel::time_text_embedding(const Tensor& timestep, const Tensor& guidance, const Tensor& pooled,
-                                                   const Stream& s) const {
+                                                   const Stream& s, DType act) const {
   const auto silu = ops::MatmulOptions{.activation = ops::GemmActivation::silu};
   auto embed = [&](const Linear& l1, const Linear& l2, const Tensor& x) { return l2(l1(x, s, silu), s); };
-  // The model multiplies sigma (and the guidance scale) by 1000 before the sinusoid.
-  Tensor temb = embed(time_1_, time_2_, timestep_sinusoid(timestep, 256, 1000.0f));
-  if (config_.guidance_embeds)
-    temb = ops::add(temb, embed(guidance_1_, guidance_2_, timestep_sinusoid(guidance, 256, 1000.0f)), s);
-  return ops::add(temb, embed(text_1_, text_2_, ops::cast(pooled, DType::f32)), s);
+  // The model multiplies sigma (and the guidance scale) by 1000 before the sinusoid: in f32, or, in
+  // bf16, as diffusers' bf16 run does it (the value rounded to bf16, times 1000 rounded again).
+  auto sinusoid = [&](const Tensor& values) {
+    if (act == DType::f32) return timestep_sinusoid(values, 256, 1000.0f);
+    const Tensor v = values.contiguous();
+    std::vector<float> scaled(static_cast<std::size_t>(v.numel()));
+    for (std::size_t i = 0; i < scaled.size(); ++i) {
+      const float t = v.dtype() == DType::bf16  ? bf16_to_f32(v.data<uint16_t>()[i])
+                      : v.dtype() == DType::i64 ? static_cast<float>(v.data<int64_t>()[i])
+                                                : v.data<float>()[i];
+      scaled[i] = bf16_to_f32(f32_to_bf16(bf16_to_f32(f32_to_bf16(t)) * 1000.0f));
+    }
+    return ops::cast(timestep_sinusoid(Tensor::from_vector(scaled, {v.numel()}), 256, 1.0f), act, s);
+  };
+  Tensor temb = embed(time_1_, time_2_, sinusoid(timestep));
+  if (config_.guidance_embeds) temb = ops::add(temb, embed(guidance_1_, guidance_2_, sinusoid(guidance)), s);
+  return ops::add(temb, embed(text_1_, text_2_, ops::cast(pooled, act, s)), s);
 }
 
-Tensor FluxTransformer2DModel::forward(const FluxInputs& in, const Stream& s) const {
+FluxPrologue FluxTransformer2DModel::prologue(const FluxInputs& in, const ForwardContext& ctx, const Stream& s) const {
   const FluxConfig& c = config_;
+  check_activation_dtype(ctx.activations);
   auto require = [&](const Tensor& t, const char* name, const Shape& shape) {
     if (!t.defined()) throw Error(std::string("flux forward: ") + name + " is missing (expected " + shape_to_string(shape) + ")");
     bool ok = t.dim() == static_cast<int64_t>(shape.size());
@@ -275,25 +263,59 @@ Tensor FluxTransformer2DModel::forward(const FluxInputs& in, const Stream& s) co
   const int64_t txt = in.encoder_hidden_states.size(1);
   require(in.pooled_projections, "pooled_projections", {batch, c.pooled_projection_dim});
   require(in.timestep, "timestep", {batch});
-  require(in.img_ids.dim() == 3 ? in.img_ids.select(0, 0) : in.img_ids, "img_ids", {img, 3});
-  require(in.txt_ids.dim() == 3 ? in.txt_ids.select(0, 0) : in.txt_ids, "txt_ids", {txt, 3});
+  const Tensor img_ids = in.img_ids.dim() == 3 ? in.img_ids.select(0, 0) : in.img_ids;
+  const Tensor txt_ids = in.txt_ids.dim() == 3 ? in.txt_ids.select(0, 0) : in.txt_ids;
+  require(img_ids, "img_ids", {img, 3});
+  require(txt_ids, "txt_ids", {txt, 3});
   if (c.guidance_embeds) require(in.guidance, "guidance", {batch});
   else if (in.guidance.defined()) throw Error("flux forward: guidance given, but this model has no guidance embedder (guidance_embeds false)");
 
-  const Tensor temb = time_text_embedding(in.timestep, in.guidance, in.pooled_projections, s);
-  const Tensor silu_temb = ops::activation(temb, Activation::silu, s);
-  const RopeTable txt_rope = flux_rope(in.txt_ids, c.axes_dims_rope), img_rope = flux_rope(in.img_ids, c.axes_dims_rope);
-  const RopeTable table{ops::concat({txt_rope.cos, img_rope.cos}, 0, s), ops::concat({txt_rope.sin, img_rope.sin}, 0, s)};
-  Tensor h = x_embedder_(ops::cast(in.hidden_states, DType::f32), s);
-  Tensor ctx = context_embedder_(ops::cast(in.encoder_hidden_states, DType::f32), s);
-  for (const FluxDoubleBlock& block : double_blocks_) std::tie(h, ctx) = block.forward(h, ctx, silu_temb, table, s);
-  Tensor joint = ops::concat({ctx, h}, 1, s);
-  for (const FluxSingleBlock& block : single_blocks_) joint = block.forward(joint, silu_temb, table, s);
-  h = joint.narrow(1, txt, img);
+  const DType act = ctx.activations;
+  FluxPrologue p;
+  p.temb = time_text_embedding(in.timestep, in.guidance, in.pooled_projections, s, act);
+  p.shared.silu_temb = ops::activation(p.temb, ops::Activation::silu, s);
+  // The joint [text; image] RoPE table, built once per pair of id sets.
+  std::vector<float> key = rope_key(txt_ids);
+  const std::vector<float> img_key = rope_key(img_ids);
+  key.insert(key.end(), img_key.begin(), img_key.end());
+  p.shared.rope = rope_cache_.get(key, [&] {
+    const RopeTable t = axial_rope(txt_ids, c.axes_dims_rope), i = axial_rope(img_ids, c.axes_dims_rope);
+    return RopeTable{ops::concat({t.cos, i.cos}, 0, s).contiguous(), ops::concat({t.sin, i.sin}, 0, s).contiguous()};
+  });
+  p.shared.grid = image_grid(img_ids);
+  p.state.hidden = x_embedder_(ops::cast(in.hidden_states, act, s), s);
+  p.state.encoder = context_embedder_(ops::cast(in.encoder_hidden_states, act, s), s);
+  return p;
+}
+
+BlockIdentity FluxTransformer2DModel::block_identity(int index) const {
+  const auto doubles = static_cast<int>(double_blocks_.size());
+  if (index < 0 || index >= block_count())
+    throw Error("flux: block " + std::to_string(index) + " is out of range (the model has " + std::to_string(block_count()) + ")");
+  return {index, block_count(), index < doubles ? double_blocks_[static_cast<std::size_t>(index)].prefix
+                                                : single_blocks_[static_cast<std::size_t>(index - doubles)].prefix};
+}
+
+BlockState FluxTransformer2DModel::block(int index, const BlockState& in, const FluxBlockInputs& shared, const ForwardContext& ctx,
+                                         const Stream& s) const {
+  const auto doubles = static_cast<int>(double_blocks_.size());
+  if (index < doubles) return double_blocks_[static_cast<std::size_t>(index)].forward(in, shared, ctx, s);
+  return single_blocks_[static_cast<std::size_t>(index - doubles)].forward(in, shared, ctx, s);
+}
+
+Tensor FluxTransformer2DModel::epilogue(const BlockState& state, const FluxPrologue& p, const Stream& s) const {
   // norm_out: scale first, then shift.
-  const Tensor emb = norm_out_(silu_temb, s);
-  const Tensor hn = ops::layernorm_scale_shift(h, chunk(emb, 2, 0), chunk(emb, 2, 1), {}, {}, 1e-6f, s);
+  const Tensor emb = norm_out_(p.shared.silu_temb, s);
+  const Tensor hn = ops::layernorm_scale_shift(state.hidden, chunk(emb, 2, 0), chunk(emb, 2, 1), {}, {}, 1e-6f, s);
   return proj_out_(hn, s);
+}
+
+Tensor FluxTransformer2DModel::forward(const FluxInputs& in, const Stream& s, const ForwardContext& ctx) const {
+  const FluxPrologue p = prologue(in, ctx, s);
+  BlockState state = p.state;
+  for (int i = 0; i < block_count(); ++i)
+    state = ctx.run_block(block_identity(i), state, [&](const BlockState& x) { return block(i, x, p.shared, ctx, s); }, s);
+  return epilogue(state, p, s);
 }
 
 // --- packing --------------------------------------------------------------------------------------

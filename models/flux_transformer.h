@@ -1,14 +1,21 @@
 // diffusers' FluxTransformer2DModel (FLUX.1-dev / -schnell and any config.json of that class),
 // written from ../shared/reference/porting-spec.md section 1. Every block is a plain sequence of
 // fused-op calls; the checkpoint key is beside each weight where it is declared (flux_transformer.cpp).
+// The forward runs through the plug points of models/forward_context.h: every block through the
+// block hook (flat index: the num_layers double blocks, then the num_single_layers single blocks),
+// every joint attention through the attention policy, in the context's activation dtype.
 #pragma once
 
+#include <array>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "models/forward_context.h"
 #include "models/layers.h"
+#include "models/shared_embeddings.h"
 
 namespace cubevec::models {
 
@@ -34,18 +41,6 @@ struct FluxConfig {
   static FluxConfig flux1_dev();  // 19 + 38 blocks, 3072 wide, guidance-distilled
 };
 
-// The RoPE table for token ids [L, 3] (FluxPosEmbed, theta 10000): cos and sin [L, head_dim] f32,
-// each axis' frequencies repeat-interleaved, computed in double.
-struct RopeTable {
-  Tensor cos, sin;
-};
-RopeTable flux_rope(const Tensor& ids, const std::vector<int64_t>& axes_dims, double theta = 10000.0);
-
-// The sinusoidal embedding [B, channels] of diffusers' Timesteps(channels, flip_sin_to_cos=True,
-// shift 0) of values [B] * multiplier (cosines first), computed in f32 as diffusers does. `values`
-// is a host tensor (f32, bf16 or i64).
-Tensor timestep_sinusoid(const Tensor& values, int64_t channels = 256, float multiplier = 1.0f);
-
 // forward's arguments, named as diffusers' forward names them.
 struct FluxInputs {
   Tensor hidden_states;          // [B, N_img, in_channels] packed latents
@@ -57,7 +52,15 @@ struct FluxInputs {
   Tensor guidance;               // [B] or undefined (needed iff guidance_embeds)
 };
 
-// Double-stream block (FluxTransformerBlock) under `transformer_blocks.N.`.
+// What every block of one forward shares.
+struct FluxBlockInputs {
+  Tensor silu_temb;                      // SiLU(temb) [B, D], the modulation Linears' input
+  RopeTable rope;                        // [L_txt + N_img, head_dim], text rows first
+  std::array<int64_t, 3> grid{1, 1, 1};  // the image tokens' grid (1, H/2, W/2) when img_ids say so
+};
+
+// Double-stream block (FluxTransformerBlock) under `transformer_blocks.N.`: state.hidden is the
+// image stream [B, N_img, D], state.encoder the text stream [B, L_txt, D].
 struct FluxDoubleBlock {
   Linear norm1, norm1_context;                 // norm1.linear, norm1_context.linear: D -> 6D
   Linear to_q, to_k, to_v, add_q, add_k, add_v;  // attn.to_q ..., attn.add_q_proj ...
@@ -65,22 +68,33 @@ struct FluxDoubleBlock {
   Linear to_out, to_add_out;                   // attn.to_out.0, attn.to_add_out
   Linear ff_in, ff_out, ff_context_in, ff_context_out;  // ff.net.0.proj, ff.net.2, ff_context...
   int64_t heads = 0, head_dim = 0;
+  int index = 0, blocks = 0;  // flat index among all blocks, and their count
+  std::string prefix;         // "transformer_blocks.N"
 
-  void declare(ParameterTable& table, const std::string& prefix, const FluxConfig& config);
-  // h [B, N_img, D], c [B, L_txt, D], silu_temb [B, D]; returns the new (h, c).
-  std::pair<Tensor, Tensor> forward(const Tensor& h, const Tensor& c, const Tensor& silu_temb, const RopeTable& rope,
-                                    const Stream& stream) const;
+  void declare(ParameterTable& table, int block_index, const FluxConfig& config);
+  // The joint attention goes through ctx's attention policy.
+  BlockState forward(const BlockState& in, const FluxBlockInputs& shared, const ForwardContext& ctx, const Stream& stream) const;
 };
 
-// Single-stream block (FluxSingleTransformerBlock) under `single_transformer_blocks.N.`.
+// Single-stream block (FluxSingleTransformerBlock) under `single_transformer_blocks.N.`: runs on
+// [text; image] tokens. The state is kept as the two streams, views of one joint tensor, so a
+// run of single blocks concatenates only once.
 struct FluxSingleBlock {
   Linear norm, proj_mlp, proj_out, to_q, to_k, to_v;
   Vector1d norm_q, norm_k;
   int64_t heads = 0, head_dim = 0;
+  int index = 0, blocks = 0;
+  std::string prefix;  // "single_transformer_blocks.N"
 
-  void declare(ParameterTable& table, const std::string& prefix, const FluxConfig& config);
-  // s = [text; image] tokens [B, L, D]; returns the new s.
-  Tensor forward(const Tensor& s, const Tensor& silu_temb, const RopeTable& rope, const Stream& stream) const;
+  void declare(ParameterTable& table, int single_index, const FluxConfig& config);
+  BlockState forward(const BlockState& in, const FluxBlockInputs& shared, const ForwardContext& ctx, const Stream& stream) const;
+};
+
+// The model's prologue: embedded inputs and what the blocks share.
+struct FluxPrologue {
+  BlockState state;  // x_embedder(hidden_states), context_embedder(encoder_hidden_states)
+  FluxBlockInputs shared;
+  Tensor temb;       // [B, D]: timestep + guidance + pooled-text embeddings
 };
 
 class FluxTransformer2DModel {
@@ -89,18 +103,32 @@ class FluxTransformer2DModel {
   FluxTransformer2DModel(const FluxTransformer2DModel&) = delete;
   FluxTransformer2DModel& operator=(const FluxTransformer2DModel&) = delete;
 
-  // A diffusers transformer directory: config.json + diffusion_pytorch_model.safetensors (or the
-  // sharded index); weights converted to `dtype` (f32 or bf16) at load.
-  static std::unique_ptr<FluxTransformer2DModel> load(const std::string& dir, DType dtype = DType::f32);
+  // A diffusers transformer directory (see models/component.h for which weight file is read);
+  // weights converted to `dtype` (f32 or bf16) at load.
+  static std::unique_ptr<FluxTransformer2DModel> load(const std::string& dir, DType dtype = DType::f32,
+                                                      const std::string& variant = "");
 
   const FluxConfig& config() const { return config_; }
   const ParameterTable& parameters() const { return table_; }
+  ParameterTable& mutable_parameters() { return table_; }
 
-  // The predicted velocity [B, N_img, out_channels]. Checks every input's shape against the config.
-  Tensor forward(const FluxInputs& inputs, const Stream& stream) const;
-  // temb [B, D] = timestep + guidance + pooled-text embeddings.
-  Tensor time_text_embedding(const Tensor& timestep, const Tensor& guidance, const Tensor& pooled,
-                             const Stream& stream) const;
+  // The predicted velocity [B, N_img, out_channels] in ctx.activations. Checks every input's shape
+  // against the config. prologue, every block through ctx's block hook, epilogue.
+  Tensor forward(const FluxInputs& inputs, const Stream& stream, const ForwardContext& ctx = {}) const;
+
+  // The pieces of forward, so a pipeline can shard or offload around the blocks.
+  FluxPrologue prologue(const FluxInputs& inputs, const ForwardContext& ctx, const Stream& stream) const;
+  int block_count() const { return static_cast<int>(double_blocks_.size() + single_blocks_.size()); }
+  BlockIdentity block_identity(int index) const;
+  // Block `index` (double blocks first, then single blocks), without the hook.
+  BlockState block(int index, const BlockState& in, const FluxBlockInputs& shared, const ForwardContext& ctx,
+                   const Stream& stream) const;
+  Tensor epilogue(const BlockState& state, const FluxPrologue& prologue, const Stream& stream) const;
+
+  // temb [B, D] = timestep + guidance + pooled-text embeddings, in `activations`.
+  Tensor time_text_embedding(const Tensor& timestep, const Tensor& guidance, const Tensor& pooled, const Stream& stream,
+                             DType activations = DType::f32) const;
+  const RopeCache& rope_cache() const { return rope_cache_; }
 
   const std::vector<FluxDoubleBlock>& double_blocks() const { return double_blocks_; }
   const std::vector<FluxSingleBlock>& single_blocks() const { return single_blocks_; }
@@ -113,6 +141,7 @@ class FluxTransformer2DModel {
   std::vector<FluxDoubleBlock> double_blocks_;
   std::vector<FluxSingleBlock> single_blocks_;
   Linear norm_out_, proj_out_;
+  RopeCache rope_cache_;
 };
 
 // 2x2 latent packing (porting-spec 1.7): [B, C, H, W] -> [B, (H/2)(W/2), 4C], and back.

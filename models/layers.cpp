@@ -5,15 +5,31 @@
 
 namespace cubevec::models {
 
-void Linear::declare(ParameterTable& table, const std::string& name, int64_t in_features, int64_t out_features,
-                     bool has_bias) {
+void Linear::declare(ParameterTable& table, const std::string& module_name, int64_t in_features, int64_t out_features,
+                     bool has_bias, bool keep_f32) {
   in = in_features;
   out = out_features;
-  table.add(name + ".weight", {out, in}, &weight);
+  name = module_name;
+  table.add(name + ".weight", {out, in}, &weight, keep_f32);
   if (has_bias) table.add(name + ".bias", {out}, &bias);
+  table.add_linear(name, this);
 }
 
 Tensor Linear::operator()(const Tensor& x, const Stream& stream, ops::MatmulOptions epilogue) const {
+  if (!kernel) return float_forward(x, stream, std::move(epilogue));
+  if (x.size(-1) != in)
+    throw Error(name + ": expected inputs [..., " + std::to_string(in) + "], got " + shape_to_string(x.shape()));
+  Shape rows_shape = x.shape();
+  rows_shape.back() = out;
+  const Tensor x2 = (x.is_contiguous() ? x : ops::contiguous(x, stream)).reshape({x.numel() / in, in});
+  if (epilogue.residual.defined()) epilogue.residual = epilogue.residual.reshape({x.numel() / in, out});
+  epilogue.out = x.dtype();
+  return kernel->forward(*this, x2, stream, epilogue).reshape(rows_shape);
+}
+
+Tensor Linear::float_forward(const Tensor& x, const Stream& stream, ops::MatmulOptions epilogue) const {
+  if (x.size(-1) != in)
+    throw Error(name + ": expected inputs [..., " + std::to_string(in) + "], got " + shape_to_string(x.shape()));
   Shape rows_shape = x.shape();
   rows_shape.back() = out;
   // A strided x (a slice of a joint sequence) is made contiguous on the device, not on the host.
@@ -21,6 +37,7 @@ Tensor Linear::operator()(const Tensor& x, const Stream& stream, ops::MatmulOpti
   epilogue.bias = bias;
   epilogue.b_is_weight = true;
   epilogue.compute = weight.dtype() == DType::bf16 ? DType::bf16 : DType::f32;
+  epilogue.out = x.dtype();
   if (weight.has_storage() && epilogue.backend == ops::GemmBackend::cubevec) {
     std::lock_guard lock(pack_cache->mutex);
     const void* source = weight.unsynchronized_data_ptr();

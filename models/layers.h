@@ -1,6 +1,6 @@
 // The layers every model here is built from, each a thin holder of its diffusers-named weights
-// over one fused op. Activations are f32; weights are f32 or bf16 (a bf16 weight makes the GEMM
-// round its inputs to bf16 and sum in f32).
+// over one fused op. Activations are f32 or bf16; weights are f32 or bf16 (a bf16 weight makes the
+// GEMM round its inputs to bf16 and sum in f32).
 #pragma once
 
 #include <memory>
@@ -12,27 +12,50 @@
 
 namespace cubevec::models {
 
+class LinearKernel;
+
 // PyTorch's Linear: y = x W^T + b, W [out, in]. The first call packs W into the GEMM's panel
 // layout and later calls reuse it (repacked if `weight` is replaced by another tensor; the weight's
-// values must not be changed in place).
+// values must not be changed in place). The result has x's dtype (f32 or bf16); a bf16 weight
+// makes the GEMM round its inputs to bf16 and sum in f32. Every Linear is registered in its
+// model's ParameterTable under its diffusers module name, and `kernel`, when set, replaces the
+// float GEMM (a quantized layer, a tensor-parallel shard).
 struct Linear {
   Tensor weight, bias;
   int64_t in = 0, out = 0;
+  std::string name;  // the diffusers module name, e.g. "transformer_blocks.0.attn.to_q"
+  std::shared_ptr<const LinearKernel> kernel;
   struct PackCache;
   std::shared_ptr<PackCache> pack_cache = std::make_shared<PackCache>();
 
-  // Declares `<name>.weight` [out, in] and, with has_bias, `<name>.bias` [out].
+  // Declares `<name>.weight` [out, in] and, with has_bias, `<name>.bias` [out], and registers the
+  // layer as `name`. keep_f32: the weight stays f32 when the model is loaded in bf16 (diffusers'
+  // _keep_in_fp32_modules).
   void declare(ParameterTable& table, const std::string& name, int64_t in_features, int64_t out_features,
-               bool has_bias = true);
-  // x [..., in] -> [..., out] (f32). `epilogue` may add an activation, a residual and a gate (its
-  // bias, b_is_weight and compute fields are set here).
+               bool has_bias = true, bool keep_f32 = false);
+  // x [..., in] -> [..., out] in x's dtype. `epilogue` may add an activation, a residual and a gate
+  // (its bias, b_is_weight, compute and out fields are set here).
   Tensor operator()(const Tensor& x, const Stream& stream, ops::MatmulOptions epilogue = {}) const;
+  // The float GEMM, whatever `kernel` says (for kernels that fall back to it, and for references).
+  Tensor float_forward(const Tensor& x, const Stream& stream, ops::MatmulOptions epilogue = {}) const;
 };
 
 struct Linear::PackCache {
   std::mutex mutex;
   const void* source = nullptr;  // the weight's storage and offset the packed copy was made from
   std::shared_ptr<const ops::gemm::PackedB> packed;
+};
+
+// Another implementation of a Linear's product (a quantized scheme, a shard). forward receives the
+// layer (its name, shapes, bias), x [rows, in] contiguous and the epilogue to fuse (bias not set:
+// the kernel adds layer.bias as its scheme says), and returns [rows, out] in x's dtype.
+class LinearKernel {
+ public:
+  virtual ~LinearKernel() = default;
+  virtual std::string name() const = 0;  // "W8A8_DYNAMIC", ...
+  virtual Tensor forward(const Linear& layer, const Tensor& x, const Stream& stream, const ops::MatmulOptions& epilogue) const = 0;
+  // Bytes of weight data this kernel holds (reports).
+  virtual std::size_t weight_bytes() const = 0;
 };
 
 // A norm's weight vector (RMSNorm's weight, GroupNorm's weight and bias, ...).

@@ -52,6 +52,25 @@ int64_t ParameterTable::numel() const {
   return total;
 }
 
+void ParameterTable::add_linear(const std::string& module_name, Linear* layer) {
+  if (!linears_.emplace(module_name, layer).second) throw Error("Linear '" + module_name + "' is declared twice");
+}
+
+Linear& ParameterTable::linear(const std::string& module_name) const {
+  const auto it = linears_.find(module_name);
+  if (it != linears_.end()) return *it->second;
+  // The nearest name sharing the longest prefix, to point at a typo.
+  std::string best;
+  std::size_t best_common = 0;
+  for (const auto& [name, layer] : linears_) {
+    const auto mismatch = std::mismatch(name.begin(), name.end(), module_name.begin(), module_name.end());
+    const auto common = static_cast<std::size_t>(mismatch.first - name.begin());
+    if (common > best_common) best_common = common, best = name;
+  }
+  throw Error("no Linear named '" + module_name + "' in this model (" + std::to_string(linears_.size()) + " Linears" +
+              (best.empty() ? "" : "; the closest is '" + best + "'") + ")");
+}
+
 void load_parameters(const ParameterTable& table, const Checkpoint& checkpoint, DType dtype) {
   load_parameters(table, checkpoint, dtype, LoadOptions{});
 }

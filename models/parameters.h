@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,8 @@
 #include "tensor/tensor.h"
 
 namespace cubevec::models {
+
+struct Linear;
 
 struct ParameterSpec {
   std::string name;  // the checkpoint key, e.g. "transformer_blocks.0.attn.to_q.weight"
@@ -27,8 +30,16 @@ class ParameterTable {
   const std::vector<ParameterSpec>& specs() const { return specs_; }
   int64_t numel() const;  // total elements of every parameter
 
+  // The layer registry: every Linear by its diffusers module name ("transformer_blocks.0.attn.to_q"),
+  // so a stage can swap a layer's implementation after load (quantization, tensor parallelism).
+  void add_linear(const std::string& module_name, Linear* layer);  // throws on a duplicate
+  const std::map<std::string, Linear*>& linears() const { return linears_; }
+  // The Linear named `module_name`; an Error naming it (and a close name, when one exists) otherwise.
+  Linear& linear(const std::string& module_name) const;
+
  private:
   std::vector<ParameterSpec> specs_;
+  std::map<std::string, Linear*> linears_;
 };
 
 // Fills every slot from `checkpoint`, stored as `dtype` (f32 or bf16; f32, bf16 and f16 checkpoint

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <filesystem>
 
+#include "models/component.h"
 #include "ops/attention.h"
 #include "ops/vector_ops.h"
 #include "tensor/checkpoint.h"
@@ -173,7 +174,7 @@ std::unique_ptr<TinyTextEncoder> TinyTextEncoder::load(const std::string& model_
                 "/config.json's max_position_embeddings " + std::to_string(config.max_position_embeddings));
   std::unique_ptr<TinyTextEncoder> encoder(
       new TinyTextEncoder(dir, std::move(config), std::move(tokenizer), stream ? *stream : ops::default_op_stream()));
-  load_parameters(encoder->table_, Checkpoint::open(dir), DType::f32);
+  load_parameters(encoder->table_, open_component_weights(dir, "", "model"), DType::f32);
   return encoder;
 }
 

@@ -1,5 +1,6 @@
 #include "models/wan_transformer.h"
 
+#include "models/component.h"
 #include "models/dit_ops.h"
 #include "ops/conv.h"
 #include "tensor/error.h"
@@ -10,7 +11,6 @@ namespace cubevec::models {
 
 namespace {
 
-using dit::attention;
 using dit::gated_linear;
 using dit::rope;
 using dit::split_heads;
@@ -89,17 +89,21 @@ RopeTable wan_rope(int64_t frames, int64_t height, int64_t width, const WanConfi
       for (int64_t j = 0; j < width; ++j)
         for (int64_t v : {f, i, j}) ids.push_back(static_cast<float>(v));
   const auto axes = config.rope_axes();
-  return flux_rope(Tensor::from_vector(ids, {frames * height * width, 3}), {axes[0], axes[1], axes[2]});
+  return axial_rope(Tensor::from_vector(ids, {frames * height * width, 3}), {axes[0], axes[1], axes[2]});
 }
 
 // --- block --------------------------------------------------------------------------------------
 
-void WanBlock::declare(ParameterTable& t, const std::string& p, const WanConfig& c) {
+void WanBlock::declare(ParameterTable& t, int block_index, const WanConfig& c) {
   const int64_t d = c.inner_dim();
   heads = c.num_attention_heads;
   head_dim = c.attention_head_dim;
   eps = static_cast<float>(c.eps);
   cross_attn_norm = c.cross_attn_norm;
+  index = block_index;
+  blocks = static_cast<int>(c.num_layers);
+  prefix = "blocks." + std::to_string(block_index);
+  const std::string p = prefix + ".";
   t.add(p + "scale_shift_table", {1, 6, d}, &scale_shift_table, /*keep_f32=*/true);
   to_q.declare(t, p + "attn1.to_q", d, d);
   to_k.declare(t, p + "attn1.to_k", d, d);
@@ -121,29 +125,32 @@ void WanBlock::declare(ParameterTable& t, const std::string& p, const WanConfig&
   ffn_out.declare(t, p + "ffn.net.2", c.ffn_dim, d);
 }
 
-Tensor WanBlock::forward(const Tensor& h, const Tensor& ctx, const Tensor& timestep_proj, const RopeTable& table,
-                         const Stream& s) const {
-  // M = scale_shift_table + timestep_proj: shift, scale, gate (self-attention), then the FFN's.
-  const Tensor mod = ops::add(timestep_proj, scale_shift_table, s);
+BlockState WanBlock::forward(const BlockState& in, const WanBlockInputs& shared, const ForwardContext& ctx, const Stream& s) const {
+  const Tensor& h = in.hidden;
+  // M = scale_shift_table + timestep_proj in f32: shift, scale, gate (self-attention), then the FFN's.
+  const Tensor mod = ops::add(ops::cast(shared.timestep_proj, DType::f32, s), scale_shift_table, s);
   // Self-attention: q and k RMS-normed over all D channels (before the head split), RoPE, no mask.
   const Tensor xn = ops::layernorm_scale_shift(h, row(mod, 1), row(mod, 0), {}, {}, eps, s);
-  const Tensor q = ops::rms_norm(to_q(xn, s), norm_q.value, eps, s);
-  const Tensor k = ops::rms_norm(to_k(xn, s), norm_k.value, eps, s);
-  const Tensor v = to_v(xn, s);
-  const Tensor o = attention(rope(split_heads(q, heads, head_dim), table, s),
-                             rope(split_heads(k, heads, head_dim), table, s), split_heads(v, heads, head_dim), s);
+  const AttentionIdentity self_id{index, blocks, AttentionKind::self, 0, shared.grid, prefix + ".attn1"};
+  const Tensor o = ctx.attend(self_id, [&] {
+    const Tensor q = ops::rms_norm(to_q(xn, s), norm_q.value, eps, s);
+    const Tensor k = ops::rms_norm(to_k(xn, s), norm_k.value, eps, s);
+    return AttentionQkv{rope(split_heads(q, heads, head_dim), shared.rope, s), rope(split_heads(k, heads, head_dim), shared.rope, s),
+                        split_heads(to_v(xn, s), heads, head_dim)};
+  }, s);
   Tensor h2 = gated_linear(to_out, o, h, row(mod, 2), s);
   // Cross-attention to the text: affine LayerNorm, no RoPE, no mask, no gate.
   const Tensor cn = cross_attn_norm ? ops::fast_layernorm(h2, norm2_weight.value, norm2_bias.value, eps, ops::LayerNormImpl::high_precision, s).out : h2;
-  const Tensor cq = ops::rms_norm(cross_q(cn, s), cross_norm_q.value, eps, s);
-  const Tensor ck = ops::rms_norm(cross_k(ctx, s), cross_norm_k.value, eps, s);
-  const Tensor cv = cross_v(ctx, s);
-  const Tensor co = attention(split_heads(cq, heads, head_dim), split_heads(ck, heads, head_dim),
-                              split_heads(cv, heads, head_dim), s);
+  const AttentionIdentity cross_id{index, blocks, AttentionKind::cross, shared.context.size(1), shared.grid, prefix + ".attn2"};
+  const Tensor co = ctx.attend(cross_id, [&] {
+    return AttentionQkv{split_heads(ops::rms_norm(cross_q(cn, s), cross_norm_q.value, eps, s), heads, head_dim),
+                        split_heads(ops::rms_norm(cross_k(shared.context, s), cross_norm_k.value, eps, s), heads, head_dim),
+                        split_heads(cross_v(shared.context, s), heads, head_dim)};
+  }, s);
   h2 = cross_out(co, s, {.residual = h2});
   // Feed-forward: GELU-tanh MLP through the FFN's gate.
   const Tensor fn = ops::layernorm_scale_shift(h2, row(mod, 4), row(mod, 3), {}, {}, eps, s);
-  return gated_linear(ffn_out, ffn_in(fn, s, {.activation = ops::GemmActivation::gelu_tanh}), h2, row(mod, 5), s);
+  return {gated_linear(ffn_out, ffn_in(fn, s, {.activation = ops::GemmActivation::gelu_tanh}), h2, row(mod, 5), s), {}};
 }
 
 // --- the model ----------------------------------------------------------------------------------
@@ -154,37 +161,40 @@ WanTransformer3DModel::WanTransformer3DModel(WanConfig config) : config_(std::mo
   const auto& p = c.patch_size;
   table_.add("patch_embedding.weight", {d, c.in_channels, p[0], p[1], p[2]}, &patch_weight_);
   table_.add("patch_embedding.bias", {d}, &patch_bias_);
-  time_1_.declare(table_, "condition_embedder.time_embedder.linear_1", c.freq_dim, d);
-  time_2_.declare(table_, "condition_embedder.time_embedder.linear_2", d, d);
+  // The time embedder stays f32 in bf16 runs (diffusers' _keep_in_fp32_modules).
+  time_1_.declare(table_, "condition_embedder.time_embedder.linear_1", c.freq_dim, d, true, /*keep_f32=*/true);
+  time_2_.declare(table_, "condition_embedder.time_embedder.linear_2", d, d, true, /*keep_f32=*/true);
   time_proj_.declare(table_, "condition_embedder.time_proj", d, 6 * d);
   text_1_.declare(table_, "condition_embedder.text_embedder.linear_1", c.text_dim, d);
   text_2_.declare(table_, "condition_embedder.text_embedder.linear_2", d, d);
   blocks_.resize(static_cast<std::size_t>(c.num_layers));
-  for (std::size_t i = 0; i < blocks_.size(); ++i) blocks_[i].declare(table_, "blocks." + std::to_string(i) + ".", c);
+  for (std::size_t i = 0; i < blocks_.size(); ++i) blocks_[i].declare(table_, static_cast<int>(i), c);
   table_.add("scale_shift_table", {1, 2, d}, &scale_shift_table_, /*keep_f32=*/true);
   proj_out_.declare(table_, "proj_out", d, c.out_channels * p[0] * p[1] * p[2]);
 }
 
-std::unique_ptr<WanTransformer3DModel> WanTransformer3DModel::load(const std::string& dir, DType dtype) {
+std::unique_ptr<WanTransformer3DModel> WanTransformer3DModel::load(const std::string& dir, DType dtype, const std::string& variant) {
   auto model = std::make_unique<WanTransformer3DModel>(WanConfig::load(dir + "/config.json"));
-  load_parameters(model->table_, Checkpoint::open(dir), dtype);
+  load_parameters(model->table_, open_component_weights(dir, variant), dtype);
   return model;
 }
 
-std::pair<Tensor, Tensor> WanTransformer3DModel::time_embedding(const Tensor& timestep, const Stream& s) const {
-  // The raw timestep (0..1000) goes into the sinusoid, unscaled.
-  const Tensor temb = time_2_(time_1_(timestep_sinusoid(timestep, config_.freq_dim, 1.0f), s,
-                                      {.activation = ops::GemmActivation::silu}),
-                              s);
+std::pair<Tensor, Tensor> WanTransformer3DModel::time_embedding(const Tensor& timestep, const Stream& s, DType act) const {
+  // The raw timestep (0..1000) goes into the sinusoid, unscaled; the embedder runs in f32 and its
+  // output is cast to the activation dtype before time_proj (diffusers' type_as).
+  const Tensor temb = ops::cast(time_2_(time_1_(timestep_sinusoid(timestep, config_.freq_dim, 1.0f), s,
+                                                {.activation = ops::GemmActivation::silu}),
+                                        s),
+                                act, s);
   const Tensor proj = time_proj_(ops::activation(temb, ops::Activation::silu, s), s);
   return {temb, proj.reshape({proj.size(0), 6, config_.inner_dim()})};
 }
 
-Tensor WanTransformer3DModel::text_embedding(const Tensor& encoder_hidden_states, const Stream& s) const {
-  return text_2_(text_1_(ops::cast(encoder_hidden_states, DType::f32), s, {.activation = ops::GemmActivation::gelu_tanh}), s);
+Tensor WanTransformer3DModel::text_embedding(const Tensor& encoder_hidden_states, const Stream& s, DType act) const {
+  return text_2_(text_1_(ops::cast(encoder_hidden_states, act, s), s, {.activation = ops::GemmActivation::gelu_tanh}), s);
 }
 
-Tensor WanTransformer3DModel::patch_embed(const Tensor& x, const Stream& s) const {
+Tensor WanTransformer3DModel::patch_embed(const Tensor& x, const Stream& s, DType act) const {
   const auto& p = config_.patch_size;
   ops::Conv3dOptions options;
   options.stride = {p[0], p[1], p[2]};
@@ -192,14 +202,15 @@ Tensor WanTransformer3DModel::patch_embed(const Tensor& x, const Stream& s) cons
   const Tensor tokens = ops::conv3d(ops::cast(x, DType::f32), ops::cast(patch_weight_, DType::f32), patch_bias_, options, s);
   const int64_t b = tokens.size(0), d = tokens.size(1);
   // [B, D, T', H', W'] -> [B, L, D] in (t, h, w) row-major token order.
-  return ops::contiguous(tokens.reshape({b, d, tokens.numel() / (b * d)}).permute({0, 2, 1}), s);
+  const Tensor seq = tokens.reshape({b, d, tokens.numel() / (b * d)}).permute({0, 2, 1});
+  return act == DType::f32 ? ops::contiguous(seq, s) : ops::cast(seq, act, s);
 }
 
 Tensor WanTransformer3DModel::head(const Tensor& h, const Tensor& temb, int64_t frames, int64_t height, int64_t width,
                                    const Stream& s) const {
   const auto& p = config_.patch_size;
-  // [shift, scale] = scale_shift_table + temb (not the 6-way projection); shift first.
-  const Tensor mod = ops::add(temb.unsqueeze(1), scale_shift_table_, s);
+  // [shift, scale] = scale_shift_table + temb (not the 6-way projection) in f32; shift first.
+  const Tensor mod = ops::add(ops::cast(temb, DType::f32, s).unsqueeze(1), scale_shift_table_, s);
   const Tensor y = proj_out_(ops::layernorm_scale_shift(h, row(mod, 1), row(mod, 0), {}, {}, static_cast<float>(config_.eps), s), s);
   // Unpatchify: each token's outputs are (pt, ph, pw, C) with the channel minor.
   const int64_t b = h.size(0), c = config_.out_channels;
@@ -208,8 +219,9 @@ Tensor WanTransformer3DModel::head(const Tensor& h, const Tensor& temb, int64_t 
   return ops::contiguous(v, s).reshape({b, c, frames, height, width});
 }
 
-Tensor WanTransformer3DModel::forward(const WanInputs& in, const Stream& s) const {
+WanPrologue WanTransformer3DModel::prologue(const WanInputs& in, const ForwardContext& ctx, const Stream& s) const {
   const WanConfig& c = config_;
+  check_activation_dtype(ctx.activations);
   const auto& p = c.patch_size;
   const Tensor& x = in.hidden_states;
   if (!x.defined() || x.dim() != 5 || x.size(1) != c.in_channels)
@@ -227,12 +239,40 @@ Tensor WanTransformer3DModel::forward(const WanInputs& in, const Stream& s) cons
     throw Error("wan forward: encoder_hidden_states must be [" + std::to_string(batch) + ", L, " + std::to_string(c.text_dim) +
                 "], got " + (text.defined() ? shape_to_string(text.shape()) : std::string("nothing")));
 
-  const RopeTable table = wan_rope(frames / p[0], height / p[1], width / p[2], c);
-  const auto [temb, timestep_proj] = time_embedding(in.timestep, s);
-  const Tensor ctx = text_embedding(text, s);
-  Tensor h = patch_embed(x, s);
-  for (const WanBlock& block : blocks_) h = block.forward(h, ctx, timestep_proj, table, s);
-  return head(h, temb, frames, height, width, s);
+  const DType act = ctx.activations;
+  WanPrologue out;
+  out.frames = frames, out.height = height, out.width = width;
+  const int64_t tp = frames / p[0], hp = height / p[1], wp = width / p[2];
+  out.shared.grid = {tp, hp, wp};
+  out.shared.rope = rope_cache_.get({static_cast<float>(tp), static_cast<float>(hp), static_cast<float>(wp)},
+                                    [&] { return wan_rope(tp, hp, wp, c); });
+  std::tie(out.temb, out.shared.timestep_proj) = time_embedding(in.timestep, s, act);
+  out.shared.context = text_embedding(text, s, act);
+  out.state.hidden = patch_embed(x, s, act);
+  return out;
+}
+
+BlockIdentity WanTransformer3DModel::block_identity(int index) const {
+  if (index < 0 || index >= block_count())
+    throw Error("wan: block " + std::to_string(index) + " is out of range (the model has " + std::to_string(block_count()) + ")");
+  return {index, block_count(), blocks_[static_cast<std::size_t>(index)].prefix};
+}
+
+BlockState WanTransformer3DModel::block(int index, const BlockState& in, const WanBlockInputs& shared, const ForwardContext& ctx,
+                                        const Stream& s) const {
+  return blocks_[static_cast<std::size_t>(index)].forward(in, shared, ctx, s);
+}
+
+Tensor WanTransformer3DModel::epilogue(const BlockState& state, const WanPrologue& p, const Stream& s) const {
+  return head(state.hidden, p.temb, p.frames, p.height, p.width, s);
+}
+
+Tensor WanTransformer3DModel::forward(const WanInputs& in, const Stream& s, const ForwardContext& ctx) const {
+  const WanPrologue p = prologue(in, ctx, s);
+  BlockState state = p.state;
+  for (int i = 0; i < block_count(); ++i)
+    state = ctx.run_block(block_identity(i), state, [&](const BlockState& x) { return block(i, x, p.shared, ctx, s); }, s);
+  return epilogue(state, p, s);
 }
 
 }  // namespace cubevec::models

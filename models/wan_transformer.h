@@ -12,8 +12,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/flux_transformer.h"  // RopeTable, timestep_sinusoid
+#include "models/forward_context.h"
 #include "models/layers.h"
+#include "models/shared_embeddings.h"
 
 namespace cubevec::models {
 
@@ -55,8 +56,17 @@ struct WanInputs {
 // angles f w_t | i w_h | j w_w (theta 10000), each repeated twice (the interleaved layout).
 RopeTable wan_rope(int64_t frames, int64_t height, int64_t width, const WanConfig& config);
 
+// What every block of one forward shares.
+struct WanBlockInputs {
+  Tensor context;        // the projected text [B, L_txt, D]
+  Tensor timestep_proj;  // [B, 6, D]
+  RopeTable rope;        // [T' H' W', head_dim]
+  std::array<int64_t, 3> grid{1, 1, 1};  // the patch grid (T', H', W')
+};
+
 // One WanTransformerBlock under `blocks.N.`: self-attention with RoPE, cross-attention to the text,
-// feed-forward; modulated by scale_shift_table + the timestep projection.
+// feed-forward; modulated by scale_shift_table + the timestep projection. Both attentions go
+// through ctx's attention policy (`blocks.N.attn1`, self; `blocks.N.attn2`, cross).
 struct WanBlock {
   Tensor scale_shift_table;  // [1, 6, D]: shift, scale, gate (self-attention), shift, scale, gate (FFN)
   Linear to_q, to_k, to_v, to_out;          // attn1.to_q ..., attn1.to_out.0
@@ -68,11 +78,19 @@ struct WanBlock {
   int64_t heads = 0, head_dim = 0;
   float eps = 1e-6f;
   bool cross_attn_norm = true;
+  int index = 0, blocks = 0;
+  std::string prefix;  // "blocks.N"
 
-  void declare(ParameterTable& table, const std::string& prefix, const WanConfig& config);
-  // h [B, L, D] tokens, ctx [B, L_txt, D] projected text, timestep_proj [B, 6, D]; returns the new h.
-  Tensor forward(const Tensor& h, const Tensor& ctx, const Tensor& timestep_proj, const RopeTable& rope,
-                 const Stream& stream) const;
+  void declare(ParameterTable& table, int block_index, const WanConfig& config);
+  // state.hidden: the video tokens [B, L, D]; returns the new state.
+  BlockState forward(const BlockState& in, const WanBlockInputs& shared, const ForwardContext& ctx, const Stream& stream) const;
+};
+
+struct WanPrologue {
+  BlockState state;  // the patch-embedded video tokens [B, L, D]
+  WanBlockInputs shared;
+  Tensor temb;       // [B, D] (the head's modulation input)
+  int64_t frames = 0, height = 0, width = 0;  // latent size
 };
 
 class WanTransformer3DModel {
@@ -81,26 +99,36 @@ class WanTransformer3DModel {
   WanTransformer3DModel(const WanTransformer3DModel&) = delete;
   WanTransformer3DModel& operator=(const WanTransformer3DModel&) = delete;
 
-  // A diffusers transformer directory (config.json + weights, one file or a sharded index),
-  // weights converted to `dtype` (f32 or bf16; scale_shift_table stays f32 as in diffusers).
-  static std::unique_ptr<WanTransformer3DModel> load(const std::string& dir, DType dtype = DType::f32);
+  // A diffusers transformer directory (models/component.h), weights converted to `dtype` (f32 or
+  // bf16; scale_shift_table and the time embedder stay f32 as diffusers' _keep_in_fp32_modules).
+  static std::unique_ptr<WanTransformer3DModel> load(const std::string& dir, DType dtype = DType::f32, const std::string& variant = "");
 
   const WanConfig& config() const { return config_; }
   const ParameterTable& parameters() const { return table_; }
   ParameterTable& mutable_parameters() { return table_; }
   const std::vector<WanBlock>& blocks() const { return blocks_; }
 
-  // The predicted flow [B, out_channels, T, H, W]. Checks every input's shape against the config.
-  Tensor forward(const WanInputs& inputs, const Stream& stream) const;
+  // The predicted flow [B, out_channels, T, H, W] in ctx.activations. Checks every input's shape
+  // against the config. prologue, every block through ctx's block hook, epilogue.
+  Tensor forward(const WanInputs& inputs, const Stream& stream, const ForwardContext& ctx = {}) const;
 
-  // The pieces of forward, for tests and the step cache of later issues:
-  // temb [B, D] = time_embedder(sinusoid(timestep)); timestep_proj [B, 6, D] = time_proj(SiLU(temb)).
-  std::pair<Tensor, Tensor> time_embedding(const Tensor& timestep, const Stream& stream) const;
-  Tensor text_embedding(const Tensor& encoder_hidden_states, const Stream& stream) const;  // [B, L_txt, D]
-  Tensor patch_embed(const Tensor& hidden_states, const Stream& stream) const;           // [B, L, D]
+  WanPrologue prologue(const WanInputs& inputs, const ForwardContext& ctx, const Stream& stream) const;
+  int block_count() const { return static_cast<int>(blocks_.size()); }
+  BlockIdentity block_identity(int index) const;
+  BlockState block(int index, const BlockState& in, const WanBlockInputs& shared, const ForwardContext& ctx,
+                   const Stream& stream) const;
+  Tensor epilogue(const BlockState& state, const WanPrologue& prologue, const Stream& stream) const;
+
+  // The pieces of the prologue:
+  // temb [B, D] = time_embedder(sinusoid(timestep)); timestep_proj [B, 6, D] = time_proj(SiLU(temb)),
+  // temb in f32 and cast to `activations` as diffusers does (its time embedder stays f32).
+  std::pair<Tensor, Tensor> time_embedding(const Tensor& timestep, const Stream& stream, DType activations = DType::f32) const;
+  Tensor text_embedding(const Tensor& encoder_hidden_states, const Stream& stream, DType activations = DType::f32) const;  // [B, L_txt, D]
+  Tensor patch_embed(const Tensor& hidden_states, const Stream& stream, DType activations = DType::f32) const;          // [B, L, D]
   // The output head and unpatchify: h [B, L, D], temb [B, D] -> [B, out_channels, T, H, W].
   Tensor head(const Tensor& h, const Tensor& temb, int64_t frames, int64_t height, int64_t width,
               const Stream& stream) const;
+  const RopeCache& rope_cache() const { return rope_cache_; }
 
  private:
   WanConfig config_;
@@ -110,6 +138,7 @@ class WanTransformer3DModel {
   std::vector<WanBlock> blocks_;
   Tensor scale_shift_table_;  // [1, 2, D]: shift, scale of the output head
   Linear proj_out_;
+  RopeCache rope_cache_;
 };
 
 }  // namespace cubevec::models

@@ -100,8 +100,14 @@ void gemm_reference(const gemm::Problem& p) {
         sum = 0.5 * sum * (1.0 + std::tanh(0.7978845608028654 * (sum + 0.044715 * sum * sum * sum)));
       else if (ep.activation == gemm::Activation::silu)
         sum = sum / (1.0 + std::exp(-sum));
-      if (ep.residual) sum = ep.residual[i * ep.ld_residual + j] + (ep.gate ? ep.gate[j] : 1.0) * sum;
+      if (ep.residual) {
+        const int64_t r = i * ep.ld_residual + j;
+        const double res = ep.residual_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(ep.residual)[r])
+                                            : static_cast<const float*>(ep.residual)[r];
+        sum = res + (ep.gate ? ep.gate[j] : 1.0) * sum;
+      }
       p.c[i * p.ldc + j] = static_cast<float>(sum);
+      if (ep.out_bf16) ep.out_bf16[i * ep.ld_out + j] = f32_to_bf16(static_cast<float>(sum));
     }
 }
 
@@ -132,8 +138,11 @@ std::vector<Tensor> epilogue_reads(const MatmulOptions& o, const Shape& c_shape,
     check_vector(o.gate, n, "gate");
     reads.push_back(o.gate);
   }
+  if (o.out != DType::f32 && o.out != DType::bf16)
+    throw Error(std::string(op) + ": the output dtype must be f32 or bf16, got " + std::string(dtype_name(o.out)));
   if (o.residual.defined()) {
-    require_contiguous_f32(o.residual, op, "residual");
+    if (!o.residual.is_contiguous() || (o.residual.dtype() != DType::f32 && o.residual.dtype() != DType::bf16))
+      throw Error(std::string(op) + ": residual must be a contiguous f32 or bf16 tensor, got " + o.residual.describe());
     if (o.residual.shape() != c_shape)
       throw Error(std::string(op) + ": residual must have shape " + shape_to_string(c_shape) + ", got " +
                   shape_to_string(o.residual.shape()));
@@ -160,6 +169,40 @@ const float* f32_ptr(const Tensor& t) {
   return t.defined() ? reinterpret_cast<const float*>(t.unsynchronized_data_ptr()) : nullptr;
 }
 
+// The epilogue of one GEMM whose C (f32) starts at element `c_offset` of the call's result: the
+// residual at the same offset; with a bf16 result, C is an f32 scratch and the values go to `out`.
+gemm::Epilogue epilogue_of(const MatmulOptions& o, int64_t n, int64_t c_offset, const Tensor& out) {
+  gemm::Epilogue ep;
+  ep.bias = f32_ptr(o.bias);
+  ep.activation = o.activation;
+  if (o.residual.defined()) {
+    ep.residual = o.residual.unsynchronized_data_ptr() + c_offset * static_cast<int64_t>(o.residual.itemsize());
+    ep.residual_bf16 = o.residual.dtype() == DType::bf16;
+    ep.ld_residual = n;
+  }
+  ep.gate = f32_ptr(o.gate);
+  if (out.dtype() == DType::bf16) {
+    ep.out_bf16 = reinterpret_cast<uint16_t*>(out.unsynchronized_data_ptr()) + c_offset;
+    ep.ld_out = n;
+  }
+  return ep;
+}
+
+// Where C goes: the result itself (f32), or an f32 scratch from the caching allocator (bf16 result).
+struct Accumulator {
+  explicit Accumulator(const Tensor& out, int64_t elements)
+      : scratch(out.dtype() == DType::f32 ? nullptr
+                                          : static_cast<float*>(default_allocator().allocate(static_cast<std::size_t>(elements) * 4))),
+        c(scratch ? scratch : reinterpret_cast<float*>(out.unsynchronized_data_ptr())) {}
+  ~Accumulator() {
+    if (scratch) default_allocator().deallocate(scratch);
+  }
+  Accumulator(const Accumulator&) = delete;
+  Accumulator& operator=(const Accumulator&) = delete;
+  float* scratch;
+  float* c;
+};
+
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& o, const Stream& stream) {
@@ -178,9 +221,9 @@ Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& o, const St
   std::vector<Tensor> reads = epilogue_reads(o, {m, n}, n, "matmul");
   reads.push_back(a);
   reads.push_back(b);
-  Tensor c = stream.device().empty({m, n}, DType::f32, stream);
+  Tensor c = stream.device().empty({m, n}, o.out, stream);
   const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  const double bytes = static_cast<double>(a.nbytes() + b.nbytes()) + 4.0 * static_cast<double>(m * n * (o.residual.defined() ? 2 : 1));
+  const double bytes = static_cast<double>(a.nbytes() + b.nbytes() + c.nbytes() + (o.residual.defined() ? o.residual.nbytes() : 0));
   if (o.backend == GemmBackend::openblas) make_openblas_single_threaded();
   const std::string name = "matmul_" + std::string(gemm_backend_name(o.backend)) + (o.compute == DType::bf16 ? "_bf16" : "");
   stream.launch({name, Unit::cube, flops, bytes, o.compute}, reads, {c}, [a, b, c, o, m, n, k] {
@@ -189,9 +232,10 @@ Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& o, const St
     p.a = a.unsynchronized_data_ptr(), p.lda = k, p.a_type = element_of(a);
     p.b = b.unsynchronized_data_ptr(), p.ldb = o.b_is_weight ? k : n, p.b_type = element_of(b);
     p.trans_b = o.b_is_weight;
-    p.c = reinterpret_cast<float*>(c.unsynchronized_data_ptr()), p.ldc = n;
+    const Accumulator acc(c, m * n);
+    p.c = acc.c, p.ldc = n;
     p.compute = o.compute == DType::bf16 ? gemm::Element::bf16 : gemm::Element::f32;
-    p.epilogue = {f32_ptr(o.bias), o.activation, f32_ptr(o.residual), n, f32_ptr(o.gate)};
+    p.epilogue = epilogue_of(o, n, 0, c);
     p.packed_b = o.packed_weight.get();
     run_gemm(p, o.backend, tbb::this_task_arena::max_concurrency());
   });
@@ -226,25 +270,25 @@ Tensor bmm(const Tensor& a, const Tensor& b, const MatmulOptions& o, const Strea
   std::vector<Tensor> reads = epilogue_reads(o, {batches, m, n}, n, "bmm");
   reads.push_back(a);
   reads.push_back(b);
-  Tensor c = stream.device().empty({batches, m, n}, DType::f32, stream);
+  Tensor c = stream.device().empty({batches, m, n}, o.out, stream);
   const double flops = 2.0 * static_cast<double>(batches * m) * static_cast<double>(n) * static_cast<double>(k);
-  const double bytes = static_cast<double>(a.nbytes() + b.nbytes()) + 4.0 * static_cast<double>(batches * m * n);
+  const double bytes = static_cast<double>(a.nbytes() + b.nbytes() + c.nbytes());
   if (o.backend == GemmBackend::openblas) make_openblas_single_threaded();
   const std::string name = "bmm_" + std::string(gemm_backend_name(o.backend)) + (o.compute == DType::bf16 ? "_bf16" : "");
   stream.launch({name, Unit::cube, flops, bytes, o.compute}, reads, {c}, [a, b, c, o, batches, m, n, k, shared_b] {
     const int threads = tbb::this_task_arena::max_concurrency();
     // Many small batches: one batch per task; few large ones: each GEMM uses every thread.
     const bool across_batches = batches >= threads;
+    const Accumulator acc(c, batches * m * n);
     const auto one_batch = [&](int64_t i) {
       gemm::Problem p;
       p.m = m, p.n = n, p.k = k;
       p.a = a.unsynchronized_data_ptr() + i * m * k * static_cast<int64_t>(a.itemsize()), p.lda = k, p.a_type = element_of(a);
       p.b = b.unsynchronized_data_ptr() + (shared_b ? 0 : i * n * k * static_cast<int64_t>(b.itemsize()));
       p.ldb = o.b_is_weight ? k : n, p.b_type = element_of(b), p.trans_b = o.b_is_weight;
-      p.c = reinterpret_cast<float*>(c.unsynchronized_data_ptr()) + i * m * n, p.ldc = n;
+      p.c = acc.c + i * m * n, p.ldc = n;
       p.compute = o.compute == DType::bf16 ? gemm::Element::bf16 : gemm::Element::f32;
-      const float* residual = f32_ptr(o.residual);
-      p.epilogue = {f32_ptr(o.bias), o.activation, residual ? residual + i * m * n : nullptr, n, f32_ptr(o.gate)};
+      p.epilogue = epilogue_of(o, n, i * m * n, c);
       run_gemm(p, o.backend, across_batches ? 1 : threads);
     };
     if (across_batches) tbb::parallel_for(int64_t{0}, batches, one_batch);
@@ -258,7 +302,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const S
   if (x.dim() < 1) throw Error("linear: x must have at least one dimension, got a scalar");
   const int64_t k = x.size(-1);
   Shape out_shape = x.shape();
-  const Tensor y = matmul(x.view({-1, k}), weight, {.bias = bias, .b_is_weight = true}, stream);
+  const Tensor y = matmul(x.view({-1, k}), weight, {.bias = bias, .b_is_weight = true, .out = x.dtype()}, stream);
   out_shape.back() = y.size(1);
   return y.view(out_shape);
 }

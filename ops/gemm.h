@@ -25,7 +25,7 @@ using GemmActivation = gemm::Activation;
 struct MatmulOptions {
   Tensor bias{};                    // [N]
   GemmActivation activation = GemmActivation::none;
-  Tensor residual{};                // [M, N]
+  Tensor residual{};                // [M, N], f32 or bf16
   Tensor gate{};                    // [N]; needs residual
   bool b_is_weight = false;         // b is W [N, K] and C = A W^T (PyTorch's Linear layout)
   // f32, or bf16: inputs rounded to bf16, products summed in f32 (cubevec and reference backends).
@@ -33,6 +33,8 @@ struct MatmulOptions {
   GemmBackend backend = GemmBackend::cubevec;
   // b already packed by pack_weight (cubevec backend): the GEMM skips packing it on every call.
   std::shared_ptr<const gemm::PackedB> packed_weight{};
+  // The result's dtype: f32, or bf16 (summed in f32, the epilogue applied in f32, rounded once).
+  DType out = DType::f32;
 };
 
 // Packs a weight W [N, K] (b_is_weight layout, f32 or bf16) once for matmul with `compute`, on the
@@ -40,17 +42,17 @@ struct MatmulOptions {
 std::shared_ptr<const gemm::PackedB> pack_weight(const Tensor& weight, DType compute = DType::f32);
 
 // A contiguous [M, K]; B contiguous [K, N] (or [N, K] with b_is_weight); each f32 or bf16 (bf16
-// inputs need the cubevec or reference backend). The result is f32 [M, N]. Runs on the Cube unit
-// of `stream`'s device.
+// inputs need the cubevec or reference backend). The result is [M, N] of dtype options.out. Runs on
+// the Cube unit of `stream`'s device.
 Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& options = {},
               const Stream& stream = default_op_stream());
 
-// Batched: a [Bt, M, K] with b [Bt, K, N] (or one b [K, N] shared by every batch), f32 [Bt, M, N].
+// Batched: a [Bt, M, K] with b [Bt, K, N] (or one b [K, N] shared by every batch) -> [Bt, M, N].
 // Epilogue tensors (bias, gate: [N]; residual: [Bt, M, N]) apply to every batch.
 Tensor bmm(const Tensor& a, const Tensor& b, const MatmulOptions& options = {},
            const Stream& stream = default_op_stream());
 
-// PyTorch's Linear: x [..., K], weight [N, K], bias [N] -> [..., N].
+// PyTorch's Linear: x [..., K], weight [N, K], bias [N] -> [..., N] in x's dtype.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, const Stream& stream = default_op_stream());
 
 // The plain loop behind GemmBackend::reference (epilogue included), for tests and as the oracle.

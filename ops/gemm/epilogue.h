@@ -1,6 +1,7 @@
 // What a GEMM does to its result before storing it, fused into the Cube kernel:
-//   x = A B (+ bias[j]);  x = act(x);  if residual: x = residual[i][j] + (gate ? gate[j] : 1) * x.
-// The last form is the gated residual add of DiT blocks (hidden + gate * attn_out).
+//   x = A B (+ bias[j]);  x = act(x);  if residual: x = residual[i][j] + (gate ? gate[j] : 1) * x;
+//   then optionally x is stored as bf16 (rounded to nearest even) for a bf16 result.
+// The residual form is the gated residual add of DiT blocks (hidden + gate * attn_out).
 #pragma once
 
 #include <cstdint>
@@ -12,11 +13,16 @@ enum class Activation : uint8_t { none, gelu_tanh, silu };
 struct Epilogue {
   const float* bias = nullptr;      // [N] or null
   Activation activation = Activation::none;
-  const float* residual = nullptr;  // [M, N] (ld_residual) or null
+  const void* residual = nullptr;   // [M, N] (ld_residual), f32 or (residual_bf16) bf16, or null
   int64_t ld_residual = 0;
   const float* gate = nullptr;      // [N] or null (only with residual)
+  bool residual_bf16 = false;
+  // When set, the finished values are also stored here rounded to bf16 (row stride ld_out, the same
+  // (i, j) coordinates as C): a bf16 result, with C serving as the f32 accumulator.
+  uint16_t* out_bf16 = nullptr;
+  int64_t ld_out = 0;
 
-  bool empty() const { return !bias && activation == Activation::none && !residual; }
+  bool empty() const { return !bias && activation == Activation::none && !residual && !out_bf16; }
 };
 
 // Applies `ep` to rows [0, rows) x columns [0, cols) of a tile whose top-left element is C[i0][j0].

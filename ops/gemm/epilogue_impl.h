@@ -4,6 +4,7 @@
 
 #include "ops/gemm/epilogue.h"
 #include "ops/vector_math.h"
+#include "tensor/half.h"
 
 namespace cubevec::ops::gemm {
 
@@ -18,11 +19,23 @@ static inline void apply_epilogue(const Epilogue& ep, float* c, int64_t ldc, int
     else if (ep.activation == Activation::silu)
       for (int64_t j = 0; j < cols; ++j) row[j] = vmath::silu(row[j]);
     if (ep.residual) {
-      const float* res = ep.residual + (i0 + r) * ep.ld_residual + j0;
-      if (ep.gate)
-        for (int64_t j = 0; j < cols; ++j) row[j] = res[j] + ep.gate[j0 + j] * row[j];
-      else
-        for (int64_t j = 0; j < cols; ++j) row[j] += res[j];
+      if (ep.residual_bf16) {
+        const uint16_t* res = static_cast<const uint16_t*>(ep.residual) + (i0 + r) * ep.ld_residual + j0;
+        if (ep.gate)
+          for (int64_t j = 0; j < cols; ++j) row[j] = bf16_to_f32(res[j]) + ep.gate[j0 + j] * row[j];
+        else
+          for (int64_t j = 0; j < cols; ++j) row[j] += bf16_to_f32(res[j]);
+      } else {
+        const float* res = static_cast<const float*>(ep.residual) + (i0 + r) * ep.ld_residual + j0;
+        if (ep.gate)
+          for (int64_t j = 0; j < cols; ++j) row[j] = res[j] + ep.gate[j0 + j] * row[j];
+        else
+          for (int64_t j = 0; j < cols; ++j) row[j] += res[j];
+      }
+    }
+    if (ep.out_bf16) {
+      uint16_t* out = ep.out_bf16 + (i0 + r) * ep.ld_out + j0;
+      for (int64_t j = 0; j < cols; ++j) out[j] = f32_to_bf16(row[j]);
     }
   }
 }

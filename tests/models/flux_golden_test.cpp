@@ -41,7 +41,7 @@ const models::FluxTransformer2DModel& tiny(const std::string& dir) {
 
 TEST(FluxGolden, RopeTablesAndSinusoid) {
   for (const auto& [name, axes] : {std::pair<std::string, std::vector<int64_t>>{"rope", {4, 6, 6}}, {"rope_axes_2_2_4", {2, 2, 4}}}) {
-    const models::RopeTable t = models::flux_rope(golden(name + ".ids"), axes);
+    const models::RopeTable t = models::axial_rope(golden(name + ".ids"), axes);
     expect_close_rel(t.cos, golden(name + ".cos"), 0, name + " cos", 1e-6);
     expect_close_rel(t.sin, golden(name + ".sin"), 0, name + " sin", 1e-6);
   }
@@ -54,15 +54,17 @@ TEST(FluxGolden, DoubleAndSingleBlocks) {
   const Stream s = ops::default_op_stream();
   const Tensor silu = ops::activation(golden("double_block.temb"), ops::Activation::silu, s);
   const models::RopeTable rope{golden("double_block.cos"), golden("double_block.sin")};
-  const auto [h, c] = model.double_blocks()[1].forward(golden("double_block.hidden_states"),
-                                                       golden("double_block.encoder_hidden_states"), silu, rope, s);
+  const models::BlockState out1 = model.double_blocks()[1].forward(
+      {golden("double_block.hidden_states"), golden("double_block.encoder_hidden_states")}, {silu, rope}, {}, s);
+  const Tensor h = out1.hidden, c = out1.encoder;
   expect_close_rel(h, golden("double_block.expected_hidden_states"), 1e-4, "double block hidden");
   expect_close_rel(c, golden("double_block.expected_encoder_hidden_states"), 1e-4, "double block context");
 
   const Tensor silu1 = ops::activation(golden("single_block.temb"), ops::Activation::silu, s);
   const Tensor ctx = golden("single_block.encoder_hidden_states"), hid = golden("single_block.hidden_states");
-  const Tensor out = model.single_blocks()[0].forward(ops::concat({ctx, hid}, 1, s), silu1,
-                                                      {golden("single_block.cos"), golden("single_block.sin")}, s);
+  const models::BlockState single = model.single_blocks()[0].forward(
+      {hid, ctx}, {silu1, {golden("single_block.cos"), golden("single_block.sin")}}, {}, s);
+  const Tensor out = ops::concat({single.encoder, single.hidden}, 1, s);
   expect_close_rel(out.narrow(1, ctx.size(1), hid.size(1)), golden("single_block.expected_hidden_states"), 1e-4, "single hidden");
   expect_close_rel(out.narrow(1, 0, ctx.size(1)), golden("single_block.expected_encoder_hidden_states"), 1e-4, "single context");
 }

@@ -74,10 +74,11 @@ TEST(WanGolden, Blocks) {
   const Stream s = ops::default_op_stream();
   const models::RopeTable rope{golden("rope.cos"), golden("rope.sin")};
   const Tensor ctx = golden("transformer.context"), proj = golden("transformer.timestep_proj");
-  const Tensor out0 = tiny().blocks()[0].forward(golden("block0.hidden_states"), ctx, proj, rope, s);
+  const models::WanBlockInputs shared{ctx, proj, rope};
+  const Tensor out0 = tiny().blocks()[0].forward({golden("block0.hidden_states"), {}}, shared, {}, s).hidden;
   expect_close_rel(out0, golden("block0.out"), 1e-4, "block 0");
   // Block 1 from the reference's block-0 output, so each block is checked on its own.
-  expect_close_rel(tiny().blocks()[1].forward(golden("block0.out"), ctx, proj, rope, s), golden("block1.out"), 1e-4, "block 1");
+  expect_close_rel(tiny().blocks()[1].forward({golden("block0.out"), {}}, shared, {}, s).hidden, golden("block1.out"), 1e-4, "block 1");
 }
 
 TEST(WanGolden, WholeTransformer) {

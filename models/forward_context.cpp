@@ -1,0 +1,18 @@
+#include "models/forward_context.h"
+
+#include "ops/attention.h"
+#include "tensor/error.h"
+
+namespace cubevec::models {
+
+Tensor dense_attention(const AttentionQkv& qkv, const Stream& stream) {
+  const Tensor o = ops::attention_forward(qkv.q, qkv.k, qkv.v, {}, stream);
+  return o.reshape({o.size(0), o.size(1), o.size(2) * o.size(3)});
+}
+
+void check_activation_dtype(DType activations) {
+  if (activations != DType::f32 && activations != DType::bf16)
+    throw Error("the activation dtype must be f32 or bf16, got " + std::string(dtype_name(activations)));
+}
+
+}  // namespace cubevec::models
