@@ -1,6 +1,7 @@
 #include "pipelines/flow_match.h"
 
 #include <cmath>
+#include <cstdio>
 
 #include "ops/vector_ops.h"
 #include "tensor/config_reader.h"
@@ -129,7 +130,17 @@ Tensor FlowMatchEulerScheduler::step(const Tensor& v, const Tensor& x, const Str
                 shape_to_string(x.shape()) + " must have the same shape");
   const float dt = sigmas_[static_cast<std::size_t>(step_index_) + 1] - sigmas_[static_cast<std::size_t>(step_index_)];
   ++step_index_;
-  return ops::muls_add(v, x, dt, stream);
+  const Tensor x32 = ops::cast(x, DType::f32, stream);
+  if (v.dtype() == DType::f32) return ops::muls_add(v, x32, dt, stream);
+  // diffusers with a bf16 model: prev = sample.float() + dt * v, where dt * v is a bf16 product.
+  const Tensor delta = ops::muls_add(v, Tensor::zeros(v.shape(), v.dtype()), dt, stream);
+  return ops::add(x32, ops::cast(delta, DType::f32, stream), stream);
+}
+
+std::string FlowMatchEulerScheduler::name() const {
+  char text[96];
+  std::snprintf(text, sizeof text, "FlowMatch Euler (shift %g%s)", config_.shift, config_.use_dynamic_shifting ? ", dynamic" : "");
+  return text;
 }
 
 }  // namespace cubevec::pipelines

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "pipelines/scheduler.h"
 #include "tensor/tensor.h"
 #include "device/stream.h"
 
@@ -34,9 +35,11 @@ struct FlowMatchConfig {
 // (max_image_seq_len, max_shift).
 double flux_mu(const FlowMatchConfig& config, int64_t image_seq_len);
 
-class FlowMatchEulerScheduler {
+class FlowMatchEulerScheduler : public Scheduler {
  public:
   explicit FlowMatchEulerScheduler(FlowMatchConfig config);
+
+  std::string name() const override;  // "FlowMatch Euler (shift 3, dynamic)"
 
   const FlowMatchConfig& config() const { return config_; }
 
@@ -50,14 +53,14 @@ class FlowMatchEulerScheduler {
   // Flux's schedule for `steps` steps at this image sequence length.
   void set_flux_timesteps(int steps, int64_t image_seq_len);
 
-  const std::vector<float>& sigmas() const { return sigmas_; }        // steps + 1, ending at 0
-  const std::vector<float>& timesteps() const { return timesteps_; }  // steps: sigma * 1000
-  int steps() const { return static_cast<int>(timesteps_.size()); }
+  const std::vector<float>& sigmas() const override { return sigmas_; }        // steps + 1, ending at 0
+  const std::vector<float>& timesteps() const override { return timesteps_; }  // steps: sigma * 1000
   int step_index() const { return step_index_; }
 
-  // Euler: x + (sigma[i+1] - sigma[i]) * v (f32), then the step index moves on. Throws past the
-  // last step or on mismatched shapes.
-  Tensor step(const Tensor& v, const Tensor& x, const Stream& stream);
+  // Euler: x + (sigma[i+1] - sigma[i]) * v (f32), then the step index moves on. A bf16 v is
+  // stepped as diffusers' bf16 run does it: the product dt * v is rounded to bf16 before the f32
+  // add. Throws past the last step or on mismatched shapes.
+  Tensor step(const Tensor& v, const Tensor& x, const Stream& stream) override;
 
  private:
   // Shifts float32 sigmas (in float32, unless already shifted), appends the final 0, derives the timesteps.

@@ -2,10 +2,12 @@
 
 #include <chrono>
 #include <filesystem>
+#include <optional>
 
 #include "ops/vector_ops.h"
 #include "pipelines/noise.h"
 #include "tensor/error.h"
+#include "tensor/half.h"
 
 namespace cubevec::pipelines {
 
@@ -33,11 +35,11 @@ FluxT2IPipeline::FluxT2IPipeline(std::unique_ptr<models::FluxTransformer2DModel>
                 std::to_string(transformer_->config().in_channels) + " input channels (expected 4 x latent channels)");
 }
 
-FluxT2IPipeline FluxT2IPipeline::load(const std::string& dir, DType dtype) {
+FluxT2IPipeline FluxT2IPipeline::load(const std::string& dir, DType dtype, const std::string& variant) {
   if (!std::filesystem::is_directory(dir + "/transformer"))
     throw Error(dir + ": not a diffusers Flux model directory (expected transformer/, vae/ and scheduler/)");
-  auto vae = std::make_unique<models::AutoencoderKLDecoder>(models::load_autoencoder_kl(dir + "/vae", DType::f32));
-  return FluxT2IPipeline(models::FluxTransformer2DModel::load(dir + "/transformer", dtype), std::move(vae), scheduler_of(dir));
+  auto vae = std::make_unique<models::AutoencoderKLDecoder>(models::load_autoencoder_kl(dir + "/vae", DType::f32, variant));
+  return FluxT2IPipeline(models::FluxTransformer2DModel::load(dir + "/transformer", dtype, variant), std::move(vae), scheduler_of(dir));
 }
 
 FluxT2IPipeline FluxT2IPipeline::load_meta(const std::string& dir, DType dtype) {
@@ -63,8 +65,52 @@ void FluxT2IPipeline::check(const T2IOptions& o, bool have_negative) const {
     throw Error("--cfg " + std::string(cfg_mode_name(o.cfg)) + " needs negative embeddings (a negative prompt)");
 }
 
-Tensor FluxT2IPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddings* neg, const T2IOptions& o,
-                                Device& device, const StepCallback& on_step, T2ITimings& timings) const {
+namespace {
+
+// The Flux transformer as the loop sees it: packed latents in, packed velocity out. diffusers passes
+// t / 1000 and the model multiplies by 1000 again (in bf16 both in bf16, as diffusers' bf16 run).
+class FluxDenoiser : public Denoiser {
+ public:
+  FluxDenoiser(const models::FluxTransformer2DModel& model, models::FluxInputs cond, std::optional<models::FluxInputs> uncond,
+               double guidance)
+      : model_(model), cond_(std::move(cond)), uncond_(std::move(uncond)), guidance_(static_cast<float>(guidance)) {}
+
+  bool has_uncond() const override { return uncond_.has_value(); }
+
+  Tensor predict(const Tensor& latents, const models::ForwardContext& ctx, const Stream& s) override {
+    const models::CfgBranch branch = ctx.step.branch;
+    const int batch = branch == models::CfgBranch::both ? 2 : 1;
+    if (branch != models::CfgBranch::cond && !uncond_) throw Error("the unconditional branch needs negative embeddings");
+    models::FluxInputs in = branch == models::CfgBranch::uncond ? *uncond_ : cond_;
+    if (branch == models::CfgBranch::both) {
+      if (!both_) {
+        both_ = cond_;
+        both_->encoder_hidden_states = ops::concat({cond_.encoder_hidden_states, uncond_->encoder_hidden_states}, 0, s);
+        both_->pooled_projections = ops::concat({cond_.pooled_projections, uncond_->pooled_projections}, 0, s);
+      }
+      in = *both_;
+      in.hidden_states = ops::concat({latents, latents}, 0, s);
+    } else {
+      in.hidden_states = latents;
+    }
+    float t = ctx.step.timestep / 1000.0f;
+    if (ctx.activations == DType::bf16) t = bf16_to_f32(f32_to_bf16(bf16_to_f32(f32_to_bf16(ctx.step.timestep)) / 1000.0f));
+    in.timestep = filled(batch, t);
+    if (model_.config().guidance_embeds) in.guidance = filled(batch, guidance_);
+    return model_.forward(in, s, ctx);
+  }
+
+ private:
+  const models::FluxTransformer2DModel& model_;
+  models::FluxInputs cond_;
+  std::optional<models::FluxInputs> uncond_, both_;
+  float guidance_;
+};
+
+}  // namespace
+
+Tensor FluxT2IPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddings* neg, const T2IOptions& o, Device& device,
+                                const StepCallback& on_step, T2ITimings& timings, StageList* stages) const {
   const models::FluxConfig& c = transformer_->config();
   check(o, neg != nullptr);
   const int64_t multiple = size_multiple();
@@ -88,66 +134,24 @@ Tensor FluxT2IPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddi
   if (o.initial_noise.defined() && o.initial_noise.shape() != Shape{1, channels, lh, lw})
     throw Error("initial noise must be " + shape_to_string(Shape{1, channels, lh, lw}) + " for a " + std::to_string(o.width) + "x" +
                 std::to_string(o.height) + " image, got " + shape_to_string(o.initial_noise.shape()));
-  Tensor latents = models::pack_latents(o.initial_noise.defined() ? o.initial_noise : gaussian_noise({1, channels, lh, lw}, o.seed), main);
+  const Tensor noise = models::pack_latents(o.initial_noise.defined() ? o.initial_noise : gaussian_noise({1, channels, lh, lw}, o.seed), main);
   FlowMatchEulerScheduler scheduler(scheduler_);
   scheduler.set_flux_timesteps(o.steps, tokens);
-  const Tensor img_ids = models::flux_image_ids(lh, lw);
-  auto txt_ids = [](const PromptEmbeddings& e) { return Tensor::zeros({e.sequence.size(1), 3}, DType::f32); };
 
-  const int batch = o.cfg == CfgMode::fused ? 2 : 1;
-  models::FluxInputs base;
-  base.img_ids = img_ids;
-  base.txt_ids = txt_ids(pos);
-  if (o.cfg == CfgMode::fused) {
-    base.encoder_hidden_states = ops::concat({pos.sequence, neg->sequence}, 0, main);
-    base.pooled_projections = ops::concat({pos.pooled, neg->pooled}, 0, main);
-  } else {
-    base.encoder_hidden_states = pos.sequence;
-    base.pooled_projections = pos.pooled;
-  }
-  models::FluxInputs negative_inputs;
-  Stream side = main;
-  if (o.cfg == CfgMode::streams) {
-    side = device.named_stream("t2i.uncond");
-    negative_inputs.img_ids = img_ids;
-    negative_inputs.txt_ids = txt_ids(*neg);
-    negative_inputs.encoder_hidden_states = neg->sequence;
-    negative_inputs.pooled_projections = neg->pooled;
-  }
-  const auto cfg_scale = static_cast<float>(o.cfg_scale);
-  DenoiseTimer timer(device, timings, on_step);
-  for (int i = 0; i < o.steps; ++i) {
-    timer.begin_step();
-    // diffusers passes t / 1000 (= sigma) and the model multiplies by 1000 again.
-    const float t = scheduler.timesteps()[static_cast<std::size_t>(i)] / 1000.0f;
-    models::FluxInputs in = base;
-    in.timestep = filled(batch, t);
-    if (c.guidance_embeds) in.guidance = filled(batch, static_cast<float>(o.guidance));
-    Tensor v;
-    if (o.cfg == CfgMode::off) {
-      in.hidden_states = latents;
-      v = transformer_->forward(in, main);
-    } else if (o.cfg == CfgMode::fused) {
-      in.hidden_states = ops::concat({latents, latents}, 0, main);
-      const Tensor both = transformer_->forward(in, main);
-      const Tensor vp = both.narrow(0, 0, 1), vn = both.narrow(0, 1, 1);
-      v = ops::muls_add(ops::sub(vp, vn, main), ops::contiguous(vn, main), cfg_scale, main);
-    } else {
-      // cond on the main stream, uncond on the side stream: the two forwards overlap on the units.
-      models::FluxInputs un = negative_inputs;
-      un.timestep = in.timestep;
-      un.guidance = in.guidance;
-      un.hidden_states = latents;
-      in.hidden_states = latents;
-      const Tensor vn = transformer_->forward(un, side);
-      const Tensor vp = transformer_->forward(in, main);
-      v = ops::muls_add(ops::sub(vp, vn, main), vn, cfg_scale, main);  // the device orders main after side
-    }
-    latents = scheduler.step(v, latents, main);
-    timer.end_step(i + 1, o.steps, latents);
-  }
-  timer.finish();
-  return latents;
+  const Tensor img_ids = models::flux_image_ids(lh, lw);
+  auto inputs_of = [&](const PromptEmbeddings& e) {
+    models::FluxInputs in;
+    in.img_ids = img_ids;
+    in.txt_ids = Tensor::zeros({e.sequence.size(1), 3}, DType::f32);
+    in.encoder_hidden_states = e.sequence;
+    in.pooled_projections = e.pooled;
+    return in;
+  };
+  FluxDenoiser denoiser(*transformer_, inputs_of(pos), neg ? std::optional(inputs_of(*neg)) : std::nullopt, o.guidance);
+  const std::unique_ptr<Guidance> guidance = make_guidance(o.cfg, o.cfg_scale, "t2i.uncond");
+  StageList none;
+  return run_denoising_loop(denoiser, scheduler, *guidance, stages ? *stages : none, noise,
+                            {o.activations, transformer_->block_count()}, device, on_step, timings);
 }
 
 Tensor FluxT2IPipeline::decode(const Tensor& packed, const T2IOptions& o, Device& device, T2ITimings& timings) const {

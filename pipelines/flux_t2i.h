@@ -28,6 +28,8 @@ struct T2IOptions {
   // When defined, [1, C, H/upscale, W/upscale] noise used instead of the seeded generator's (for
   // parity runs against another implementation, which cannot share our generator).
   Tensor initial_noise{};
+  // The transformer's activations: f32, or bf16 (with f32 accumulation) as diffusers' bf16 run.
+  DType activations = DType::f32;
 };
 
 class FluxT2IPipeline {
@@ -37,12 +39,14 @@ class FluxT2IPipeline {
 
   // A diffusers model directory: transformer/, vae/, scheduler/ (scheduler_config.json; FLUX.1-dev's
   // settings when absent). The transformer's matrices are stored as `dtype`; the VAE is f32.
-  static FluxT2IPipeline load(const std::string& model_dir, DType dtype = DType::f32);
+  // `variant` picks diffusion_pytorch_model.<variant>.safetensors (models/component.h).
+  static FluxT2IPipeline load(const std::string& model_dir, DType dtype = DType::f32, const std::string& variant = "");
   // The same with shape-only weights, for simulate mode: only the config files are read (the
   // VAE is skipped when vae/config.json is absent).
   static FluxT2IPipeline load_meta(const std::string& model_dir, DType dtype = DType::f32);
 
   const models::FluxTransformer2DModel& transformer() const { return *transformer_; }
+  models::FluxTransformer2DModel& mutable_transformer() { return *transformer_; }
   const models::AutoencoderKLDecoder* vae() const { return vae_.get(); }
   const FlowMatchConfig& scheduler_config() const { return scheduler_; }
   // Pixels per packed latent token side: 2 x the VAE's upscale (16 for Flux; 8 without a VAE).
@@ -54,10 +58,11 @@ class FluxT2IPipeline {
   // Throws for options this model cannot honour (size, steps, CFG without negative embeddings...).
   void check(const T2IOptions& options, bool have_negative) const;
 
-  // Denoises from seeded noise to packed latents [1, N_img, in_channels] on `device`.
-  // `negative` is needed iff options.cfg is not off. Throws for options the model cannot honour.
+  // Denoises from seeded noise to packed latents [1, N_img, in_channels] (f32) on `device`, with the
+  // stages' plug points in every forward (none when `stages` is null). `negative` is needed iff
+  // options.cfg is not off. Throws for options the model cannot honour.
   Tensor denoise(const PromptEmbeddings& positive, const PromptEmbeddings* negative, const T2IOptions& options,
-                 Device& device, const StepCallback& on_step, T2ITimings& timings) const;
+                 Device& device, const StepCallback& on_step, T2ITimings& timings, StageList* stages = nullptr) const;
   // Packed latents -> image [1, 3, H, W] (unclamped, about [-1, 1]).
   Tensor decode(const Tensor& packed, const T2IOptions& options, Device& device, T2ITimings& timings) const;
 

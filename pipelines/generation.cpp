@@ -1,18 +1,9 @@
 #include "pipelines/generation.h"
 
-#include "tensor/enum_names.h"
+#include "ops/vector_ops.h"
 #include "tensor/error.h"
 
 namespace cubevec::pipelines {
-
-namespace {
-constexpr auto kCfgModeNames =
-    enum_names<CfgMode>("CFG mode", {{CfgMode::off, "off"}, {CfgMode::fused, "fused"}, {CfgMode::streams, "streams"}});
-}  // namespace
-
-CfgMode parse_cfg_mode(std::string_view name) { return kCfgModeNames.parse(name); }
-
-std::string_view cfg_mode_name(CfgMode mode) { return kCfgModeNames.name(mode); }
 
 DenoiseTimer::DenoiseTimer(Device& device, T2ITimings& timings, StepCallback on_step)
     : device_(device), timings_(timings), on_step_(std::move(on_step)), start_(std::chrono::steady_clock::now()),
@@ -34,6 +25,33 @@ void DenoiseTimer::end_step(int step, int steps, const Tensor& latents) {
 void DenoiseTimer::finish() {
   timings_.denoise_s = seconds_since(start_);
   timings_.modelled_denoise_s = device_.stats().modelled_makespan_s - modelled_start_;
+}
+
+Tensor round_to(const Tensor& x, DType dtype, const Stream& stream) {
+  if (dtype == DType::f32) return x;
+  return ops::cast(ops::cast(x, dtype, stream), DType::f32, stream);
+}
+
+Tensor run_denoising_loop(Denoiser& denoiser, Scheduler& scheduler, Guidance& guidance, StageList& stages,
+                          const Tensor& initial_latents, const LoopOptions& options, Device& device, const StepCallback& on_step,
+                          T2ITimings& timings) {
+  models::check_activation_dtype(options.activations);
+  const Stream main = device.default_stream();
+  const int steps = scheduler.steps();
+  Tensor latents = round_to(ops::cast(initial_latents, DType::f32, main), options.activations, main);
+  stages.begin_run({steps, options.blocks, guidance.branches(), device.simulate()});
+  DenoiseTimer timer(device, timings, on_step);
+  for (int i = 0; i < steps; ++i) {
+    timer.begin_step();
+    const models::StepInfo step{i, steps, scheduler.timesteps()[static_cast<std::size_t>(i)],
+                                scheduler.sigmas()[static_cast<std::size_t>(i)], models::CfgBranch::cond};
+    stages.before_step(step);
+    const Tensor v = guidance.velocity(denoiser, latents, stages.context(step, options.activations), device);
+    latents = round_to(scheduler.step(v, latents, main), options.activations, main);
+    timer.end_step(i + 1, steps, latents);
+  }
+  timer.finish();
+  return latents;
 }
 
 }  // namespace cubevec::pipelines

@@ -1,5 +1,5 @@
-// What every generation pipeline here (Flux t2i, Wan t2v) shares: how CFG runs, the timings it
-// reports, and the timer of its denoising loop.
+// What every generation pipeline here (Flux t2i, Wan t2v) shares: the timings it reports and the
+// one denoising loop (scheduler, guidance, stages) with its timer.
 #pragma once
 
 #include <chrono>
@@ -9,15 +9,13 @@
 #include <vector>
 
 #include "device/device.h"
+#include "pipelines/denoiser.h"
+#include "pipelines/guidance.h"
+#include "pipelines/scheduler.h"
+#include "pipelines/stage.h"
 #include "tensor/tensor.h"
 
 namespace cubevec::pipelines {
-
-// How classifier-free guidance runs: off (one forward per step), fused (cond and uncond as one
-// batch of 2), streams (cond and uncond forwards on two streams of the device, overlapping).
-enum class CfgMode { off, fused, streams };
-CfgMode parse_cfg_mode(std::string_view name);  // "off", "fused", "streams"
-std::string_view cfg_mode_name(CfgMode mode);
 
 struct T2ITimings {
   double denoise_s = 0, vae_s = 0;
@@ -50,5 +48,20 @@ class DenoiseTimer {
   std::chrono::steady_clock::time_point start_, step_start_;
   double modelled_start_ = 0, modelled_step_start_ = 0;
 };
+
+// The denoising loop every pipeline runs: from `initial_latents` (f32; rounded to `activations`
+// first, as diffusers draws bf16 noise), for each of the scheduler's steps: the stages' step
+// hooks, the guided velocity through `guidance` (every forward gets the stages' plug points), the
+// scheduler's update, the latents rounded to `activations` again. Returns the final latents (f32).
+struct LoopOptions {
+  DType activations = DType::f32;
+  int blocks = 0;  // the transformer's blocks per forward (for the stages)
+};
+Tensor run_denoising_loop(Denoiser& denoiser, Scheduler& scheduler, Guidance& guidance, StageList& stages,
+                          const Tensor& initial_latents, const LoopOptions& options, Device& device, const StepCallback& on_step,
+                          T2ITimings& timings);
+
+// `x` (f32) with its values rounded to `dtype` (f32: unchanged; bf16: to nearest even).
+Tensor round_to(const Tensor& x, DType dtype, const Stream& stream);
 
 }  // namespace cubevec::pipelines

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "ops/vector_ops.h"
@@ -126,7 +127,14 @@ float UniPCMultistepScheduler::lambda(int index) const {
   return std::log(1.0f - s) - std::log(s);
 }
 
-Tensor UniPCMultistepScheduler::step(const Tensor& model_output, const Tensor& sample, const Stream& stream) {
+std::string UniPCMultistepScheduler::name() const {
+  char text[96];
+  std::snprintf(text, sizeof text, "UniPC multistep (order %d, flow shift %g)", config_.solver_order, config_.flow_shift);
+  return text;
+}
+
+Tensor UniPCMultistepScheduler::step(const Tensor& output, const Tensor& sample, const Stream& stream) {
+  const Tensor model_output = output.dtype() == DType::bf16 ? ops::cast(output, DType::f32, stream) : output;
   const int i = step_index_;
   if (i >= steps())
     throw Error("UniPCMultistepScheduler: step " + std::to_string(i + 1) + " of " + std::to_string(steps()) +

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "device/stream.h"
+#include "pipelines/scheduler.h"
 #include "tensor/tensor.h"
 
 namespace cubevec::pipelines {
@@ -35,26 +36,27 @@ struct UniPCConfig {
   static UniPCConfig load(const std::string& path);
 };
 
-class UniPCMultistepScheduler {
+class UniPCMultistepScheduler : public Scheduler {
  public:
   explicit UniPCMultistepScheduler(UniPCConfig config);
+
+  std::string name() const override;  // "UniPC multistep (order 2, flow shift 3)"
 
   const UniPCConfig& config() const { return config_; }
 
   // diffusers' set_timesteps(N) (and set_begin_index(0)): resets the step index and the history.
   void set_timesteps(int steps);
 
-  const std::vector<float>& sigmas() const { return sigmas_; }  // steps + 1, ending at 0
+  const std::vector<float>& sigmas() const override { return sigmas_; }  // steps + 1, ending at 0
   // What the model is given: diffusers' int64 timesteps (truncated sigma * 1000), as float.
-  const std::vector<float>& timesteps() const { return timesteps_; }
-  int steps() const { return static_cast<int>(timesteps_.size()); }
+  const std::vector<float>& timesteps() const override { return timesteps_; }
   int step_index() const { return step_index_; }
 
   // One multistep UniPC step: the model output (flow velocity, f32) at `sample` (f32, the sample
   // the previous step returned, or the initial noise) to the sample at the next sigma. Corrects
   // `sample` with the previous step's state first (UniC), then predicts (UniP). Throws past the
-  // last step or on mismatched shapes / dtypes.
-  Tensor step(const Tensor& model_output, const Tensor& sample, const Stream& stream);
+  // last step or on mismatched shapes / dtypes. A bf16 model output is widened to f32 first.
+  Tensor step(const Tensor& model_output, const Tensor& sample, const Stream& stream) override;
 
  private:
   float lambda(int index) const;  // log(1 - sigma) - log(sigma), float32

@@ -30,32 +30,43 @@ WanSchedulerConfig scheduler_of(const std::string& model_dir) {
   return FlowMatchConfig::from_json(json, path);
 }
 
-// One denoising schedule, whichever scheduler runs it: the model's timesteps and the update.
-struct Schedule {
-  std::vector<float> timesteps;
-  std::function<Tensor(const Tensor& v, const Tensor& x, const Stream& stream)> step;
-};
+// The Wan transformer as the loop sees it: latents [1, C, T, H, W] in, the flow out; the raw
+// timestep (0..1000) goes to the model.
+class WanDenoiser : public Denoiser {
+ public:
+  WanDenoiser(const models::WanTransformer3DModel& model, Tensor cond, Tensor uncond)
+      : model_(model), cond_(std::move(cond)), uncond_(std::move(uncond)) {}
 
-Schedule make_schedule(const WanSchedulerConfig& config, int steps) {
-  if (const auto* unipc = std::get_if<UniPCConfig>(&config)) {
-    auto scheduler = std::make_shared<UniPCMultistepScheduler>(*unipc);
-    scheduler->set_timesteps(steps);
-    return {scheduler->timesteps(), [scheduler](const Tensor& v, const Tensor& x, const Stream& s) { return scheduler->step(v, x, s); }};
+  bool has_uncond() const override { return uncond_.defined(); }
+
+  Tensor predict(const Tensor& latents, const models::ForwardContext& ctx, const Stream& s) override {
+    const models::CfgBranch branch = ctx.step.branch;
+    if (branch != models::CfgBranch::cond && !uncond_.defined()) throw Error("the unconditional branch needs negative embeddings");
+    if (branch == models::CfgBranch::both) {
+      if (!both_.defined()) both_ = ops::concat({cond_, uncond_}, 0, s);
+      return model_.forward({ops::concat({latents, latents}, 0, s), filled(2, ctx.step.timestep), both_}, s, ctx);
+    }
+    return model_.forward({latents, filled(1, ctx.step.timestep), branch == models::CfgBranch::cond ? cond_ : uncond_}, s, ctx);
   }
-  auto scheduler = std::make_shared<FlowMatchEulerScheduler>(std::get<FlowMatchConfig>(config));
-  scheduler->set_timesteps(steps);  // Wan passes neither sigmas nor mu
-  return {scheduler->timesteps(), [scheduler](const Tensor& v, const Tensor& x, const Stream& s) { return scheduler->step(v, x, s); }};
-}
+
+ private:
+  const models::WanTransformer3DModel& model_;
+  Tensor cond_, uncond_, both_;
+};
 
 }  // namespace
 
-std::string scheduler_name(const WanSchedulerConfig& config) {
-  char text[96];
-  if (const auto* unipc = std::get_if<UniPCConfig>(&config))
-    std::snprintf(text, sizeof text, "UniPC multistep (order %d, flow shift %g)", static_cast<int>(unipc->solver_order), unipc->flow_shift);
-  else
-    std::snprintf(text, sizeof text, "FlowMatch Euler (shift %g)", std::get<FlowMatchConfig>(config).shift);
-  return text;
+std::string scheduler_name(const WanSchedulerConfig& config) { return make_scheduler(config, 1)->name(); }
+
+std::unique_ptr<Scheduler> make_scheduler(const WanSchedulerConfig& config, int steps) {
+  if (const auto* unipc = std::get_if<UniPCConfig>(&config)) {
+    auto scheduler = std::make_unique<UniPCMultistepScheduler>(*unipc);
+    scheduler->set_timesteps(steps);
+    return scheduler;
+  }
+  auto scheduler = std::make_unique<FlowMatchEulerScheduler>(std::get<FlowMatchConfig>(config));
+  scheduler->set_timesteps(steps);  // Wan passes neither sigmas nor mu
+  return scheduler;
 }
 
 WanT2VPipeline::WanT2VPipeline(std::unique_ptr<models::WanTransformer3DModel> transformer,
@@ -68,11 +79,11 @@ WanT2VPipeline::WanT2VPipeline(std::unique_ptr<models::WanTransformer3DModel> tr
     throw Error("the scheduler config uses dynamic shifting, which the Wan pipeline does not (it needs a fixed 'shift')");
 }
 
-WanT2VPipeline WanT2VPipeline::load(const std::string& dir, DType dtype) {
+WanT2VPipeline WanT2VPipeline::load(const std::string& dir, DType dtype, const std::string& variant) {
   if (!std::filesystem::is_directory(dir + "/transformer"))
     throw Error(dir + ": not a diffusers Wan model directory (expected transformer/, vae/ and scheduler/)");
-  auto vae = std::make_unique<models::AutoencoderKLWan>(models::load_autoencoder_kl_wan(dir + "/vae", DType::f32));
-  return WanT2VPipeline(models::WanTransformer3DModel::load(dir + "/transformer", dtype), std::move(vae), scheduler_of(dir));
+  auto vae = std::make_unique<models::AutoencoderKLWan>(models::load_autoencoder_kl_wan(dir + "/vae", DType::f32, variant));
+  return WanT2VPipeline(models::WanTransformer3DModel::load(dir + "/transformer", dtype, variant), std::move(vae), scheduler_of(dir));
 }
 
 WanT2VPipeline WanT2VPipeline::load_meta(const std::string& dir, DType dtype) {
@@ -99,7 +110,7 @@ void WanT2VPipeline::check(const T2VOptions& o, bool have_negative) const {
 }
 
 Tensor WanT2VPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddings* neg, const T2VOptions& o, Device& device,
-                               const StepCallback& on_step, T2ITimings& timings) const {
+                               const StepCallback& on_step, T2ITimings& timings, StageList* stages) const {
   const models::WanConfig& c = transformer_->config();
   check(o, neg != nullptr);
   for (const PromptEmbeddings* e : {&pos, neg})
@@ -115,35 +126,13 @@ Tensor WanT2VPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddin
   if (o.initial_noise.defined() && o.initial_noise.shape() != shape)
     throw Error("initial noise must be " + shape_to_string(shape) + " for " + std::to_string(o.frames) + " frames of " +
                 std::to_string(o.width) + "x" + std::to_string(o.height) + ", got " + shape_to_string(o.initial_noise.shape()));
-  Tensor latents = o.initial_noise.defined() ? o.initial_noise : gaussian_noise(shape, o.seed);
-  const Schedule schedule = make_schedule(scheduler_, o.steps);
-
-  const int batch = o.cfg == CfgMode::fused ? 2 : 1;
-  const Tensor text = o.cfg == CfgMode::fused ? ops::concat({pos.sequence, neg->sequence}, 0, main) : pos.sequence;
-  const Stream side = o.cfg == CfgMode::streams ? device.named_stream("t2v.uncond") : main;
-  const auto scale = static_cast<float>(o.guidance);
-  DenoiseTimer timer(device, timings, on_step);
-  for (int i = 0; i < o.steps; ++i) {
-    timer.begin_step();
-    const float t = schedule.timesteps[static_cast<std::size_t>(i)];  // raw, 0..1000 (UniPC: integers)
-    Tensor v;
-    if (o.cfg == CfgMode::off) {
-      v = transformer_->forward({latents, filled(1, t), text}, main);
-    } else if (o.cfg == CfgMode::fused) {
-      const Tensor both = transformer_->forward({ops::concat({latents, latents}, 0, main), filled(batch, t), text}, main);
-      const Tensor vc = both.narrow(0, 0, 1), vu = ops::contiguous(both.narrow(0, 1, 1), main);
-      v = ops::muls_add(ops::sub(vc, vu, main), vu, scale, main);
-    } else {
-      // The unconditional forward on the side stream overlaps the conditional one on the units.
-      const Tensor vu = transformer_->forward({latents, filled(1, t), neg->sequence}, side);
-      const Tensor vc = transformer_->forward({latents, filled(1, t), pos.sequence}, main);
-      v = ops::muls_add(ops::sub(vc, vu, main), vu, scale, main);
-    }
-    latents = schedule.step(v, latents, main);
-    timer.end_step(i + 1, o.steps, latents);
-  }
-  timer.finish();
-  return latents;
+  const Tensor noise = o.initial_noise.defined() ? o.initial_noise : gaussian_noise(shape, o.seed);
+  const std::unique_ptr<Scheduler> scheduler = make_scheduler(scheduler_, o.steps);
+  WanDenoiser denoiser(*transformer_, pos.sequence, neg ? neg->sequence : Tensor());
+  const std::unique_ptr<Guidance> guidance = make_guidance(o.cfg, o.guidance, "t2v.uncond");
+  StageList none;
+  return run_denoising_loop(denoiser, *scheduler, *guidance, stages ? *stages : none, noise,
+                            {o.activations, transformer_->block_count()}, device, on_step, timings);
 }
 
 void WanT2VPipeline::decode(const Tensor& latents, Device& device, const FrameSink& sink, T2ITimings& timings) const {

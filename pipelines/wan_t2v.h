@@ -28,13 +28,16 @@ struct T2VOptions {
   CfgMode cfg = CfgMode::fused;
   uint64_t seed = 0;
   Tensor initial_noise{};             // [1, C, T_lat, H/8, W/8] instead of the seeded noise (parity runs)
+  DType activations = DType::f32;     // the transformer's activations: f32 or bf16
 
   int64_t latent_frames() const { return (frames - 1) / 4 + 1; }
 };
 
 // The model's scheduler/scheduler_config.json: UniPC or FlowMatch Euler.
 using WanSchedulerConfig = std::variant<UniPCConfig, FlowMatchConfig>;
-std::string scheduler_name(const WanSchedulerConfig& config);  // e.g. "UniPC (order 2, flow shift 3)"
+std::string scheduler_name(const WanSchedulerConfig& config);  // e.g. "UniPC multistep (order 2, flow shift 3)"
+// A scheduler of that configuration with its timesteps set for `steps`.
+std::unique_ptr<Scheduler> make_scheduler(const WanSchedulerConfig& config, int steps);
 
 // Receives the decoded frames in order, a chunk at a time: [1, 3, f, H, W] f32 in [-1, 1].
 using FrameSink = std::function<void(const Tensor& frames)>;
@@ -47,21 +50,22 @@ class WanT2VPipeline {
   // A diffusers Wan directory: transformer/, vae/, scheduler/ (scheduler_config.json: UniPC or
   // FlowMatch Euler; UniPC with flow shift 3 when absent, as the Wan2.1 480p repos). The
   // transformer's matrices are stored as `dtype`; the VAE is f32.
-  static WanT2VPipeline load(const std::string& model_dir, DType dtype = DType::f32);
+  static WanT2VPipeline load(const std::string& model_dir, DType dtype = DType::f32, const std::string& variant = "");
   // Shape-only weights for simulate mode: only config files are read (no VAE without vae/config.json).
   static WanT2VPipeline load_meta(const std::string& model_dir, DType dtype = DType::f32);
 
   const models::WanTransformer3DModel& transformer() const { return *transformer_; }
+  models::WanTransformer3DModel& mutable_transformer() { return *transformer_; }
   const models::AutoencoderKLWan* vae() const { return vae_.get(); }
   const WanSchedulerConfig& scheduler_config() const { return scheduler_; }
 
   // Throws for options this model cannot honour (size, frame count, steps, CFG without a negative).
   void check(const T2VOptions& options, bool have_negative) const;
 
-  // Seeded noise -> latents [1, C, T_lat, H/8, W/8] on `device`. `negative` is needed iff options.cfg
-  // is not off.
+  // Seeded noise -> latents [1, C, T_lat, H/8, W/8] (f32) on `device`, with the stages' plug points in
+  // every forward (none when `stages` is null). `negative` is needed iff options.cfg is not off.
   Tensor denoise(const PromptEmbeddings& positive, const PromptEmbeddings* negative, const T2VOptions& options,
-                 Device& device, const StepCallback& on_step, T2ITimings& timings) const;
+                 Device& device, const StepCallback& on_step, T2ITimings& timings, StageList* stages = nullptr) const;
   // Latents -> frames through `sink` (1 + 4 (T_lat - 1) frames), one latent frame at a time.
   void decode(const Tensor& latents, Device& device, const FrameSink& sink, T2ITimings& timings) const;
 
