@@ -22,7 +22,8 @@ DeviceProfile GenerationFlags::profile(const DeviceFlags& device_flags) const {
 }
 
 void add_generation_flags(CLI::App& command, GenerationFlags& flags) {
-  command.add_option("--dtype", flags.dtype, "Transformer weights: f32 or bf16");
+  command.add_option("--dtype", flags.dtype, "Transformer precision: f32, or bf16 (bf16 weights and activations, f32 accumulation)");
+  command.add_option("--variant", flags.variant, "Read diffusion_pytorch_model.<variant>.safetensors (e.g. fp16, bf16)");
   command.add_option("--threads", flags.threads, "Cube-unit threads (same as --cube-threads)")->check(CLI::Range(1, 4096));
   command.add_flag("--simulate", flags.simulate, "Shape-only run on the device profile's modelled clock (reads config files only)");
   command.add_option("--json", flags.json_path, "Write the timings as JSON to this file");
@@ -53,25 +54,29 @@ std::string mib(std::size_t bytes) {
   return text;
 }
 
-pipelines::StepCallback progress_printer(const pipelines::T2ITimings& timings, bool simulate) {
-  return [&timings, simulate](int step, int steps, double seconds) {
+pipelines::StepCallback progress_printer(const pipelines::T2ITimings& timings, bool simulate, const pipelines::StageList* stages) {
+  return [&timings, simulate, stages](int step, int steps, double seconds) {
+    std::string skipped;
+    if (stages && !stages->empty() && !stages->step_counts().empty())
+      skipped = "  " + pipelines::StageList::skipped_text(stages->step_counts().back());
     if (simulate)
-      std::fprintf(stderr, "step %d/%d  modelled %.3f s/step\n", step, steps, timings.modelled_step_s.back());
+      std::fprintf(stderr, "step %d/%d  modelled %.3f s/step%s\n", step, steps, timings.modelled_step_s.back(), skipped.c_str());
     else
-      std::fprintf(stderr, "step %d/%d  %.2f s/step  ETA %.1f s\n", step, steps, seconds, mean(timings.step_s) * (steps - step));
+      std::fprintf(stderr, "step %d/%d  %.2f s/step  ETA %.1f s%s\n", step, steps, seconds, mean(timings.step_s) * (steps - step),
+                   skipped.c_str());
   };
 }
 
 void print_stage_table(const std::vector<StageTime>& stages, const pipelines::T2ITimings& timings, int steps,
                        const std::string& profile, const AllocatorStats& memory) {
-  std::fprintf(stderr, "\n%-22s %10s\n", "stage", "seconds");
+  std::fprintf(stderr, "\n%-28s %10s\n", "stage", "seconds");
   for (const StageTime& stage : stages) {
     if (stage.name == "denoising")
-      std::fprintf(stderr, "%-22s %10.3f   (%.3f s/step mean over %d steps)\n", "denoising", stage.seconds, mean(timings.step_s), steps);
+      std::fprintf(stderr, "%-28s %10.3f   (%.3f s/step mean over %d steps)\n", "denoising", stage.seconds, mean(timings.step_s), steps);
     else
-      std::fprintf(stderr, "%-22s %10.3f\n", stage.name.c_str(), stage.seconds);
+      std::fprintf(stderr, "%-28s %10.3f\n", stage.name.c_str(), stage.seconds);
   }
-  std::fprintf(stderr, "%-22s %10.3f   (%.3f s/step on the %s profile's modelled clock)\n", "modelled denoising",
+  std::fprintf(stderr, "%-28s %10.3f   (%.3f s/step on the %s profile's modelled clock)\n", "modelled denoising",
                timings.modelled_denoise_s, mean(timings.modelled_step_s), profile.c_str());
   std::fprintf(stderr, "peak memory (allocator): %s live, %s reserved\n", mib(memory.peak_live_bytes).c_str(),
                mib(memory.peak_reserved_bytes).c_str());

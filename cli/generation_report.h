@@ -17,11 +17,13 @@
 namespace cubevec::cli {
 
 struct GenerationFlags {
-  std::string dtype = "f32", json_path, trace_path;
+  std::string dtype = "f32", json_path, trace_path, variant;
   int threads = 0;
   bool simulate = false;
 
-  DType weight_dtype() const;  // --dtype: f32 or bf16, else an Error
+  // --dtype: f32 or bf16, else an Error. bf16 means bf16 weights and bf16 activations (with f32
+  // accumulation), as diffusers' torch_dtype=torch.bfloat16.
+  DType weight_dtype() const;
   // The device profile: --device-profile and friends, with --threads as the Cube threads unless
   // --cube-threads is given.
   DeviceProfile profile(const DeviceFlags& device_flags) const;
@@ -37,8 +39,10 @@ struct StageTime {
   double seconds = 0;
 };
 
-// Prints "step i/N  x s/step  ETA y s" (or the modelled figure) on stderr after each step.
-pipelines::StepCallback progress_printer(const pipelines::T2ITimings& timings, bool simulate);
+// Prints "step i/N  x s/step  ETA y s" (or the modelled figure) on stderr after each step, with
+// what the stages skipped in it when there are stages.
+pipelines::StepCallback progress_printer(const pipelines::T2ITimings& timings, bool simulate,
+                                         const pipelines::StageList* stages = nullptr);
 
 double mean(const std::vector<double>& values);
 

@@ -15,6 +15,7 @@
 #include "cli/command.h"
 #include "cli/device_flags.h"
 #include "cli/generation_report.h"
+#include "cli/stage_flags.h"
 #include "pipelines/flux_t2i.h"
 #include "pipelines/jpeg.h"
 #include "models/tiny_text_encoder.h"
@@ -30,11 +31,13 @@ struct T2IFlags {
   GenerationFlags common;
 };
 
-int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache) {
+int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache, const StageFlags& stage_flags) {
   if (f.model.empty()) throw Error("--model DIR is required (a diffusers Flux directory: transformer/, vae/, scheduler/)");
   if (!f.common.simulate && f.out.empty()) throw Error("--out FILE.jpg is required");
   const DType dtype = f.common.weight_dtype();
   f.options.cfg = pipelines::parse_cfg_mode(f.cfg);
+  f.options.activations = dtype;
+  const pipelines::CacheConfig cache_config = stage_flags.cache_settings();  // a bad file fails before any work
   const DeviceProfile profile = f.common.profile(device_flags);
   Device device(profile, {.simulate = f.common.simulate, .trace = !f.common.trace_path.empty()});
   cache.load(device);
@@ -43,7 +46,7 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   // Stage 1: the model and the text conditioning.
   auto t0 = std::chrono::steady_clock::now();
   const pipelines::FluxT2IPipeline pipeline =
-      f.common.simulate ? pipelines::FluxT2IPipeline::load_meta(f.model, dtype) : pipelines::FluxT2IPipeline::load(f.model, dtype);
+      f.common.simulate ? pipelines::FluxT2IPipeline::load_meta(f.model, dtype) : pipelines::FluxT2IPipeline::load(f.model, dtype, f.common.variant);
   const double load_s = pipelines::seconds_since(t0);
   const models::FluxConfig& mc = pipeline.transformer().config();
   // Width and height not given: the model's own size (the VAE's sample_size; 1024 for FLUX.1).
@@ -83,6 +86,7 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
     throw Error("--cfg " + f.cfg + " needs negative embeddings: negative_prompt_embeds and negative_pooled_prompt_embeds in the --prompt-embeds file");
   const double text_s = pipelines::seconds_since(t0);
   pipeline.check(f.options, negative.has_value());
+  pipelines::StageList stage_list = StageFlags::build(cache_config, f.options.steps, pipeline.transformer().block_count());
 
   std::fprintf(stderr, "t2i: text: %s\n", text_source.c_str());
   std::fprintf(stderr, "t2i: %lldx%lld, %d steps, cfg %s, %s, transformer %lld+%lld blocks x %lld wide (%s), profile %s: %d Cube + %d Vector thread(s)%s\n",
@@ -94,8 +98,9 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
 
   // Stage 2: denoising, with progress.
   pipelines::T2ITimings timings;
-  const auto on_step = progress_printer(timings, f.common.simulate);
-  const Tensor latents = pipeline.denoise(positive, negative ? &*negative : nullptr, f.options, device, on_step, timings);
+  const auto on_step = progress_printer(timings, f.common.simulate, &stage_list);
+  const Tensor latents =
+      pipeline.denoise(positive, negative ? &*negative : nullptr, f.options, device, on_step, timings, &stage_list);
 
   // Stage 3 and 4: VAE decode and JPEG.
   double jpeg_s = 0;
@@ -113,6 +118,7 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
     stages.push_back({"JPEG encode", jpeg_s});
   }
   print_stage_table(stages, timings, f.options.steps, profile.name, mem);
+  print_stage_report(stage_list);
   if (!f.common.simulate) std::fprintf(stderr, "wrote %s\n", f.out.c_str());
 
   cache.save(device);
@@ -127,6 +133,7 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
       {"simulate", f.common.simulate},
       {"profile", profile.name}};
   json.update(timing_json(stages, timings, mem));
+  json.update(stage_report_json(stage_list));
   json["out"] = f.out;
   write_outputs(f.common, "t2i", device, json);
   return 0;
@@ -139,6 +146,7 @@ CommandRunner add_t2i_command(CLI::App& app) {
   auto flags = std::make_shared<T2IFlags>();
   auto device_flags = add_device_flags(*command);
   auto cache = add_attention_tune_cache_flag(*command);
+  auto stage_flags = add_stage_flags(*command);
   command->add_option("--model", flags->model, "Diffusers model directory (transformer/, vae/, scheduler/)");
   command->add_option("--prompt", flags->prompt, "The prompt (encoded by the model's text_encoder/, when it has one)");
   command->add_option("--negative-prompt", flags->negative_prompt, "The negative prompt for true CFG (default: the empty prompt)");
@@ -156,7 +164,7 @@ CommandRunner add_t2i_command(CLI::App& app) {
   command->add_option("--seed", flags->options.seed, "Noise seed");
   command->add_option("--out", flags->out, "Output JPEG file");
   add_generation_flags(*command, flags->common);
-  return [flags, device_flags, cache] { return run(*flags, *device_flags, *cache); };
+  return [flags, device_flags, cache, stage_flags] { return run(*flags, *device_flags, *cache, *stage_flags); };
 }
 
 }  // namespace cubevec::cli

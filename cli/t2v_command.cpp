@@ -15,6 +15,7 @@
 #include "cli/command.h"
 #include "cli/device_flags.h"
 #include "cli/generation_report.h"
+#include "cli/stage_flags.h"
 #include "pipelines/wan_t2v.h"
 #include "tensor/error.h"
 
@@ -72,11 +73,13 @@ class FrameWriter {
   double encode_s_ = 0;
 };
 
-int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache) {
+int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache, const StageFlags& stage_flags) {
   if (f.model.empty()) throw Error("--model DIR is required (a diffusers Wan directory: transformer/, vae/, scheduler/)");
   if (!f.common.simulate && f.out.empty()) throw Error("--out FILE.avi is required");
   const DType dtype = f.common.weight_dtype();
   f.options.cfg = pipelines::parse_cfg_mode(f.cfg);
+  f.options.activations = dtype;
+  const pipelines::CacheConfig cache_config = stage_flags.cache_settings();  // a bad file fails before any work
   const DeviceProfile profile = f.common.profile(device_flags);
   Device device(profile, {.simulate = f.common.simulate, .trace = !f.common.trace_path.empty()});
   cache.load(device);
@@ -85,7 +88,7 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   // Stage 1: the model and the text conditioning.
   auto t0 = std::chrono::steady_clock::now();
   const pipelines::WanT2VPipeline pipeline =
-      f.common.simulate ? pipelines::WanT2VPipeline::load_meta(f.model, dtype) : pipelines::WanT2VPipeline::load(f.model, dtype);
+      f.common.simulate ? pipelines::WanT2VPipeline::load_meta(f.model, dtype) : pipelines::WanT2VPipeline::load(f.model, dtype, f.common.variant);
   const double load_s = pipelines::seconds_since(t0);
   const models::WanConfig& mc = pipeline.transformer().config();
   t0 = std::chrono::steady_clock::now();
@@ -111,6 +114,7 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
     throw Error("--cfg " + f.cfg + " needs negative_prompt_embeds in the --prompt-embeds file (or --cfg off)");
   const double text_s = pipelines::seconds_since(t0);
   pipeline.check(f.options, negative.has_value());
+  pipelines::StageList stage_list = StageFlags::build(cache_config, f.options.steps, pipeline.transformer().block_count());
   // The output files are opened before denoising, so a bad path fails at once, not after it.
   std::optional<FrameWriter> writer;
   if (!f.common.simulate) writer.emplace(f);
@@ -129,7 +133,8 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   // Stage 2: denoising, with progress.
   pipelines::T2ITimings timings;
   const Tensor latents =
-      pipeline.denoise(positive, negative ? &*negative : nullptr, f.options, device, progress_printer(timings, f.common.simulate), timings);
+      pipeline.denoise(positive, negative ? &*negative : nullptr, f.options, device,
+                       progress_printer(timings, f.common.simulate, &stage_list), timings, &stage_list);
 
   // Stage 3: the VAE decode, frames streamed to the AVI (and JPEG folder) as they come.
   if (writer) {
@@ -144,6 +149,7 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
     stages.push_back({"JPEG + AVI", writer->encode_seconds()});
   }
   print_stage_table(stages, timings, f.options.steps, profile.name, mem);
+  print_stage_report(stage_list);
   if (writer)
     std::fprintf(stderr, "wrote %s (%d frames at %d fps)%s%s\n", f.out.c_str(), writer->frame_count(), f.fps,
                  f.frames_dir.empty() ? "" : " and the frames to ", f.frames_dir.c_str());
@@ -162,6 +168,7 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
                                  {"profile", profile.name},
                                  {"scheduler", pipelines::scheduler_name(pipeline.scheduler_config())}};
   json.update(timing_json(stages, timings, mem));
+  json.update(stage_report_json(stage_list));
   json["out"] = f.out;
   write_outputs(f.common, "t2v", device, json);
   return 0;
@@ -174,6 +181,7 @@ CommandRunner add_t2v_command(CLI::App& app) {
   auto flags = std::make_shared<T2VFlags>();
   auto device_flags = add_device_flags(*command);
   auto cache = add_attention_tune_cache_flag(*command);
+  auto stage_flags = add_stage_flags(*command);
   command->add_option("--model", flags->model, "Diffusers Wan model directory (transformer/, vae/, scheduler/)");
   command->add_option("--prompt", flags->prompt, "The prompt (needs the umT5 encoder, not implemented yet: use --prompt-embeds)");
   command->add_option("--prompt-embeds", flags->prompt_embeds,
@@ -192,7 +200,7 @@ CommandRunner add_t2v_command(CLI::App& app) {
   command->add_option("--fps", flags->fps, "Frame rate of the AVI (default 16, Wan2.1's)")->check(CLI::Range(1, 240));
   command->add_option("--quality", flags->quality, "JPEG quality of the frames (default 90)")->check(CLI::Range(1, 100));
   add_generation_flags(*command, flags->common);
-  return [flags, device_flags, cache] { return run(*flags, *device_flags, *cache); };
+  return [flags, device_flags, cache, stage_flags] { return run(*flags, *device_flags, *cache, *stage_flags); };
 }
 
 }  // namespace cubevec::cli

@@ -63,7 +63,8 @@ using AttentionProjection = std::function<AttentionQkv()>;
 class AttentionPolicy {
  public:
   virtual ~AttentionPolicy() = default;
-  virtual Tensor attend(const AttentionIdentity& id, const AttentionProjection& project, const Stream& stream) = 0;
+  virtual Tensor attend(const StepInfo& step, const AttentionIdentity& id, const AttentionProjection& project,
+                        const Stream& stream) = 0;
 };
 
 // What the default policy runs: ops::attention_forward (runtime-tuned) on BSND q, k, v.
@@ -88,7 +89,8 @@ using BlockCompute = std::function<BlockState(const BlockState&)>;
 class BlockHook {
  public:
   virtual ~BlockHook() = default;
-  virtual BlockState run(const BlockIdentity& id, const BlockState& in, const BlockCompute& compute, const Stream& stream) = 0;
+  virtual BlockState run(const StepInfo& step, const BlockIdentity& id, const BlockState& in, const BlockCompute& compute,
+                         const Stream& stream) = 0;
 };
 
 struct ForwardContext {
@@ -98,10 +100,10 @@ struct ForwardContext {
   DType activations = DType::f32;        // f32, or bf16 (inputs cast at the prologue)
 
   Tensor attend(const AttentionIdentity& id, const AttentionProjection& project, const Stream& stream) const {
-    return attention ? attention->attend(id, project, stream) : dense_attention(project(), stream);
+    return attention ? attention->attend(step, id, project, stream) : dense_attention(project(), stream);
   }
   BlockState run_block(const BlockIdentity& id, const BlockState& in, const BlockCompute& compute, const Stream& stream) const {
-    return blocks ? blocks->run(id, in, compute, stream) : compute(in);
+    return blocks ? blocks->run(step, id, in, compute, stream) : compute(in);
   }
 };
 

@@ -58,55 +58,56 @@ StepCounts& StageList::current() {
   return counts_.back();
 }
 
-Tensor StageList::attend(const models::AttentionIdentity& id, const models::AttentionProjection& project, const Stream& stream) {
+Tensor StageList::attend(const models::StepInfo& step, const models::AttentionIdentity& id, const models::AttentionProjection& project,
+                         const Stream& stream) {
   ++current().attention_calls;
   const models::AttentionProjection counted = [&] {
     ++current().attention_computed;
     return project();
   };
-  return attend_from(0, id, counted, stream);
+  return attend_from(0, step, id, counted, stream);
 }
 
-Tensor StageList::attend_from(std::size_t i, const models::AttentionIdentity& id, const models::AttentionProjection& project,
-                              const Stream& stream) {
+Tensor StageList::attend_from(std::size_t i, const models::StepInfo& step, const models::AttentionIdentity& id,
+                              const models::AttentionProjection& project, const Stream& stream) {
   while (i < stages_.size() && !stages_[i]->uses_attention()) ++i;
   if (i == stages_.size()) return models::dense_attention(project(), stream);
   double below = 0;
   const AttendNext next = [&](const models::AttentionProjection& p) {
     const double t0 = now_s();
-    Tensor out = attend_from(i + 1, id, p, stream);
+    Tensor out = attend_from(i + 1, step, id, p, stream);
     below += now_s() - t0;
     return out;
   };
   const double t0 = now_s();
-  Tensor out = stages_[i]->attend(id, project, stream, next);
+  Tensor out = stages_[i]->attend(step, id, project, stream, next);
   seconds_[i] += now_s() - t0 - below;
   return out;
 }
 
-models::BlockState StageList::run(const models::BlockIdentity& id, const models::BlockState& in, const models::BlockCompute& compute,
-                                  const Stream& stream) {
+models::BlockState StageList::run(const models::StepInfo& step, const models::BlockIdentity& id, const models::BlockState& in,
+                                  const models::BlockCompute& compute, const Stream& stream) {
   ++current().block_calls;
   const models::BlockCompute counted = [&](const models::BlockState& x) {
     ++current().blocks_computed;
     return compute(x);
   };
-  return run_from(0, id, in, counted, stream);
+  return run_from(0, step, id, in, counted, stream);
 }
 
-models::BlockState StageList::run_from(std::size_t i, const models::BlockIdentity& id, const models::BlockState& in,
-                                       const models::BlockCompute& compute, const Stream& stream) {
+models::BlockState StageList::run_from(std::size_t i, const models::StepInfo& step, const models::BlockIdentity& id,
+                                       const models::BlockState& in, const models::BlockCompute& compute, const Stream& stream) {
   while (i < stages_.size() && !stages_[i]->uses_blocks()) ++i;
   if (i == stages_.size()) return compute(in);
   double below = 0;
   const models::BlockCompute next = [&](const models::BlockState& x) {
     const double t0 = now_s();
-    models::BlockState out = run_from(i + 1, id, x, compute, stream);
+    models::BlockState out = run_from(i + 1, step, id, x, compute, stream);
     below += now_s() - t0;
     return out;
   };
   const double t0 = now_s();
-  models::BlockState out = stages_[i]->run_block(id, in, next, stream);
+  models::BlockState out = stages_[i]->run_block(step, id, in, next, stream);
   seconds_[i] += now_s() - t0 - below;
   return out;
 }

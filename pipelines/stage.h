@@ -40,15 +40,15 @@ class Stage {
   // Attention plug point. `next` runs the stages below and finally dense attention; a stage may
   // call it (with `project` or its own), or return another output without calling it.
   virtual bool uses_attention() const { return false; }
-  virtual Tensor attend(const models::AttentionIdentity& /*id*/, const models::AttentionProjection& project,
-                        const Stream& /*stream*/, const AttendNext& next) {
+  virtual Tensor attend(const models::StepInfo& /*step*/, const models::AttentionIdentity& /*id*/,
+                        const models::AttentionProjection& project, const Stream& /*stream*/, const AttendNext& next) {
     return next(project);
   }
 
   // Block plug point: `compute` runs the stages below and finally the block.
   virtual bool uses_blocks() const { return false; }
-  virtual models::BlockState run_block(const models::BlockIdentity& /*id*/, const models::BlockState& in,
-                                       const models::BlockCompute& compute, const Stream& /*stream*/) {
+  virtual models::BlockState run_block(const models::StepInfo& /*step*/, const models::BlockIdentity& /*id*/,
+                                       const models::BlockState& in, const models::BlockCompute& compute, const Stream& /*stream*/) {
     return compute(in);
   }
 
@@ -75,9 +75,10 @@ class StageList : public models::AttentionPolicy, public models::BlockHook {
   // The context a forward of this step gets: the chain as policy / hook when a stage uses them.
   models::ForwardContext context(const models::StepInfo& step, DType activations);
 
-  Tensor attend(const models::AttentionIdentity& id, const models::AttentionProjection& project, const Stream& stream) override;
-  models::BlockState run(const models::BlockIdentity& id, const models::BlockState& in, const models::BlockCompute& compute,
-                         const Stream& stream) override;
+  Tensor attend(const models::StepInfo& step, const models::AttentionIdentity& id, const models::AttentionProjection& project,
+                const Stream& stream) override;
+  models::BlockState run(const models::StepInfo& step, const models::BlockIdentity& id, const models::BlockState& in,
+                         const models::BlockCompute& compute, const Stream& stream) override;
 
   const std::vector<StepCounts>& step_counts() const { return counts_; }
   // Host seconds spent in each stage's own code (its hooks minus the work below it), by stage.
@@ -86,10 +87,10 @@ class StageList : public models::AttentionPolicy, public models::BlockHook {
   static std::string skipped_text(const StepCounts& counts);
 
  private:
-  Tensor attend_from(std::size_t i, const models::AttentionIdentity& id, const models::AttentionProjection& project,
-                     const Stream& stream);
-  models::BlockState run_from(std::size_t i, const models::BlockIdentity& id, const models::BlockState& in,
-                              const models::BlockCompute& compute, const Stream& stream);
+  Tensor attend_from(std::size_t i, const models::StepInfo& step, const models::AttentionIdentity& id,
+                     const models::AttentionProjection& project, const Stream& stream);
+  models::BlockState run_from(std::size_t i, const models::StepInfo& step, const models::BlockIdentity& id,
+                              const models::BlockState& in, const models::BlockCompute& compute, const Stream& stream);
   StepCounts& current();
 
   std::vector<std::unique_ptr<Stage>> stages_;

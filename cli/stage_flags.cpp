@@ -1,0 +1,115 @@
+#include "cli/stage_flags.h"
+
+#include <cstdio>
+
+#include "tensor/error.h"
+
+namespace cubevec::cli {
+
+namespace {
+
+const char* const kMindieFlags[] = {"--cache-step-start", "--cache-interval", "--cache-step-end", "--cache-block-start",
+                                    "--cache-block-end"};
+const char* const kDbFlags[] = {"--cache-fn",        "--cache-bn",           "--cache-threshold", "--cache-warmup",
+                                "--cache-max-cached", "--cache-max-continuous", "--taylorseer"};
+
+}  // namespace
+
+std::shared_ptr<StageFlags> add_stage_flags(CLI::App& command) {
+  auto f = std::make_shared<StageFlags>();
+  auto& v = f->values;
+  auto add = [&](const char* name, auto& target, const char* help) { f->options.push_back(command.add_option(name, target, help)); };
+  add("--cache", f->cache, "Step cache: none, attention (MindIE AttentionCache), dit-block (MindIE DiTBlockCache), db (cache-dit DBCache/FBCache)");
+  add("--cache-config", f->cache_config, "JSON file with the cache settings (the flags' names without the dashes as keys)");
+  add("--cache-step-start", v.step_start, "attention / dit-block: first step that may use the cache (default 0)");
+  add("--cache-interval", v.step_interval, "attention / dit-block: compute every N steps from the start (default 1: bypass)");
+  add("--cache-step-end", f->step_end, "attention: last step that may reuse (default: the last step)");
+  add("--cache-block-start", v.block_start, "attention / dit-block: first block of the cached span (default 0)");
+  add("--cache-block-end", f->block_end, "attention / dit-block: end of the span, exclusive (default: all blocks)");
+  add("--cache-fn", v.fn, "db: blocks always computed first (default 8; 1 is FBCache)");
+  add("--cache-bn", v.bn, "db: blocks always computed last (default 0)");
+  add("--cache-threshold", v.threshold, "db: residual difference below which a step is cached (default 0.08)");
+  add("--cache-warmup", v.warmup, "db: steps always computed first (default 8)");
+  add("--cache-max-cached", v.max_cached, "db: most steps cached in a run (default -1: no limit)");
+  add("--cache-max-continuous", v.max_continuous, "db: most steps cached in a row (default -1: no limit)");
+  add("--taylorseer", v.taylorseer, "db: extrapolate the skipped residual with TaylorSeer of order 1 or 2");
+  return f;
+}
+
+pipelines::CacheConfig StageFlags::cache_settings() const {
+  auto given = [&](const char* name) {
+    for (const CLI::Option* o : options)
+      if (o->check_name(name)) return o->count() > 0;
+    return false;
+  };
+  pipelines::CacheConfig c;
+  if (!cache_config.empty()) {
+    c = pipelines::CacheConfig::load(cache_config);
+    if (given("--cache") && pipelines::parse_cache_method(cache) != c.method)
+      throw Error("--cache " + cache + " contradicts --cache-config " + cache_config + ", which says \"" +
+                  std::string(pipelines::cache_method_name(c.method)) + "\"");
+  } else {
+    c.method = pipelines::parse_cache_method(cache);
+  }
+  const bool mindie = c.method == pipelines::CacheMethod::attention || c.method == pipelines::CacheMethod::dit_block;
+  for (const char* name : kMindieFlags)
+    if (given(name) && !mindie)
+      throw Error(std::string(name) + " applies to --cache attention and --cache dit-block, not --cache " +
+                  std::string(pipelines::cache_method_name(c.method)));
+  for (const char* name : kDbFlags)
+    if (given(name) && c.method != pipelines::CacheMethod::db)
+      throw Error(std::string(name) + " applies to --cache db, not --cache " + std::string(pipelines::cache_method_name(c.method)));
+  if (given("--cache-step-start")) c.step_start = values.step_start;
+  if (given("--cache-interval")) c.step_interval = values.step_interval;
+  if (given("--cache-step-end")) c.step_end = step_end;
+  if (given("--cache-block-start")) c.block_start = values.block_start;
+  if (given("--cache-block-end")) c.block_end = block_end;
+  if (given("--cache-fn")) c.fn = values.fn;
+  if (given("--cache-bn")) c.bn = values.bn;
+  if (given("--cache-threshold")) c.threshold = values.threshold;
+  if (given("--cache-warmup")) c.warmup = values.warmup;
+  if (given("--cache-max-cached")) c.max_cached = values.max_cached;
+  if (given("--cache-max-continuous")) c.max_continuous = values.max_continuous;
+  if (given("--taylorseer")) c.taylorseer = values.taylorseer;
+  return c;
+}
+
+pipelines::StageList StageFlags::build(const pipelines::CacheConfig& cache_config, int steps, int blocks) {
+  pipelines::StageList stages;
+  if (auto cache = pipelines::make_cache_stage(cache_config, steps, blocks)) stages.add(std::move(cache));
+  return stages;
+}
+
+void print_stage_report(const pipelines::StageList& stages) {
+  for (std::size_t i = 0; i < stages.stages().size(); ++i) {
+    const auto& stage = stages.stages()[i];
+    std::fprintf(stderr, "%-28s %10.3f   (%s)\n", stage->name().c_str(), stages.stage_seconds(i), stage->summary().c_str());
+  }
+  pipelines::StepCounts total;
+  for (const auto& c : stages.step_counts()) {
+    total.block_calls += c.block_calls;
+    total.blocks_computed += c.blocks_computed;
+    total.attention_calls += c.attention_calls;
+    total.attention_computed += c.attention_computed;
+  }
+  if (!stages.empty()) std::fprintf(stderr, "stages: %s over the run\n", pipelines::StageList::skipped_text(total).c_str());
+}
+
+nlohmann::ordered_json stage_report_json(const pipelines::StageList& stages) {
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  for (std::size_t i = 0; i < stages.stages().size(); ++i) {
+    const auto& stage = stages.stages()[i];
+    list.push_back({{"name", stage->name()}, {"seconds", stages.stage_seconds(i)}, {"summary", stage->summary()}, {"settings", stage->report()}});
+  }
+  nlohmann::ordered_json per_step = nlohmann::ordered_json::array();
+  for (const auto& c : stages.step_counts())
+    per_step.push_back({{"block_calls", c.block_calls},
+                        {"blocks_computed", c.blocks_computed},
+                        {"blocks_skipped", c.block_calls - c.blocks_computed},
+                        {"attention_calls", c.attention_calls},
+                        {"attention_computed", c.attention_computed},
+                        {"attention_skipped", c.attention_calls - c.attention_computed}});
+  return {{"stages", list}, {"step_counts", per_step}};
+}
+
+}  // namespace cubevec::cli

@@ -1,0 +1,42 @@
+// The acceleration-stage flags t2i and t2v share, and the StageList they build. Today: the step
+// caches (pipelines/stages/cache_config.h)
+//   --cache none|attention|dit-block|db
+//   --cache-step-start N --cache-interval N --cache-step-end N --cache-block-start N --cache-block-end N
+//   --cache-fn N --cache-bn N --cache-threshold X --cache-warmup N --cache-max-cached N
+//   --cache-max-continuous N --taylorseer 1|2
+//   --cache-config FILE.json   (the same keys without the dashes; flags given too override it)
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "pipelines/stage.h"
+#include "pipelines/stages/cache_config.h"
+
+namespace cubevec::cli {
+
+struct StageFlags {
+  std::string cache = "none", cache_config;
+  pipelines::CacheConfig values;  // the flags' values (defaults where not given)
+  int step_end = 0, block_end = 0;  // --cache-step-end, --cache-block-end when given
+  std::vector<CLI::Option*> options;  // to know which were given
+
+  // The cache settings: --cache-config's file, with the flags given on the command line over it.
+  // Flags that do not apply to the method are errors.
+  pipelines::CacheConfig cache_settings() const;
+  // The stages for a run of `steps` steps over `blocks` blocks (validated; errors name the flag).
+  static pipelines::StageList build(const pipelines::CacheConfig& cache, int steps, int blocks);
+};
+
+std::shared_ptr<StageFlags> add_stage_flags(CLI::App& command);
+
+// The stage rows of the run report: each stage's name, host seconds and summary; and the step
+// counts (computed / skipped blocks and attention per step).
+void print_stage_report(const pipelines::StageList& stages);
+nlohmann::ordered_json stage_report_json(const pipelines::StageList& stages);
+
+}  // namespace cubevec::cli
