@@ -167,7 +167,7 @@ KernelDesc cube_desc(const Inputs& in, double flops, bool materialized) {
   const double elems = static_cast<double>(in.batch * in.heads * in.d);
   double bytes = static_cast<double>(dtype_size(in.q.dtype())) * elems * static_cast<double>(2 * in.sq + 2 * in.sk);
   if (materialized) bytes += 3.0 * 4.0 * static_cast<double>(in.batch * in.heads) * static_cast<double>(in.sq * in.sk);
-  return {"", Unit::cube, flops, bytes, DType::f32};
+  return {"", Unit::cube, flops, bytes, in.q.dtype()};  // priced at the activation dtype
 }
 
 // Launches `impl` on the heads batch_of() builds (called inside the kernel, when the tensors are

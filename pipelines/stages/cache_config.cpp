@@ -60,11 +60,10 @@ CacheConfig CacheConfig::from_json(const nlohmann::json& json, const std::string
   if (r.has("cache-step-end")) c.step_end = step_end;
   if (r.has("cache-block-end")) c.block_end = block_end;
   const bool mindie = c.method == CacheMethod::attention || c.method == CacheMethod::dit_block;
-  for (const auto& keys : {kMindieKeys, kDbKeys})
-    for (const std::string& key : keys)
-      if (r.has(key) && (&keys == &kMindieKeys ? !mindie : c.method != CacheMethod::db))
-        r.fail(key, "does not apply to \"cache\": \"" + method + "\" (it applies to " +
-                        (&keys == &kMindieKeys ? std::string("attention and dit-block") : std::string("db")) + ")");
+  for (const std::string& key : kMindieKeys)
+    if (r.has(key) && !mindie) r.fail(key, "does not apply to \"cache\": \"" + method + "\" (it applies to attention and dit-block)");
+  for (const std::string& key : kDbKeys)
+    if (r.has(key) && c.method != CacheMethod::db) r.fail(key, "does not apply to \"cache\": \"" + method + "\" (it applies to db)");
   return c;
 }
 
@@ -110,7 +109,8 @@ void CacheConfig::validate(int steps, int blocks) const {
       return;
     }
     case CacheMethod::db: {
-      if (fn < 1 || fn > blocks) fail("cache-fn", "must be in " + range(1, blocks) + " (blocks computed first), got " + std::to_string(fn));
+      if (fn < 1 || fn > blocks)
+        fail("cache-fn", "must be in " + range(1, blocks) + " (blocks computed first; the default is 8), got " + std::to_string(fn));
       if (bn < 0 || fn + bn >= blocks)
         fail("cache-bn", "must be in " + range(0, std::max(0, blocks - fn - 1)) + " so that --cache-fn " + std::to_string(fn) +
                              " + --cache-bn leaves blocks to cache in a " + std::to_string(blocks) + "-block model, got " +
