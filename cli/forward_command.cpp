@@ -1,28 +1,28 @@
-// `cubevec forward`: one transformer forward (Flux or Wan, by the config's _class_name) on tensors
-// named as diffusers' forward arguments,
-// written as `sample`, so a port can be compared with a PyTorch dump of the same checkpoint
-// (docs/porting.md).
-#include <chrono>
+// `cubevec forward`: one model forward on tensors named as diffusers' forward arguments, written as
+// `sample`, so a port can be compared with a PyTorch dump of the same checkpoint (docs/porting.md).
+// The model class comes from the folder's config.json `_class_name` through the registry in
+// models/model_registry.h: the Flux and Wan transformers, and the AutoencoderKL / AutoencoderKLWan
+// decoders (`latent` -> vae.decode(latent).sample).
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <functional>
+#include <map>
 
-#include "models/flux_transformer.h"
-#include "models/wan_transformer.h"
 #include "cli/attention_tune_cache.h"
 #include "cli/command.h"
 #include "cli/device_flags.h"
+#include "models/model_registry.h"
+#include "ops/vector_ops.h"
 #include "tensor/error.h"
 #include "tensor/safetensors.h"
-#include "tensor/strict_json.h"
 
 namespace cubevec::cli {
 
 namespace {
 
 struct ForwardFlags {
-  std::string model, inputs, out, dtype = "f32";
+  std::string model, inputs, out, dtype = "f32", variant;
 };
 
 int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache) {
@@ -30,52 +30,30 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
   if (dtype != DType::f32 && dtype != DType::bf16) throw Error("--dtype must be f32 or bf16, got " + f.dtype);
   Device device(device_flags.resolve());
   cache.load(device);
+  // A whole diffusers folder means its transformer; otherwise the folder is the component.
   const std::string dir = std::filesystem::exists(f.model + "/transformer/config.json") ? f.model + "/transformer" : f.model;
-  const nlohmann::json config = read_json_file(dir + "/config.json");
-  const std::string model_class = config.is_object() ? config.value("_class_name", std::string()) : std::string();
   const SafetensorsFile in = SafetensorsFile::open(f.inputs);
-  auto get = [&](const std::string& name) { return in.contains(name) ? in.tensor(name) : Tensor{}; };
+  const std::unique_ptr<models::ForwardModel> model = models::load_forward_model(dir, {dtype, f.variant});
+  const std::vector<std::string> names = model->input_names();
+  std::string signature;
+  for (const std::string& n : names) signature += (signature.empty() ? "" : ", ") + n;
   // Only the forward's own argument names are accepted, so a misspelt tensor is not silently unused.
-  auto check_names = [&](const std::vector<std::string>& known, const std::string& signature) {
-    for (const auto& e : in.entries())
-      if (std::find(known.begin(), known.end(), e.name) == known.end())
-        throw Error(f.inputs + ": unknown tensor '" + e.name + "' (" + signature + ")");
-  };
-  std::function<Tensor()> forward;
-  Shape input_shape;
-  if (model_class == "WanTransformer3DModel") {
-    check_names({"hidden_states", "timestep", "encoder_hidden_states"},
-                "WanTransformer3DModel.forward takes hidden_states, timestep, encoder_hidden_states");
-    auto model = std::shared_ptr<models::WanTransformer3DModel>(models::WanTransformer3DModel::load(dir, dtype));
-    const models::WanInputs inputs{get("hidden_states"), get("timestep"), get("encoder_hidden_states")};
-    input_shape = inputs.hidden_states.defined() ? inputs.hidden_states.shape() : Shape{};
-    forward = [model, inputs, &device] { return model->forward(inputs, device.default_stream()); };
-  } else if (model_class.empty() || model_class == "FluxTransformer2DModel") {
-    check_names({"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "img_ids", "txt_ids", "guidance"},
-                "FluxTransformer2DModel.forward takes hidden_states, encoder_hidden_states, pooled_projections, timestep, "
-                "img_ids, txt_ids, guidance");
-    auto model = std::shared_ptr<models::FluxTransformer2DModel>(models::FluxTransformer2DModel::load(dir, dtype));
-    models::FluxInputs inputs;
-    inputs.hidden_states = get("hidden_states");
-    inputs.encoder_hidden_states = get("encoder_hidden_states");
-    inputs.pooled_projections = get("pooled_projections");
-    inputs.timestep = get("timestep");
-    inputs.img_ids = get("img_ids");
-    inputs.txt_ids = get("txt_ids");
-    inputs.guidance = get("guidance");
-    input_shape = inputs.hidden_states.defined() ? inputs.hidden_states.shape() : Shape{};
-    forward = [model, inputs, &device] { return model->forward(inputs, device.default_stream()); };
-  } else {
-    throw Error(dir + "/config.json: _class_name '" + model_class +
-                "' is not a transformer cubevec runs (FluxTransformer2DModel, WanTransformer3DModel)");
+  std::map<std::string, Tensor> inputs;
+  for (const auto& e : in.entries()) {
+    if (std::find(names.begin(), names.end(), e.name) == names.end())
+      throw Error(f.inputs + ": unknown tensor '" + e.name + "' (" + model->class_name() + ".forward takes " + signature + ")");
+    inputs[e.name] = in.tensor(e.name);
   }
   const auto t0 = std::chrono::steady_clock::now();
-  const Tensor sample = forward().contiguous();
+  const models::ForwardContext ctx{.activations = dtype};
+  const Tensor sample = ops::cast(model->forward(inputs, ctx, device.default_stream()), DType::f32).contiguous();
   sample.data_ptr();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   write_safetensors(f.out, {{"sample", sample}});
-  std::fprintf(stderr, "forward: %s -> sample %s in %.3f s, written to %s\n", shape_to_string(input_shape).c_str(),
-               shape_to_string(sample.shape()).c_str(), seconds, f.out.c_str());
+  const Tensor& first = inputs.count(names.front()) ? inputs.at(names.front()) : Tensor();
+  std::fprintf(stderr, "forward: %s %s -> sample %s in %.3f s, written to %s\n", model->class_name().c_str(),
+               first.defined() ? shape_to_string(first.shape()).c_str() : "", shape_to_string(sample.shape()).c_str(), seconds,
+               f.out.c_str());
   cache.save(device);
   return 0;
 }
@@ -83,14 +61,19 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
 }  // namespace
 
 CommandRunner add_forward_command(CLI::App& app) {
-  auto* command = app.add_subcommand("forward", "One Flux or Wan transformer forward on diffusers-named input tensors; writes `sample`");
+  auto* command = app.add_subcommand("forward",
+                                     "One model forward (Flux / Wan transformer, AutoencoderKL / AutoencoderKLWan decode) on diffusers-named "
+                                     "input tensors; writes `sample`");
   auto flags = std::make_shared<ForwardFlags>();
   auto device_flags = add_device_flags(*command);
   auto cache = add_attention_tune_cache_flag(*command);
-  command->add_option("--model", flags->model, "Diffusers model directory, or its transformer/ directory")->required();
-  command->add_option("--inputs", flags->inputs, "safetensors with hidden_states, encoder_hidden_states, ...")->required();
+  command->add_option("--model", flags->model, "A component folder (transformer/, vae/), or a diffusers model folder (its transformer/)")
+      ->required();
+  command->add_option("--inputs", flags->inputs, "safetensors with the forward's arguments (hidden_states, ..., or latent for a VAE)")
+      ->required();
   command->add_option("--out", flags->out, "Output safetensors (one tensor: sample)")->required();
-  command->add_option("--dtype", flags->dtype, "Weights: f32 or bf16");
+  command->add_option("--dtype", flags->dtype, "f32, or bf16 (bf16 weights, and bf16 activations in the transformers)");
+  command->add_option("--variant", flags->variant, "Read diffusion_pytorch_model.<variant>.safetensors");
   return [flags, device_flags, cache] { return run(*flags, *device_flags, *cache); };
 }
 

@@ -155,6 +155,7 @@ class AutoencoderKLDecoder {
 
   const AutoencoderKLConfig& config() const { return config_; }
   const ParameterTable& parameters() const { return table_; }
+  ParameterTable& mutable_parameters() { return table_; }
   const vae::DecoderModules& modules() const { return *modules_; }
 
   // z [B, latent_channels, h, w] f32 or bf16 (any strides), already unscaled -> the image

@@ -226,6 +226,7 @@ class AutoencoderKLWan {
 
   const AutoencoderKLWanConfig& config() const { return config_; }
   const ParameterTable& parameters() const { return table_; }
+  ParameterTable& mutable_parameters() { return table_; }
   const wan_vae::DecoderModules& modules() const { return *modules_; }
 
   // The pipeline's un-normalization, as diffusers' WanPipeline computes it in f32:

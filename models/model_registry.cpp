@@ -1,0 +1,137 @@
+#include "models/model_registry.h"
+
+#include <algorithm>
+
+#include "models/autoencoder_kl.h"
+#include "models/autoencoder_kl_wan.h"
+#include "models/flux_transformer.h"
+#include "models/wan_transformer.h"
+#include "tensor/error.h"
+#include "tensor/strict_json.h"
+
+namespace cubevec::models {
+
+namespace {
+
+Tensor input(const std::map<std::string, Tensor>& inputs, const std::string& name) {
+  const auto it = inputs.find(name);
+  return it == inputs.end() ? Tensor() : it->second;
+}
+
+class FluxEntry : public ForwardModel {
+ public:
+  FluxEntry(const std::string& dir, const ForwardModelLoad& l) : model_(FluxTransformer2DModel::load(dir, l.dtype, l.variant)) {}
+  std::string class_name() const override { return "FluxTransformer2DModel"; }
+  std::vector<std::string> input_names() const override {
+    return {"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "img_ids", "txt_ids", "guidance"};
+  }
+  ParameterTable& parameters() override { return model_->mutable_parameters(); }
+  Tensor forward(const std::map<std::string, Tensor>& in, const ForwardContext& ctx, const Stream& s) const override {
+    FluxInputs f;
+    f.hidden_states = input(in, "hidden_states");
+    f.encoder_hidden_states = input(in, "encoder_hidden_states");
+    f.pooled_projections = input(in, "pooled_projections");
+    f.timestep = input(in, "timestep");
+    f.img_ids = input(in, "img_ids");
+    f.txt_ids = input(in, "txt_ids");
+    f.guidance = input(in, "guidance");
+    return model_->forward(f, s, ctx);
+  }
+
+ private:
+  std::unique_ptr<FluxTransformer2DModel> model_;
+};
+
+class WanEntry : public ForwardModel {
+ public:
+  WanEntry(const std::string& dir, const ForwardModelLoad& l) : model_(WanTransformer3DModel::load(dir, l.dtype, l.variant)) {}
+  std::string class_name() const override { return "WanTransformer3DModel"; }
+  std::vector<std::string> input_names() const override { return {"hidden_states", "timestep", "encoder_hidden_states"}; }
+  ParameterTable& parameters() override { return model_->mutable_parameters(); }
+  Tensor forward(const std::map<std::string, Tensor>& in, const ForwardContext& ctx, const Stream& s) const override {
+    return model_->forward({input(in, "hidden_states"), input(in, "timestep"), input(in, "encoder_hidden_states")}, s, ctx);
+  }
+
+ private:
+  std::unique_ptr<WanTransformer3DModel> model_;
+};
+
+Tensor require_latent(const std::map<std::string, Tensor>& in, const char* model) {
+  const Tensor latent = input(in, "latent");
+  if (!latent.defined()) throw Error(std::string(model) + ".decode: the input 'latent' is missing");
+  return latent;
+}
+
+class AutoencoderKLEntry : public ForwardModel {
+ public:
+  AutoencoderKLEntry(const std::string& dir, const ForwardModelLoad& l) : vae_(load_autoencoder_kl(dir, l.dtype, l.variant)) {}
+  std::string class_name() const override { return "AutoencoderKL"; }
+  std::vector<std::string> input_names() const override { return {"latent"}; }
+  ParameterTable& parameters() override { return vae_.mutable_parameters(); }
+  Tensor forward(const std::map<std::string, Tensor>& in, const ForwardContext&, const Stream& s) const override {
+    return vae_.decode(require_latent(in, "AutoencoderKL"), s);
+  }
+
+ private:
+  AutoencoderKLDecoder vae_;
+};
+
+class AutoencoderKLWanEntry : public ForwardModel {
+ public:
+  AutoencoderKLWanEntry(const std::string& dir, const ForwardModelLoad& l) : vae_(load_autoencoder_kl_wan(dir, l.dtype, l.variant)) {}
+  std::string class_name() const override { return "AutoencoderKLWan"; }
+  std::vector<std::string> input_names() const override { return {"latent"}; }
+  ParameterTable& parameters() override { return vae_.mutable_parameters(); }
+  Tensor forward(const std::map<std::string, Tensor>& in, const ForwardContext&, const Stream& s) const override {
+    return vae_.decode(require_latent(in, "AutoencoderKLWan"), {}, s);
+  }
+
+ private:
+  AutoencoderKLWan vae_;
+};
+
+using Factory = std::function<std::unique_ptr<ForwardModel>(const std::string&, const ForwardModelLoad&)>;
+
+template <class Entry>
+Factory factory() {
+  return [](const std::string& dir, const ForwardModelLoad& l) { return std::make_unique<Entry>(dir, l); };
+}
+
+const std::map<std::string, Factory>& registry() {
+  static const std::map<std::string, Factory> entries = {
+      {"FluxTransformer2DModel", factory<FluxEntry>()},
+      {"WanTransformer3DModel", factory<WanEntry>()},
+      {"AutoencoderKL", factory<AutoencoderKLEntry>()},
+      {"AutoencoderKLWan", factory<AutoencoderKLWanEntry>()},
+  };
+  return entries;
+}
+
+}  // namespace
+
+std::vector<std::string> forward_model_classes() {
+  std::vector<std::string> names;
+  for (const auto& [name, f] : registry()) names.push_back(name);
+  return names;
+}
+
+std::unique_ptr<ForwardModel> load_forward_model(const std::string& dir, const ForwardModelLoad& load) {
+  const std::string config_path = dir + "/config.json";
+  const nlohmann::json config = read_json_file(config_path);
+  if (!config.is_object()) throw Error(config_path + ": expected a JSON object (a diffusers config with _class_name)");
+  // Flux transformer configs written without _class_name (as the tiny test checkpoints) are Flux's.
+  std::string name = "FluxTransformer2DModel";
+  if (config.contains("_class_name")) {
+    if (!config["_class_name"].is_string()) throw Error(config_path + ": '_class_name' must be a string, got " + config["_class_name"].dump());
+    name = config["_class_name"].get<std::string>();
+  }
+  const auto it = registry().find(name);
+  if (it == registry().end()) {
+    std::string known;
+    for (const std::string& n : forward_model_classes()) known += (known.empty() ? "" : ", ") + n;
+    throw Error(config_path + ": _class_name '" + name + "' is not a model cubevec runs (expected one of: " + known + ")");
+  }
+  return it->second(dir, load);
+}
+
+}  // namespace cubevec::models

@@ -1,0 +1,42 @@
+// The models `cubevec forward` (and any tool that runs one model on named tensors) can load, found
+// by the `_class_name` of a component folder's config.json: a registry, not a chain of ifs. Each
+// entry takes its forward's arguments by their diffusers names and returns one tensor, `sample`:
+//   FluxTransformer2DModel   hidden_states, encoder_hidden_states, pooled_projections, timestep,
+//                            img_ids, txt_ids, guidance   -> the velocity
+//   WanTransformer3DModel    hidden_states, timestep, encoder_hidden_states  -> the flow
+//   AutoencoderKL            latent  -> vae.decode(latent).sample (no scaling or shift)
+//   AutoencoderKLWan         latent  -> vae.decode(latent).sample (clamped, as diffusers' _decode)
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/forward_context.h"
+#include "models/parameters.h"
+
+namespace cubevec::models {
+
+class ForwardModel {
+ public:
+  virtual ~ForwardModel() = default;
+  virtual std::string class_name() const = 0;
+  virtual std::vector<std::string> input_names() const = 0;  // every argument it accepts
+  virtual ParameterTable& parameters() = 0;
+  // `inputs` by argument name (only names from input_names(); missing optional ones undefined).
+  virtual Tensor forward(const std::map<std::string, Tensor>& inputs, const ForwardContext& ctx, const Stream& stream) const = 0;
+};
+
+struct ForwardModelLoad {
+  DType dtype = DType::f32;  // weights (and, for the transformers, the activations of forward's ctx)
+  std::string variant;       // diffusion_pytorch_model.<variant>.safetensors
+};
+
+// The component folder `dir` (config.json + weights). Throws naming the config's _class_name and
+// the classes there are when it is not one of them.
+std::unique_ptr<ForwardModel> load_forward_model(const std::string& dir, const ForwardModelLoad& load = {});
+std::vector<std::string> forward_model_classes();  // sorted
+
+}  // namespace cubevec::models

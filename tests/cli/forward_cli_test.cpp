@@ -1,0 +1,82 @@
+// `cubevec forward` on the VAE decoders (the model registry by _class_name): `latent` ->
+// vae.decode(latent).sample against the PyTorch goldens; component folders read by weight-file
+// name whatever lies beside, --variant, and the errors for unknown classes and missing weights.
+#include <filesystem>
+
+#include "cli/run_cubevec.h"
+#include "tensor/safetensors.h"
+
+#include "common/tensor_testing.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using ForwardCli = cubevec_cli_test::CliTest;
+
+const fs::path kData = fs::path(CUBEVEC_SOURCE_DIR) / "tests" / "data";
+
+TEST_F(ForwardCli, DecodesWithAutoencoderKL) {
+  const cubevec::SafetensorsFile goldens = cubevec::SafetensorsFile::open((kData / "goldens_flux.safetensors").string());
+  const std::string inputs = (dir_ / "in.safetensors").string(), out = (dir_ / "out.safetensors").string();
+  cubevec::write_safetensors(inputs, {{"latent", goldens.tensor("vae_decode.z")}});
+  const auto r = run({"forward", "--model", (kData / "flux_tiny" / "vae").string(), "--inputs", inputs, "--out", out});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("AutoencoderKL"), std::string::npos) << r.err;
+  cubevec::testing::expect_close_rel(cubevec::SafetensorsFile::open(out).tensor("sample"), goldens.tensor("vae_decode.expected"), 1e-4,
+                                     "AutoencoderKL decode");
+}
+
+TEST_F(ForwardCli, DecodesWithAutoencoderKLWanClamped) {
+  const cubevec::SafetensorsFile goldens = cubevec::SafetensorsFile::open((kData / "goldens_wan.safetensors").string());
+  const std::string inputs = (dir_ / "in.safetensors").string(), out = (dir_ / "out.safetensors").string();
+  cubevec::write_safetensors(inputs, {{"latent", goldens.tensor("vae.z")}});
+  const auto r = run({"forward", "--model", (kData / "wan_tiny" / "vae").string(), "--inputs", inputs, "--out", out});
+  ASSERT_EQ(r.status, 0) << r.err;
+  cubevec::testing::expect_close_rel(cubevec::SafetensorsFile::open(out).tensor("sample"), goldens.tensor("vae.video"), 1e-4,
+                                     "AutoencoderKLWan decode");
+}
+
+TEST_F(ForwardCli, ReadsTheWeightsByNameAndTheVariant) {
+  const cubevec::SafetensorsFile goldens = cubevec::SafetensorsFile::open((kData / "goldens_flux.safetensors").string());
+  const std::string inputs = (dir_ / "in.safetensors").string(), out = (dir_ / "out.safetensors").string();
+  cubevec::write_safetensors(inputs, {{"latent", goldens.tensor("vae_decode.z")}});
+  const fs::path vae = dir_ / "vae";
+  fs::create_directories(vae);
+  fs::copy_file(kData / "flux_tiny" / "vae" / "config.json", vae / "config.json");
+  // Another safetensors file beside the weights is not read (diffusers reads the weights by name).
+  cubevec::write_safetensors((vae / "notes.safetensors").string(), {{"x", cubevec::Tensor::zeros({2}, cubevec::DType::f32)}});
+  fs::copy_file(kData / "flux_tiny" / "vae" / "diffusion_pytorch_model.safetensors", vae / "diffusion_pytorch_model.fp16.safetensors");
+  const auto missing = run({"forward", "--model", vae.string(), "--inputs", inputs, "--out", out});
+  EXPECT_EQ(missing.status, 1);
+  EXPECT_NE(missing.err.find("no diffusion_pytorch_model.safetensors or diffusion_pytorch_model.safetensors.index.json (here: "
+                             "diffusion_pytorch_model.fp16.safetensors, notes.safetensors); a variant such as"),
+            std::string::npos)
+      << missing.err;
+  const auto variant = run({"forward", "--model", vae.string(), "--inputs", inputs, "--out", out, "--variant", "fp16"});
+  ASSERT_EQ(variant.status, 0) << variant.err;
+  fs::copy_file(kData / "flux_tiny" / "vae" / "diffusion_pytorch_model.safetensors", vae / "diffusion_pytorch_model.safetensors");
+  const auto named = run({"forward", "--model", vae.string(), "--inputs", inputs, "--out", out});
+  ASSERT_EQ(named.status, 0) << named.err;
+  cubevec::testing::expect_close_rel(cubevec::SafetensorsFile::open(out).tensor("sample"), goldens.tensor("vae_decode.expected"), 1e-4,
+                                     "decode from the named file");
+}
+
+TEST_F(ForwardCli, UnknownClassAndWrongInputNames) {
+  const fs::path model = dir_ / "m";
+  fs::create_directories(model);
+  std::ofstream(model / "config.json") << R"({"_class_name": "UNet2DConditionModel"})";
+  const std::string inputs = (dir_ / "in.safetensors").string(), out = (dir_ / "out.safetensors").string();
+  cubevec::write_safetensors(inputs, {{"latent", cubevec::Tensor::zeros({1, 16, 4, 4}, cubevec::DType::f32)}});
+  const auto r = run({"forward", "--model", model.string(), "--inputs", inputs, "--out", out});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("_class_name 'UNet2DConditionModel' is not a model cubevec runs (expected one of: AutoencoderKL, "
+                       "AutoencoderKLWan, FluxTransformer2DModel, WanTransformer3DModel)"),
+            std::string::npos)
+      << r.err;
+  cubevec::write_safetensors(inputs, {{"z", cubevec::Tensor::zeros({1, 16, 4, 4}, cubevec::DType::f32)}});
+  const auto wrong = run({"forward", "--model", (kData / "flux_tiny" / "vae").string(), "--inputs", inputs, "--out", out});
+  EXPECT_EQ(wrong.status, 1);
+  EXPECT_NE(wrong.err.find("unknown tensor 'z' (AutoencoderKL.forward takes latent)"), std::string::npos) << wrong.err;
+}
+
+}  // namespace
