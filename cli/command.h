@@ -16,5 +16,6 @@ CommandRunner add_attention_command(CLI::App& app);
 CommandRunner add_t2i_command(CLI::App& app);
 CommandRunner add_t2v_command(CLI::App& app);
 CommandRunner add_forward_command(CLI::App& app);
+CommandRunner add_tune_cache_command(CLI::App& app);
 
 }  // namespace cubevec::cli

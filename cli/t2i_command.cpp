@@ -16,6 +16,7 @@
 #include "cli/device_flags.h"
 #include "cli/generation_report.h"
 #include "cli/stage_flags.h"
+#include "cli/text_conditioning.h"
 #include "pipelines/flux_t2i.h"
 #include "pipelines/jpeg.h"
 #include "models/tiny_text_encoder.h"
@@ -26,7 +27,8 @@ namespace cubevec::cli {
 namespace {
 
 struct T2IFlags {
-  std::string model, prompt, negative_prompt, prompt_embeds, out, cfg = "off";
+  std::string model, out, cfg = "off";
+  PromptFlags text;
   pipelines::T2IOptions options;
   GenerationFlags common;
 };
@@ -53,37 +55,11 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   if (f.options.width == 0) f.options.width = pipeline.default_image_size();
   if (f.options.height == 0) f.options.height = pipeline.default_image_size();
   t0 = std::chrono::steady_clock::now();
-  std::string text_source = "embeddings from --prompt-embeds";
-  std::optional<pipelines::PromptEmbedsFile> embeds;
-  pipelines::PromptEmbeddings positive;
-  std::optional<pipelines::PromptEmbeddings> negative;
-  if (!f.prompt_embeds.empty()) {
-    embeds = pipelines::PromptEmbedsFile::load(f.prompt_embeds);
-    positive = embeds->positive;
-    negative = embeds->negative;
-    if (!f.prompt.empty()) std::fprintf(stderr, "note: --prompt-embeds given, so the text of --prompt is not encoded\n");
-  } else if (f.common.simulate) {
-    // Shapes only: T5's 512 tokens and CLIP's pooled vector, as FLUX.1 uses them.
-    positive = {Tensor::meta({1, 512, mc.joint_attention_dim}, DType::f32), Tensor::meta({1, mc.pooled_projection_dim}, DType::f32)};
-    negative = positive;
-    text_source = "shape-only T5/CLIP embeddings";
-  } else if (models::TinyTextEncoder::present(f.model)) {
-    // The model's own text encoder (the shipped tiny model): --prompt, and --negative-prompt for
-    // true CFG (empty: the empty caption, the unconditional input the model was trained with).
-    auto encoder = models::TinyTextEncoder::load(f.model, device.default_stream());
-    if (f.prompt.empty())
-      throw Error("--prompt TEXT is required (this model's text encoder knows these words: " + encoder->tokenizer().known_words() + ")");
-    positive = encoder->encode(f.prompt);
-    if (f.options.cfg != pipelines::CfgMode::off)
-      negative = encoder->encode(f.negative_prompt);
-    else if (!f.negative_prompt.empty())
-      std::fprintf(stderr, "note: --negative-prompt is used only with --cfg fused or --cfg streams\n");
-    text_source = encoder->name();
-  } else {
-    throw Error(f.model + " has no text encoder cubevec can run yet (CLIP-L / T5-XXL come in a later issue): pass --prompt-embeds FILE");
-  }
-  if (f.options.cfg != pipelines::CfgMode::off && !negative)
-    throw Error("--cfg " + f.cfg + " needs negative embeddings: negative_prompt_embeds and negative_pooled_prompt_embeds in the --prompt-embeds file");
+  const TextConditioning text = flux_text(f.model, f.text, f.options.cfg != pipelines::CfgMode::off, f.common.simulate, mc,
+                                          device.default_stream());
+  const pipelines::PromptEmbeddings& positive = text.positive;
+  const std::optional<pipelines::PromptEmbeddings>& negative = text.negative;
+  const std::string& text_source = text.source;
   const double text_s = pipelines::seconds_since(t0);
   pipeline.check(f.options, negative.has_value());
   pipelines::StageList stage_list = StageFlags::build(cache_config, f.options.steps, pipeline.transformer().block_count());
@@ -148,9 +124,9 @@ CommandRunner add_t2i_command(CLI::App& app) {
   auto cache = add_attention_tune_cache_flag(*command);
   auto stage_flags = add_stage_flags(*command);
   command->add_option("--model", flags->model, "Diffusers model directory (transformer/, vae/, scheduler/)");
-  command->add_option("--prompt", flags->prompt, "The prompt (encoded by the model's text_encoder/, when it has one)");
-  command->add_option("--negative-prompt", flags->negative_prompt, "The negative prompt for true CFG (default: the empty prompt)");
-  command->add_option("--prompt-embeds", flags->prompt_embeds,
+  command->add_option("--prompt", flags->text.prompt, "The prompt (encoded by the model's text_encoder/, when it has one)");
+  command->add_option("--negative-prompt", flags->text.negative_prompt, "The negative prompt for true CFG (default: the empty prompt)");
+  command->add_option("--prompt-embeds", flags->text.prompt_embeds,
                       "safetensors with prompt_embeds [1,L,D] and pooled_prompt_embeds [1,P] (and negative_* for CFG)");
   flags->options.width = flags->options.height = 0;  // the model's size unless given
   command->add_option("--width", flags->options.width, "Image width in pixels (default: the VAE's sample_size, 1024 for FLUX.1)")

@@ -16,6 +16,7 @@
 #include "cli/device_flags.h"
 #include "cli/generation_report.h"
 #include "cli/stage_flags.h"
+#include "cli/text_conditioning.h"
 #include "pipelines/wan_t2v.h"
 #include "tensor/error.h"
 
@@ -24,7 +25,8 @@ namespace cubevec::cli {
 namespace {
 
 struct T2VFlags {
-  std::string model, prompt, negative_prompt, prompt_embeds, out, frames_dir, cfg = "fused";
+  std::string model, out, frames_dir, cfg = "fused";
+  PromptFlags text;
   pipelines::T2VOptions options;
   int fps = 16;  // Wan2.1's frame rate
   int quality = 90;
@@ -92,26 +94,10 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   const double load_s = pipelines::seconds_since(t0);
   const models::WanConfig& mc = pipeline.transformer().config();
   t0 = std::chrono::steady_clock::now();
-  pipelines::PromptEmbeddings positive;
-  std::optional<pipelines::PromptEmbeddings> negative;
-  std::string text_source;
-  if (!f.prompt_embeds.empty()) {
-    auto file = pipelines::PromptEmbedsFile::load(f.prompt_embeds, /*with_pooled=*/false);
-    positive = file.positive;
-    negative = file.negative;
-    text_source = "embeddings from " + f.prompt_embeds;
-  } else if (f.common.simulate) {
-    // Shapes only: umT5's 512 tokens, as Wan2.1 uses them.
-    positive.sequence = Tensor::meta({1, 512, mc.text_dim}, DType::f32);
-    negative = positive;
-    text_source = "shape-only umT5 embeddings";
-  } else {
-    throw Error("Wan's umT5-XXL text encoder is not implemented yet" + std::string(f.prompt.empty() ? "" : " (so --prompt cannot be encoded)") +
-                ": pass --prompt-embeds FILE with prompt_embeds [1, L, " + std::to_string(mc.text_dim) +
-                "] (and negative_prompt_embeds for CFG)");
-  }
-  if (f.options.cfg != pipelines::CfgMode::off && !negative)
-    throw Error("--cfg " + f.cfg + " needs negative_prompt_embeds in the --prompt-embeds file (or --cfg off)");
+  const TextConditioning text = wan_text(f.model, f.text, f.options.cfg != pipelines::CfgMode::off, f.common.simulate, mc);
+  const pipelines::PromptEmbeddings& positive = text.positive;
+  const std::optional<pipelines::PromptEmbeddings>& negative = text.negative;
+  const std::string& text_source = text.source;
   const double text_s = pipelines::seconds_since(t0);
   pipeline.check(f.options, negative.has_value());
   pipelines::StageList stage_list = StageFlags::build(cache_config, f.options.steps, pipeline.transformer().block_count());
@@ -183,8 +169,8 @@ CommandRunner add_t2v_command(CLI::App& app) {
   auto cache = add_attention_tune_cache_flag(*command);
   auto stage_flags = add_stage_flags(*command);
   command->add_option("--model", flags->model, "Diffusers Wan model directory (transformer/, vae/, scheduler/)");
-  command->add_option("--prompt", flags->prompt, "The prompt (needs the umT5 encoder, not implemented yet: use --prompt-embeds)");
-  command->add_option("--prompt-embeds", flags->prompt_embeds,
+  command->add_option("--prompt", flags->text.prompt, "The prompt (needs the umT5 encoder, not implemented yet: use --prompt-embeds)");
+  command->add_option("--prompt-embeds", flags->text.prompt_embeds,
                       "safetensors with prompt_embeds [1,L,text_dim] (and negative_prompt_embeds for CFG)");
   command->add_option("--frames", flags->options.frames, "Frames, 1 + 4k (default 81)")->check(CLI::Range(int64_t{1}, int64_t{4097}));
   command->add_option("--width", flags->options.width, "Width in pixels, a multiple of 16 (default 832)")

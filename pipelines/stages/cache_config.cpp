@@ -1,6 +1,7 @@
 #include "pipelines/stages/cache_config.h"
 
 #include <cmath>
+#include <cstdio>
 #include <vector>
 
 #include "pipelines/stages/attention_cache.h"
@@ -87,6 +88,24 @@ nlohmann::ordered_json CacheConfig::to_json() const {
     j["taylorseer"] = taylorseer;
   }
   return j;
+}
+
+std::string CacheConfig::describe() const {
+  const auto end = [](const std::optional<int>& v) { return v ? std::to_string(*v) : std::string("end"); };
+  char text[160];
+  switch (method) {
+    case CacheMethod::none: return "none";
+    case CacheMethod::attention:
+      return "attention: steps " + std::to_string(step_start) + ".." + end(step_end) + ", every " + std::to_string(step_interval);
+    case CacheMethod::dit_block:
+      return "dit-block: blocks [" + std::to_string(block_start) + ", " + end(block_end) + ") from step " + std::to_string(step_start) +
+             ", every " + std::to_string(step_interval);
+    case CacheMethod::db:
+      std::snprintf(text, sizeof text, "db: F%dB%d, threshold %g, warm-up %d%s", fn, bn, threshold, warmup,
+                    taylorseer ? (", TaylorSeer " + std::to_string(taylorseer)).c_str() : "");
+      return text;
+  }
+  return "?";
 }
 
 void CacheConfig::validate(int steps, int blocks) const {

@@ -125,3 +125,38 @@ TEST_F(CacheCli, BadSettingsAreOneLineErrors) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST_F(CacheCli, TuneCachePrintsAConfigThatT2iReads) {
+  const std::string chosen = (dir_ / "chosen.json").string();
+  const auto r = run({"tune-cache", "--model", kTinyflux, "--prompt", "a red circle on a blue background", "--steps", "12",
+                      "--target-speedup", "1.15", "--max-trials", "2", "--out", chosen});
+  // Whether a setting reaches the target depends on the machine's timing; either outcome is a clean
+  // report, and a chosen setting is valid JSON that --cache-config accepts.
+  ASSERT_TRUE(r.status == 0 || r.status == 1) << r.err;
+  EXPECT_NE(r.err.find("reference (no cache)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("dit-block: blocks ["), std::string::npos) << r.err;
+  if (r.status == 1) {
+    EXPECT_NE(r.err.find("error: no setting reached"), std::string::npos) << r.err;
+    return;
+  }
+  const auto printed = nlohmann::json::parse(r.out);
+  EXPECT_EQ(printed, nlohmann::json::parse(read_file(chosen)));
+  const auto t = run(t2i((dir_ / "a.jpg").string(), {"--cache-config", chosen}));
+  ASSERT_EQ(t.status, 0) << t.err;
+  EXPECT_NE(t.err.find("cache " + printed["cache"].get<std::string>()), std::string::npos) << t.err;
+}
+
+TEST_F(CacheCli, TuneCacheSaysWhenATargetIsOutOfReach) {
+  const auto r = run({"tune-cache", "--model", kTinyflux, "--prompt", "a red circle on a blue background", "--steps", "6",
+                      "--target-speedup", "40", "--method", "dit-block"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("note: dit-block: replaying"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("error: no setting reached"), std::string::npos) << r.err;
+  const auto bad = run({"tune-cache", "--model", kTinyflux, "--prompt", "a red circle", "--target-speedup", "0.9"});
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("--target-speedup must be a finite number above 1"), std::string::npos) << bad.err;
+}
+
+}  // namespace

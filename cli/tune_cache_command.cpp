@@ -1,0 +1,140 @@
+// `cubevec tune-cache`: searches DiTBlockCache and AttentionCache settings for a target speedup as
+// MindIE SD documents it (pipelines/cache_tuner.h) on a Flux or Wan model folder, prints each
+// trial on stderr and the chosen settings on stdout as JSON that --cache-config reads.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli/attention_tune_cache.h"
+#include "cli/command.h"
+#include "cli/device_flags.h"
+#include "cli/text_conditioning.h"
+#include "pipelines/cache_tuner.h"
+#include "pipelines/flux_t2i.h"
+#include "pipelines/wan_t2v.h"
+#include "tensor/error.h"
+#include "tensor/strict_json.h"
+
+namespace cubevec::cli {
+
+namespace {
+
+struct TuneFlags {
+  std::string model, method = "both", out, dtype = "f32", variant;
+  PromptFlags text;
+  double target = 1.6;
+  int steps = 28, max_trials = 6, step_start = -1, interval = -1;
+  int64_t width = 0, height = 0, frames = 5;
+  uint64_t seed = 0;
+};
+
+bool is_wan(const std::string& dir) {
+  const nlohmann::json config = read_json_file(dir + "/transformer/config.json");
+  return config.is_object() && config.value("_class_name", std::string()) == "WanTransformer3DModel";
+}
+
+int run(const TuneFlags& f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache) {
+  if (f.model.empty()) throw Error("--model DIR is required (a diffusers Flux or Wan folder)");
+  const DType dtype = parse_dtype(f.dtype);
+  if (dtype != DType::f32 && dtype != DType::bf16) throw Error("--dtype must be f32 or bf16, got " + f.dtype);
+  pipelines::CacheTuneOptions options;
+  options.target_speedup = f.target;
+  options.max_trials = f.max_trials;
+  if (f.method == "dit-block") options.methods = {pipelines::CacheMethod::dit_block};
+  else if (f.method == "attention") options.methods = {pipelines::CacheMethod::attention};
+  else if (f.method != "both") throw Error("--method must be dit-block, attention or both, got '" + f.method + "'");
+  if (f.step_start >= 0) options.step_start = f.step_start;
+  if (f.interval >= 0) {
+    if (f.interval < 2) throw Error("--cache-interval must be at least 2 for tuning (1 computes every step), got " + std::to_string(f.interval));
+    options.interval = f.interval;
+  }
+  Device device(device_flags.resolve());
+  cache.load(device);
+
+  pipelines::CacheTuneRun generate;
+  int blocks = 0;
+  std::optional<pipelines::FluxT2IPipeline> flux;
+  std::optional<pipelines::WanT2VPipeline> wan;
+  TextConditioning text;
+  if (is_wan(f.model)) {
+    wan.emplace(pipelines::WanT2VPipeline::load(f.model, dtype, f.variant));
+    text = wan_text(f.model, f.text, false, false, wan->transformer().config());
+    pipelines::T2VOptions o;
+    o.steps = f.steps, o.seed = f.seed, o.cfg = pipelines::CfgMode::off, o.activations = dtype, o.frames = f.frames;
+    o.width = f.width > 0 ? f.width : 64, o.height = f.height > 0 ? f.height : 64;
+    wan->check(o, false);
+    blocks = wan->transformer().block_count();
+    generate = [&, o](pipelines::StageList& stages) {
+      pipelines::T2ITimings timings;
+      const Tensor latents = wan->denoise(text.positive, nullptr, o, device, {}, timings, &stages);
+      return std::make_pair(latents, timings.denoise_s);
+    };
+  } else {
+    flux.emplace(pipelines::FluxT2IPipeline::load(f.model, dtype, f.variant));
+    text = flux_text(f.model, f.text, false, false, flux->transformer().config(), device.default_stream());
+    pipelines::T2IOptions o;
+    o.steps = f.steps, o.seed = f.seed, o.activations = dtype;
+    o.width = f.width > 0 ? f.width : flux->default_image_size();
+    o.height = f.height > 0 ? f.height : flux->default_image_size();
+    flux->check(o, false);
+    blocks = flux->transformer().block_count();
+    generate = [&, o](pipelines::StageList& stages) {
+      pipelines::T2ITimings timings;
+      const Tensor latents = flux->denoise(text.positive, nullptr, o, device, {}, timings, &stages);
+      return std::make_pair(latents, timings.denoise_s);
+    };
+  }
+  std::fprintf(stderr, "tune-cache: %s, %d steps, %d blocks, target %.2fx; text: %s\n", f.model.c_str(), f.steps, blocks, f.target,
+               text.source.c_str());
+  const pipelines::CacheTuneResult result = pipelines::tune_cache(generate, f.steps, blocks, options, [](const std::string& what) {
+    std::fprintf(stderr, "running: %s\n", what.c_str());
+  });
+  std::fprintf(stderr, "\nreference (no cache): %.3f s of denoising\n%-44s %9s %8s %12s %12s\n", result.reference_seconds, "candidate",
+               "seconds", "speedup", "MSE", "proxy");
+  for (const auto& t : result.trials)
+    std::fprintf(stderr, "%-44s %9.3f %7.2fx %12.4g %12.4g%s\n", t.config.describe().c_str(), t.seconds, t.speedup,
+                 t.mse, t.proxy, t.reaches_target ? "" : "  (below target)");
+  for (const auto& note : result.notes) std::fprintf(stderr, "note: %s\n", note.c_str());
+  cache.save(device);
+  if (!result.chosen)
+    throw Error("no setting reached " + std::to_string(f.target).substr(0, 4) + "x on this run (see the trials above); try a lower "
+                "--target-speedup, more --steps or another --cache-step-start / --cache-interval");
+  const std::string json = result.chosen->config.to_json().dump(2);
+  std::printf("%s\n", json.c_str());
+  std::fprintf(stderr, "chosen: %.2fx at MSE %.4g\n", result.chosen->speedup, result.chosen->mse);
+  if (!f.out.empty()) {
+    std::ofstream out(f.out);
+    out << json << "\n";
+    if (!out) throw Error(f.out + ": cannot write the chosen cache config");
+  }
+  return 0;
+}
+
+}  // namespace
+
+CommandRunner add_tune_cache_command(CLI::App& app) {
+  auto* command = app.add_subcommand("tune-cache", "Search DiTBlockCache / AttentionCache settings for a target speedup (MindIE SD's method)");
+  auto flags = std::make_shared<TuneFlags>();
+  auto device_flags = add_device_flags(*command);
+  auto cache = add_attention_tune_cache_flag(*command);
+  command->add_option("--model", flags->model, "Diffusers Flux or Wan model folder");
+  command->add_option("--prompt", flags->text.prompt, "The prompt (through the model's text encoder)");
+  command->add_option("--prompt-embeds", flags->text.prompt_embeds, "safetensors with prompt_embeds (and pooled_prompt_embeds for Flux)");
+  command->add_option("--target-speedup", flags->target, "Denoising speedup to reach (default 1.6)");
+  command->add_option("--method", flags->method, "dit-block, attention or both (default)");
+  command->add_option("--steps", flags->steps, "Denoising steps (default 28)")->check(CLI::Range(2, 1000));
+  command->add_option("--width", flags->width, "Width (default: the model's size; 64 for Wan)")->check(CLI::Range(int64_t{16}, int64_t{4096}));
+  command->add_option("--height", flags->height, "Height")->check(CLI::Range(int64_t{16}, int64_t{4096}));
+  command->add_option("--frames", flags->frames, "Wan: frames, 1 + 4k (default 5)")->check(CLI::Range(int64_t{1}, int64_t{1025}));
+  command->add_option("--seed", flags->seed, "Noise seed");
+  command->add_option("--cache-step-start", flags->step_start, "dit-block: first replayable step (default steps / 5)");
+  command->add_option("--cache-interval", flags->interval, "dit-block: compute every N steps (default 2)");
+  command->add_option("--max-trials", flags->max_trials, "Full runs per method (default 6)")->check(CLI::Range(1, 100));
+  command->add_option("--dtype", flags->dtype, "f32 or bf16");
+  command->add_option("--variant", flags->variant, "Read diffusion_pytorch_model.<variant>.safetensors");
+  command->add_option("--out", flags->out, "Also write the chosen JSON to this file");
+  return [flags, device_flags, cache] { return run(*flags, *device_flags, *cache); };
+}
+
+}  // namespace cubevec::cli
