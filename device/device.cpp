@@ -1,5 +1,7 @@
 #include "device/device.h"
 
+#include <atomic>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -47,8 +49,11 @@ Device::~Device() {
 }
 
 Stream Device::new_stream(std::string label) {
+  // Stream ids are unique in the process, not per device: a tensor written on one device's stream
+  // and read on another device's stream of the same number must still be waited for.
+  static std::atomic<StreamTag> next_id{1};
   std::lock_guard lock(mutex_);
-  auto state = std::make_shared<StreamState>(*this, next_stream_id_++, std::move(label));
+  auto state = std::make_shared<StreamState>(*this, next_id.fetch_add(1), std::move(label));
   streams_.push_back(state);
   return Stream(state);
 }

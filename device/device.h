@@ -91,7 +91,6 @@ class Device {
   std::vector<std::shared_ptr<StreamState>> streams_;
   std::unique_ptr<Stream> default_stream_;
   std::vector<std::pair<std::string, Stream>> named_streams_;
-  StreamTag next_stream_id_ = 1;
   std::array<double, 2> unit_free_s_{};
   DeviceStats stats_;
 };

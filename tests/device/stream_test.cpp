@@ -136,6 +136,18 @@ TEST(Stream, ReadAfterWriteAcrossStreamsNeedsNoExplicitSync) {
   for (int i = 0; i < 1000; ++i) ASSERT_EQ(out[i], 5.0f) << i;
 }
 
+TEST(Stream, ReadAfterWriteAcrossDevicesWaitsToo) {
+  // Each device's default stream is its first: a tensor written by one device's default stream and
+  // read by another's must still be waited for (stream ids are unique in the process).
+  Device first(two_thread_profile()), second(two_thread_profile());
+  const Tensor x = fill(first.default_stream(), {1000}, 2.0f, Unit::vector, /*sleep_ms=*/50);
+  const Tensor y = fill(first.default_stream(), {1000}, 3.0f);
+  const Tensor z = add(second.default_stream(), x, y);
+  EXPECT_NE(first.default_stream().id(), second.default_stream().id());
+  const float* out = within_seconds(10, [&] { return z.data<float>(); });
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(out[i], 5.0f) << i;
+}
+
 TEST(Stream, WriteAfterReadAcrossStreamsWaitsForTheReader) {
   Device device(two_thread_profile());
   Stream a = device.new_stream("a"), b = device.new_stream("b");
