@@ -199,7 +199,7 @@ Tensor WanTransformer3DModel::patch_embed(const Tensor& x, const Stream& s, DTyp
   ops::Conv3dOptions options;
   options.stride = {p[0], p[1], p[2]};
   // The Conv3d runs in f32: a bf16 kernel is widened per call (it is small: D x C x 4).
-  const Tensor tokens = ops::conv3d(ops::cast(x, DType::f32), ops::cast(patch_weight_, DType::f32), patch_bias_, options, s);
+  const Tensor tokens = ops::conv3d(ops::cast(x, DType::f32, s), ops::cast(patch_weight_, DType::f32, s), patch_bias_, options, s);
   const int64_t b = tokens.size(0), d = tokens.size(1);
   // [B, D, T', H', W'] -> [B, L, D] in (t, h, w) row-major token order.
   const Tensor seq = tokens.reshape({b, d, tokens.numel() / (b * d)}).permute({0, 2, 1});
