@@ -87,6 +87,10 @@ void gemm_reference(const gemm::Problem& p) {
   // when computing in bf16.
   const auto element = [&](const void* base, gemm::Element type, int64_t index) -> double {
     if (type == gemm::Element::bf16) return bf16_to_f32(static_cast<const uint16_t*>(base)[index]);
+    if (type == gemm::Element::i8) {  // a weight [N, K]: the column is index / ldb
+      const float v = static_cast<float>(static_cast<const int8_t*>(base)[index]) * p.b_scale[index / p.ldb];
+      return p.compute == gemm::Element::bf16 ? bf16_to_f32(f32_to_bf16(v)) : v;
+    }
     const float v = static_cast<const float*>(base)[index];
     return p.compute == gemm::Element::bf16 ? bf16_to_f32(f32_to_bf16(v)) : v;
   };
@@ -122,7 +126,9 @@ void require_matrix_operand(const Tensor& t, const char* op, const char* what, G
                 " backend takes f32 inputs only; " + what + " is bf16 (use the cubevec or reference backend)");
 }
 
-gemm::Element element_of(const Tensor& t) { return t.dtype() == DType::bf16 ? gemm::Element::bf16 : gemm::Element::f32; }
+gemm::Element element_of(const Tensor& t) {
+  return t.dtype() == DType::bf16 ? gemm::Element::bf16 : t.dtype() == DType::i8 ? gemm::Element::i8 : gemm::Element::f32;
+}
 
 // Checks the epilogue tensors against C [rows, n] and returns them as extra reads.
 std::vector<Tensor> epilogue_reads(const MatmulOptions& o, const Shape& c_shape, int64_t n, const char* op) {
@@ -207,7 +213,15 @@ struct Accumulator {
 
 Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& o, const Stream& stream) {
   require_matrix_operand(a, "matmul", "A", o.backend);
-  require_matrix_operand(b, "matmul", "B", o.backend);
+  if (b.defined() && b.dtype() == DType::i8) {
+    if (!o.b_is_weight || !b.is_contiguous() || b.dim() != 2 || (o.backend != GemmBackend::cubevec && o.backend != GemmBackend::reference))
+      throw Error("matmul: an i8 B must be a contiguous weight [N, K] (b_is_weight) on the cubevec or reference backend, got " + b.describe());
+    if (!o.b_scale.defined()) throw Error("matmul: an i8 weight needs b_scale, its per-channel scale [N]");
+    check_vector(o.b_scale, b.size(0), "b_scale");
+  } else {
+    require_matrix_operand(b, "matmul", "B", o.backend);
+    if (o.b_scale.defined()) throw Error("matmul: b_scale applies to an i8 weight only, B is " + std::string(dtype_name(b.dtype())));
+  }
   const int64_t k_of_b = b.dim() == 2 ? (o.b_is_weight ? b.size(1) : b.size(0)) : -1;
   if (a.dim() != 2 || b.dim() != 2 || a.size(1) != k_of_b)
     throw Error(std::string("matmul: expected A [M, K] and ") + (o.b_is_weight ? "a weight [N, K]" : "B [K, N]") +
@@ -221,16 +235,18 @@ Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& o, const St
   std::vector<Tensor> reads = epilogue_reads(o, {m, n}, n, "matmul");
   reads.push_back(a);
   reads.push_back(b);
+  if (o.b_scale.defined()) reads.push_back(o.b_scale);
   Tensor c = stream.device().empty({m, n}, o.out, stream);
   const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   const double bytes = static_cast<double>(a.nbytes() + b.nbytes() + c.nbytes() + (o.residual.defined() ? o.residual.nbytes() : 0));
   if (o.backend == GemmBackend::openblas) make_openblas_single_threaded();
-  const std::string name = "matmul_" + std::string(gemm_backend_name(o.backend)) + (o.compute == DType::bf16 ? "_bf16" : "");
+  const std::string name = "matmul_" + std::string(gemm_backend_name(o.backend)) + (o.compute == DType::bf16 ? "_bf16" : "") + (b.dtype() == DType::i8 ? "_w8" : "");
   stream.launch({name, Unit::cube, flops, bytes, o.compute}, reads, {c}, [a, b, c, o, m, n, k] {
     gemm::Problem p;
     p.m = m, p.n = n, p.k = k;
     p.a = a.unsynchronized_data_ptr(), p.lda = k, p.a_type = element_of(a);
     p.b = b.unsynchronized_data_ptr(), p.ldb = o.b_is_weight ? k : n, p.b_type = element_of(b);
+    p.b_scale = f32_ptr(o.b_scale);
     p.trans_b = o.b_is_weight;
     const Accumulator acc(c, m * n);
     p.c = acc.c, p.ldc = n;

@@ -35,6 +35,9 @@ struct MatmulOptions {
   std::shared_ptr<const gemm::PackedB> packed_weight{};
   // The result's dtype: f32, or bf16 (summed in f32, the epilogue applied in f32, rounded once).
   DType out = DType::f32;
+  // With an i8 weight (b_is_weight): the per-output-channel scale [N], f32; the weight is read as
+  // int8 x scale while packed (a weight-only quantized Linear; no float copy of it is kept).
+  Tensor b_scale{};
 };
 
 // Packs a weight W [N, K] (b_is_weight layout, f32 or bf16) once for matmul with `compute`, on the
@@ -42,7 +45,7 @@ struct MatmulOptions {
 std::shared_ptr<const gemm::PackedB> pack_weight(const Tensor& weight, DType compute = DType::f32);
 
 // A contiguous [M, K]; B contiguous [K, N] (or [N, K] with b_is_weight); each f32 or bf16 (bf16
-// inputs need the cubevec or reference backend). The result is [M, N] of dtype options.out. Runs on
+// inputs need the cubevec or reference backend), or B an i8 weight with options.b_scale. The result is [M, N] of dtype options.out. Runs on
 // the Cube unit of `stream`'s device.
 Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& options = {},
               const Stream& stream = default_op_stream());

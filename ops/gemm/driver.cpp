@@ -67,6 +67,15 @@ inline P load_as(const S* base, int64_t index, bool round_bf16) {
   }
 }
 
+// An int8 weight element times its column's scale, as the packed type P (rounded to bf16 when
+// computing in bf16).
+template <class P>
+inline P load_scaled(const int8_t* base, int64_t index, float scale, bool round_bf16) {
+  const float v = static_cast<float>(base[index]) * scale;
+  if constexpr (std::is_same_v<P, float>) return round_bf16 ? bf16_to_f32(f32_to_bf16(v)) : v;
+  else return f32_to_bf16(v);
+}
+
 // A[i0 .. i0+mc, p0 .. p0+kc] into MR-row panels of kgroup-wide k steps, zero-padded. Each row of
 // A is read sequentially (the panel being written is small enough to stay in L1).
 template <class P, class S>
@@ -108,6 +117,23 @@ void pack_b(const Problem& p, const Plan<P>& plan, int64_t p0, int64_t kc, int64
   }
 }
 
+// B = (W_int8 x scale)^T with W [N, K] (trans_b): column j of B is row j of W times scale[j].
+template <class P>
+void pack_b_int8(const Problem& p, const Plan<P>& plan, int64_t p0, int64_t kc, int64_t j0, int64_t nc, P* out) {
+  const auto* b = static_cast<const int8_t*>(p.b);
+  const bool round = p.compute == Element::bf16;
+  const int64_t g = plan.kgroup, k_steps = (kc + g - 1) / g, panel = k_steps * g * plan.nr;
+  for (int64_t jr = 0; jr < nc; jr += plan.nr, out += panel) {
+    const int64_t cols = std::min(plan.nr, nc - jr);
+    if (cols < plan.nr || k_steps * g != kc) std::fill(out, out + panel, P{});
+    for (int64_t j = 0; j < cols; ++j) {
+      const int8_t* src = b + (j0 + jr + j) * p.ldb + p0;
+      const float scale = p.b_scale[j0 + jr + j];
+      for (int64_t k = 0; k < kc; ++k) out[(k / g * plan.nr + j) * g + k % g] = load_scaled<P>(src, k, scale, round);
+    }
+  }
+}
+
 template <class P>
 using PackA = void (*)(const Problem&, const Plan<P>&, int64_t, int64_t, int64_t, int64_t, P*);
 template <class P>
@@ -119,7 +145,7 @@ void gemm_block(const Problem& p, const Plan<P>& plan, int64_t row0, int64_t row
   const int64_t m = row1 - row0, n = col1 - col0;
   if (m <= 0 || n <= 0) return;
   const PackA<P> pack_a_fn = p.a_type == Element::f32 ? pack_a<P, float> : pack_a<P, uint16_t>;
-  const PackB<P> pack_b_fn = p.b_type == Element::f32 ? pack_b<P, float> : pack_b<P, uint16_t>;
+  const PackB<P> pack_b_fn = p.b_type == Element::f32 ? pack_b<P, float> : p.b_type == Element::i8 ? pack_b_int8<P> : pack_b<P, uint16_t>;
   const auto round_up = [](int64_t v, int64_t to) { return (v + to - 1) / to * to; };
   const int64_t nc_max = std::min(plan.nc, round_up(n, plan.nr));
   const int64_t mc_max = std::min(plan.mc, round_up(m, plan.mr));
@@ -224,6 +250,7 @@ void pack_all(const Problem& p, const Plan<P>& plan, PackedB& out, std::vector<P
 
 std::shared_ptr<const PackedB> pack_b_once(const Problem& p, Isa isa) {
   if (!isa_supported(isa)) throw Error("gemm: ISA " + std::string(isa_name(isa)) + " is not supported by this CPU");
+  if (p.b_type == Element::i8) throw Error("gemm: an int8 B is packed per call (a packed float copy would defeat its purpose)");
   auto out = std::make_shared<PackedB>();
   out->n = p.n;
   out->k = p.k;
@@ -238,6 +265,7 @@ std::shared_ptr<const PackedB> pack_b_once(const Problem& p, Isa isa) {
 void sgemm(const Problem& p, Isa isa, int threads) {
   if (!isa_supported(isa)) throw Error("gemm: ISA " + std::string(isa_name(isa)) + " is not supported by this CPU");
   if (p.m <= 0 || p.n <= 0) return;
+  if (p.b_type == Element::i8 && (!p.trans_b || !p.b_scale)) throw Error("gemm: an int8 B must be a weight [N, K] with a column scale");
   if (p.packed_b && (p.packed_b->n != p.n || p.packed_b->k != p.k || p.packed_b->compute != p.compute || p.packed_b->isa != isa))
     throw Error("gemm: the packed B was made for another problem (N, K, compute or ISA differ)");
   if (p.compute == Element::bf16 && isa == Isa::avx512 && has_bf16_dot()) run_split(p, bf16_plan(), threads);

@@ -21,8 +21,9 @@ using ops::isa_supported;
 // comparison), read once. Throws on an unknown or unsupported value.
 Isa best_isa();
 
-// Element types of the inputs: f32, or bf16 stored as uint16_t.
-enum class Element : uint8_t { f32, bf16 };
+// Element types of the inputs: f32, bf16 stored as uint16_t, or (B only, a weight-only quantized
+// Linear) int8 times a per-column scale.
+enum class Element : uint8_t { f32, bf16, i8 };
 
 struct PackedB;
 
@@ -34,6 +35,7 @@ struct Problem {
   const void* b = nullptr;  // [K, N] with row stride ldb, or, if trans_b, [N, K] (a Linear weight)
   int64_t ldb = 0;
   Element b_type = Element::f32;
+  const float* b_scale = nullptr;  // [N], with b_type i8: B's column j is read as int8 x b_scale[j]
   bool trans_b = false;
   float* c = nullptr;  // [M, N], row stride ldc, always f32
   int64_t ldc = 0;

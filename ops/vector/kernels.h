@@ -119,6 +119,25 @@ struct ConvertArgs {
   Elem from = Elem::f32, to = Elem::f32;
 };
 
+// Activation quantization of contiguous rows of `width` values (f32 or bf16) into rows of `padded`
+// bytes of the int8 GEMM's A operand: q as s8 + 128, the padding the s8 zero (128).
+//   x' = x * mul_scale (when given, SmoothQuant);
+//   dynamic: s = max|x'| / 127 (1 for an all-zero row, NaN for a non-finite one), q = rint(x' / s),
+//            row_scale[r] = s;
+//   static:  q = clamp(rint(x' / scale + offset), -128, 127), row_scale[r] = 1;
+// a row with a non-finite value gets row_scale NaN (its products come out NaN, never clamped to a
+// finite value). rint rounds half to even, as torch.round and the NPU's quantize.
+struct QuantizeArgs {
+  const void* x = nullptr;
+  Elem type = Elem::f32;
+  int64_t width = 0, padded = 0;
+  uint8_t* out = nullptr;
+  const float* mul_scale = nullptr;
+  bool dynamic = true;
+  float scale = 1, offset = 0;
+  float* row_scale = nullptr;  // [rows]
+};
+
 struct Kernels {
   void (*rms_norm)(const RowArgs&, int64_t r0, int64_t r1);
   void (*layer_norm)(const RowArgs&, int64_t r0, int64_t r1);
@@ -129,6 +148,7 @@ struct Kernels {
   void (*binary)(const BinaryArgs&, int64_t r0, int64_t r1);
   void (*convert)(const ConvertArgs&, int64_t i0, int64_t i1);
   void (*channel_norm)(const ChannelNormArgs&, int64_t i0, int64_t i1);  // over the column-block items
+  void (*quantize)(const QuantizeArgs&, int64_t r0, int64_t r1);
 };
 
 using ops::Isa;

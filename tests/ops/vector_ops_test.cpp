@@ -16,22 +16,14 @@
 #include "tensor/half.h"
 
 #include "common/tensor_testing.h"
+#include "common/vector_isa.h"
 
 namespace cubevec {
 namespace {
 
 using namespace cubevec::testing;
 
-// Runs `body` once per kernel ISA this CPU supports (CUBEVEC_VECTOR_ISA), restoring the default.
-void for_each_isa(const std::function<void(const std::string&)>& body) {
-  for (auto isa : {ops::vk::Isa::avx512, ops::vk::Isa::avx2, ops::vk::Isa::portable}) {
-    if (!ops::vk::isa_supported(isa)) continue;
-    const std::string name(ops::vk::isa_name(isa));
-    setenv("CUBEVEC_VECTOR_ISA", name.c_str(), 1);
-    body(name);
-    unsetenv("CUBEVEC_VECTOR_ISA");
-  }
-}
+const auto for_each_isa = for_each_vector_isa;
 
 constexpr int64_t kWidths[] = {1, 7, 17, 129};
 constexpr DType kDTypes[] = {DType::f32, DType::bf16};

@@ -4,6 +4,7 @@
 #include "ops/vector/impl/activation_kernels.h"
 #include "ops/vector/impl/elementwise_kernels.h"
 #include "ops/vector/impl/norm_kernels.h"
+#include "ops/vector/impl/quantize_kernels.h"
 #include "ops/vector/impl/rope_kernels.h"
 
 namespace cubevec::ops::vk {
@@ -56,9 +57,14 @@ void channel_norm_entry(const ChannelNormArgs& a, int64_t i0, int64_t i1) {
   else channel_norm_blocks<bf16_t>(a, i0, i1);
 }
 
+void quantize_entry(const QuantizeArgs& a, int64_t r0, int64_t r1) {
+  if (a.type == Elem::f32) quantize_rows<float>(a, r0, r1);
+  else quantize_rows<bf16_t>(a, r0, r1);
+}
+
 constexpr Kernels kTable = {rms_norm_entry, layer_norm_entry, softmax_entry, group_norm_entry,
                             rope_entry,     unary_entry,      binary_entry,  convert_entry,
-                            channel_norm_entry};
+                            channel_norm_entry, quantize_entry};
 
 }  // namespace
 }  // namespace cubevec::ops::vk

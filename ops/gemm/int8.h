@@ -1,0 +1,75 @@
+// The int8 GEMM behind the quantized Linears: C[M, N] = A[M, K] (u8) x W[N, K]^T (s8) summed in
+// s32, then a float epilogue. A holds signed int8 activations shifted by +128 (so that VNNI's
+// u8 x s8 dot product applies); the shift is taken back per column with the weight's column sums:
+//   acc[m][n] = sum_k (a[m][k] + 128) w[n][k] - 128 colsum[n] = sum_k a[m][k] w[n][k].
+// Then, fused, y = (acc + int_bias[n]) * row_scale[m] * col_scale[n] + bias[n], an activation, a
+// (gated) residual, and an f32 or bf16 store.
+// Micro-kernels: AVX512-VNNI (14 x 32), AVX-VNNI (6 x 16 on ymm, for AVX2-class CPUs), and a
+// portable one; each in its own file compiled for its ISA.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "ops/gemm/epilogue.h"
+
+namespace cubevec::ops::gemm {
+
+enum class Int8Isa { avx512_vnni, avx_vnni, portable };
+bool int8_isa_supported(Int8Isa isa);
+std::string_view int8_isa_name(Int8Isa isa);
+// The widest int8 ISA this CPU has; CUBEVEC_INT8_ISA=avx512_vnni|avx_vnni|portable forces one.
+Int8Isa best_int8_isa();
+
+// W [N, K] s8 packed once into the micro-kernel's panels: NR columns per panel, K in quads
+// (4 consecutive k of one column in one 32-bit lane), zero-padded; with the column sums.
+struct PackedInt8 {
+  int64_t n = 0, k = 0, k_quads = 0;  // K rounded up to a multiple of 4, in quads
+  Int8Isa isa = Int8Isa::portable;
+  int nr = 0;
+  std::vector<int8_t> panels;      // [ceil(N / NR)][k_quads][NR][4]
+  std::vector<int32_t> column_sums;  // sum_k w[n][k], [N]
+  std::size_t bytes() const { return panels.size() + column_sums.size() * sizeof(int32_t); }
+};
+std::shared_ptr<const PackedInt8> pack_int8_weight(const int8_t* w, int64_t n, int64_t k, int64_t ldw, Int8Isa isa);
+
+struct Int8Epilogue {
+  const int32_t* int_bias = nullptr;  // [N] added to the s32 sum (static W8A8's quant_bias), or null
+  const float* row_scale = nullptr;   // [M] (per-token activation scale), or null (1)
+  const float* col_scale = nullptr;   // [N] (per-channel weight / dequant scale), or null (1)
+  const float* bias = nullptr;        // [N] float bias added after scaling, or null
+  Epilogue rest;                      // activation, residual, gate, bf16 store: as the float GEMM's
+};
+
+struct Int8Problem {
+  int64_t m = 0, n = 0;
+  const uint8_t* a = nullptr;  // [M, packed.k_quads * 4] u8 (s8 + 128), row stride lda
+  int64_t lda = 0;
+  const PackedInt8* b = nullptr;
+  float* c = nullptr;  // [M, N] f32 (with rest.out_bf16 set, an f32 scratch), row stride ldc
+  int64_t ldc = 0;
+  Int8Epilogue epilogue;
+};
+
+// Runs on the calling TBB arena over up to `threads` tasks.
+void gemm_int8(const Int8Problem& p, int threads);
+
+// --- micro-kernels (int8_microkernel_*.cpp) ------------------------------------------------------
+
+// C[MR x NR] (s32, row stride ldc) = A panel [k_quads][MR][4] (u8) x B panel [k_quads][NR][4] (s8).
+inline constexpr int kMrInt8Avx512 = 14, kNrInt8Avx512 = 32;
+void int8_microkernel_avx512_vnni(int64_t k_quads, const uint8_t* a, const int8_t* b, int32_t* c, int64_t ldc);
+inline constexpr int kMrInt8AvxVnni = 6, kNrInt8AvxVnni = 16;
+void int8_microkernel_avx_vnni(int64_t k_quads, const uint8_t* a, const int8_t* b, int32_t* c, int64_t ldc);
+inline constexpr int kMrInt8Portable = 4, kNrInt8Portable = 16;
+void int8_microkernel_portable(int64_t k_quads, const uint8_t* a, const int8_t* b, int32_t* c, int64_t ldc);
+
+// The epilogue of an int32 tile: rows x cols of `acc` (row stride ld_acc), at (i0, j0) of C.
+void int8_epilogue_avx512(const Int8Problem& p, const int32_t* acc, int64_t ld_acc, int64_t i0, int64_t j0, int64_t rows,
+                          int64_t cols);
+void int8_epilogue_portable(const Int8Problem& p, const int32_t* acc, int64_t ld_acc, int64_t i0, int64_t j0, int64_t rows,
+                            int64_t cols);
+
+}  // namespace cubevec::ops::gemm

@@ -1,0 +1,150 @@
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <tbb/parallel_for.h>
+
+#include "ops/gemm/int8.h"
+#include "tensor/caching_allocator.h"
+#include "tensor/enum_names.h"
+#include "tensor/error.h"
+
+namespace cubevec::ops::gemm {
+
+namespace {
+
+constexpr auto kInt8IsaNames = enum_names<Int8Isa>(
+    "int8 ISA", {{Int8Isa::avx512_vnni, "avx512_vnni"}, {Int8Isa::avx_vnni, "avx_vnni"}, {Int8Isa::portable, "portable"}});
+
+struct Int8Plan {
+  void (*micro)(int64_t, const uint8_t*, const int8_t*, int32_t*, int64_t);
+  void (*epilogue)(const Int8Problem&, const int32_t*, int64_t, int64_t, int64_t, int64_t, int64_t);
+  int mr, nr;
+};
+
+Int8Plan plan_of(Int8Isa isa) {
+  switch (isa) {
+    case Int8Isa::avx512_vnni: return {int8_microkernel_avx512_vnni, int8_epilogue_avx512, kMrInt8Avx512, kNrInt8Avx512};
+    case Int8Isa::avx_vnni: return {int8_microkernel_avx_vnni, int8_epilogue_portable, kMrInt8AvxVnni, kNrInt8AvxVnni};
+    case Int8Isa::portable: return {int8_microkernel_portable, int8_epilogue_portable, kMrInt8Portable, kNrInt8Portable};
+  }
+  throw Error("int8 GEMM: invalid ISA");
+}
+
+// Scratch from the caching allocator: the same blocks come back call after call.
+template <class T>
+struct Scratch {
+  explicit Scratch(std::size_t count) : ptr(static_cast<T*>(default_allocator().allocate(std::max<std::size_t>(count, 1) * sizeof(T)))) {}
+  ~Scratch() { default_allocator().deallocate(ptr); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  T* ptr;
+};
+
+// Rows [i0, i0 + rows) of A into MR-row panels [k_quads][MR][4], rows past the end as the s8 zero
+// (128): their results are computed and dropped.
+void pack_a(const Int8Problem& p, int mr, int64_t i0, int64_t rows, uint8_t* out) {
+  const int64_t kq = p.b->k_quads;
+  for (int64_t ir = 0; ir < rows; ir += mr, out += kq * 4 * mr) {
+    const int64_t n = std::min<int64_t>(mr, rows - ir);
+    if (n < mr) std::memset(out, 128, static_cast<std::size_t>(kq * 4 * mr));
+    for (int64_t r = 0; r < n; ++r) {
+      const uint8_t* src = p.a + (i0 + ir + r) * p.lda;
+      for (int64_t q = 0; q < kq; ++q) std::memcpy(out + (q * mr + r) * 4, src + 4 * q, 4);
+    }
+  }
+}
+
+// C rows [row0, row1) x panels [panel0, panel1).
+void run_part(const Int8Problem& p, const Int8Plan& plan, int64_t row0, int64_t row1, int64_t panel0, int64_t panel1) {
+  const int64_t kq = p.b->k_quads, k_bytes = 4 * kq;
+  // The A block stays in L2 (about 1 MiB) while every B panel of the part passes over it.
+  const int64_t mc = std::clamp<int64_t>((int64_t{1} << 20) / std::max<int64_t>(k_bytes, 1) / plan.mr * plan.mr, plan.mr, 64 * plan.mr);
+  Scratch<uint8_t> a_block(static_cast<std::size_t>(mc * k_bytes));
+  alignas(64) int32_t tile[32 * 32];
+  for (int64_t ic = row0; ic < row1; ic += mc) {
+    const int64_t rows = std::min(mc, row1 - ic);
+    pack_a(p, plan.mr, ic, rows, a_block.ptr);
+    for (int64_t jp = panel0; jp < panel1; ++jp) {
+      const int8_t* b_panel = p.b->panels.data() + jp * kq * 4 * plan.nr;
+      const int64_t j0 = jp * plan.nr, cols = std::min<int64_t>(plan.nr, p.n - j0);
+      for (int64_t ir = 0; ir < rows; ir += plan.mr) {
+        plan.micro(kq, a_block.ptr + ir * k_bytes, b_panel, tile, plan.nr);
+        plan.epilogue(p, tile, plan.nr, ic + ir, j0, std::min<int64_t>(plan.mr, rows - ir), cols);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool int8_isa_supported(Int8Isa isa) {
+  switch (isa) {
+    case Int8Isa::avx512_vnni:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+    case Int8Isa::avx_vnni: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avxvnni");
+    case Int8Isa::portable: return true;
+  }
+  return false;
+}
+
+std::string_view int8_isa_name(Int8Isa isa) { return kInt8IsaNames.name(isa); }
+
+Int8Isa best_int8_isa() {
+  static const Int8Isa best = [] {
+    if (const char* env = std::getenv("CUBEVEC_INT8_ISA"); env && *env) {
+      if (!kInt8IsaNames.contains(env))
+        throw Error(std::string("CUBEVEC_INT8_ISA=") + env + ": unknown int8 ISA (expected one of: " + kInt8IsaNames.list() + ")");
+      const Int8Isa isa = kInt8IsaNames.parse(env);
+      if (!int8_isa_supported(isa)) throw Error(std::string("CUBEVEC_INT8_ISA=") + env + ": this CPU does not support that ISA");
+      return isa;
+    }
+    for (Int8Isa isa : {Int8Isa::avx512_vnni, Int8Isa::avx_vnni})
+      if (int8_isa_supported(isa)) return isa;
+    return Int8Isa::portable;
+  }();
+  return best;
+}
+
+std::shared_ptr<const PackedInt8> pack_int8_weight(const int8_t* w, int64_t n, int64_t k, int64_t ldw, Int8Isa isa) {
+  if (!int8_isa_supported(isa)) throw Error("int8 GEMM: ISA " + std::string(int8_isa_name(isa)) + " is not supported by this CPU");
+  if (n < 1 || k < 1 || ldw < k) throw Error("pack_int8_weight: expected a weight [N, K] with N, K >= 1, got N " + std::to_string(n) + ", K " + std::to_string(k));
+  auto out = std::make_shared<PackedInt8>();
+  const Int8Plan plan = plan_of(isa);
+  out->n = n, out->k = k, out->k_quads = (k + 3) / 4, out->isa = isa, out->nr = plan.nr;
+  const int64_t panels = (n + plan.nr - 1) / plan.nr, kq = out->k_quads;
+  out->panels.assign(static_cast<std::size_t>(panels * kq * 4 * plan.nr), 0);
+  out->column_sums.assign(static_cast<std::size_t>(n), 0);
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t panel = j / plan.nr, col = j % plan.nr;
+    int8_t* dst = out->panels.data() + panel * kq * 4 * plan.nr + col * 4;
+    int32_t sum = 0;
+    for (int64_t kk = 0; kk < k; ++kk) {
+      const int8_t v = w[j * ldw + kk];
+      dst[(kk / 4) * 4 * plan.nr + kk % 4] = v;
+      sum += v;
+    }
+    out->column_sums[static_cast<std::size_t>(j)] = sum;
+  }
+  return out;
+}
+
+void gemm_int8(const Int8Problem& p, int threads) {
+  if (p.m <= 0 || p.n <= 0) return;
+  if (!p.b || p.b->n != p.n) throw Error("gemm_int8: the packed weight has " + std::to_string(p.b ? p.b->n : 0) + " columns, expected " + std::to_string(p.n));
+  if (!int8_isa_supported(p.b->isa)) throw Error("gemm_int8: the weight was packed for an ISA this CPU lacks");
+  const Int8Plan plan = plan_of(p.b->isa);
+  const int64_t panels = (p.n + plan.nr - 1) / plan.nr;
+  // Split the larger side into one contiguous part per thread, in whole tiles.
+  const bool by_rows = (p.m + plan.mr - 1) / plan.mr >= panels;
+  const int64_t extent = by_rows ? (p.m + plan.mr - 1) / plan.mr : panels;
+  const int64_t parts = std::clamp<int64_t>(extent, 1, std::max(threads, 1));
+  const int64_t per_part = (extent + parts - 1) / parts;
+  tbb::parallel_for(int64_t{0}, parts, [&](int64_t part) {
+    const int64_t lo = part * per_part, hi = std::min(extent, lo + per_part);
+    if (lo >= hi) return;
+    if (by_rows) run_part(p, plan, lo * plan.mr, std::min(p.m, hi * plan.mr), 0, panels);
+    else run_part(p, plan, 0, p.m, lo, hi);
+  });
+}
+
+}  // namespace cubevec::ops::gemm
