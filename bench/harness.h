@@ -25,6 +25,7 @@ struct Machine {
   double fma_peak_gflops = 0;    // f32 FMA peak, all threads
   double fma_peak_1t_gflops = 0;  // one thread
   double triad_gbps = 0;         // STREAM-style triad bandwidth, all threads
+  double vnni_peak_gops = 0;     // AVX512-VNNI int8 peak (2 ops per product), all threads; 0 without it
 };
 
 // Measures FMA peak (with the widest vectors the CPU has) and triad bandwidth; takes ~2 s.
@@ -50,6 +51,7 @@ using Suite = std::function<void(Context&)>;
 
 void attention_suite(Context& context);
 void blocks_suite(Context& context);
+void quant_suite(Context& context);
 void cache_suite(Context& context);
 void launch_suite(Context& context);
 void cv_suite(Context& context);

@@ -15,7 +15,8 @@ using namespace cubevec::bench;
 int main(int argc, char** argv) {
   const std::map<std::string, Suite> suites = {
       {"launch", launch_suite}, {"cv", cv_suite}, {"instances", instances_suite}, {"gemm", gemm_suite},
-      {"vector", vector_suite}, {"attention", attention_suite}, {"blocks", blocks_suite}, {"cache", cache_suite}, {"vae", vae_suite}};
+      {"vector", vector_suite}, {"attention", attention_suite}, {"blocks", blocks_suite}, {"cache", cache_suite}, {"quant", quant_suite},
+      {"vae", vae_suite}};
   std::string names;
   for (const auto& [name, suite] : suites) names += (names.empty() ? "" : ", ") + name;
 
@@ -48,8 +49,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "measuring the machine...\n");
     context.machine = measure_machine();
     const Machine& m = context.machine;
-    std::fprintf(stderr, "machine: %s, %d threads: FMA peak %.1f GFLOP/s (%.1f on one thread), triad %.1f GB/s\n\n",
-                 m.isa.c_str(), m.threads, m.fma_peak_gflops, m.fma_peak_1t_gflops, m.triad_gbps);
+    std::fprintf(stderr, "machine: %s, %d threads: FMA peak %.1f GFLOP/s (%.1f on one thread), triad %.1f GB/s, VNNI int8 peak %.1f GOP/s\n\n",
+                 m.isa.c_str(), m.threads, m.fma_peak_gflops, m.fma_peak_1t_gflops, m.triad_gbps, m.vnni_peak_gops);
     std::fprintf(stderr, "%-10s %-34s %-22s %-5s %11s %11s %11s\n", "suite", "case", "impl", "dtype", "median ms",
                  "min ms", "max ms");
     for (const std::string& name : chosen) suites.at(name)(context);
@@ -60,7 +61,8 @@ int main(int argc, char** argv) {
                          {"threads", m.threads},
                          {"fma_peak_gflops", m.fma_peak_gflops},
                          {"fma_peak_1t_gflops", m.fma_peak_1t_gflops},
-                         {"triad_gbps", m.triad_gbps}};
+                         {"triad_gbps", m.triad_gbps},
+                         {"vnni_peak_gops", m.vnni_peak_gops}};
       json["results"] = nlohmann::json::array();
       for (const Result& r : context.results) {
         nlohmann::ordered_json row = {{"suite", r.suite},          {"case", r.case_name},     {"impl", r.impl},

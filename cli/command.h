@@ -17,5 +17,6 @@ CommandRunner add_t2i_command(CLI::App& app);
 CommandRunner add_t2v_command(CLI::App& app);
 CommandRunner add_forward_command(CLI::App& app);
 CommandRunner add_tune_cache_command(CLI::App& app);
+CommandRunner add_quantize_command(CLI::App& app);
 
 }  // namespace cubevec::cli

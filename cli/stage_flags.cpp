@@ -1,5 +1,7 @@
 #include "cli/stage_flags.h"
 
+#include "pipelines/stages/quantize.h"
+
 #include <cstdio>
 
 #include "tensor/error.h"
@@ -19,6 +21,9 @@ std::shared_ptr<StageFlags> add_stage_flags(CLI::App& command) {
   auto f = std::make_shared<StageFlags>();
   auto& v = f->values;
   auto add = [&](const char* name, auto& target, const char* help) { f->options.push_back(command.add_option(name, target, help)); };
+  add("--quant", f->quant, "MindIE SD quant description (quant_model_description_*.json; its weight file beside it); in --simulate "
+      "also an algorithm name (W8A16, W8A8, W8A8_DYNAMIC, W8A8_TIMESTEP)");
+  add("--timestep-policy", f->timestep_policy, "W8A8_TIMESTEP: JSON {\"default\": \"dynamic\", \"static\": [steps...]}");
   add("--cache", f->cache, "Step cache: none, attention (MindIE AttentionCache), dit-block (MindIE DiTBlockCache), db (cache-dit DBCache/FBCache)");
   add("--cache-config", f->cache_config, "JSON file with the cache settings (the flags' names without the dashes as keys)");
   add("--cache-step-start", v.step_start, "attention / dit-block: first step that may use the cache (default 0)");
@@ -74,8 +79,18 @@ pipelines::CacheConfig StageFlags::cache_settings() const {
   return c;
 }
 
-pipelines::StageList StageFlags::build(const pipelines::CacheConfig& cache_config, int steps, int blocks) {
+std::unique_ptr<pipelines::Stage> StageFlags::quantize_stage(bool simulate) const {
+  if (quant.empty()) {
+    if (!timestep_policy.empty()) throw Error("--timestep-policy applies with --quant (a W8A8_TIMESTEP description)");
+    return nullptr;
+  }
+  return std::make_unique<pipelines::QuantizeStage>(pipelines::QuantizeOptions{quant, timestep_policy, simulate});
+}
+
+pipelines::StageList StageFlags::build(std::unique_ptr<pipelines::Stage> quantize, const pipelines::CacheConfig& cache_config, int steps,
+                                       int blocks) {
   pipelines::StageList stages;
+  if (quantize) stages.add(std::move(quantize));
   if (auto cache = pipelines::make_cache_stage(cache_config, steps, blocks)) stages.add(std::move(cache));
   return stages;
 }

@@ -1,5 +1,6 @@
-// The acceleration-stage flags t2i and t2v share, and the StageList they build. Today: the step
-// caches (pipelines/stages/cache_config.h)
+// The acceleration-stage flags t2i and t2v share, and the StageList they build:
+//   --quant DESCRIPTION.json [--timestep-policy POLICY.json]   (pipelines/stages/quantize.h)
+// and the step caches (pipelines/stages/cache_config.h)
 //   --cache none|attention|dit-block|db
 //   --cache-step-start N --cache-interval N --cache-step-end N --cache-block-start N --cache-block-end N
 //   --cache-fn N --cache-bn N --cache-threshold X --cache-warmup N --cache-max-cached N
@@ -20,6 +21,7 @@
 namespace cubevec::cli {
 
 struct StageFlags {
+  std::string quant, timestep_policy;
   std::string cache = "none", cache_config;
   pipelines::CacheConfig values;  // the flags' values (defaults where not given)
   int step_end = 0, block_end = 0;  // --cache-step-end, --cache-block-end when given
@@ -28,8 +30,12 @@ struct StageFlags {
   // The cache settings: --cache-config's file, with the flags given on the command line over it.
   // Flags that do not apply to the method are errors.
   pipelines::CacheConfig cache_settings() const;
-  // The stages for a run of `steps` steps over `blocks` blocks (validated; errors name the flag).
-  static pipelines::StageList build(const pipelines::CacheConfig& cache, int steps, int blocks);
+  // The quantization stage (its files read and checked now), or null without --quant.
+  std::unique_ptr<pipelines::Stage> quantize_stage(bool simulate) const;
+  // The stages for a run of `steps` steps over `blocks` blocks (validated; errors name the flag),
+  // the quantization stage (if any) first.
+  static pipelines::StageList build(std::unique_ptr<pipelines::Stage> quantize, const pipelines::CacheConfig& cache, int steps,
+                                    int blocks);
 };
 
 std::shared_ptr<StageFlags> add_stage_flags(CLI::App& command);

@@ -39,7 +39,8 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   const DType dtype = f.common.weight_dtype();
   f.options.cfg = pipelines::parse_cfg_mode(f.cfg);
   f.options.activations = dtype;
-  const pipelines::CacheConfig cache_config = stage_flags.cache_settings();  // a bad file fails before any work
+  const pipelines::CacheConfig cache_config = stage_flags.cache_settings();  // bad files fail before any work
+  std::unique_ptr<pipelines::Stage> quantize = stage_flags.quantize_stage(f.common.simulate);
   const DeviceProfile profile = f.common.profile(device_flags);
   Device device(profile, {.simulate = f.common.simulate, .trace = !f.common.trace_path.empty()});
   cache.load(device);
@@ -47,7 +48,7 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
 
   // Stage 1: the model and the text conditioning.
   auto t0 = std::chrono::steady_clock::now();
-  const pipelines::FluxT2IPipeline pipeline =
+  pipelines::FluxT2IPipeline pipeline =
       f.common.simulate ? pipelines::FluxT2IPipeline::load_meta(f.model, dtype) : pipelines::FluxT2IPipeline::load(f.model, dtype, f.common.variant);
   const double load_s = pipelines::seconds_since(t0);
   const models::FluxConfig& mc = pipeline.transformer().config();
@@ -62,7 +63,8 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   const std::string& text_source = text.source;
   const double text_s = pipelines::seconds_since(t0);
   pipeline.check(f.options, negative.has_value());
-  pipelines::StageList stage_list = StageFlags::build(cache_config, f.options.steps, pipeline.transformer().block_count());
+  pipelines::StageList stage_list = StageFlags::build(std::move(quantize), cache_config, f.options.steps, pipeline.transformer().block_count());
+  stage_list.after_load(pipeline.mutable_transformer().mutable_parameters());
 
   std::fprintf(stderr, "t2i: text: %s\n", text_source.c_str());
   std::fprintf(stderr, "t2i: %lldx%lld, %d steps, cfg %s, %s, transformer %lld+%lld blocks x %lld wide (%s), profile %s: %d Cube + %d Vector thread(s)%s\n",

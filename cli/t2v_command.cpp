@@ -81,7 +81,8 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   const DType dtype = f.common.weight_dtype();
   f.options.cfg = pipelines::parse_cfg_mode(f.cfg);
   f.options.activations = dtype;
-  const pipelines::CacheConfig cache_config = stage_flags.cache_settings();  // a bad file fails before any work
+  const pipelines::CacheConfig cache_config = stage_flags.cache_settings();  // bad files fail before any work
+  std::unique_ptr<pipelines::Stage> quantize = stage_flags.quantize_stage(f.common.simulate);
   const DeviceProfile profile = f.common.profile(device_flags);
   Device device(profile, {.simulate = f.common.simulate, .trace = !f.common.trace_path.empty()});
   cache.load(device);
@@ -89,7 +90,7 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
 
   // Stage 1: the model and the text conditioning.
   auto t0 = std::chrono::steady_clock::now();
-  const pipelines::WanT2VPipeline pipeline =
+  pipelines::WanT2VPipeline pipeline =
       f.common.simulate ? pipelines::WanT2VPipeline::load_meta(f.model, dtype) : pipelines::WanT2VPipeline::load(f.model, dtype, f.common.variant);
   const double load_s = pipelines::seconds_since(t0);
   const models::WanConfig& mc = pipeline.transformer().config();
@@ -100,7 +101,8 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   const std::string& text_source = text.source;
   const double text_s = pipelines::seconds_since(t0);
   pipeline.check(f.options, negative.has_value());
-  pipelines::StageList stage_list = StageFlags::build(cache_config, f.options.steps, pipeline.transformer().block_count());
+  pipelines::StageList stage_list = StageFlags::build(std::move(quantize), cache_config, f.options.steps, pipeline.transformer().block_count());
+  stage_list.after_load(pipeline.mutable_transformer().mutable_parameters());
   // The output files are opened before denoising, so a bad path fails at once, not after it.
   std::optional<FrameWriter> writer;
   if (!f.common.simulate) writer.emplace(f);

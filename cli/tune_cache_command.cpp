@@ -9,12 +9,9 @@
 #include "cli/attention_tune_cache.h"
 #include "cli/command.h"
 #include "cli/device_flags.h"
-#include "cli/text_conditioning.h"
+#include "cli/model_runner.h"
 #include "pipelines/cache_tuner.h"
-#include "pipelines/flux_t2i.h"
-#include "pipelines/wan_t2v.h"
 #include "tensor/error.h"
-#include "tensor/strict_json.h"
 
 namespace cubevec::cli {
 
@@ -28,11 +25,6 @@ struct TuneFlags {
   int64_t width = 0, height = 0, frames = 5;
   uint64_t seed = 0;
 };
-
-bool is_wan(const std::string& dir) {
-  const nlohmann::json config = read_json_file(dir + "/transformer/config.json");
-  return config.is_object() && config.value("_class_name", std::string()) == "WanTransformer3DModel";
-}
 
 int run(const TuneFlags& f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache) {
   if (f.model.empty()) throw Error("--model DIR is required (a diffusers Flux or Wan folder)");
@@ -52,39 +44,12 @@ int run(const TuneFlags& f, const DeviceFlags& device_flags, const AttentionTune
   Device device(device_flags.resolve());
   cache.load(device);
 
-  pipelines::CacheTuneRun generate;
-  int blocks = 0;
-  std::optional<pipelines::FluxT2IPipeline> flux;
-  std::optional<pipelines::WanT2VPipeline> wan;
-  TextConditioning text;
-  if (is_wan(f.model)) {
-    wan.emplace(pipelines::WanT2VPipeline::load(f.model, dtype, f.variant));
-    text = wan_text(f.model, f.text, false, false, wan->transformer().config());
-    pipelines::T2VOptions o;
-    o.steps = f.steps, o.seed = f.seed, o.cfg = pipelines::CfgMode::off, o.activations = dtype, o.frames = f.frames;
-    o.width = f.width > 0 ? f.width : 64, o.height = f.height > 0 ? f.height : 64;
-    wan->check(o, false);
-    blocks = wan->transformer().block_count();
-    generate = [&, o](pipelines::StageList& stages) {
-      pipelines::T2ITimings timings;
-      const Tensor latents = wan->denoise(text.positive, nullptr, o, device, {}, timings, &stages);
-      return std::make_pair(latents, timings.denoise_s);
-    };
-  } else {
-    flux.emplace(pipelines::FluxT2IPipeline::load(f.model, dtype, f.variant));
-    text = flux_text(f.model, f.text, false, false, flux->transformer().config(), device.default_stream());
-    pipelines::T2IOptions o;
-    o.steps = f.steps, o.seed = f.seed, o.activations = dtype;
-    o.width = f.width > 0 ? f.width : flux->default_image_size();
-    o.height = f.height > 0 ? f.height : flux->default_image_size();
-    flux->check(o, false);
-    blocks = flux->transformer().block_count();
-    generate = [&, o](pipelines::StageList& stages) {
-      pipelines::T2ITimings timings;
-      const Tensor latents = flux->denoise(text.positive, nullptr, o, device, {}, timings, &stages);
-      return std::make_pair(latents, timings.denoise_s);
-    };
-  }
+  const std::unique_ptr<ModelRunner> model = ModelRunner::load(f.model, dtype, f.variant, device);
+  const TextConditioning text = model->text(f.text);
+  const RunShape shape{f.steps, f.width, f.height, f.frames, f.seed};
+  model->check(shape);
+  const int blocks = model->blocks();
+  const pipelines::CacheTuneRun generate = [&](pipelines::StageList& stages) { return model->run(text.positive, shape, stages); };
   std::fprintf(stderr, "tune-cache: %s, %d steps, %d blocks, target %.2fx; text: %s\n", f.model.c_str(), f.steps, blocks, f.target,
                text.source.c_str());
   const pipelines::CacheTuneResult result = pipelines::tune_cache(generate, f.steps, blocks, options, [](const std::string& what) {

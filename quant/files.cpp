@@ -103,7 +103,10 @@ std::vector<std::string> Description::quantized_modules() const {
         module.resize(module.size() - suffix.size());
         break;
       }
-    if (module.ends_with(".linear")) module.resize(module.size() - 7);
+    // "<X>.linear.*" is the SmoothQuant layout only when "<X>.div.mul_scale" exists; otherwise
+    // ".linear" is part of the module's own name (Flux's norm_out.linear).
+    if (module.ends_with(".linear") && entries.count(module.substr(0, module.size() - 7) + ".div.mul_scale"))
+      module.resize(module.size() - 7);
     modules.insert(module);
   }
   return {modules.begin(), modules.end()};

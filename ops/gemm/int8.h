@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "ops/gemm/epilogue.h"
+#include "ops/gemm/int8_kernels.h"
 
 namespace cubevec::ops::gemm {
 
@@ -35,14 +35,6 @@ struct PackedInt8 {
 };
 std::shared_ptr<const PackedInt8> pack_int8_weight(const int8_t* w, int64_t n, int64_t k, int64_t ldw, Int8Isa isa);
 
-struct Int8Epilogue {
-  const int32_t* int_bias = nullptr;  // [N] added to the s32 sum (static W8A8's quant_bias), or null
-  const float* row_scale = nullptr;   // [M] (per-token activation scale), or null (1)
-  const float* col_scale = nullptr;   // [N] (per-channel weight / dequant scale), or null (1)
-  const float* bias = nullptr;        // [N] float bias added after scaling, or null
-  Epilogue rest;                      // activation, residual, gate, bf16 store: as the float GEMM's
-};
-
 struct Int8Problem {
   int64_t m = 0, n = 0;
   const uint8_t* a = nullptr;  // [M, packed.k_quads * 4] u8 (s8 + 128), row stride lda
@@ -55,21 +47,5 @@ struct Int8Problem {
 
 // Runs on the calling TBB arena over up to `threads` tasks.
 void gemm_int8(const Int8Problem& p, int threads);
-
-// --- micro-kernels (int8_microkernel_*.cpp) ------------------------------------------------------
-
-// C[MR x NR] (s32, row stride ldc) = A panel [k_quads][MR][4] (u8) x B panel [k_quads][NR][4] (s8).
-inline constexpr int kMrInt8Avx512 = 14, kNrInt8Avx512 = 32;
-void int8_microkernel_avx512_vnni(int64_t k_quads, const uint8_t* a, const int8_t* b, int32_t* c, int64_t ldc);
-inline constexpr int kMrInt8AvxVnni = 6, kNrInt8AvxVnni = 16;
-void int8_microkernel_avx_vnni(int64_t k_quads, const uint8_t* a, const int8_t* b, int32_t* c, int64_t ldc);
-inline constexpr int kMrInt8Portable = 4, kNrInt8Portable = 16;
-void int8_microkernel_portable(int64_t k_quads, const uint8_t* a, const int8_t* b, int32_t* c, int64_t ldc);
-
-// The epilogue of an int32 tile: rows x cols of `acc` (row stride ld_acc), at (i0, j0) of C.
-void int8_epilogue_avx512(const Int8Problem& p, const int32_t* acc, int64_t ld_acc, int64_t i0, int64_t j0, int64_t rows,
-                          int64_t cols);
-void int8_epilogue_portable(const Int8Problem& p, const int32_t* acc, int64_t ld_acc, int64_t i0, int64_t j0, int64_t rows,
-                            int64_t cols);
 
 }  // namespace cubevec::ops::gemm

@@ -17,7 +17,7 @@ constexpr auto kInt8IsaNames = enum_names<Int8Isa>(
 
 struct Int8Plan {
   void (*micro)(int64_t, const uint8_t*, const int8_t*, int32_t*, int64_t);
-  void (*epilogue)(const Int8Problem&, const int32_t*, int64_t, int64_t, int64_t, int64_t, int64_t);
+  void (*epilogue)(const Int8Output&, const int32_t*, int64_t, int64_t, int64_t, int64_t, int64_t);
   int mr, nr;
 };
 
@@ -57,6 +57,7 @@ void pack_a(const Int8Problem& p, int mr, int64_t i0, int64_t rows, uint8_t* out
 // C rows [row0, row1) x panels [panel0, panel1).
 void run_part(const Int8Problem& p, const Int8Plan& plan, int64_t row0, int64_t row1, int64_t panel0, int64_t panel1) {
   const int64_t kq = p.b->k_quads, k_bytes = 4 * kq;
+  const Int8Output output{p.c, p.ldc, p.b->column_sums.data(), p.epilogue};
   // The A block stays in L2 (about 1 MiB) while every B panel of the part passes over it.
   const int64_t mc = std::clamp<int64_t>((int64_t{1} << 20) / std::max<int64_t>(k_bytes, 1) / plan.mr * plan.mr, plan.mr, 64 * plan.mr);
   Scratch<uint8_t> a_block(static_cast<std::size_t>(mc * k_bytes));
@@ -69,7 +70,7 @@ void run_part(const Int8Problem& p, const Int8Plan& plan, int64_t row0, int64_t 
       const int64_t j0 = jp * plan.nr, cols = std::min<int64_t>(plan.nr, p.n - j0);
       for (int64_t ir = 0; ir < rows; ir += plan.mr) {
         plan.micro(kq, a_block.ptr + ir * k_bytes, b_panel, tile, plan.nr);
-        plan.epilogue(p, tile, plan.nr, ic + ir, j0, std::min<int64_t>(plan.mr, rows - ir), cols);
+        plan.epilogue(output, tile, plan.nr, ic + ir, j0, std::min<int64_t>(plan.mr, rows - ir), cols);
       }
     }
   }

@@ -5,14 +5,14 @@
 #pragma once
 
 #include "ops/gemm/epilogue_impl.h"
-#include "ops/gemm/int8.h"
+#include "ops/gemm/int8_kernels.h"
 
 namespace cubevec::ops::gemm {
 
-static inline void apply_int8_epilogue(const Int8Problem& p, const int32_t* acc, int64_t ld_acc, int64_t i0, int64_t j0,
+static inline void apply_int8_epilogue(const Int8Output& p, const int32_t* acc, int64_t ld_acc, int64_t i0, int64_t j0,
                                        int64_t rows, int64_t cols) {
   const Int8Epilogue& ep = p.epilogue;
-  const int32_t* sums = p.b->column_sums.data() + j0;
+  const int32_t* sums = p.column_sums + j0;
   for (int64_t r = 0; r < rows; ++r) {
     const int32_t* in = acc + r * ld_acc;
     float* out = p.c + (i0 + r) * p.ldc + j0;

@@ -2,9 +2,7 @@
 // AVX512-VNNI. One vpdpbusd per 16 columns and row adds 4 u8 x s8 products into each s32 lane.
 #include <immintrin.h>
 
-#include <cstring>
-
-#include "ops/gemm/int8.h"
+#include "ops/gemm/int8_kernels.h"
 
 namespace cubevec::ops::gemm {
 
@@ -18,7 +16,7 @@ void int8_microkernel_avx512_vnni(int64_t k_quads, const uint8_t* a, const int8_
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
       int32_t quad;
-      std::memcpy(&quad, a + 4 * r, 4);
+      __builtin_memcpy(&quad, a + 4 * r, 4);
       const __m512i ar = _mm512_set1_epi32(quad);
       lo[r] = _mm512_dpbusd_epi32(lo[r], ar, b0);
       hi[r] = _mm512_dpbusd_epi32(hi[r], ar, b1);
@@ -39,7 +37,7 @@ void int8_microkernel_avx512_vnni(int64_t k_quads, const uint8_t* a, const int8_
 
 namespace cubevec::ops::gemm {
 
-void int8_epilogue_avx512(const Int8Problem& p, const int32_t* acc, int64_t ld_acc, int64_t i0, int64_t j0, int64_t rows,
+void int8_epilogue_avx512(const Int8Output& p, const int32_t* acc, int64_t ld_acc, int64_t i0, int64_t j0, int64_t rows,
                           int64_t cols) {
   apply_int8_epilogue(p, acc, ld_acc, i0, j0, rows, cols);
 }

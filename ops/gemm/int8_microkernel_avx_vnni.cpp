@@ -2,9 +2,7 @@
 // VEX-encoded vpdpbusd of AVX2-class cores).
 #include <immintrin.h>
 
-#include <cstring>
-
-#include "ops/gemm/int8.h"
+#include "ops/gemm/int8_kernels.h"
 
 namespace cubevec::ops::gemm {
 
@@ -19,7 +17,7 @@ void int8_microkernel_avx_vnni(int64_t k_quads, const uint8_t* a, const int8_t* 
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       int32_t quad;
-      std::memcpy(&quad, a + 4 * r, 4);
+      __builtin_memcpy(&quad, a + 4 * r, 4);
       const __m256i ar = _mm256_set1_epi32(quad);
       lo[r] = _mm256_dpbusd_avx_epi32(lo[r], ar, b0);
       hi[r] = _mm256_dpbusd_avx_epi32(hi[r], ar, b1);

@@ -1,0 +1,207 @@
+// Suite `quant`: the int8 path against the float one, in the same run.
+//   * the int8 GEMM (u8 x s8 -> s32, VNNI) at the `gemm` shapes, GOP/s and the fraction of the
+//     VNNI peak measured in this run, beside cubevec's f32 and bf16 GEMMs and the per-token
+//     activation quantization (the Vector kernel that feeds it);
+//   * one Flux double and one single block (the `blocks` shapes) with W8A16, W8A8_DYNAMIC and W8A8
+//     against the f32 block;
+//   * the shipped tinyflux with each algorithm, exported here from a calibration run on its
+//     reference prompt: denoising time, weight bytes, and the picture's PSNR against float.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <unistd.h>
+
+#include "bench/harness.h"
+#include "models/flux_transformer.h"
+#include "models/tiny_text_encoder.h"
+#include "ops/quantized.h"
+#include "ops/vector_ops.h"
+#include "pipelines/flux_t2i.h"
+#include "pipelines/quality.h"
+#include "pipelines/quant_export.h"
+#include "pipelines/stages/quantize.h"
+#include "quant/calibration.h"
+#include "tensor/half.h"
+
+namespace cubevec::bench {
+
+namespace {
+
+using quant::Algorithm;
+
+Tensor random_matrix(int64_t rows, int64_t cols, unsigned seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  std::vector<float> v(static_cast<std::size_t>(rows * cols));
+  for (float& x : v) x = dist(rng);
+  return Tensor::from_vector(v, {rows, cols});
+}
+
+void gemm_cases(Context& context, Device& device) {
+  const Stream s = device.default_stream();
+  const int64_t shapes[][3] = {{4096, 3072, 3072}, {4096, 12288, 3072}, {4608, 9216, 3072}, {1024, 1024, 1024}, {256, 3072, 3072}};
+  for (const auto& shape : shapes) {
+    const int64_t m = shape[0], n = shape[1], k = shape[2];
+    const std::string name = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
+    const double ops_count = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+    const int runs = ops_count > 1e11 ? std::max(2, context.repeats / 2) : context.repeats;
+    const Tensor a = random_matrix(m, k, 1), w = random_matrix(n, k, 2, 0.05f);
+    const quant::QuantTensors q = quant::quantize_layer(w, {}, Algorithm::w8a8_dynamic, {});
+    const ops::PackedInt8Weight packed = ops::pack_int8_weight(q.weight);
+    const ops::QuantizedActivations qa = ops::quantize_activations(a, 4 * packed->k_quads, {}, s);
+    qa.data.data_ptr();
+    std::map<std::string, double> seconds;
+    const auto row = [&](const std::string& impl, const std::string& dtype, const Timing& t, double peak) {
+      Result r{"quant", "gemm " + name, impl};
+      r.dtype = dtype;
+      r.timing = t;
+      r.gflops = ops_count / t.median_s / 1e9;
+      r.peak_fraction = peak > 0 ? r.gflops / peak : 0;
+      seconds[impl] = t.median_s;
+      if (seconds.count("f32")) r.extra["x_f32"] = seconds["f32"] / t.median_s;
+      context.add(r);
+    };
+    for (DType compute : {DType::f32, DType::bf16}) {
+      const auto packed_float = ops::pack_weight(w, compute);
+      const ops::MatmulOptions o{.b_is_weight = true, .compute = compute, .packed_weight = packed_float};
+      row(compute == DType::f32 ? "f32" : "bf16", std::string(dtype_name(compute)),
+          time_runs([&] { ops::matmul(a, w, o, s).data_ptr(); }, runs), context.machine.fma_peak_gflops);
+    }
+    row("int8 gemm", "i8", time_runs([&] { ops::matmul_int8(qa, packed, {.col_scale = q.weight_scale}, s).data_ptr(); }, runs),
+        context.machine.vnni_peak_gops);
+    const Timing quantize = time_runs([&] { ops::quantize_activations(a, 4 * packed->k_quads, {}, s).data.data_ptr(); }, runs);
+    Result r{"quant", "quantize per token " + std::to_string(m) + "x" + std::to_string(k), "vector"};
+    r.timing = quantize;
+    r.gbps = static_cast<double>(a.nbytes() + qa.data.nbytes()) / quantize.median_s / 1e9;
+    r.peak_fraction = r.gbps / context.machine.triad_gbps;
+    r.extra["share_of_int8_gemm"] = quantize.median_s / seconds["int8 gemm"];
+    context.add(r);
+  }
+}
+
+// The Linears of a block quantized with `algorithm` (static ranges: the block inputs' [-4, 4]).
+void quantize_block(models::ParameterTable& table, Algorithm algorithm, const std::shared_ptr<int>& step) {
+  for (const auto& [name, linear] : table.linears()) {
+    const std::vector<quant::ActivationRange> ranges =
+        algorithm == Algorithm::w8a8 ? std::vector<quant::ActivationRange>{{-4.0f, 4.0f}} : std::vector<quant::ActivationRange>{};
+    const quant::QuantTensors t = quant::quantize_layer(linear->weight, linear->bias, algorithm, ranges);
+    pipelines::install_quantized(*linear, quant::make_quantized_linear(algorithm, linear->in, linear->out, t, nullptr, name), step);
+  }
+}
+
+void block_cases(Context& context, Device& device) {
+  const Stream s = device.default_stream();
+  const models::FluxConfig config = models::FluxConfig::flux1_dev();
+  const int64_t d = config.inner_dim(), img = 1024, txt = 256;
+  const Tensor hidden = random_matrix(img, d, 11).reshape({1, img, d}), context_states = random_matrix(txt, d, 12).reshape({1, txt, d});
+  const Tensor silu = ops::activation(random_matrix(1, d, 13), ops::Activation::silu, s);
+  const models::RopeTable t = models::axial_rope(Tensor::zeros({txt, 3}, DType::f32), config.axes_dims_rope);
+  const models::RopeTable i = models::axial_rope(models::flux_image_ids(64, 64), config.axes_dims_rope);
+  const models::RopeTable rope{ops::concat({t.cos, i.cos}, 0, s), ops::concat({t.sin, i.sin}, 0, s)};
+  const models::FluxBlockInputs shared{silu, rope, {1, 32, 32}};
+  const auto step = std::make_shared<int>(0);
+  for (const char* kind : {"double", "single"}) {
+    std::map<std::string, double> seconds;
+    for (const std::string scheme : {"f32", "W8A16", "W8A8_DYNAMIC", "W8A8"}) {
+      models::ParameterTable table;
+      models::FluxDoubleBlock double_block;
+      models::FluxSingleBlock single_block;
+      const bool is_double = std::string(kind) == "double";
+      if (is_double) double_block.declare(table, 0, config);
+      else single_block.declare(table, 0, config);
+      models::make_random_parameters(table, DType::f32, 5, 0.02f);
+      if (scheme != "f32") quantize_block(table, *quant::parse_algorithm(scheme, "bench"), step);
+      const auto run = [&] {
+        return is_double ? double_block.forward({hidden, context_states}, shared, {}, s).hidden
+                         : single_block.forward({hidden, context_states}, shared, {}, s).hidden;
+      };
+      const Timing timing = time_runs([&] { run().data_ptr(); }, std::max(2, context.repeats / 2));
+      Result r{"quant", std::string("flux ") + kind + " 1024+256 x3072", scheme};
+      r.timing = timing;
+      seconds[scheme] = timing.median_s;
+      r.extra["x_f32"] = seconds["f32"] / timing.median_s;
+      std::size_t bytes = 0;
+      for (const auto& [name, linear] : table.linears()) bytes += linear->kernel ? linear->kernel->weight_bytes() : linear->weight.nbytes();
+      r.extra["linear_weight_mb"] = static_cast<double>(bytes) / 1e6;
+      context.add(r);
+    }
+  }
+}
+
+void tinyflux_cases(Context& context, Device& device) {
+  const std::string dir = std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinyflux";
+  const auto encoder = models::TinyTextEncoder::load(dir, device.default_stream());
+  const models::PromptEmbeddings prompt = encoder->encode("a red circle on a blue background");
+  pipelines::T2IOptions o;
+  o.width = o.height = 64;
+  const std::filesystem::path files = std::filesystem::temp_directory_path() / ("cubevec_bench_quant_" + std::to_string(::getpid()));
+  Tensor reference_picture;
+  double reference_s = 0;
+  for (const std::string scheme : {"f32", "W8A16", "W8A8_DYNAMIC", "W8A8", "W8A8_TIMESTEP"}) {
+    pipelines::FluxT2IPipeline pipeline = pipelines::FluxT2IPipeline::load(dir);
+    std::string description;
+    if (scheme != "f32") {
+      // Export from one calibration run on the prompt, as `cubevec quantize` does.
+      pipelines::QuantExportOptions e;
+      e.algorithm = *quant::parse_algorithm(scheme, "bench");
+      pipelines::StageList calibrate;
+      auto stage = std::make_unique<pipelines::CalibrationStage>(e);
+      pipelines::CalibrationStage& calibration = *stage;
+      calibrate.add(std::move(stage));
+      calibrate.after_load(pipeline.mutable_transformer().mutable_parameters());
+      pipelines::T2ITimings t;
+      pipeline.denoise(prompt, nullptr, o, device, {}, t, &calibrate);
+      calibration.detach(pipeline.mutable_transformer().mutable_parameters());
+      description = pipelines::export_quantized(pipeline.mutable_transformer().mutable_parameters(), calibration, e, o.steps,
+                                                (files / scheme).string())
+                        .description_path;
+    }
+    pipelines::StageList stages;
+    std::size_t weight_bytes = 0;
+    if (!description.empty()) {
+      auto quantize = std::make_unique<pipelines::QuantizeStage>(pipelines::QuantizeOptions{description, "", false});
+      pipelines::QuantizeStage& q = *quantize;
+      stages.add(std::move(quantize));
+      stages.after_load(pipeline.mutable_transformer().mutable_parameters());
+      weight_bytes = q.int8_weight_bytes() + q.float_weight_bytes();
+    } else {
+      for (const auto& spec : pipeline.transformer().parameters().specs()) weight_bytes += spec.slot->nbytes();
+    }
+    std::vector<double> denoise_s;
+    Tensor picture;
+    for (int r = 0; r < std::max(3, context.repeats); ++r) {
+      pipelines::T2ITimings t;
+      const Tensor latents = pipeline.denoise(prompt, nullptr, o, device, {}, t, &stages);
+      picture = pipeline.decode(latents, o, device, t);
+      denoise_s.push_back(t.denoise_s);
+    }
+    Result row{"quant", "tinyflux 28 steps 64x64", scheme};
+    row.timing = summarize(denoise_s);
+    if (scheme == "f32") reference_picture = picture, reference_s = row.timing.median_s, row.extra["weight_mb"] = static_cast<double>(weight_bytes) / 1e6;
+    else {
+      const pipelines::Quality q = pipelines::compare_pictures(picture, reference_picture);
+      row.extra["psnr_db"] = std::isfinite(q.psnr_db) ? q.psnr_db : 999.0;
+      row.extra["max_abs"] = q.max_abs;
+      row.extra["weight_mb"] = static_cast<double>(weight_bytes) / 1e6;
+    }
+    row.extra["speedup"] = reference_s / row.timing.median_s;
+    context.add(row);
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(files, ec);
+}
+
+}  // namespace
+
+void quant_suite(Context& context) {
+  DeviceProfile profile = builtin_cpu_profile();
+  profile.cube_threads = context.machine.threads;
+  profile.vector_threads = context.machine.threads;
+  Device device(profile);
+  gemm_cases(context, device);
+  block_cases(context, device);
+  tinyflux_cases(context, device);
+}
+
+}  // namespace cubevec::bench

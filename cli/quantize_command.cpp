@@ -1,0 +1,121 @@
+// `cubevec quantize`: exports MindIE SD quantization files from a float Flux or Wan model folder.
+// Calibration runs the float model over the given prompts (or prompt embeddings) and steps with
+// every Linear's input range recorded (pipelines/quant_export.h), then writes
+// quant_model_description_{algo}.json and quant_model_weight_{algo}.safetensors into --out, and
+// reports each layer's cosine against float on its calibration rows, worst first.
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "cli/device_flags.h"
+#include "cli/model_runner.h"
+#include "pipelines/quant_export.h"
+#include "pipelines/prompt_embeds_file.h"
+#include "tensor/error.h"
+
+namespace cubevec::cli {
+
+namespace {
+
+struct QuantizeFlags {
+  std::string model, algo, out, json_path, dtype = "f32", variant;
+  std::vector<std::string> prompts, embeds, exclude;
+  int steps = 28, top = 15;
+  int64_t width = 0, height = 0, frames = 5;
+  uint64_t seed = 0;
+  bool deq_int64 = false;
+};
+
+int run(const QuantizeFlags& f, const DeviceFlags& device_flags) {
+  if (f.model.empty()) throw Error("--model DIR is required (a diffusers Flux or Wan folder with float weights)");
+  if (f.out.empty()) throw Error("--out DIR is required (the folder for the quant description and weight files)");
+  if (f.algo.empty()) throw Error("--algo is required: W8A16, W8A8_DYNAMIC, W8A8 or W8A8_TIMESTEP");
+  const std::optional<quant::Algorithm> algorithm = quant::parse_algorithm(f.algo, "--algo");
+  if (!algorithm) throw Error("--algo " + f.algo + ": MindIE SD has that algorithm, but cubevec exports W8A16, W8A8_DYNAMIC, W8A8, W8A8_TIMESTEP");
+  if (f.prompts.empty() && f.embeds.empty())
+    throw Error("calibration needs data: give --prompt TEXT (one or more) or --calibration-embeds FILE (one or more)");
+  const DType dtype = parse_dtype(f.dtype);
+  if (dtype != DType::f32 && dtype != DType::bf16) throw Error("--dtype must be f32 or bf16, got " + f.dtype);
+  Device device(device_flags.resolve());
+  const std::unique_ptr<ModelRunner> model = ModelRunner::load(f.model, dtype, f.variant, device);
+  const RunShape shape{f.steps, f.width, f.height, f.frames, f.seed};
+  model->check(shape);
+
+  // The calibration data: each prompt through the model's text encoder, each embeddings file as is.
+  std::vector<std::pair<std::string, models::PromptEmbeddings>> data;
+  for (const std::string& prompt : f.prompts) data.push_back({"prompt \"" + prompt + "\"", model->text({prompt, "", ""}).positive});
+  for (const std::string& file : f.embeds) data.push_back({file, pipelines::PromptEmbedsFile::load(file, !model->is_wan()).positive});
+
+  pipelines::QuantExportOptions options;
+  options.algorithm = *algorithm;
+  options.exclude = f.exclude;
+  options.deq_scale_int64 = f.deq_int64;
+  pipelines::StageList stages;
+  auto calibration_owner = std::make_unique<pipelines::CalibrationStage>(options);
+  pipelines::CalibrationStage& calibration = *calibration_owner;
+  stages.add(std::move(calibration_owner));
+  stages.after_load(model->parameters());
+  std::fprintf(stderr, "quantize: %s to %s, %zu Linears observed, %zu excluded; calibrating on %zu input(s) x %d steps\n", f.model.c_str(),
+               f.algo.c_str(), calibration.stats().size(), calibration.excluded().size(), data.size(), f.steps);
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    const auto on_step = [&](int step, int steps, double) {
+      // A progress bar per calibration input.
+      const int width = 30, filled = width * step / steps;
+      std::fprintf(stderr, "\rcalibrating %zu/%zu [%s%s] step %d/%d", i + 1, data.size(), std::string(static_cast<std::size_t>(filled), '#').c_str(),
+                   std::string(static_cast<std::size_t>(width - filled), '.').c_str(), step, steps);
+      if (step == steps) std::fprintf(stderr, "  %s\n", data[i].first.c_str());
+    };
+    model->run(data[i].second, shape, stages, on_step);
+  }
+  calibration.detach(model->parameters());
+  const pipelines::QuantExportResult result = pipelines::export_quantized(model->parameters(), calibration, options, f.steps, f.out);
+
+  std::fprintf(stderr, "\nper-layer cosine of the quantized output against float on calibration rows (worst first):\n");
+  for (std::size_t i = 0; i < result.layers.size() && i < static_cast<std::size_t>(f.top); ++i)
+    std::fprintf(stderr, "  %-56s %.6f\n", result.layers[i].module.c_str(), result.layers[i].cosine);
+  if (!result.layers.empty())
+    std::fprintf(stderr, "  ... %zu layers, worst %.6f, best %.6f\n", result.layers.size(), result.layers.front().cosine,
+                 result.layers.back().cosine);
+  std::fprintf(stderr, "wrote %s and %s (int8 layers %.2f MiB, float %.2f MiB)\n", result.description_path.c_str(), result.weight_path.c_str(),
+               static_cast<double>(result.int8_bytes) / (1 << 20), static_cast<double>(result.float_bytes) / (1 << 20));
+  if (!f.json_path.empty()) {
+    nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+    for (const auto& l : result.layers) layers.push_back({{"module", l.module}, {"cosine", l.cosine}});
+    const nlohmann::ordered_json json = {{"model", f.model},          {"algorithm", f.algo},          {"steps", f.steps},
+                                         {"description", result.description_path}, {"weights", result.weight_path},
+                                         {"excluded", result.excluded}, {"layers", layers}};
+    std::ofstream out(f.json_path);
+    out << json.dump(2) << "\n";
+    if (!out) throw Error(f.json_path + ": cannot write the report");
+  }
+  return 0;
+}
+
+}  // namespace
+
+CommandRunner add_quantize_command(CLI::App& app) {
+  auto* command = app.add_subcommand("quantize", "Export MindIE SD quantization files (W8A16, W8A8_DYNAMIC, W8A8, W8A8_TIMESTEP) from a float model");
+  auto flags = std::make_shared<QuantizeFlags>();
+  auto device_flags = add_device_flags(*command);
+  command->add_option("--model", flags->model, "Diffusers Flux or Wan folder (float weights)");
+  command->add_option("--algo", flags->algo, "W8A16, W8A8_DYNAMIC, W8A8 (static) or W8A8_TIMESTEP");
+  command->add_option("--prompt", flags->prompts, "Calibration prompt (repeat for more), through the model's text encoder");
+  command->add_option("--calibration-embeds", flags->embeds, "Calibration prompt embeddings (a --prompt-embeds file; repeat for more)");
+  command->add_option("--steps", flags->steps, "Denoising steps per calibration run (W8A8_TIMESTEP: one row of scales per step)")
+      ->check(CLI::Range(1, 1000));
+  command->add_option("--width", flags->width, "Calibration width (default: the model's size; 64 for Wan)")->check(CLI::Range(int64_t{16}, int64_t{4096}));
+  command->add_option("--height", flags->height, "Calibration height")->check(CLI::Range(int64_t{16}, int64_t{4096}));
+  command->add_option("--frames", flags->frames, "Wan: frames, 1 + 4k (default 5)")->check(CLI::Range(int64_t{1}, int64_t{1025}));
+  command->add_option("--seed", flags->seed, "Noise seed of the calibration runs");
+  command->add_option("--exclude", flags->exclude, "Keep Linears whose name matches this glob float (repeatable), e.g. 'proj_out'");
+  command->add_option("--dtype", flags->dtype, "Calibrate with f32 or bf16 activations");
+  command->add_option("--variant", flags->variant, "Read diffusion_pytorch_model.<variant>.safetensors");
+  command->add_flag("--deq-scale-int64", flags->deq_int64, "Write deq_scale as int64 bit patterns (as for MindIE SD's fp16 models)");
+  command->add_option("--out", flags->out, "Output folder");
+  command->add_option("--json", flags->json_path, "Write the per-layer report as JSON");
+  command->add_option("--top", flags->top, "Layers to list in the report (default 15)")->check(CLI::Range(0, 100000));
+  return [flags, device_flags] { return run(*flags, *device_flags); };
+}
+
+}  // namespace cubevec::cli

@@ -1,0 +1,135 @@
+#include "pipelines/stages/quantize.h"
+
+#include <cstdio>
+#include <vector>
+
+#include "models/layers.h"
+#include "tensor/error.h"
+
+namespace cubevec::pipelines {
+
+namespace {
+
+// A quantized scheme behind a Linear: the layer's product, at the step the stage last saw.
+class QuantKernel : public models::LinearKernel {
+ public:
+  QuantKernel(std::shared_ptr<const quant::QuantizedLinear> q, std::shared_ptr<int> step) : q_(std::move(q)), step_(std::move(step)) {}
+  std::string name() const override { return std::string(quant::algorithm_name(q_->algorithm())); }
+  Tensor forward(const models::Linear&, const Tensor& x, const Stream& s, const ops::MatmulOptions& epilogue) const override {
+    return q_->forward(x, epilogue, *step_, s);
+  }
+  std::size_t weight_bytes() const override { return q_->weight_bytes(); }
+
+ private:
+  std::shared_ptr<const quant::QuantizedLinear> q_;
+  std::shared_ptr<int> step_;
+};
+
+std::string mib(std::size_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return text;
+}
+
+// Shape-only tensors of `algorithm` for a Linear (simulate mode).
+quant::QuantTensors meta_tensors(quant::Algorithm algorithm, const models::Linear& l) {
+  quant::QuantTensors t;
+  t.weight = Tensor::meta({l.out, l.in}, DType::i8);
+  t.weight_scale = Tensor::meta({l.out}, DType::f32);
+  if (l.bias.defined()) t.bias = Tensor::meta({l.out}, DType::f32);
+  if (algorithm == quant::Algorithm::w8a8 || algorithm == quant::Algorithm::w8a8_timestep) {
+    t.input_scale = Tensor::meta({1}, DType::f32);
+    t.input_offset = Tensor::meta({1}, DType::f32);
+    t.deq_scale = algorithm == quant::Algorithm::w8a8 ? Tensor::meta({l.out}, DType::f32) : Tensor::meta({1, l.out}, DType::f32);
+    t.quant_bias = algorithm == quant::Algorithm::w8a8 ? Tensor::meta({l.out}, DType::i32) : Tensor::meta({1, l.out}, DType::i32);
+  }
+  if (algorithm == quant::Algorithm::w8a8) t.bias = Tensor();
+  return t;
+}
+
+}  // namespace
+
+QuantizeStage::QuantizeStage(QuantizeOptions options) : options_(std::move(options)) {
+  if (options_.simulate && !options_.description.ends_with(".json")) {
+    meta_algorithm_ = quant::parse_algorithm(options_.description, "--quant");
+    if (!meta_algorithm_)
+      throw Error("--quant " + options_.description + ": MindIE SD names that algorithm, but cubevec runs W8A16, W8A8, W8A8_DYNAMIC, W8A8_TIMESTEP");
+  } else {
+    description_ = quant::Description::load(options_.description);
+  }
+  policy_ = std::make_shared<const quant::TimestepPolicy>(options_.timestep_policy.empty() ? quant::TimestepPolicy()
+                                                                                            : quant::TimestepPolicy::load(options_.timestep_policy));
+}
+
+std::string QuantizeStage::name() const {
+  return "quantize " + (meta_algorithm_ ? std::string(quant::algorithm_name(*meta_algorithm_)) : description_->model_quant_type);
+}
+
+void QuantizeStage::after_load(models::ParameterTable& table) {
+  std::vector<std::pair<models::Linear*, std::shared_ptr<const quant::QuantizedLinear>>> built;
+  if (meta_algorithm_) {
+    for (const auto& [name, linear] : table.linears())
+      if (name.find("blocks.") != std::string::npos)
+        built.push_back({linear, quant::make_quantized_linear(*meta_algorithm_, linear->in, linear->out, meta_tensors(*meta_algorithm_, *linear),
+                                                              policy_, "--quant " + options_.description + ": " + name)});
+  } else {
+    const quant::Description& d = *description_;
+    // Every module the description quantizes must be a Linear of the model.
+    for (const std::string& module : d.quantized_modules())
+      if (!table.linears().count(module)) {
+        try {
+          table.linear(module);
+        } catch (const Error& e) {
+          throw Error(d.path + ": module '" + module + "' is not a Linear of this model (" + e.what() + ")");
+        }
+      }
+    const std::string weights_path = d.weight_path();
+    const SafetensorsFile weights = SafetensorsFile::open(weights_path);
+    for (const auto& [name, linear] : table.linears()) {
+      const std::optional<std::string> value = d.algorithm_value(name);
+      if (!value) continue;
+      const std::optional<quant::Algorithm> algorithm = quant::parse_algorithm(*value, d.path + ": module '" + name + "'");
+      if (!algorithm)
+        throw Error(d.path + ": module '" + name + "' is quantized as " + *value +
+                    ", which cubevec does not run (it runs W8A16, W8A8, W8A8_DYNAMIC, W8A8_TIMESTEP)");
+      const quant::QuantTensors tensors = quant::read_layer_tensors(weights, name, *algorithm, linear->bias.defined());
+      built.push_back({linear, quant::make_quantized_linear(*algorithm, linear->in, linear->out, tensors, policy_,
+                                                            weights_path + ": layer '" + name + "'")});
+    }
+  }
+  // Everything read and checked: swap, and release the float weights of the swapped layers.
+  for (auto& [linear, q] : built) {
+    install_quantized(*linear, q, step_);
+    swapped_[linear->name] = std::string(quant::algorithm_name(q->algorithm()));
+    quantized_bytes_ += q->weight_bytes();
+  }
+  float_bytes_ = 0;
+  for (const auto& spec : table.specs())
+    if (spec.slot->has_storage()) float_bytes_ += spec.slot->nbytes();
+}
+
+void install_quantized(models::Linear& layer, std::shared_ptr<const quant::QuantizedLinear> scheme, std::shared_ptr<int> step) {
+  layer.kernel = std::make_shared<QuantKernel>(std::move(scheme), std::move(step));
+  layer.weight = Tensor::meta(layer.weight.shape(), layer.weight.dtype());
+  layer.pack_cache = std::make_shared<models::Linear::PackCache>();
+}
+
+void QuantizeStage::before_step(const models::StepInfo& step) { set_step(step.index); }
+void QuantizeStage::set_step(int step) { *step_ = step; }
+
+std::string QuantizeStage::summary() const {
+  return std::to_string(swapped_.size()) + " Linears quantized; weights: " + mib(quantized_bytes_) + " int8 (with scales), " +
+         mib(float_bytes_) + " float" + (meta_algorithm_ ? " (simulate: shape-only)" : "");
+}
+
+nlohmann::ordered_json QuantizeStage::report() const {
+  std::map<std::string, int> counts;
+  for (const auto& [module, algo] : swapped_) ++counts[algo];
+  return {{"description", options_.description},
+          {"timestep_policy", options_.timestep_policy},
+          {"layers", counts},
+          {"int8_weight_bytes", quantized_bytes_},
+          {"float_weight_bytes", float_bytes_}};
+}
+
+}  // namespace cubevec::pipelines
