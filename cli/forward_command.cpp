@@ -14,6 +14,7 @@
 #include "cli/device_flags.h"
 #include "models/model_registry.h"
 #include "ops/vector_ops.h"
+#include "pipelines/stages/quantize.h"
 #include "tensor/error.h"
 #include "tensor/safetensors.h"
 
@@ -23,17 +24,29 @@ namespace {
 
 struct ForwardFlags {
   std::string model, inputs, out, dtype = "f32", variant;
+  std::string quant, timestep_policy;  // pipelines/stages/quantize.h
+  int step_index = 0;                  // the step a timestep-aware quantized model runs at
 };
 
 int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache) {
   const DType dtype = parse_dtype(f.dtype);
   if (dtype != DType::f32 && dtype != DType::bf16) throw Error("--dtype must be f32 or bf16, got " + f.dtype);
+  if (f.quant.empty() && !f.timestep_policy.empty()) throw Error("--timestep-policy applies with --quant (a W8A8_TIMESTEP description)");
+  if (f.step_index < 0) throw Error("--step-index must be >= 0, got " + std::to_string(f.step_index));
+  // The quantization files are read and checked before the model loads, as in t2i / t2v.
+  std::unique_ptr<pipelines::QuantizeStage> quantize;
+  if (!f.quant.empty()) quantize = std::make_unique<pipelines::QuantizeStage>(pipelines::QuantizeOptions{f.quant, f.timestep_policy, false});
   Device device(device_flags.resolve());
   cache.load(device);
   // A whole diffusers folder means its transformer; otherwise the folder is the component.
   const std::string dir = std::filesystem::exists(f.model + "/transformer/config.json") ? f.model + "/transformer" : f.model;
   const SafetensorsFile in = SafetensorsFile::open(f.inputs);
   const std::unique_ptr<models::ForwardModel> model = models::load_forward_model(dir, {dtype, f.variant});
+  if (quantize) {
+    quantize->after_load(model->parameters());
+    quantize->set_step(f.step_index);
+    std::fprintf(stderr, "forward: %s (step %d)\n", quantize->summary().c_str(), f.step_index);
+  }
   const std::vector<std::string> names = model->input_names();
   std::string signature;
   for (const std::string& n : names) signature += (signature.empty() ? "" : ", ") + n;
@@ -74,6 +87,10 @@ CommandRunner add_forward_command(CLI::App& app) {
   command->add_option("--out", flags->out, "Output safetensors (one tensor: sample)")->required();
   command->add_option("--dtype", flags->dtype, "f32, or bf16 (bf16 weights, and bf16 activations in the transformers)");
   command->add_option("--variant", flags->variant, "Read diffusion_pytorch_model.<variant>.safetensors");
+  command->add_option("--quant", flags->quant, "MindIE SD quant description (quant_model_description_*.json; its weight file beside it)");
+  command->add_option("--timestep-policy", flags->timestep_policy,
+                      "W8A8_TIMESTEP: JSON {\"default\": \"dynamic\", \"static\": [steps...]}");
+  command->add_option("--step-index", flags->step_index, "Denoising step a W8A8_TIMESTEP model runs at (default 0)");
   return [flags, device_flags, cache] { return run(*flags, *device_flags, *cache); };
 }
 

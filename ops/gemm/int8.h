@@ -31,7 +31,12 @@ struct PackedInt8 {
   int nr = 0;
   std::vector<int8_t> panels;      // [ceil(N / NR)][k_quads][NR][4]
   std::vector<int32_t> column_sums;  // sum_k w[n][k], [N]
-  std::size_t bytes() const { return panels.size() + column_sums.size() * sizeof(int32_t); }
+  // A shape-only packing (simulate mode: no data) counts the bytes its data would take, so the
+  // cost model and the memory report see the weight traffic.
+  std::size_t bytes() const {
+    if (panels.empty() && n > 0) return static_cast<std::size_t>(n) * static_cast<std::size_t>(4 * k_quads + sizeof(int32_t));
+    return panels.size() + column_sums.size() * sizeof(int32_t);
+  }
 };
 std::shared_ptr<const PackedInt8> pack_int8_weight(const int8_t* w, int64_t n, int64_t k, int64_t ldw, Int8Isa isa);
 
