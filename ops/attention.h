@@ -61,6 +61,25 @@ struct AttentionOptions {
 Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options = {},
                          const Stream& stream = default_op_stream());
 
+// Block-sparse attention, the kernel under MindIE SD's sparse_attention (ops/sparse_attention.h):
+// the flash tiles (and their CV-pipelined form) walk only the key blocks each query block keeps.
+// block_mask is bool or u8 [B, N, ceil(Sq/128), ceil(Sk/128)] (B and N may be 1 to broadcast), true
+// = query block qb attends to key block kb; within kept blocks the softmax is exact. A query block
+// that keeps nothing gives zero rows (MindIE's kernel for a count of 0). An all-true mask gives
+// bit for bit the flash result. q, k, v as attention_forward (BSND or BNSD, f32 or bf16).
+struct BlockSparseOptions {
+  std::optional<double> scale{};  // default D^-0.5
+  AttentionLayout layout = AttentionLayout::bsnd;  // bsnd or bnsd
+  AttentionOptMode opt_mode = AttentionOptMode::runtime;  // tuned between flash and cv_pipelined, BSND and BNSD
+  AttentionImpl op_type = AttentionImpl::flash;           // manual: flash or cv_pipelined
+  AttentionLayout kernel_layout = AttentionLayout::bnsd;  // manual
+  // The kept fraction of the block pairs, for the cost model; by default counted from the mask
+  // (which waits for it), or 1 for a shape-only mask (simulate mode).
+  std::optional<double> density{};
+};
+Tensor block_sparse_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& block_mask,
+                              const BlockSparseOptions& options = {}, const Stream& stream = default_op_stream());
+
 // Packed variable-length sequences: q [Tq, N, D], k and v [Tk, N, D]; sequence b holds rows
 // cu_seqlens_q[b] .. cu_seqlens_q[b+1] of q and cu_seqlens_k[b] .. cu_seqlens_k[b+1] of k and v.
 // cu_seqlens_* are int32 [B+1], starting at 0, non-decreasing, ending at Tq (Tk). causal: query i of a

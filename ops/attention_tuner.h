@@ -24,8 +24,9 @@
 
 namespace cubevec::ops {
 
-enum class AttentionMaskKind { none, mask_2d, mask_4d };
-std::string_view attention_mask_kind_name(AttentionMaskKind kind);  // "none", "2d", "4d"
+// block_sparse: block_sparse_attention's 128 x 128 block mask.
+enum class AttentionMaskKind { none, mask_2d, mask_4d, block_sparse };
+std::string_view attention_mask_kind_name(AttentionMaskKind kind);  // "none", "2d", "4d", "block"
 
 struct AttentionTuneKey {
   int64_t batch = 0, heads = 0, head_dim = 0, q_len = 0, kv_len = 0;

@@ -34,14 +34,15 @@ struct Inputs {
   Tensor mask;  // undefined, or boolean [B|1, N|1, Sq, Sk] with unit stride in the last dim
   AttentionMaskKind mask_kind = AttentionMaskKind::none;
   float scale = 1.0f;
+  Tensor block_mask;     // block_sparse_attention: [B|1, N|1, Lq, Lk] bytes with unit stride in the last dim
+  double density = 1.0;  // the kept fraction of the work, for the cost model
 };
 
 int64_t seq_dim(AttentionLayout layout) { return layout == AttentionLayout::bnsd ? 2 : 1; }
 int64_t head_dim_index(AttentionLayout layout) { return layout == AttentionLayout::bnsd ? 1 : 2; }
 
 Inputs check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o,
-                    const Stream& stream) {
-  const char* op = "attention_forward";
+                    const Stream& stream, const char* op = "attention_forward") {
   auto fail = [&](const std::string& what) { throw Error(std::string(op) + ": " + what); };
   for (const auto& [t, name] : {std::pair{&q, "query"}, {&k, "key"}, {&v, "value"}}) {
     if (!t->defined()) fail(std::string(name) + " is undefined");
@@ -128,7 +129,7 @@ Inputs check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Att
 
 // The per-head problems of 4-D q, k, v, out in `layout` (bsnd or bnsd), all with unit stride in D.
 attn::AttentionBatch make_batch(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                const Tensor& mask, AttentionLayout layout, float scale) {
+                                const Tensor& mask, const Tensor& block_mask, AttentionLayout layout, float scale) {
   attn::AttentionBatch batch;
   batch.d = q.size(3);
   batch.dtype = q.dtype();
@@ -155,6 +156,12 @@ attn::AttentionBatch make_batch(const Tensor& q, const Tensor& k, const Tensor& 
         const int64_t mb = mask.size(0) == 1 ? 0 : b, mh = mask.size(1) == 1 ? 0 : h;
         p.mask = reinterpret_cast<const uint8_t*>(mask.unsynchronized_data_ptr()) + mb * mask.stride(0) + mh * mask.stride(1);
         p.mask_ld = mask.stride(2);
+      }
+      if (block_mask.defined()) {
+        const int64_t mb = block_mask.size(0) == 1 ? 0 : b, mh = block_mask.size(1) == 1 ? 0 : h;
+        p.block_keep = reinterpret_cast<const uint8_t*>(block_mask.unsynchronized_data_ptr()) + mb * block_mask.stride(0) +
+                       mh * block_mask.stride(1);
+        p.block_ld = block_mask.stride(2);
       }
       batch.heads.push_back(p);
     }
@@ -215,16 +222,18 @@ Tensor run_impl(const Inputs& in, AttentionImpl impl, AttentionLayout kernel_lay
   if (kernel_layout == AttentionLayout::bsh) kernel_layout = AttentionLayout::bsnd;
   const bool transposed = kernel_layout != in.layout;
   auto to_kernel = [&](const Tensor& t) { return transposed ? contiguous(t.permute({0, 2, 1, 3}), stream) : t; };
-  const Tensor q = to_kernel(in.q), k = to_kernel(in.k), v = to_kernel(in.v), mask = in.mask;
+  const Tensor q = to_kernel(in.q), k = to_kernel(in.k), v = to_kernel(in.v), mask = in.mask, block_mask = in.block_mask;
   Tensor out = stream.device().empty(q.shape(), q.dtype(), stream);
-  const double flops = 4.0 * static_cast<double>(in.batch * in.heads) * static_cast<double>(in.sq) *
+  const double flops = in.density * 4.0 * static_cast<double>(in.batch * in.heads) * static_cast<double>(in.sq) *
                        static_cast<double>(in.sk) * static_cast<double>(in.d);
   const float scale = in.scale;
   std::vector<Tensor> reads{q, k, v};
   if (mask.defined()) reads.push_back(mask);
-  auto batch_of = [=] { return make_batch(q, k, v, out, mask, kernel_layout, scale); };
-  const double scores = static_cast<double>(in.batch * in.heads) * static_cast<double>(in.sq * in.sk);
-  launch_batch(impl, "attention", batch_of, cube_desc(in, flops, impl == AttentionImpl::math), scores, reads, out, stream);
+  if (block_mask.defined()) reads.push_back(block_mask);
+  auto batch_of = [=] { return make_batch(q, k, v, out, mask, block_mask, kernel_layout, scale); };
+  const double scores = in.density * static_cast<double>(in.batch * in.heads) * static_cast<double>(in.sq * in.sk);
+  launch_batch(impl, block_mask.defined() ? "block_sparse_attention" : "attention", batch_of,
+               cube_desc(in, flops, impl == AttentionImpl::math), scores, reads, out, stream);
   return transposed ? contiguous(out.permute({0, 2, 1, 3}), stream) : out;
 }
 
@@ -244,7 +253,7 @@ AttentionTuneChoice tune(const Inputs& in, const Stream& stream) {
                                   {AttentionImpl::cv_pipelined, AttentionLayout::bnsd},
                                   {AttentionImpl::cv_pipelined, AttentionLayout::bsnd}};
   stream.synchronize();
-  AttentionTuneChoice best{AttentionImpl::math, in.layout, 0.0};
+  AttentionTuneChoice best{in.block_mask.defined() ? AttentionImpl::flash : AttentionImpl::math, in.layout, 0.0};
   double best_s = 0;
   for (const Candidate& c : candidates) {
     try {
@@ -321,6 +330,61 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
   }
   Tensor out = run_impl(in, choice.op_type, choice.kernel_layout, stream);
   return options.layout == AttentionLayout::bsh ? out.reshape(q.shape()) : out;
+}
+
+Tensor block_sparse_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& block_mask,
+                              const BlockSparseOptions& options, const Stream& stream) {
+  const char* op = "block_sparse_attention";
+  auto fail = [&](const std::string& what) { throw Error(std::string(op) + ": " + what); };
+  if (options.layout == AttentionLayout::bsh) fail("layout must be BSND or BNSD, got BSH");
+  AttentionOptions base;
+  base.scale = options.scale;
+  base.layout = options.layout;
+  Inputs in = check_inputs(q, k, v, base, stream, op);
+  const int64_t lq = (in.sq + attn::kSparseBlock - 1) / attn::kSparseBlock, lk = (in.sk + attn::kSparseBlock - 1) / attn::kSparseBlock;
+  const Tensor& m = block_mask;
+  if (!m.defined() || (m.dtype() != DType::boolean && m.dtype() != DType::u8) || m.dim() != 4 ||
+      (m.size(0) != in.batch && m.size(0) != 1) || (m.size(1) != in.heads && m.size(1) != 1) || m.size(2) != lq || m.size(3) != lk)
+    fail("block_mask must be bool or u8 [B, N, ceil(Sq/128), ceil(Sk/128)] = [" + std::to_string(in.batch) + ", " +
+         std::to_string(in.heads) + ", " + std::to_string(lq) + ", " + std::to_string(lk) + "] (B and N may be 1), got " +
+         (m.defined() ? brief(m) : std::string("nothing")));
+  in.block_mask = m.stride(3) == 1 || m.numel() == 0 ? m : m.contiguous();
+  in.mask_kind = AttentionMaskKind::block_sparse;
+  if (options.density) {
+    if (!(*options.density >= 0.0 && *options.density <= 1.0)) fail("density must be in [0, 1], got " + std::to_string(*options.density));
+    in.density = *options.density;
+  } else if (m.has_storage() && m.numel() > 0) {
+    const Tensor c = m.contiguous();
+    const auto* bytes = static_cast<const uint8_t*>(c.data_ptr());
+    const int64_t kept = std::count_if(bytes, bytes + c.numel(), [](uint8_t b) { return b != 0; });
+    in.density = static_cast<double>(kept) / static_cast<double>(c.numel());
+  }
+  AttentionTuneChoice choice;
+  switch (options.opt_mode) {
+    case AttentionOptMode::manual:
+      if (options.op_type == AttentionImpl::math) fail("op_type must be flash or cv_pipelined (the math path has no block sparsity)");
+      if (options.kernel_layout == AttentionLayout::bsh) fail("kernel_layout must be BSND or BNSD");
+      choice = {options.op_type, options.kernel_layout, 0.0};
+      break;
+    case AttentionOptMode::static_table:
+      choice = static_choice(in);
+      break;
+    case AttentionOptMode::runtime: {
+      if (stream.device().simulate()) {
+        choice = static_choice(in);
+        break;
+      }
+      const AttentionTuneKey key{in.batch, in.heads, in.d, in.sq, in.sk, in.q.dtype(), options.layout, in.mask_kind};
+      if (auto found = AttentionTuner::global().find(key)) {
+        choice = *found;
+      } else {
+        choice = tune(in, stream);
+        AttentionTuner::global().store(key, choice);
+      }
+      break;
+    }
+  }
+  return run_impl(in, choice.op_type, choice.kernel_layout, stream);
 }
 
 Tensor attention_forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q,

@@ -135,7 +135,7 @@ struct CvPipeline::Lane {
     for (int p = 0; p < kPanelsPerBlock; ++p) {
       const int64_t q0 = tile.q0 + p * mr;
       if (q0 >= head.sq) break;
-      if (head.causal && tile.kb * int64_t{kBlockKeys} > std::min(q0 + mr, head.sq) - 1 + (head.sk - head.sq)) continue;
+      if (!panel_sees(*g, head, q0, tile.kb)) continue;
       softmax_step(*g, head, batch->scale, q0, tile.kb, slot.s.data() + p * mr * kBlockKeys, m.data() + p * mr,
                    l.data() + p * mr, slot.alpha.data() + p * mr);
     }
@@ -286,14 +286,18 @@ CvPipeline::CvPipeline(AttentionBatch batch, int lanes) : batch_(std::move(batch
     for (int64_t kb = 0; kb < FlashGeometry::key_blocks(head.sk); ++kb) {
       bool any = false;
       for (int p = 0; p < probe.panels && !any; ++p) any = panel_sees_block(*geometry_, head, probe, p, kb);
-      if (!any) break;
+      if (!any) {
+        if (later_blocks_unseen_too(head)) break;
+        continue;
+      }
       ln.tiles.push_back({job.head, static_cast<int32_t>(kb), job.q0, false, false});
     }
     if (ln.tiles.size() > first) {
       ln.tiles[first].first = true;
       ln.tiles.back().last = true;
     } else {
-      // No key to see at all (sk == 0): the rows still come out, as NaN.
+      // No key to see at all (sk == 0, or a query block that keeps none): the rows still come out,
+      // as NaN (zero under block sparsity).
       ln.empty_jobs.push_back({job.head, 0, job.q0, true, true});
     }
   }

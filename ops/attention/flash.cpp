@@ -31,7 +31,7 @@ void run_q_block(const FlashGeometry& g, const AttentionBatch& batch, const Head
       softmax_step(g, head, batch.scale, q0 + p * mr, kb, s, m, l, alpha);
       pv_tile(g, head, kv, st, p, kb, s, alpha);
     }
-    if (!any) break;  // causal: the later blocks are above the diagonal too
+    if (!any && later_blocks_unseen_too(head)) break;
   }
   finish_q_block(g, head, batch.dtype, st, st.l.data());
 }

@@ -12,6 +12,8 @@
 
 namespace cubevec::ops::attn {
 
+static_assert(kBlockKeys == kSparseBlock, "block sparsity walks the tiles' key blocks");
+
 namespace {
 
 TileKernels make_kernels(Isa isa) {
@@ -126,11 +128,25 @@ void begin_q_block(const FlashGeometry& g, const HeadProblem& head, DType dtype,
   }
 }
 
-bool panel_sees_block(const FlashGeometry& g, const HeadProblem& head, const QBlockState& st, int panel, int64_t kb) {
-  if (!head.causal) return true;
-  const int64_t mr = g.kernels->mr;
-  const int64_t last_row = std::min(st.q0 + (panel + 1) * mr, head.sq) - 1;
-  return kb * kBlockKeys <= last_row + (head.sk - head.sq);
+namespace {
+
+bool block_kept(const HeadProblem& head, int64_t row, int64_t kb) {
+  return head.block_keep[(row / kSparseBlock) * head.block_ld + kb] != 0;
+}
+
+bool query_block_keeps_nothing(const HeadProblem& head, int64_t qb) {
+  const uint8_t* row = head.block_keep + qb * head.block_ld;
+  return std::all_of(row, row + FlashGeometry::key_blocks(head.sk), [](uint8_t b) { return b == 0; });
+}
+
+}  // namespace
+
+bool panel_sees(const FlashGeometry& g, const HeadProblem& head, int64_t panel_q0, int64_t kb) {
+  const int64_t last_row = std::min(panel_q0 + g.kernels->mr, head.sq) - 1;
+  if (head.causal && kb * kBlockKeys > last_row + (head.sk - head.sq)) return false;
+  // A panel of at most 128 rows spans at most two query blocks: its first and its last row's.
+  if (head.block_keep) return block_kept(head, panel_q0, kb) || block_kept(head, last_row, kb);
+  return true;
 }
 
 void qk_tile(const FlashGeometry& g, const HeadProblem& head, const PackedKV& kv, const QBlockState& st, int panel,
@@ -161,6 +177,19 @@ void softmax_step(const FlashGeometry& g, const HeadProblem& head, float scale, 
     t.mask_ld = head.mask_ld;
     t.mask_rows = rows_valid;
   }
+  // Block sparsity: rows of a query block that does not keep kb attend to nothing in this tile.
+  uint8_t row_mask[64 * kBlockKeys];
+  if (head.block_keep && rows_valid > 0 && block_kept(head, q0_panel, kb) != block_kept(head, q0_panel + rows_valid - 1, kb)) {
+    for (int r = 0; r < rows_valid; ++r) {
+      uint8_t* dst = row_mask + r * kBlockKeys;
+      if (!block_kept(head, q0_panel + r, kb)) std::memset(dst, 0, kBlockKeys);
+      else if (head.mask) std::memcpy(dst, head.mask + (q0_panel + r) * head.mask_ld + key0, static_cast<std::size_t>(keys));
+      else std::memset(dst, 1, kBlockKeys);
+    }
+    t.mask = row_mask;
+    t.mask_ld = kBlockKeys;
+    t.mask_rows = rows_valid;
+  }
   t.scale = scale;
   t.m = m;
   t.l = l;
@@ -188,8 +217,9 @@ void finish_q_block(const FlashGeometry& g, const HeadProblem& head, DType dtype
     for (int64_t r = 0; r < rows; ++r) {
       const float sum = l[p * mr + r];
       const float inv = sum > 0.0f && st.o_started[p] ? 1.0f / sum : std::numeric_limits<float>::quiet_NaN();
+      const bool zero = head.block_keep && query_block_keeps_nothing(head, (r0 + r) / kSparseBlock);
       const float* o = st.o.data() + (p * mr + r) * g.dp;
-      for (int64_t c = 0; c < d; ++c) row[static_cast<std::size_t>(c)] = o[c] * inv;
+      for (int64_t c = 0; c < d; ++c) row[static_cast<std::size_t>(c)] = zero ? 0.0f : o[c] * inv;
       if (dtype == DType::bf16) {
         convert_f32_to_bf16(row.data(), static_cast<uint16_t*>(head.out) + (r0 + r) * head.out_ld,
                             static_cast<std::size_t>(d));

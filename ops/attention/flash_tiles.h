@@ -67,21 +67,30 @@ struct QBlockState {
 // Resets `st` for the q-block starting at row q0 and packs its Q rows.
 void begin_q_block(const FlashGeometry& g, const HeadProblem& head, DType dtype, int64_t q0, QBlockState& st);
 
-// Whether key block kb holds any key that micro-panel `panel` of the block may see (false only
-// for causal blocks entirely above the diagonal).
-bool panel_sees_block(const FlashGeometry& g, const HeadProblem& head, const QBlockState& st, int panel, int64_t kb);
+// Whether key block kb holds any key that the micro-panel starting at query row panel_q0 may see
+// (false for causal blocks entirely above the diagonal, and for key blocks that no query block of
+// the panel's rows keeps under block sparsity).
+bool panel_sees(const FlashGeometry& g, const HeadProblem& head, int64_t panel_q0, int64_t kb);
+inline bool panel_sees_block(const FlashGeometry& g, const HeadProblem& head, const QBlockState& st, int panel, int64_t kb) {
+  return panel_sees(g, head, st.q0 + panel * g.kernels->mr, kb);
+}
+// Whether a key block the tile loop found unseen by a whole q-block means every later one is too
+// (causal attention without block sparsity), so the walk over key blocks can stop.
+inline bool later_blocks_unseen_too(const HeadProblem& head) { return head.causal && !head.block_keep; }
 
 // S (MR x kBlockKeys) = the panel's Q times key block kb's keys^T.
 void qk_tile(const FlashGeometry& g, const HeadProblem& head, const PackedKV& kv, const QBlockState& st, int panel,
              int64_t kb, float* s);
 // The softmax step on S for `panel` against key block kb: masks, updates m and l, writes P into S
-// and the rescale factors into alpha (MR floats).
+// and the rescale factors into alpha (MR floats). Under block sparsity, a panel whose rows span two
+// query blocks of which only one keeps kb masks the other's rows out of this tile.
 void softmax_step(const FlashGeometry& g, const HeadProblem& head, float scale, int64_t q0_panel, int64_t kb,
                   float* s, float* m, float* l, float* alpha);
 // O_panel = alpha * O_panel + P V_block (O starts at zero on the panel's first block).
 void pv_tile(const FlashGeometry& g, const HeadProblem& head, const PackedKV& kv, QBlockState& st, int panel,
              int64_t kb, const float* p, const float* alpha);
-// out rows of the block = O / l (NaN for a row that attended to no key).
+// out rows of the block = O / l (NaN for a row that attended to no key; zero for a row whose query
+// block keeps no key block under block sparsity).
 void finish_q_block(const FlashGeometry& g, const HeadProblem& head, DType dtype, const QBlockState& st,
                     const float* l);
 

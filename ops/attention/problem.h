@@ -20,7 +20,15 @@ struct HeadProblem {
   const uint8_t* mask = nullptr;  // [sq, sk] bool bytes with row stride mask_ld, 1 = attend; or null
   int64_t mask_ld = 0;
   bool causal = false;  // key j visible to query i when j <= i + (sk - sq)
+  // Block sparsity (sparse attention): query block qb (rows [128 qb, 128 qb + 128)) attends to key
+  // block kb (keys [128 kb, 128 kb + 128)) when block_keep[qb * block_ld + kb] != 0; null = dense.
+  // The rows of a query block that keeps no key block come out zero (MindIE's ada kernel for a
+  // count of 0), not NaN.
+  const uint8_t* block_keep = nullptr;
+  int64_t block_ld = 0;
 };
+
+inline constexpr int64_t kSparseBlock = 128;  // MindIE SD's block size: query and key blocks
 
 struct AttentionBatch {
   std::vector<HeadProblem> heads;

@@ -17,13 +17,6 @@ constexpr int kVersion = 1;
 
 using nlohmann::json;
 
-AttentionMaskKind parse_mask_kind(std::string_view name) {
-  if (name == "none") return AttentionMaskKind::none;
-  if (name == "2d") return AttentionMaskKind::mask_2d;
-  if (name == "4d") return AttentionMaskKind::mask_4d;
-  throw Error("unknown mask kind '" + std::string(name) + "' (expected none, 2d or 4d)");
-}
-
 int64_t positive_field(const json& entry, const char* name) {
   if (!entry.contains(name) || !entry[name].is_number_integer() || entry[name].get<int64_t>() < 0)
     throw Error(std::string("field '") + name + "' must be a non-negative integer");
@@ -38,8 +31,11 @@ std::string string_field(const json& entry, const char* name) {
 }  // namespace
 
 namespace {
-constexpr auto kMaskKindNames = enum_names<AttentionMaskKind>(
-    "mask kind", {{AttentionMaskKind::none, "none"}, {AttentionMaskKind::mask_2d, "2d"}, {AttentionMaskKind::mask_4d, "4d"}});
+constexpr auto kMaskKindNames = enum_names<AttentionMaskKind>("mask kind", {{AttentionMaskKind::none, "none"},
+                                                                            {AttentionMaskKind::mask_2d, "2d"},
+                                                                            {AttentionMaskKind::mask_4d, "4d"},
+                                                                            {AttentionMaskKind::block_sparse, "block"}});
+AttentionMaskKind parse_mask_kind(std::string_view name) { return kMaskKindNames.parse(name); }
 }  // namespace
 
 std::string_view attention_mask_kind_name(AttentionMaskKind kind) { return kMaskKindNames.name(kind); }

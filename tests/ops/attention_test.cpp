@@ -24,6 +24,7 @@
 #include "ops/attention/problem.h"
 #include "tensor/half.h"
 
+#include "common/attention_reference.h"
 #include "common/tensor_testing.h"
 #include "device/device_test_util.h"
 
@@ -33,117 +34,6 @@ namespace {
 using namespace cubevec::testing;
 using ops::AttentionImpl;
 using ops::AttentionLayout;
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-// One head in plain arrays (double), the reference's view.
-struct RefHead {
-  int64_t sq, sk, d;
-  const double* q;  // [sq, d]
-  const double* k;  // [sk, d]
-  const double* v;
-  const uint8_t* mask;  // [sq, sk] or null
-  bool causal;
-};
-
-std::vector<double> reference_head(const RefHead& h, double scale) {
-  std::vector<double> out(static_cast<std::size_t>(h.sq * h.d), kNaN);
-  for (int64_t i = 0; i < h.sq; ++i) {
-    std::vector<double> w(static_cast<std::size_t>(h.sk), 0.0);
-    double mx = -INFINITY;
-    for (int64_t j = 0; j < h.sk; ++j) {
-      const bool attend = (!h.mask || h.mask[i * h.sk + j]) && (!h.causal || j <= i + h.sk - h.sq);
-      if (!attend) {
-        w[j] = -INFINITY;
-        continue;
-      }
-      double dot = 0;
-      for (int64_t c = 0; c < h.d; ++c) dot += h.q[i * h.d + c] * h.k[j * h.d + c];
-      w[j] = dot * scale;
-      mx = std::max(mx, w[j]);
-    }
-    if (mx == -INFINITY) continue;  // nothing to attend to: NaN
-    double sum = 0;
-    for (double& x : w) sum += x = x == -INFINITY ? 0.0 : std::exp(x - mx);
-    for (int64_t c = 0; c < h.d; ++c) {
-      double acc = 0;
-      for (int64_t j = 0; j < h.sk; ++j) acc += w[j] * h.v[j * h.d + c];
-      out[i * h.d + c] = acc / sum;
-    }
-  }
-  return out;
-}
-
-void expect_matches(const std::vector<double>& got, const std::vector<double>& want, DType dtype, int64_t sk,
-                    int64_t d, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  double m = 1.0;
-  for (double x : want)
-    if (!std::isnan(x)) m = std::max(m, std::fabs(x));
-  const double tol = dtype == DType::bf16 ? std::ldexp(1.0, -7) * m : 1e-5 * std::sqrt(double(sk + d)) * m;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    if (std::isnan(want[i])) {
-      ASSERT_TRUE(std::isnan(got[i])) << what << " at " << i << ": expected NaN, got " << got[i];
-    } else {
-      ASSERT_NEAR(got[i], want[i], tol) << what << " at " << i;
-    }
-  }
-}
-
-// q, k, v in BSND as random tensors, and their values as double.
-struct Qkv {
-  Tensor q, k, v;
-  std::vector<double> qd, kd, vd;
-};
-
-Qkv make_qkv(int64_t b, int64_t sq, int64_t sk, int64_t n, int64_t d, DType dtype, unsigned seed) {
-  Qkv x;
-  x.q = random_tensor({b, sq, n, d}, seed, dtype, 2.0f);
-  x.k = random_tensor({b, sk, n, d}, seed + 1, dtype, 2.0f);
-  x.v = random_tensor({b, sk, n, d}, seed + 2, dtype, 1.0f);
-  x.qd = values(x.q);
-  x.kd = values(x.k);
-  x.vd = values(x.v);
-  return x;
-}
-
-// Head (bi, ni) of a BSND tensor's values as a contiguous [s, d] block.
-std::vector<double> head_of(const std::vector<double>& all, int64_t bi, int64_t ni, int64_t s, int64_t n, int64_t d) {
-  std::vector<double> out(static_cast<std::size_t>(s * d));
-  for (int64_t i = 0; i < s; ++i)
-    for (int64_t c = 0; c < d; ++c) out[i * d + c] = all[((bi * s + i) * n + ni) * d + c];
-  return out;
-}
-
-// The reference for BSND inputs, with an optional [B|1, N|1, Sq, Sk] mask (as bytes).
-std::vector<double> reference_bsnd(const Qkv& x, int64_t b, int64_t sq, int64_t sk, int64_t n, int64_t d,
-                                   const std::vector<uint8_t>* mask, int64_t mb, int64_t mn, double scale) {
-  std::vector<double> out(static_cast<std::size_t>(b * sq * n * d));
-  for (int64_t bi = 0; bi < b; ++bi)
-    for (int64_t ni = 0; ni < n; ++ni) {
-      const auto q = head_of(x.qd, bi, ni, sq, n, d), k = head_of(x.kd, bi, ni, sk, n, d),
-                 v = head_of(x.vd, bi, ni, sk, n, d);
-      const uint8_t* m = mask ? mask->data() + ((mb == 1 ? 0 : bi) * mn + (mn == 1 ? 0 : ni)) * sq * sk : nullptr;
-      const auto o = reference_head({sq, sk, d, q.data(), k.data(), v.data(), m, false}, scale);
-      for (int64_t i = 0; i < sq; ++i)
-        for (int64_t c = 0; c < d; ++c) out[((bi * sq + i) * n + ni) * d + c] = o[i * d + c];
-    }
-  return out;
-}
-
-Tensor bool_tensor(const std::vector<uint8_t>& bytes, const Shape& shape) {
-  Tensor t = Tensor::empty(shape, DType::boolean);
-  std::memcpy(t.mutable_data_ptr(), bytes.data(), bytes.size());
-  return t;
-}
-
-std::vector<uint8_t> random_mask(int64_t count, unsigned seed, double p_attend) {
-  std::mt19937 rng(seed);
-  std::bernoulli_distribution attend(p_attend);
-  std::vector<uint8_t> m(static_cast<std::size_t>(count));
-  for (auto& x : m) x = attend(rng) ? 1 : 0;
-  return m;
-}
 
 ops::AttentionOptions manual(AttentionImpl impl, AttentionLayout kernel_layout = AttentionLayout::bnsd) {
   ops::AttentionOptions o;
