@@ -1,0 +1,136 @@
+#include "ops/attention/sparse_ada_bsa.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "ops/attention/problem.h"
+#include "ops/gemm/driver.h"
+
+namespace cubevec::ops::attn::ada_bsa {
+
+namespace {
+
+constexpr int64_t kStride = 8;                            // tokens per group
+constexpr int64_t kGroupsPerBlock = kSparseBlock / kStride;  // 16
+constexpr int64_t kChunkGroups = 32 * kGroupsPerBlock;    // query groups per GEMM
+constexpr double kEps = 1e-5;                             // the kernel's guard offset
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+void block_scores(const float* q, int64_t q_ld, int64_t sq, const float* k, int64_t k_ld, int64_t sk, int64_t d, float scale,
+                  float* scores) {
+  const int64_t gq = ceil_div(sq, kStride), gk = sk / kStride, lq = ceil_div(sq, kSparseBlock), lk = ceil_div(sk, kSparseBlock);
+  const int64_t width = kStride * d;
+  std::fill(scores, scores + lq * lk, 0.0f);
+  if (gk == 0) return;  // no whole key group: every score is 0
+  // K's groups as rows of 8d: the rows themselves when k is dense.
+  std::vector<float> k_groups;
+  const float* kg = k;
+  if (k_ld != d) {
+    k_groups.resize(static_cast<std::size_t>(gk * width));
+    for (int64_t r = 0; r < gk * kStride; ++r) std::copy(k + r * k_ld, k + r * k_ld + d, k_groups.begin() + r * d);
+    kg = k_groups.data();
+  }
+  gemm::Problem p;
+  p.n = gk;
+  p.k = width;
+  p.b = kg;
+  p.ldb = width;
+  p.trans_b = true;
+  const auto packed = gemm::pack_b_once(p, gemm::best_isa());
+  p.packed_b = packed.get();
+  std::vector<float> q_groups(static_cast<std::size_t>(kChunkGroups * width)), logits(static_cast<std::size_t>(kChunkGroups * gk));
+  const float scale_value = scale / static_cast<float>(kStride);
+  for (int64_t g0 = 0; g0 < gq; g0 += kChunkGroups) {
+    const int64_t groups = std::min(kChunkGroups, gq - g0);
+    // Each query group reversed in itself: row g = [q[8g + 7], q[8g + 6], ..., q[8g]], zero past sq.
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t j = 0; j < kStride; ++j) {
+        const int64_t row = (g0 + g) * kStride + (kStride - 1 - j);
+        float* dst = q_groups.data() + g * width + j * d;
+        if (row < sq) std::copy(q + row * q_ld, q + row * q_ld + d, dst);
+        else std::fill(dst, dst + d, 0.0f);
+      }
+    p.m = groups;
+    p.a = q_groups.data();
+    p.lda = width;
+    p.c = logits.data();
+    p.ldc = gk;
+    gemm::sgemm(p, gemm::best_isa(), 1);
+    for (int64_t g = 0; g < groups; ++g) {
+      float* row = logits.data() + g * gk;
+      float mx = -INFINITY;
+      for (int64_t h = 0; h < gk; ++h) mx = std::max(mx, row[h] *= scale_value);
+      float sum = 0;
+      for (int64_t h = 0; h < gk; ++h) sum += row[h] = std::exp(row[h] - mx);
+      const float inv = 1.0f / sum;
+      float* block_row = scores + ((g0 + g) / kGroupsPerBlock) * lk;
+      for (int64_t h = 0; h < gk; ++h) block_row[h / kGroupsPerBlock] += row[h] * inv;
+    }
+  }
+}
+
+void select_row(const float* scores, int64_t lk, const Params& params, uint8_t* keep) {
+  // Non-causal: the last block is always excluded from the ranking and forced; block 0 too with keep_sink.
+  std::vector<float> v(scores, scores + lk);
+  std::vector<int64_t> forced{lk - 1};
+  if (params.keep_sink && lk > 1) forced.push_back(0);
+  for (int64_t j : forced) v[static_cast<std::size_t>(j)] = 0.0f;
+  float total = 0;
+  for (float x : v) total += x;
+  std::vector<float> sorted(static_cast<std::size_t>((lk + 31) / 32 * 32), 0.0f);  // zero-padded as the kernel's
+  std::copy(v.begin(), v.end(), sorted.begin());
+  std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+  double count = static_cast<double>(lk);  // the kernel's cnt: an index when the threshold cut it
+  float guard = 0.0f;
+  if (params.threshold < 1.0) {
+    const float target = static_cast<float>(params.threshold) * total;
+    // The first 16-wide piece that takes the prefix past the target, then the element inside it.
+    float sum = 0;
+    std::size_t piece = 0;
+    bool crossed = false;
+    for (std::size_t p = 0; p < sorted.size(); p += 16) {
+      float part = 0;
+      for (std::size_t i = p; i < p + 16 && i < sorted.size(); ++i) part += sorted[i];
+      if (sum + part > target) {
+        piece = p;
+        crossed = true;
+        break;
+      }
+      sum += part;
+    }
+    if (!crossed) piece = 0;  // rounding kept the mass below the target: the largest block decides
+    for (std::size_t i = piece; i < piece + 16 && i < sorted.size(); ++i) {
+      sum += sorted[i];
+      guard = sorted[i];
+      count = static_cast<double>(i);
+      if (sum >= target) break;
+    }
+  }
+  const double cap = static_cast<double>(lk) * params.row_sparse;
+  if (count > cap && lk >= 10) {
+    const auto kk = std::max<int64_t>(1, static_cast<int64_t>(cap));
+    guard = sorted[static_cast<std::size_t>(kk - 1)];
+  }
+  guard -= static_cast<float>(kEps);
+  for (int64_t j : forced) v[static_cast<std::size_t>(j)] = guard + 1.0f;
+  for (int64_t j = 0; j < lk; ++j) keep[j] = v[static_cast<std::size_t>(j)] - guard > 0.0f ? 1 : 0;
+  keep[0] = 1;
+}
+
+double expected_density(int64_t sk, const Params& params) {
+  const int64_t lk = ceil_div(sk, kSparseBlock);
+  if (lk < 10 || params.row_sparse >= 1.0) return 1.0;
+  const double l = static_cast<double>(lk);
+  const double kk = std::max(1.0, std::floor(l * params.row_sparse));
+  // The top kk of the ranked blocks, the last block (forced), and block 0 (forced with keep_sink,
+  // otherwise kept anyway, counted when it is not among the top kk).
+  const double per_row = kk + 1.0 + (params.keep_sink ? 1.0 : 1.0 - kk / l);
+  return std::min(1.0, per_row / l);
+}
+
+}  // namespace cubevec::ops::attn::ada_bsa
