@@ -26,16 +26,18 @@ struct ForwardFlags {
   std::string model, inputs, out, dtype = "f32", variant;
   std::string quant, timestep_policy;  // pipelines/stages/quantize.h
   int step_index = 0;                  // the step a timestep-aware quantized model runs at
+  bool quant_given = false, step_index_given = false;
 };
 
 int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache) {
   const DType dtype = parse_dtype(f.dtype);
   if (dtype != DType::f32 && dtype != DType::bf16) throw Error("--dtype must be f32 or bf16, got " + f.dtype);
-  if (f.quant.empty() && !f.timestep_policy.empty()) throw Error("--timestep-policy applies with --quant (a W8A8_TIMESTEP description)");
+  if (!f.quant_given && !f.timestep_policy.empty()) throw Error("--timestep-policy applies with --quant (a W8A8_TIMESTEP description)");
+  if (!f.quant_given && f.step_index_given) throw Error("--step-index applies with --quant (a W8A8_TIMESTEP description)");
   if (f.step_index < 0) throw Error("--step-index must be >= 0, got " + std::to_string(f.step_index));
   // The quantization files are read and checked before the model loads, as in t2i / t2v.
   std::unique_ptr<pipelines::QuantizeStage> quantize;
-  if (!f.quant.empty()) quantize = std::make_unique<pipelines::QuantizeStage>(pipelines::QuantizeOptions{f.quant, f.timestep_policy, false});
+  if (f.quant_given) quantize = std::make_unique<pipelines::QuantizeStage>(pipelines::QuantizeOptions{f.quant, f.timestep_policy, false});
   Device device(device_flags.resolve());
   cache.load(device);
   // A whole diffusers folder means its transformer; otherwise the folder is the component.
@@ -87,11 +89,15 @@ CommandRunner add_forward_command(CLI::App& app) {
   command->add_option("--out", flags->out, "Output safetensors (one tensor: sample)")->required();
   command->add_option("--dtype", flags->dtype, "f32, or bf16 (bf16 weights, and bf16 activations in the transformers)");
   command->add_option("--variant", flags->variant, "Read diffusion_pytorch_model.<variant>.safetensors");
-  command->add_option("--quant", flags->quant, "MindIE SD quant description (quant_model_description_*.json; its weight file beside it)");
+  auto* quant = command->add_option("--quant", flags->quant, "MindIE SD quant description (quant_model_description_*.json; its weight file beside it)");
   command->add_option("--timestep-policy", flags->timestep_policy,
                       "W8A8_TIMESTEP: JSON {\"default\": \"dynamic\", \"static\": [steps...]}");
-  command->add_option("--step-index", flags->step_index, "Denoising step a W8A8_TIMESTEP model runs at (default 0)");
-  return [flags, device_flags, cache] { return run(*flags, *device_flags, *cache); };
+  auto* step_index = command->add_option("--step-index", flags->step_index, "Denoising step a W8A8_TIMESTEP model runs at (default 0)");
+  return [flags, device_flags, cache, quant, step_index] {
+    flags->quant_given = quant->count() > 0;
+    flags->step_index_given = step_index->count() > 0;
+    return run(*flags, *device_flags, *cache);
+  };
 }
 
 }  // namespace cubevec::cli

@@ -3,7 +3,10 @@
 // every Linear's input range recorded (pipelines/quant_export.h), then writes
 // quant_model_description_{algo}.json and quant_model_weight_{algo}.safetensors into --out, and
 // reports each layer's cosine against float on its calibration rows, worst first.
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -27,6 +30,31 @@ struct QuantizeFlags {
   bool deq_int64 = false;
 };
 
+// The output folder exists and takes files, and the report does not land on an output file: all
+// checked before calibration, so a bad path does not cost the run.
+void check_outputs(const QuantizeFlags& f, quant::Algorithm algorithm) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(f.out, ec);
+  if (!fs::is_directory(f.out)) throw Error("--out " + f.out + ": cannot create the output folder" + (ec ? " (" + ec.message() + ")" : ""));
+  const fs::path probe = fs::path(f.out) / ".cubevec_write_probe";
+  {
+    std::ofstream test(probe);
+    if (!test) throw Error("--out " + f.out + ": cannot write into the output folder");
+  }
+  fs::remove(probe, ec);
+  if (f.json_path.empty()) return;
+  if (fs::is_directory(f.json_path)) throw Error("--json " + f.json_path + ": is a directory, not a file");
+  const fs::path parent = fs::path(f.json_path).parent_path().empty() ? fs::path(".") : fs::path(f.json_path).parent_path();
+  if (!fs::is_directory(parent)) throw Error("--json " + f.json_path + ": its folder " + parent.string() + " does not exist");
+  std::string lower(quant::algorithm_name(algorithm));
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const fs::path json = fs::weakly_canonical(f.json_path);
+  for (const std::string& name : {"quant_model_description_" + lower + ".json", "quant_model_weight_" + lower + ".safetensors"})
+    if (json == fs::weakly_canonical(fs::path(f.out) / name))
+      throw Error("--json " + f.json_path + ": is one of the quantization files this run writes; give the report another name");
+}
+
 int run(const QuantizeFlags& f, const DeviceFlags& device_flags) {
   if (f.model.empty()) throw Error("--model DIR is required (a diffusers Flux or Wan folder with float weights)");
   if (f.out.empty()) throw Error("--out DIR is required (the folder for the quant description and weight files)");
@@ -37,6 +65,7 @@ int run(const QuantizeFlags& f, const DeviceFlags& device_flags) {
     throw Error("calibration needs data: give --prompt TEXT (one or more) or --calibration-embeds FILE (one or more)");
   const DType dtype = parse_dtype(f.dtype);
   if (dtype != DType::f32 && dtype != DType::bf16) throw Error("--dtype must be f32 or bf16, got " + f.dtype);
+  check_outputs(f, *algorithm);
   Device device(device_flags.resolve());
   const std::unique_ptr<ModelRunner> model = ModelRunner::load(f.model, dtype, f.variant, device);
   const RunShape shape{f.steps, f.width, f.height, f.frames, f.seed};
@@ -56,6 +85,13 @@ int run(const QuantizeFlags& f, const DeviceFlags& device_flags) {
   pipelines::CalibrationStage& calibration = *calibration_owner;
   stages.add(std::move(calibration_owner));
   stages.after_load(model->parameters());
+  if (calibration.stats().empty())
+    throw Error("--exclude leaves no Linear to quantize (all " + std::to_string(calibration.excluded().size()) + " match)");
+  for (const std::string& pattern : f.exclude) {
+    const auto& excluded = calibration.excluded();
+    if (std::none_of(excluded.begin(), excluded.end(), [&](const std::string& name) { return pipelines::glob_match(pattern, name); }))
+      std::fprintf(stderr, "quantize: warning: --exclude '%s' matches no Linear of the model\n", pattern.c_str());
+  }
   std::fprintf(stderr, "quantize: %s to %s, %zu Linears observed, %zu excluded; calibrating on %zu input(s) x %d steps\n", f.model.c_str(),
                f.algo.c_str(), calibration.stats().size(), calibration.excluded().size(), data.size(), f.steps);
   for (std::size_t i = 0; i < data.size(); ++i) {

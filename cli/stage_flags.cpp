@@ -2,6 +2,7 @@
 
 #include "pipelines/stages/quantize.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "tensor/error.h"
@@ -79,12 +80,13 @@ pipelines::CacheConfig StageFlags::cache_settings() const {
   return c;
 }
 
-std::unique_ptr<pipelines::Stage> StageFlags::quantize_stage(bool simulate) const {
-  if (quant.empty()) {
+std::unique_ptr<pipelines::Stage> StageFlags::quantize_stage(bool simulate, int steps) const {
+  const bool given = std::any_of(options.begin(), options.end(), [](const CLI::Option* o) { return o->check_name("--quant") && o->count() > 0; });
+  if (!given) {
     if (!timestep_policy.empty()) throw Error("--timestep-policy applies with --quant (a W8A8_TIMESTEP description)");
     return nullptr;
   }
-  return std::make_unique<pipelines::QuantizeStage>(pipelines::QuantizeOptions{quant, timestep_policy, simulate});
+  return std::make_unique<pipelines::QuantizeStage>(pipelines::QuantizeOptions{quant, timestep_policy, simulate, steps});
 }
 
 pipelines::StageList StageFlags::build(std::unique_ptr<pipelines::Stage> quantize, const pipelines::CacheConfig& cache_config, int steps,

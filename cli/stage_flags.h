@@ -31,7 +31,8 @@ struct StageFlags {
   // Flags that do not apply to the method are errors.
   pipelines::CacheConfig cache_settings() const;
   // The quantization stage (its files read and checked now), or null without --quant.
-  std::unique_ptr<pipelines::Stage> quantize_stage(bool simulate) const;
+  // `steps`: the run's steps (simulate: rows of shape-only W8A8_TIMESTEP scales).
+  std::unique_ptr<pipelines::Stage> quantize_stage(bool simulate, int steps) const;
   // The stages for a run of `steps` steps over `blocks` blocks (validated; errors name the flag),
   // the quantization stage (if any) first.
   static pipelines::StageList build(std::unique_ptr<pipelines::Stage> quantize, const pipelines::CacheConfig& cache, int steps,

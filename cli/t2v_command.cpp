@@ -82,7 +82,7 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   f.options.cfg = pipelines::parse_cfg_mode(f.cfg);
   f.options.activations = dtype;
   const pipelines::CacheConfig cache_config = stage_flags.cache_settings();  // bad files fail before any work
-  std::unique_ptr<pipelines::Stage> quantize = stage_flags.quantize_stage(f.common.simulate);
+  std::unique_ptr<pipelines::Stage> quantize = stage_flags.quantize_stage(f.common.simulate, f.options.steps);
   const DeviceProfile profile = f.common.profile(device_flags);
   Device device(profile, {.simulate = f.common.simulate, .trace = !f.common.trace_path.empty()});
   cache.load(device);

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "tensor/error.h"
+#include "tensor/regular_file.h"
 #include "tensor/strict_json.h"
 
 namespace cubevec {
@@ -123,11 +124,7 @@ DeviceProfile parse_device_profile(const std::string& json_text, const std::stri
 }
 
 DeviceProfile load_device_profile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open the device profile");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse_device_profile(text.str(), path);
+  return parse_device_profile(read_regular_file(path), path);
 }
 
 DeviceProfile builtin_cpu_profile() {

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "tensor/error.h"
+#include "tensor/regular_file.h"
 
 namespace cubevec::pipelines {
 
@@ -101,11 +102,7 @@ RgbImage decode_jpeg(const uint8_t* data, std::size_t size, const std::string& w
 }
 
 RgbImage read_jpeg(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot be read");
-  std::stringstream bytes_stream;
-  bytes_stream << in.rdbuf();
-  const std::string bytes = bytes_stream.str();
+  const std::string bytes = read_regular_file(path, std::size_t{1} << 30);
   return decode_jpeg(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), path);
 }
 

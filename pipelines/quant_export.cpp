@@ -26,6 +26,7 @@ class ObserveKernel : public models::LinearKernel {
       : stats_(std::move(stats)), step_(std::move(step)), sample_rows_(sample_rows) {}
   std::string name() const override { return "calibration observer"; }
   Tensor forward(const models::Linear& layer, const Tensor& x, const Stream& s, const ops::MatmulOptions& epilogue) const override {
+    if (x.numel() == 0) return layer.float_forward(x, s, epilogue);  // no rows: nothing observed
     const std::vector<float> v = host_f32(x);
     float lo = std::numeric_limits<float>::infinity(), hi = -lo;
     for (float f : v) {

@@ -29,6 +29,8 @@ std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
 }
+// A name or value from a file, shortened for an error message.
+std::string clipped(const std::string& s) { return s.size() <= 120 ? s : s.substr(0, 117) + "..."; }
 
 // Any float tensor (f32, bf16, f16) or, for deq_scale, i64 holding f32 bits, as f32 of `shape`
 // (size-1 dims of the file's shape dropped to fit: [O, 1] -> [O]).
@@ -62,14 +64,28 @@ Description Description::load(const std::string& path) {
   if (!json.is_object()) throw Error(path + ": expected a JSON object (a MindIE SD quant description)");
   Description d;
   d.path = path;
-  if (!json.contains("model_quant_type") || !json["model_quant_type"].is_string())
+  if (!json.contains("model_quant_type"))
     throw Error(path + ": missing 'model_quant_type' (the string naming the file's algorithm, e.g. \"W8A8_DYNAMIC\")");
+  if (!json["model_quant_type"].is_string())
+    throw Error(path + ": 'model_quant_type' must be a string naming the file's algorithm (e.g. \"W8A8_DYNAMIC\"), got " +
+                clipped(json["model_quant_type"].dump()));
   d.model_quant_type = json["model_quant_type"].get<std::string>();
   // MindIE SD reads this one without upper-casing: it must be an algorithm name exactly.
   if (!is_mindie_algorithm(d.model_quant_type) || upper(d.model_quant_type) != d.model_quant_type)
     throw Error(path + ": 'model_quant_type' \"" + d.model_quant_type + "\" is not one of MindIE SD's algorithm names (exact case, e.g. \"W8A8\")");
-  for (const auto& [key, value] : json.items())
-    if (key != "model_quant_type" && value.is_string()) d.entries[key] = value.get<std::string>();
+  for (const auto& [key, value] : json.items()) {
+    if (key == "model_quant_type") continue;
+    // A tensor's entry must say FLOAT or an algorithm; other keys (metadata) are not read.
+    const bool tensor_key = key.ends_with(".div.mul_scale") ||
+                            std::any_of(kSuffixes.begin(), kSuffixes.end(), [&](const std::string& s) { return key.ends_with(s); });
+    if (tensor_key && !value.is_string())
+      throw Error(path + ": '" + clipped(key) + "' must be a string (FLOAT or an algorithm name), got " + clipped(value.dump()));
+    if (!value.is_string()) continue;
+    const std::string text = value.get<std::string>();
+    if (tensor_key && text != "FLOAT" && !is_mindie_algorithm(text))
+      throw Error(path + ": '" + clipped(key) + "' is \"" + clipped(text) + "\", neither FLOAT nor one of MindIE SD's algorithm names");
+    d.entries[key] = text;
+  }
   return d;
 }
 
@@ -132,6 +148,14 @@ QuantTensors read_layer_tensors(const SafetensorsFile& weights, const std::strin
     t.mul_scale = as_f32(weights.tensor(module + ".div.mul_scale"), {in}, false, file + ": '" + module + ".div.mul_scale'");
   const bool dynamic = algorithm != Algorithm::w8a8;
   if (dynamic) t.weight_scale = as_f32(get(".weight_scale", true), {out}, false, what(".weight_scale"));
+  if (const Tensor offset = get(".weight_offset", false); offset.defined()) {
+    // Symmetric weights only: MindIE SD's kernels apply no weight offset, so a non-zero one would be silently wrong.
+    const Tensor o = as_f32(offset, {out}, false, what(".weight_offset"));
+    for (int64_t i = 0; i < out; ++i)
+      if (o.data<float>()[i] != 0.0f)
+        throw Error(what(".weight_offset") + " must be zero (symmetric int8 weights; no weight offset is applied), channel " +
+                    std::to_string(i) + " holds " + std::to_string(o.data<float>()[i]));
+  }
   if (has_bias && algorithm != Algorithm::w8a8) {
     const Tensor bias = get(".bias", true);  // MindIE SD reads it whenever the float layer has one
     t.bias = as_f32(bias, {out}, false, what(".bias"));
@@ -204,11 +228,26 @@ void Writer::save(const std::string& dir) const {
   nlohmann::ordered_json json = nlohmann::ordered_json::object();
   json["model_quant_type"] = algo;
   for (const auto& [key, value] : description.items()) json[key] = value;
-  const std::string base = dir + "/quant_model_description_" + lower(algo) + ".json";
-  std::ofstream out(base);
-  out << json.dump(2) << "\n";
-  if (!out) throw Error(base + ": cannot write the description");
-  write_safetensors(dir + "/quant_model_weight_" + lower(algo) + ".safetensors", tensors);
+  // Both files are written beside their final names, then renamed: a failure leaves the previous
+  // pair as it was, never a new description over old weights.
+  const std::string description_path = dir + "/quant_model_description_" + lower(algo) + ".json";
+  const std::string weight_path = dir + "/quant_model_weight_" + lower(algo) + ".safetensors";
+  const std::string description_tmp = description_path + ".new", weight_tmp = weight_path + ".new";
+  {
+    std::ofstream out(description_tmp, std::ios::trunc);
+    out << json.dump(2) << "\n";
+    out.close();
+    if (!out) throw Error(description_tmp + ": cannot write the description");
+  }
+  try {
+    write_safetensors(weight_tmp, tensors);
+  } catch (...) {
+    fs::remove(description_tmp, ec);
+    throw;
+  }
+  fs::rename(weight_tmp, weight_path, ec);
+  if (!ec) fs::rename(description_tmp, description_path, ec);
+  if (ec) throw Error(dir + ": cannot move the new quantization files into place: " + ec.message());
 }
 
 }  // namespace cubevec::quant

@@ -140,15 +140,16 @@ class W8A8Static : public QuantizedLinear {
 
 class W8A8Timestep : public QuantizedLinear {
  public:
-  W8A8Timestep(int64_t in, int64_t out, const QuantTensors& t, std::shared_ptr<const TimestepPolicy> policy)
-      : QuantizedLinear(in, out), dynamic_{pack(t.weight), t.weight_scale, t.bias, t.mul_scale}, policy_(std::move(policy)) {
+  W8A8Timestep(int64_t in, int64_t out, const QuantTensors& t, std::shared_ptr<const TimestepPolicy> policy, std::string what)
+      : QuantizedLinear(in, out), dynamic_{pack(t.weight), t.weight_scale, t.bias, t.mul_scale}, policy_(std::move(policy)), what_(std::move(what)) {
     for (int64_t i = 0; i < t.input_scale.size(0); ++i) rows_.push_back(static_row(t, i, true));
   }
   Algorithm algorithm() const override { return Algorithm::w8a8_timestep; }
+  int static_steps() const override { return static_cast<int>(rows_.size()); }
   Tensor forward(const Tensor& x, const ops::MatmulOptions& e, int step, const Stream& s) const override {
     if (policy_->strategy(step) == Strategy::dynamic) return dynamic_.run(x, e, s);
     if (step < 0 || step >= static_cast<int>(rows_.size()))
-      throw Error("W8A8_TIMESTEP: the timestep policy makes step " + std::to_string(step) + " static, but the file has static scales for " +
+      throw Error(what_ + ": the timestep policy makes step " + std::to_string(step) + " static, but the file has static scales for " +
                   std::to_string(rows_.size()) + " steps (0 to " + std::to_string(rows_.size() - 1) + ")");
     return run_static(dynamic_.packed, rows_[static_cast<std::size_t>(step)], dynamic_.mul_scale, x, e, s);
   }
@@ -162,6 +163,7 @@ class W8A8Timestep : public QuantizedLinear {
   DynamicPath dynamic_;
   std::vector<StaticRow> rows_;
   std::shared_ptr<const TimestepPolicy> policy_;
+  std::string what_;
 };
 
 }  // namespace
@@ -172,7 +174,10 @@ std::unique_ptr<QuantizedLinear> make_quantized_linear(Algorithm algorithm, int6
   if (t.mul_scale.defined() && algorithm == Algorithm::w8a16)
     throw Error(what + ": a W8A16 layer with a SmoothQuant div.mul_scale: MindIE SD's weight-only layer never applies it, so the "
                        "weights were smoothed for nothing and the output would be wrong");
-  if (t.mul_scale.defined()) require(t.mul_scale, DType::f32, {in}, what, "div.mul_scale");
+  if (t.mul_scale.defined()) {
+    require(t.mul_scale, DType::f32, {in}, what, "div.mul_scale");
+    require_finite_positive(t.mul_scale, what, "div.mul_scale");
+  }
   if (t.bias.defined()) require(t.bias, DType::f32, {out}, what, "bias");
   const bool dynamic = algorithm == Algorithm::w8a16 || algorithm == Algorithm::w8a8_dynamic || algorithm == Algorithm::w8a8_timestep;
   if (dynamic) {
@@ -205,7 +210,7 @@ std::unique_ptr<QuantizedLinear> make_quantized_linear(Algorithm algorithm, int6
     case Algorithm::w8a8: return std::make_unique<W8A8Static>(in, out, t);
     case Algorithm::w8a8_timestep:
       if (!policy) throw Error(what + ": W8A8_TIMESTEP needs a timestep policy");
-      return std::make_unique<W8A8Timestep>(in, out, t, std::move(policy));
+      return std::make_unique<W8A8Timestep>(in, out, t, std::move(policy), what);
   }
   throw Error(what + ": invalid algorithm");
 }

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "tensor/regular_file.h"
 #include "tensor/strict_json.h"
 
 namespace cubevec {
@@ -33,13 +34,7 @@ std::string only_file_ending_with(const fs::path& dir, std::string_view suffix) 
   return found;
 }
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+std::string read_text_file(const std::string& path) { return read_regular_file(path); }
 
 }  // namespace
 

@@ -9,11 +9,13 @@
 #include <cstring>
 
 #include "tensor/error.h"
+#include "tensor/regular_file.h"
 
 namespace cubevec {
 
 std::shared_ptr<const MappedFile> MappedFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  require_regular_file(path);  // before the open, which blocks on a FIFO
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
   struct stat info {};
   if (::fstat(fd, &info) != 0) {

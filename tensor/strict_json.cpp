@@ -1,7 +1,6 @@
 #include "tensor/strict_json.h"
 
-#include <fstream>
-#include <sstream>
+#include "tensor/regular_file.h"
 
 #include <set>
 #include <vector>
@@ -30,14 +29,11 @@ nlohmann::json parse_strict_json(std::string_view text, int max_depth) {
 }
 
 nlohmann::json read_json_file(const std::string& path, int max_depth) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot be read");
-  std::stringstream text;
-  text << in.rdbuf();
+  const std::string text = read_regular_file(path);
   try {
-    return parse_strict_json(text.str(), max_depth);
-  } catch (const Error& e) {
-    throw Error(path + ": not valid JSON: " + e.what());
+    return parse_strict_json(text, max_depth);
+  } catch (const StrictJsonError& e) {
+    throw Error(path + ": " + (e.kind() == StrictJsonError::Kind::Syntax ? "" : "not valid JSON: ") + e.what());
   }
 }
 

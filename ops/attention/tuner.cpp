@@ -6,6 +6,7 @@
 #include "ops/attention_tuner.h"
 #include "ops/gemm/driver.h"
 #include "tensor/enum_names.h"
+#include "tensor/regular_file.h"
 #include "tensor/strict_json.h"
 
 namespace cubevec::ops {
@@ -83,13 +84,15 @@ void AttentionTuner::clear() {
 std::string AttentionTuner::load(const std::string& path, const std::string& fingerprint) {
   if (!std::filesystem::exists(path))
     return "attention tune cache " + path + " does not exist yet; it will be written after tuning";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("attention tune cache " + path + ": cannot be read");
-  std::stringstream text;
-  text << in.rdbuf();
+  std::string text;
+  try {
+    text = read_regular_file(path);
+  } catch (const Error& e) {
+    throw Error("attention tune cache " + std::string(e.what()));
+  }
   std::vector<std::pair<AttentionTuneKey, AttentionTuneChoice>> loaded;
   try {
-    const json doc = parse_strict_json(text.str(), 8);
+    const json doc = parse_strict_json(text, 8);
     if (!doc.is_object()) throw Error("expected a JSON object at the top level");
     if (!doc.contains("format") || doc["format"] != kFormat)
       throw Error(std::string("field 'format' must be \"") + kFormat + "\"");

@@ -1,6 +1,8 @@
 #include "pipelines/stages/quantize.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <vector>
 
 #include "models/layers.h"
@@ -31,17 +33,18 @@ std::string mib(std::size_t bytes) {
   return text;
 }
 
-// Shape-only tensors of `algorithm` for a Linear (simulate mode).
-quant::QuantTensors meta_tensors(quant::Algorithm algorithm, const models::Linear& l) {
+// Shape-only tensors of `algorithm` for a Linear (simulate mode); W8A8_TIMESTEP with `steps` rows.
+quant::QuantTensors meta_tensors(quant::Algorithm algorithm, const models::Linear& l, int steps) {
   quant::QuantTensors t;
   t.weight = Tensor::meta({l.out, l.in}, DType::i8);
   t.weight_scale = Tensor::meta({l.out}, DType::f32);
   if (l.bias.defined()) t.bias = Tensor::meta({l.out}, DType::f32);
   if (algorithm == quant::Algorithm::w8a8 || algorithm == quant::Algorithm::w8a8_timestep) {
-    t.input_scale = Tensor::meta({1}, DType::f32);
-    t.input_offset = Tensor::meta({1}, DType::f32);
-    t.deq_scale = algorithm == quant::Algorithm::w8a8 ? Tensor::meta({l.out}, DType::f32) : Tensor::meta({1, l.out}, DType::f32);
-    t.quant_bias = algorithm == quant::Algorithm::w8a8 ? Tensor::meta({l.out}, DType::i32) : Tensor::meta({1, l.out}, DType::i32);
+    const int64_t rows = algorithm == quant::Algorithm::w8a8 ? 1 : std::max(steps, 1);
+    t.input_scale = Tensor::meta({rows}, DType::f32);
+    t.input_offset = Tensor::meta({rows}, DType::f32);
+    t.deq_scale = algorithm == quant::Algorithm::w8a8 ? Tensor::meta({l.out}, DType::f32) : Tensor::meta({rows, l.out}, DType::f32);
+    t.quant_bias = algorithm == quant::Algorithm::w8a8 ? Tensor::meta({l.out}, DType::i32) : Tensor::meta({rows, l.out}, DType::i32);
   }
   if (algorithm == quant::Algorithm::w8a8) t.bias = Tensor();
   return t;
@@ -50,6 +53,11 @@ quant::QuantTensors meta_tensors(quant::Algorithm algorithm, const models::Linea
 }  // namespace
 
 QuantizeStage::QuantizeStage(QuantizeOptions options) : options_(std::move(options)) {
+  if (options_.description.empty()) throw Error("--quant needs a quant_model_description_*.json file");
+  if (!options_.simulate && !options_.description.ends_with(".json") && !std::filesystem::exists(options_.description) &&
+      quant::is_mindie_algorithm(options_.description))
+    throw Error("--quant " + options_.description + ": an algorithm name stands for shape-only weights with --simulate; a real run "
+                "needs a quant_model_description_*.json (cubevec quantize writes one)");
   if (options_.simulate && !options_.description.ends_with(".json")) {
     meta_algorithm_ = quant::parse_algorithm(options_.description, "--quant");
     if (!meta_algorithm_)
@@ -66,11 +74,13 @@ std::string QuantizeStage::name() const {
 }
 
 void QuantizeStage::after_load(models::ParameterTable& table) {
+  if (table.linears().empty()) throw Error("--quant " + options_.description + ": this model has no Linear layers to quantize");
   std::vector<std::pair<models::Linear*, std::shared_ptr<const quant::QuantizedLinear>>> built;
   if (meta_algorithm_) {
     for (const auto& [name, linear] : table.linears())
       if (name.find("blocks.") != std::string::npos)
-        built.push_back({linear, quant::make_quantized_linear(*meta_algorithm_, linear->in, linear->out, meta_tensors(*meta_algorithm_, *linear),
+        built.push_back({linear, quant::make_quantized_linear(*meta_algorithm_, linear->in, linear->out,
+                                                              meta_tensors(*meta_algorithm_, *linear, options_.simulate_steps),
                                                               policy_, "--quant " + options_.description + ": " + name)});
   } else {
     const quant::Description& d = *description_;
@@ -97,8 +107,13 @@ void QuantizeStage::after_load(models::ParameterTable& table) {
                                                             weights_path + ": layer '" + name + "'")});
     }
   }
+  const bool timestep = std::any_of(built.begin(), built.end(), [](const auto& b) { return b.second->static_steps() > 0; });
+  if (!options_.timestep_policy.empty() && !timestep)
+    throw Error("--timestep-policy " + options_.timestep_policy + " applies to W8A8_TIMESTEP layers, but --quant " + options_.description +
+                " quantizes none");
   // Everything read and checked: swap, and release the float weights of the swapped layers.
   for (auto& [linear, q] : built) {
+    if (q->static_steps() > 0) static_rows_[linear->name] = q->static_steps();
     install_quantized(*linear, q, step_);
     swapped_[linear->name] = std::string(quant::algorithm_name(q->algorithm()));
     quantized_bytes_ += q->weight_bytes();
@@ -114,8 +129,24 @@ void install_quantized(models::Linear& layer, std::shared_ptr<const quant::Quant
   layer.pack_cache = std::make_shared<models::Linear::PackCache>();
 }
 
-void QuantizeStage::before_step(const models::StepInfo& step) { set_step(step.index); }
-void QuantizeStage::set_step(int step) { *step_ = step; }
+void QuantizeStage::check_static_rows(int first, int count) const {
+  for (int step = first; step < first + count; ++step) {
+    if (policy_->strategy(step) != quant::Strategy::static_scales) continue;
+    for (const auto& [module, rows] : static_rows_)
+      if (step >= rows)
+        throw Error((description_ ? description_->weight_path() : options_.description) + ": layer '" + module + "' has static scales for " +
+                    std::to_string(rows) + " steps (0 to " + std::to_string(rows - 1) + "), but " +
+                    (options_.timestep_policy.empty() ? std::string("the timestep policy") : "the timestep policy " + options_.timestep_policy) +
+                    " makes step " + std::to_string(step) + " static");
+  }
+}
+
+void QuantizeStage::begin_run(const RunInfo& run) { check_static_rows(0, run.steps); }
+void QuantizeStage::before_step(const models::StepInfo& step) { *step_ = step.index; }
+void QuantizeStage::set_step(int step) {
+  check_static_rows(step, 1);
+  *step_ = step;
+}
 
 std::string QuantizeStage::summary() const {
   return std::to_string(swapped_.size()) + " Linears quantized; weights: " + mib(quantized_bytes_) + " int8 (with scales), " +

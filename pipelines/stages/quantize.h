@@ -24,6 +24,7 @@ struct QuantizeOptions {
   std::string description;      // a description file, or (simulate) an algorithm name
   std::string timestep_policy;  // a policy file, or empty (every step dynamic, as MindIE's default)
   bool simulate = false;
+  int simulate_steps = 1;       // simulate with W8A8_TIMESTEP: rows of shape-only static scales
 };
 
 class QuantizeStage : public Stage {
@@ -32,8 +33,11 @@ class QuantizeStage : public Stage {
   explicit QuantizeStage(QuantizeOptions options);
   std::string name() const override;  // "quantize W8A8_DYNAMIC"
   void after_load(models::ParameterTable& parameters) override;
+  // Checks that every step the policy makes static has its row of scales in every
+  // W8A8_TIMESTEP layer before the first step runs.
+  void begin_run(const RunInfo& run) override;
   void before_step(const models::StepInfo& step) override;
-  void set_step(int step);  // for one forward outside a loop (cubevec forward --step-index)
+  void set_step(int step);  // for one forward outside a loop (cubevec forward --step-index); checked as begin_run
   std::string summary() const override;
   nlohmann::ordered_json report() const override;
 
@@ -47,7 +51,9 @@ class QuantizeStage : public Stage {
   std::optional<quant::Algorithm> meta_algorithm_;  // simulate with an algorithm name
   std::shared_ptr<const quant::TimestepPolicy> policy_;
   std::shared_ptr<int> step_ = std::make_shared<int>(0);
+  void check_static_rows(int first, int count) const;
   std::map<std::string, std::string> swapped_;  // module -> algorithm
+  std::map<std::string, int> static_rows_;      // W8A8_TIMESTEP module -> steps with static scales
   std::size_t quantized_bytes_ = 0, float_bytes_ = 0;
 };
 

@@ -3,6 +3,9 @@
 // `cubevec t2i --quant` renders from them within 30 dB PSNR of the float picture; `cubevec forward
 // --quant --timestep-policy --step-index` runs a W8A8_TIMESTEP model at a chosen step; bad flags and
 // files are one-line errors.
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -119,7 +122,9 @@ TEST_F(QuantCli, ForwardAtAStepIndexOfATimestepModel) {
   const auto bad = run({"forward", "--model", kTinyFlux, "--inputs", inputs, "--out", (dir_ / "x.safetensors").string(), "--quant", description,
                         "--timestep-policy", (dir_ / "static.json").string(), "--step-index", "7"});
   EXPECT_EQ(bad.status, 1);
-  EXPECT_NE(bad.err.find("the timestep policy makes step 7 static, but the file has static scales for 4 steps (0 to 3)"), std::string::npos)
+  EXPECT_NE(bad.err.find("has static scales for 4 steps (0 to 3), but the timestep policy " + (dir_ / "static.json").string() +
+                         " makes step 7 static"),
+            std::string::npos)
       << bad.err;
 }
 
@@ -127,6 +132,14 @@ TEST_F(QuantCli, BadFlagsAndFilesAreOneLineErrors) {
   const std::string inputs = write_inputs(dir_), out = (dir_ / "o.safetensors").string(), jpg = (dir_ / "o.jpg").string();
   const std::string missing = (dir_ / "nothing.json").string();
   std::ofstream(dir_ / "bad.json") << R"({"model_quant_type": "W8A8_DYNAMIC", "x_embedder.weight": "W8A8_DYNAMIC"})";
+  const std::string fifo = (dir_ / "quant_model_description_w8a8.json").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string a_file = (dir_ / "a_file").string();
+  std::ofstream(a_file) << "x";
+  cubevec::write_safetensors((dir_ / "empty.safetensors").string(),
+                             {{"prompt_embeds", cubevec::Tensor::zeros({1, 0, 64}, cubevec::DType::f32)},
+                              {"pooled_prompt_embeds", cubevec::Tensor::zeros({1, 64}, cubevec::DType::f32)}});
+  const std::string q = (dir_ / "q").string();
   const struct {
     std::vector<std::string> args;
     std::string message;
@@ -144,6 +157,23 @@ TEST_F(QuantCli, BadFlagsAndFilesAreOneLineErrors) {
       // The weight file beside the description is missing: named, before anything is swapped.
       {{"forward", "--model", kTinyFlux, "--inputs", inputs, "--out", out, "--quant", (dir_ / "bad.json").string()},
        "quant_model_weight_w8a8_dynamic.safetensors"},
+      {{"forward", "--model", kTinyFlux, "--inputs", inputs, "--out", out, "--step-index", "2"}, "--step-index applies with --quant"},
+      {{"forward", "--model", kTinyFlux, "--inputs", inputs, "--out", out, "--quant", ""}, "--quant needs a quant_model_description_*.json file"},
+      {{"forward", "--model", kTinyFlux, "--inputs", inputs, "--out", out, "--quant", "W8A8_DYNAMIC"},
+       "--quant W8A8_DYNAMIC: an algorithm name stands for shape-only weights with --simulate"},
+      {{"forward", "--model", kTinyFlux + "/vae", "--inputs", inputs, "--out", out, "--quant", (dir_ / "bad.json").string()},
+       "this model has no Linear layers to quantize"},
+      // A FIFO is refused, not opened (which would wait for a writer forever).
+      {{"t2i", "--model", kTinyFlux, "--prompt", kPrompt, "--quant", fifo, "--out", jpg}, "is not a regular file (a FIFO, socket or device)"},
+      // quantize: the outputs are checked before calibration; no work is lost and no file is overwritten.
+      {{"quantize", "--model", kTinyFlux, "--algo", "W8A8", "--prompt", kPrompt, "--out", a_file}, "--out " + a_file + ": cannot create the output folder"},
+      {{"quantize", "--model", kTinyFlux, "--algo", "W8A8", "--prompt", kPrompt, "--out", q, "--json", q + "/quant_model_weight_w8a8.safetensors"},
+       "is one of the quantization files this run writes"},
+      {{"quantize", "--model", kTinyFlux, "--algo", "W8A8", "--prompt", kPrompt, "--out", q, "--json", (dir_ / "no_dir" / "r.json").string()},
+       "does not exist"},
+      {{"quantize", "--model", kTinyFlux, "--algo", "W8A8", "--prompt", kPrompt, "--out", q, "--exclude", "*"}, "--exclude leaves no Linear to quantize"},
+      {{"quantize", "--model", kTinyFlux, "--algo", "W8A8", "--calibration-embeds", (dir_ / "empty.safetensors").string(), "--out", q},
+       "'prompt_embeds' [1, 0, 64] is empty"},
   };
   for (const auto& c : cases) {
     const auto r = run(c.args);
@@ -152,6 +182,34 @@ TEST_F(QuantCli, BadFlagsAndFilesAreOneLineErrors) {
     EXPECT_LE(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   }
   EXPECT_FALSE(fs::exists(out));
+  EXPECT_FALSE(fs::exists(q + "/quant_model_description_w8a8.json"));
+}
+
+TEST_F(QuantCli, AFailedExportLeavesThePreviousFilesWhole) {
+  const std::string q = (dir_ / "q").string(), inputs = write_inputs(dir_);
+  const auto first = run({"quantize", "--model", kTinyFlux, "--algo", "W8A8", "--prompt", kPrompt, "--steps", "2", "--exclude",
+                          "single_transformer_blocks.*", "--exclude", "no_such_layer", "--out", q});
+  ASSERT_EQ(first.status, 0) << first.err;
+  EXPECT_NE(first.err.find("warning: --exclude 'no_such_layer' matches no Linear of the model"), std::string::npos) << first.err;
+  const std::string description = read_file(q + "/quant_model_description_w8a8.json"),
+                    weights = read_file(q + "/quant_model_weight_w8a8.safetensors");
+  // The second run cannot write its weight file: it fails and both earlier files stay as they were.
+  fs::create_directories(q + "/quant_model_weight_w8a8.safetensors.new");
+  const auto second = run({"quantize", "--model", kTinyFlux, "--algo", "W8A8", "--prompt", kPrompt, "--steps", "2", "--out", q});
+  EXPECT_EQ(second.status, 1);
+  EXPECT_EQ(read_file(q + "/quant_model_description_w8a8.json"), description);
+  EXPECT_EQ(read_file(q + "/quant_model_weight_w8a8.safetensors"), weights);
+  const auto forward = run({"forward", "--model", kTinyFlux, "--inputs", inputs, "--out", (dir_ / "o.safetensors").string(), "--quant",
+                            q + "/quant_model_description_w8a8.json"});
+  EXPECT_EQ(forward.status, 0) << forward.err;
+}
+
+TEST_F(QuantCli, SimulateTimestepHasARowPerStep) {
+  std::ofstream(dir_ / "static.json") << R"({"default": "static"})";
+  const auto r = run({"t2i", "--simulate", "--model", std::string(CUBEVEC_SOURCE_DIR) + "/assets/configs/flux1-dev", "--steps", "3", "--quant",
+                      "W8A8_TIMESTEP", "--timestep-policy", (dir_ / "static.json").string()});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("quantize W8A8_TIMESTEP"), std::string::npos) << r.err;
 }
 
 }  // namespace

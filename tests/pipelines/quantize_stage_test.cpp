@@ -182,13 +182,25 @@ TEST(QuantizeStage, TimestepPolicyPicksStaticOrDynamicByTheLoopsStep) {
   stage.set_step(9);  // dynamic under this policy
   EXPECT_NO_THROW(layer(x, ops::default_op_stream()));
 
-  // A policy making a step static that the file has no scales for: the error names both.
+  // A policy making a step static that the file has no scales for: found before the step runs,
+  // the error names the file, a layer, the rows and the step.
   FluxModel f;
-  pipelines::QuantizeStage all_static({timestep, dir.write("all_static.json", R"({"default": "static"})"), false});
+  const std::string all_static_policy = dir.write("all_static.json", R"({"default": "static"})");
+  pipelines::QuantizeStage all_static({timestep, all_static_policy, false});
   all_static.after_load(f.model().parameters());
-  all_static.set_step(9);
-  EXPECT_NE(message_of([&] { f.model().parameters().linear("proj_out")(x, ops::default_op_stream()); })
-                .find("the timestep policy makes step 9 static, but the file has static scales for 4 steps (0 to 3)"),
+  EXPECT_NE(message_of([&] { all_static.set_step(9); })
+                .find("quant_model_weight_w8a8_timestep.safetensors: layer 'context_embedder' has static scales for 4 steps (0 to 3), but the "
+                      "timestep policy " + all_static_policy + " makes step 9 static"),
+            std::string::npos);
+  pipelines::RunInfo six, four;
+  six.steps = 6;
+  four.steps = 4;
+  EXPECT_NE(message_of([&] { all_static.begin_run(six); }).find("makes step 4 static"), std::string::npos);
+  EXPECT_NO_THROW(all_static.begin_run(four));
+  // A policy for a description without timestep layers is a mistake, not silently ignored.
+  FluxModel g;
+  pipelines::QuantizeStage wrong({dynamic, all_static_policy, false});
+  EXPECT_NE(message_of([&] { wrong.after_load(g.model().parameters()); }).find("applies to W8A8_TIMESTEP layers, but --quant " + dynamic + " quantizes none"),
             std::string::npos);
 }
 

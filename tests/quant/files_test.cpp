@@ -154,8 +154,7 @@ TEST(QuantFiles, ModuleMatchingAsMindie) {
     "c.weight": "FLOAT",
     "d.weight": "W8A8", "d": "FLOAT",
     "e.weight": "W4A4_MXFP4",
-    "f.weight": "whatever",
-    "version": 3})");
+    "version": 3, "producer": "msmodelslim"})");
   const quant::Description d = quant::Description::load(path);
   // ".linear" is SmoothQuant's layout only beside a ".div.mul_scale"; per-layer values are case-insensitive.
   EXPECT_EQ(d.quantized_modules(), (std::vector<std::string>{"a", "b", "d", "e", "norm_out.linear"}));
@@ -165,7 +164,7 @@ TEST(QuantFiles, ModuleMatchingAsMindie) {
   EXPECT_EQ(d.algorithm_value("c"), std::nullopt);
   EXPECT_EQ(d.algorithm_value("d"), std::nullopt);  // an exclusion wins over the weight's entry
   EXPECT_EQ(d.algorithm_value("e"), "W4A4_MXFP4");  // MindIE's name: the stage says cubevec does not run it
-  EXPECT_EQ(d.algorithm_value("f"), std::nullopt);
+  EXPECT_EQ(d.algorithm_value("version"), std::nullopt);  // metadata keys are not read
 }
 
 TEST(QuantFiles, MalformedDescriptionsNameTheFileAndTheProblem) {
@@ -176,7 +175,19 @@ TEST(QuantFiles, MalformedDescriptionsNameTheFileAndTheProblem) {
   };
   EXPECT_NE(error("[1, 2]").find("quant_model_description_x.json: expected a JSON object"), std::string::npos);
   EXPECT_NE(error(R"({"a.weight": "W8A8"})").find("quant_model_description_x.json: missing 'model_quant_type'"), std::string::npos);
-  EXPECT_NE(error(R"({"model_quant_type": 8})").find("missing 'model_quant_type'"), std::string::npos);
+  EXPECT_NE(error(R"({"model_quant_type": 8})").find("'model_quant_type' must be a string naming the file's algorithm (e.g. \"W8A8_DYNAMIC\"), got 8"),
+            std::string::npos);
+  // A tensor's entry must be FLOAT or an algorithm name (a typo would otherwise leave the layer float).
+  EXPECT_NE(error(R"({"model_quant_type": "W8A8", "proj_out.weight": "W8A9"})")
+                .find("'proj_out.weight' is \"W8A9\", neither FLOAT nor one of MindIE SD's algorithm names"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"model_quant_type": "W8A8", "proj_out.weight": 5})").find("'proj_out.weight' must be a string (FLOAT or an algorithm name), got 5"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"model_quant_type": "W8A8", "proj_out.bias": null})").find("'proj_out.bias' must be a string"), std::string::npos);
+  // Long names are shortened in messages.
+  const std::string long_value(5000, 'W');
+  const std::string long_error = error(R"({"model_quant_type": "W8A8", "x.weight": ")" + long_value + R"("})");
+  EXPECT_LT(long_error.size(), 400u) << long_error.size();
   EXPECT_NE(error(R"({"model_quant_type": "w8a8"})").find("'model_quant_type' \"w8a8\" is not one of MindIE SD's algorithm names (exact case"),
             std::string::npos);
   EXPECT_NE(error(R"({"model_quant_type": "INT4"})").find("\"INT4\" is not one of MindIE SD's algorithm names"), std::string::npos);
@@ -217,6 +228,12 @@ TEST(QuantFiles, MalformedLayerTensorsNameTheFileModuleAndKey) {
   NamedTensors i64_bias = statics;
   i64_bias.push_back({"blocks.0.to_q.quant_bias", Tensor::zeros({3}, DType::i64)});
   EXPECT_NE(error(i64_bias, Algorithm::w8a8).find("'blocks.0.to_q.quant_bias' must be i32 [3], got i64 [3]"), std::string::npos);
+  EXPECT_NE(error({{"blocks.0.to_q.weight", w},
+                   {"blocks.0.to_q.weight_scale", s3},
+                   {"blocks.0.to_q.weight_offset", Tensor::from_vector(std::vector<float>{0, 0.5f, 0}, {3, 1})}},
+                  Algorithm::w8a8_dynamic)
+                .find("'blocks.0.to_q.weight_offset' must be zero (symmetric int8 weights; no weight offset is applied), channel 1 holds 0.5"),
+            std::string::npos);
   NamedTensors i64_scale = statics;
   i64_scale[1] = {"blocks.0.to_q.input_scale", Tensor::zeros({1}, DType::i64)};
   i64_scale.push_back({"blocks.0.to_q.quant_bias", Tensor::zeros({3}, DType::i32)});

@@ -184,6 +184,12 @@ TEST(QuantSchemes, LayerTensorChecksNameTheProblem) {
             std::string::npos);
   EXPECT_NE(bad([](auto& t) { t.mul_scale = Tensor::zeros({kIn}, DType::f32); }, Algorithm::w8a16).find("never applies it"), std::string::npos);
   EXPECT_NE(bad([](auto& t) {
+              std::vector<float> mul(kIn, 1.0f);
+              mul[3] = std::nanf("");
+              t.mul_scale = Tensor::from_vector(mul, {kIn});
+            }).find("'div.mul_scale' must hold positive finite numbers"),
+            std::string::npos);
+  EXPECT_NE(bad([](auto& t) {
               t.input_scale = Tensor::from_vector(std::vector<float>{0.1f}, {1});
               t.input_offset = Tensor::from_vector(std::vector<float>{0.5f}, {1});
               t.deq_scale = Tensor::from_vector(std::vector<float>(kOut, 0.01f), {kOut});
