@@ -52,6 +52,7 @@ using Suite = std::function<void(Context&)>;
 void attention_suite(Context& context);
 void blocks_suite(Context& context);
 void quant_suite(Context& context);
+void sparse_suite(Context& context);
 void cache_suite(Context& context);
 void launch_suite(Context& context);
 void cv_suite(Context& context);

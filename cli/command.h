@@ -18,5 +18,6 @@ CommandRunner add_t2v_command(CLI::App& app);
 CommandRunner add_forward_command(CLI::App& app);
 CommandRunner add_tune_cache_command(CLI::App& app);
 CommandRunner add_quantize_command(CLI::App& app);
+CommandRunner add_sparse_attention_command(CLI::App& app);
 
 }  // namespace cubevec::cli

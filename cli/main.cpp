@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   add(cubevec::cli::add_forward_command);
   add(cubevec::cli::add_tune_cache_command);
   add(cubevec::cli::add_quantize_command);
+  add(cubevec::cli::add_sparse_attention_command);
 
   // CLI11 would only say "a subcommand is required"; name the unknown word and the known ones.
   if (argc > 1 && argv[1][0] != '-') {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <tuple>
 
 #include "tensor/error.h"
 
@@ -39,6 +40,13 @@ std::shared_ptr<StageFlags> add_stage_flags(CLI::App& command) {
   add("--cache-max-cached", v.max_cached, "db: most steps cached in a run (default -1: no limit)");
   add("--cache-max-continuous", v.max_continuous, "db: most steps cached in a row (default -1: no limit)");
   add("--taylorseer", v.taylorseer, "db: extrapolate the skipped residual with TaylorSeer of order 1 or 2");
+  auto& sv = f->sparse_values;
+  add("--sparse", f->sparse, "Sparse attention: none, rf_v2 (RainFusion 2.0), ada_bsa (MindIE SD's sparse_attention)");
+  add("--sparsity", sv.sparsity, "Sparse attention: the fraction of blocks to skip, in [0, 1] (default 0.5)");
+  add("--sparse-step-start", sv.step_start, "Sparse attention: dense before this step (default 0)");
+  add("--sparse-blocks", f->sparse_blocks, "Sparse attention: the blocks A-B (B included) that run sparse (default: all)");
+  add("--sparse-mask-refresh", sv.mask_refresh, "Sparse attention: estimate new masks every K steps, reuse them between (default 1)");
+  add("--sparse-cdf-threshold", sv.cdf_threshold, "ada_bsa: keep the blocks holding this share of the estimated mass, (0, 1] (default 1)");
   return f;
 }
 
@@ -89,11 +97,31 @@ std::unique_ptr<pipelines::Stage> StageFlags::quantize_stage(bool simulate, int 
   return std::make_unique<pipelines::QuantizeStage>(pipelines::QuantizeOptions{quant, timestep_policy, simulate, steps});
 }
 
+std::unique_ptr<pipelines::SparseAttentionStage> StageFlags::sparse_stage() const {
+  const auto given = [&](const char* name) {
+    return std::any_of(options.begin(), options.end(), [&](const CLI::Option* o) { return o->check_name(name) && o->count() > 0; });
+  };
+  pipelines::SparseConfig c = sparse_values;
+  c.type = ops::parse_sparse_type(sparse);
+  if (c.type == ops::SparseType::none) {
+    for (const char* name : {"--sparsity", "--sparse-step-start", "--sparse-blocks", "--sparse-mask-refresh", "--sparse-cdf-threshold"})
+      if (given(name)) throw Error(std::string(name) + " applies with --sparse rf_v2|ada_bsa");
+    return nullptr;
+  }
+  if (given("--sparse-cdf-threshold") && c.type != ops::SparseType::ada_bsa) throw Error("--sparse-cdf-threshold applies with --sparse ada_bsa");
+  if (!sparse_blocks.empty()) std::tie(c.block_first, c.block_last) = pipelines::SparseConfig::parse_blocks(sparse_blocks);
+  return std::make_unique<pipelines::SparseAttentionStage>(c);
+}
+
 pipelines::StageList StageFlags::build(std::unique_ptr<pipelines::Stage> quantize, const pipelines::CacheConfig& cache_config, int steps,
-                                       int blocks) {
+                                       int blocks, std::unique_ptr<pipelines::SparseAttentionStage> sparse) {
   pipelines::StageList stages;
   if (quantize) stages.add(std::move(quantize));
   if (auto cache = pipelines::make_cache_stage(cache_config, steps, blocks)) stages.add(std::move(cache));
+  if (sparse) {
+    sparse->check_blocks(blocks);
+    stages.add(std::move(sparse));
+  }
   return stages;
 }
 

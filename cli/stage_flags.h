@@ -6,6 +6,9 @@
 //   --cache-fn N --cache-bn N --cache-threshold X --cache-warmup N --cache-max-cached N
 //   --cache-max-continuous N --taylorseer 1|2
 //   --cache-config FILE.json   (the same keys without the dashes; flags given too override it)
+// and sparse attention (pipelines/stages/sparse_attention.h)
+//   --sparse none|rf_v2|ada_bsa --sparsity X --sparse-step-start N --sparse-blocks A-B
+//   --sparse-mask-refresh K --sparse-cdf-threshold X
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -17,6 +20,7 @@
 
 #include "pipelines/stage.h"
 #include "pipelines/stages/cache_config.h"
+#include "pipelines/stages/sparse_attention.h"
 
 namespace cubevec::cli {
 
@@ -25,6 +29,8 @@ struct StageFlags {
   std::string cache = "none", cache_config;
   pipelines::CacheConfig values;  // the flags' values (defaults where not given)
   int step_end = 0, block_end = 0;  // --cache-step-end, --cache-block-end when given
+  std::string sparse = "none", sparse_blocks;
+  pipelines::SparseConfig sparse_values;
   std::vector<CLI::Option*> options;  // to know which were given
 
   // The cache settings: --cache-config's file, with the flags given on the command line over it.
@@ -33,10 +39,12 @@ struct StageFlags {
   // The quantization stage (its files read and checked now), or null without --quant.
   // `steps`: the run's steps (simulate: rows of shape-only W8A8_TIMESTEP scales).
   std::unique_ptr<pipelines::Stage> quantize_stage(bool simulate, int steps) const;
-  // The stages for a run of `steps` steps over `blocks` blocks (validated; errors name the flag),
-  // the quantization stage (if any) first.
+  // The sparse attention stage, or null without --sparse (its other flags alone are errors).
+  std::unique_ptr<pipelines::SparseAttentionStage> sparse_stage() const;
+  // The stages for a run of `steps` steps over `blocks` blocks (validated; errors name the flag):
+  // quantization (if any), the step cache, then sparse attention (a replayed attention skips it).
   static pipelines::StageList build(std::unique_ptr<pipelines::Stage> quantize, const pipelines::CacheConfig& cache, int steps,
-                                    int blocks);
+                                    int blocks, std::unique_ptr<pipelines::SparseAttentionStage> sparse = nullptr);
 };
 
 std::shared_ptr<StageFlags> add_stage_flags(CLI::App& command);

@@ -41,6 +41,7 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   f.options.activations = dtype;
   const pipelines::CacheConfig cache_config = stage_flags.cache_settings();  // bad files fail before any work
   std::unique_ptr<pipelines::Stage> quantize = stage_flags.quantize_stage(f.common.simulate, f.options.steps);
+  std::unique_ptr<pipelines::SparseAttentionStage> sparse = stage_flags.sparse_stage();
   const DeviceProfile profile = f.common.profile(device_flags);
   Device device(profile, {.simulate = f.common.simulate, .trace = !f.common.trace_path.empty()});
   cache.load(device);
@@ -63,7 +64,8 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   const std::string& text_source = text.source;
   const double text_s = pipelines::seconds_since(t0);
   pipeline.check(f.options, negative.has_value());
-  pipelines::StageList stage_list = StageFlags::build(std::move(quantize), cache_config, f.options.steps, pipeline.transformer().block_count());
+  pipelines::StageList stage_list = StageFlags::build(std::move(quantize), cache_config, f.options.steps, pipeline.transformer().block_count(),
+                                                              std::move(sparse));
   stage_list.after_load(pipeline.mutable_transformer().mutable_parameters());
 
   std::fprintf(stderr, "t2i: text: %s\n", text_source.c_str());
