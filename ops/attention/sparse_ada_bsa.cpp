@@ -5,8 +5,12 @@
 #include <functional>
 #include <vector>
 
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
 #include "ops/attention/problem.h"
 #include "ops/gemm/driver.h"
+#include "ops/vector_math.h"
 
 namespace cubevec::ops::attn::ada_bsa {
 
@@ -43,35 +47,45 @@ void block_scores(const float* q, int64_t q_ld, int64_t sq, const float* k, int6
   p.trans_b = true;
   const auto packed = gemm::pack_b_once(p, gemm::best_isa());
   p.packed_b = packed.get();
-  std::vector<float> q_groups(static_cast<std::size_t>(kChunkGroups * width)), logits(static_cast<std::size_t>(kChunkGroups * gk));
   const float scale_value = scale / static_cast<float>(kStride);
-  for (int64_t g0 = 0; g0 < gq; g0 += kChunkGroups) {
-    const int64_t groups = std::min(kChunkGroups, gq - g0);
-    // Each query group reversed in itself: row g = [q[8g + 7], q[8g + 6], ..., q[8g]], zero past sq.
-    for (int64_t g = 0; g < groups; ++g)
-      for (int64_t j = 0; j < kStride; ++j) {
-        const int64_t row = (g0 + g) * kStride + (kStride - 1 - j);
-        float* dst = q_groups.data() + g * width + j * d;
-        if (row < sq) std::copy(q + row * q_ld, q + row * q_ld + d, dst);
-        else std::fill(dst, dst + d, 0.0f);
+  // Chunks of 32 block rows in parallel: each writes its own rows of `scores`. Nested in the
+  // caller's loop over heads, this keeps both threads busy when there are fewer heads than threads.
+  const int64_t chunks = ceil_div(gq, kChunkGroups);
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, chunks, 1), [&](const tbb::blocked_range<int64_t>& range) {
+    std::vector<float> q_groups(static_cast<std::size_t>(kChunkGroups * width)), logits(static_cast<std::size_t>(kChunkGroups * gk));
+    for (int64_t chunk = range.begin(); chunk < range.end(); ++chunk) {
+      const int64_t g0 = chunk * kChunkGroups, groups = std::min(kChunkGroups, gq - g0);
+      // Each query group reversed in itself: row g = [q[8g + 7], q[8g + 6], ..., q[8g]], zero past sq.
+      for (int64_t g = 0; g < groups; ++g)
+        for (int64_t j = 0; j < kStride; ++j) {
+          const int64_t row = (g0 + g) * kStride + (kStride - 1 - j);
+          float* dst = q_groups.data() + g * width + j * d;
+          if (row < sq) std::copy(q + row * q_ld, q + row * q_ld + d, dst);
+          else std::fill(dst, dst + d, 0.0f);
+        }
+      gemm::Problem chunk_problem = p;
+      chunk_problem.m = groups;
+      chunk_problem.a = q_groups.data();
+      chunk_problem.lda = width;
+      chunk_problem.c = logits.data();
+      chunk_problem.ldc = gk;
+      gemm::sgemm(chunk_problem, gemm::best_isa(), 1);
+      for (int64_t g = 0; g < groups; ++g) {
+        float* row = logits.data() + g * gk;
+        float mx = -INFINITY;
+        for (int64_t h = 0; h < gk; ++h) mx = std::max(mx, row[h] *= scale_value);
+        float sum = 0;
+        for (int64_t h = 0; h < gk; ++h) sum += row[h] = vmath::exp(row[h] - mx);
+        const float inv = 1.0f / sum;
+        float* block_row = scores + ((g0 + g) / kGroupsPerBlock) * lk;
+        for (int64_t h0 = 0; h0 < gk; h0 += kGroupsPerBlock) {
+          float part = 0;
+          for (int64_t h = h0; h < std::min(gk, h0 + kGroupsPerBlock); ++h) part += row[h];
+          block_row[h0 / kGroupsPerBlock] += part * inv;
+        }
       }
-    p.m = groups;
-    p.a = q_groups.data();
-    p.lda = width;
-    p.c = logits.data();
-    p.ldc = gk;
-    gemm::sgemm(p, gemm::best_isa(), 1);
-    for (int64_t g = 0; g < groups; ++g) {
-      float* row = logits.data() + g * gk;
-      float mx = -INFINITY;
-      for (int64_t h = 0; h < gk; ++h) mx = std::max(mx, row[h] *= scale_value);
-      float sum = 0;
-      for (int64_t h = 0; h < gk; ++h) sum += row[h] = std::exp(row[h] - mx);
-      const float inv = 1.0f / sum;
-      float* block_row = scores + ((g0 + g) / kGroupsPerBlock) * lk;
-      for (int64_t h = 0; h < gk; ++h) block_row[h / kGroupsPerBlock] += row[h] * inv;
     }
-  }
+  });
 }
 
 void select_row(const float* scores, int64_t lk, const Params& params, uint8_t* keep) {
