@@ -8,12 +8,14 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "cli/output_flag.h"
 #include "ops/attention.h"
 #include "ops/attention_tuner.h"
 #include "cli/attention_tune_cache.h"
 #include "cli/command.h"
 #include "cli/device_flags.h"
 #include "tensor/half.h"
+#include "tensor/output_file.h"
 
 namespace cubevec::cli {
 
@@ -99,9 +101,7 @@ int run(const AttentionFlags& f, const DeviceFlags& device_flags, const Attentio
                                          {"implementation", impl},    {"tune_cache_hit", cached},
                                          {"first_call_s", first_s},   {"median_s", median_s},
                                          {"gflops", flops / median_s / 1e9}};
-    std::ofstream out(f.json_path);
-    out << json.dump(2) << "\n";
-    if (!out) throw Error(f.json_path + ": cannot write the JSON report");
+    write_output_file(f.json_path, "--json", json.dump(2) + "\n");
   }
   return 0;
 }
@@ -124,7 +124,7 @@ CommandRunner add_attention_command(CLI::App& app) {
   command->add_option("--op-type", flags->op_type, "manual mode: math, flash or cv_pipelined");
   command->add_option("--kernel-layout", flags->kernel_layout, "manual mode: BSND or BNSD");
   command->add_option("--repeats", flags->repeats, "Timed calls after the first")->check(CLI::Range(1, 1000));
-  command->add_option("--json", flags->json_path, "Write the figures as JSON to this file");
+  command->add_option("--json", flags->json_path, "Write the figures as JSON to this file")->check(output_file_path());
   return [flags, device_flags, cache] { return run(*flags, *device_flags, *cache); };
 }
 

@@ -4,9 +4,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "cli/output_flag.h"
 #include "cli/command.h"
 #include "cli/device_flags.h"
 #include "pipelines/cv_experiment.h"
+#include "tensor/output_file.h"
 
 namespace cubevec::cli {
 
@@ -59,9 +61,7 @@ int run(const CvFlags& flags, const DeviceFlags& device_flags) {
                              {"modelled_speedup_vs_serialized", serial_modelled / r.modelled_s}});
   }
   if (!flags.json_path.empty()) {
-    std::ofstream out(flags.json_path);
-    out << json.dump(2) << "\n";
-    if (!out) throw Error(flags.json_path + ": cannot write the JSON report");
+    write_output_file(flags.json_path, "--json", json.dump(2) + "\n");
   }
   if (!flags.trace_path.empty()) {
     std::vector<TraceSection> sections;
@@ -84,8 +84,8 @@ CommandRunner add_cv_experiment_command(CLI::App& app) {
   command->add_option("--n", flags->workload.n, "GEMM columns (N), also the Vector row width")->check(CLI::Range(1, 1 << 20));
   command->add_option("--k", flags->workload.k, "GEMM inner size (K)")->check(CLI::Range(1, 1 << 20));
   command->add_option("--repeats", flags->repeats, "Timed runs per mode (the median is reported)")->check(CLI::Range(1, 1000));
-  command->add_option("--json", flags->json_path, "Write the figures as JSON to this file");
-  command->add_option("--trace", flags->trace_path, "Write a Chrome trace (all three modes) to this file");
+  command->add_option("--json", flags->json_path, "Write the figures as JSON to this file")->check(output_file_path());
+  command->add_option("--trace", flags->trace_path, "Write a Chrome trace (all three modes) to this file")->check(output_file_path());
   return [flags, device_flags] { return run(*flags, *device_flags); };
 }
 

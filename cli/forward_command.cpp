@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 
+#include "cli/output_flag.h"
 #include "cli/attention_tune_cache.h"
 #include "cli/command.h"
 #include "cli/device_flags.h"
@@ -16,6 +17,7 @@
 #include "ops/vector_ops.h"
 #include "pipelines/stages/quantize.h"
 #include "tensor/error.h"
+#include "tensor/finite_check.h"
 #include "tensor/safetensors.h"
 
 namespace cubevec::cli {
@@ -33,6 +35,7 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
   const DType dtype = parse_dtype(f.dtype);
   if (dtype != DType::f32 && dtype != DType::bf16) throw Error("--dtype must be f32 or bf16, got " + f.dtype);
   if (!f.quant_given && !f.timestep_policy.empty()) throw Error("--timestep-policy applies with --quant (a W8A8_TIMESTEP description)");
+  refuse_output_over_input("--out", f.out, "--inputs", f.inputs);
   if (!f.quant_given && f.step_index_given) throw Error("--step-index applies with --quant (a W8A8_TIMESTEP description)");
   if (f.step_index < 0) throw Error("--step-index must be >= 0, got " + std::to_string(f.step_index));
   // The quantization files are read and checked before the model loads, as in t2i / t2v.
@@ -58,6 +61,7 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
     if (std::find(names.begin(), names.end(), e.name) == names.end())
       throw Error(f.inputs + ": unknown tensor '" + e.name + "' (" + model->class_name() + ".forward takes " + signature + ")");
     inputs[e.name] = in.tensor(e.name);
+    require_finite(inputs[e.name], f.inputs + ": tensor '" + e.name + "'");
   }
   const auto t0 = std::chrono::steady_clock::now();
   const models::ForwardContext ctx{.activations = dtype};
@@ -86,7 +90,7 @@ CommandRunner add_forward_command(CLI::App& app) {
       ->required();
   command->add_option("--inputs", flags->inputs, "safetensors with the forward's arguments (hidden_states, ..., or latent for a VAE)")
       ->required();
-  command->add_option("--out", flags->out, "Output safetensors (one tensor: sample)")->required();
+  command->add_option("--out", flags->out, "Output safetensors (one tensor: sample)")->check(output_file_path())->required();
   command->add_option("--dtype", flags->dtype, "f32, or bf16 (bf16 weights, and bf16 activations in the transformers)");
   command->add_option("--variant", flags->variant, "Read diffusion_pytorch_model.<variant>.safetensors");
   auto* quant = command->add_option("--quant", flags->quant, "MindIE SD quant description (quant_model_description_*.json; its weight file beside it)");

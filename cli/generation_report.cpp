@@ -1,3 +1,4 @@
+#include "cli/output_flag.h"
 #include "cli/generation_report.h"
 
 #include <cctype>
@@ -6,6 +7,7 @@
 
 #include "device/trace.h"
 #include "tensor/error.h"
+#include "tensor/output_file.h"
 
 namespace cubevec::cli {
 
@@ -26,8 +28,8 @@ void add_generation_flags(CLI::App& command, GenerationFlags& flags) {
   command.add_option("--variant", flags.variant, "Read diffusion_pytorch_model.<variant>.safetensors (e.g. fp16, bf16)");
   command.add_option("--threads", flags.threads, "Cube-unit threads (same as --cube-threads)")->check(CLI::Range(1, 4096));
   command.add_flag("--simulate", flags.simulate, "Shape-only run on the device profile's modelled clock (reads config files only)");
-  command.add_option("--json", flags.json_path, "Write the timings as JSON to this file");
-  command.add_option("--trace", flags.trace_path, "Write a Chrome trace of every kernel to this file");
+  command.add_option("--json", flags.json_path, "Write the timings as JSON to this file")->check(output_file_path());
+  command.add_option("--trace", flags.trace_path, "Write a Chrome trace of every kernel to this file")->check(output_file_path());
 }
 
 void write_outputs(const GenerationFlags& flags, const std::string& label, Device& device, const nlohmann::ordered_json& json) {
@@ -36,9 +38,7 @@ void write_outputs(const GenerationFlags& flags, const std::string& label, Devic
     std::fprintf(stderr, "trace written to %s\n", flags.trace_path.c_str());
   }
   if (!flags.json_path.empty()) {
-    std::ofstream out(flags.json_path);
-    out << json.dump(2) << "\n";
-    if (!out) throw Error(flags.json_path + ": cannot write the JSON report");
+    write_output_file(flags.json_path, "--json", json.dump(2) + "\n");
   }
 }
 

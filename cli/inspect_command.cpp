@@ -3,8 +3,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "cli/output_flag.h"
 #include "cli/command.h"
 #include "tensor/checkpoint.h"
+#include "tensor/output_file.h"
 
 namespace cubevec::cli {
 
@@ -96,9 +98,7 @@ int run_inspect(const std::string& path, const std::string& json_path) {
   json["total_bytes"] = total_bytes;
 
   if (!json_path.empty()) {
-    std::ofstream out(json_path);
-    out << json.dump(2) << "\n";
-    if (!out) throw Error(json_path + ": cannot write the JSON report");
+    write_output_file(json_path, "--json", json.dump(2) + "\n");
   }
   return 0;
 }
@@ -111,7 +111,7 @@ CommandRunner add_inspect_command(CLI::App& app) {
   auto path = std::make_shared<std::string>();
   auto json_path = std::make_shared<std::string>();
   command->add_option("path", *path, "A .safetensors file, a .safetensors.index.json, or a directory")->required();
-  command->add_option("--json", *json_path, "Also write the listing as JSON to this file");
+  command->add_option("--json", *json_path, "Also write the listing as JSON to this file")->check(output_file_path());
   return [path, json_path] { return run_inspect(*path, *json_path); };
 }
 

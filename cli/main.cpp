@@ -7,8 +7,10 @@
 
 #include "cli/command.h"
 #include "tensor/error.h"
+#include "tensor/interrupt.h"
 
 int main(int argc, char** argv) {
+  cubevec::install_interrupt_handlers();
   CLI::App app{"cubevec: a PyTorch-free engine for diffusion transformers on an emulated Ascend device"};
   app.require_subcommand(1);
   std::map<CLI::App*, cubevec::cli::CommandRunner> runners;
@@ -55,6 +57,9 @@ int main(int argc, char** argv) {
       if (subcommand->parsed()) return run();
     std::fprintf(stderr, "error: no subcommand given (see cubevec --help)\n");
     return 1;
+  } catch (const cubevec::Interrupted& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return e.exit_status();
   } catch (const cubevec::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -10,12 +10,14 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "cli/output_flag.h"
 #include "cli/command.h"
 #include "cli/device_flags.h"
 #include "cli/model_runner.h"
 #include "pipelines/quant_export.h"
 #include "pipelines/prompt_embeds_file.h"
 #include "tensor/error.h"
+#include "tensor/output_file.h"
 
 namespace cubevec::cli {
 
@@ -43,6 +45,10 @@ void check_outputs(const QuantizeFlags& f, quant::Algorithm algorithm) {
     if (!test) throw Error("--out " + f.out + ": cannot write into the output folder");
   }
   fs::remove(probe, ec);
+  std::string lower_algo(quant::algorithm_name(algorithm));
+  for (char& c : lower_algo) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const std::string& name : {"quant_model_description_" + lower_algo + ".json", "quant_model_weight_" + lower_algo + ".safetensors"})
+    check_output_path((fs::path(f.out) / name).string(), "--out");
   if (f.json_path.empty()) return;
   if (fs::is_directory(f.json_path)) throw Error("--json " + f.json_path + ": is a directory, not a file");
   const fs::path parent = fs::path(f.json_path).parent_path().empty() ? fs::path(".") : fs::path(f.json_path).parent_path();
@@ -121,9 +127,7 @@ int run(const QuantizeFlags& f, const DeviceFlags& device_flags) {
     const nlohmann::ordered_json json = {{"model", f.model},          {"algorithm", f.algo},          {"steps", f.steps},
                                          {"description", result.description_path}, {"weights", result.weight_path},
                                          {"excluded", result.excluded}, {"layers", layers}};
-    std::ofstream out(f.json_path);
-    out << json.dump(2) << "\n";
-    if (!out) throw Error(f.json_path + ": cannot write the report");
+    write_output_file(f.json_path, "--json", json.dump(2) + "\n");
   }
   return 0;
 }
@@ -149,7 +153,7 @@ CommandRunner add_quantize_command(CLI::App& app) {
   command->add_option("--variant", flags->variant, "Read diffusion_pytorch_model.<variant>.safetensors");
   command->add_flag("--deq-scale-int64", flags->deq_int64, "Write deq_scale as int64 bit patterns (as for MindIE SD's fp16 models)");
   command->add_option("--out", flags->out, "Output folder");
-  command->add_option("--json", flags->json_path, "Write the per-layer report as JSON");
+  command->add_option("--json", flags->json_path, "Write the per-layer report as JSON")->check(output_file_path());
   command->add_option("--top", flags->top, "Layers to list in the report (default 15)")->check(CLI::Range(0, 100000));
   return [flags, device_flags] { return run(*flags, *device_flags); };
 }

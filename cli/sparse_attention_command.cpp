@@ -7,10 +7,12 @@
 #include <cstdio>
 #include <optional>
 
+#include "cli/output_flag.h"
 #include "cli/command.h"
 #include "cli/device_flags.h"
 #include "ops/sparse_attention.h"
 #include "tensor/error.h"
+#include "tensor/finite_check.h"
 #include "tensor/safetensors.h"
 
 namespace cubevec::cli {
@@ -18,7 +20,7 @@ namespace cubevec::cli {
 namespace {
 
 struct SparseFlags {
-  std::string inputs, out, sparse_type = "rf_v2", layout = "BNSD", latent_shape;
+  std::string inputs, out, sparse_type, layout = "BNSD", latent_shape;
   double sparsity = 0.0, cdf_threshold = 1.0;
   std::optional<double> scale;
   int64_t txt_len = 0, head_num = 0;
@@ -31,18 +33,28 @@ ops::LatentShape parse_latent_shape(const std::string& text) {
   for (int i = 0; i < 3; ++i) {
     const std::size_t comma = text.find(',', start);
     const std::string part = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (part.empty() || part.size() > 9 || part.find_first_not_of("0123456789") != std::string::npos || (i < 2) != (comma != std::string::npos))
-      throw Error("--latent-shape must be T,H,W (three positive integers), got '" + text + "'");
+    if (part.empty() || part.size() > 18 || part.find_first_not_of("0123456789") != std::string::npos || (i < 2) != (comma != std::string::npos))
+      throw Error("--latent-shape must be T,H,W (three positive integers below 10^18), got '" + text + "'");
     s[static_cast<std::size_t>(i)] = std::stoll(part);
     start = comma + 1;
   }
   return s;
 }
 
-int run(const SparseFlags& f, const DeviceFlags& device_flags) {
+// Flags of the other algorithm would be ignored silently: refuse them.
+void check_flag_applies(const CLI::App& command, const SparseFlags& f) {
+  const bool rf = f.sparse_type == "rf_v2", ada = f.sparse_type == "ada_bsa";
+  for (const char* name : {"--txt-len", "--latent-shape"})
+    if (command.count(name) && !rf) throw Error(std::string(name) + " applies to --sparse-type rf_v2, not " + f.sparse_type);
+  for (const char* name : {"--cdf-threshold", "--keep-sink", "--keep-recent"})
+    if (command.count(name) && !ada) throw Error(std::string(name) + " applies to --sparse-type ada_bsa, not " + f.sparse_type);
+}
+
+int run(const SparseFlags& f, const CLI::App& command, const DeviceFlags& device_flags) {
   if (f.inputs.empty() || f.out.empty()) throw Error("--inputs CASE.safetensors and --out OUT.safetensors are required");
   ops::SparseAttentionOptions o;
   o.sparse_type = ops::parse_sparse_type(f.sparse_type);
+  check_flag_applies(command, f);
   o.sparsity = f.sparsity;
   o.txt_len = f.txt_len;
   if (!f.latent_shape.empty()) o.latent_shape_q = parse_latent_shape(f.latent_shape);
@@ -50,14 +62,19 @@ int run(const SparseFlags& f, const DeviceFlags& device_flags) {
   o.keep_recent = f.keep_recent != 0;
   o.cdf_threshold = f.cdf_threshold;
   o.input_layout = ops::parse_attention_layout(f.layout);
+  if (o.input_layout != ops::AttentionLayout::bnsd && o.input_layout != ops::AttentionLayout::bsnd)
+    throw Error("--layout must be BNSD or BSND (MindIE's sparse_attention layouts), got " + f.layout);
   o.scale = f.scale;
   o.head_num = f.head_num;
   o.inner_precise = f.inner_precise;
+  refuse_output_over_input("--out", f.out, "--inputs", f.inputs);
   const SafetensorsFile in = SafetensorsFile::open(f.inputs);
   for (const auto& e : in.entries())
     if (e.name != "q" && e.name != "k" && e.name != "v") throw Error(f.inputs + ": unknown tensor '" + e.name + "' (expected q, k and v)");
-  for (const char* name : {"q", "k", "v"})
+  for (const char* name : {"q", "k", "v"}) {
     if (!in.contains(name)) throw Error(f.inputs + ": no tensor '" + std::string(name) + "' (expected q, k and v)");
+    require_finite(in.tensor(name), f.inputs + ": tensor '" + name + "'");
+  }
   Device device(device_flags.resolve());
   const Stream stream = device.default_stream();
   const auto t0 = std::chrono::steady_clock::now();
@@ -91,19 +108,19 @@ CommandRunner add_sparse_attention_command(CLI::App& app) {
   auto flags = std::make_shared<SparseFlags>();
   auto device_flags = add_device_flags(*command);
   command->add_option("--inputs", flags->inputs, "safetensors with q, k, v (self-attention: one shape)");
-  command->add_option("--out", flags->out, "Output safetensors: out, and kept_blocks (u8)");
-  command->add_option("--sparse-type", flags->sparse_type, "rf_v2, ada_bsa or none");
-  command->add_option("--sparsity", flags->sparsity, "Fraction of blocks to skip, [0, 1]");
+  command->add_option("--out", flags->out, "Output safetensors: out, and kept_blocks (u8)")->check(output_file_path());
+  command->add_option("--sparse-type", flags->sparse_type, "rf_v2, ada_bsa or none (dense attention: writes only out)")->required();
+  command->add_option("--sparsity", flags->sparsity, "Fraction of blocks to skip, [0, 1]")->required();
   command->add_option("--txt-len", flags->txt_len, "rf_v2: the first N tokens are text");
   command->add_option("--latent-shape", flags->latent_shape, "rf_v2: T,H,W of the image tokens (T * H * W = S - txt-len)");
   command->add_option("--keep-sink", flags->keep_sink, "ada_bsa: force the first key block (0 or 1, default 1)")->check(CLI::Range(0, 1));
-  command->add_option("--keep-recent", flags->keep_recent, "ada_bsa: keep_recent (0 or 1, default 1)")->check(CLI::Range(0, 1));
+  command->add_option("--keep-recent", flags->keep_recent, "ada_bsa: keep_recent (0 or 1, default 1; non-causal attention always keeps the last key block, as MindIE's kernel, so it changes nothing here)")->check(CLI::Range(0, 1));
   command->add_option("--cdf-threshold", flags->cdf_threshold, "ada_bsa: CDF threshold, (0, 1] (default 1)");
   command->add_option("--layout", flags->layout, "BNSD (default) or BSND");
   command->add_option("--head-num", flags->head_num, "Heads (must equal q's)");
   command->add_option("--scale", flags->scale, "Softmax scale (default D^-0.5)");
   command->add_option("--inner-precise", flags->inner_precise, "MindIE's NPU precision mode 0..4 (no effect here)");
-  return [flags, device_flags] { return run(*flags, *device_flags); };
+  return [flags, device_flags, command] { return run(*flags, *command, *device_flags); };
 }
 
 }  // namespace cubevec::cli

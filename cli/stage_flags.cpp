@@ -120,6 +120,7 @@ pipelines::StageList StageFlags::build(std::unique_ptr<pipelines::Stage> quantiz
   if (auto cache = pipelines::make_cache_stage(cache_config, steps, blocks)) stages.add(std::move(cache));
   if (sparse) {
     sparse->check_blocks(blocks);
+    sparse->check_steps(steps);
     stages.add(std::move(sparse));
   }
   return stages;

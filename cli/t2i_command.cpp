@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "cli/output_flag.h"
 #include "cli/attention_tune_cache.h"
 #include "cli/command.h"
 #include "cli/device_flags.h"
@@ -36,12 +37,16 @@ struct T2IFlags {
 int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache, const StageFlags& stage_flags) {
   if (f.model.empty()) throw Error("--model DIR is required (a diffusers Flux directory: transformer/, vae/, scheduler/)");
   if (!f.common.simulate && f.out.empty()) throw Error("--out FILE.jpg is required");
+  refuse_output_over_input("--out", f.out, "--prompt-embeds", f.text.prompt_embeds);
   const DType dtype = f.common.weight_dtype();
   f.options.cfg = pipelines::parse_cfg_mode(f.cfg);
   f.options.activations = dtype;
   const pipelines::CacheConfig cache_config = stage_flags.cache_settings();  // bad files fail before any work
   std::unique_ptr<pipelines::Stage> quantize = stage_flags.quantize_stage(f.common.simulate, f.options.steps);
   std::unique_ptr<pipelines::SparseAttentionStage> sparse = stage_flags.sparse_stage();
+  if (sparse && sparse->config().type == ops::SparseType::rf_v2)
+    throw Error("--sparse rf_v2 keeps the first frame's blocks whole (MindIE SD's RainFusion), and an image is one frame: it would skip "
+                "nothing; use --sparse ada_bsa for images");
   const DeviceProfile profile = f.common.profile(device_flags);
   Device device(profile, {.simulate = f.common.simulate, .trace = !f.common.trace_path.empty()});
   cache.load(device);
@@ -142,7 +147,7 @@ CommandRunner add_t2i_command(CLI::App& app) {
   command->add_option("--cfg", flags->cfg, "True CFG: off, fused (one batch of 2) or streams (two overlapping streams)");
   command->add_option("--cfg-scale", flags->options.cfg_scale, "True CFG scale")->check(CLI::Range(0.0, 100.0));
   command->add_option("--seed", flags->options.seed, "Noise seed");
-  command->add_option("--out", flags->out, "Output JPEG file");
+  command->add_option("--out", flags->out, "Output JPEG file")->check(output_file_path());
   add_generation_flags(*command, flags->common);
   return [flags, device_flags, cache, stage_flags] { return run(*flags, *device_flags, *cache, *stage_flags); };
 }

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <optional>
 
+#include "cli/output_flag.h"
 #include "device/trace.h"
 #include "pipelines/avi.h"
 #include "cli/attention_tune_cache.h"
@@ -19,6 +20,7 @@
 #include "cli/text_conditioning.h"
 #include "pipelines/wan_t2v.h"
 #include "tensor/error.h"
+#include "tensor/output_file.h"
 
 namespace cubevec::cli {
 
@@ -55,22 +57,27 @@ class FrameWriter {
       if (!dir_.empty()) {
         char name[32];
         std::snprintf(name, sizeof name, "/frame_%05d.jpg", avi_.frame_count() - 1);
-        std::ofstream out(dir_ + name, std::ios::binary);
-        out.write(reinterpret_cast<const char*>(jpeg.data()), static_cast<std::streamsize>(jpeg.size()));
-        if (!out) throw Error(dir_ + name + ": cannot write the frame");
+        // Each frame waits in a closed temporary until the video is finished.
+        frames_.push_back(std::make_unique<OutputFile>(dir_ + name, "--frames-dir"));
+        frames_.back()->write(jpeg.data(), jpeg.size());
+        frames_.back()->close();
       }
     }
     encode_s_ += pipelines::seconds_since(t0);
     std::fprintf(stderr, "decoded %d frame(s)\n", avi_.frame_count());
   }
 
-  void finish() { avi_.finish(); }
+  void finish() {
+    avi_.finish();
+    for (const auto& frame : frames_) frame->commit();
+  }
   int frame_count() const { return avi_.frame_count(); }
   double encode_seconds() const { return encode_s_; }
 
  private:
   pipelines::MjpegAviWriter avi_;
   std::string dir_;
+  std::vector<std::unique_ptr<OutputFile>> frames_;
   int quality_;
   double encode_s_ = 0;
 };
@@ -78,6 +85,7 @@ class FrameWriter {
 int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache, const StageFlags& stage_flags) {
   if (f.model.empty()) throw Error("--model DIR is required (a diffusers Wan directory: transformer/, vae/, scheduler/)");
   if (!f.common.simulate && f.out.empty()) throw Error("--out FILE.avi is required");
+  refuse_output_over_input("--out", f.out, "--prompt-embeds", f.text.prompt_embeds);
   const DType dtype = f.common.weight_dtype();
   f.options.cfg = pipelines::parse_cfg_mode(f.cfg);
   f.options.activations = dtype;
@@ -185,7 +193,7 @@ CommandRunner add_t2v_command(CLI::App& app) {
   command->add_option("--guidance", flags->options.guidance, "CFG scale: v = v_u + g (v_c - v_u) (default 5)")->check(CLI::Range(0.0, 100.0));
   command->add_option("--cfg", flags->cfg, "CFG: fused (one batch of 2, default), streams (two overlapping streams) or off");
   command->add_option("--seed", flags->options.seed, "Noise seed");
-  command->add_option("--out", flags->out, "Output MJPEG AVI file");
+  command->add_option("--out", flags->out, "Output MJPEG AVI file")->check(output_file_path());
   command->add_option("--frames-dir", flags->frames_dir, "Also write each frame as DIR/frame_NNNNN.jpg");
   command->add_option("--fps", flags->fps, "Frame rate of the AVI (default 16, Wan2.1's)")->check(CLI::Range(1, 240));
   command->add_option("--quality", flags->quality, "JPEG quality of the frames (default 90)")->check(CLI::Range(1, 100));

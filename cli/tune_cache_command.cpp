@@ -6,12 +6,14 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "cli/output_flag.h"
 #include "cli/attention_tune_cache.h"
 #include "cli/command.h"
 #include "cli/device_flags.h"
 #include "cli/model_runner.h"
 #include "pipelines/cache_tuner.h"
 #include "tensor/error.h"
+#include "tensor/output_file.h"
 
 namespace cubevec::cli {
 
@@ -69,9 +71,7 @@ int run(const TuneFlags& f, const DeviceFlags& device_flags, const AttentionTune
   std::printf("%s\n", json.c_str());
   std::fprintf(stderr, "chosen: %.2fx at MSE %.4g\n", result.chosen->speedup, result.chosen->mse);
   if (!f.out.empty()) {
-    std::ofstream out(f.out);
-    out << json << "\n";
-    if (!out) throw Error(f.out + ": cannot write the chosen cache config");
+    write_output_file(f.out, "--out", json + "\n");
   }
   return 0;
 }
@@ -98,7 +98,7 @@ CommandRunner add_tune_cache_command(CLI::App& app) {
   command->add_option("--max-trials", flags->max_trials, "Full runs per method (default 6)")->check(CLI::Range(1, 100));
   command->add_option("--dtype", flags->dtype, "f32 or bf16");
   command->add_option("--variant", flags->variant, "Read diffusion_pytorch_model.<variant>.safetensors");
-  command->add_option("--out", flags->out, "Also write the chosen JSON to this file");
+  command->add_option("--out", flags->out, "Also write the chosen JSON to this file")->check(output_file_path());
   return [flags, device_flags, cache] { return run(*flags, *device_flags, *cache); };
 }
 

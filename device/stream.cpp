@@ -3,6 +3,7 @@
 #include "device/cost_model.h"
 #include "device/device.h"
 #include "device/stream_state.h"
+#include "tensor/interrupt.h"
 
 namespace cubevec {
 
@@ -37,6 +38,7 @@ Device& Stream::device() const { return state_->device; }
 
 void Stream::launch(const KernelDesc& kernel, const std::vector<Tensor>& reads, const std::vector<Tensor>& writes,
                     KernelBody body) const {
+  throw_if_interrupted();  // Ctrl-C stops the run after the kernel that is running
   StreamState& s = *state_;
   Device& device = s.device;
   const double duration_s = model_kernel(device.profile(), kernel).total_s;

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tensor/error.h"
+#include "tensor/output_file.h"
 
 namespace cubevec {
 
@@ -77,9 +78,7 @@ void write_chrome_trace(const std::string& path, const std::vector<TraceSection>
       name_thread(modelled_streams, tag, name);
     }
   }
-  std::ofstream out(path);
-  out << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() << "\n";
-  if (!out) throw Error(path + ": cannot write the trace file");
+  write_output_file(path, "trace", nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() + "\n");
 }
 
 }  // namespace cubevec

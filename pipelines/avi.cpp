@@ -67,18 +67,12 @@ MjpegAviWriter::MjpegAviWriter(const std::string& path, int width, int height, i
   const int g = std::gcd(fps_num, fps_den);
   fps_num_ /= g;
   fps_den_ /= g;
-  file_.reset(std::fopen(path.c_str(), "wb"));
-  if (!file_) throw Error(path + ": cannot create the AVI file: " + std::strerror(errno));
+  file_ = std::make_unique<OutputFile>(path, "AVI output");
   const std::vector<uint8_t> h = header(kHeaderSize, kHeaderSize);
   append(h.data(), h.size());
 }
 
-MjpegAviWriter::~MjpegAviWriter() {
-  if (!finished_ && !broken_) try {
-      finish();
-    } catch (...) {  // a destructor must not throw; finish() explicitly to see errors
-    }
-}
+MjpegAviWriter::~MjpegAviWriter() = default;  // an unfinished temporary is removed by OutputFile
 
 std::vector<uint8_t> MjpegAviWriter::header(uint64_t movi_end, uint64_t file_end) const {
   const uint64_t frames = index_.size(), w = static_cast<uint64_t>(width_), h = static_cast<uint64_t>(height_);
@@ -108,19 +102,13 @@ void MjpegAviWriter::check_open(const char* action) const {
   if (broken_) throw Error(path_ + ": cannot " + action + ": an earlier write to the file failed");
 }
 
-void MjpegAviWriter::io_failure(const std::string& what) {
-  const std::string why = std::strerror(errno);
-  broken_ = true;
-  file_.reset();
-  throw Error(path_ + ": " + what + ": " + why);
-}
-
-void MjpegAviWriter::write(const uint8_t* data, std::size_t size) {
-  if (size != 0 && std::fwrite(data, 1, size, file_.get()) != size) io_failure("cannot write the AVI file");
-}
-
 void MjpegAviWriter::append(const uint8_t* data, std::size_t size) {
-  write(data, size);
+  try {
+    file_->write(data, size);
+  } catch (...) {
+    broken_ = true;
+    throw;
+  }
   end_ += size;
 }
 
@@ -167,10 +155,13 @@ void MjpegAviWriter::finish() {
   for (const IndexEntry& e : index_) idx1.cc("00dc"), idx1.u32(kAviifKeyframe), idx1.u32(e.offset), idx1.u32(e.size);
   append(idx1.b.data(), idx1.b.size());
   const std::vector<uint8_t> h = header(movi_end, end_);
-  if (std::fseek(file_.get(), 0, SEEK_SET) != 0) io_failure("cannot seek in the AVI file");
-  write(h.data(), h.size());
-  if (std::fflush(file_.get()) != 0) io_failure("cannot write the AVI file");
-  if (std::fclose(file_.release()) != 0) io_failure("cannot close the AVI file");
+  try {
+    file_->write_at(0, h.data(), h.size());
+    file_->commit();
+  } catch (...) {
+    broken_ = true;
+    throw;
+  }
   finished_ = true;
 }
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "pipelines/jpeg.h"
+#include "tensor/output_file.h"
 
 namespace cubevec::pipelines {
 
@@ -30,15 +31,15 @@ namespace cubevec::pipelines {
 inline constexpr uint64_t kAviClassicLimit = uint64_t{1} << 30;
 
 // Writes an MJPEG AVI of width x height frames at fps_num / fps_den frames per second.
-// The file is created (truncated) at construction and the header is written with zero frames;
-// add_frame() appends each JPEG straight to the file (only 16 bytes of index a frame stay in
-// memory); finish() writes the idx1 index and patches the frame counts and RIFF/LIST sizes.
+// The video is written to a temporary beside `path` (tensor/output_file.h), starting with a
+// header of zero frames; add_frame() appends each JPEG straight to it (only 16 bytes of index a
+// frame stay in memory); finish() writes the idx1 index, patches the frame counts and RIFF/LIST
+// sizes and renames the finished file over `path`.
 //
 // Errors throw cubevec::Error naming the file. A frame rejected before anything is written
 // (wrong size, not a JPEG, the size limit) leaves the writer usable. An I/O error leaves it
-// broken: later calls throw, and the file is not finished.
-// The destructor finishes an unfinished writer (ignoring errors), so a writer abandoned by an
-// exception still leaves a valid, playable file with the frames added so far.
+// broken: later calls throw. A writer destroyed without finish() (an error or Ctrl-C mid-run)
+// removes its temporary: whatever was at `path` before stays as it was.
 class MjpegAviWriter {
  public:
   // `max_file_bytes` bounds the whole file (index included); a frame that would pass it is
@@ -54,7 +55,7 @@ class MjpegAviWriter {
   // Encodes `image` (width x height) with encode_jpeg and appends it. Quality below 90 gives
   // 4:2:0 chroma, which every MJPEG decoder supports.
   void add_frame(const RgbImage& image, int quality = 85);
-  // Writes the index, patches the header and closes the file. A second call does nothing.
+  // Writes the index, patches the header and moves the file into place. A second call does nothing.
   void finish();
 
   int frame_count() const { return static_cast<int>(index_.size()); }
@@ -66,17 +67,12 @@ class MjpegAviWriter {
   };
   std::vector<uint8_t> header(uint64_t movi_end, uint64_t file_end) const;
   void check_open(const char* action) const;
-  void write(const uint8_t* data, std::size_t size);   // at the file position
   void append(const uint8_t* data, std::size_t size);  // at the end, which grows
-  [[noreturn]] void io_failure(const std::string& what);
-  struct FileCloser {
-    void operator()(std::FILE* f) const { std::fclose(f); }
-  };
 
   std::string path_;
   int width_, height_, fps_num_, fps_den_;
   uint64_t max_file_bytes_;
-  std::unique_ptr<std::FILE, FileCloser> file_;
+  std::unique_ptr<OutputFile> file_;
   uint64_t end_ = 0;  // the file's current length
   uint32_t max_chunk_ = 0;
   std::vector<IndexEntry> index_;

@@ -2,6 +2,7 @@
 
 #include "ops/vector_ops.h"
 #include "tensor/error.h"
+#include "tensor/interrupt.h"
 
 namespace cubevec::pipelines {
 
@@ -42,6 +43,7 @@ Tensor run_denoising_loop(Denoiser& denoiser, Scheduler& scheduler, Guidance& gu
   stages.begin_run({steps, options.blocks, guidance.branches(), device.simulate()});
   DenoiseTimer timer(device, timings, on_step);
   for (int i = 0; i < steps; ++i) {
+    throw_if_interrupted();
     timer.begin_step();
     const models::StepInfo step{i, steps, scheduler.timesteps()[static_cast<std::size_t>(i)],
                                 scheduler.sigmas()[static_cast<std::size_t>(i)], models::CfgBranch::cond};

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "tensor/error.h"
+#include "tensor/output_file.h"
 #include "tensor/regular_file.h"
 
 namespace cubevec::pipelines {
@@ -70,13 +71,7 @@ std::vector<uint8_t> encode_jpeg(const RgbImage& image, int quality, const std::
 
 void write_jpeg(const std::string& path, const RgbImage& image, int quality) {
   const std::vector<uint8_t> bytes = encode_jpeg(image, quality, path);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-    if (!out) throw Error(path + ": cannot write " + tmp);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw Error(path + ": cannot move " + tmp + " into place");
+  write_output_file(path, "JPEG output", std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
 }
 
 JpegSize jpeg_size(const uint8_t* data, std::size_t size, const std::string& what) {

@@ -1,6 +1,7 @@
 #include "pipelines/prompt_embeds_file.h"
 
 #include "tensor/error.h"
+#include "tensor/finite_check.h"
 #include "tensor/safetensors.h"
 
 namespace cubevec::pipelines {
@@ -19,6 +20,7 @@ PromptEmbedsFile PromptEmbedsFile::load(const std::string& path, bool with_poole
                     shape_to_string(t.shape()));
       for (int64_t d = 1; d < t.dim(); ++d)
         if (t.size(d) == 0) throw Error(path + ": '" + name + "' " + shape_to_string(t.shape()) + " is empty (it needs at least one token and width)");
+      require_finite(t, path + ": '" + std::string(name) + "'");
       return t;
     }
     if (required) {

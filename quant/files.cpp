@@ -11,6 +11,7 @@
 #include "tensor/error.h"
 #include "tensor/half.h"
 #include "tensor/strict_json.h"
+#include "tensor/output_file.h"
 
 namespace cubevec::quant {
 
@@ -228,26 +229,16 @@ void Writer::save(const std::string& dir) const {
   nlohmann::ordered_json json = nlohmann::ordered_json::object();
   json["model_quant_type"] = algo;
   for (const auto& [key, value] : description.items()) json[key] = value;
-  // Both files are written beside their final names, then renamed: a failure leaves the previous
-  // pair as it was, never a new description over old weights.
+  // Both files are written to temporaries beside their final names, then renamed: a failure leaves
+  // the previous pair as it was, never a new description over old weights.
   const std::string description_path = dir + "/quant_model_description_" + lower(algo) + ".json";
   const std::string weight_path = dir + "/quant_model_weight_" + lower(algo) + ".safetensors";
-  const std::string description_tmp = description_path + ".new", weight_tmp = weight_path + ".new";
-  {
-    std::ofstream out(description_tmp, std::ios::trunc);
-    out << json.dump(2) << "\n";
-    out.close();
-    if (!out) throw Error(description_tmp + ": cannot write the description");
-  }
-  try {
-    write_safetensors(weight_tmp, tensors);
-  } catch (...) {
-    fs::remove(description_tmp, ec);
-    throw;
-  }
-  fs::rename(weight_tmp, weight_path, ec);
-  if (!ec) fs::rename(description_tmp, description_path, ec);
-  if (ec) throw Error(dir + ": cannot move the new quantization files into place: " + ec.message());
+  OutputFile description_file(description_path, "quantization description"), weight_file(weight_path, "quantization weights");
+  description_file.write(json.dump(2) + "\n");
+  write_safetensors(weight_file, tensors);
+  description_file.close();
+  weight_file.commit();
+  description_file.commit();
 }
 
 }  // namespace cubevec::quant

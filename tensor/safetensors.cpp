@@ -45,8 +45,8 @@ Tensor SafetensorsFile::tensor(const std::string& name) const {
   return view;
 }
 
-void write_safetensors(const std::string& path, const NamedTensors& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+void write_safetensors(OutputFile& out, const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
+  const std::string& path = out.path();
   std::vector<const std::pair<std::string, Tensor>*> order;
   std::set<std::string> names;
   for (const auto& item : tensors) {
@@ -74,29 +74,21 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
 
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error(path + ": cannot open " + temporary + " for writing: " + std::strerror(errno));
-    unsigned char length[8];
-    for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(static_cast<uint64_t>(text.size()) >> (8 * i));
-    out.write(reinterpret_cast<const char*>(length), 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const auto* item : order) {
-      const Tensor data = item->second.contiguous();
-      out.write(static_cast<const char*>(data.data_ptr()), static_cast<std::streamsize>(data.nbytes()));
-    }
-    out.close();
-    if (!out) {
-      std::remove(temporary.c_str());
-      throw Error(path + ": writing failed (disk full or I/O error)");
-    }
+  unsigned char length[8];
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(static_cast<uint64_t>(text.size()) >> (8 * i));
+  out.write(length, 8);
+  out.write(text);
+  for (const auto* item : order) {
+    const Tensor data = item->second.contiguous();
+    out.write(data.data_ptr(), data.nbytes());
   }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(temporary.c_str());
-    throw Error(path + ": cannot rename " + temporary + " into place: " + std::strerror(err));
-  }
+}
+
+void write_safetensors(const std::string& path, const NamedTensors& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  OutputFile out(path, "safetensors output");
+  write_safetensors(out, tensors, metadata);
+  out.commit();
 }
 
 }  // namespace cubevec

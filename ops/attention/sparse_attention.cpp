@@ -131,8 +131,12 @@ SparseAttentionOptions check_sparse_attention(const Tensor& q, const Tensor& k, 
     const LatentShape lq = *o.latent_shape_q;
     if (lq[0] < 1 || lq[1] < 1 || lq[2] < 1) fail("latent_shape_q must be positive, got " + shape_text(lq));
     const int64_t image = s - o.txt_len;
-    if (lq[0] * lq[1] * lq[2] != image)
-      fail("latent_shape_q " + shape_text(lq) + " holds " + std::to_string(lq[0] * lq[1] * lq[2]) + " tokens, but the sequence has S - txt_len = " +
+    int64_t tokens = 0;
+    if (__builtin_mul_overflow(lq[0], lq[1], &tokens) || __builtin_mul_overflow(tokens, lq[2], &tokens))
+      fail("latent_shape_q " + shape_text(lq) + " holds more than 2^63 tokens, but the sequence has S - txt_len = " + std::to_string(image));
+    if (q.size(0) == 0) fail("rf_v2 takes every batch's mask from batch 0, so q needs at least one batch, got " + brief(q));
+    if (tokens != image)
+      fail("latent_shape_q " + shape_text(lq) + " holds " + std::to_string(tokens) + " tokens, but the sequence has S - txt_len = " +
            std::to_string(s) + " - " + std::to_string(o.txt_len) + " = " + std::to_string(image));
     if ((lq[1] % 8 != 0 || lq[2] % 8 != 0) && lq[0] == 1)
       fail("latent_shape_q " + shape_text(lq) + ": with h or w not a multiple of 8, rf_v2's reorder needs more than one frame (as MindIE's)");
@@ -197,6 +201,9 @@ SparseMask estimate_sparse_mask(const Tensor& q, const Tensor& k, const SparseAt
   }
   // ada_bsa: per batch and head.
   attn::ada_bsa::Params params{scale, o.cdf_threshold, o.keep_sink, o.keep_recent, 1.0 - o.sparsity};
+  if (lk < 10 && o.sparsity > 0.0)
+    mask.note = "ada_bsa: rows of fewer than 10 key blocks (S <= 1152, here " + std::to_string(s) +
+                ") keep every block, as MindIE SD's kernel; sparsity applies from S > 1152";
   mask.kept_blocks = stream.device().empty({b, n, lk, lk}, DType::u8, stream);
   mask.kernel_mask = mask.kept_blocks;
   mask.expected_density = attn::ada_bsa::expected_density(s, params);

@@ -6,6 +6,7 @@
 #include "ops/attention_tuner.h"
 #include "ops/gemm/driver.h"
 #include "tensor/enum_names.h"
+#include "tensor/output_file.h"
 #include "tensor/regular_file.h"
 #include "tensor/strict_json.h"
 
@@ -157,15 +158,7 @@ void AttentionTuner::save(const std::string& path, const std::string& fingerprin
                        {"seconds", c.seconds}});
   }
   const json doc = {{"format", kFormat}, {"version", kVersion}, {"fingerprint", fingerprint}, {"entries", entries}};
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << doc.dump(1) << "\n";
-    if (!out) throw Error("attention tune cache " + path + ": cannot write " + tmp);
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw Error("attention tune cache " + path + ": cannot replace it: " + ec.message());
+  write_output_file(path, "attention tune cache", doc.dump(1) + "\n");
 }
 
 std::string attention_tune_fingerprint(const Device& device) {

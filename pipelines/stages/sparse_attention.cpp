@@ -55,6 +55,12 @@ void SparseAttentionStage::check_blocks(int blocks) const {
                 std::to_string(blocks - 1) + " (this model has " + std::to_string(blocks) + " blocks)");
 }
 
+void SparseAttentionStage::check_steps(int steps) const {
+  if (config_.step_start >= steps)
+    throw Error("--sparse-step-start " + std::to_string(config_.step_start) + " must be below the step count " + std::to_string(steps) +
+                " (steps from it on run sparse; none would)");
+}
+
 void SparseAttentionStage::begin_run(const RunInfo& run) {
   check_blocks(run.blocks);
   run_ = run;

@@ -40,6 +40,9 @@ class SparseAttentionStage : public Stage {
   std::string name() const override;  // "sparse rf_v2 0.5"
   // Throws naming --sparse-blocks unless its blocks lie in a model of `blocks` blocks.
   void check_blocks(int blocks) const;
+  // Throws naming --sparse-step-start when no step of a `steps`-step run would be sparse.
+  void check_steps(int steps) const;
+  const SparseConfig& config() const { return config_; }
   void begin_run(const RunInfo& run) override;
   void before_step(const models::StepInfo& step) override;
   bool uses_attention() const override { return true; }

@@ -218,7 +218,7 @@ TEST_F(InspectCli, UnwritableJsonPathIsOneErrorLine) {
   const Process r = run({"inspect", kSingle, "--json", json_path});
   EXPECT_EQ(r.status, 1);
   EXPECT_EQ(lines_of(r.err).size(), 1u) << r.err;
-  EXPECT_EQ(r.err.rfind("error: " + json_path + ": ", 0), 0u) << r.err;
+  EXPECT_EQ(r.err.rfind("error: --json: " + json_path + ": the directory ", 0), 0u) << r.err;
 }
 
 TEST_F(InspectCli, NoArgumentsIsAnError) {

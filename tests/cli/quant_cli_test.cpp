@@ -193,12 +193,17 @@ TEST_F(QuantCli, AFailedExportLeavesThePreviousFilesWhole) {
   EXPECT_NE(first.err.find("warning: --exclude 'no_such_layer' matches no Linear of the model"), std::string::npos) << first.err;
   const std::string description = read_file(q + "/quant_model_description_w8a8.json"),
                     weights = read_file(q + "/quant_model_weight_w8a8.safetensors");
-  // The second run cannot write its weight file: it fails and both earlier files stay as they were.
-  fs::create_directories(q + "/quant_model_weight_w8a8.safetensors.new");
+  // The second run may not replace its weight file (now a symlink, which cubevec never replaces):
+  // it fails and both earlier files stay as they were, the link and its target included.
+  fs::rename(q + "/quant_model_weight_w8a8.safetensors", q + "/kept.safetensors");
+  fs::create_symlink("kept.safetensors", q + "/quant_model_weight_w8a8.safetensors");
   const auto second = run({"quantize", "--model", kTinyFlux, "--algo", "W8A8", "--prompt", kPrompt, "--steps", "2", "--out", q});
   EXPECT_EQ(second.status, 1);
+  EXPECT_NE(second.err.find("quant_model_weight_w8a8.safetensors: is a symbolic link"), std::string::npos) << second.err;
   EXPECT_EQ(read_file(q + "/quant_model_description_w8a8.json"), description);
-  EXPECT_EQ(read_file(q + "/quant_model_weight_w8a8.safetensors"), weights);
+  EXPECT_TRUE(fs::is_symlink(q + "/quant_model_weight_w8a8.safetensors"));
+  EXPECT_EQ(read_file(q + "/kept.safetensors"), weights);
+  EXPECT_EQ(std::distance(fs::directory_iterator(q), fs::directory_iterator()), 3) << "no temporary left behind";
   const auto forward = run({"forward", "--model", kTinyFlux, "--inputs", inputs, "--out", (dir_ / "o.safetensors").string(), "--quant",
                             q + "/quant_model_description_w8a8.json"});
   EXPECT_EQ(forward.status, 0) << forward.err;

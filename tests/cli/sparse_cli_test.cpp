@@ -3,6 +3,7 @@
 // `--simulate --sparse rf_v2 --sparsity 0.8` models a cheaper Wan2.1-14B step; bad flags and
 // inputs are one-line errors.
 #include <algorithm>
+#include <limits>
 #include <regex>
 
 #include "cli/run_cubevec.h"
@@ -84,6 +85,18 @@ TEST_F(SparseCli, BadFlagsAndInputsAreOneLineErrors) {
   const std::string partial = (dir_ / "qk.safetensors").string();
   cubevec::write_safetensors(partial, {{"q", cubevec::Tensor::zeros({1, 2, 768, 16}, cubevec::DType::f32)},
                                        {"k", cubevec::Tensor::zeros({1, 2, 768, 16}, cubevec::DType::f32)}});
+  const std::string empty_batch = (dir_ / "b0.safetensors").string();
+  cubevec::write_safetensors(empty_batch, {{"q", cubevec::Tensor::zeros({0, 2, 768, 16}, cubevec::DType::f32)},
+                                           {"k", cubevec::Tensor::zeros({0, 2, 768, 16}, cubevec::DType::f32)},
+                                           {"v", cubevec::Tensor::zeros({0, 2, 768, 16}, cubevec::DType::f32)}});
+  const std::string nan_input = (dir_ / "inf.safetensors").string();
+  {
+    cubevec::Tensor k = cubevec::testing::random_tensor({1, 2, 768, 16}, 2, cubevec::DType::f32, 1.0f);
+    static_cast<float*>(k.mutable_data_ptr())[(768 + 700) * 16 + 3] = std::numeric_limits<float>::infinity();
+    const cubevec::Tensor q = cubevec::testing::random_tensor({1, 2, 768, 16}, 1, cubevec::DType::f32, 1.0f);
+    cubevec::write_safetensors(nan_input, {{"q", q}, {"k", k}, {"v", q}});
+  }
+  const std::string before = cubevec_cli_test::read_file(in);
   const std::string extra = (dir_ / "qkvx.safetensors").string();
   cubevec::write_safetensors(extra, {{"query", cubevec::Tensor::zeros({1}, cubevec::DType::f32)}});
   const std::vector<std::string> t2v = {"t2v", "--model", kWan, "--prompt-embeds", embeds, "--frames", "9", "--width", "64", "--height",
@@ -97,12 +110,30 @@ TEST_F(SparseCli, BadFlagsAndInputsAreOneLineErrors) {
     std::vector<std::string> args;
     std::string message;
   } cases[] = {
-      {{"sparse-attention", "--inputs", in, "--sparse-type", "rf_v2", "--latent-shape", "3,16", "--out", out}, "--latent-shape must be T,H,W"},
-      {{"sparse-attention", "--inputs", in, "--sparse-type", "rf_v2", "--out", out}, "rf_v2 needs latent_shape_q (t, h, w)"},
-      {{"sparse-attention", "--inputs", in, "--sparse-type", "rf_v3", "--out", out}, "use rf_v2"},
+      {{"sparse-attention", "--inputs", in, "--sparse-type", "rf_v2", "--sparsity", "0.5", "--latent-shape", "3,16", "--out", out}, "--latent-shape must be T,H,W"},
+      {{"sparse-attention", "--inputs", in, "--sparse-type", "rf_v2", "--sparsity", "0.5", "--out", out}, "rf_v2 needs latent_shape_q (t, h, w)"},
+      {{"sparse-attention", "--inputs", in, "--sparse-type", "rf_v3", "--sparsity", "0.5", "--out", out}, "use rf_v2"},
       {{"sparse-attention", "--inputs", in, "--sparse-type", "ada_bsa", "--sparsity", "2", "--out", out}, "sparsity must be in [0, 1], got 2"},
-      {{"sparse-attention", "--inputs", partial, "--sparse-type", "ada_bsa", "--out", out}, "no tensor 'v' (expected q, k and v)"},
-      {{"sparse-attention", "--inputs", extra, "--sparse-type", "ada_bsa", "--out", out}, "unknown tensor 'query' (expected q, k and v)"},
+      {{"sparse-attention", "--inputs", partial, "--sparse-type", "ada_bsa", "--sparsity", "0.5", "--out", out}, "no tensor 'v' (expected q, k and v)"},
+      {{"sparse-attention", "--inputs", extra, "--sparse-type", "ada_bsa", "--sparsity", "0.5", "--out", out}, "unknown tensor 'query' (expected q, k and v)"},
+      {{"sparse-attention", "--inputs", in, "--sparsity", "0.5", "--out", out}, "--sparse-type is required"},
+      {{"sparse-attention", "--inputs", in, "--sparse-type", "rf_v2", "--sparsity", "0.5", "--latent-shape", "3946752,174763,160465489", "--out", out},
+       "latent_shape_q (3946752, 174763, 160465489) holds more than 2^63 tokens"},
+      {{"sparse-attention", "--inputs", empty_batch, "--sparse-type", "rf_v2", "--sparsity", "0.5", "--latent-shape", "3,16,16", "--out", out},
+       "rf_v2 takes every batch's mask from batch 0, so q needs at least one batch"},
+      {{"sparse-attention", "--inputs", in, "--sparse-type", "rf_v2", "--sparsity", "0.5", "--latent-shape", "3,16,16", "--cdf-threshold", "0.3", "--out", out},
+       "--cdf-threshold applies to --sparse-type ada_bsa, not rf_v2"},
+      {{"sparse-attention", "--inputs", in, "--sparse-type", "ada_bsa", "--sparsity", "0.5", "--latent-shape", "3,16,16", "--out", out},
+       "--latent-shape applies to --sparse-type rf_v2, not ada_bsa"},
+      {{"sparse-attention", "--inputs", in, "--sparse-type", "ada_bsa", "--sparsity", "0.5", "--layout", "BSH", "--out", out},
+       "--layout must be BNSD or BSND (MindIE's sparse_attention layouts), got BSH"},
+      {{"sparse-attention", "--inputs", in, "--sparse-type", "ada_bsa", "--sparsity", "0.5", "--out", in}, "is the --inputs file"},
+      {{"sparse-attention", "--inputs", nan_input, "--sparse-type", "ada_bsa", "--sparsity", "0.5", "--out", out},
+       "tensor 'k': element [0, 1, 700, 3] is inf (expected finite values)"},
+      {with({"--sparse", "rf_v2", "--sparse-step-start", "2"}), "--sparse-step-start 2 must be below the step count 2"},
+      {{"t2i", "--model", std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinyflux", "--prompt", "a red circle", "--sparse", "rf_v2", "--out",
+        (dir_ / "x.jpg").string()},
+       "an image is one frame: it would skip nothing; use --sparse ada_bsa for images"},
       {with({"--sparsity", "0.5"}), "--sparsity applies with --sparse rf_v2|ada_bsa"},
       {with({"--sparse", "rf_v2", "--sparse-cdf-threshold", "0.9"}), "--sparse-cdf-threshold applies with --sparse ada_bsa"},
       {with({"--sparse", "rf_v2", "--sparse-blocks", "0-7"}), "--sparse-blocks 0-7 must lie in 0-1 (this model has 2 blocks)"},
@@ -115,6 +146,7 @@ TEST_F(SparseCli, BadFlagsAndInputsAreOneLineErrors) {
     EXPECT_NE(r.err.find(c.message), std::string::npos) << r.err;
     EXPECT_LE(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   }
+  EXPECT_EQ(cubevec_cli_test::read_file(in), before) << "the input file survived --out naming it";
 }
 
 }  // namespace

@@ -225,16 +225,28 @@ TEST(AviWriter, FrameRateIsARationalInLowestTerms) {
   std::filesystem::remove(path);
 }
 
-TEST(AviWriter, DestructorFinishesTheFile) {
+TEST(AviWriter, AnUnfinishedWriterLeavesTheOldFileAndNoTemporary) {
   const std::string path = temp_path("unfinished.avi");
   {
     MjpegAviWriter writer(path, kWidth, kHeight, 8);
     for (int t = 0; t < 3; ++t) writer.add_frame(frame_image(t));
+    writer.finish();
   }
-  const pipelines::AviInfo info = pipelines::read_avi_info(path);
-  EXPECT_EQ(info.frame_count, 3);
-  EXPECT_DOUBLE_EQ(info.fps, 8.0);
-  { MjpegAviWriter empty(path, kWidth, kHeight, 8); }
+  const std::vector<uint8_t> before = file_bytes(path);
+  {
+    MjpegAviWriter abandoned(path, kWidth, kHeight, 8);  // an error or Ctrl-C mid-run
+    abandoned.add_frame(frame_image(0));
+  }
+  EXPECT_EQ(file_bytes(path), before) << "the finished video from before is untouched";
+  EXPECT_EQ(pipelines::read_avi_info(path).frame_count, 3);
+  int entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(path).parent_path()))
+    entries += e.path().filename().string().find("unfinished.avi") != std::string::npos;
+  EXPECT_EQ(entries, 1) << "no temporary left beside it";
+  {
+    MjpegAviWriter empty(path, kWidth, kHeight, 8);
+    empty.finish();
+  }
   EXPECT_EQ(pipelines::read_avi_info(path).frame_count, 0) << "an empty video is still a valid file";
   std::filesystem::remove(path);
 }
@@ -268,7 +280,7 @@ TEST(AviWriter, ArgumentErrorsNameTheFile) {
   error([&] { MjpegAviWriter(path, 70000, 16, 16); }, "got 70000x16");
   error([&] { MjpegAviWriter(path, 16, 16, 0); }, path + ": AVI frame rate must be positive, got 0/1");
   error([&] { MjpegAviWriter(path, 16, 16, 25, -1); }, "got 25/-1");
-  error([&] { MjpegAviWriter("/nonexistent-dir/x.avi", 16, 16, 16); }, "/nonexistent-dir/x.avi: cannot create the AVI file");
+  error([&] { MjpegAviWriter("/nonexistent-dir/x.avi", 16, 16, 16); }, "/nonexistent-dir/x.avi: the directory /nonexistent-dir does not exist");
 
   MjpegAviWriter writer(path, kWidth, kHeight, 16);
   error([&] { writer.add_frame(pipelines::encode_jpeg(frame_image(0, 16, 16), 85)); },

@@ -1,0 +1,29 @@
+// Stopping a run on SIGINT / SIGTERM without leaving anything behind: the handler only records the
+// signal; the device checks it before each kernel launch (device/stream.cpp) and the denoising loop
+// before each step, and throw Interrupted. Unwinding removes every uncommitted output temporary
+// (tensor/output_file.h) and the command exits 128 + the signal (130, 143) with a message. A second
+// signal while the first is being handled ends the process at once.
+#pragma once
+
+#include "tensor/error.h"
+
+namespace cubevec {
+
+class Interrupted : public Error {
+ public:
+  explicit Interrupted(int signal);
+  int signal() const { return signal_; }
+  int exit_status() const { return 128 + signal_; }
+
+ private:
+  int signal_;
+};
+
+// Installs the SIGINT and SIGTERM handlers (the cubevec binary does, at start).
+void install_interrupt_handlers();
+// The signal received, or 0.
+int interrupt_signal();
+// Throws Interrupted when a signal was received.
+void throw_if_interrupted();
+
+}  // namespace cubevec

@@ -1,0 +1,145 @@
+#include "tensor/output_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "tensor/error.h"
+
+namespace cubevec {
+
+namespace {
+
+std::string directory_of(const std::string& path) {
+  const std::string parent = std::filesystem::path(path).parent_path().string();
+  return parent.empty() ? "." : parent;
+}
+
+// What is wrong with an existing non-directory entry at `path` as an output, or "" when nothing.
+std::string existing_target_problem(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return "";  // absent; the directory check says why
+    return std::string("cannot be checked: ") + std::strerror(errno);
+  }
+  if (S_ISLNK(st.st_mode)) return "is a symbolic link; cubevec replaces only regular files (remove the link or choose another path)";
+  if (S_ISDIR(st.st_mode)) return "is a directory, not a file";
+  if (!S_ISREG(st.st_mode)) return "is not a regular file (a FIFO, socket or device)";
+  // Mode bits, not access(): root may write anything, but a read-only file says "keep me".
+  if ((st.st_mode & (S_IWUSR | S_IWGRP | S_IWOTH)) == 0) return "is read-only; cubevec will not replace it";
+  return "";
+}
+
+mode_t new_file_mode() {
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  return static_cast<mode_t>(0666 & ~mask);
+}
+
+}  // namespace
+
+std::string output_path_problem(const std::string& path) {
+  if (path.empty()) return "the output path is empty";
+  if (path.back() == '/') return "names a directory; give a file name";
+  const std::string problem = existing_target_problem(path);
+  if (!problem.empty()) return problem;
+  const std::string dir = directory_of(path);
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0)
+    return "the directory " + dir + " " + (errno == ENOENT ? "does not exist" : std::string("cannot be used: ") + std::strerror(errno));
+  if (!S_ISDIR(st.st_mode)) return dir + " is not a directory";
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) return "cannot write in the directory " + dir + ": " + std::strerror(errno);
+  return "";
+}
+
+void check_output_path(const std::string& path, const std::string& what) {
+  const std::string problem = output_path_problem(path);
+  if (!problem.empty()) throw Error(what + (path.empty() ? "" : " " + path) + ": " + problem);
+}
+
+OutputFile::OutputFile(std::string path, std::string what) : path_(std::move(path)), what_(std::move(what)) {
+  check_output_path(path_, what_);
+  const std::filesystem::path target(path_);
+  std::string pattern = (std::filesystem::path(directory_of(path_)) / ("." + target.filename().string() + ".cubevec-XXXXXX")).string();
+  std::vector<char> name(pattern.begin(), pattern.end());
+  name.push_back('\0');
+  fd_ = ::mkostemp(name.data(), O_CLOEXEC);  // O_CREAT | O_EXCL: never an existing file or link
+  if (fd_ < 0) throw Error(what_ + " " + path_ + ": cannot create a temporary file beside it: " + std::strerror(errno));
+  temporary_ = name.data();
+  if (::fchmod(fd_, new_file_mode()) != 0) {
+    const int error = errno;
+    discard();
+    throw Error(what_ + " " + path_ + ": cannot set the permissions of " + temporary_ + ": " + std::strerror(error));
+  }
+}
+
+OutputFile::~OutputFile() { discard(); }
+
+void OutputFile::discard() noexcept {
+  if (fd_ >= 0) ::close(fd_);  // a failed close of a file being dropped changes nothing
+  fd_ = -1;
+  if (!committed_ && !temporary_.empty()) ::unlink(temporary_.c_str());
+  temporary_.clear();
+}
+
+void OutputFile::fail(const std::string& action, int error) {
+  discard();
+  throw Error(what_ + " " + path_ + ": " + action + ": " + std::strerror(error) + " (the file was not changed)");
+}
+
+void OutputFile::write(const void* data, std::size_t bytes) {
+  write_at(size_, data, bytes);
+}
+
+void OutputFile::write_at(uint64_t offset, const void* data, std::size_t bytes) {
+  if (fd_ < 0) throw Error(what_ + " " + path_ + ": write after the file was " + (committed_ ? "committed" : "closed or discarded"));
+  const char* p = static_cast<const char*>(data);
+  std::size_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::pwrite(fd_, p + done, bytes - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("cannot write", errno);
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  size_ = std::max<uint64_t>(size_, offset + bytes);
+}
+
+void OutputFile::close() {
+  if (fd_ < 0) {
+    if (committed_ || temporary_.empty()) throw Error(what_ + " " + path_ + ": close after the file was " + (committed_ ? "committed" : "discarded"));
+    return;
+  }
+  if (::fsync(fd_) != 0 && errno != EINVAL) fail("cannot write", errno);
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) fail("cannot close", errno);
+}
+
+void OutputFile::commit() {
+  close();
+  // Something may have appeared at the target during the run: the same rules as up front.
+  const std::string problem = existing_target_problem(path_);
+  if (!problem.empty()) {
+    discard();
+    throw Error(what_ + " " + path_ + ": " + problem + " (it appeared during the run; nothing was written)");
+  }
+  if (::rename(temporary_.c_str(), path_.c_str()) != 0) fail("cannot move the finished file into place", errno);
+  committed_ = true;
+  temporary_.clear();
+}
+
+void write_output_file(const std::string& path, const std::string& what, std::string_view bytes) {
+  OutputFile out(path, what);
+  out.write(bytes);
+  out.commit();
+}
+
+}  // namespace cubevec

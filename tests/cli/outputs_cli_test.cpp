@@ -1,0 +1,141 @@
+// What a run may do to files (DESIGN.md "Command line"): an output that cubevec would have to
+// destroy (symlink, FIFO, read-only file) or cannot write is refused before any work; a run that
+// fails or is interrupted leaves the previous output byte for byte and no temporary; an output may
+// not be one of the inputs; non-finite inputs are errors naming the tensor.
+#include <signal.h>
+
+#include <chrono>
+#include <limits>
+#include <thread>
+
+#include "cli/run_cubevec.h"
+#include "tensor/safetensors.h"
+
+#include "common/tensor_testing.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using OutputsCli = cubevec_cli_test::CliTest;
+using cubevec_cli_test::read_file;
+
+const std::string kWan = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/wan_tiny";
+const std::string kTinyFlux = std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinyflux";
+
+void write_text(const fs::path& p, const std::string& text) { std::ofstream(p, std::ios::binary) << text; }
+
+std::string embeds_file(const fs::path& dir, float poison = 0.0f) {
+  cubevec::Tensor e = cubevec::testing::random_tensor({1, 7, 24}, 2, cubevec::DType::f32, 1.0f);
+  if (poison != 0.0f) static_cast<float*>(e.mutable_data_ptr())[3 * 24 + 5] = poison;
+  const std::string path = (dir / "e.safetensors").string();
+  cubevec::write_safetensors(path, {{"prompt_embeds", e}});
+  return path;
+}
+
+int entries(const fs::path& dir) { return static_cast<int>(std::distance(fs::directory_iterator(dir), fs::directory_iterator())); }
+
+TEST_F(OutputsCli, OutputsThatWouldBeDestroyedAreRefusedBeforeAnyWork) {
+  write_text(dir_ / "target.jpg", "someone's picture");
+  fs::create_symlink(dir_ / "target.jpg", dir_ / "link.jpg");
+  ASSERT_EQ(::mkfifo((dir_ / "fifo.jpg").c_str(), 0644), 0);
+  write_text(dir_ / "ro.jpg", "read-only");
+  fs::permissions(dir_ / "ro.jpg", fs::perms::owner_read);
+  const struct {
+    std::vector<std::string> args;
+    std::string message;
+  } cases[] = {
+      {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", (dir_ / "link.jpg").string()}, "link.jpg: is a symbolic link"},
+      {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", (dir_ / "fifo.jpg").string()}, "fifo.jpg: is not a regular file"},
+      {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", (dir_ / "ro.jpg").string()}, "ro.jpg: is read-only"},
+      {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", (dir_ / "new.jpg").string(), "--json", (dir_ / "no/r.json").string()},
+       "--json: " + (dir_ / "no/r.json").string() + ": the directory " + (dir_ / "no").string() + " does not exist"},
+      {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", (dir_ / "new.jpg").string(), "--trace", (dir_ / "link.jpg").string()},
+       "--trace: " + (dir_ / "link.jpg").string() + ": is a symbolic link"},
+  };
+  for (const auto& c : cases) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto r = run(c.args);
+    EXPECT_EQ(r.status, 1) << r.err;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0) << "refused before the model loads";
+  }
+  EXPECT_EQ(read_file((dir_ / "target.jpg").string()), "someone's picture");
+  EXPECT_TRUE(fs::is_symlink(dir_ / "link.jpg"));
+  EXPECT_TRUE(fs::is_fifo(dir_ / "fifo.jpg"));
+  EXPECT_EQ(read_file((dir_ / "ro.jpg").string()), "read-only");
+  EXPECT_FALSE(fs::exists(dir_ / "new.jpg"));
+}
+
+TEST_F(OutputsCli, AFailedRunLeavesThePreviousVideoAndNoTemporary) {
+  const std::string embeds = embeds_file(dir_), video = (dir_ / "keep.avi").string();
+  const std::vector<std::string> base = {"t2v", "--model", kWan, "--prompt-embeds", embeds, "--frames", "9", "--width", "512", "--height", "256",
+                                         "--steps", "2", "--cfg", "off", "--out", video};
+  ASSERT_EQ(run(base).status, 0);
+  const std::string before = read_file(video);
+  const int files = entries(dir_);
+  // ada_bsa at 0.95 keeps no block of a 12-block row: the error comes from the first sparse
+  // attention call, in the middle of denoising (once the old writer had already truncated the AVI).
+  std::vector<std::string> failing = base;
+  failing.insert(failing.end(), {"--sparse", "ada_bsa", "--sparsity", "0.95", "--json", (dir_ / "r.json").string()});
+  const auto r = run(failing);
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("keeps no block"), std::string::npos) << r.err;
+  EXPECT_EQ(read_file(video), before);
+  EXPECT_EQ(entries(dir_), files) << "no temporary, no --json left behind";
+}
+
+TEST_F(OutputsCli, CtrlCStopsTheRunRemovesTemporariesAndKeepsTheOldOutput) {
+  const std::string embeds = embeds_file(dir_), video = (dir_ / "keep.avi").string(), frames = (dir_ / "frames").string();
+  write_text(video, "the previous video");
+  const std::string err_path = (dir_ / "stderr.txt").string();
+  std::vector<std::string> args = {CUBEVEC_BINARY, "t2v", "--model", kWan, "--prompt-embeds", embeds, "--frames", "17", "--width", "512",
+                                   "--height", "256", "--steps", "400", "--cfg", "off", "--out", video, "--frames-dir", frames};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int null = ::open("/dev/null", O_WRONLY);
+    if (err < 0 || null < 0 || ::dup2(err, 2) < 0 || ::dup2(null, 1) < 0) ::_exit(127);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  // Wait for denoising to be under way, then interrupt it.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (read_file(err_path).find("step 2/400") == std::string::npos && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_EQ(::kill(pid, SIGINT), 0);
+  int wstatus = 0;
+  while (::waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
+  }
+  ASSERT_TRUE(WIFEXITED(wstatus)) << "ended by a signal, not by the handler: " << read_file(err_path);
+  EXPECT_EQ(WEXITSTATUS(wstatus), 130);
+  const std::string err = read_file(err_path);
+  EXPECT_NE(err.find("error: interrupted by SIGINT; the run stopped and no output was written"), std::string::npos) << err;
+  EXPECT_EQ(read_file(video), "the previous video");
+  EXPECT_EQ(entries(dir_), 4) << "e.safetensors, keep.avi, stderr.txt and the frames folder: no temporary";
+  EXPECT_EQ(entries(frames), 0);
+}
+
+TEST_F(OutputsCli, AnOutputMayNotReplaceAnInput) {
+  const std::string embeds = embeds_file(dir_), before = read_file(embeds);
+  const auto t2v = run({"t2v", "--model", kWan, "--prompt-embeds", embeds, "--frames", "9", "--width", "64", "--height", "64", "--steps", "2",
+                        "--cfg", "off", "--out", (dir_ / "." / "e.safetensors").string()});
+  EXPECT_EQ(t2v.status, 1);
+  EXPECT_NE(t2v.err.find("e.safetensors: is the --prompt-embeds file; write the result to another path"), std::string::npos) << t2v.err;
+  EXPECT_EQ(read_file(embeds), before);
+}
+
+TEST_F(OutputsCli, NonFiniteInputsNameTheTensorAndElement) {
+  const std::string embeds = embeds_file(dir_, std::numeric_limits<float>::quiet_NaN());
+  const auto r = run({"t2v", "--model", kWan, "--prompt-embeds", embeds, "--frames", "9", "--width", "64", "--height", "64", "--steps", "2",
+                      "--cfg", "off", "--out", (dir_ / "v.avi").string()});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find(embeds + ": 'prompt_embeds': element [0, 3, 5] is nan (expected finite values)"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "v.avi"));
+}
+
+}  // namespace
