@@ -6,6 +6,7 @@
 #include <map>
 
 #include "cli/command.h"
+#include "cli/number_checks.h"
 #include "tensor/error.h"
 #include "tensor/interrupt.h"
 
@@ -28,6 +29,7 @@ int main(int argc, char** argv) {
   add(cubevec::cli::add_tune_cache_command);
   add(cubevec::cli::add_quantize_command);
   add(cubevec::cli::add_sparse_attention_command);
+  cubevec::cli::add_number_checks(app);
 
   // CLI11 would only say "a subcommand is required"; name the unknown word and the known ones.
   if (argc > 1 && argv[1][0] != '-') {

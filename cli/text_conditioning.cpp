@@ -26,8 +26,11 @@ TextConditioning flux_text(const std::string& model_dir, const PromptFlags& f, b
     // The model's own text encoder (the shipped tiny model): --prompt, and --negative-prompt for
     // true CFG (empty: the empty caption, the unconditional input the model was trained with).
     auto encoder = models::TinyTextEncoder::load(model_dir, stream);
-    if (f.prompt.empty())
-      throw Error("--prompt TEXT is required (this model's text encoder knows these words: " + encoder->tokenizer().known_words() + ")");
+    // A prompt of spaces or separators has no words: the same error as no prompt (it would
+    // otherwise render the unconditional picture as if asked for).
+    if (encoder->tokenizer().split(f.prompt).empty())
+      throw Error("--prompt TEXT is required" + std::string(f.prompt.empty() ? "" : " ('" + f.prompt + "' has no words)") +
+                  " (this model's text encoder knows these words: " + encoder->tokenizer().known_words() + ")");
     t.positive = encoder->encode(f.prompt);
     if (cfg) t.negative = encoder->encode(f.negative_prompt);
     else if (!f.negative_prompt.empty()) std::fprintf(stderr, "note: --negative-prompt is used only with --cfg fused or --cfg streams\n");

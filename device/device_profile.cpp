@@ -1,9 +1,11 @@
 #include "device/device_profile.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "tensor/error.h"
 #include "tensor/regular_file.h"
@@ -146,11 +148,19 @@ DeviceProfile builtin_cpu_profile() {
 }
 
 void apply_thread_overrides(DeviceProfile& profile, int cube_threads, int vector_threads) {
-  if (const int env = positive_env_int("CUBEVEC_CUBE_THREADS")) profile.cube_threads = env;
-  if (const int env = positive_env_int("CUBEVEC_VECTOR_THREADS")) profile.vector_threads = env;
+  std::string cube_origin = profile.source + " cube_threads", vector_origin = profile.source + " vector_threads";
+  if (const int env = positive_env_int("CUBEVEC_CUBE_THREADS")) profile.cube_threads = env, cube_origin = "CUBEVEC_CUBE_THREADS";
+  if (const int env = positive_env_int("CUBEVEC_VECTOR_THREADS")) profile.vector_threads = env, vector_origin = "CUBEVEC_VECTOR_THREADS";
   if (cube_threads < 0 || vector_threads < 0) throw Error("thread counts must be positive");
-  if (cube_threads > 0) profile.cube_threads = cube_threads;
-  if (vector_threads > 0) profile.vector_threads = vector_threads;
+  if (cube_threads > 0) profile.cube_threads = cube_threads, cube_origin = "--cube-threads (or --threads)";
+  if (vector_threads > 0) profile.vector_threads = vector_threads, vector_origin = "--vector-threads";
+  const int limit = max_unit_threads();
+  for (const auto& [count, origin] : {std::pair{profile.cube_threads, &cube_origin}, {profile.vector_threads, &vector_origin}})
+    if (count > limit)
+      throw Error(*origin + " " + std::to_string(count) + " is above this machine's limit of " + std::to_string(limit) + " threads a unit (16 x its " +
+                  std::to_string(std::max(1u, std::thread::hardware_concurrency())) + " hardware threads); more only add scheduling cost");
 }
+
+int max_unit_threads() { return 16 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
 }  // namespace cubevec

@@ -43,5 +43,7 @@ DeviceProfile builtin_cpu_profile();
 // Applies CUBEVEC_CUBE_THREADS / CUBEVEC_VECTOR_THREADS from the environment, then the given
 // overrides (0 = keep). Throws on a value that is not a positive integer.
 void apply_thread_overrides(DeviceProfile& profile, int cube_threads = 0, int vector_threads = 0);
+// The most threads a unit may have: 16 per hardware thread (apply_thread_overrides checks it).
+int max_unit_threads();
 
 }  // namespace cubevec

@@ -2,6 +2,7 @@
 
 #include "ops/vector_ops.h"
 #include "tensor/error.h"
+#include "tensor/finite_check.h"
 #include "tensor/interrupt.h"
 
 namespace cubevec::pipelines {
@@ -51,6 +52,11 @@ Tensor run_denoising_loop(Denoiser& denoiser, Scheduler& scheduler, Guidance& gu
     const Tensor v = guidance.velocity(denoiser, latents, stages.context(step, options.activations), device);
     latents = round_to(scheduler.step(v, latents, main), options.activations, main);
     timer.end_step(i + 1, steps, latents);
+    // A NaN or inf anywhere (a weight, an input, a setting) spreads to every pixel: stop at the
+    // step it appears rather than write a black picture. end_step has synchronized the latents.
+    if (!device.simulate())
+      require_finite(latents, "denoising step " + std::to_string(i + 1) + " of " + std::to_string(steps) +
+                                  " turned the latents non-finite (a weight, input or setting gives NaN or inf)");
   }
   timer.finish();
   return latents;

@@ -138,4 +138,26 @@ TEST_F(OutputsCli, NonFiniteInputsNameTheTensorAndElement) {
   EXPECT_FALSE(fs::exists(dir_ / "v.avi"));
 }
 
+TEST_F(OutputsCli, ANanWeightStopsTheRunAtTheFirstStep) {
+  // A copy of the tiny model with one NaN in proj_out.bias: every latent turns NaN at step 1.
+  const fs::path model = dir_ / "wan_nan";
+  fs::copy(kWan, model, fs::copy_options::recursive);
+  const std::string weights = (model / "transformer" / "diffusion_pytorch_model.safetensors").string();
+  cubevec::NamedTensors tensors;
+  {
+    const cubevec::SafetensorsFile file = cubevec::SafetensorsFile::open(weights);
+    for (const auto& e : file.entries()) tensors.push_back({e.name, file.tensor(e.name).clone()});
+  }
+  for (auto& [name, t] : tensors)
+    if (name == "proj_out.bias") static_cast<float*>(t.mutable_data_ptr())[3] = std::numeric_limits<float>::quiet_NaN();
+  cubevec::write_safetensors(weights, tensors);
+  const auto r = run({"t2v", "--model", model.string(), "--prompt-embeds", embeds_file(dir_), "--frames", "9", "--width", "64", "--height", "64",
+                      "--steps", "4", "--cfg", "off", "--out", (dir_ / "v.avi").string()});
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("error: denoising step 1 of 4 turned the latents non-finite (a weight, input or setting gives NaN or inf): element ["),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "v.avi"));
+}
+
 }  // namespace

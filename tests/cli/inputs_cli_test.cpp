@@ -1,0 +1,41 @@
+// Inputs mean what they say: non-finite numbers and negative unsigned values are refused for every
+// flag (by type, tests/cli sees a sample), a prompt without words is the empty-prompt error, and
+// thread counts beyond what helps are refused naming where they came from.
+#include <thread>
+
+#include "cli/run_cubevec.h"
+
+namespace {
+
+using InputsCli = cubevec_cli_test::CliTest;
+
+const std::string kTinyFlux = std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinyflux";
+const std::string kFluxConfig = std::string(CUBEVEC_SOURCE_DIR) + "/assets/configs/flux1-dev";
+
+TEST_F(InputsCli, NumbersMustBeFiniteAndUnsignedValuesNonNegative) {
+  const std::string out = (dir_ / "x.jpg").string();
+  const int limit = 16 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const struct {
+    std::vector<std::string> args;
+    std::string message;
+  } cases[] = {
+      {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", out, "--seed", "-1"}, "--seed: must not be negative, got -1"},
+      {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", out, "--guidance", "nan"}, "--guidance: must be a finite number, got nan"},
+      {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", out, "--cfg-scale", "NaN"}, "--cfg-scale: must be a finite number, got NaN"},
+      {{"quantize", "--model", kTinyFlux, "--algo", "W8A8", "--prompt", "a red circle", "--out", (dir_ / "q").string(), "--seed", " -3"},
+       "--seed: must not be negative"},
+      {{"t2i", "--model", kTinyFlux, "--prompt", " ,. ", "--out", out}, "--prompt TEXT is required (' ,. ' has no words)"},
+      {{"t2i", "--simulate", "--model", kFluxConfig, "--steps", "1", "--threads", std::to_string(limit + 1)},
+       "--cube-threads (or --threads) " + std::to_string(limit + 1) + " is above this machine's limit of " + std::to_string(limit)},
+      {{"cv-experiment", "--vector-threads", std::to_string(limit + 1)}, "--vector-threads " + std::to_string(limit + 1) + " is above"},
+  };
+  for (const auto& c : cases) {
+    const auto r = run(c.args);
+    EXPECT_EQ(r.status, 1) << c.message << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
+}  // namespace
