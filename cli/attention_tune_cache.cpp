@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "ops/attention_tuner.h"
+#include "tensor/error.h"
 
 namespace cubevec::cli {
 
@@ -14,8 +15,13 @@ void AttentionTuneCacheFlag::load(const Device& device) const {
 }
 
 void AttentionTuneCacheFlag::save(const Device& device) const {
-  if (path.empty()) return;
-  ops::AttentionTuner::global().save(path, ops::attention_tune_fingerprint(device));
+  if (path.empty() || !ops::AttentionTuner::global().changed()) return;
+  // The run itself succeeded: a cache that cannot be written is worth a warning, not a failure.
+  try {
+    ops::AttentionTuner::global().save(path, ops::attention_tune_fingerprint(device));
+  } catch (const Error& e) {
+    std::fprintf(stderr, "warning: the attention tune cache was not saved: %s\n", e.what());
+  }
 }
 
 std::shared_ptr<AttentionTuneCacheFlag> add_attention_tune_cache_flag(CLI::App& command) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <tbb/blocked_range.h>
@@ -42,8 +43,13 @@ void validate(const AutoencoderKLConfig& c, const std::string& source) {
                   std::to_string(c.norm_num_groups) + " (GroupNorm), got " + std::to_string(ch));
   if (c.act_fn != "silu")
     throw Error(source + ": 'act_fn' '" + c.act_fn + "' is not supported (the decoder supports \"silu\")");
-  if (!std::isfinite(c.scaling_factor) || c.scaling_factor == 0.0)
-    throw Error(source + ": 'scaling_factor' must be a finite non-zero number, got " + std::to_string(c.scaling_factor));
+  // Latents are divided by it: a tiny factor (1e-308) turns them into infinities.
+  if (!std::isfinite(c.scaling_factor) || !(std::fabs(c.scaling_factor) >= 1e-6 && std::fabs(c.scaling_factor) <= 1e6))
+  {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", c.scaling_factor);
+    throw Error(source + ": 'scaling_factor' must be a finite number of magnitude in [1e-6, 1e6], got " + text);
+  }
   if (!std::isfinite(c.shift_factor))
     throw Error(source + ": 'shift_factor' must be finite, got " + std::to_string(c.shift_factor));
 }

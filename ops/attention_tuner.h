@@ -61,10 +61,14 @@ class AttentionTuner {
   std::string load(const std::string& path, const std::string& fingerprint);
   // Writes every entry (atomically: a temporary file renamed over `path`).
   void save(const std::string& path, const std::string& fingerprint) const;
+  // Whether an entry was added or changed since the last load or save (a cache that needs no
+  // update is not rewritten: it may be read-only).
+  bool changed() const;
 
  private:
   mutable std::mutex mutex_;
   std::vector<std::pair<AttentionTuneKey, AttentionTuneChoice>> entries_;
+  mutable bool changed_ = false;
 };
 
 // What the timings depend on: this CPU's kernel ISA and the device's Cube and Vector thread counts.

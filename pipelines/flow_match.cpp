@@ -24,14 +24,19 @@ FlowMatchConfig FlowMatchConfig::from_json(const nlohmann::json& json, const std
   ConfigReader r(json, source, "FlowMatchEulerDiscreteScheduler");
   r.expect_class({"FlowMatchEulerDiscreteScheduler"});
   FlowMatchConfig c;
-  r.integer("num_train_timesteps", c.num_train_timesteps, 1)
-      .positive_number("shift", c.shift)
+  // Bounds that keep every sigma finite (a shift of 1e308 or exp(mu) overflowing gave NaN sigmas).
+  r.integer("num_train_timesteps", c.num_train_timesteps, 2, 1000000)
+      .number_in("shift", c.shift, 1e-4, 1e4)
       .boolean("use_dynamic_shifting", c.use_dynamic_shifting)
-      .number("base_shift", c.base_shift)
-      .number("max_shift", c.max_shift)
+      .number_in("base_shift", c.base_shift, -10.0, 10.0)
+      .number_in("max_shift", c.max_shift, -10.0, 10.0)
       .integer("base_image_seq_len", c.base_image_seq_len, 1)
       .integer("max_image_seq_len", c.max_image_seq_len, 1)
       .text("time_shift_type", c.time_shift_type, {"exponential", "linear"});
+  // mu is interpolated between the two lengths: equal ones divide by zero.
+  if (c.use_dynamic_shifting && c.max_image_seq_len <= c.base_image_seq_len)
+    r.fail("max_image_seq_len", "must be above base_image_seq_len (" + std::to_string(c.base_image_seq_len) +
+                                    ") with use_dynamic_shifting, got " + std::to_string(c.max_image_seq_len));
   for (const char* key : {"use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "invert_sigmas", "stochastic_sampling"}) {
     bool on = false;
     r.boolean(key, on);

@@ -1,6 +1,7 @@
 #include "pipelines/flux_t2i.h"
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <optional>
 
@@ -19,6 +20,8 @@ Tensor filled(int64_t n, float value) { return Tensor::from_vector(std::vector<f
 FlowMatchConfig scheduler_of(const std::string& model_dir) {
   const std::string path = model_dir + "/scheduler/scheduler_config.json";
   if (std::filesystem::exists(path)) return FlowMatchConfig::load(path);
+  std::fprintf(stderr, "note: %s has no scheduler/scheduler_config.json; using FLUX.1-dev's (FlowMatchEulerDiscreteScheduler, "
+                       "shift 3, dynamic shifting)\n", model_dir.c_str());
   FlowMatchConfig c;
   c.shift = 3.0;
   c.use_dynamic_shifting = true;

@@ -40,7 +40,11 @@ UniPCConfig UniPCConfig::from_json(const nlohmann::json& json, const std::string
   };
   UniPCConfig c;
   int64_t order = c.solver_order;
-  r.integer("num_train_timesteps", c.num_train_timesteps, 1).positive_number("flow_shift", c.flow_shift).integer("solver_order", order, 1);
+  // Bounds that keep every sigma finite: one training timestep leaves no interval to step over, and
+  // a shift beyond 1e4 rounds the sigmas of a float schedule to 1.
+  r.integer("num_train_timesteps", c.num_train_timesteps, 2, 1000000)
+      .number_in("flow_shift", c.flow_shift, 1e-4, 1e4)
+      .integer("solver_order", order, 1);
   if (order > 2) unsupported("solver_order", std::to_string(order) + " (1 and 2 are)");
   c.solver_order = static_cast<int>(order);
 

@@ -65,11 +65,18 @@ void AttentionTuner::store(const AttentionTuneKey& key, const AttentionTuneChoic
   std::lock_guard lock(mutex_);
   for (auto& [k, c] : entries_)
     if (k == key) {
+      changed_ = changed_ || c.op_type != choice.op_type || c.kernel_layout != choice.kernel_layout || c.seconds != choice.seconds;
       c = choice;
       return;
     }
   if (entries_.size() >= kMaxEntries) entries_.erase(entries_.begin());
   entries_.emplace_back(key, choice);
+  changed_ = true;
+}
+
+bool AttentionTuner::changed() const {
+  std::lock_guard lock(mutex_);
+  return changed_;
 }
 
 std::vector<std::pair<AttentionTuneKey, AttentionTuneChoice>> AttentionTuner::entries() const {
@@ -139,6 +146,8 @@ std::string AttentionTuner::load(const std::string& path, const std::string& fin
                 " (delete it to tune again)");
   }
   for (const auto& [key, choice] : loaded) store(key, choice);
+  std::lock_guard lock(mutex_);
+  changed_ = false;  // what is in memory is what the file holds
   return "";
 }
 
@@ -159,6 +168,8 @@ void AttentionTuner::save(const std::string& path, const std::string& fingerprin
   }
   const json doc = {{"format", kFormat}, {"version", kVersion}, {"fingerprint", fingerprint}, {"entries", entries}};
   write_output_file(path, "attention tune cache", doc.dump(1) + "\n");
+  std::lock_guard lock(mutex_);
+  changed_ = false;
 }
 
 std::string attention_tune_fingerprint(const Device& device) {

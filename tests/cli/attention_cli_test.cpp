@@ -1,5 +1,7 @@
 // `cubevec attention` as a user runs it: the autotuner's pick persisted by --attn-tune-cache (tuned
 // once, then a cache hit), stale and malformed cache files, --json, and bad flags.
+#include <filesystem>
+
 #include <nlohmann/json.hpp>
 
 #include "cli/run_cubevec.h"
@@ -36,6 +38,22 @@ TEST_F(AttentionCli, TuneCacheIsWrittenThenUsed) {
   EXPECT_EQ(report["implementation"], std::string(written["entries"][0]["op_type"]) + "/" +
                                           std::string(written["entries"][0]["kernel_layout"]));
   EXPECT_GT(report["gflops"].get<double>(), 0.0);
+
+  // A read-only cache that needs no update is read and left alone; one that needs an update but
+  // cannot be written is a warning after a successful run.
+  const std::string before = read_file(cache);
+  std::filesystem::permissions(cache, std::filesystem::perms::owner_read);
+  const auto readonly = run(with(kSmall, {"--attn-tune-cache", cache}));
+  ASSERT_EQ(readonly.status, 0) << readonly.err;
+  EXPECT_EQ(readonly.err.find("warning"), std::string::npos) << readonly.err;
+  EXPECT_EQ(read_file(cache), before);
+  const auto unsaved = run(with(kSmall, {"--attn-tune-cache", cache, "--cube-threads", "2"}));
+  ASSERT_EQ(unsaved.status, 0) << unsaved.err;
+  EXPECT_NE(unsaved.err.find("warning: the attention tune cache was not saved: attention tune cache " + cache + ": is read-only"),
+            std::string::npos)
+      << unsaved.err;
+  EXPECT_EQ(read_file(cache), before);
+  std::filesystem::permissions(cache, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
 
   // Tuned for other thread counts: a warning, tuned again, the file rewritten for this device.
   const auto stale = run(with(kSmall, {"--attn-tune-cache", cache, "--cube-threads", "2"}));

@@ -99,12 +99,16 @@ TEST(FlowMatch, ConfigAndUseErrors) {
   const struct {
     std::string json_text, expected;
   } cases[] = {
-      {R"({"shift": "three"})", "'shift' must be a positive finite number"},
+      {R"({"shift": "three"})", "'shift' must be a number in [0.0001, 10000], got \"three\""},
+      {R"({"shift": 1e308})", "'shift' must be a number in [0.0001, 10000], got 1e+308"},
+      {R"({"max_shift": 800})", "'max_shift' must be a number in [-10, 10], got 800"},
+      {R"({"use_dynamic_shifting": true, "base_image_seq_len": 256, "max_image_seq_len": 256})",
+       "'max_image_seq_len' must be above base_image_seq_len (256) with use_dynamic_shifting, got 256"},
       {R"({"use_karras_sigmas": true})", "'use_karras_sigmas' is true, which cubevec does not implement"},
       {R"({"shift_terminal": 0.1})", "'shift_terminal' is set"},
       {R"({"_class_name": "UniPCMultistepScheduler"})", "expected \"FlowMatchEulerDiscreteScheduler\""},
       {R"({"time_shift_type": "cubic"})", "'time_shift_type' must be"},
-      {R"({"num_train_timesteps": 0})", "'num_train_timesteps' must be an integer in [1, 16777216]"},
+      {R"({"num_train_timesteps": 1})", "'num_train_timesteps' must be an integer in [2, 1000000], got 1"},
   };
   for (const auto& c : cases)
     EXPECT_NE(message_of([&] { pipelines::FlowMatchConfig::from_json(json::parse(c.json_text), "sched.json"); }).find(c.expected),
