@@ -53,6 +53,7 @@ void attention_suite(Context& context);
 void blocks_suite(Context& context);
 void quant_suite(Context& context);
 void sparse_suite(Context& context);
+void parse_suite(Context& context);
 void cache_suite(Context& context);
 void launch_suite(Context& context);
 void cv_suite(Context& context);

@@ -41,8 +41,7 @@ DType storage_dtype(const ParameterSpec& spec, DType dtype) {
 }  // namespace
 
 void ParameterTable::add(const std::string& name, Shape shape, Tensor* slot, bool keep_f32) {
-  for (const auto& s : specs_)
-    if (s.name == name) throw Error("parameter '" + name + "' declared twice");
+  if (!names_.insert(name).second) throw Error("parameter '" + name + "' declared twice");
   specs_.push_back({name, std::move(shape), slot, keep_f32});
 }
 
@@ -110,7 +109,9 @@ void load_parameters(const ParameterTable& table, const Checkpoint& checkpoint, 
     auto list = [&](const char* title, const std::vector<std::string>& items) {
       if (items.empty()) return;
       msg << "\n  " << items.size() << " " << title << ":";
-      for (const auto& item : items) msg << "\n    " << item;
+      constexpr std::size_t kShown = 20;  // a config with 10,000 layers would list them all
+      for (std::size_t i = 0; i < std::min(items.size(), kShown); ++i) msg << "\n    " << items[i];
+      if (items.size() > kShown) msg << "\n    ... and " << items.size() - kShown << " more";
     };
     list("missing", missing);
     list("mis-shaped", misshaped);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "tensor/checkpoint.h"
@@ -39,6 +40,7 @@ class ParameterTable {
 
  private:
   std::vector<ParameterSpec> specs_;
+  std::unordered_set<std::string> names_;  // of specs_: declaring stays linear in the parameter count
   std::map<std::string, Linear*> linears_;
 };
 

@@ -161,5 +161,56 @@ TEST(WellFormedSafetensors, EdgeCasesAreAccepted) {
   EXPECT_EQ(named.entries[0].name, "blocks.0.attn.to_q.weight \xc3\xa9");
 }
 
+// parse_safetensors takes a one-pass path for well-formed headers and the strict DOM path for the
+// rest: on every input of the corpus, the edge cases and some near misses both give the same header
+// or the same error.
+TEST(SafetensorsParsePaths, FastAndStrictAgreeOnEveryInput) {
+  std::vector<std::string> inputs;
+  for (const auto& c : corpus()) inputs.push_back(c.bytes);
+  const std::string w = f32_entry("[1]", 0, 4);
+  for (const std::string& json : {
+           std::string("{}"), std::string(" \t{}\n"), std::string(R"({"__metadata__":null})"),
+           std::string(R"({"__metadata__":{"format":"pt","b":"2"},"w":)") + w + "}",
+           std::string(R"({"__metadata__":{"a":"1"},"__metadata__":{"b":"2"}})"),
+           std::string(R"({"__metadata__":{"a":"1","a":"2"}})"),
+           std::string(R"({"w":)") + w + R"(,"w":)" + w + "}",
+           std::string(R"({"s":{"dtype":"F64","shape":[],"data_offsets":[0,8],"extra":[1,2]}})"),
+           std::string(R"({"s":{"dtype":"F32","dtype":"F32","shape":[1],"data_offsets":[0,4]}})"),
+           std::string(R"({"s":{"shape":[1],"data_offsets":[0,4],"dtype":"F32"}})"),
+           std::string(R"({"s":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})"),
+           std::string(R"({"s":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})"),
+           std::string(R"({"s":{"dtype":"F32","shape":[1],"data_offsets":[0,4,8]}})"),
+           std::string(R"({"s":{"dtype":"F32","shape":[1],"data_offsets":[0]}})"),
+           std::string(R"({"s":{"dtype":7,"shape":[1],"data_offsets":[0,4]}})"),
+           std::string(R"({"z":{"dtype":"BF16","shape":[0],"data_offsets":[0,0]},"y":{"dtype":"U8","shape":[0],"data_offsets":[0,0]},"a":)") + w + "}",
+           std::string(R"({"b":)") + f32_entry("[1]", 4, 8) + R"(,"a":)" + w + "}",
+           std::string(R"({"b":)") + f32_entry("[1]", 2, 6) + R"(,"a":)" + w + "}",
+       }) {
+    for (const char* data : {"", "abcd", "abcdefgh"}) inputs.push_back(file_bytes(json, data));
+  }
+  const auto outcome = [](const std::string& bytes, bool strict) {
+    const std::span<const std::byte> span(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size());
+    try {
+      const SafetensorsHeader h = strict ? parse_safetensors_strict(span, "f") : parse_safetensors(span, "f");
+      std::string text = std::to_string(h.header_length) + " " + std::to_string(h.data_start);
+      for (const auto& e : h.entries) {
+        text += " | " + e.name + " " + std::string(e.dtype->name) + " [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + ")";
+        for (uint64_t d : e.shape) text += " " + std::to_string(d);
+      }
+      for (const auto& [k, v] : h.metadata) text += " | " + k + "=" + v;
+      return text;
+    } catch (const SafetensorsError& e) {
+      return std::string("error ") + e.what();
+    }
+  };
+  int accepted = 0;
+  for (const std::string& bytes : inputs) {
+    const std::string strict = outcome(bytes, true);
+    EXPECT_EQ(outcome(bytes, false), strict);
+    accepted += strict.rfind("error", 0) != 0;
+  }
+  EXPECT_GE(accepted, 8) << "the comparison covers accepted headers too";
+}
+
 }  // namespace
 }  // namespace cubevec
