@@ -28,6 +28,23 @@ std::string shape_text(const std::vector<uint64_t>& shape) {
   return text + "]";
 }
 
+// Names and metadata come from the file: control characters (an escape sequence could rewrite the
+// terminal) are shown as \xNN, and a backslash as \\ so the escape is unambiguous.
+std::string printable(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f || c == '\\') {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, c == '\\' ? "\\\\" : "\\x%02x", u);
+      out += hex;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 std::string file_name(const std::string& path) {
   const auto slash = path.rfind('/');
   return slash == std::string::npos ? path : path.substr(slash + 1);
@@ -65,7 +82,8 @@ int run_inspect(const std::string& path, const std::string& json_path) {
     std::printf("  %s: %s bytes, header %s bytes, %zu tensors\n", file_name(shard.path()).c_str(),
                 with_commas(shard.file_size()).c_str(), with_commas(shard.header_length()).c_str(),
                 shard.entries().size());
-    for (const auto& [key, value] : shard.metadata()) std::printf("    metadata %s = %s\n", key.c_str(), value.c_str());
+    for (const auto& [key, value] : shard.metadata())
+      std::printf("    metadata %s = %s\n", printable(key).c_str(), printable(value).c_str());
     json["shards"].push_back({{"file", shard.path()},
                               {"file_size", shard.file_size()},
                               {"header_length", shard.header_length()},
@@ -76,7 +94,7 @@ int run_inspect(const std::string& path, const std::string& json_path) {
       total_elements += elements;
       total_bytes += e.end - e.begin;
       count_by_dtype[std::string(e.dtype->name)] += 1;
-      rows.push_back({e.name, std::string(e.dtype->name), shape_text(e.shape), with_commas(e.end - e.begin),
+      rows.push_back({printable(e.name), std::string(e.dtype->name), shape_text(e.shape), with_commas(e.end - e.begin),
                       with_commas(e.begin), file_name(shard.path())});
       json["tensors"].push_back({{"name", e.name},
                                  {"dtype", e.dtype->name},

@@ -179,6 +179,22 @@ TEST_F(InspectCli, JsonReportMatchesTheFile) {
   EXPECT_EQ(report["total_elements"], elements);
 }
 
+TEST_F(InspectCli, ControlCharactersInNamesAreEscaped) {
+  // A name with a terminal escape sequence and a metadata value with a newline, written by hand.
+  const std::string json = "{\"__metadata__\":{\"note\":\"two\\nlines\"},\"red\\u001b[31m\\\\x\":"
+                           "{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}";
+  std::string bytes;
+  for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<char>((json.size() >> (8 * i)) & 0xff));
+  bytes += json + "A";
+  const std::string path = (dir_ / "escapes.safetensors").string();
+  std::ofstream(path, std::ios::binary) << bytes;
+  const Process r = run({"inspect", path});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << "no raw escape reaches the terminal";
+  EXPECT_NE(r.out.find("red\\x1b[31m\\\\x"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("metadata note = two\\x0alines"), std::string::npos) << r.out;
+}
+
 TEST_F(InspectCli, TruncatedFileIsOneErrorLineNamingIt) {
   const std::string bad = (dir_ / "truncated.safetensors").string();
   fs::copy_file(kSingle, bad);

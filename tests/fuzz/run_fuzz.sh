@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Builds the safetensors libFuzzer target (clang, ASan + UBSan, library instrumented) in build-fuzz
-# and fuzzes a copy of the seed corpus for SECONDS (default 60). Exits non-zero on any finding;
-# the crashing input is kept in build-fuzz/fuzz-artifacts/.
+# Builds the libFuzzer targets (clang, ASan + UBSan, library instrumented) in build-fuzz and fuzzes
+# copies of their seed corpora for SECONDS each (default 60): the safetensors header parser (with
+# its fast and strict paths compared) and the JSON config readers (models, schedulers, timestep
+# policy, device profiles). Exits non-zero on any finding; the input is kept in
+# build-fuzz/fuzz-artifacts/.
 # Usage: tests/fuzz/run_fuzz.sh [SECONDS]
 set -euo pipefail
 
@@ -15,21 +17,27 @@ CC=clang CXX=clang++ cmake -S "$root" -B "$build" -G Ninja \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCUBEVEC_FUZZ=ON -DCUBEVEC_TESTS=ON -DCUBEVEC_BENCH=OFF \
   -DCUBEVEC_SANITIZE=fuzzer-no-link,address,undefined
-cmake --build "$build" --target safetensors_fuzzer -j 2
+cmake --build "$build" --target safetensors_fuzzer config_fuzzer -j 2
 
 # libFuzzer adds what it finds to the corpus directory: keep the checked-in seeds untouched.
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-cp -r "$root/tests/fuzz/corpus" "$work/corpus"
 mkdir -p "$artifacts"
 
-status=0
-"$build/tests/fuzz/safetensors_fuzzer" "$work/corpus" \
-  -max_total_time="$seconds" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
-  -dict="$root/tests/fuzz/safetensors.dict" -artifact_prefix="$artifacts/" -print_final_stats=1 || status=$?
+fuzz() {  # fuzz TARGET CORPUS [extra libFuzzer flags...]
+  local target="$1" corpus="$2"
+  shift 2
+  cp -r "$corpus" "$work/$target"
+  local status=0
+  "$build/tests/fuzz/$target" "$work/$target" \
+    -max_total_time="$seconds" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+    -artifact_prefix="$artifacts/$target-" -print_final_stats=1 "$@" || status=$?
+  if [ "$status" -ne 0 ]; then
+    echo "run_fuzz.sh: $target failed (status $status); inputs in $artifacts/" >&2
+    exit "$status"
+  fi
+  echo "run_fuzz.sh: $target: no findings in ${seconds}s"
+}
 
-if [ "$status" -ne 0 ]; then
-  echo "run_fuzz.sh: the fuzzer failed (status $status); inputs in $artifacts/" >&2
-  exit "$status"
-fi
-echo "run_fuzz.sh: no findings in ${seconds}s"
+fuzz safetensors_fuzzer "$root/tests/fuzz/corpus" -dict="$root/tests/fuzz/safetensors.dict"
+fuzz config_fuzzer "$root/tests/fuzz/config_corpus"

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "tensor/error.h"
@@ -41,6 +42,24 @@ void check_header(const cubevec::SafetensorsHeader& header, const uint8_t* data,
   require(expected_begin == data_bytes);
 }
 
+// The header's entries and metadata as text, or the error message: the fast and the strict
+// parsing paths must give the same (safetensors_format.h).
+std::string outcome(std::span<const std::byte> bytes, bool strict) {
+  try {
+    const cubevec::SafetensorsHeader h =
+        strict ? cubevec::parse_safetensors_strict(bytes, "fuzz.safetensors") : cubevec::parse_safetensors(bytes, "fuzz.safetensors");
+    std::string text = std::to_string(h.data_start);
+    for (const auto& e : h.entries) {
+      text += "|" + e.name + " " + std::string(e.dtype->name) + " " + std::to_string(e.begin) + " " + std::to_string(e.end);
+      for (uint64_t d : e.shape) text += " " + std::to_string(d);
+    }
+    for (const auto& [k, v] : h.metadata) text += "|" + k + "=" + v;
+    return text;
+  } catch (const cubevec::Error& e) {
+    return std::string("error ") + e.what();
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
@@ -50,6 +69,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   } catch (const cubevec::Error& e) {
     require(e.what()[0] != '\0');
   }
+  require(outcome(bytes, false) == outcome(bytes, true));
   // The whole input as JSON text, at the safetensors header's depth and at a generous one.
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   for (int max_depth : {2, 64}) {
