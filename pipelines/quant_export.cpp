@@ -75,7 +75,8 @@ void CalibrationStage::Range::add(float lo, float hi) {
 }
 
 void CalibrationStage::after_load(models::ParameterTable& table) {
-  for (const auto& [name, linear] : table.linears()) {
+  for (const auto& [module_name, linear] : table.linears()) {
+    const std::string& name = module_name;  // clang cannot capture a structured binding
     const bool excluded = std::any_of(options_.exclude.begin(), options_.exclude.end(), [&](const std::string& p) { return glob_match(p, name); });
     if (excluded) {
       excluded_.push_back(name);
@@ -101,7 +102,9 @@ QuantExportResult export_quantized(models::ParameterTable& table, const Calibrat
   const auto policy = std::make_shared<quant::TimestepPolicy>();  // the report's timestep layers: static at their sample's step
   policy->set_default(quant::Strategy::static_scales);
   std::map<std::string, bool> written;  // parameter names the quantized layers wrote
-  for (const auto& [name, stats] : calibration.stats()) {
+  for (const auto& [module_name, layer_stats] : calibration.stats()) {
+    const std::string& name = module_name;  // clang cannot capture a structured binding
+    const auto& stats = layer_stats;
     const models::Linear& layer = table.linear(name);
     if (!stats->all.seen) throw Error("calibration never ran layer '" + name + "': it cannot be quantized (exclude it with --exclude)");
     const int64_t out = layer.out, in = layer.in;

@@ -77,8 +77,9 @@ Description Description::load(const std::string& path) {
   for (const auto& [key, value] : json.items()) {
     if (key == "model_quant_type") continue;
     // A tensor's entry must say FLOAT or an algorithm; other keys (metadata) are not read.
-    const bool tensor_key = key.ends_with(".div.mul_scale") ||
-                            std::any_of(kSuffixes.begin(), kSuffixes.end(), [&](const std::string& s) { return key.ends_with(s); });
+    const std::string& name = key;  // clang cannot capture a structured binding
+    const bool tensor_key = name.ends_with(".div.mul_scale") ||
+                            std::any_of(kSuffixes.begin(), kSuffixes.end(), [&](const std::string& s) { return name.ends_with(s); });
     if (tensor_key && !value.is_string())
       throw Error(path + ": '" + clipped(key) + "' must be a string (FLOAT or an algorithm name), got " + clipped(value.dump()));
     if (!value.is_string()) continue;

@@ -177,7 +177,7 @@ SparseMask estimate_sparse_mask(const Tensor& q, const Tensor& k, const SparseAt
     const double flops = static_cast<double>(n) * (4.0 * static_cast<double>(s * d) + 2.0 * static_cast<double>(l * l * d) + 4.0 * static_cast<double>(l * l));
     const double bytes = static_cast<double>(2 * n * s * d) * static_cast<double>(q.itemsize());
     stream.launch({"sparse_estimate_rf_v2", Unit::cube, flops, bytes, DType::f32}, {qc, kc}, {out},
-                  [qc, kc, out, order, layout, n, s, d, image, l, lk, latent, o, scale, stats] {
+                  [qc, kc, out, order, layout, n, d, image, l, lk, latent, o, scale, stats] {
                     std::atomic<int64_t> kept{0};
                     tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 1), [&](const tbb::blocked_range<int64_t>& r) {
                       std::vector<float> scores(static_cast<std::size_t>(l * l));

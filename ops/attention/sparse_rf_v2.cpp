@@ -38,7 +38,7 @@ std::vector<float> pool(const float* x, int64_t ld, int64_t image, int64_t text,
 }  // namespace
 
 std::vector<int32_t> image_token_order(const LatentShape& latent) {
-  const auto [t, h, w] = latent;
+  const int64_t t = latent[0], h = latent[1], w = latent[2];  // named, not bound: lambdas capture them
   const int64_t hw = h * w;
   std::vector<int32_t> order;
   order.reserve(static_cast<std::size_t>(t * hw));

@@ -4,7 +4,9 @@
 
 // GCC 12's own AVX-512 intrinsics (max, roundscale, scalef, ...) pass _mm512_undefined_ps() as the
 // unused merge source, which -Wmaybe-uninitialized reports at every inlined use: a false positive.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 #include "ops/attention/tile_kernels.h"
 

@@ -1,3 +1,5 @@
+#include <cpuid.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -78,11 +80,17 @@ void run_part(const Int8Problem& p, const Int8Plan& plan, int64_t row0, int64_t 
 
 }  // namespace
 
+// AVX-VNNI is CPUID leaf 7, sub-leaf 1, EAX bit 4 (clang 14's __builtin_cpu_supports does not know it).
+static bool has_avx_vnni() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 4) & 1u) != 0;
+}
+
 bool int8_isa_supported(Int8Isa isa) {
   switch (isa) {
     case Int8Isa::avx512_vnni:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
-    case Int8Isa::avx_vnni: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avxvnni");
+    case Int8Isa::avx_vnni: return __builtin_cpu_supports("avx2") && has_avx_vnni();
     case Int8Isa::portable: return true;
   }
   return false;
