@@ -35,7 +35,6 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
   const DType dtype = parse_dtype(f.dtype);
   if (dtype != DType::f32 && dtype != DType::bf16) throw Error("--dtype must be f32 or bf16, got " + f.dtype);
   if (!f.quant_given && !f.timestep_policy.empty()) throw Error("--timestep-policy applies with --quant (a W8A8_TIMESTEP description)");
-  refuse_output_over_input("--out", f.out, "--inputs", f.inputs);
   if (!f.quant_given && f.step_index_given) throw Error("--step-index applies with --quant (a W8A8_TIMESTEP description)");
   if (f.step_index < 0) throw Error("--step-index must be >= 0, got " + std::to_string(f.step_index));
   // The quantization files are read and checked before the model loads, as in t2i / t2v.
@@ -67,6 +66,7 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
   const models::ForwardContext ctx{.activations = dtype};
   const Tensor sample = ops::cast(model->forward(inputs, ctx, device.default_stream()), DType::f32).contiguous();
   sample.data_ptr();
+  require_finite(sample, model->class_name() + ".forward: the output 'sample' (a weight or input gives NaN or inf); nothing was written");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   write_safetensors(f.out, {{"sample", sample}});
   const Tensor& first = inputs.count(names.front()) ? inputs.at(names.front()) : Tensor();

@@ -4,11 +4,38 @@
 #include <cstdio>
 #include <exception>
 #include <map>
+#include <new>
+#include <string>
 
 #include "cli/command.h"
 #include "cli/number_checks.h"
+#include "cli/output_overlap.h"
 #include "tensor/error.h"
 #include "tensor/interrupt.h"
+
+namespace {
+
+// The contract is one error line: line breaks become "; ", and control characters from files
+// (tensor names, config keys, prompt words) are shown as \xNN instead of reaching the terminal.
+std::string one_line(const std::string& message) {
+  std::string out;
+  for (std::size_t i = 0; i < message.size(); ++i) {
+    const auto c = static_cast<unsigned char>(message[i]);
+    if (c == '\n') {
+      out += "; ";
+      while (i + 1 < message.size() && message[i + 1] == ' ') ++i;  // the indentation of a listed item
+    } else if (c < 0x20 || c == 0x7f) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   cubevec::install_interrupt_handlers();
@@ -56,17 +83,24 @@ int main(int argc, char** argv) {
   }
   try {
     for (const auto& [subcommand, run] : runners)
-      if (subcommand->parsed()) return run();
+      if (subcommand->parsed()) {
+        cubevec::cli::check_outputs_against_inputs(*subcommand);
+        return run();
+      }
     std::fprintf(stderr, "error: no subcommand given (see cubevec --help)\n");
     return 1;
   } catch (const cubevec::Interrupted& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "error: %s\n", one_line(e.what()).c_str());
     return e.exit_status();
   } catch (const cubevec::Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "error: %s\n", one_line(e.what()).c_str());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error: out of memory: the request needs more memory than this machine gives (use a smaller size, fewer "
+                         "frames or --simulate with smaller settings)\n");
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: internal error: %s\n", e.what());
+    std::fprintf(stderr, "error: internal error: %s\n", one_line(e.what()).c_str());
     return 2;
   }
 }

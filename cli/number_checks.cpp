@@ -1,5 +1,6 @@
 #include "cli/number_checks.h"
 
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -25,6 +26,9 @@ CLI::Validator non_negative_integer() {
       [](std::string& text) {
         const std::size_t first = text.find_first_not_of(" \t");
         if (first != std::string::npos && text[first] == '-') return "must not be negative, got " + text;
+        errno = 0;
+        (void)std::strtoull(text.c_str(), nullptr, 10);
+        if (errno == ERANGE) return "must be below 2^64, got " + text;  // CLI11 2.1 saturates silently
         return std::string();
       },
       "");

@@ -67,7 +67,6 @@ int run(const SparseFlags& f, const CLI::App& command, const DeviceFlags& device
   o.scale = f.scale;
   o.head_num = f.head_num;
   o.inner_precise = f.inner_precise;
-  refuse_output_over_input("--out", f.out, "--inputs", f.inputs);
   const SafetensorsFile in = SafetensorsFile::open(f.inputs);
   for (const auto& e : in.entries())
     if (e.name != "q" && e.name != "k" && e.name != "v") throw Error(f.inputs + ": unknown tensor '" + e.name + "' (expected q, k and v)");

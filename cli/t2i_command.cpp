@@ -22,6 +22,7 @@
 #include "pipelines/jpeg.h"
 #include "models/tiny_text_encoder.h"
 #include "tensor/error.h"
+#include "tensor/finite_check.h"
 
 namespace cubevec::cli {
 
@@ -37,7 +38,6 @@ struct T2IFlags {
 int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache, const StageFlags& stage_flags) {
   if (f.model.empty()) throw Error("--model DIR is required (a diffusers Flux directory: transformer/, vae/, scheduler/)");
   if (!f.common.simulate && f.out.empty()) throw Error("--out FILE.jpg is required");
-  refuse_output_over_input("--out", f.out, "--prompt-embeds", f.text.prompt_embeds);
   const DType dtype = f.common.weight_dtype();
   f.options.cfg = pipelines::parse_cfg_mode(f.cfg);
   f.options.activations = dtype;
@@ -91,6 +91,7 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   double jpeg_s = 0;
   if (!f.common.simulate) {
     const Tensor image = pipeline.decode(latents, f.options, device, timings);
+    require_finite(image, "the VAE decode gave a non-finite picture (a VAE weight or setting gives NaN or inf)");
     t0 = std::chrono::steady_clock::now();
     pipelines::write_jpeg(f.out, pipelines::to_rgb(image));
     jpeg_s = pipelines::seconds_since(t0);

@@ -21,6 +21,7 @@
 #include "pipelines/wan_t2v.h"
 #include "tensor/error.h"
 #include "tensor/output_file.h"
+#include "tensor/finite_check.h"
 
 namespace cubevec::cli {
 
@@ -49,6 +50,7 @@ class FrameWriter {
   }
 
   void operator()(const Tensor& frames) {
+    require_finite(frames, "the VAE decode gave non-finite frames (a VAE weight or setting gives NaN or inf)");
     const auto t0 = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < frames.size(2); ++i) {
       const pipelines::RgbImage image = pipelines::to_rgb(frames.select(2, i));
@@ -85,7 +87,6 @@ class FrameWriter {
 int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache, const StageFlags& stage_flags) {
   if (f.model.empty()) throw Error("--model DIR is required (a diffusers Wan directory: transformer/, vae/, scheduler/)");
   if (!f.common.simulate && f.out.empty()) throw Error("--out FILE.avi is required");
-  refuse_output_over_input("--out", f.out, "--prompt-embeds", f.text.prompt_embeds);
   const DType dtype = f.common.weight_dtype();
   f.options.cfg = pipelines::parse_cfg_mode(f.cfg);
   f.options.activations = dtype;

@@ -1,8 +1,10 @@
-// Stopping a run on SIGINT / SIGTERM without leaving anything behind: the handler only records the
-// signal; the device checks it before each kernel launch (device/stream.cpp) and the denoising loop
-// before each step, and throw Interrupted. Unwinding removes every uncommitted output temporary
-// (tensor/output_file.h) and the command exits 128 + the signal (130, 143) with a message. A second
-// signal while the first is being handled ends the process at once.
+// Stopping a run on SIGINT / SIGTERM / SIGHUP / SIGPIPE without leaving anything behind: the
+// handler only records the signal; the device checks it before each kernel launch
+// (device/stream.cpp) and the denoising loop before each step, and throw Interrupted. Unwinding
+// removes every uncommitted output temporary (tensor/output_file.h) and the command exits 128 +
+// the signal (130, 143, ...) with a message. A run inside one long kernel (a huge convolution) is
+// ended by a watchdog thread 3 s after the signal, or at a second signal: it removes the
+// temporaries itself and exits with the same status.
 #pragma once
 
 #include "tensor/error.h"
@@ -19,7 +21,7 @@ class Interrupted : public Error {
   int signal_;
 };
 
-// Installs the SIGINT and SIGTERM handlers (the cubevec binary does, at start).
+// Installs the handlers and the watchdog (the cubevec binary does, at start).
 void install_interrupt_handlers();
 // The signal received, or 0.
 int interrupt_signal();

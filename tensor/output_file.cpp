@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
+#include <set>
 #include <vector>
 
 #include "tensor/error.h"
@@ -34,6 +36,17 @@ std::string existing_target_problem(const std::string& path) {
   // Mode bits, not access(): root may write anything, but a read-only file says "keep me".
   if ((st.st_mode & (S_IWUSR | S_IWGRP | S_IWOTH)) == 0) return "is read-only; cubevec will not replace it";
   return "";
+}
+
+// The temporaries that exist now. Never destroyed: a watchdog thread may use it while the
+// process exits.
+struct LiveTemporaries {
+  std::mutex mutex;
+  std::set<std::string> paths;
+};
+LiveTemporaries& live() {
+  static auto* registry = new LiveTemporaries;
+  return *registry;
 }
 
 mode_t new_file_mode() {
@@ -72,6 +85,10 @@ OutputFile::OutputFile(std::string path, std::string what) : path_(std::move(pat
   fd_ = ::mkostemp(name.data(), O_CLOEXEC);  // O_CREAT | O_EXCL: never an existing file or link
   if (fd_ < 0) throw Error(what_ + " " + path_ + ": cannot create a temporary file beside it: " + std::strerror(errno));
   temporary_ = name.data();
+  {
+    std::lock_guard lock(live().mutex);
+    live().paths.insert(temporary_);
+  }
   if (::fchmod(fd_, new_file_mode()) != 0) {
     const int error = errno;
     discard();
@@ -84,7 +101,11 @@ OutputFile::~OutputFile() { discard(); }
 void OutputFile::discard() noexcept {
   if (fd_ >= 0) ::close(fd_);  // a failed close of a file being dropped changes nothing
   fd_ = -1;
-  if (!committed_ && !temporary_.empty()) ::unlink(temporary_.c_str());
+  if (!temporary_.empty()) {
+    if (!committed_) ::unlink(temporary_.c_str());
+    std::lock_guard lock(live().mutex);
+    live().paths.erase(temporary_);
+  }
   temporary_.clear();
 }
 
@@ -133,7 +154,17 @@ void OutputFile::commit() {
   }
   if (::rename(temporary_.c_str(), path_.c_str()) != 0) fail("cannot move the finished file into place", errno);
   committed_ = true;
+  {
+    std::lock_guard lock(live().mutex);
+    live().paths.erase(temporary_);
+  }
   temporary_.clear();
+}
+
+void remove_live_temporaries() noexcept {
+  std::lock_guard lock(live().mutex);
+  for (const std::string& path : live().paths) ::unlink(path.c_str());
+  live().paths.clear();
 }
 
 void write_output_file(const std::string& path, const std::string& what, std::string_view bytes) {

@@ -54,6 +54,10 @@ class OutputFile {
   bool committed_ = false;
 };
 
+// Removes every temporary not yet committed or discarded; async cleanup for a run that is being
+// ended without unwinding (tensor/interrupt.h's watchdog). Safe to call from any thread.
+void remove_live_temporaries() noexcept;
+
 // The whole file at once: check, temporary, write, commit.
 void write_output_file(const std::string& path, const std::string& what, std::string_view bytes);
 

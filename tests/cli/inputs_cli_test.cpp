@@ -21,6 +21,8 @@ TEST_F(InputsCli, NumbersMustBeFiniteAndUnsignedValuesNonNegative) {
   } cases[] = {
       {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", out, "--seed", "-1"}, "--seed: must not be negative, got -1"},
       {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", out, "--guidance", "nan"}, "--guidance: must be a finite number, got nan"},
+      {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", out, "--seed", "18446744073709551616"},
+       "--seed: must be below 2^64, got 18446744073709551616"},
       {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", out, "--cfg-scale", "NaN"}, "--cfg-scale: must be a finite number, got NaN"},
       {{"quantize", "--model", kTinyFlux, "--algo", "W8A8", "--prompt", "a red circle", "--out", (dir_ / "q").string(), "--seed", " -3"},
        "--seed: must not be negative"},

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "cli/run_cubevec.h"
+#include "ops/vector_ops.h"
 #include "tensor/safetensors.h"
 
 #include "common/tensor_testing.h"
@@ -33,6 +34,34 @@ std::string embeds_file(const fs::path& dir, float poison = 0.0f) {
 }
 
 int entries(const fs::path& dir) { return static_cast<int>(std::distance(fs::directory_iterator(dir), fs::directory_iterator())); }
+
+// Starts cubevec with `args` (stderr to err_path), waits until stderr holds `ready`, sends SIGINT,
+// and returns the exit status (-1 when a signal ended it).
+int interrupt_when(std::vector<std::string> args, const std::string& err_path, const std::string& ready,
+                   std::chrono::milliseconds delay = std::chrono::milliseconds(0)) {
+  args.insert(args.begin(), CUBEVEC_BINARY);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) return -2;
+  if (pid == 0) {
+    const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int null = ::open("/dev/null", O_WRONLY);
+    if (err < 0 || null < 0 || ::dup2(err, 2) < 0 || ::dup2(null, 1) < 0) ::_exit(127);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (read_file(err_path).find(ready) == std::string::npos && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::this_thread::sleep_for(delay);
+  ::kill(pid, SIGINT);
+  int wstatus = 0;
+  while (::waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1;
+}
 
 TEST_F(OutputsCli, OutputsThatWouldBeDestroyedAreRefusedBeforeAnyWork) {
   write_text(dir_ / "target.jpg", "someone's picture");
@@ -89,35 +118,33 @@ TEST_F(OutputsCli, CtrlCStopsTheRunRemovesTemporariesAndKeepsTheOldOutput) {
   const std::string embeds = embeds_file(dir_), video = (dir_ / "keep.avi").string(), frames = (dir_ / "frames").string();
   write_text(video, "the previous video");
   const std::string err_path = (dir_ / "stderr.txt").string();
-  std::vector<std::string> args = {CUBEVEC_BINARY, "t2v", "--model", kWan, "--prompt-embeds", embeds, "--frames", "17", "--width", "512",
-                                   "--height", "256", "--steps", "400", "--cfg", "off", "--out", video, "--frames-dir", frames};
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int null = ::open("/dev/null", O_WRONLY);
-    if (err < 0 || null < 0 || ::dup2(err, 2) < 0 || ::dup2(null, 1) < 0) ::_exit(127);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  // Wait for denoising to be under way, then interrupt it.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (read_file(err_path).find("step 2/400") == std::string::npos && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  ASSERT_EQ(::kill(pid, SIGINT), 0);
-  int wstatus = 0;
-  while (::waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
-  }
-  ASSERT_TRUE(WIFEXITED(wstatus)) << "ended by a signal, not by the handler: " << read_file(err_path);
-  EXPECT_EQ(WEXITSTATUS(wstatus), 130);
+  const int status = interrupt_when({"t2v", "--model", kWan, "--prompt-embeds", embeds, "--frames", "17", "--width", "512", "--height", "256",
+                                     "--steps", "400", "--cfg", "off", "--out", video, "--frames-dir", frames},
+                                    err_path, "step 2/400");
+  EXPECT_EQ(status, 130) << read_file(err_path);
   const std::string err = read_file(err_path);
   EXPECT_NE(err.find("error: interrupted by SIGINT; the run stopped and no output was written"), std::string::npos) << err;
   EXPECT_EQ(read_file(video), "the previous video");
   EXPECT_EQ(entries(dir_), 4) << "e.safetensors, keep.avi, stderr.txt and the frames folder: no temporary";
   EXPECT_EQ(entries(frames), 0);
+}
+
+TEST_F(OutputsCli, ARunInsideOneLongKernelIsEndedByTheWatchdog) {
+  // One 4096 x 4096 step of tinyflux runs for many seconds without a kernel launch in between: the
+  // watchdog ends it 3 s after the signal, removing the temporary.
+  const std::string picture = (dir_ / "keep.jpg").string(), err_path = (dir_ / "stderr.txt").string();
+  write_text(picture, "the previous picture");
+  const auto t0 = std::chrono::steady_clock::now();
+  const int status = interrupt_when({"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--steps", "1", "--width", "4096", "--height",
+                                     "4096", "--out", picture},
+                                    err_path, "t2i: 4096x4096", std::chrono::milliseconds(1500));
+  EXPECT_EQ(status, 130) << read_file(err_path);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
+  // Usually "the run was ended (it did not reach a stopping point within 3 s)"; on a fast machine the
+  // step may end first and the run stop at the next launch: either way exit 130 and nothing left.
+  EXPECT_NE(read_file(err_path).find("error: interrupted by SIGINT; the run "), std::string::npos) << read_file(err_path);
+  EXPECT_EQ(read_file(picture), "the previous picture");
+  EXPECT_EQ(entries(dir_), 2) << "keep.jpg and stderr.txt: no temporary";
 }
 
 TEST_F(OutputsCli, AnOutputMayNotReplaceAnInput) {
@@ -127,6 +154,20 @@ TEST_F(OutputsCli, AnOutputMayNotReplaceAnInput) {
   EXPECT_EQ(t2v.status, 1);
   EXPECT_NE(t2v.err.find("e.safetensors: is the --prompt-embeds file; write the result to another path"), std::string::npos) << t2v.err;
   EXPECT_EQ(read_file(embeds), before);
+  // A model copy's own files, and one output over another.
+  const fs::path model = dir_ / "tinyflux";
+  fs::copy(kTinyFlux, model, fs::copy_options::recursive);
+  const std::string config = (model / "transformer" / "config.json").string(), config_before = read_file(config);
+  const auto inside = run({"t2i", "--model", model.string(), "--prompt", "a red circle", "--steps", "1", "--out", (dir_ / "o.jpg").string(),
+                           "--json", config});
+  EXPECT_EQ(inside.status, 1);
+  EXPECT_NE(inside.err.find("--json " + config + ": lies inside the --model folder"), std::string::npos) << inside.err;
+  EXPECT_EQ(read_file(config), config_before);
+  const auto twice = run({"t2i", "--model", model.string(), "--prompt", "a red circle", "--steps", "1", "--out", (dir_ / "o.jpg").string(),
+                          "--trace", (dir_ / "." / "o.jpg").string()});
+  EXPECT_EQ(twice.status, 1);
+  EXPECT_NE(twice.err.find("o.jpg: is also the --out file; give each output its own path"), std::string::npos) << twice.err;
+  EXPECT_FALSE(fs::exists(dir_ / "o.jpg"));
 }
 
 TEST_F(OutputsCli, NonFiniteInputsNameTheTensorAndElement) {
@@ -136,6 +177,27 @@ TEST_F(OutputsCli, NonFiniteInputsNameTheTensorAndElement) {
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find(embeds + ": 'prompt_embeds': element [0, 3, 5] is nan (expected finite values)"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(dir_ / "v.avi"));
+}
+
+TEST_F(OutputsCli, ANanVaeWeightIsAnErrorNotABlackPicture) {
+  const fs::path model = dir_ / "tinyflux";
+  fs::copy(kTinyFlux, model, fs::copy_options::recursive);
+  const std::string weights = (model / "vae" / "diffusion_pytorch_model.safetensors").string();
+  cubevec::NamedTensors tensors;
+  {
+    const cubevec::SafetensorsFile file = cubevec::SafetensorsFile::open(weights);
+    for (const auto& e : file.entries()) tensors.push_back({e.name, cubevec::ops::cast(file.tensor(e.name), cubevec::DType::f32).contiguous()});
+  }
+  bool poisoned = false;
+  for (auto& [name, t] : tensors)
+    if (name == "decoder.conv_in.bias") static_cast<float*>(t.mutable_data_ptr())[0] = std::numeric_limits<float>::quiet_NaN(), poisoned = true;
+  ASSERT_TRUE(poisoned);
+  cubevec::write_safetensors(weights, tensors);
+  const auto r = run({"t2i", "--model", model.string(), "--prompt", "a red circle", "--steps", "2", "--out", (dir_ / "x.jpg").string()});
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("error: the VAE decode gave a non-finite picture (a VAE weight or setting gives NaN or inf): element ["), std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "x.jpg"));
 }
 
 TEST_F(OutputsCli, ANanWeightStopsTheRunAtTheFirstStep) {

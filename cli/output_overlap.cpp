@@ -1,0 +1,70 @@
+#include "cli/output_overlap.h"
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "tensor/error.h"
+
+namespace cubevec::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct PathFlag {
+  std::string flag, path;
+};
+
+bool is_output(const CLI::App& command, const std::string& flag) {
+  if (flag == "--json" || flag == "--trace" || flag == "--attn-tune-cache") return true;
+  return flag == "--out" && command.get_name() != "quantize";  // quantize --out is a folder it fills
+}
+
+fs::path canonical_or_empty(const std::string& path) {
+  std::error_code ec;
+  fs::path p = fs::weakly_canonical(path, ec);
+  return ec ? fs::path() : p;
+}
+
+bool inside(const fs::path& child, const fs::path& folder) {
+  auto c = child.begin();
+  for (auto f = folder.begin(); f != folder.end(); ++f, ++c)
+    if (c == child.end() || *c != *f) return false;
+  return true;
+}
+
+}  // namespace
+
+void check_outputs_against_inputs(const CLI::App& command) {
+  std::vector<PathFlag> outputs, inputs;
+  for (const CLI::Option* option : command.get_options()) {
+    if (option->count() == 0) continue;
+    const std::string flag = option->get_name();  // "--out", or a positional's name
+    for (const std::string& value : option->results()) {
+      if (value.empty()) continue;
+      if (flag == "--out" && command.get_name() == "quantize") continue;  // an output folder (quantize checks its files)
+      if (is_output(command, flag)) outputs.push_back({flag, value});
+      else if (flag != "--frames-dir" && fs::exists(fs::symlink_status(value))) inputs.push_back({flag, value});
+    }
+  }
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    const PathFlag& out = outputs[i];
+    const fs::path target = canonical_or_empty(out.path);
+    if (target.empty()) continue;
+    for (std::size_t j = i + 1; j < outputs.size(); ++j)
+      if (canonical_or_empty(outputs[j].path) == target)
+        throw Error(outputs[j].flag + " " + outputs[j].path + ": is also the " + out.flag + " file; give each output its own path");
+    for (const PathFlag& in : inputs) {
+      const fs::path source = canonical_or_empty(in.path);
+      if (source.empty()) continue;
+      std::error_code ec;
+      if (fs::is_directory(source, ec) ? inside(target, source) : (target == source || fs::equivalent(out.path, in.path, ec)))
+        throw Error(out.flag + " " + out.path + ": " +
+                    (fs::is_directory(source, ec) ? "lies inside the " + in.flag + " folder " + in.path : "is the " + in.flag + " file") +
+                    "; write the result to another path");
+    }
+  }
+}
+
+}  // namespace cubevec::cli
