@@ -142,10 +142,8 @@ QuantExportResult export_quantized(models::ParameterTable& table, const Calibrat
       result.float_bytes += spec.slot->nbytes();
     }
   writer.save(dir);
-  std::string lower(writer.algo);
-  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  result.description_path = dir + "/quant_model_description_" + lower + ".json";
-  result.weight_path = dir + "/quant_model_weight_" + lower + ".safetensors";
+  result.description_path = quant::description_file(dir, writer.algo);
+  result.weight_path = quant::weight_file(dir, writer.algo);
   std::sort(result.layers.begin(), result.layers.end(), [](const auto& a, const auto& b) { return a.cosine < b.cosine; });
   return result;
 }

@@ -223,6 +223,14 @@ void Writer::add_layer(const std::string& module, Algorithm algorithm, const Qua
   if (t.bias.defined()) add_float(prefix + ".bias", t.bias);
 }
 
+std::string description_file(const std::string& dir, const std::string& algo) {
+  return dir + "/quant_model_description_" + lower(algo) + ".json";
+}
+
+std::string weight_file(const std::string& dir, const std::string& algo) {
+  return dir + "/quant_model_weight_" + lower(algo) + ".safetensors";
+}
+
 void Writer::save(const std::string& dir) const {
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -232,8 +240,7 @@ void Writer::save(const std::string& dir) const {
   for (const auto& [key, value] : description.items()) json[key] = value;
   // Both files are written to temporaries beside their final names, then renamed: a failure leaves
   // the previous pair as it was, never a new description over old weights.
-  const std::string description_path = dir + "/quant_model_description_" + lower(algo) + ".json";
-  const std::string weight_path = dir + "/quant_model_weight_" + lower(algo) + ".safetensors";
+  const std::string description_path = description_file(dir, algo), weight_path = weight_file(dir, algo);
   OutputFile description_file(description_path, "quantization description"), weight_file(weight_path, "quantization weights");
   description_file.write(json.dump(2) + "\n");
   write_safetensors(weight_file, tensors);

@@ -41,6 +41,11 @@ struct Description {
 // i64 deq_scale decoded, [out, 1] squeezed); errors name the file, the module and the key.
 QuantTensors read_layer_tensors(const SafetensorsFile& weights, const std::string& module, Algorithm algorithm, bool has_bias);
 
+// The pair Writer::save creates in `dir` for `algo` (model_quant_type): dir/quant_model_description_
+// {lower(algo)}.json and dir/quant_model_weight_{lower(algo)}.safetensors.
+std::string description_file(const std::string& dir, const std::string& algo);
+std::string weight_file(const std::string& dir, const std::string& algo);
+
 // Writing (the exporter): one layer's tensors under its module name, as msModelSlim's MindIE saver
 // writes them, and the description entries for them.
 struct Writer {

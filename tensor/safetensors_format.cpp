@@ -259,6 +259,50 @@ int safetensors_dtype_rank(DType dtype) {
 
 namespace {
 
+// Fast path: a well-formed header in one pass into `header`'s entries (in name order, as the
+// strict path's sorted JSON object gives them) and metadata. False, with `header` untouched, for
+// anything the strict path must judge (a repeated name included).
+bool read_entries_fast(std::string_view json_text, SafetensorsHeader& header) {
+  FastHeader fast;
+  if (!nlohmann::json::sax_parse(json_text.begin(), json_text.end(), &fast)) return false;
+  std::sort(fast.entries.begin(), fast.entries.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  if (std::adjacent_find(fast.entries.begin(), fast.entries.end(), [](const auto& a, const auto& b) { return a.name == b.name; }) !=
+      fast.entries.end())
+    return false;
+  header.entries = std::move(fast.entries);
+  header.metadata = std::move(fast.metadata);
+  return true;
+}
+
+// The strict path: the DOM, each entry and the metadata checked with a message naming the problem.
+void read_entries_strict(std::string_view json_text, const std::string& file_name, SafetensorsHeader& header) {
+  const auto fail = [&](SafetensorsRule rule, const std::string& detail) { return SafetensorsError(file_name, "", rule, detail); };
+  nlohmann::json json;
+  try {
+    // Depth 2 is the deepest a header needs: object > entry > shape / data_offsets.
+    json = parse_strict_json(json_text, 2);
+  } catch (const StrictJsonError& e) {
+    const bool duplicate_name = e.kind() == StrictJsonError::Kind::DuplicateKey && e.depth() == 1;
+    throw fail(duplicate_name ? SafetensorsRule::DuplicateName : SafetensorsRule::InvalidJson, std::string("header: ") + e.what());
+  }
+  if (!json.is_object()) throw fail(SafetensorsRule::InvalidJson, "header is a JSON " + type_of(json) + ", expected an object");
+  for (const auto& [name, value] : json.items()) {
+    if (name != "__metadata__") {
+      header.entries.push_back(parse_entry(name, value, file_name));
+      continue;
+    }
+    if (value.is_null()) continue;  // the reference reader treats null as absent
+    if (!value.is_object())
+      throw fail(SafetensorsRule::InvalidMetadata, "__metadata__ is a JSON " + type_of(value) + ", expected an object");
+    for (const auto& [key, text_value] : value.items()) {
+      if (!text_value.is_string())
+        throw fail(SafetensorsRule::InvalidMetadata, "__metadata__ key " + quote_name(key) + " holds a JSON " +
+                                                         type_of(text_value) + ", expected a string");
+      header.metadata[key] = text_value.get<std::string>();
+    }
+  }
+}
+
 SafetensorsHeader parse_header(std::span<const std::byte> file, const std::string& file_name, bool try_fast) {
   const auto fail = [&](SafetensorsRule rule, const std::string& detail) {
     return SafetensorsError(file_name, "", rule, detail);
@@ -277,60 +321,11 @@ SafetensorsHeader parse_header(std::span<const std::byte> file, const std::strin
   const auto text = file.subspan(8, n);
   if (!is_valid_utf8(text)) throw fail(SafetensorsRule::InvalidUtf8, "header is not valid UTF-8");
 
-  // Fast path: a well-formed header in one pass. Entries in name order (as the strict path, whose
-  // JSON object is sorted), a repeated name sent to the strict path for its error.
-  if (try_fast) {
-    FastHeader fast;
-    const std::string_view json_text(reinterpret_cast<const char*>(text.data()), text.size());
-    if (nlohmann::json::sax_parse(json_text.begin(), json_text.end(), &fast)) {
-      std::sort(fast.entries.begin(), fast.entries.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
-      const bool repeated = std::adjacent_find(fast.entries.begin(), fast.entries.end(),
-                                               [](const auto& a, const auto& b) { return a.name == b.name; }) != fast.entries.end();
-      if (!repeated) {
-        SafetensorsHeader header;
-        header.header_length = n;
-        header.data_start = 8 + n;
-        header.entries = std::move(fast.entries);
-        header.metadata = std::move(fast.metadata);
-        check_spans(header.entries, file_name);
-        const uint64_t data_bytes = header.entries.empty() ? 0 : header.entries.back().end;
-        if (data_bytes != file.size() - header.data_start)
-          throw fail(SafetensorsRule::IncompleteBuffer, "the tensors cover " + std::to_string(data_bytes) + " data bytes but the file holds " +
-                                                            std::to_string(file.size() - header.data_start) + " after the header");
-        return header;
-      }
-    }
-  }
-
-  nlohmann::json json;
-  try {
-    // Depth 2 is the deepest a header needs: object > entry > shape / data_offsets.
-    json = parse_strict_json(std::string_view(reinterpret_cast<const char*>(text.data()), text.size()), 2);
-  } catch (const StrictJsonError& e) {
-    const bool duplicate_name = e.kind() == StrictJsonError::Kind::DuplicateKey && e.depth() == 1;
-    throw fail(duplicate_name ? SafetensorsRule::DuplicateName : SafetensorsRule::InvalidJson,
-               std::string("header: ") + e.what());
-  }
-  if (!json.is_object()) throw fail(SafetensorsRule::InvalidJson, "header is a JSON " + type_of(json) + ", expected an object");
-
   SafetensorsHeader header;
   header.header_length = n;
   header.data_start = 8 + n;
-  for (const auto& [name, value] : json.items()) {
-    if (name != "__metadata__") {
-      header.entries.push_back(parse_entry(name, value, file_name));
-      continue;
-    }
-    if (value.is_null()) continue;  // the reference reader treats null as absent
-    if (!value.is_object())
-      throw fail(SafetensorsRule::InvalidMetadata, "__metadata__ is a JSON " + type_of(value) + ", expected an object");
-    for (const auto& [key, text_value] : value.items()) {
-      if (!text_value.is_string())
-        throw fail(SafetensorsRule::InvalidMetadata, "__metadata__ key " + quote_name(key) + " holds a JSON " +
-                                                         type_of(text_value) + ", expected a string");
-      header.metadata[key] = text_value.get<std::string>();
-    }
-  }
+  const std::string_view json_text(reinterpret_cast<const char*>(text.data()), text.size());
+  if (!try_fast || !read_entries_fast(json_text, header)) read_entries_strict(json_text, file_name, header);
   check_spans(header.entries, file_name);
   const uint64_t data_bytes = header.entries.empty() ? 0 : header.entries.back().end;
   if (data_bytes != file.size() - header.data_start)

@@ -299,6 +299,17 @@ std::string_view attention_impl_name(AttentionImpl impl) { return kImplNames.nam
 AttentionOptMode parse_attention_opt_mode(std::string_view name) { return kOptModeNames.parse(name); }
 std::string_view attention_opt_mode_name(AttentionOptMode mode) { return kOptModeNames.name(mode); }
 
+// The static table's pick, or in runtime mode the tuner's (tuned once per key; the static pick
+// in simulate mode, where nothing can be timed).
+AttentionTuneChoice automatic_choice(const Inputs& in, AttentionOptMode mode, AttentionLayout layout, const Stream& stream) {
+  if (mode == AttentionOptMode::static_table || stream.device().simulate()) return static_choice(in);
+  const AttentionTuneKey key{in.batch, in.heads, in.d, in.sq, in.sk, in.q.dtype(), layout, in.mask_kind};
+  if (auto found = AttentionTuner::global().find(key)) return *found;
+  const AttentionTuneChoice choice = tune(in, stream);
+  AttentionTuner::global().store(key, choice);
+  return choice;
+}
+
 Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
                          const Stream& stream) {
   const Inputs in = check_inputs(q, k, v, options, stream);
@@ -311,22 +322,9 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
       choice = {options.op_type, options.kernel_layout, 0.0};
       break;
     case AttentionOptMode::static_table:
-      choice = static_choice(in);
+    case AttentionOptMode::runtime:
+      choice = automatic_choice(in, options.opt_mode, options.layout, stream);
       break;
-    case AttentionOptMode::runtime: {
-      if (stream.device().simulate()) {
-        choice = static_choice(in);
-        break;
-      }
-      const AttentionTuneKey key{in.batch, in.heads, in.d, in.sq, in.sk, in.q.dtype(), options.layout, in.mask_kind};
-      if (auto found = AttentionTuner::global().find(key)) {
-        choice = *found;
-      } else {
-        choice = tune(in, stream);
-        AttentionTuner::global().store(key, choice);
-      }
-      break;
-    }
   }
   Tensor out = run_impl(in, choice.op_type, choice.kernel_layout, stream);
   return options.layout == AttentionLayout::bsh ? out.reshape(q.shape()) : out;
@@ -367,22 +365,9 @@ Tensor block_sparse_attention(const Tensor& q, const Tensor& k, const Tensor& v,
       choice = {options.op_type, options.kernel_layout, 0.0};
       break;
     case AttentionOptMode::static_table:
-      choice = static_choice(in);
+    case AttentionOptMode::runtime:
+      choice = automatic_choice(in, options.opt_mode, options.layout, stream);
       break;
-    case AttentionOptMode::runtime: {
-      if (stream.device().simulate()) {
-        choice = static_choice(in);
-        break;
-      }
-      const AttentionTuneKey key{in.batch, in.heads, in.d, in.sq, in.sk, in.q.dtype(), options.layout, in.mask_kind};
-      if (auto found = AttentionTuner::global().find(key)) {
-        choice = *found;
-      } else {
-        choice = tune(in, stream);
-        AttentionTuner::global().store(key, choice);
-      }
-      break;
-    }
   }
   return run_impl(in, choice.op_type, choice.kernel_layout, stream);
 }
