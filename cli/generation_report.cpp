@@ -1,6 +1,7 @@
 #include "cli/output_flag.h"
 #include "cli/generation_report.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <fstream>
@@ -28,6 +29,20 @@ void add_generation_flags(CLI::App& command, GenerationFlags& flags) {
   command.add_option("--variant", flags.variant, "Read diffusion_pytorch_model.<variant>.safetensors (e.g. fp16, bf16)");
   command.add_option("--threads", flags.threads, "Cube-unit threads (same as --cube-threads)")->check(CLI::Range(1, 4096));
   command.add_flag("--simulate", flags.simulate, "Shape-only run on the device profile's modelled clock (reads config files only)");
+  command.add_flag("--check-weights", flags.check_weights, "Check that every loaded weight is finite (one more pass over them)");
+  command
+      .add_option("--memory-limit", flags.memory_limit,
+                  "Refuse a request whose estimated peak memory is above this size (e.g. 16G; default: the memory available)")
+      ->check(CLI::Validator(
+          [](const std::string& text) {
+            try {  // CLI11 wants the message returned: an exception here would end the process
+              pipelines::parse_memory_size(text, "");  // CLI11 puts the flag's name first
+              return std::string();
+            } catch (const Error& e) {
+              return std::string(e.what());
+            }
+          },
+          "SIZE"));
   command.add_option("--json", flags.json_path, "Write the timings as JSON to this file")->check(output_file_path());
   command.add_option("--trace", flags.trace_path, "Write a Chrome trace of every kernel to this file")->check(output_file_path());
 }
@@ -40,6 +55,48 @@ void write_outputs(const GenerationFlags& flags, const std::string& label, Devic
   if (!flags.json_path.empty()) {
     write_output_file(flags.json_path, "--json", json.dump(2) + "\n");
   }
+}
+
+void require_memory(const GenerationFlags& flags, const pipelines::MemoryEstimate& estimate) {
+  if (!flags.memory_limit.empty()) {
+    const uint64_t limit = pipelines::parse_memory_size(flags.memory_limit, "--memory-limit");
+    pipelines::require_fits(estimate, limit, "--memory-limit " + flags.memory_limit);
+    default_allocator().set_memory_limit(limit);
+    return;
+  }
+  // A simulated run allocates nothing: only an explicit limit (a device's memory) applies to it.
+  if (!flags.simulate)
+    pipelines::require_fits(estimate, pipelines::available_memory_bytes(), "the memory available now (give --memory-limit to set another)");
+}
+
+nlohmann::ordered_json memory_estimate_json(const pipelines::MemoryEstimate& e) {
+  return {{"peak_bytes", e.peak()}, {"weights_bytes", e.weights}, {"denoising_bytes", e.denoising}, {"vae_decode_bytes", e.vae_decode}};
+}
+
+PhasePeaks PhasePeaks::after_denoising() {
+  const AllocatorStats stats = default_allocator().stats();
+  PhasePeaks p;
+  p.denoising_ = stats.peak_live_bytes;
+  p.denoising_reserved_ = stats.peak_reserved_bytes;
+  default_allocator().reset_peak_stats();
+  return p;
+}
+
+AllocatorStats PhasePeaks::finish() {
+  AllocatorStats stats = default_allocator().stats();
+  vae_decode_ = stats.peak_live_bytes;
+  stats.peak_live_bytes = std::max(stats.peak_live_bytes, denoising_);
+  stats.peak_reserved_bytes = std::max(stats.peak_reserved_bytes, denoising_reserved_);
+  return stats;
+}
+
+nlohmann::ordered_json PhasePeaks::json() const { return {{"denoising", denoising_}, {"vae_decode", vae_decode_}}; }
+
+void check_weights(const GenerationFlags& flags, const std::string& model_dir, const models::ParameterTable& transformer,
+                   const models::ParameterTable* vae) {
+  if (!flags.check_weights || flags.simulate) return;
+  models::require_finite_parameters(transformer, model_dir + "/transformer");
+  if (vae) models::require_finite_parameters(*vae, model_dir + "/vae");
 }
 
 double mean(const std::vector<double>& values) {

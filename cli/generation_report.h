@@ -12,6 +12,8 @@
 #include "device/device.h"
 #include "cli/device_flags.h"
 #include "pipelines/generation.h"
+#include "pipelines/memory_estimate.h"
+#include "models/parameters.h"
 #include "tensor/caching_allocator.h"
 
 namespace cubevec::cli {
@@ -20,6 +22,23 @@ struct GenerationFlags {
   std::string dtype = "f32", json_path, trace_path, variant;
   int threads = 0;
   bool simulate = false;
+  bool check_weights = false;  // {"peak_bytes", "weights_bytes", "denoising_bytes", "vae_decode_bytes"} for --json.
+nlohmann::ordered_json memory_estimate_json(const pipelines::MemoryEstimate& estimate);
+
+// The allocator's peak per phase: created right after denoising (it restarts the peak there),
+// finish() after decoding gives the whole run's stats with the larger peak.
+class PhasePeaks {
+ public:
+  static PhasePeaks after_denoising();
+  AllocatorStats finish();
+  nlohmann::ordered_json json() const;  // {"denoising": bytes, "vae_decode": bytes}, live peaks
+
+ private:
+  std::size_t denoising_ = 0, denoising_reserved_ = 0, vae_decode_ = 0;
+};
+
+// --check-weights: every loaded weight must be finite
+  std::string memory_limit;    // --memory-limit: a size ("24G"); empty: the available memory
 
   // --dtype: f32 or bf16, else an Error. bf16 means bf16 weights and bf16 activations (with f32
   // accumulation), as diffusers' torch_dtype=torch.bfloat16.
@@ -29,6 +48,30 @@ struct GenerationFlags {
   DeviceProfile profile(const DeviceFlags& device_flags) const;
 };
 void add_generation_flags(CLI::App& command, GenerationFlags& flags);
+
+// Before any weight loads: refuses (an Error naming both) a request whose estimated peak exceeds
+// --memory-limit, or, without it, the memory available now (a simulated run: only --memory-limit). With
+// --memory-limit the allocator is held to it too, so a run the estimate missed fails cleanly.
+void require_memory(const GenerationFlags& flags, const pipelines::MemoryEstimate& estimate);
+
+// {"peak_bytes", "weights_bytes", "denoising_bytes", "vae_decode_bytes"} for --json.
+nlohmann::ordered_json memory_estimate_json(const pipelines::MemoryEstimate& estimate);
+
+// The allocator's peak per phase: created right after denoising (it restarts the peak there),
+// finish() after decoding gives the whole run's stats with the larger peak.
+class PhasePeaks {
+ public:
+  static PhasePeaks after_denoising();
+  AllocatorStats finish();
+  nlohmann::ordered_json json() const;  // {"denoising": bytes, "vae_decode": bytes}, live peaks
+
+ private:
+  std::size_t denoising_ = 0, denoising_reserved_ = 0, vae_decode_ = 0;
+};
+
+// --check-weights: the transformer's and the VAE's weights must be finite (names the first bad one).
+void check_weights(const GenerationFlags& flags, const std::string& model_dir, const models::ParameterTable& transformer,
+                   const models::ParameterTable* vae);
 
 // Writes --trace (the device's records under `label`) and --json (`json`, already holding the
 // run's fields, timings and outputs), each when asked for.

@@ -52,28 +52,36 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   cache.load(device);
   default_allocator().reset_peak_stats();
 
-  // Stage 1: the model and the text conditioning.
+  // Stage 1: the text conditioning and the model. The configs come first (a shape-only model), so
+  // the request is checked and its memory estimated before any weight loads.
   auto t0 = std::chrono::steady_clock::now();
-  pipelines::FluxT2IPipeline pipeline =
-      f.common.simulate ? pipelines::FluxT2IPipeline::load_meta(f.model, dtype) : pipelines::FluxT2IPipeline::load(f.model, dtype, f.common.variant);
-  const double load_s = pipelines::seconds_since(t0);
-  const models::FluxConfig& mc = pipeline.transformer().config();
+  pipelines::FluxT2IPipeline pipeline = pipelines::FluxT2IPipeline::load_meta(f.model, dtype);
   // Width and height not given: the model's own size (the VAE's sample_size; 1024 for FLUX.1).
   if (f.options.width == 0) f.options.width = pipeline.default_image_size();
   if (f.options.height == 0) f.options.height = pipeline.default_image_size();
-  t0 = std::chrono::steady_clock::now();
-  const TextConditioning text = flux_text(f.model, f.text, f.options.cfg != pipelines::CfgMode::off, f.common.simulate, mc,
-                                          device.default_stream());
+  const TextConditioning text = flux_text(f.model, f.text, f.options.cfg != pipelines::CfgMode::off, f.common.simulate,
+                                          pipeline.transformer().config(), device.default_stream());
   const pipelines::PromptEmbeddings& positive = text.positive;
   const std::optional<pipelines::PromptEmbeddings>& negative = text.negative;
   const std::string& text_source = text.source;
   const double text_s = pipelines::seconds_since(t0);
   pipeline.check(f.options, negative.has_value());
+  const pipelines::MemoryEstimate memory = pipelines::estimate_memory(pipeline, f.options, positive.sequence.size(1),
+                                                                     f.options.cfg == pipelines::CfgMode::off ? 1 : 2);
+  require_memory(f.common, memory);
+  t0 = std::chrono::steady_clock::now();
+  if (!f.common.simulate) {
+    pipeline = pipelines::FluxT2IPipeline::load(f.model, dtype, f.common.variant);
+    check_weights(f.common, f.model, pipeline.transformer().parameters(), pipeline.vae() ? &pipeline.vae()->parameters() : nullptr);
+  }
+  const double load_s = pipelines::seconds_since(t0);
+  const models::FluxConfig& mc = pipeline.transformer().config();
   pipelines::StageList stage_list = StageFlags::build(std::move(quantize), cache_config, f.options.steps, pipeline.transformer().block_count(),
                                                               std::move(sparse));
   stage_list.after_load(pipeline.mutable_transformer().mutable_parameters());
 
   std::fprintf(stderr, "t2i: text: %s\n", text_source.c_str());
+  std::fprintf(stderr, "t2i: estimated peak memory %s\n", memory.describe().c_str());
   std::fprintf(stderr, "t2i: %lldx%lld, %d steps, cfg %s, %s, transformer %lld+%lld blocks x %lld wide (%s), profile %s: %d Cube + %d Vector thread(s)%s\n",
                static_cast<long long>(f.options.width), static_cast<long long>(f.options.height), f.options.steps, f.cfg.c_str(),
                mc.guidance_embeds ? ("guidance " + std::to_string(f.options.guidance)).c_str() : "no guidance embedding",
@@ -86,6 +94,7 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   const auto on_step = progress_printer(timings, f.common.simulate, &stage_list);
   const Tensor latents =
       pipeline.denoise(positive, negative ? &*negative : nullptr, f.options, device, on_step, timings, &stage_list);
+  PhasePeaks peaks = PhasePeaks::after_denoising();
 
   // Stage 3 and 4: VAE decode and JPEG.
   double jpeg_s = 0;
@@ -97,7 +106,7 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
     jpeg_s = pipelines::seconds_since(t0);
   }
   device.synchronize();
-  const AllocatorStats mem = default_allocator().stats();
+  const AllocatorStats mem = peaks.finish();
   std::vector<StageTime> stages{{"load", load_s}, {"text encoding", text_s}, {"denoising", timings.denoise_s}};
   if (!f.common.simulate) {
     stages.push_back({"VAE decode", timings.vae_s});
@@ -120,6 +129,8 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
       {"profile", profile.name}};
   json.update(timing_json(stages, timings, mem));
   json.update(stage_report_json(stage_list));
+  json["memory_estimate"] = memory_estimate_json(memory);
+  json["measured_peak_bytes"] = peaks.json();
   json["out"] = f.out;
   write_outputs(f.common, "t2i", device, json);
   return 0;

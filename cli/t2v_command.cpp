@@ -98,19 +98,27 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   cache.load(device);
   default_allocator().reset_peak_stats();
 
-  // Stage 1: the model and the text conditioning.
+  // Stage 1: the text conditioning and the model. The configs come first (a shape-only model), so
+  // the request is checked and its memory estimated before any weight loads.
   auto t0 = std::chrono::steady_clock::now();
-  pipelines::WanT2VPipeline pipeline =
-      f.common.simulate ? pipelines::WanT2VPipeline::load_meta(f.model, dtype) : pipelines::WanT2VPipeline::load(f.model, dtype, f.common.variant);
-  const double load_s = pipelines::seconds_since(t0);
-  const models::WanConfig& mc = pipeline.transformer().config();
-  t0 = std::chrono::steady_clock::now();
-  const TextConditioning text = wan_text(f.model, f.text, f.options.cfg != pipelines::CfgMode::off, f.common.simulate, mc);
+  pipelines::WanT2VPipeline pipeline = pipelines::WanT2VPipeline::load_meta(f.model, dtype);
+  const TextConditioning text =
+      wan_text(f.model, f.text, f.options.cfg != pipelines::CfgMode::off, f.common.simulate, pipeline.transformer().config());
   const pipelines::PromptEmbeddings& positive = text.positive;
   const std::optional<pipelines::PromptEmbeddings>& negative = text.negative;
   const std::string& text_source = text.source;
   const double text_s = pipelines::seconds_since(t0);
   pipeline.check(f.options, negative.has_value());
+  const pipelines::MemoryEstimate memory = pipelines::estimate_memory(pipeline, f.options, positive.sequence.size(1),
+                                                                     f.options.cfg == pipelines::CfgMode::off ? 1 : 2);
+  require_memory(f.common, memory);
+  t0 = std::chrono::steady_clock::now();
+  if (!f.common.simulate) {
+    pipeline = pipelines::WanT2VPipeline::load(f.model, dtype, f.common.variant);
+    check_weights(f.common, f.model, pipeline.transformer().parameters(), pipeline.vae() ? &pipeline.vae()->parameters() : nullptr);
+  }
+  const double load_s = pipelines::seconds_since(t0);
+  const models::WanConfig& mc = pipeline.transformer().config();
   pipelines::StageList stage_list = StageFlags::build(std::move(quantize), cache_config, f.options.steps, pipeline.transformer().block_count(),
                                                               std::move(sparse));
   stage_list.after_load(pipeline.mutable_transformer().mutable_parameters());
@@ -119,6 +127,7 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   if (!f.common.simulate) writer.emplace(f);
 
   std::fprintf(stderr, "t2v: text: %s\n", text_source.c_str());
+  std::fprintf(stderr, "t2v: estimated peak memory %s\n", memory.describe().c_str());
   std::fprintf(stderr, "t2v: scheduler: %s\n", pipelines::scheduler_name(pipeline.scheduler_config()).c_str());
   std::fprintf(stderr,
                "t2v: %lld frames of %lldx%lld (latent %lld x %lld x %lld), %d steps, cfg %s (scale %.2f), transformer %lld blocks x %lld "
@@ -134,6 +143,7 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   const Tensor latents =
       pipeline.denoise(positive, negative ? &*negative : nullptr, f.options, device,
                        progress_printer(timings, f.common.simulate, &stage_list), timings, &stage_list);
+  PhasePeaks peaks = PhasePeaks::after_denoising();
 
   // Stage 3: the VAE decode, frames streamed to the AVI (and JPEG folder) as they come.
   if (writer) {
@@ -141,7 +151,7 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
     writer->finish();
   }
   device.synchronize();
-  const AllocatorStats mem = default_allocator().stats();
+  const AllocatorStats mem = peaks.finish();
   std::vector<StageTime> stages{{"load", load_s}, {"text encoding", text_s}, {"denoising", timings.denoise_s}};
   if (writer) {
     stages.push_back({"VAE decode", timings.vae_s - writer->encode_seconds()});
@@ -168,6 +178,8 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
                                  {"scheduler", pipelines::scheduler_name(pipeline.scheduler_config())}};
   json.update(timing_json(stages, timings, mem));
   json.update(stage_report_json(stage_list));
+  json["memory_estimate"] = memory_estimate_json(memory);
+  json["measured_peak_bytes"] = peaks.json();
   json["out"] = f.out;
   write_outputs(f.common, "t2v", device, json);
   return 0;

@@ -1,6 +1,7 @@
 #include "device/device_profile.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -28,17 +29,17 @@ class FieldReader {
     if (!object_.contains(key)) throw Error(where_ + ": missing required field \"" + key + "\"");
     return object_[key];
   }
-  double positive_number(const std::string& key) {
+  // A finite number in [lo, hi]: figures outside a plausible range (a 1e-320 bandwidth, 1e308
+  // TFLOP/s) would model times of inf or 0 and make every simulated figure meaningless.
+  double number_in(const std::string& key, double lo, double hi, const char* unit) {
     const Json& v = get(key);
-    if (!v.is_number() || v.get<double>() <= 0)
-      throw Error(where_ + "." + key + ": expected a positive number, got " + v.dump());
-    return v.get<double>();
-  }
-  double non_negative_number(const std::string& key) {
-    const Json& v = get(key);
-    if (!v.is_number() || v.get<double>() < 0)
-      throw Error(where_ + "." + key + ": expected a non-negative number, got " + v.dump());
-    return v.get<double>();
+    const double x = v.is_number() ? v.get<double>() : 0;
+    if (!v.is_number() || !std::isfinite(x) || x > hi || x < lo) {
+      std::ostringstream range;
+      range << "from " << lo << " to " << hi << " " << unit;
+      throw Error(where_ + "." + key + ": expected a number " + range.str() + ", got " + v.dump());
+    }
+    return x;
   }
   int positive_int(const std::string& key) {
     const Json& v = get(key);
@@ -51,7 +52,7 @@ class FieldReader {
     FieldReader inner(get(key), where_ + "." + key);
     for (const auto& [name, value] : inner.object_.items()) {
       const DType dtype = parse_dtype(name);  // names the known dtypes on error
-      table[dtype] = inner.positive_number(name);
+      table[dtype] = inner.number_in(name, 1e-6, 1e6, "TFLOP/s");
     }
     if (table.empty()) throw Error(where_ + "." + key + ": expected at least one dtype, e.g. {\"bf16\": 313}");
     return table;
@@ -117,9 +118,9 @@ DeviceProfile parse_device_profile(const std::string& json_text, const std::stri
   p.vector_cores = npu.positive_int("vector_cores");
   p.cube_tflops = npu.tflops_table("cube_tflops");
   p.vector_tflops = npu.tflops_table("vector_tflops");
-  p.hbm_gbps = npu.positive_number("hbm_gbps");
-  p.l2_mib = npu.non_negative_number("l2_mib");
-  p.launch_overhead_us = npu.non_negative_number("launch_overhead_us");
+  p.hbm_gbps = npu.number_in("hbm_gbps", 1e-3, 1e6, "GB/s");
+  p.l2_mib = npu.number_in("l2_mib", 0, 1e6, "MiB");
+  p.launch_overhead_us = npu.number_in("launch_overhead_us", 0, 1e6, "microseconds");
   npu.reject_unknown();
   top.reject_unknown();
   return p;

@@ -3,11 +3,17 @@
 #include "device/cost_model.h"
 #include "device/device.h"
 #include "device/stream_state.h"
+#include "tensor/error.h"
 #include "tensor/interrupt.h"
 
 namespace cubevec {
 
 namespace {
+
+// The kernels a stream may have launched but not run before the host waits: enough lookahead to
+// hide the launch cost and keep both units fed, few enough that the tensors they pin are about
+// one block's activations.
+constexpr std::size_t kMaxKernelsInFlight = 16;
 
 // What a launch on `stream` must wait for before touching `storage`: events not yet reached are
 // queued as waits; every event of another stream also bounds the modelled start (`ready_s`), so the
@@ -43,44 +49,63 @@ void Stream::launch(const KernelDesc& kernel, const std::vector<Tensor>& reads, 
   Device& device = s.device;
   const double duration_s = model_kernel(device.profile(), kernel).total_s;
 
-  std::lock_guard lock(s.launch_mutex);
-  std::vector<std::shared_ptr<EventState>> waits;
-  double ready_s = s.modelled_clock_s;  // the modelled start: after the stream's previous work,
-  StreamTask task;                      // the other streams' producers, and a free unit
-  // Meta tensors take part too, so simulated work is ordered exactly like real work.
-  for (const Tensor& t : reads)
-    if (t.storage()) {
-      collect_waits(*t.storage(), false, s.id, waits, ready_s);
-      task.keep_alive.push_back(t.storage());
+  std::shared_ptr<EventState> oldest;  // set when the host is too far ahead of the stream
+  {
+    std::lock_guard lock(s.launch_mutex);
+    std::vector<std::shared_ptr<EventState>> waits;
+    double ready_s = s.modelled_clock_s;  // the modelled start: after the stream's previous work,
+    StreamTask task;                      // the other streams' producers, and a free unit
+    // Meta tensors take part too, so simulated work is ordered exactly like real work.
+    for (const Tensor& t : reads)
+      if (t.storage()) {
+        collect_waits(*t.storage(), false, s.id, waits, ready_s);
+        task.keep_alive.push_back(t.storage());
+      }
+    for (const Tensor& t : writes)
+      if (t.storage()) {
+        collect_waits(*t.storage(), true, s.id, waits, ready_s);
+        task.keep_alive.push_back(t.storage());
+      }
+
+    const double start_s = device.schedule_modelled(kernel.unit, ready_s, duration_s);
+    s.modelled_clock_s = start_s + duration_s;
+
+    task.kind = StreamTask::Kind::kernel;
+    task.event = std::make_shared<EventState>(s.id, s.modelled_clock_s);
+    task.name = kernel.name;
+    task.unit = kernel.unit;
+    task.body = std::move(body);
+    if (device.tracing())
+      task.record = device.trace().add({kernel, s.id, s.label, start_s, s.modelled_clock_s});
+    for (const Tensor& t : reads)
+      if (t.storage()) t.storage()->record_read(task.event);
+    for (const Tensor& t : writes)
+      if (t.storage()) t.storage()->record_write(task.event);
+
+    for (auto& w : waits) {
+      StreamTask wait;
+      wait.kind = StreamTask::Kind::wait;
+      wait.event = std::move(w);
+      s.push(std::move(wait));
     }
-  for (const Tensor& t : writes)
-    if (t.storage()) {
-      collect_waits(*t.storage(), true, s.id, waits, ready_s);
-      task.keep_alive.push_back(t.storage());
+    s.in_flight.push_back(task.event);
+    while (!s.in_flight.empty() && s.in_flight.front()->passed()) s.in_flight.pop_front();
+    if (s.in_flight.size() > kMaxKernelsInFlight) {
+      oldest = std::move(s.in_flight.front());
+      s.in_flight.pop_front();
     }
-
-  const double start_s = device.schedule_modelled(kernel.unit, ready_s, duration_s);
-  s.modelled_clock_s = start_s + duration_s;
-
-  task.kind = StreamTask::Kind::kernel;
-  task.event = std::make_shared<EventState>(s.id, s.modelled_clock_s);
-  task.name = kernel.name;
-  task.unit = kernel.unit;
-  task.body = std::move(body);
-  if (device.tracing())
-    task.record = device.trace().add({kernel, s.id, s.label, start_s, s.modelled_clock_s});
-  for (const Tensor& t : reads)
-    if (t.storage()) t.storage()->record_read(task.event);
-  for (const Tensor& t : writes)
-    if (t.storage()) t.storage()->record_write(task.event);
-
-  for (auto& w : waits) {
-    StreamTask wait;
-    wait.kind = StreamTask::Kind::wait;
-    wait.event = std::move(w);
-    s.push(std::move(wait));
+    s.push(std::move(task));
   }
-  s.push(std::move(task));
+  // Every launched kernel keeps its tensors alive until it has run, so a host racing ahead of the
+  // device would hold the activations of a whole forward (a 1024x1024 VAE decode: tens of GB)
+  // where eager execution holds a few. The host waits here instead, outside the launch lock; not
+  // inside a kernel, which may be the very work waited for. A failure is left for synchronize().
+  if (oldest && !inside_kernel()) {
+    try {
+      oldest->host_wait();
+    } catch (const Error&) {
+    }
+  }
 }
 
 Event Stream::record() const {

@@ -45,6 +45,9 @@ class StreamState : public std::enable_shared_from_this<StreamState> {
   // Host-side launch state, under launch_mutex.
   std::mutex launch_mutex;
   double modelled_clock_s = 0;
+  // Completion events of the kernels launched and not known to have run, oldest first: the host
+  // waits when there are more than kMaxKernelsInFlight (see Stream::launch).
+  std::deque<std::shared_ptr<EventState>> in_flight;
 
  private:
   void run_kernel(StreamTask& task);

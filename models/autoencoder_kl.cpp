@@ -45,13 +45,11 @@ void validate(const AutoencoderKLConfig& c, const std::string& source) {
     throw Error(source + ": 'act_fn' '" + c.act_fn + "' is not supported (the decoder supports \"silu\")");
   // Latents are divided by it: a tiny factor (1e-308) turns them into infinities.
   if (!std::isfinite(c.scaling_factor) || !(std::fabs(c.scaling_factor) >= 1e-6 && std::fabs(c.scaling_factor) <= 1e6))
-  {
-    char text[32];
-    std::snprintf(text, sizeof text, "%g", c.scaling_factor);
-    throw Error(source + ": 'scaling_factor' must be a finite number of magnitude in [1e-6, 1e6], got " + text);
-  }
-  if (!std::isfinite(c.shift_factor))
-    throw Error(source + ": 'shift_factor' must be finite, got " + std::to_string(c.shift_factor));
+    throw Error(source + ": 'scaling_factor' must be a finite number of magnitude in [1e-6, 1e6], got " +
+                number_for_message(c.scaling_factor));
+  // Added to every latent: 1e308 passes as finite but overflows the decoder to a black picture.
+  if (!(std::fabs(c.shift_factor) <= 1e6))
+    throw Error(source + ": 'shift_factor' must be a finite number in [-1e6, 1e6], got " + number_for_message(c.shift_factor));
 }
 
 }  // namespace

@@ -59,9 +59,14 @@ void validate(const AutoencoderKLWanConfig& c, const std::string& source) {
     if (static_cast<int64_t>(list->size()) != c.z_dim)
       throw Error(source + ": '" + key + "' must list z_dim = " + std::to_string(c.z_dim) + " numbers, got " +
                   std::to_string(list->size()));
+  // The pipeline multiplies latents by std and adds mean: 1e-320 or 1e308 pass as finite but turn
+  // the decoder's input into zeros or infinities.
   for (double s : c.latents_std)
-    if (!std::isfinite(s) || s == 0.0)
-      throw Error(source + ": every 'latents_std' entry must be a finite non-zero number, got " + std::to_string(s));
+    if (!(std::fabs(s) >= 1e-6 && std::fabs(s) <= 1e6))
+      throw Error(source + ": every 'latents_std' entry must be a finite number of magnitude in [1e-6, 1e6], got " + number_for_message(s));
+  for (double m : c.latents_mean)
+    if (!(std::fabs(m) <= 1e6))
+      throw Error(source + ": every 'latents_mean' entry must be a finite number in [-1e6, 1e6], got " + number_for_message(m));
   if (c.scale_factor_temporal != c.temporal_upscale())
     throw Error(source + ": 'scale_factor_temporal' " + std::to_string(c.scale_factor_temporal) +
                 " does not match the decoder, which upsamples time " + std::to_string(c.temporal_upscale()) + "x");

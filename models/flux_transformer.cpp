@@ -5,6 +5,7 @@
 
 #include "models/component.h"
 #include "models/dit_ops.h"
+#include "models/input_checks.h"
 #include "tensor/error.h"
 #include "tensor/half.h"
 #include "tensor/config_reader.h"
@@ -249,25 +250,40 @@ Tensor FluxTransformer2DModel::time_text_embedding(const Tensor& timestep, const
 FluxPrologue FluxTransformer2DModel::prologue(const FluxInputs& in, const ForwardContext& ctx, const Stream& s) const {
   const FluxConfig& c = config_;
   check_activation_dtype(ctx.activations);
-  auto require = [&](const Tensor& t, const char* name, const Shape& shape) {
+  // `from`: where the expected sizes come from, so a mismatch names both tensors.
+  auto require = [&](const Tensor& t, const char* name, const Shape& shape, const std::string& from = "", const Tensor* given = nullptr) {
+    const Tensor& shown = given ? *given : t;  // the ids as given, before a 3-d one's first row is taken
     if (!t.defined()) throw Error(std::string("flux forward: ") + name + " is missing (expected " + shape_to_string(shape) + ")");
     bool ok = t.dim() == static_cast<int64_t>(shape.size());
     for (std::size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || t.size(static_cast<int64_t>(i)) == shape[i];
     if (!ok)
-      throw Error(std::string("flux forward: ") + name + " must be " + shape_to_string(shape) + " (-1: any), got " +
-                  shape_to_string(t.shape()));
+      throw Error(std::string("flux forward: ") + name + " must be " + shape_to_string(shape) + " (-1: any" +
+                  (from.empty() ? "" : "; " + from) + "), got " + shape_to_string(shown.shape()));
   };
+  const char* where = "flux forward";
+  require_input_dtype(in.hidden_states, where, "hidden_states", kFloatInputs);
+  require_input_dtype(in.encoder_hidden_states, where, "encoder_hidden_states", kFloatInputs);
+  require_input_dtype(in.pooled_projections, where, "pooled_projections", kFloatInputs);
+  for (const auto& [t, name] : {std::pair{&in.timestep, "timestep"}, std::pair{&in.guidance, "guidance"}})
+    require_input_dtype(*t, where, name, {DType::f32, DType::bf16, DType::i64});
+  for (const auto& [t, name] : {std::pair{&in.img_ids, "img_ids"}, std::pair{&in.txt_ids, "txt_ids"}})
+    require_input_dtype(*t, where, name, {DType::f32, DType::bf16, DType::i32, DType::i64});
   require(in.hidden_states, "hidden_states", {-1, -1, c.in_channels});
   const int64_t batch = in.hidden_states.size(0), img = in.hidden_states.size(1);
-  require(in.encoder_hidden_states, "encoder_hidden_states", {batch, -1, c.joint_attention_dim});
+  if (batch < 1 || img < 1)
+    throw Error("flux forward: hidden_states " + shape_to_string(in.hidden_states.shape()) + " must hold at least one sample and one image token");
+  const std::string from_hidden = "the batch from hidden_states " + shape_to_string(in.hidden_states.shape());
+  require(in.encoder_hidden_states, "encoder_hidden_states", {batch, -1, c.joint_attention_dim}, from_hidden);
   const int64_t txt = in.encoder_hidden_states.size(1);
-  require(in.pooled_projections, "pooled_projections", {batch, c.pooled_projection_dim});
-  require(in.timestep, "timestep", {batch});
-  const Tensor img_ids = in.img_ids.dim() == 3 ? in.img_ids.select(0, 0) : in.img_ids;
-  const Tensor txt_ids = in.txt_ids.dim() == 3 ? in.txt_ids.select(0, 0) : in.txt_ids;
-  require(img_ids, "img_ids", {img, 3});
-  require(txt_ids, "txt_ids", {txt, 3});
-  if (c.guidance_embeds) require(in.guidance, "guidance", {batch});
+  require(in.pooled_projections, "pooled_projections", {batch, c.pooled_projection_dim}, from_hidden);
+  require(in.timestep, "timestep", {batch}, from_hidden);
+  // diffusers takes the first row of 3-d ids (deprecated): so does cubevec.
+  const Tensor img_ids = in.img_ids.dim() == 3 && in.img_ids.size(0) > 0 ? in.img_ids.select(0, 0) : in.img_ids;
+  const Tensor txt_ids = in.txt_ids.dim() == 3 && in.txt_ids.size(0) > 0 ? in.txt_ids.select(0, 0) : in.txt_ids;
+  require(img_ids, "img_ids", {img, 3}, "one row per image token of hidden_states " + shape_to_string(in.hidden_states.shape()), &in.img_ids);
+  require(txt_ids, "txt_ids", {txt, 3},
+          "one row per text token of encoder_hidden_states " + shape_to_string(in.encoder_hidden_states.shape()), &in.txt_ids);
+  if (c.guidance_embeds) require(in.guidance, "guidance", {batch}, from_hidden);
   else if (in.guidance.defined()) throw Error("flux forward: guidance given, but this model has no guidance embedder (guidance_embeds false)");
 
   const DType act = ctx.activations;

@@ -5,6 +5,7 @@
 #include "models/autoencoder_kl.h"
 #include "models/autoencoder_kl_wan.h"
 #include "models/flux_transformer.h"
+#include "models/input_checks.h"
 #include "models/wan_transformer.h"
 #include "tensor/error.h"
 #include "tensor/strict_json.h"
@@ -56,9 +57,19 @@ class WanEntry : public ForwardModel {
   std::unique_ptr<WanTransformer3DModel> model_;
 };
 
-Tensor require_latent(const std::map<std::string, Tensor>& in, const char* model) {
+// The decoders' one argument, checked here so the error names it as the user's file does.
+// `layout` spells the dims ("h, w" or "T, h, w"), each of which must be at least 1.
+Tensor require_latent(const std::map<std::string, Tensor>& in, const char* model, int64_t channels, const std::string& layout) {
   const Tensor latent = input(in, "latent");
-  if (!latent.defined()) throw Error(std::string(model) + ".decode: the input 'latent' is missing");
+  const std::string where = std::string(model) + ".decode";
+  if (!latent.defined()) throw Error(where + ": the input 'latent' is missing");
+  require_input_dtype(latent, where, "latent", {DType::f32, DType::bf16});
+  const int64_t rank = 2 + static_cast<int64_t>(std::count(layout.begin(), layout.end(), ',')) + 1;
+  bool ok = latent.dim() == rank && latent.size(1) == channels;
+  for (int64_t i = 0; ok && i < rank; ++i) ok = latent.size(i) >= 1;
+  if (!ok)
+    throw Error(where + ": latent must be [B, " + std::to_string(channels) + ", " + layout + "] with every size at least 1, got " +
+                shape_to_string(latent.shape()));
   return latent;
 }
 
@@ -69,7 +80,7 @@ class AutoencoderKLEntry : public ForwardModel {
   std::vector<std::string> input_names() const override { return {"latent"}; }
   ParameterTable& parameters() override { return vae_.mutable_parameters(); }
   Tensor forward(const std::map<std::string, Tensor>& in, const ForwardContext&, const Stream& s) const override {
-    return vae_.decode(require_latent(in, "AutoencoderKL"), s);
+    return vae_.decode(require_latent(in, "AutoencoderKL", vae_.config().latent_channels, "h, w"), s);
   }
 
  private:
@@ -83,7 +94,7 @@ class AutoencoderKLWanEntry : public ForwardModel {
   std::vector<std::string> input_names() const override { return {"latent"}; }
   ParameterTable& parameters() override { return vae_.mutable_parameters(); }
   Tensor forward(const std::map<std::string, Tensor>& in, const ForwardContext&, const Stream& s) const override {
-    return vae_.decode(require_latent(in, "AutoencoderKLWan"), {}, s);
+    return vae_.decode(require_latent(in, "AutoencoderKLWan", vae_.config().z_dim, "T, h, w"), {}, s);
   }
 
  private:

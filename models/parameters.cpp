@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "tensor/error.h"
+#include "tensor/finite_check.h"
 #include "tensor/half.h"
 
 namespace cubevec::models {
@@ -68,6 +69,11 @@ Linear& ParameterTable::linear(const std::string& module_name) const {
   }
   throw Error("no Linear named '" + module_name + "' in this model (" + std::to_string(linears_.size()) + " Linears" +
               (best.empty() ? "" : "; the closest is '" + best + "'") + ")");
+}
+
+void require_finite_parameters(const ParameterTable& table, const std::string& component) {
+  for (const ParameterSpec& spec : table.specs())
+    if (spec.slot && spec.slot->defined()) require_finite(*spec.slot, component + ": weight '" + spec.name + "'");
 }
 
 void load_parameters(const ParameterTable& table, const Checkpoint& checkpoint, DType dtype) {

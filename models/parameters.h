@@ -44,6 +44,11 @@ class ParameterTable {
   std::map<std::string, Linear*> linears_;
 };
 
+// --check-weights: every loaded parameter must hold finite values, else an Error
+// "<component>: weight '<name>': element [i, j] is nan (expected finite values)". One pass over the
+// weights (a second read of a large model), so the commands ask for it rather than always doing it.
+void require_finite_parameters(const ParameterTable& table, const std::string& component);
+
 // Fills every slot from `checkpoint`, stored as `dtype` (f32 or bf16; f32, bf16 and f16 checkpoint
 // tensors are converted, f32 ones kept zero-copy when dtype is f32). With bf16, matrices and
 // kernels (2-D and up) are stored bf16 while vectors (biases, norm weights) stay f32. Throws one cubevec::Error

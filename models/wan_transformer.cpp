@@ -1,7 +1,10 @@
 #include "models/wan_transformer.h"
 
+#include <algorithm>
+
 #include "models/component.h"
 #include "models/dit_ops.h"
+#include "models/input_checks.h"
 #include "ops/conv.h"
 #include "tensor/error.h"
 #include "tensor/config_reader.h"
@@ -224,20 +227,30 @@ WanPrologue WanTransformer3DModel::prologue(const WanInputs& in, const ForwardCo
   check_activation_dtype(ctx.activations);
   const auto& p = c.patch_size;
   const Tensor& x = in.hidden_states;
+  const Tensor& text = in.encoder_hidden_states;
+  require_input_dtype(x, "wan forward", "hidden_states", kFloatInputs);
+  require_input_dtype(text, "wan forward", "encoder_hidden_states", kFloatInputs);
+  require_input_dtype(in.timestep, "wan forward", "timestep", {DType::f32, DType::bf16, DType::i64});
   if (!x.defined() || x.dim() != 5 || x.size(1) != c.in_channels)
     throw Error("wan forward: hidden_states must be [B, " + std::to_string(c.in_channels) + ", T, H, W], got " +
                 (x.defined() ? shape_to_string(x.shape()) : std::string("nothing")));
   const int64_t batch = x.size(0), frames = x.size(2), height = x.size(3), width = x.size(4);
+  if (batch < 1 || frames < 1 || height < 1 || width < 1)
+    throw Error("wan forward: hidden_states " + shape_to_string(x.shape()) + " must have B, T, H, W of at least 1");
   if (frames % p[0] != 0 || height % p[1] != 0 || width % p[2] != 0)
     throw Error("wan forward: hidden_states " + shape_to_string(x.shape()) + ": T, H, W must be multiples of patch_size (" +
                 std::to_string(p[0]) + ", " + std::to_string(p[1]) + ", " + std::to_string(p[2]) + ")");
+  if (std::max({frames / p[0], height / p[1], width / p[2]}) > c.rope_max_seq_len)
+    throw Error("wan forward: hidden_states " + shape_to_string(x.shape()) + " gives a patch grid of " + std::to_string(frames / p[0]) +
+                "x" + std::to_string(height / p[1]) + "x" + std::to_string(width / p[2]) + ", above rope_max_seq_len " +
+                std::to_string(c.rope_max_seq_len) + " on an axis");
+  const std::string from_hidden = " (the batch from hidden_states " + shape_to_string(x.shape()) + ")";
   if (!in.timestep.defined() || in.timestep.dim() != 1 || in.timestep.size(0) != batch)
-    throw Error("wan forward: timestep must be [" + std::to_string(batch) + "], got " +
+    throw Error("wan forward: timestep must be [" + std::to_string(batch) + "]" + from_hidden + ", got " +
                 (in.timestep.defined() ? shape_to_string(in.timestep.shape()) : std::string("nothing")));
-  const Tensor& text = in.encoder_hidden_states;
-  if (!text.defined() || text.dim() != 3 || text.size(0) != batch || text.size(2) != c.text_dim)
-    throw Error("wan forward: encoder_hidden_states must be [" + std::to_string(batch) + ", L, " + std::to_string(c.text_dim) +
-                "], got " + (text.defined() ? shape_to_string(text.shape()) : std::string("nothing")));
+  if (!text.defined() || text.dim() != 3 || text.size(0) != batch || text.size(1) < 1 || text.size(2) != c.text_dim)
+    throw Error("wan forward: encoder_hidden_states must be [" + std::to_string(batch) + ", L >= 1, " + std::to_string(c.text_dim) + "]" +
+                from_hidden + ", got " + (text.defined() ? shape_to_string(text.shape()) : std::string("nothing")));
 
   const DType act = ctx.activations;
   WanPrologue out;

@@ -20,8 +20,8 @@ Tensor filled(int64_t n, float value) { return Tensor::from_vector(std::vector<f
 FlowMatchConfig scheduler_of(const std::string& model_dir) {
   const std::string path = model_dir + "/scheduler/scheduler_config.json";
   if (std::filesystem::exists(path)) return FlowMatchConfig::load(path);
-  std::fprintf(stderr, "note: %s has no scheduler/scheduler_config.json; using FLUX.1-dev's (FlowMatchEulerDiscreteScheduler, "
-                       "shift 3, dynamic shifting)\n", model_dir.c_str());
+  print_notice_once(model_dir + " has no scheduler/scheduler_config.json; using FLUX.1-dev's (FlowMatchEulerDiscreteScheduler, "
+                    "shift 3, dynamic shifting)");
   FlowMatchConfig c;
   c.shift = 3.0;
   c.use_dynamic_shifting = true;
@@ -46,6 +46,8 @@ FluxT2IPipeline FluxT2IPipeline::load(const std::string& dir, DType dtype, const
 }
 
 FluxT2IPipeline FluxT2IPipeline::load_meta(const std::string& dir, DType dtype) {
+  if (!std::filesystem::is_directory(dir + "/transformer"))
+    throw Error(dir + ": not a diffusers Flux model directory (expected transformer/, vae/ and scheduler/)");
   auto transformer = std::make_unique<models::FluxTransformer2DModel>(models::FluxConfig::load(dir + "/transformer/config.json"));
   models::make_meta_parameters(transformer->parameters(), dtype);
   std::unique_ptr<models::AutoencoderKLDecoder> vae;

@@ -1,5 +1,9 @@
 #include "pipelines/generation.h"
 
+#include <cstdio>
+#include <mutex>
+#include <set>
+
 #include "ops/vector_ops.h"
 #include "tensor/error.h"
 #include "tensor/finite_check.h"
@@ -60,6 +64,13 @@ Tensor run_denoising_loop(Denoiser& denoiser, Scheduler& scheduler, Guidance& gu
   }
   timer.finish();
   return latents;
+}
+
+void print_notice_once(const std::string& text) {
+  static std::mutex mutex;
+  static std::set<std::string> printed;
+  std::lock_guard lock(mutex);
+  if (printed.insert(text).second) std::fprintf(stderr, "note: %s\n", text.c_str());
 }
 
 }  // namespace cubevec::pipelines

@@ -27,6 +27,10 @@ struct T2ITimings {
 // Called after each denoising step: (step, steps, seconds this step took).
 using StepCallback = std::function<void(int, int, double)>;
 
+// Prints "note: <text>" on stderr the first time this process sees `text` (a model folder is
+// read twice, for the estimate and for the weights: its notices should appear once).
+void print_notice_once(const std::string& text);
+
 inline double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

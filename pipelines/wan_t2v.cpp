@@ -21,6 +21,8 @@ Tensor filled(int64_t n, float value) { return Tensor::from_vector(std::vector<f
 WanSchedulerConfig scheduler_of(const std::string& model_dir) {
   const std::string path = model_dir + "/scheduler/scheduler_config.json";
   if (!std::filesystem::exists(path)) {
+    print_notice_once(model_dir + " has no scheduler/scheduler_config.json; using the Wan2.1 480p repositories' "
+                      "(UniPCMultistepScheduler, flow shift 3)");
     UniPCConfig c;
     c.flow_shift = 3.0;
     return c;
@@ -87,6 +89,8 @@ WanT2VPipeline WanT2VPipeline::load(const std::string& dir, DType dtype, const s
 }
 
 WanT2VPipeline WanT2VPipeline::load_meta(const std::string& dir, DType dtype) {
+  if (!std::filesystem::is_directory(dir + "/transformer"))
+    throw Error(dir + ": not a diffusers Wan model directory (expected transformer/, vae/ and scheduler/)");
   auto transformer = std::make_unique<models::WanTransformer3DModel>(models::WanConfig::load(dir + "/transformer/config.json"));
   models::make_meta_parameters(transformer->parameters(), dtype);
   std::unique_ptr<models::AutoencoderKLWan> vae;
@@ -107,6 +111,23 @@ void WanT2VPipeline::check(const T2VOptions& o, bool have_negative) const {
   if (o.steps < 1) throw Error("steps must be at least 1, got " + std::to_string(o.steps));
   if (o.cfg != CfgMode::off && !have_negative)
     throw Error("--cfg " + std::string(cfg_mode_name(o.cfg)) + " needs negative embeddings (a negative prompt)");
+  // The patch grid must tile the latent and fit the RoPE table, checked here so that the error
+  // names the flag before any work rather than the RoPE kernel after loading.
+  const models::WanConfig& c = transformer_->config();
+  const struct {
+    const char* flag;
+    int64_t value, latent, patch;
+  } axes[] = {{"--frames", o.frames, o.latent_frames(), c.patch_size[0]},
+              {"--height", o.height, o.height / 8, c.patch_size[1]},
+              {"--width", o.width, o.width / 8, c.patch_size[2]}};
+  for (const auto& a : axes) {
+    if (a.latent % a.patch != 0)
+      throw Error(std::string(a.flag) + " " + std::to_string(a.value) + " gives " + std::to_string(a.latent) +
+                  " latent positions, not a multiple of the transformer's patch size " + std::to_string(a.patch));
+    if (a.latent / a.patch > c.rope_max_seq_len)
+      throw Error(std::string(a.flag) + " " + std::to_string(a.value) + " gives " + std::to_string(a.latent / a.patch) +
+                  " patches on that axis, above the transformer's rope_max_seq_len " + std::to_string(c.rope_max_seq_len));
+  }
 }
 
 Tensor WanT2VPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddings* neg, const T2VOptions& o, Device& device,

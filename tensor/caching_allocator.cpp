@@ -10,6 +10,14 @@ namespace cubevec {
 
 namespace {
 
+// A cached block may serve a request of up to 25% less than its size: enough slack to reuse
+// blocks across nearby classes, little enough to bound the waste.
+bool close_enough(std::size_t block_size, std::size_t request_class) {
+  return block_size <= request_class + request_class / 4;
+}
+
+}  // namespace
+
 std::string human_bytes(std::size_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double value = static_cast<double>(bytes);
@@ -22,14 +30,6 @@ std::string human_bytes(std::size_t bytes) {
   std::snprintf(text, sizeof text, unit == 0 ? "%.0f %s" : "%.2f %s", value, units[unit]);
   return text;
 }
-
-// A cached block may serve a request of up to 25% less than its size: enough slack to reuse
-// blocks across nearby classes, little enough to bound the waste.
-bool close_enough(std::size_t block_size, std::size_t request_class) {
-  return block_size <= request_class + request_class / 4;
-}
-
-}  // namespace
 
 std::string format_stats(const AllocatorStats& s) {
   return "live " + human_bytes(s.live_bytes) + " in " + std::to_string(s.live_blocks) + " blocks, cached " +

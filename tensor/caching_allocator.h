@@ -29,6 +29,8 @@ struct AllocatorStats {
 };
 
 std::string format_stats(const AllocatorStats& stats);
+// "512 B", "1.50 KiB", "12.34 GiB"
+std::string human_bytes(std::size_t bytes);
 
 class CachingAllocator final : public Allocator {
  public:

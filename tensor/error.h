@@ -19,4 +19,8 @@ class OutOfMemoryError : public Error {
   using Error::Error;
 };
 
+// A number as a message shows it: shortest round-trip form ("1e-320", "0.3611"), not std::to_string's
+// fixed six decimals that print a tiny value as 0.000000.
+std::string number_for_message(double value);
+
 }  // namespace cubevec

@@ -1,6 +1,7 @@
 #include "tensor/safetensors_format.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <utility>
@@ -111,6 +112,12 @@ void check_spans(std::vector<SafetensorsEntry>& entries, const std::string& file
         throw fail(SafetensorsRule::ValidationOverflow, "the element count of its shape overflows 64 bits");
     if (__builtin_mul_overflow(elements, uint64_t{e.dtype->bits}, &bits))
       throw fail(SafetensorsRule::ValidationOverflow, "its size in bits overflows 64 bits");
+    // cubevec's own limit: strides are int64, so the sizes other than 0 must multiply within it even
+    // when a 0 makes the tensor empty ([2^61, 0, 64] is valid safetensors but has no strides).
+    int64_t reach = 1;
+    for (uint64_t size : e.shape)
+      if (size != 0 && (size > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(reach, static_cast<int64_t>(size), &reach)))
+        throw fail(SafetensorsRule::ValidationOverflow, "its sizes multiply beyond int64 (cubevec addresses tensors with int64 strides)");
     if (bits % 8 != 0)
       throw fail(SafetensorsRule::MisalignedSlice, std::to_string(elements) + " elements of " +
                                                        std::string(e.dtype->name) + " do not fill whole bytes");

@@ -2,6 +2,7 @@
 // vae.decode(latent).sample against the PyTorch goldens; component folders read by weight-file
 // name whatever lies beside, --variant, and the errors for unknown classes and missing weights.
 #include <filesystem>
+#include <fstream>
 
 #include "cli/run_cubevec.h"
 #include "tensor/safetensors.h"
@@ -77,6 +78,42 @@ TEST_F(ForwardCli, UnknownClassAndWrongInputNames) {
   const auto wrong = run({"forward", "--model", (kData / "flux_tiny" / "vae").string(), "--inputs", inputs, "--out", out});
   EXPECT_EQ(wrong.status, 1);
   EXPECT_NE(wrong.err.find("unknown tensor 'z' (AutoencoderKL.forward takes latent)"), std::string::npos) << wrong.err;
+}
+
+TEST_F(ForwardCli, BadLatentsNameTheArgument) {
+  // The decoders' argument is `latent` in the user's file: errors call it that, with the expected
+  // layout, for a wrong dtype, rank, channel count, an empty size, or a header shape beyond int64.
+  const std::string inputs = (dir_ / "in.safetensors").string(), out = (dir_ / "out.safetensors").string();
+  const struct {
+    const char* vae;
+    cubevec::Shape shape;
+    cubevec::DType dtype;
+    std::string expected;
+  } cases[] = {
+      {"flux_tiny", {1, 16, 8, 8}, cubevec::DType::i64, "AutoencoderKL.decode: latent must be f32 or bf16, got i64 [1, 16, 8, 8]"},
+      {"flux_tiny", {1, 16, 8}, cubevec::DType::f32, "AutoencoderKL.decode: latent must be [B, 16, h, w] with every size at least 1, got [1, 16, 8]"},
+      {"flux_tiny", {1, 16, 0, 8}, cubevec::DType::f32, "AutoencoderKL.decode: latent must be [B, 16, h, w] with every size at least 1, got [1, 16, 0, 8]"},
+      {"flux_tiny", {0, 16, 8, 8}, cubevec::DType::f32, "with every size at least 1, got [0, 16, 8, 8]"},
+      {"wan_tiny", {1, 5, 3, 4, 4}, cubevec::DType::f32, "AutoencoderKLWan.decode: latent must be [B, 4, T, h, w] with every size at least 1, got [1, 5, 3, 4, 4]"},
+      {"wan_tiny", {1, 4, 3, 4, 4}, cubevec::DType::f16, "AutoencoderKLWan.decode: latent must be f32 or bf16, got f16 [1, 4, 3, 4, 4]"},
+  };
+  for (const auto& c : cases) {
+    cubevec::write_safetensors(inputs, {{"latent", cubevec::Tensor::zeros(c.shape, c.dtype)}});
+    const auto r = run({"forward", "--model", (kData / c.vae / "vae").string(), "--inputs", inputs, "--out", out});
+    EXPECT_EQ(r.status, 1) << c.expected << ": " << r.err;
+    EXPECT_NE(r.err.find(c.expected), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(out));
+  }
+  // [2^61, 0, 64] holds no data (valid safetensors) but has no int64 strides: the file and tensor are named.
+  std::string header = R"({"latent":{"dtype":"F32","shape":[2305843009213693952,0,64],"data_offsets":[0,0]}})";
+  header.append((8 - header.size() % 8) % 8, ' ');
+  std::string file(8, '\0');
+  for (int i = 0; i < 8; ++i) file[static_cast<std::size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  std::ofstream(inputs, std::ios::binary | std::ios::trunc) << file << header;
+  const auto r = run({"forward", "--model", (kData / "flux_tiny" / "vae").string(), "--inputs", inputs, "--out", out});
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("'latent'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("its sizes multiply beyond int64"), std::string::npos) << r.err;
 }
 
 }  // namespace

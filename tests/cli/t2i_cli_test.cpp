@@ -57,6 +57,21 @@ TEST_F(T2ICli, WritesAJpegWithProgressTableAndJson) {
   EXPECT_NE(read_file(out), read_file(other));
 }
 
+TEST_F(T2ICli, MissingSchedulerIsFluxDevsWithANotice) {
+  // diffusers has no default scheduler for a Flux folder; cubevec uses FLUX.1-dev's and says so.
+  const std::filesystem::path bare = dir_ / "flux_bare";
+  std::filesystem::copy(kModel, bare, std::filesystem::copy_options::recursive);
+  std::filesystem::remove_all(bare / "scheduler");
+  const auto r = run({"t2i", "--model", bare.string(), "--prompt-embeds", write_embeds(dir_, false), "--width", "32", "--height", "32",
+                      "--steps", "1", "--out", (dir_ / "bare.jpg").string()});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("note: " + bare.string() + " has no scheduler/scheduler_config.json; using FLUX.1-dev's (FlowMatchEulerDiscreteScheduler, "
+                       "shift 3, dynamic shifting)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("has no scheduler"), r.err.rfind("has no scheduler")) << "the notice appears once: " << r.err;
+}
+
 TEST_F(T2ICli, FusedAndTwoStreamCfgGiveTheSamePicture) {
   const std::string embeds = write_embeds(dir_, true);
   std::vector<cubevec::pipelines::RgbImage> images;

@@ -119,6 +119,19 @@ TEST_F(T2VCli, RunsTheSchedulerTheModelShips) {
     videos.push_back(read_file(out));
   }
   EXPECT_NE(videos[0], videos[1]) << "UniPC and Euler take different steps";
+  // Without scheduler/ the run says it uses the Wan2.1 repositories' UniPC, and does.
+  const std::filesystem::path bare = dir_ / "wan_bare";
+  std::filesystem::copy(kModel, bare, std::filesystem::copy_options::recursive);
+  std::filesystem::remove_all(bare / "scheduler");
+  const std::string bare_out = (dir_ / "bare.avi").string();
+  const auto defaulted = run({"t2v", "--model", bare.string(), "--prompt-embeds", embeds, "--frames", "5", "--width", "32", "--height",
+                              "32", "--steps", "4", "--out", bare_out});
+  ASSERT_EQ(defaulted.status, 0) << defaulted.err;
+  EXPECT_NE(defaulted.err.find("note: " + bare.string() + " has no scheduler/scheduler_config.json; using the Wan2.1 480p repositories' "
+                               "(UniPCMultistepScheduler, flow shift 3)"),
+            std::string::npos)
+      << defaulted.err;
+  EXPECT_EQ(read_file(bare_out), videos[0]) << "the default is the shipped Wan2.1 UniPC config";
   // A UniPC option cubevec does not implement is a named error.
   std::ofstream(model / "scheduler" / "scheduler_config.json")
       << R"({"_class_name": "UniPCMultistepScheduler", "prediction_type": "flow_prediction", "use_flow_sigmas": true, "solver_type": "bh1"})";

@@ -69,10 +69,14 @@ TEST(DeviceProfile, ErrorsNameTheFieldAndWhatWasExpected) {
   fails(with(R"("cube_threads": 2)", R"("cube_threads": 0)"), "p.json.cpu.cube_threads: expected an integer from 1 to 4096");
   fails(with(R"("cube_threads": 2)", R"("cube_threads": 2, "cube_thread": 2)"), "p.json.cpu: unknown field \"cube_thread\"");
   fails(with(R"("pin_units": true)", R"("pin_units": 1)"), "p.json.cpu.pin_units: expected true or false");
-  fails(with(R"("hbm_gbps": 100)", R"("hbm_gbps": -1)"), "p.json.npu.hbm_gbps: expected a positive number");
+  fails(with(R"("hbm_gbps": 100)", R"("hbm_gbps": -1)"), "p.json.npu.hbm_gbps: expected a number from 0.001 to 1e+06 GB/s, got -1");
+  // Figures outside a plausible range would model inf or 0 seconds: 1e-320 GB/s, 1e308 TFLOP/s.
+  fails(with(R"("hbm_gbps": 100)", R"("hbm_gbps": 1e-320)"), "p.json.npu.hbm_gbps: expected a number from 0.001 to 1e+06 GB/s");
+  fails(with(R"({"bf16": 10})", R"({"bf16": 1e308})"), "p.json.npu.cube_tflops.bf16: expected a number from 1e-06 to 1e+06 TFLOP/s");
+  fails(with(R"("launch_overhead_us": 3)", R"("launch_overhead_us": 1e300)"), "p.json.npu.launch_overhead_us: expected a number from 0");
   fails(with(R"({"bf16": 10})", R"({"float16": 10})"), "unknown dtype 'float16'");
   fails(with(R"({"bf16": 10})", "{}"), "p.json.npu.cube_tflops: expected at least one dtype");
-  fails(with(R"("l2_mib": 8)", R"("l2_mib": "big")"), "p.json.npu.l2_mib: expected a non-negative number");
+  fails(with(R"("l2_mib": 8)", R"("l2_mib": "big")"), "p.json.npu.l2_mib: expected a number from 0 to 1e+06 MiB");
   EXPECT_NE(message_of([] { load_device_profile("/nonexistent/profile.json"); }).find("cannot open"), std::string::npos);
 }
 

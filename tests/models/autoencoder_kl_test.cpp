@@ -352,6 +352,8 @@ TEST(AutoencoderKLConfig, BadConfigsNameTheFileAndTheKey) {
       {[](auto& j) { j["mid_block_add_attention"] = 1; }, ": 'mid_block_add_attention' must be true or false, got 1"},
       {[](auto& j) { j["scaling_factor"] = "0.3611"; }, ": 'scaling_factor' must be a finite number"},
       {[](auto& j) { j["shift_factor"] = {0.1}; }, ": 'shift_factor' must be a finite number"},
+      {[](auto& j) { j["shift_factor"] = 1e308; }, ": 'shift_factor' must be a finite number in [-1e6, 1e6], got 1e+308"},
+      {[](auto& j) { j["scaling_factor"] = 1e-308; }, ": 'scaling_factor' must be a finite number of magnitude in [1e-6, 1e6], got 1e-308"},
       {[](auto& j) { j["act_fn"] = "gelu"; }, ": 'act_fn' \"gelu\" is not supported"},
       {[](auto& j) { j["up_block_types"][2] = "AttnUpDecoderBlock2D"; },
        ": 'up_block_types' entry \"AttnUpDecoderBlock2D\" is not supported"},

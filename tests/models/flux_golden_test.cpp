@@ -107,6 +107,37 @@ TEST(FluxGolden, ForwardInputErrorsNameTheArgument) {
   in = inputs_of("transformer", true);
   in.img_ids = Tensor::zeros({15, 3}, DType::f32);
   EXPECT_NE(message_of([&] { model.forward(in, s); }).find("img_ids must be [16, 3]"), std::string::npos);
+  // A size that comes from another argument names that argument: here the batch of hidden_states.
+  in = inputs_of("transformer", true);
+  in.hidden_states = Tensor::zeros({3, 16, 64}, DType::f32);
+  EXPECT_NE(message_of([&] { model.forward(in, s); })
+                .find("encoder_hidden_states must be [3, -1, 40] (-1: any; the batch from hidden_states [3, 16, 64]), got [2, 5, 40]"),
+            std::string::npos)
+      << message_of([&] { model.forward(in, s); });
+  // 3-d ids show their shape as given, not after their first row was taken.
+  in = inputs_of("transformer", true);
+  in.img_ids = Tensor::zeros({16, 3, 1}, DType::f32);
+  EXPECT_NE(message_of([&] { model.forward(in, s); }).find("got [16, 3, 1]"), std::string::npos) << message_of([&] { model.forward(in, s); });
+  // Dtypes are checked by name before any kernel casts or reads them.
+  const struct {
+    Tensor models::FluxInputs::*field;
+    Shape shape;
+    DType dtype;
+    const char* expected;
+  } dtypes[] = {
+      {&models::FluxInputs::hidden_states, {2, 16, 64}, DType::i64, "flux forward: hidden_states must be f32, bf16 or f16, got i64 [2, 16, 64]"},
+      {&models::FluxInputs::timestep, {2}, DType::i32, "flux forward: timestep must be f32, bf16 or i64, got i32 [2]"},
+      {&models::FluxInputs::guidance, {2}, DType::f16, "flux forward: guidance must be f32, bf16 or i64, got f16 [2]"},
+      {&models::FluxInputs::txt_ids, {5, 3}, DType::u8, "flux forward: txt_ids must be f32, bf16, i32 or i64, got u8 [5, 3]"},
+  };
+  for (const auto& d : dtypes) {
+    in = inputs_of("transformer", true);
+    in.*d.field = Tensor::zeros(d.shape, d.dtype);
+    EXPECT_NE(message_of([&] { model.forward(in, s); }).find(d.expected), std::string::npos) << message_of([&] { model.forward(in, s); });
+  }
+  in = inputs_of("transformer", true);
+  in.hidden_states = Tensor::zeros({2, 0, 64}, DType::f32);
+  EXPECT_NE(message_of([&] { model.forward(in, s); }).find("must hold at least one sample and one image token"), std::string::npos);
   auto ng = inputs_of("transformer_noguidance", false);
   ng.guidance = Tensor::zeros({2}, DType::f32);
   EXPECT_NE(message_of([&] { tiny("transformer_noguidance").forward(ng, s); }).find("no guidance embedder"), std::string::npos);

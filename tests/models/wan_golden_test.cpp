@@ -217,10 +217,31 @@ TEST(WanConfigErrors, ForwardInputShapes) {
   EXPECT_NE(error(channels).find("hidden_states must be [B, 4, T, H, W], got [2, 3, 3, 4, 6]"), std::string::npos);
   models::WanInputs text = in;
   text.encoder_hidden_states = Tensor::zeros({2, 7, 25}, DType::f32);
-  EXPECT_NE(error(text).find("encoder_hidden_states must be [2, L, 24]"), std::string::npos);
+  EXPECT_NE(error(text).find("encoder_hidden_states must be [2, L >= 1, 24] (the batch from hidden_states [2, 4, 3, 4, 6]), got [2, 7, 25]"),
+            std::string::npos)
+      << error(text);
   models::WanInputs steps = in;
   steps.timestep = Tensor::zeros({1}, DType::f32);
-  EXPECT_NE(error(steps).find("timestep must be [2]"), std::string::npos);
+  EXPECT_NE(error(steps).find("timestep must be [2] (the batch from hidden_states [2, 4, 3, 4, 6]), got [1]"), std::string::npos)
+      << error(steps);
+  // Each argument's dtype is checked by name, before a kernel that does not know the name sees it.
+  models::WanInputs integer = in;
+  integer.hidden_states = Tensor::zeros({2, 4, 3, 4, 6}, DType::i64);
+  EXPECT_NE(error(integer).find("wan forward: hidden_states must be f32, bf16 or f16, got i64 [2, 4, 3, 4, 6]"), std::string::npos)
+      << error(integer);
+  models::WanInputs int_steps = in;
+  int_steps.timestep = Tensor::zeros({2}, DType::i32);
+  EXPECT_NE(error(int_steps).find("wan forward: timestep must be f32, bf16 or i64, got i32 [2]"), std::string::npos) << error(int_steps);
+  // Empty batches, grids and texts are errors, not a division by zero or an empty result.
+  models::WanInputs empty = in;
+  empty.hidden_states = Tensor::zeros({0, 4, 3, 4, 6}, DType::f32);
+  EXPECT_NE(error(empty).find("hidden_states [0, 4, 3, 4, 6] must have B, T, H, W of at least 1"), std::string::npos) << error(empty);
+  models::WanInputs no_text = in;
+  no_text.encoder_hidden_states = Tensor::zeros({2, 0, 24}, DType::f32);
+  EXPECT_NE(error(no_text).find("encoder_hidden_states must be [2, L >= 1, 24]"), std::string::npos) << error(no_text);
+  models::WanInputs long_video = in;
+  long_video.hidden_states = Tensor::zeros({1, 4, 1025, 2, 2}, DType::f32);
+  EXPECT_NE(error(long_video).find("gives a patch grid of 1025x1x1, above rope_max_seq_len 1024"), std::string::npos) << error(long_video);
   EXPECT_NE(message_of([&] { models::wan_rope(1025, 2, 2, tiny().config()); }).find("exceeds rope_max_seq_len 1024"), std::string::npos);
 }
 

@@ -1,0 +1,156 @@
+#include "pipelines/memory_estimate.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "tensor/caching_allocator.h"
+#include "tensor/error.h"
+
+namespace cubevec::pipelines {
+
+namespace {
+
+// Flash attention's per-thread tiles, the GEMM's packing buffers and the allocator's size-class
+// rounding: a fixed allowance on top of the counted tensors.
+constexpr uint64_t kWorkspace = uint64_t{64} << 20;
+
+// Every parameter as it is stored: matrices and kernels as `dtype`, vectors (and keep_f32 tables) f32.
+uint64_t stored_bytes(const models::ParameterTable& table, DType dtype) {
+  uint64_t bytes = 0;
+  for (const models::ParameterSpec& spec : table.specs()) {
+    const bool narrow = dtype == DType::bf16 && spec.shape.size() >= 2 && !spec.keep_f32;
+    bytes += static_cast<uint64_t>(shape_numel(spec.shape)) * (narrow ? 2 : 4);
+  }
+  return bytes;
+}
+
+uint64_t bytes_of(DType activations) { return activations == DType::bf16 ? 2 : 4; }
+
+// AutoencoderKL's decode of an h x w latent (tiled above the config's tile size, as the pipeline
+// decodes): the widest activation of a tile times the tensors a residual block holds at once
+// (input, norm, SiLU, conv output, shortcut: 6 with size-class slack), plus the whole picture and
+// its blending copy.
+uint64_t autoencoder_kl_bytes(const models::AutoencoderKLConfig& c, int64_t latent_h, int64_t latent_w) {
+  const int64_t tile = c.tile_latent_size() > 0 ? c.tile_latent_size() : std::max(latent_h, latent_w);
+  const int64_t th = std::min(latent_h, tile), tw = std::min(latent_w, tile);
+  std::vector<int64_t> channels(c.block_out_channels.rbegin(), c.block_out_channels.rend());
+  uint64_t largest = 0;
+  int64_t h = th, w = tw;
+  for (std::size_t i = 0; i < channels.size(); ++i) {
+    const int64_t in = i == 0 ? channels[0] : channels[i - 1];
+    largest = std::max(largest, static_cast<uint64_t>(std::max(in, channels[i]) * h * w));
+    if (i + 1 < channels.size()) {  // the upsampler's output keeps this block's width at 2x
+      h *= 2;
+      w *= 2;
+      largest = std::max(largest, static_cast<uint64_t>(channels[i] * h * w));
+    }
+  }
+  const uint64_t picture = static_cast<uint64_t>(c.out_channels * latent_h * latent_w * c.upscale() * c.upscale()) * 4;
+  return 6 * largest * 4 + 2 * picture + kWorkspace;
+}
+
+}  // namespace
+
+std::string MemoryEstimate::describe() const {
+  return human_bytes(peak()) + " (weights " + human_bytes(weights) + " + the larger of denoising " + human_bytes(denoising) +
+         " and VAE decode " + human_bytes(vae_decode) + ")";
+}
+
+MemoryEstimate estimate_memory(const FluxT2IPipeline& pipeline, const T2IOptions& o, int64_t text_tokens, int batch) {
+  const models::FluxConfig& c = pipeline.transformer().config();
+  MemoryEstimate e;
+  e.weights = stored_bytes(pipeline.transformer().parameters(), o.activations);
+  if (pipeline.vae()) e.weights += stored_bytes(pipeline.vae()->parameters(), DType::f32);
+  // A single-stream block at its widest holds, per token, the joint input and its norm (2 D), the
+  // MLP hidden (4 D), q, k, v and the attention output (4 D), their concatenation (5 D) and the
+  // output (D), besides the residual stream (2 D): 18 D. The kernels the host may launch ahead of
+  // the device (device/stream.cpp) pin about as much again, and the allocator rounds to size
+  // classes: measured 39-42 D per token on both tiny models (D = 32 and 128), so 48 D.
+  const int64_t multiple = pipeline.size_multiple();
+  const uint64_t tokens = static_cast<uint64_t>((o.width / multiple) * (o.height / multiple) + text_tokens);
+  const uint64_t rope = tokens * static_cast<uint64_t>(c.attention_head_dim) * 2 * 4;
+  const uint64_t per_token = 48 * static_cast<uint64_t>(c.inner_dim()) * bytes_of(o.activations);
+  e.denoising = static_cast<uint64_t>(batch) * tokens * per_token + rope + kWorkspace;
+  if (pipeline.vae()) {
+    const int64_t up = pipeline.vae()->config().upscale();
+    e.vae_decode = autoencoder_kl_bytes(pipeline.vae()->config(), o.height / up, o.width / up);
+  }
+  return e;
+}
+
+MemoryEstimate estimate_memory(const WanT2VPipeline& pipeline, const T2VOptions& o, int64_t text_tokens, int batch) {
+  const models::WanConfig& c = pipeline.transformer().config();
+  MemoryEstimate e;
+  e.weights = stored_bytes(pipeline.transformer().parameters(), o.activations);
+  if (pipeline.vae()) e.weights += stored_bytes(pipeline.vae()->parameters(), DType::f32);
+  // A Wan block holds, per video token, the residual stream and its norm (2 D), q, k, v and the
+  // self-attention output (4 D), the cross-attention query and output (2 D), and the FFN hidden
+  // before and after its activation (2 ffn_dim): 8 D + 2 F, rounded up to 10 D + 2 F.
+  const uint64_t tokens = static_cast<uint64_t>((o.latent_frames() / c.patch_size[0]) * (o.height / 8 / c.patch_size[1]) *
+                                                (o.width / 8 / c.patch_size[2]));
+  const uint64_t per_token = 10 * static_cast<uint64_t>(c.inner_dim()) + 2 * static_cast<uint64_t>(c.ffn_dim);
+  const uint64_t text = static_cast<uint64_t>(text_tokens) * 2 * static_cast<uint64_t>(c.inner_dim());  // cross-attention k, v
+  const uint64_t rope = tokens * static_cast<uint64_t>(c.attention_head_dim) * 2 * 4;
+  e.denoising = static_cast<uint64_t>(batch) * (tokens * per_token + text) * bytes_of(o.activations) + rope + kWorkspace;
+  if (pipeline.vae()) e.vae_decode = static_cast<uint64_t>(pipeline.vae()->estimate_peak_bytes(1, o.height / 8, o.width / 8));
+  return e;
+}
+
+uint64_t available_memory_bytes() {
+  uint64_t available = 0;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    uint64_t kib = 0;
+    meminfo >> kib;
+    meminfo.ignore(64, '\n');
+    if (key == "MemAvailable:") available = kib * 1024;
+  }
+  // A cgroup v2 limit (containers, systemd slices) binds before the machine's free memory does.
+  uint64_t max = 0, current = 0;
+  std::ifstream max_file("/sys/fs/cgroup/memory.max"), current_file("/sys/fs/cgroup/memory.current");
+  if ((max_file >> max) && (current_file >> current) && max > current) {
+    const uint64_t cgroup = max - current;
+    available = available == 0 ? cgroup : std::min(available, cgroup);
+  }
+  return available;
+}
+
+uint64_t parse_memory_size(const std::string& text, const std::string& flag) {
+  const auto fail = [&] {
+    throw Error((flag.empty() ? "" : flag + " ") + "'" + text + "': expected a size in bytes with an optional K, M, G or T suffix (powers of 1024), e.g. 24G or 512MiB");
+  };
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    fail();
+  }
+  if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0]))) fail();  // no sign, no "inf"
+  std::string suffix = text.substr(used);
+  for (char& ch : suffix) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  if (suffix.size() == 3 && suffix.substr(1) == "IB") suffix = suffix.substr(0, 1);
+  else if (suffix.size() == 2 && suffix[1] == 'B') suffix = suffix.substr(0, 1);
+  const std::string units = "KMGT";
+  double scale = 1;
+  if (suffix == "B") suffix.clear();
+  if (!suffix.empty()) {
+    const std::size_t at = units.find(suffix);
+    if (suffix.size() != 1 || at == std::string::npos) fail();
+    scale = std::pow(1024.0, static_cast<double>(at + 1));
+  }
+  const double bytes = value * scale;
+  if (!std::isfinite(bytes) || bytes < 1 || bytes >= 18446744073709551615.0) fail();
+  return static_cast<uint64_t>(bytes);
+}
+
+void require_fits(const MemoryEstimate& estimate, uint64_t limit_bytes, const std::string& limit_source) {
+  if (limit_bytes == 0 || estimate.peak() <= limit_bytes) return;
+  throw Error("this request needs an estimated " + estimate.describe() + ", above " + limit_source + " of " + human_bytes(limit_bytes) +
+              " (a smaller size, fewer frames, --dtype bf16 or --cfg off need less)");
+}
+
+}  // namespace cubevec::pipelines

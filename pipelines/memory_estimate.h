@@ -1,0 +1,46 @@
+// The peak memory a t2i / t2v request will need, estimated from the config files alone (a meta
+// pipeline: shapes, no weights) so a request that cannot fit is refused before anything loads:
+//   weights      every parameter at the dtype it is stored in (bf16 matrices, f32 vectors and VAE)
+//   denoising    the transformer's live activations at its widest point (a block's q, k, v,
+//                attention output, MLP hidden and the residual stream, for the CFG batch)
+//   VAE decode   the decoder's live activations at full resolution (Wan: one chunk of frames plus
+//                the causal convolutions' frame cache)
+// The peak is weights + the larger of the two phases. The counts of live tensors per block are
+// read off the forward code and checked against the allocator's measured peak per phase in
+// tests/cli/memory_cli_test.cpp: the estimate must bound the measurement from above without being
+// more than a few times larger.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "pipelines/flux_t2i.h"
+#include "pipelines/wan_t2v.h"
+
+namespace cubevec::pipelines {
+
+struct MemoryEstimate {
+  uint64_t weights = 0, denoising = 0, vae_decode = 0;
+  uint64_t peak() const { return weights + (denoising > vae_decode ? denoising : vae_decode); }
+  // "12.3 GiB (weights 11.1 GiB + denoising 1.2 GiB; VAE decode 0.9 GiB)"
+  std::string describe() const;
+};
+
+// `text_tokens`: the prompt embeddings' length L; `batch`: 2 when CFG runs fused, else 1.
+MemoryEstimate estimate_memory(const FluxT2IPipeline& pipeline, const T2IOptions& options, int64_t text_tokens, int batch);
+MemoryEstimate estimate_memory(const WanT2VPipeline& pipeline, const T2VOptions& options, int64_t text_tokens, int batch);
+
+// What this process may use: the smaller of MemAvailable (/proc/meminfo) and the cgroup's
+// memory.max minus memory.current, when they are readable; 0 when neither is.
+uint64_t available_memory_bytes();
+
+// Parses --memory-limit: bytes with an optional K, M, G or T suffix (powers of 1024, optional
+// "iB"/"B"): "24G", "512MiB", "1.5G", "1000000". Throws naming the flag (when not empty) and the
+// text for anything else.
+uint64_t parse_memory_size(const std::string& text, const std::string& flag);
+
+// Throws an Error naming the estimate and the limit when estimate.peak() exceeds `limit_bytes`
+// (from `limit_source`, e.g. "--memory-limit 8G" or "the available memory").
+void require_fits(const MemoryEstimate& estimate, uint64_t limit_bytes, const std::string& limit_source);
+
+}  // namespace cubevec::pipelines
