@@ -29,6 +29,7 @@ struct ForwardFlags {
   std::string quant, timestep_policy;  // pipelines/stages/quantize.h
   int step_index = 0;                  // the step a timestep-aware quantized model runs at
   bool quant_given = false, step_index_given = false;
+  bool check_weights = true;  // a port is compared number by number: a NaN weight is named up front
 };
 
 int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache) {
@@ -46,6 +47,7 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
   const std::string dir = std::filesystem::exists(f.model + "/transformer/config.json") ? f.model + "/transformer" : f.model;
   const SafetensorsFile in = SafetensorsFile::open(f.inputs);
   const std::unique_ptr<models::ForwardModel> model = models::load_forward_model(dir, {dtype, f.variant});
+  if (f.check_weights) models::require_finite_parameters(model->parameters(), dir);
   if (quantize) {
     quantize->after_load(model->parameters());
     quantize->set_step(f.step_index);
@@ -93,6 +95,8 @@ CommandRunner add_forward_command(CLI::App& app) {
   command->add_option("--out", flags->out, "Output safetensors (one tensor: sample)")->check(output_file_path())->required();
   command->add_option("--dtype", flags->dtype, "f32, or bf16 (bf16 weights, and bf16 activations in the transformers)");
   command->add_option("--variant", flags->variant, "Read diffusion_pytorch_model.<variant>.safetensors");
+  command->add_flag("--check-weights,!--no-check-weights", flags->check_weights,
+                    "Check that every weight is finite before the forward (default: on)");
   auto* quant = command->add_option("--quant", flags->quant, "MindIE SD quant description (quant_model_description_*.json; its weight file beside it)");
   command->add_option("--timestep-policy", flags->timestep_policy,
                       "W8A8_TIMESTEP: JSON {\"default\": \"dynamic\", \"static\": [steps...]}");

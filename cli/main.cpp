@@ -2,6 +2,7 @@
 // "error: ..." on stderr with exit status 1 (user error) or 2 (internal error).
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <exception>
 #include <map>
 #include <new>
@@ -94,6 +95,11 @@ int main(int argc, char** argv) {
     return e.exit_status();
   } catch (const cubevec::Error& e) {
     std::fprintf(stderr, "error: %s\n", one_line(e.what()).c_str());
+    return 1;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // A path the user gave could not be examined (a symlink loop, no permission): the OS's reason
+    // and the path, as every other input error.
+    std::fprintf(stderr, "error: %s: %s\n", one_line(e.path1().string()).c_str(), one_line(e.code().message()).c_str());
     return 1;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "error: out of memory: the request needs more memory than this machine gives (use a smaller size, fewer "

@@ -3,6 +3,7 @@
 // name whatever lies beside, --variant, and the errors for unknown classes and missing weights.
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "cli/run_cubevec.h"
 #include "tensor/safetensors.h"
@@ -114,6 +115,32 @@ TEST_F(ForwardCli, BadLatentsNameTheArgument) {
   EXPECT_EQ(r.status, 1) << r.err;
   EXPECT_NE(r.err.find("'latent'"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("its sizes multiply beyond int64"), std::string::npos) << r.err;
+}
+
+TEST_F(ForwardCli, ChecksTheWeightsByDefault) {
+  const cubevec::SafetensorsFile goldens = cubevec::SafetensorsFile::open((kData / "goldens_flux.safetensors").string());
+  const std::string inputs = (dir_ / "in.safetensors").string(), out = (dir_ / "out.safetensors").string();
+  cubevec::write_safetensors(inputs, {{"latent", goldens.tensor("vae_decode.z")}});
+  const fs::path vae = dir_ / "vae";
+  fs::create_directories(vae);
+  fs::copy_file(kData / "flux_tiny" / "vae" / "config.json", vae / "config.json");
+  const cubevec::SafetensorsFile weights = cubevec::SafetensorsFile::open((kData / "flux_tiny" / "vae" / "diffusion_pytorch_model.safetensors").string());
+  cubevec::NamedTensors tensors;
+  for (const auto& e : weights.entries()) {
+    cubevec::Tensor t = weights.tensor(e.name).contiguous().clone();
+    if (e.name == "decoder.conv_in.bias") t.mutable_data<float>()[2] = std::numeric_limits<float>::infinity();
+    tensors.push_back({e.name, t});
+  }
+  cubevec::write_safetensors((vae / "diffusion_pytorch_model.safetensors").string(), tensors);
+  const auto r = run({"forward", "--model", vae.string(), "--inputs", inputs, "--out", out});
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find(vae.string() + ": weight 'decoder.conv_in.bias': element [2] is inf (expected finite values)"), std::string::npos)
+      << r.err;
+  // Unchecked, the inf reaches the output, which is refused as non-finite.
+  const auto unchecked = run({"forward", "--model", vae.string(), "--inputs", inputs, "--out", out, "--no-check-weights"});
+  EXPECT_EQ(unchecked.status, 1) << unchecked.err;
+  EXPECT_NE(unchecked.err.find("the output 'sample'"), std::string::npos) << unchecked.err;
+  EXPECT_FALSE(fs::exists(out));
 }
 
 }  // namespace

@@ -1,0 +1,152 @@
+// The project's own probe suite (issue 17, Deliver 7): a corpus of bad inputs generated here at
+// test time (nothing large is committed) and run against the built binary, one family of the
+// hardening contract at a time. Every case must exit 1 with exactly one line, "error: ...", that
+// names the input (the file, flag, key or tensor) and leaves no output file behind; a pre-existing
+// output must be byte-for-byte untouched.
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "cli/run_cubevec.h"
+#include "tensor/safetensors.h"
+
+#include "common/tensor_testing.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using ProbeCorpus = cubevec_cli_test::CliTest;
+using cubevec_cli_test::read_file;
+
+const std::string kFlux = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/flux_tiny";
+const std::string kWan = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/wan_tiny";
+const std::string kTinyFlux = std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinyflux";
+
+struct Case {
+  std::string family;
+  std::vector<std::string> args;
+  std::string names;  // what the error line must contain: the input and what was expected
+};
+
+// A copy of `model` with one JSON file edited.
+fs::path edited_model(const fs::path& scratch, const std::string& model, const std::string& name, const std::string& file,
+                      const std::function<void(nlohmann::json&)>& edit) {
+  const fs::path copy = scratch / name;
+  fs::copy(model, copy, fs::copy_options::recursive);
+  nlohmann::json j = nlohmann::json::parse(read_file((copy / file).string()));
+  edit(j);
+  std::ofstream(copy / file, std::ios::trunc) << j.dump();
+  return copy;
+}
+
+void write_text(const fs::path& path, const std::string& text) { std::ofstream(path, std::ios::binary | std::ios::trunc) << text; }
+
+TEST_F(ProbeCorpus, EveryBadInputIsANamedOneLineError) {
+  const fs::path d = dir_;
+  const std::string out = (d / "out.jpg").string(), video = (d / "out.avi").string();
+  // Inputs the cases refer to.
+  const std::string embeds = (d / "embeds.safetensors").string(), nan_embeds = (d / "nan_embeds.safetensors").string();
+  cubevec::write_safetensors(embeds, {{"prompt_embeds", cubevec::testing::random_tensor({1, 5, 40}, 1, cubevec::DType::f32, 1.0f)},
+                                      {"pooled_prompt_embeds", cubevec::testing::random_tensor({1, 24}, 2, cubevec::DType::f32, 1.0f)}});
+  cubevec::Tensor bad = cubevec::testing::random_tensor({1, 5, 40}, 1, cubevec::DType::f32, 1.0f);
+  bad.mutable_data<float>()[7] = std::numeric_limits<float>::infinity();
+  cubevec::write_safetensors(nan_embeds, {{"prompt_embeds", bad},
+                                          {"pooled_prompt_embeds", cubevec::testing::random_tensor({1, 24}, 2, cubevec::DType::f32, 1.0f)}});
+  write_text(d / "garbage.safetensors", "this is not a safetensors file at all");
+  write_text(d / "huge_header.safetensors", std::string("\xff\xff\xff\xff\xff\xff\x00\x00", 8) + "{}");
+  ASSERT_EQ(::mkfifo((d / "fifo.safetensors").c_str(), 0600), 0);
+  ASSERT_EQ(::mkfifo((d / "fifo.jpg").c_str(), 0600), 0);
+  fs::create_directories(d / "a_directory.safetensors");
+  fs::create_directories(d / "loop");
+  fs::create_symlink(d / "loop" / "transformer", d / "loop" / "transformer");  // a symlink to itself
+  write_text(d / "profile.json", R"({"name": "p", "cpu": {"cube_threads": 1, "vector_threads": 1, "pin_units": false},
+    "npu": {"ai_cores": 1, "vector_cores": 1, "cube_tflops": {"f32": 1}, "vector_tflops": {"f32": 1},
+            "hbm_gbps": 1e-320, "l2_mib": 1, "launch_overhead_us": 1}})");
+  const fs::path shift = edited_model(d, kFlux, "flux_shift", "scheduler/scheduler_config.json", [](auto& j) { j["shift"] = 1e308; });
+  const fs::path scaling = edited_model(d, kFlux, "flux_scaling", "vae/config.json", [](auto& j) { j["scaling_factor"] = 1e-308; });
+  const fs::path heads =
+      edited_model(d, kFlux, "flux_heads", "transformer/config.json", [](auto& j) { j["num_attention_heads"] = 4611686018427387904; });
+  const fs::path typo = edited_model(d, kFlux, "flux_typo", "transformer/config.json", [](auto& j) { j["num_layer"] = 2; });
+  const fs::path wan_std = edited_model(d, kWan, "wan_std", "vae/config.json", [](auto& j) { j["latents_std"][0] = 1e-320; });
+  const fs::path broken = d / "flux_broken";
+  fs::copy(kFlux, broken, fs::copy_options::recursive);
+  write_text(broken / "transformer" / "config.json", R"({"num_layers": 2,)");
+  const std::string wan_embeds = (d / "wan_embeds.safetensors").string();
+  cubevec::write_safetensors(wan_embeds, {{"prompt_embeds", cubevec::testing::random_tensor({1, 7, 24}, 1, cubevec::DType::f32, 1.0f)}});
+  const std::string latent_i64 = (d / "latent_i64.safetensors").string();
+  cubevec::write_safetensors(latent_i64, {{"latent", cubevec::Tensor::zeros({1, 16, 4, 4}, cubevec::DType::i64)}});
+
+  const std::vector<std::string> t2i = {"t2i", "--model", kFlux, "--prompt-embeds", embeds, "--width", "32", "--height", "32", "--steps", "1"};
+  const auto with = [](std::vector<std::string> base, const std::vector<std::string>& more) {
+    base.insert(base.end(), more.begin(), more.end());
+    return base;
+  };
+  const auto t2i_model = [&](const fs::path& model) {
+    return std::vector<std::string>{"t2i", "--model", model.string(), "--prompt-embeds", embeds, "--width", "32", "--height", "32",
+                                    "--steps", "1", "--out", out};
+  };
+  const std::vector<Case> cases = {
+      // 1. Outputs are never destroyed: special, missing-directory and directory targets.
+      {"outputs", with(t2i, {"--out", (d / "fifo.jpg").string()}), "fifo.jpg: is not a regular file"},
+      {"outputs", with(t2i, {"--out", (d / "no_such_dir" / "x.jpg").string()}), "no_such_dir"},
+      {"outputs", with(t2i, {"--out", (d / "a_directory.safetensors").string()}), "a_directory.safetensors"},
+      {"outputs", with(t2i, {"--out", out, "--json", (d / "fifo.jpg").string()}), "fifo.jpg"},
+      {"outputs", with(t2i, {"--out", embeds}), "embeds.safetensors"},
+      // 2. Inputs are bounded: FIFOs, directories, garbage, absurd headers, symlink loops, huge configs.
+      {"inputs", {"t2i", "--model", kFlux, "--prompt-embeds", (d / "fifo.safetensors").string(), "--out", out}, "fifo.safetensors: is not a regular file"},
+      {"inputs", {"t2i", "--model", kFlux, "--prompt-embeds", (d / "a_directory.safetensors").string(), "--out", out}, "a_directory.safetensors"},
+      {"inputs", {"t2i", "--model", kFlux, "--prompt-embeds", (d / "garbage.safetensors").string(), "--out", out}, "garbage.safetensors"},
+      {"inputs", {"t2i", "--model", kFlux, "--prompt-embeds", (d / "huge_header.safetensors").string(), "--out", out}, "huge_header.safetensors"},
+      {"inputs", {"inspect", (d / "fifo.safetensors").string()}, "fifo.safetensors: is not a regular file"},
+      {"inputs", t2i_model(d / "loop"), "loop"},
+      {"inputs", t2i_model(broken), "flux_broken/transformer/config.json: not valid JSON"},
+      {"inputs", t2i_model(typo), "'num_layer'"},
+      {"inputs", t2i_model(heads), "num_attention_heads"},
+      {"inputs", with(t2i, {"--out", out, "--threads", "100000"}), "--threads"},
+      // 3. Non-finite values are never silent.
+      {"non-finite", with(t2i, {"--out", out, "--guidance", "nan"}), "--guidance: must be a finite number, got nan"},
+      {"non-finite", with(t2i, {"--out", out, "--cfg-scale", "inf"}), "--cfg-scale"},
+      {"non-finite", {"t2i", "--model", kFlux, "--prompt-embeds", nan_embeds, "--width", "32", "--height", "32", "--out", out},
+       "nan_embeds.safetensors: 'prompt_embeds': element [0, 0, 7] is inf"},
+      {"non-finite", with(t2i, {"--out", out, "--device-profile", (d / "profile.json").string()}), "profile.json.npu.hbm_gbps"},
+      {"non-finite", t2i_model(shift), "flux_shift/scheduler/scheduler_config.json"},
+      {"non-finite", t2i_model(scaling), "'scaling_factor'"},
+      {"non-finite", {"t2v", "--model", wan_std.string(), "--prompt-embeds", wan_embeds, "--cfg", "off", "--frames", "1", "--width", "16",
+                      "--height", "16", "--steps", "1", "--out", video},
+       "'latents_std'"},
+      // 4. Inputs mean what they say.
+      {"meaning", with(t2i, {"--out", out, "--seed", "-1"}), "--seed: must not be negative, got -1"},
+      {"meaning", {"t2i", "--model", kTinyFlux, "--prompt", "   ,.;  ", "--out", out}, "--prompt"},
+      {"meaning", with(t2i, {"--out", out, "--memory-limit", "lots"}), "--memory-limit: 'lots'"},
+      {"meaning", with(t2i, {"--out", out, "--memory-limit", "1K"}), "above --memory-limit 1K"},
+      {"meaning", {"t2v", "--model", kWan, "--prompt-embeds", wan_embeds, "--cfg", "off", "--frames", "4097", "--width", "16", "--height",
+                   "16", "--steps", "1", "--out", video},
+       "--frames 4097 gives 1025 patches on that axis, above the transformer's rope_max_seq_len 1024"},
+      // 5. Errors name the input: forward's tensors by their argument names.
+      {"names", {"forward", "--model", kFlux + "/vae", "--inputs", latent_i64, "--out", (d / "sample.safetensors").string()},
+       "latent must be f32 or bf16, got i64"},
+      {"names", {"cubevec-has-no-such-command"}, "cubevec-has-no-such-command"},
+  };
+  // A pre-existing output that every failing run must leave as it was.
+  write_text(out, "the user's earlier picture");
+  for (const Case& c : cases) {
+    const auto r = run(c.args);
+    std::string command;
+    for (const std::string& a : c.args) command += a + " ";
+    EXPECT_EQ(r.status, 1) << "[" << c.family << "] " << command << "\n" << r.err;
+    EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << "[" << c.family << "] " << command << "\n" << r.err;
+    EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "[" << c.family << "] one line: " << command << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.names), std::string::npos) << "[" << c.family << "] expected '" << c.names << "' in: " << r.err;
+    EXPECT_EQ(read_file(out), "the user's earlier picture") << "[" << c.family << "] " << command;
+    EXPECT_FALSE(fs::exists(video)) << "[" << c.family << "] " << command;
+    EXPECT_FALSE(fs::exists(d / "sample.safetensors")) << "[" << c.family << "] " << command;
+  }
+  // Nothing but the inputs is left in the scratch folder: no temporaries of the failed runs.
+  for (const auto& entry : fs::directory_iterator(d))
+    EXPECT_EQ(entry.path().filename().string().find(".tmp"), std::string::npos) << entry.path();
+}
+
+}  // namespace
