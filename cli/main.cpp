@@ -1,16 +1,12 @@
 // The `cubevec` command line: subcommands, and one place that turns every failure into
 // "error: ..." on stderr with exit status 1 (user error) or 2 (internal error).
-#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <exception>
-#include <map>
 #include <new>
 #include <string>
 
-#include "cli/command.h"
-#include "cli/number_checks.h"
-#include "cli/output_overlap.h"
+#include "cli/command_line.h"
 #include "tensor/error.h"
 #include "tensor/interrupt.h"
 
@@ -40,56 +36,10 @@ std::string one_line(const std::string& message) {
 
 int main(int argc, char** argv) {
   cubevec::install_interrupt_handlers();
-  CLI::App app{"cubevec: a PyTorch-free engine for diffusion transformers on an emulated Ascend device"};
-  app.require_subcommand(1);
-  std::map<CLI::App*, cubevec::cli::CommandRunner> runners;
-  const auto add = [&](cubevec::cli::CommandRunner (*adder)(CLI::App&)) {
-    const std::size_t before = app.get_subcommands({}).size();
-    cubevec::cli::CommandRunner runner = adder(app);
-    runners[app.get_subcommands({})[before]] = std::move(runner);
-  };
-  add(cubevec::cli::add_inspect_command);
-  add(cubevec::cli::add_cv_experiment_command);
-  add(cubevec::cli::add_attention_command);
-  add(cubevec::cli::add_t2i_command);
-  add(cubevec::cli::add_t2v_command);
-  add(cubevec::cli::add_forward_command);
-  add(cubevec::cli::add_tune_cache_command);
-  add(cubevec::cli::add_quantize_command);
-  add(cubevec::cli::add_sparse_attention_command);
-  cubevec::cli::add_number_checks(app);
-
-  // CLI11 would only say "a subcommand is required"; name the unknown word and the known ones.
-  if (argc > 1 && argv[1][0] != '-') {
-    std::string known;
-    bool found = false;
-    for (const CLI::App* sub : app.get_subcommands({})) {
-      found = found || sub->get_name() == argv[1];
-      known += (known.empty() ? "" : ", ") + sub->get_name();
-    }
-    if (!found) {
-      std::fprintf(stderr, "error: unknown command '%s' (expected one of: %s)\n", argv[1], known.c_str());
-      return 1;
-    }
-  }
+  cubevec::cli::CommandLine command_line;
   try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "error: %s (see cubevec --help)\n", e.what());
-    return 1;
-  }
-  try {
-    for (const auto& [subcommand, run] : runners)
-      if (subcommand->parsed()) {
-        cubevec::cli::check_outputs_against_inputs(*subcommand);
-        return run();
-      }
-    std::fprintf(stderr, "error: no subcommand given (see cubevec --help)\n");
-    return 1;
+    const cubevec::cli::ParsedCommand parsed = command_line.parse(argc, argv);
+    return parsed.run ? parsed.run() : parsed.exit_status;
   } catch (const cubevec::Interrupted& e) {
     std::fprintf(stderr, "error: %s\n", one_line(e.what()).c_str());
     return e.exit_status();

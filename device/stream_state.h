@@ -46,7 +46,7 @@ class StreamState : public std::enable_shared_from_this<StreamState> {
   std::mutex launch_mutex;
   double modelled_clock_s = 0;
   // Completion events of the kernels launched and not known to have run, oldest first: the host
-  // waits when there are more than kMaxKernelsInFlight (see Stream::launch).
+  // waits when there are too many (see Stream::launch).
   std::deque<std::shared_ptr<EventState>> in_flight;
 
  private:

@@ -30,9 +30,10 @@ uint64_t stored_bytes(const models::ParameterTable& table, DType dtype) {
 uint64_t bytes_of(DType activations) { return activations == DType::bf16 ? 2 : 4; }
 
 // AutoencoderKL's decode of an h x w latent (tiled above the config's tile size, as the pipeline
-// decodes): the widest activation of a tile times the tensors a residual block holds at once
-// (input, norm, SiLU, conv output, shortcut: 6 with size-class slack), plus the whole picture and
-// its blending copy.
+// decodes): the widest activation of a tile times the tensors held at once (a residual block's
+// input, norm, SiLU, conv output and shortcut, and those the kernels launched ahead pin: 10,
+// measured 8 on the tiny VAEs), plus the picture three times over (the decoded tiles, the blend and
+// the result).
 uint64_t autoencoder_kl_bytes(const models::AutoencoderKLConfig& c, int64_t latent_h, int64_t latent_w) {
   const int64_t tile = c.tile_latent_size() > 0 ? c.tile_latent_size() : std::max(latent_h, latent_w);
   const int64_t th = std::min(latent_h, tile), tw = std::min(latent_w, tile);
@@ -49,7 +50,7 @@ uint64_t autoencoder_kl_bytes(const models::AutoencoderKLConfig& c, int64_t late
     }
   }
   const uint64_t picture = static_cast<uint64_t>(c.out_channels * latent_h * latent_w * c.upscale() * c.upscale()) * 4;
-  return 6 * largest * 4 + 2 * picture + kWorkspace;
+  return 10 * largest * 4 + 3 * picture + kWorkspace;
 }
 
 }  // namespace
@@ -68,11 +69,11 @@ MemoryEstimate estimate_memory(const FluxT2IPipeline& pipeline, const T2IOptions
   // MLP hidden (4 D), q, k, v and the attention output (4 D), their concatenation (5 D) and the
   // output (D), besides the residual stream (2 D): 18 D. The kernels the host may launch ahead of
   // the device (device/stream.cpp) pin about as much again, and the allocator rounds to size
-  // classes: measured 39-42 D per token on both tiny models (D = 32 and 128), so 48 D.
+  // classes: measured 39-57 D per token on both tiny models (D = 32 and 128), so 64 D.
   const int64_t multiple = pipeline.size_multiple();
   const uint64_t tokens = static_cast<uint64_t>((o.width / multiple) * (o.height / multiple) + text_tokens);
   const uint64_t rope = tokens * static_cast<uint64_t>(c.attention_head_dim) * 2 * 4;
-  const uint64_t per_token = 48 * static_cast<uint64_t>(c.inner_dim()) * bytes_of(o.activations);
+  const uint64_t per_token = 64 * static_cast<uint64_t>(c.inner_dim()) * bytes_of(o.activations);
   e.denoising = static_cast<uint64_t>(batch) * tokens * per_token + rope + kWorkspace;
   if (pipeline.vae()) {
     const int64_t up = pipeline.vae()->config().upscale();
@@ -88,10 +89,11 @@ MemoryEstimate estimate_memory(const WanT2VPipeline& pipeline, const T2VOptions&
   if (pipeline.vae()) e.weights += stored_bytes(pipeline.vae()->parameters(), DType::f32);
   // A Wan block holds, per video token, the residual stream and its norm (2 D), q, k, v and the
   // self-attention output (4 D), the cross-attention query and output (2 D), and the FFN hidden
-  // before and after its activation (2 ffn_dim): 8 D + 2 F, rounded up to 10 D + 2 F.
+  // before and after its activation (2 ffn_dim): 8 D + 2 F. The kernels launched ahead of the
+  // device pin about as much again: measured 2.1x that on the tiny model, so 24 D + 4 F.
   const uint64_t tokens = static_cast<uint64_t>((o.latent_frames() / c.patch_size[0]) * (o.height / 8 / c.patch_size[1]) *
                                                 (o.width / 8 / c.patch_size[2]));
-  const uint64_t per_token = 10 * static_cast<uint64_t>(c.inner_dim()) + 2 * static_cast<uint64_t>(c.ffn_dim);
+  const uint64_t per_token = 24 * static_cast<uint64_t>(c.inner_dim()) + 4 * static_cast<uint64_t>(c.ffn_dim);
   const uint64_t text = static_cast<uint64_t>(text_tokens) * 2 * static_cast<uint64_t>(c.inner_dim());  // cross-attention k, v
   const uint64_t rope = tokens * static_cast<uint64_t>(c.attention_head_dim) * 2 * 4;
   e.denoising = static_cast<uint64_t>(batch) * (tokens * per_token + text) * bytes_of(o.activations) + rope + kWorkspace;

@@ -41,7 +41,10 @@ std::string wan_embeds(const fs::path& dir) {
 
 // The estimate bounds each measured phase, and its size-dependent part (above the fixed
 // allowance) is within 4x of the measurement, so a formula that lost a term or gained a factor fails.
-void expect_estimate_bounds(const nlohmann::json& report, const std::string& what) {
+// `sharp`: at sizes where activations dominate, the size-dependent part alone must come within
+// 80% of the measurement (the fixed allowance must not be what makes the bound hold: at FLUX.1's
+// size it is negligible).
+void expect_estimate_bounds(const nlohmann::json& report, const std::string& what, bool sharp = false) {
   const auto& e = report.at("memory_estimate");
   const auto& m = report.at("measured_peak_bytes");
   const double weights = e.at("weights_bytes").get<double>();
@@ -49,6 +52,9 @@ void expect_estimate_bounds(const nlohmann::json& report, const std::string& wha
     const double estimate = e.at(key).get<double>(), measured = m.at(phase).get<double>();
     EXPECT_GE(weights + estimate, measured) << what << " " << phase << ": the estimate is below the measured peak";
     EXPECT_LE(estimate - kWorkspace, 4 * measured) << what << " " << phase << ": the estimate is far above the measured peak";
+    if (sharp) {
+      EXPECT_GE(estimate - kWorkspace, 0.8 * measured) << what << " " << phase << ": the estimate's scaling part is too small";
+    }
   }
   EXPECT_GE(e.at("peak_bytes").get<double>(), weights + std::max(m.at("denoising").get<double>(), m.at("vae_decode").get<double>()));
 }
@@ -61,7 +67,8 @@ TEST_F(MemoryCli, FluxEstimateBoundsTheMeasuredPeaks) {
                           cfg, "--out", (dir_ / "a.jpg").string(), "--json", json});
       ASSERT_EQ(r.status, 0) << r.err;
       EXPECT_NE(r.err.find("t2i: estimated peak memory "), std::string::npos) << r.err;
-      expect_estimate_bounds(nlohmann::json::parse(read_file(json)), std::string("flux ") + size + " cfg " + cfg);
+      expect_estimate_bounds(nlohmann::json::parse(read_file(json)), std::string("flux ") + size + " cfg " + cfg,
+                             std::string(size) == "512");
     }
 }
 
@@ -71,7 +78,7 @@ TEST_F(MemoryCli, WanEstimateBoundsTheMeasuredPeaks) {
     const auto r = run({"t2v", "--model", kWan, "--prompt-embeds", embeds, "--width", "256", "--height", "128", "--frames", "17",
                         "--steps", "1", "--cfg", cfg, "--out", (dir_ / "a.avi").string(), "--json", json});
     ASSERT_EQ(r.status, 0) << r.err;
-    expect_estimate_bounds(nlohmann::json::parse(read_file(json)), std::string("wan cfg ") + cfg);
+    expect_estimate_bounds(nlohmann::json::parse(read_file(json)), std::string("wan cfg ") + cfg, true);
   }
 }
 

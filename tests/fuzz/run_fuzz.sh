@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (clang, ASan + UBSan, library instrumented) in build-fuzz and fuzzes
 # copies of their seed corpora for SECONDS each (default 60): the safetensors header parser (with
-# its fast and strict paths compared) and the JSON config readers (models, schedulers, timestep
-# policy, device profiles). Exits non-zero on any finding; the input is kept in
-# build-fuzz/fuzz-artifacts/.
+# its fast and strict paths compared), the JSON config readers (models, schedulers, timestep
+# policy, device profiles) and the command line's argument parsing (cli_fuzzer). Exits non-zero
+# on any finding; the input is kept in build-fuzz/fuzz-artifacts/.
 # Usage: tests/fuzz/run_fuzz.sh [SECONDS]
 set -euo pipefail
 
@@ -17,7 +17,7 @@ CC=clang CXX=clang++ cmake -S "$root" -B "$build" -G Ninja \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCUBEVEC_FUZZ=ON -DCUBEVEC_TESTS=ON -DCUBEVEC_BENCH=OFF \
   -DCUBEVEC_SANITIZE=fuzzer-no-link,address,undefined
-cmake --build "$build" --target safetensors_fuzzer config_fuzzer -j 2
+cmake --build "$build" --target safetensors_fuzzer config_fuzzer cli_fuzzer -j 2
 
 # libFuzzer adds what it finds to the corpus directory: keep the checked-in seeds untouched.
 work="$(mktemp -d)"
@@ -41,3 +41,5 @@ fuzz() {  # fuzz TARGET CORPUS [extra libFuzzer flags...]
 
 fuzz safetensors_fuzzer "$root/tests/fuzz/corpus" -dict="$root/tests/fuzz/safetensors.dict"
 fuzz config_fuzzer "$root/tests/fuzz/config_corpus"
+# The command line prints help and error lines: keep them out of the log (-close_fd_mask=3).
+fuzz cli_fuzzer "$root/tests/fuzz/cli_corpus" -close_fd_mask=3
