@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
+#include <unordered_set>
 
 #include "models/component.h"
 #include "ops/attention.h"
@@ -102,21 +103,30 @@ std::string WordTokenizer::known_words() const {
 
 std::vector<int32_t> WordTokenizer::encode(const std::string& prompt) const {
   const std::vector<std::string> words = split(prompt);
+  // A set keeps a huge prompt linear; the message lists a few unknown words, each shortened, so a
+  // pasted essay gives one readable line rather than 100 KB.
+  constexpr std::size_t kListed = 10, kShownChars = 40;
+  std::unordered_set<std::string> seen;
   std::vector<std::string> unknown;
+  std::size_t unknown_count = 0;
   std::vector<int32_t> ids(static_cast<std::size_t>(max_length_), pad_id_);
   for (std::size_t i = 0; i < words.size(); ++i) {
     const auto it = ids_.find(words[i]);
     if (it == ids_.end() || it->second == pad_id_) {
-      if (std::find(unknown.begin(), unknown.end(), words[i]) == unknown.end()) unknown.push_back(words[i]);
+      if (!seen.insert(words[i]).second) continue;
+      ++unknown_count;
+      if (unknown.size() < kListed)
+        unknown.push_back(words[i].size() > kShownChars ? words[i].substr(0, kShownChars) + "..." : words[i]);
     } else if (i < ids.size()) {
       ids[i] = it->second;
     }
   }
-  if (!unknown.empty()) {
+  if (unknown_count > 0) {
     std::string list;
     for (const std::string& w : unknown) list += (list.empty() ? "'" : ", '") + w + "'";
-    throw Error("the prompt has " + std::string(unknown.size() == 1 ? "a word" : "words") + " this model does not know: " + list +
-                ". It knows these " + std::to_string(words_.size() - 1) + " words: " + known_words());
+    if (unknown_count > unknown.size()) list += " and " + std::to_string(unknown_count - unknown.size()) + " more";
+    throw Error("the prompt has " + std::string(unknown_count == 1 ? "a word" : std::to_string(unknown_count) + " words") +
+                " this model does not know: " + list + ". It knows these " + std::to_string(words_.size() - 1) + " words: " + known_words());
   }
   if (static_cast<int64_t>(words.size()) > max_length_)
     throw Error("the prompt has " + std::to_string(words.size()) + " words; this model's tokenizer (" + source_ + ") takes at most " +

@@ -89,7 +89,16 @@ TEST(TinyTextEncoder, UnknownWordsAreAnErrorListingTheVocabulary) {
             std::string::npos) << msg;
   EXPECT_EQ(msg.find("<pad>"), std::string::npos) << "the pad token is not a word to offer: " << msg;
   const std::string two = error_of([] { encoder().encode("a Pink Circle on a grey background, pink"); });
-  EXPECT_NE(two.find("words this model does not know: 'pink', 'grey'. It knows"), std::string::npos) << two;
+  EXPECT_NE(two.find("the prompt has 2 words this model does not know: 'pink', 'grey'. It knows"), std::string::npos) << two;
+  // An essay of unknown words is one readable line: ten words listed, each shortened, and a count.
+  std::string essay;
+  for (int i = 0; i < 20000; ++i) essay += "word" + std::to_string(i) + std::string(i == 3 ? 100 : 0, 'x') + " ";
+  const std::string many = error_of([&] { encoder().encode(essay); });
+  EXPECT_NE(many.find("the prompt has 20000 words this model does not know: 'word0', 'word1', 'word2', 'word3xxx"), std::string::npos)
+      << many.substr(0, 300);
+  EXPECT_NE(many.find("...', 'word4'"), std::string::npos) << many.substr(0, 300);
+  EXPECT_NE(many.find("'word9' and 19990 more. It knows"), std::string::npos) << many.substr(0, 400);
+  EXPECT_LT(many.size(), 1500u);
   EXPECT_NE(error_of([] { encoder().encode("<pad>"); }).find("does not know: '<pad>'"), std::string::npos);
   std::string eighteen;
   for (int i = 0; i < 18; ++i) eighteen += "red ";
