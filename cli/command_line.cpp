@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <string>
 
+#include "cli/error_line.h"
 #include "cli/number_checks.h"
 #include "cli/output_overlap.h"
 
@@ -37,7 +38,7 @@ ParsedCommand CommandLine::parse(int argc, const char* const* argv) {
       known += (known.empty() ? "" : ", ") + sub->get_name();
     }
     if (!found) {
-      std::fprintf(stderr, "error: unknown command '%s' (expected one of: %s)\n", argv[1], known.c_str());
+      std::fprintf(stderr, "error: unknown command '%s' (expected one of: %s)\n", one_line(argv[1]).c_str(), known.c_str());
       return {{}, 1};
     }
   }
@@ -48,7 +49,7 @@ ParsedCommand CommandLine::parse(int argc, const char* const* argv) {
   } catch (const CLI::CallForAllHelp& e) {
     return {{}, app_.exit(e)};
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "error: %s (see cubevec --help)\n", e.what());
+    std::fprintf(stderr, "error: %s (see cubevec --help)\n", one_line(e.what()).c_str());
     return {{}, 1};
   }
   for (const auto& [subcommand, run] : runners_)

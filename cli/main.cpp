@@ -7,32 +7,11 @@
 #include <string>
 
 #include "cli/command_line.h"
+#include "cli/error_line.h"
 #include "tensor/error.h"
 #include "tensor/interrupt.h"
 
-namespace {
-
-// The contract is one error line: line breaks become "; ", and control characters from files
-// (tensor names, config keys, prompt words) are shown as \xNN instead of reaching the terminal.
-std::string one_line(const std::string& message) {
-  std::string out;
-  for (std::size_t i = 0; i < message.size(); ++i) {
-    const auto c = static_cast<unsigned char>(message[i]);
-    if (c == '\n') {
-      out += "; ";
-      while (i + 1 < message.size() && message[i + 1] == ' ') ++i;  // the indentation of a listed item
-    } else if (c < 0x20 || c == 0x7f) {
-      char hex[8];
-      std::snprintf(hex, sizeof hex, "\\x%02x", c);
-      out += hex;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
-}
-
-}  // namespace
+using cubevec::cli::one_line;
 
 int main(int argc, char** argv) {
   cubevec::install_interrupt_handlers();

@@ -17,9 +17,12 @@ struct PathFlag {
 };
 
 bool is_output(const CLI::App& command, const std::string& flag) {
-  if (flag == "--json" || flag == "--trace" || flag == "--attn-tune-cache") return true;
+  if (flag == "--json" || flag == "--trace" || flag == "--attn-tune-cache" || flag == "--frames-dir") return true;
   return flag == "--out" && command.get_name() != "quantize";  // quantize --out is a folder it fills
 }
+
+// Free text, never a path: a prompt that happens to name a file is not an input file.
+bool is_text(const std::string& flag) { return flag == "--prompt" || flag == "--negative-prompt"; }
 
 fs::path canonical_or_empty(const std::string& path) {
   std::error_code ec;
@@ -44,8 +47,9 @@ void check_outputs_against_inputs(const CLI::App& command) {
     for (const std::string& value : option->results()) {
       if (value.empty()) continue;
       if (flag == "--out" && command.get_name() == "quantize") continue;  // an output folder (quantize checks its files)
+      std::error_code ec;  // a value that cannot be a path (too long, ...) is no input file
       if (is_output(command, flag)) outputs.push_back({flag, value});
-      else if (flag != "--frames-dir" && fs::exists(fs::symlink_status(value))) inputs.push_back({flag, value});
+      else if (!is_text(flag) && fs::exists(fs::symlink_status(value, ec))) inputs.push_back({flag, value});
     }
   }
   for (std::size_t i = 0; i < outputs.size(); ++i) {

@@ -51,7 +51,12 @@ class FieldReader {
     std::map<DType, double> table;
     FieldReader inner(get(key), where_ + "." + key);
     for (const auto& [name, value] : inner.object_.items()) {
-      const DType dtype = parse_dtype(name);  // names the known dtypes on error
+      DType dtype{};
+      try {
+        dtype = parse_dtype(name);  // names the known dtypes
+      } catch (const Error& e) {
+        throw Error(where_ + "." + key + ": " + e.what());
+      }
       table[dtype] = inner.number_in(name, 1e-6, 1e6, "TFLOP/s");
     }
     if (table.empty()) throw Error(where_ + "." + key + ": expected at least one dtype, e.g. {\"bf16\": 313}");

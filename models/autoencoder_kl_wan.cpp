@@ -13,6 +13,7 @@
 #include "ops/vector_ops.h"
 #include "tensor/error.h"
 #include "tensor/config_reader.h"
+#include "tensor/finite_check.h"
 #include "tensor/strict_json.h"
 
 namespace cubevec::models {
@@ -424,6 +425,10 @@ void AutoencoderKLWan::decode_frames(const Tensor& z, const std::function<void(c
   wan_vae::FeatureCache cache = make_feature_cache();
   for (int64_t start = 0; start < frames; start += chunk) {
     const Tensor video = decode_chunk(x.narrow(2, start, std::min(chunk, frames - start)), cache, stream);
+    // Clamping would turn an inf into a saturated colour: check first (a NaN or inf VAE weight).
+    if (options.clamp)
+      require_finite(video, "AutoencoderKLWan decode: latent frame " + std::to_string(start) +
+                                " decodes to non-finite values before the clamp (a VAE weight or setting gives NaN or inf)");
     sink(options.clamp ? ops::clamp(video, -1.0f, 1.0f, stream) : video);
   }
 }

@@ -15,8 +15,11 @@ Checkpoint open_component_weights(const std::string& dir, const std::string& var
   if (!fs::is_directory(dir, ec)) throw Error(dir + ": not a directory (expected a model component folder with " + name + ".safetensors)");
   const std::string infix = variant.empty() ? "" : "." + variant;
   const std::string index = name + ".safetensors.index" + infix + ".json", single = name + infix + ".safetensors";
-  for (const std::string& file : {index, single})
-    if (fs::is_regular_file(fs::path(dir) / file, ec)) return Checkpoint::open((fs::path(dir) / file).string());
+  for (const std::string& file : {index, single}) {
+    const fs::path path = fs::path(dir) / file;
+    // Present but a directory, FIFO or device: Checkpoint::open names it as not a regular file.
+    if (fs::exists(fs::symlink_status(path, ec))) return Checkpoint::open(path.string());
+  }
   std::vector<std::string> present;
   for (const auto& entry : fs::directory_iterator(dir, ec))
     if (entry.path().extension() == ".safetensors" || entry.path().filename().string().ends_with(".index.json"))

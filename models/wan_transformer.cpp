@@ -47,9 +47,11 @@ WanConfig WanConfig::from_json(const nlohmann::json& json, const std::string& so
       .integer("ffn_dim", c.ffn_dim, 1)
       .integer("num_layers", c.num_layers, 0, 1024)
       .boolean("cross_attn_norm", c.cross_attn_norm)
-      .text("qk_norm", qk_norm, {"rms_norm_across_heads"})
+      .text("qk_norm", qk_norm, {"rms_norm_across_heads"})  // null below: diffusers' "no norm", not the default
       .positive_number("eps", c.eps)
       .integer("rope_max_seq_len", c.rope_max_seq_len, 1);
+  if (r.contains("qk_norm") && r.raw("qk_norm").is_null())
+    r.fail("qk_norm", "is null (no query/key norm), which cubevec's WanTransformer3DModel does not run; it supports \"rms_norm_across_heads\"");
   // The image-to-video branch: cubevec's model is the text-to-video one, which has these null.
   for (const char* key : {"image_dim", "added_kv_proj_dim", "pos_embed_seq_len"})
     if (r.has(key))

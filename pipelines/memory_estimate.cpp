@@ -131,7 +131,12 @@ uint64_t parse_memory_size(const std::string& text, const std::string& flag) {
   } catch (const std::exception&) {
     fail();
   }
-  if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0]))) fail();  // no sign, no "inf"
+  // Decimal digits and at most one point, then the suffix: no sign, "inf", hex or exponents.
+  const std::size_t number_end = text.find_first_not_of("0123456789.");
+  const std::string number = text.substr(0, number_end);
+  if (number.empty() || !std::isdigit(static_cast<unsigned char>(number[0])) || number.find('.') != number.rfind('.') ||
+      used != number.size())
+    fail();
   std::string suffix = text.substr(used);
   for (char& ch : suffix) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
   if (suffix.size() == 3 && suffix.substr(1) == "IB") suffix = suffix.substr(0, 1);

@@ -28,6 +28,9 @@ WanSchedulerConfig scheduler_of(const std::string& model_dir) {
     return c;
   }
   const nlohmann::json json = read_json_file(path);
+  if (json.is_object() && json.contains("_class_name") && !json["_class_name"].is_string())
+    throw Error(path + ": '_class_name' must be a string (UniPCMultistepScheduler or FlowMatchEulerDiscreteScheduler), got " +
+                json["_class_name"].dump());
   if (json.is_object() && json.value("_class_name", std::string()) == "UniPCMultistepScheduler") return UniPCConfig::from_json(json, path);
   return FlowMatchConfig::from_json(json, path);
 }

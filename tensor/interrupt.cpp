@@ -69,6 +69,9 @@ void install_interrupt_handlers() {
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;
   for (const int signal : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) sigaction(signal, &action, nullptr);
+  // A file-size limit (ulimit -f) would kill the process mid-write, leaving its temporaries;
+  // ignored, the write fails with EFBIG and the output code reports it and cleans up.
+  std::signal(SIGXFSZ, SIG_IGN);
 }
 
 int interrupt_signal() { return received.load(std::memory_order_relaxed); }
