@@ -22,6 +22,7 @@
 #include "pipelines/jpeg.h"
 #include "models/tiny_text_encoder.h"
 #include "tensor/error.h"
+#include "tensor/output_file.h"
 #include "tensor/finite_check.h"
 
 namespace cubevec::cli {
@@ -36,6 +37,7 @@ struct T2IFlags {
 };
 
 int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache, const StageFlags& stage_flags) {
+  OutputBatch outputs;  // every file this run writes lands at its end, or none does
   if (f.model.empty()) throw Error("--model DIR is required (a diffusers Flux directory: transformer/, vae/, scheduler/)");
   if (!f.common.simulate && f.out.empty()) throw Error("--out FILE.jpg is required");
   const DType dtype = f.common.weight_dtype();
@@ -116,7 +118,6 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   print_stage_report(stage_list);
   if (!f.common.simulate) std::fprintf(stderr, "wrote %s\n", f.out.c_str());
 
-  cache.save(device);
   nlohmann::ordered_json json = {
       {"model", f.model},
       {"width", f.options.width},
@@ -133,6 +134,8 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   json["measured_peak_bytes"] = peaks.json();
   json["out"] = f.out;
   write_outputs(f.common, "t2i", device, json);
+  outputs.commit_all();  // the picture, --json and --trace together, only now
+  cache.save(device);    // a cache that cannot be saved is a warning, after the run's outputs
   return 0;
 }
 

@@ -85,6 +85,7 @@ class FrameWriter {
 };
 
 int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache, const StageFlags& stage_flags) {
+  OutputBatch outputs;  // every file this run writes lands at its end, or none does
   if (f.model.empty()) throw Error("--model DIR is required (a diffusers Wan directory: transformer/, vae/, scheduler/)");
   if (!f.common.simulate && f.out.empty()) throw Error("--out FILE.avi is required");
   const DType dtype = f.common.weight_dtype();
@@ -163,7 +164,6 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
     std::fprintf(stderr, "wrote %s (%d frames at %d fps)%s%s\n", f.out.c_str(), writer->frame_count(), f.fps,
                  f.frames_dir.empty() ? "" : " and the frames to ", f.frames_dir.c_str());
 
-  cache.save(device);
   nlohmann::ordered_json json = {{"model", f.model},
                                  {"frames", f.options.frames},
                                  {"width", f.options.width},
@@ -182,6 +182,8 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   json["measured_peak_bytes"] = peaks.json();
   json["out"] = f.out;
   write_outputs(f.common, "t2v", device, json);
+  outputs.commit_all();  // the picture, --json and --trace together, only now
+  cache.save(device);    // a cache that cannot be saved is a warning, after the run's outputs
   return 0;
 }
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -146,6 +147,12 @@ void OutputFile::close() {
 
 void OutputFile::commit() {
   close();
+  if (OutputBatch* batch = OutputBatch::open_batch()) {  // renamed with the run's other outputs
+    batch->adopt({temporary_, path_, what_});
+    committed_ = true;
+    temporary_.clear();
+    return;
+  }
   // Something may have appeared at the target during the run: the same rules as up front.
   const std::string problem = existing_target_problem(path_);
   if (!problem.empty()) {
@@ -159,6 +166,47 @@ void OutputFile::commit() {
     live().paths.erase(temporary_);
   }
   temporary_.clear();
+}
+
+namespace {
+std::atomic<OutputBatch*> open_output_batch{nullptr};
+}  // namespace
+
+OutputBatch::OutputBatch() {
+  OutputBatch* expected = nullptr;
+  if (!open_output_batch.compare_exchange_strong(expected, this)) throw Error("internal: an output batch is already open");
+}
+
+OutputBatch::~OutputBatch() {
+  open_output_batch.store(nullptr);
+  std::lock_guard lock(live().mutex);
+  for (const Pending& p : pending_) {
+    ::unlink(p.temporary.c_str());
+    live().paths.erase(p.temporary);
+  }
+}
+
+OutputBatch* OutputBatch::open_batch() { return open_output_batch.load(); }
+
+void OutputBatch::adopt(Pending pending) { pending_.push_back(std::move(pending)); }
+
+void OutputBatch::commit_all() {
+  open_output_batch.store(nullptr);  // later commits (a cache saved after the run) are immediate
+  // Every target is checked before any is replaced, so a problem found now changes nothing.
+  for (const Pending& p : pending_) {
+    const std::string problem = existing_target_problem(p.path);
+    if (!problem.empty()) throw Error(p.what + " " + p.path + ": " + problem + " (it appeared during the run; nothing was written)");
+  }
+  while (!pending_.empty()) {
+    const Pending& p = pending_.front();
+    if (::rename(p.temporary.c_str(), p.path.c_str()) != 0)
+      throw Error(p.what + " " + p.path + ": cannot move the finished file into place: " + std::strerror(errno));
+    {
+      std::lock_guard lock(live().mutex);
+      live().paths.erase(p.temporary);
+    }
+    pending_.erase(pending_.begin());
+  }
 }
 
 void remove_live_temporaries() noexcept {

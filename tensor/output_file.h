@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace cubevec {
 
@@ -42,6 +43,7 @@ class OutputFile {
   // Drops the temporary now (what the destructor does).
   void discard() noexcept;
 
+  // Committed here or, while an OutputBatch is open, handed to it (renamed by its commit_all()).
   const std::string& path() const { return path_; }
   const std::string& temporary_path() const { return temporary_; }
   bool committed() const { return committed_; }
@@ -60,5 +62,28 @@ void remove_live_temporaries() noexcept;
 
 // The whole file at once: check, temporary, write, commit.
 void write_output_file(const std::string& path, const std::string& what, std::string_view bytes);
+
+// A run's outputs land together: while a batch is open (one per process), OutputFile::commit()
+// hands its finished temporary to the batch instead of renaming it, and commit_all() renames them
+// all at the end of a successful run, each target checked again first. A failure before that (a
+// --trace that cannot be written after the picture was made) leaves every previous file as it was;
+// the batch's destructor removes what it still holds.
+class OutputBatch {
+ public:
+  OutputBatch();  // throws if another batch is open
+  ~OutputBatch();
+  OutputBatch(const OutputBatch&) = delete;
+  OutputBatch& operator=(const OutputBatch&) = delete;
+  void commit_all();
+
+  struct Pending {
+    std::string temporary, path, what;
+  };
+  void adopt(Pending pending);  // OutputFile::commit's hand-over
+  static OutputBatch* open_batch();
+
+ private:
+  std::vector<Pending> pending_;
+};
 
 }  // namespace cubevec

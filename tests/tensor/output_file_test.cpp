@@ -85,6 +85,34 @@ TEST_F(OutputFileTest, AnAbandonedOrFailedWriteLeavesTheOldFileAndNoTemporary) {
   EXPECT_EQ(entries(), 1);
 }
 
+TEST_F(OutputFileTest, ABatchLandsAllOutputsTogetherOrNone) {
+  write_plain(path("picture.jpg"), "old picture");
+  write_plain(path("report.json"), "old report");
+  {
+    // A run that fails after the picture was written (its --json cannot be made): nothing changes.
+    cubevec::OutputBatch batch;
+    cubevec::write_output_file(path("picture.jpg"), "JPEG output", "new picture");
+    EXPECT_EQ(read(path("picture.jpg")), "old picture") << "held by the batch";
+    EXPECT_EQ(entries(), 3) << "the picture's temporary waits beside it";
+  }
+  EXPECT_EQ(read(path("picture.jpg")), "old picture");
+  EXPECT_EQ(entries(), 2) << "the batch removed the temporary";
+  {
+    cubevec::OutputBatch batch;
+    EXPECT_NE(message_of([] { cubevec::OutputBatch second; }).find("already open"), std::string::npos);
+    cubevec::write_output_file(path("picture.jpg"), "JPEG output", "new picture");
+    cubevec::write_output_file(path("report.json"), "--json", "new report");
+    EXPECT_EQ(read(path("report.json")), "old report");
+    batch.commit_all();
+    EXPECT_EQ(read(path("picture.jpg")), "new picture");
+    EXPECT_EQ(read(path("report.json")), "new report");
+    // After commit_all, commits are immediate again (a cache saved after the run).
+    cubevec::write_output_file(path("cache.json"), "cache", "cached");
+    EXPECT_EQ(read(path("cache.json")), "cached");
+  }
+  EXPECT_EQ(entries(), 3);
+}
+
 TEST_F(OutputFileTest, SpecialTargetsAreRefusedAndLeftAlone) {
   write_plain(path("target"), "target bytes");
   fs::create_symlink(path("target"), path("link"));
