@@ -94,7 +94,12 @@ int run(const QuantizeFlags& f, const DeviceFlags& device_flags) {
                    std::string(static_cast<std::size_t>(width - filled), '.').c_str(), step, steps);
       if (step == steps) std::fprintf(stderr, "  %s\n", data[i].first.c_str());
     };
-    model->run(data[i].second, shape, stages, on_step);
+    try {
+      model->run(data[i].second, shape, stages, on_step);
+    } catch (...) {
+      std::fprintf(stderr, "\n");  // end the progress bar's line: the error gets its own
+      throw;
+    }
   }
   calibration.detach(model->parameters());
   const pipelines::QuantExportResult result = pipelines::export_quantized(model->parameters(), calibration, options, f.steps, f.out);

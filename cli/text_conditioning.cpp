@@ -8,11 +8,33 @@
 
 namespace cubevec::cli {
 
+namespace {
+
+// The --prompt-embeds tensors against what the model takes, naming the file and the tensor (the
+// pipeline's own check, later, knows neither). `width` of the sequence; `pooled` 0: none.
+void require_embedding_shapes(const pipelines::PromptEmbedsFile& file, const std::string& path, int64_t width, int64_t pooled) {
+  const auto check = [&](const models::PromptEmbeddings& e, const std::string& prefix) {
+    const Tensor& s = e.sequence;
+    if (s.defined() && (s.dim() != 3 || s.size(0) != 1 || s.size(1) < 1 || s.size(2) != width))
+      throw Error(path + ": '" + prefix + "prompt_embeds' must be [1, L, " + std::to_string(width) + "] with L >= 1 for this model, got " +
+                  shape_to_string(s.shape()));
+    const Tensor& p = e.pooled;
+    if (pooled > 0 && p.defined() && (p.dim() != 2 || p.size(0) != 1 || p.size(1) != pooled))
+      throw Error(path + ": '" + prefix + "pooled_prompt_embeds' must be [1, " + std::to_string(pooled) + "] for this model, got " +
+                  shape_to_string(p.shape()));
+  };
+  check(file.positive, "");
+  if (file.negative) check(*file.negative, "negative_");
+}
+
+}  // namespace
+
 TextConditioning flux_text(const std::string& model_dir, const PromptFlags& f, bool cfg, bool simulate, const models::FluxConfig& mc,
                            const Stream& stream) {
   TextConditioning t;
   if (!f.prompt_embeds.empty()) {
     const pipelines::PromptEmbedsFile file = pipelines::PromptEmbedsFile::load(f.prompt_embeds);
+    require_embedding_shapes(file, f.prompt_embeds, mc.joint_attention_dim, mc.pooled_projection_dim);
     t.positive = file.positive;
     t.negative = file.negative;
     t.source = "embeddings from " + f.prompt_embeds;
@@ -47,6 +69,7 @@ TextConditioning wan_text(const std::string&, const PromptFlags& f, bool cfg, bo
   TextConditioning t;
   if (!f.prompt_embeds.empty()) {
     const pipelines::PromptEmbedsFile file = pipelines::PromptEmbedsFile::load(f.prompt_embeds, /*with_pooled=*/false);
+    require_embedding_shapes(file, f.prompt_embeds, mc.text_dim, 0);
     t.positive = file.positive;
     t.negative = file.negative;
     t.source = "embeddings from " + f.prompt_embeds;

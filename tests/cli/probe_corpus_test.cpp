@@ -78,6 +78,10 @@ TEST_F(ProbeCorpus, EveryBadInputIsANamedOneLineError) {
   write_text(broken / "transformer" / "config.json", R"({"num_layers": 2,)");
   const std::string wan_embeds = (d / "wan_embeds.safetensors").string();
   cubevec::write_safetensors(wan_embeds, {{"prompt_embeds", cubevec::testing::random_tensor({1, 7, 24}, 1, cubevec::DType::f32, 1.0f)}});
+  const std::string wide_embeds = (d / "wide_embeds.safetensors").string(), wide_pooled = (d / "wide_pooled.safetensors").string();
+  cubevec::write_safetensors(wide_embeds, {{"prompt_embeds", cubevec::testing::random_tensor({1, 8, 25}, 1, cubevec::DType::f32, 1.0f)}});
+  cubevec::write_safetensors(wide_pooled, {{"prompt_embeds", cubevec::testing::random_tensor({1, 5, 40}, 1, cubevec::DType::f32, 1.0f)},
+                                           {"pooled_prompt_embeds", cubevec::testing::random_tensor({1, 25}, 2, cubevec::DType::f32, 1.0f)}});
   const std::string latent_i64 = (d / "latent_i64.safetensors").string();
   cubevec::write_safetensors(latent_i64, {{"latent", cubevec::Tensor::zeros({1, 16, 4, 4}, cubevec::DType::i64)}});
 
@@ -174,6 +178,11 @@ TEST_F(ProbeCorpus, EveryBadInputIsANamedOneLineError) {
       {"meaning", {"t2i", "--model", kTinyFlux, "--prompt", essay, "--out", out}, "and 9990 more"},
       {"meaning", {"t2i", "--model", kTinyFlux, "--prompt", std::string(300, 'r'), "--out", out}, "does not know: 'rrrr"},
       {"names", {"t2i", "--model", kTinyFlux, "--prompt", "caf\xe9 \x1b[31m", "--out", out}, "\\xe9"},
+      {"names", {"t2v", "--model", kWan, "--prompt-embeds", wide_embeds, "--cfg", "off", "--frames", "1", "--width", "16", "--height", "16",
+                 "--out", video},
+       "wide_embeds.safetensors: 'prompt_embeds' must be [1, L, 24] with L >= 1 for this model, got [1, 8, 25]"},
+      {"names", {"t2i", "--model", kFlux, "--prompt-embeds", wide_pooled, "--out", out},
+       "wide_pooled.safetensors: 'pooled_prompt_embeds' must be [1, 24] for this model, got [1, 25]"},
       // 5. Errors name the input: forward's tensors by their argument names.
       {"names", {"forward", "--model", kFlux + "/vae", "--inputs", latent_i64, "--out", (d / "sample.safetensors").string()},
        "latent must be f32 or bf16, got i64"},
