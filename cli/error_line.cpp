@@ -42,5 +42,4 @@ std::string one_line(const std::string& message) {
   return out;
 }
 
-
 }  // namespace cubevec::cli

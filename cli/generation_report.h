@@ -22,22 +22,7 @@ struct GenerationFlags {
   std::string dtype = "f32", json_path, trace_path, variant;
   int threads = 0;
   bool simulate = false;
-  bool check_weights = false;  // {"peak_bytes", "weights_bytes", "denoising_bytes", "vae_decode_bytes"} for --json.
-nlohmann::ordered_json memory_estimate_json(const pipelines::MemoryEstimate& estimate);
-
-// The allocator's peak per phase: created right after denoising (it restarts the peak there),
-// finish() after decoding gives the whole run's stats with the larger peak.
-class PhasePeaks {
- public:
-  static PhasePeaks after_denoising();
-  AllocatorStats finish();
-  nlohmann::ordered_json json() const;  // {"denoising": bytes, "vae_decode": bytes}, live peaks
-
- private:
-  std::size_t denoising_ = 0, denoising_reserved_ = 0, vae_decode_ = 0;
-};
-
-// --check-weights: every loaded weight must be finite
+  bool check_weights = false;  // --check-weights: every loaded weight must be finite
   std::string memory_limit;    // --memory-limit: a size ("24G"); empty: the available memory
 
   // --dtype: f32 or bf16, else an Error. bf16 means bf16 weights and bf16 activations (with f32

@@ -4,7 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <fstream>
-#include <sstream>
+#include <stdexcept>
 
 #include "tensor/caching_allocator.h"
 #include "tensor/error.h"
@@ -124,20 +124,17 @@ uint64_t parse_memory_size(const std::string& text, const std::string& flag) {
   const auto fail = [&] {
     throw Error((flag.empty() ? "" : flag + " ") + "'" + text + "': expected a size in bytes with an optional K, M, G or T suffix (powers of 1024), e.g. 24G or 512MiB");
   };
-  std::size_t used = 0;
+  // Decimal digits with at most one point, then the suffix: no sign, "inf", hex or exponents.
+  const std::size_t number_end = std::min(text.find_first_not_of("0123456789."), text.size());
+  const std::string number = text.substr(0, number_end);
+  if (number.empty() || !std::isdigit(static_cast<unsigned char>(number[0])) || number.find('.') != number.rfind('.')) fail();
   double value = 0;
   try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
+    value = std::stod(number);
+  } catch (const std::out_of_range&) {  // hundreds of digits
     fail();
   }
-  // Decimal digits and at most one point, then the suffix: no sign, "inf", hex or exponents.
-  const std::size_t number_end = text.find_first_not_of("0123456789.");
-  const std::string number = text.substr(0, number_end);
-  if (number.empty() || !std::isdigit(static_cast<unsigned char>(number[0])) || number.find('.') != number.rfind('.') ||
-      used != number.size())
-    fail();
-  std::string suffix = text.substr(used);
+  std::string suffix = text.substr(number_end);
   for (char& ch : suffix) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
   if (suffix.size() == 3 && suffix.substr(1) == "IB") suffix = suffix.substr(0, 1);
   else if (suffix.size() == 2 && suffix[1] == 'B') suffix = suffix.substr(0, 1);

@@ -56,6 +56,18 @@ mode_t new_file_mode() {
   return static_cast<mode_t>(0666 & ~mask);
 }
 
+// Renames a finished temporary over its target, the target checked again first (something may
+// have appeared there during the run: the same rules as up front), and drops it from the registry.
+// Throws naming the target; the temporary is then the caller's to remove.
+void move_into_place(const std::string& temporary, const std::string& path, const std::string& what) {
+  const std::string problem = existing_target_problem(path);
+  if (!problem.empty()) throw Error(what + " " + path + ": " + problem + " (it appeared during the run; nothing was written)");
+  if (::rename(temporary.c_str(), path.c_str()) != 0)
+    throw Error(what + " " + path + ": cannot move the finished file into place: " + std::strerror(errno) + " (the file was not changed)");
+  std::lock_guard lock(live().mutex);
+  live().paths.erase(temporary);
+}
+
 }  // namespace
 
 std::string output_path_problem(const std::string& path) {
@@ -153,18 +165,13 @@ void OutputFile::commit() {
     temporary_.clear();
     return;
   }
-  // Something may have appeared at the target during the run: the same rules as up front.
-  const std::string problem = existing_target_problem(path_);
-  if (!problem.empty()) {
+  try {
+    move_into_place(temporary_, path_, what_);
+  } catch (...) {
     discard();
-    throw Error(what_ + " " + path_ + ": " + problem + " (it appeared during the run; nothing was written)");
+    throw;
   }
-  if (::rename(temporary_.c_str(), path_.c_str()) != 0) fail("cannot move the finished file into place", errno);
   committed_ = true;
-  {
-    std::lock_guard lock(live().mutex);
-    live().paths.erase(temporary_);
-  }
   temporary_.clear();
 }
 
@@ -180,10 +187,11 @@ OutputBatch::OutputBatch() {
 OutputBatch::~OutputBatch() {
   open_output_batch.store(nullptr);
   std::lock_guard lock(live().mutex);
-  for (const Pending& p : pending_) {
-    ::unlink(p.temporary.c_str());
-    live().paths.erase(p.temporary);
-  }
+  for (const Pending& p : pending_)
+    if (!p.temporary.empty()) {
+      ::unlink(p.temporary.c_str());
+      live().paths.erase(p.temporary);
+    }
 }
 
 OutputBatch* OutputBatch::open_batch() { return open_output_batch.load(); }
@@ -197,16 +205,11 @@ void OutputBatch::commit_all() {
     const std::string problem = existing_target_problem(p.path);
     if (!problem.empty()) throw Error(p.what + " " + p.path + ": " + problem + " (it appeared during the run; nothing was written)");
   }
-  while (!pending_.empty()) {
-    const Pending& p = pending_.front();
-    if (::rename(p.temporary.c_str(), p.path.c_str()) != 0)
-      throw Error(p.what + " " + p.path + ": cannot move the finished file into place: " + std::strerror(errno));
-    {
-      std::lock_guard lock(live().mutex);
-      live().paths.erase(p.temporary);
-    }
-    pending_.erase(pending_.begin());
+  for (Pending& p : pending_) {
+    move_into_place(p.temporary, p.path, p.what);
+    p.temporary.clear();  // placed: nothing for the destructor to remove
   }
+  pending_.clear();
 }
 
 void remove_live_temporaries() noexcept {

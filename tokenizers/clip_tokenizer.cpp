@@ -14,6 +14,7 @@ namespace cubevec::tokenizers {
 namespace {
 
 const std::string kStart = "<|startoftext|>", kEnd = "<|endoftext|>";
+constexpr std::u32string_view kStart32 = U"<|startoftext|>", kEnd32 = U"<|endoftext|>";
 
 // GPT-2's bytes_to_unicode: printable bytes keep their code point, the other 68 take 256, 257, ...
 // in byte order (so ' ' is U+0120), each as the UTF-8 of that code point.
@@ -77,7 +78,7 @@ bool starts_with(const std::u32string& text, std::size_t at, std::u32string_view
 // CLIP's pre-split: <|startoftext|>|<|endoftext|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+
 // on text whose only whitespace is ' ' (basic_clean made it so).
 std::vector<std::string> pre_split(const std::u32string& text) {
-  static const std::u32string_view specials[] = {U"<|startoftext|>", U"<|endoftext|>"};
+  static const std::u32string_view specials[] = {kStart32, kEnd32};
   static const std::u32string_view contractions[] = {U"'s", U"'t", U"'re", U"'ve", U"'m", U"'ll", U"'d"};
   std::vector<std::string> pieces;
   std::size_t i = 0;
@@ -209,7 +210,7 @@ std::vector<int32_t> ClipTokenizer::encode(const std::string& prompt, const std:
   while (start <= text.size()) {
     std::size_t next = std::u32string::npos, length = 0;
     int32_t special = 0;
-    for (const auto& [s, id] : {std::pair{std::u32string(U"<|startoftext|>"), bos_id_}, std::pair{std::u32string(U"<|endoftext|>"), eos_id_}}) {
+    for (const auto& [s, id] : {std::pair{kStart32, bos_id_}, std::pair{kEnd32, eos_id_}}) {
       const std::size_t at = text.find(s, start);
       if (at < next) next = at, length = s.size(), special = id;
     }
