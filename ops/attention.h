@@ -1,6 +1,7 @@
 // Attention with MindIE SD's semantics (../shared/reference/mindie-sd.md, section A1).
 //
 //   out = softmax(scale * q k^T + bias) v,   bias = 0 where the mask is true (attend), -inf where false
+//                                            (or the f32 mask itself, see AttentionOptions::mask)
 //
 // Three implementations, all f32 or bf16 in and out, sums and softmax in f32:
 //   math:          materialized [Sq, Sk] scores per head, then softmax, then P v; MindIE's
@@ -45,6 +46,9 @@ std::string_view attention_opt_mode_name(AttentionOptMode mode);
 
 struct AttentionOptions {
   // Boolean (DType::boolean), true = attend: [Sq, Sk], or [B, N, Sq, Sk] (dims of size 1 broadcast).
+  // Or f32, an additive bias (PyTorch SDPA's float attn_mask; MindIE SD's masks are boolean only):
+  // added to the scaled scores in f32 (after their bf16 rounding on the math path); -inf masks a
+  // key. T5's relative position bias arrives this way.
   Tensor mask{};
   std::optional<double> scale{};  // default D^-0.5
   AttentionLayout layout = AttentionLayout::bsnd;

@@ -24,9 +24,10 @@
 
 namespace cubevec::ops {
 
-// block_sparse: block_sparse_attention's 128 x 128 block mask.
-enum class AttentionMaskKind { none, mask_2d, mask_4d, block_sparse };
-std::string_view attention_mask_kind_name(AttentionMaskKind kind);  // "none", "2d", "4d", "block"
+// mask_*: a boolean attn_mask; bias_*: an f32 (additive) one; block_sparse: block_sparse_attention's
+// 128 x 128 block mask.
+enum class AttentionMaskKind { none, mask_2d, mask_4d, block_sparse, bias_2d, bias_4d };
+std::string_view attention_mask_kind_name(AttentionMaskKind kind);  // "none", "2d", "4d", "block", "bias2d", "bias4d"
 
 struct AttentionTuneKey {
   int64_t batch = 0, heads = 0, head_dim = 0, q_len = 0, kv_len = 0;

@@ -31,7 +31,7 @@ struct Inputs {
   Tensor q, k, v;
   AttentionLayout layout = AttentionLayout::bsnd;  // bsnd or bnsd
   int64_t batch = 0, heads = 0, d = 0, sq = 0, sk = 0;
-  Tensor mask;  // undefined, or boolean [B|1, N|1, Sq, Sk] with unit stride in the last dim
+  Tensor mask;  // undefined, or boolean (attend) or f32 (additive bias) [B|1, N|1, Sq, Sk], unit stride in the last dim
   AttentionMaskKind mask_kind = AttentionMaskKind::none;
   float scale = 1.0f;
   Tensor block_mask;     // block_sparse_attention: [B|1, N|1, Lq, Lk] bytes with unit stride in the last dim
@@ -103,13 +103,15 @@ Inputs check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Att
 
   if (o.mask.defined()) {
     const Tensor& m = o.mask;
-    if (m.dtype() != DType::boolean) fail("attn_mask must be bool (true = attend), got " + brief(m));
+    if (m.dtype() != DType::boolean && m.dtype() != DType::f32)
+      fail("attn_mask must be bool (true = attend) or f32 (added to the scaled scores), got " + brief(m));
+    const bool bias = m.dtype() == DType::f32;
     Tensor m4;
     if (m.dim() == 2) {
       if (m.size(0) != in.sq || m.size(1) != in.sk)
         fail("a 2-D attn_mask must be [Sq, Sk] = [" + std::to_string(in.sq) + ", " + std::to_string(in.sk) + "], got " + brief(m));
       m4 = m.unsqueeze(0).unsqueeze(0);
-      in.mask_kind = AttentionMaskKind::mask_2d;
+      in.mask_kind = bias ? AttentionMaskKind::bias_2d : AttentionMaskKind::mask_2d;
     } else if (m.dim() == 4) {
       const bool ok = (m.size(0) == in.batch || m.size(0) == 1) && (m.size(1) == in.heads || m.size(1) == 1) &&
                       m.size(2) == in.sq && m.size(3) == in.sk;
@@ -117,7 +119,7 @@ Inputs check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Att
         fail("a 4-D attn_mask must be [B, N, Sq, Sk] = [" + std::to_string(in.batch) + ", " + std::to_string(in.heads) +
              ", " + std::to_string(in.sq) + ", " + std::to_string(in.sk) + "] (B and N may be 1), got " + brief(m));
       m4 = m;
-      in.mask_kind = AttentionMaskKind::mask_4d;
+      in.mask_kind = bias ? AttentionMaskKind::bias_4d : AttentionMaskKind::mask_4d;
     } else {
       fail("attn_mask must be 2-D [Sq, Sk] or 4-D [B, N, Sq, Sk], got " + brief(m));
     }
@@ -154,8 +156,14 @@ attn::AttentionBatch make_batch(const Tensor& q, const Tensor& k, const Tensor& 
       p.sk = k.size(s);
       if (mask.defined()) {
         const int64_t mb = mask.size(0) == 1 ? 0 : b, mh = mask.size(1) == 1 ? 0 : h;
-        p.mask = reinterpret_cast<const uint8_t*>(mask.unsynchronized_data_ptr()) + mb * mask.stride(0) + mh * mask.stride(1);
-        p.mask_ld = mask.stride(2);
+        const int64_t offset = mb * mask.stride(0) + mh * mask.stride(1);
+        if (mask.dtype() == DType::f32) {
+          p.bias = reinterpret_cast<const float*>(mask.unsynchronized_data_ptr()) + offset;
+          p.bias_ld = mask.stride(2);
+        } else {
+          p.mask = reinterpret_cast<const uint8_t*>(mask.unsynchronized_data_ptr()) + offset;
+          p.mask_ld = mask.stride(2);
+        }
       }
       if (block_mask.defined()) {
         const int64_t mb = block_mask.size(0) == 1 ? 0 : b, mh = block_mask.size(1) == 1 ? 0 : h;

@@ -177,6 +177,11 @@ void softmax_step(const FlashGeometry& g, const HeadProblem& head, float scale, 
     t.mask_ld = head.mask_ld;
     t.mask_rows = rows_valid;
   }
+  if (head.bias) {
+    t.bias = head.bias + q0_panel * head.bias_ld + key0;
+    t.bias_ld = head.bias_ld;
+    t.bias_rows = rows_valid;
+  }
   // Block sparsity: rows of a query block that does not keep kb attend to nothing in this tile.
   uint8_t row_mask[64 * kBlockKeys];
   if (head.block_keep && rows_valid > 0 && block_kept(head, q0_panel, kb) != block_kept(head, q0_panel + rows_valid - 1, kb)) {

@@ -1,5 +1,5 @@
 // The reference implementation, MindIE's attention_math: per head, the whole [sq, sk] score matrix
-// is materialized, masked, soft-maxed and multiplied by V. bf16 rounds where MindIE's bf16 path
+// is materialized, masked (or biased), soft-maxed and multiplied by V. bf16 rounds where MindIE's bf16 path
 // does: q * scale, the scores (the matmul's bf16 result) and the probabilities.
 #include <cmath>
 #include <cstring>
@@ -59,7 +59,7 @@ void math_head(const HeadProblem& h, int64_t d, DType dtype, float scale) {
     float mx = neg_inf;
     for (int64_t j = 0; j < h.sk; ++j) {
       const bool attend = (!h.mask || h.mask[i * h.mask_ld + j] != 0) && (!h.causal || j <= i + (h.sk - h.sq));
-      row[j] = attend ? (bf16 ? round_bf16(row[j]) : row[j]) : neg_inf;
+      row[j] = attend ? (bf16 ? round_bf16(row[j]) : row[j]) + (h.bias ? h.bias[i * h.bias_ld + j] : 0.0f) : neg_inf;
       mx = std::max(mx, row[j]);
     }
     // All keys masked: exp(-inf - -inf) is NaN, which is what MindIE's math path returns.

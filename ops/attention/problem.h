@@ -19,6 +19,8 @@ struct HeadProblem {
   int64_t sq = 0, sk = 0;
   const uint8_t* mask = nullptr;  // [sq, sk] bool bytes with row stride mask_ld, 1 = attend; or null
   int64_t mask_ld = 0;
+  const float* bias = nullptr;  // [sq, sk] f32 added to the scaled scores, row stride bias_ld; or null
+  int64_t bias_ld = 0;
   bool causal = false;  // key j visible to query i when j <= i + (sk - sq)
   // Block sparsity (sparse attention): query block qb (rows [128 qb, 128 qb + 128)) attends to key
   // block kb (keys [128 kb, 128 kb + 128)) when block_keep[qb * block_ld + kb] != 0; null = dense.

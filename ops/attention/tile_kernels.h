@@ -1,7 +1,7 @@
 // The three inner steps of flash attention on one tile (a micro-panel of MR query rows against a
 // block of kBlockKeys keys), per ISA:
 //   qk:       S = Q_panel K_block^T  (the GEMM micro-kernel, depth = head dim)
-//   softmax:  scale, mask, online-softmax update of the rows' running max and sum; S becomes P
+//   softmax:  scale, mask or additive bias, online-softmax update of the rows' running max and sum; S becomes P
 //   pv:       O = alpha * O + P V_block, one column panel of O at a time
 // Files per ISA are compiled with that ISA's flags and include no C++ library headers (see
 // ops/gemm/microkernel.h for why).
@@ -25,6 +25,9 @@ struct SoftmaxTile {
   const uint8_t* mask = nullptr;     // row r at mask + r * mask_ld (bool bytes, 1 = attend), or null
   int64_t mask_ld = 0;
   int mask_rows = 0;                 // rows that have a mask row (the rest attend to every key)
+  const float* bias = nullptr;       // row r at bias + r * bias_ld, added after scaling (r < bias_rows), or null
+  int64_t bias_ld = 0;
+  int bias_rows = 0;
   float scale = 1.0f;
   float* m = nullptr;                // per row: running max of the scaled scores (-inf at first)
   float* l = nullptr;                // per row: running sum of exp(score - m)

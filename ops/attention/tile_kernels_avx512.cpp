@@ -93,7 +93,8 @@ void softmax_tile_avx512(const SoftmaxTile& t) {
     int n = t.row_cols ? t.row_cols[r] : t.cols;
     n = n < 0 ? 0 : (n > t.cols ? t.cols : n);
     const uint8_t* mask = (t.mask && r < t.mask_rows) ? t.mask + r * t.mask_ld : nullptr;
-    // Pass 1: scaled scores, -inf where the key is masked out or beyond the row's prefix; row max.
+    const float* bias = (t.bias && r < t.bias_rows) ? t.bias + r * t.bias_ld : nullptr;
+    // Pass 1: scaled scores (plus the bias), -inf where the key is masked out or beyond the row's prefix; row max.
     __m512 vmax = vneg_inf;
     for (int j = 0; j < t.cols; j += 16) {
       const __mmask16 in_block = first_lanes(t.cols - j);
@@ -102,7 +103,8 @@ void softmax_tile_avx512(const SoftmaxTile& t) {
         const __m128i bytes = _mm_maskz_loadu_epi8(in_block, mask + j);
         attend &= _mm_test_epi8_mask(bytes, bytes);
       }
-      const __m512 x = _mm512_mask_mul_ps(vneg_inf, attend, _mm512_maskz_loadu_ps(in_block, s + j), vscale);
+      __m512 x = _mm512_mask_mul_ps(vneg_inf, attend, _mm512_maskz_loadu_ps(in_block, s + j), vscale);
+      if (bias) x = _mm512_mask_add_ps(x, attend, x, _mm512_maskz_loadu_ps(in_block, bias + j));
       _mm512_mask_storeu_ps(s + j, in_block, x);
       vmax = _mm512_max_ps(vmax, x);
     }

@@ -30,10 +30,11 @@ void softmax_generic(const SoftmaxTile& t) {
     int n = t.row_cols ? t.row_cols[r] : t.cols;
     n = n < 0 ? 0 : (n > t.cols ? t.cols : n);
     const uint8_t* mask = (t.mask && r < t.mask_rows) ? t.mask + r * t.mask_ld : nullptr;
+    const float* bias = (t.bias && r < t.bias_rows) ? t.bias + r * t.bias_ld : nullptr;
     float row_max = neg_inf;
     for (int j = 0; j < t.cols; ++j) {
       const bool attend = j < n && (!mask || mask[j] != 0);
-      s[j] = attend ? s[j] * t.scale : neg_inf;
+      s[j] = attend ? (bias ? s[j] * t.scale + bias[j] : s[j] * t.scale) : neg_inf;
       row_max = s[j] > row_max ? s[j] : row_max;
     }
     const float m_old = t.m[r];

@@ -36,7 +36,9 @@ namespace {
 constexpr auto kMaskKindNames = enum_names<AttentionMaskKind>("mask kind", {{AttentionMaskKind::none, "none"},
                                                                             {AttentionMaskKind::mask_2d, "2d"},
                                                                             {AttentionMaskKind::mask_4d, "4d"},
-                                                                            {AttentionMaskKind::block_sparse, "block"}});
+                                                                            {AttentionMaskKind::block_sparse, "block"},
+                                                                            {AttentionMaskKind::bias_2d, "bias2d"},
+                                                                            {AttentionMaskKind::bias_4d, "bias4d"}});
 AttentionMaskKind parse_mask_kind(std::string_view name) { return kMaskKindNames.parse(name); }
 }  // namespace
 

@@ -345,7 +345,8 @@ TEST(AttentionForward, BadArgumentsGiveClearErrors) {
          o.num_heads = 3;
          return o;
        }()), "query's hidden size 32 is not divisible by num_heads 3"},
-      {run(q, k, v, with_mask(random_tensor({8, 6}, 10))), "attn_mask must be bool (true = attend), got f32 [8, 6]"},
+      {run(q, k, v, with_mask(random_tensor({8, 6}, 10, DType::bf16))),
+       "attn_mask must be bool (true = attend) or f32 (added to the scaled scores), got bf16 [8, 6]"},
       {run(q, k, v, with_mask(bool_tensor(std::vector<uint8_t>(48, 1), {6, 8}))), "a 2-D attn_mask must be [Sq, Sk] = [8, 6], got bool [6, 8]"},
       {run(q, k, v, with_mask(bool_tensor(std::vector<uint8_t>(48, 1), {1, 8, 6}))), "attn_mask must be 2-D [Sq, Sk] or 4-D [B, N, Sq, Sk], got bool [1, 8, 6]"},
       {run(q, k, v, with_mask(bool_tensor(std::vector<uint8_t>(144, 1), {1, 3, 8, 6}))), "a 4-D attn_mask must be [B, N, Sq, Sk] = [1, 2, 8, 6] (B and N may be 1), got bool [1, 3, 8, 6]"},
