@@ -102,6 +102,7 @@ void load_parameters(const ParameterTable& table, const Checkpoint& checkpoint, 
       bad_dtype.push_back(spec.name + ": " + std::string(e.dtype->name));
   }
   const auto reported = [&](const std::string& name) {
+    if (std::find(options.ignored_names.begin(), options.ignored_names.end(), name) != options.ignored_names.end()) return false;
     if (options.unexpected_prefixes.empty()) return true;
     return std::any_of(options.unexpected_prefixes.begin(), options.unexpected_prefixes.end(),
                        [&](const std::string& prefix) { return name.compare(0, prefix.size(), prefix) == 0; });

@@ -63,6 +63,7 @@ void load_parameters(const ParameterTable& table, const Checkpoint& checkpoint, 
 // tensors are reported either way.
 struct LoadOptions {
   std::vector<std::string> unexpected_prefixes{};
+  std::vector<std::string> ignored_names{};  // never reported (a buffer such as CLIP's position_ids)
 };
 void load_parameters(const ParameterTable& table, const Checkpoint& checkpoint, DType dtype,
                      const LoadOptions& options);
