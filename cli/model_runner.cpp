@@ -23,8 +23,10 @@ models::ParameterTable& ModelRunner::parameters() {
   return wan_ ? wan_->mutable_transformer().mutable_parameters() : flux_->mutable_transformer().mutable_parameters();
 }
 
-TextConditioning ModelRunner::text(const PromptFlags& flags) const {
-  return wan_ ? wan_text(dir_, flags, false, false, wan_->transformer().config())
+TextConditioning ModelRunner::text(const PromptFlags& prompt_flags) const {
+  PromptFlags flags = prompt_flags;
+  flags.dtype = dtype_;
+  return wan_ ? wan_text(dir_, flags, false, false, wan_->transformer().config(), device_.default_stream())
               : flux_text(dir_, flags, false, false, flux_->transformer().config(), device_.default_stream());
 }
 

@@ -41,6 +41,7 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   if (f.model.empty()) throw Error("--model DIR is required (a diffusers Flux directory: transformer/, vae/, scheduler/)");
   if (!f.common.simulate && f.out.empty()) throw Error("--out FILE.jpg is required");
   const DType dtype = f.common.weight_dtype();
+  f.text.dtype = dtype;
   f.options.cfg = pipelines::parse_cfg_mode(f.cfg);
   f.options.activations = dtype;
   const pipelines::CacheConfig cache_config = stage_flags.cache_settings();  // bad files fail before any work
@@ -148,7 +149,10 @@ CommandRunner add_t2i_command(CLI::App& app) {
   auto cache = add_attention_tune_cache_flag(*command);
   auto stage_flags = add_stage_flags(*command);
   command->add_option("--model", flags->model, "Diffusers model directory (transformer/, vae/, scheduler/)");
-  command->add_option("--prompt", flags->text.prompt, "The prompt (encoded by the model's text_encoder/, when it has one)");
+  command->add_option("--prompt", flags->text.prompt,
+                      "The prompt (encoded by the folder's text_encoder/ + tokenizer/ (CLIP) and text_encoder_2/ + tokenizer_2/ (T5))");
+  command->add_option("--max-sequence-length", flags->text.max_sequence_length, "T5 tokens the prompt is padded to (default 512)")
+      ->check(CLI::Range(1, 512));
   command->add_option("--negative-prompt", flags->text.negative_prompt, "The negative prompt for true CFG (default: the empty prompt)");
   command->add_option("--prompt-embeds", flags->text.prompt_embeds,
                       "safetensors with prompt_embeds [1,L,D] and pooled_prompt_embeds [1,P] (and negative_* for CFG)");

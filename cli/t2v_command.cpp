@@ -89,6 +89,7 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   if (f.model.empty()) throw Error("--model DIR is required (a diffusers Wan directory: transformer/, vae/, scheduler/)");
   if (!f.common.simulate && f.out.empty()) throw Error("--out FILE.avi is required");
   const DType dtype = f.common.weight_dtype();
+  f.text.dtype = dtype;
   f.options.cfg = pipelines::parse_cfg_mode(f.cfg);
   f.options.activations = dtype;
   const pipelines::CacheConfig cache_config = stage_flags.cache_settings();  // bad files fail before any work
@@ -104,7 +105,8 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   auto t0 = std::chrono::steady_clock::now();
   pipelines::WanT2VPipeline pipeline = pipelines::WanT2VPipeline::load_meta(f.model, dtype);
   const TextConditioning text =
-      wan_text(f.model, f.text, f.options.cfg != pipelines::CfgMode::off, f.common.simulate, pipeline.transformer().config());
+      wan_text(f.model, f.text, f.options.cfg != pipelines::CfgMode::off, f.common.simulate, pipeline.transformer().config(),
+               device.default_stream());
   const pipelines::PromptEmbeddings& positive = text.positive;
   const std::optional<pipelines::PromptEmbeddings>& negative = text.negative;
   const std::string& text_source = text.source;
@@ -196,7 +198,10 @@ CommandRunner add_t2v_command(CLI::App& app) {
   auto cache = add_attention_tune_cache_flag(*command);
   auto stage_flags = add_stage_flags(*command);
   command->add_option("--model", flags->model, "Diffusers Wan model directory (transformer/, vae/, scheduler/)");
-  command->add_option("--prompt", flags->text.prompt, "The prompt (needs the umT5 encoder, not implemented yet: use --prompt-embeds)");
+  command->add_option("--prompt", flags->text.prompt, "The prompt (encoded by the folder's umT5 text_encoder/ + tokenizer/)");
+  command->add_option("--negative-prompt", flags->text.negative_prompt, "The negative prompt for CFG (default: the empty prompt)");
+  command->add_option("--max-sequence-length", flags->text.max_sequence_length, "umT5 tokens the prompt is padded to (default 512)")
+      ->check(CLI::Range(1, 4096));
   command->add_option("--prompt-embeds", flags->text.prompt_embeds,
                       "safetensors with prompt_embeds [1,L,text_dim] (and negative_prompt_embeds for CFG)");
   command->add_option("--frames", flags->options.frames, "Frames, 1 + 4k (default 81)")->check(CLI::Range(int64_t{1}, int64_t{4097}));

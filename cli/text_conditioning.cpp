@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "models/pipeline_text_encoders.h"
 #include "models/tiny_text_encoder.h"
 #include "pipelines/prompt_embeds_file.h"
 #include "tensor/error.h"
@@ -40,11 +41,26 @@ TextConditioning flux_text(const std::string& model_dir, const PromptFlags& f, b
     t.source = "embeddings from " + f.prompt_embeds;
     if (!f.prompt.empty()) std::fprintf(stderr, "note: --prompt-embeds given, so the text of --prompt is not encoded\n");
   } else if (simulate) {
-    // Shapes only: T5's 512 tokens and CLIP's pooled vector, as FLUX.1 uses them.
-    t.positive = {Tensor::meta({1, 512, mc.joint_attention_dim}, DType::f32), Tensor::meta({1, mc.pooled_projection_dim}, DType::f32)};
+    // Shapes only: T5's tokens and CLIP's pooled vector, as FLUX.1 uses them.
+    t.positive = {Tensor::meta({1, f.max_sequence_length, mc.joint_attention_dim}, DType::f32),
+                  Tensor::meta({1, mc.pooled_projection_dim}, DType::f32)};
     t.negative = t.positive;
     t.source = "shape-only T5/CLIP embeddings";
-  } else if (models::TinyTextEncoder::present(model_dir)) {
+  } else if (const models::TextEncoderKind kind = models::text_encoder_kind(model_dir); kind == models::TextEncoderKind::clip_t5) {
+    if (f.prompt.empty()) throw Error("--prompt TEXT is required (or --prompt-embeds FILE)");
+    auto encoder = models::FluxTextEncoder::load(model_dir, f.dtype, f.max_sequence_length, stream);
+    if (encoder->clip().config().hidden_size != mc.pooled_projection_dim)
+      throw Error(model_dir + "/text_encoder is " + std::to_string(encoder->clip().config().hidden_size) +
+                  " wide but the transformer's pooled_projection_dim is " + std::to_string(mc.pooled_projection_dim));
+    if (encoder->t5().config().d_model != mc.joint_attention_dim)
+      throw Error(model_dir + "/text_encoder_2 is " + std::to_string(encoder->t5().config().d_model) +
+                  " wide (d_model) but the transformer's joint_attention_dim is " + std::to_string(mc.joint_attention_dim));
+    t.positive = encoder->encode(f.prompt);
+    if (cfg) t.negative = encoder->encode(f.negative_prompt);
+    t.source = encoder->name();
+  } else if (kind == models::TextEncoderKind::umt5) {
+    throw Error(model_dir + "/text_encoder is Wan's umT5, not Flux's CLIP: is this a Wan folder?");
+  } else if (kind == models::TextEncoderKind::tiny) {
     // The model's own text encoder (the shipped tiny model): --prompt, and --negative-prompt for
     // true CFG (empty: the empty caption, the unconditional input the model was trained with).
     auto encoder = models::TinyTextEncoder::load(model_dir, stream);
@@ -58,14 +74,16 @@ TextConditioning flux_text(const std::string& model_dir, const PromptFlags& f, b
     else if (!f.negative_prompt.empty()) std::fprintf(stderr, "note: --negative-prompt is used only with --cfg fused or --cfg streams\n");
     t.source = encoder->name();
   } else {
-    throw Error(model_dir + " has no text encoder cubevec can run yet (CLIP-L / T5-XXL come in a later issue): pass --prompt-embeds FILE");
+    throw Error(model_dir + " has no text_encoder/ to encode --prompt with: pass --prompt-embeds FILE, or use a folder with text_encoder/ + "
+                "tokenizer/ (CLIP) and text_encoder_2/ + tokenizer_2/ (T5)");
   }
   if (cfg && !t.negative)
     throw Error("CFG needs negative embeddings: negative_prompt_embeds and negative_pooled_prompt_embeds in the --prompt-embeds file");
   return t;
 }
 
-TextConditioning wan_text(const std::string&, const PromptFlags& f, bool cfg, bool simulate, const models::WanConfig& mc) {
+TextConditioning wan_text(const std::string& model_dir, const PromptFlags& f, bool cfg, bool simulate, const models::WanConfig& mc,
+                          const Stream& stream) {
   TextConditioning t;
   if (!f.prompt_embeds.empty()) {
     const pipelines::PromptEmbedsFile file = pipelines::PromptEmbedsFile::load(f.prompt_embeds, /*with_pooled=*/false);
@@ -74,12 +92,22 @@ TextConditioning wan_text(const std::string&, const PromptFlags& f, bool cfg, bo
     t.negative = file.negative;
     t.source = "embeddings from " + f.prompt_embeds;
   } else if (simulate) {
-    // Shapes only: umT5's 512 tokens, as Wan2.1 uses them.
-    t.positive.sequence = Tensor::meta({1, 512, mc.text_dim}, DType::f32);
+    // Shapes only: umT5's tokens, as Wan2.1 uses them.
+    t.positive.sequence = Tensor::meta({1, f.max_sequence_length, mc.text_dim}, DType::f32);
     t.negative = t.positive;
     t.source = "shape-only umT5 embeddings";
+  } else if (const models::TextEncoderKind kind = models::text_encoder_kind(model_dir); kind == models::TextEncoderKind::umt5) {
+    if (f.prompt.empty()) throw Error("--prompt TEXT is required (or --prompt-embeds FILE)");
+    auto encoder = models::WanTextEncoder::load(model_dir, f.dtype, f.max_sequence_length, stream);
+    if (encoder->umt5().config().d_model != mc.text_dim)
+      throw Error(model_dir + "/text_encoder is " + std::to_string(encoder->umt5().config().d_model) +
+                  " wide (d_model) but the transformer's text_dim is " + std::to_string(mc.text_dim));
+    t.positive = encoder->encode(f.prompt);
+    if (cfg) t.negative = encoder->encode(f.negative_prompt);  // WanPipeline's default negative is ""
+    t.source = encoder->name();
   } else {
-    throw Error("Wan's umT5-XXL text encoder is not implemented yet" + std::string(f.prompt.empty() ? "" : " (so --prompt cannot be encoded)") +
+    throw Error(model_dir + (kind == models::TextEncoderKind::none ? " has no text_encoder/ (umT5) to encode --prompt with"
+                                                                   : "/text_encoder is not Wan's umT5 encoder") +
                 ": pass --prompt-embeds FILE with prompt_embeds [1, L, " + std::to_string(mc.text_dim) +
                 "] (and negative_prompt_embeds for CFG)");
   }

@@ -1,6 +1,7 @@
 // Where a generation command's text conditioning comes from, decided once for t2i, t2v and
-// tune-cache: --prompt-embeds, the model's own text encoder (--prompt), or, in simulate mode,
-// shape-only embeddings of the real encoders' sizes.
+// tune-cache: --prompt-embeds, the model's own text encoder (--prompt: CLIP + T5 for Flux, umT5 for
+// Wan, or the shipped tiny model's), or, in simulate mode, shape-only embeddings of the real
+// encoders' sizes. The encoders are loaded here and freed on return, before the transformer loads.
 #pragma once
 
 #include <optional>
@@ -15,6 +16,8 @@ namespace cubevec::cli {
 
 struct PromptFlags {
   std::string prompt, negative_prompt, prompt_embeds;
+  int max_sequence_length = 512;  // T5 / umT5 tokens (--max-sequence-length)
+  DType dtype = DType::f32;       // the run's dtype (set by the command): encoders stored f32 run in it
 };
 
 struct TextConditioning {
@@ -28,6 +31,6 @@ TextConditioning flux_text(const std::string& model_dir, const PromptFlags& flag
                            const models::FluxConfig& config, const Stream& stream);
 // Wan: umT5-like sequence only.
 TextConditioning wan_text(const std::string& model_dir, const PromptFlags& flags, bool cfg, bool simulate,
-                          const models::WanConfig& config);
+                          const models::WanConfig& config, const Stream& stream);
 
 }  // namespace cubevec::cli

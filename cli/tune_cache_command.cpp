@@ -85,6 +85,8 @@ CommandRunner add_tune_cache_command(CLI::App& app) {
   auto cache = add_attention_tune_cache_flag(*command);
   command->add_option("--model", flags->model, "Diffusers Flux or Wan model folder");
   command->add_option("--prompt", flags->text.prompt, "The prompt (through the model's text encoder)");
+  command->add_option("--max-sequence-length", flags->text.max_sequence_length, "T5 / umT5 tokens the prompt is padded to (default 512)")
+      ->check(CLI::Range(1, 4096));
   command->add_option("--prompt-embeds", flags->text.prompt_embeds, "safetensors with prompt_embeds (and pooled_prompt_embeds for Flux)");
   command->add_option("--target-speedup", flags->target, "Denoising speedup to reach (default 1.6)");
   command->add_option("--method", flags->method, "dit-block, attention or both (default)");

@@ -115,7 +115,7 @@ TEST_F(T2ICli, BadInputsAreOneLineErrors) {
     std::vector<std::string> args;
     std::string expected;
   } cases[] = {
-      {{"t2i", "--model", kModel, "--out", out}, "has no text encoder cubevec can run yet"},
+      {{"t2i", "--model", kModel, "--out", out}, "has no text_encoder/ to encode --prompt with"},
       {{"t2i", "--model", kModel, "--prompt-embeds", embeds, "--width", "36", "--out", out}, "width and height must be positive multiples of 8 for this model, got 36x32"},
       {{"t2i", "--model", kModel, "--prompt-embeds", embeds, "--cfg", "fused", "--out", out}, "needs negative embeddings"},
       {{"t2i", "--model", kModel, "--prompt-embeds", embeds, "--cfg", "both", "--out", out}, "unknown CFG mode 'both'"},

@@ -162,7 +162,7 @@ TEST_F(T2VCli, BadInputsAreOneLineErrors) {
     std::vector<std::string> args;
     std::string expected;
   } cases[] = {
-      {{"t2v", "--model", kModel, "--prompt", "a cat", "--out", out}, "umT5-XXL text encoder is not implemented yet"},
+      {{"t2v", "--model", kModel, "--prompt", "a cat", "--out", out}, "has no text_encoder/ (umT5) to encode --prompt with"},
       {{"t2v", "--model", kModel, "--prompt-embeds", with_negative, "--frames", "8", "--out", out}, "frames must be 1 + 4k"},
       {{"t2v", "--model", kModel, "--prompt-embeds", with_negative, "--width", "40", "--out", out},
        "width and height must be positive multiples of 16"},

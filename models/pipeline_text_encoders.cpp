@@ -1,0 +1,147 @@
+#include "models/pipeline_text_encoders.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+#include "models/component.h"
+#include "tensor/config_reader.h"
+#include "tensor/error.h"
+#include "tensor/strict_json.h"
+#include "tokenizers/prompt_clean.h"
+
+namespace cubevec::models {
+
+TextEncoderKind text_encoder_kind(const std::string& model_dir) {
+  const std::string path = model_dir + "/text_encoder/config.json";
+  if (!std::filesystem::exists(path)) return TextEncoderKind::none;
+  const nlohmann::json config = read_json_file(path);
+  if (!config.is_object()) throw Error(path + ": expected a JSON object");
+  if (config.contains("_class_name") && config["_class_name"] == "CubevecTinyTextEncoder") return TextEncoderKind::tiny;
+  const std::string type = config.contains("model_type") && config["model_type"].is_string() ? config["model_type"].get<std::string>() : "";
+  if (type == "umt5") return TextEncoderKind::umt5;
+  if (type == "clip_text_model") return TextEncoderKind::clip_t5;
+  if (config.contains("architectures") && config["architectures"].is_array())
+    for (const nlohmann::json& a : config["architectures"]) {
+      if (a == "UMT5EncoderModel") return TextEncoderKind::umt5;
+      if (a == "CLIPTextModel" || a == "CLIPTextModelWithProjection") return TextEncoderKind::clip_t5;
+    }
+  throw Error(path + ": not a text encoder cubevec runs (expected architectures CLIPTextModel (Flux) or UMT5EncoderModel (Wan), or "
+                     "the shipped CubevecTinyTextEncoder); its model_type is '" + type + "'");
+}
+
+void check_text_component_classes(const std::string& model_dir) {
+  const std::string path = model_dir + "/model_index.json";
+  if (!std::filesystem::exists(path)) return;
+  const nlohmann::json index = read_json_file(path);
+  if (!index.is_object()) throw Error(path + ": expected a JSON object");
+  static const char* const kEncoders[] = {"CLIPTextModel", "CLIPTextModelWithProjection", "T5EncoderModel", "UMT5EncoderModel"};
+  static const char* const kTokenizers[] = {"CLIPTokenizer", "CLIPTokenizerFast", "T5Tokenizer", "T5TokenizerFast", "AutoTokenizer"};
+  for (const auto& [key, value] : index.items()) {
+    const bool encoder = key.rfind("text_encoder", 0) == 0, tokenizer = key.rfind("tokenizer", 0) == 0;
+    if ((!encoder && !tokenizer) || value.is_null()) continue;
+    // diffusers writes ["library", "ClassName"] (or [null, null] for a component left out).
+    if (!value.is_array() || value.size() != 2 || (!value[1].is_string() && !value[1].is_null()))
+      throw Error(path + ": '" + key + "' must be [\"library\", \"ClassName\"], got " + value.dump());
+    if (value[1].is_null()) continue;
+    const std::string cls = value[1].get<std::string>();
+    const auto named = [&](const char* k) { return cls == k; };
+    const bool known = encoder ? std::any_of(std::begin(kEncoders), std::end(kEncoders), named)
+                               : std::any_of(std::begin(kTokenizers), std::end(kTokenizers), named);
+    if (!known)
+      throw Error(path + ": '" + key + "' is " + cls + ", a " + (encoder ? "text encoder" : "tokenizer") +
+                  " class cubevec does not have (it runs " +
+                  (encoder ? "CLIPTextModel, T5EncoderModel and UMT5EncoderModel" : "CLIPTokenizer and T5Tokenizer, slow or fast") +
+                  "); pass --prompt-embeds FILE made elsewhere");
+  }
+}
+
+DType encoder_weight_dtype(const std::string& encoder_dir, DType run_dtype) {
+  if (run_dtype == DType::bf16) return DType::bf16;
+  const Checkpoint checkpoint = open_component_weights(encoder_dir, "", "model");
+  for (const std::string& name : checkpoint.names()) {
+    const SafetensorsEntry& e = checkpoint.entry(name);
+    if (e.shape.size() >= 2 && e.dtype->dtype == DType::bf16) return DType::bf16;
+  }
+  return DType::f32;
+}
+
+Tensor zero_padded_rows(const Tensor& hidden, const std::vector<int32_t>& attention_mask) {
+  Tensor out = hidden.contiguous();
+  if (!out.has_storage()) return out;
+  const int64_t width = out.size(2);
+  auto* p = out.mutable_data<float>();
+  for (std::size_t i = 0; i < attention_mask.size(); ++i)
+    if (attention_mask[i] == 0) std::memset(p + static_cast<int64_t>(i) * width, 0, static_cast<std::size_t>(width) * sizeof(float));
+  return out;
+}
+
+// --- Flux ----------------------------------------------------------------------------------------------
+
+std::unique_ptr<FluxTextEncoder> FluxTextEncoder::load(const std::string& model_dir, DType run_dtype, int max_sequence_length,
+                                                       const Stream& stream) {
+  if (max_sequence_length < 1 || max_sequence_length > 512)
+    throw Error("--max-sequence-length must be from 1 to 512 for Flux (FluxPipeline's limit), got " + std::to_string(max_sequence_length));
+  check_text_component_classes(model_dir);
+  std::unique_ptr<FluxTextEncoder> e(new FluxTextEncoder());
+  e->source_ = model_dir;
+  e->max_sequence_length_ = max_sequence_length;
+  for (const char* sub : {"/text_encoder_2", "/tokenizer", "/tokenizer_2"})
+    if (!std::filesystem::is_directory(model_dir + sub))
+      throw Error(model_dir + " has text_encoder/ (CLIP) but no " + std::string(sub + 1) +
+                  "/: a Flux folder needs text_encoder/ + tokenizer/ (CLIP) and text_encoder_2/ + tokenizer_2/ (T5)");
+  e->clip_tokenizer_ = tokenizers::ClipTokenizer::load(model_dir + "/tokenizer");
+  e->t5_tokenizer_ = tokenizers::T5Tokenizer::load(model_dir + "/tokenizer_2");
+  const std::string clip_dir = model_dir + "/text_encoder", t5_dir = model_dir + "/text_encoder_2";
+  e->clip_ = ClipTextModel::load(clip_dir, encoder_weight_dtype(clip_dir, run_dtype), stream);
+  e->t5_ = T5EncoderModel::load(t5_dir, encoder_weight_dtype(t5_dir, run_dtype), stream);
+  if (e->t5_->config().umt5) throw Error(t5_dir + "/config.json: Flux's text_encoder_2 is a T5EncoderModel, this is a UMT5EncoderModel");
+  return e;
+}
+
+std::string FluxTextEncoder::name() const {
+  return "CLIPTextModel (" + std::to_string(clip_->config().num_hidden_layers) + " layers) + T5EncoderModel (" +
+         std::to_string(t5_->config().num_layers) + " layers, " + std::to_string(max_sequence_length_) + " tokens) from " + source_;
+}
+
+PromptEmbeddings FluxTextEncoder::encode(const std::string& prompt) {
+  const std::vector<int32_t> clip_ids = clip_tokenizer_.encode_padded(prompt, 0, "the prompt (CLIP)");
+  const ClipTextOutput clip = clip_->forward(clip_ids);
+  const tokenizers::PaddedIds t5_ids = t5_tokenizer_->encode_padded(prompt, max_sequence_length_, "the prompt (T5)");
+  Tensor sequence = t5_->forward(t5_ids.ids);  // FluxPipeline passes no mask
+  sequence.data_ptr();                          // finished before the caller hands it to another device
+  clip.pooler_output.data_ptr();
+  return {sequence, clip.pooler_output};
+}
+
+// --- Wan -----------------------------------------------------------------------------------------------
+
+std::unique_ptr<WanTextEncoder> WanTextEncoder::load(const std::string& model_dir, DType run_dtype, int max_sequence_length,
+                                                     const Stream& stream) {
+  if (max_sequence_length < 1 || max_sequence_length > 4096)
+    throw Error("--max-sequence-length must be from 1 to 4096 for Wan, got " + std::to_string(max_sequence_length));
+  check_text_component_classes(model_dir);
+  std::unique_ptr<WanTextEncoder> e(new WanTextEncoder());
+  e->source_ = model_dir;
+  e->max_sequence_length_ = max_sequence_length;
+  if (!std::filesystem::is_directory(model_dir + "/tokenizer"))
+    throw Error(model_dir + " has text_encoder/ (umT5) but no tokenizer/: a Wan folder needs both");
+  e->tokenizer_ = tokenizers::T5Tokenizer::load(model_dir + "/tokenizer");
+  const std::string dir = model_dir + "/text_encoder";
+  e->umt5_ = T5EncoderModel::load(dir, encoder_weight_dtype(dir, run_dtype), stream);
+  return e;
+}
+
+std::string WanTextEncoder::name() const {
+  return "UMT5EncoderModel (" + std::to_string(umt5_->config().num_layers) + " layers, " + std::to_string(max_sequence_length_) +
+         " tokens) from " + source_;
+}
+
+PromptEmbeddings WanTextEncoder::encode(const std::string& prompt) {
+  const tokenizers::PaddedIds ids = tokenizer_->encode_padded(tokenizers::wan_prompt_clean(prompt), max_sequence_length_);
+  PromptEmbeddings out;
+  out.sequence = zero_padded_rows(umt5_->forward(ids.ids, ids.attention_mask), ids.attention_mask);
+  return out;
+}
+
+}  // namespace cubevec::models

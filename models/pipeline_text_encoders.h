@@ -1,0 +1,84 @@
+// The text encoders of real diffusers folders, as their pipelines call them (TextEncoder,
+// models/text_encoder.h):
+//   FluxTextEncoder  FluxPipeline: text_encoder/ (CLIPTextModel) + tokenizer/ (CLIP BPE) give the
+//                    pooled vector, 77 tokens padded, no mask; text_encoder_2/ (T5EncoderModel) +
+//                    tokenizer_2/ (T5) give the sequence, max_sequence_length tokens padded, no mask
+//                    (padding is attended to and kept).
+//   WanTextEncoder   WanPipeline: the prompt cleaned (html unescape twice, whitespace collapsed),
+//                    text_encoder/ (UMT5EncoderModel) + tokenizer/ (T5) with the attention mask,
+//                    then every row past the prompt's tokens (and its </s>) set to zero.
+// Weights stored bf16 are kept bf16 (mmap'd) whatever the run's dtype, so T5-XXL takes 9.5 GB,
+// not 19; the encoders are freed when the caller drops them, before denoising.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "device/stream.h"
+#include "models/clip_text_model.h"
+#include "models/t5_encoder.h"
+#include "models/text_encoder.h"
+#include "tokenizers/clip_tokenizer.h"
+#include "tokenizers/t5_tokenizer.h"
+
+namespace cubevec::models {
+
+// What model_dir/text_encoder/config.json describes.
+enum class TextEncoderKind { none, tiny, clip_t5, umt5 };
+TextEncoderKind text_encoder_kind(const std::string& model_dir);
+
+// model_dir/model_index.json (when present): every text_encoder*, tokenizer* entry that is not
+// null must name a class cubevec has (CLIPTextModel, T5EncoderModel, UMT5EncoderModel;
+// CLIPTokenizer[Fast], T5Tokenizer[Fast], AutoTokenizer), else an Error naming the entry and class.
+void check_text_component_classes(const std::string& model_dir);
+
+// The dtype to keep an encoder's matrices in: bf16 when the run asks for it or the checkpoint
+// stores them so (no f32 copy of a bf16 file), else f32.
+DType encoder_weight_dtype(const std::string& encoder_dir, DType run_dtype);
+
+class FluxTextEncoder : public TextEncoder {
+ public:
+  // max_sequence_length: T5's padded length, 1 to 512 (FluxPipeline refuses more).
+  static std::unique_ptr<FluxTextEncoder> load(const std::string& model_dir, DType run_dtype, int max_sequence_length,
+                                               const Stream& stream);
+  std::string name() const override;
+  PromptEmbeddings encode(const std::string& prompt) override;
+
+  const ClipTextModel& clip() const { return *clip_; }
+  const T5EncoderModel& t5() const { return *t5_; }
+  const tokenizers::ClipTokenizer& clip_tokenizer() const { return clip_tokenizer_; }
+  const tokenizers::T5Tokenizer& t5_tokenizer() const { return *t5_tokenizer_; }
+
+ private:
+  FluxTextEncoder() = default;
+  std::string source_;
+  std::unique_ptr<ClipTextModel> clip_;
+  std::unique_ptr<T5EncoderModel> t5_;
+  tokenizers::ClipTokenizer clip_tokenizer_;
+  std::optional<tokenizers::T5Tokenizer> t5_tokenizer_;  // no default constructor
+  int max_sequence_length_ = 512;
+};
+
+class WanTextEncoder : public TextEncoder {
+ public:
+  static std::unique_ptr<WanTextEncoder> load(const std::string& model_dir, DType run_dtype, int max_sequence_length,
+                                              const Stream& stream);
+  std::string name() const override;
+  PromptEmbeddings encode(const std::string& prompt) override;
+
+  const T5EncoderModel& umt5() const { return *umt5_; }
+  const tokenizers::T5Tokenizer& tokenizer() const { return *tokenizer_; }
+
+ private:
+  WanTextEncoder() = default;
+  std::string source_;
+  std::unique_ptr<T5EncoderModel> umt5_;
+  std::optional<tokenizers::T5Tokenizer> tokenizer_;
+  int max_sequence_length_ = 512;
+};
+
+// WanPipeline's zeroing: rows of `hidden` [1, L, D] (f32) whose mask value is 0 set to zero.
+Tensor zero_padded_rows(const Tensor& hidden, const std::vector<int32_t>& attention_mask);
+
+}  // namespace cubevec::models
