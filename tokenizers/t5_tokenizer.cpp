@@ -3,10 +3,12 @@
 #include <sentencepiece_processor.h>
 
 #include <filesystem>
+#include <system_error>
 
 #include "tensor/error.h"
 #include "tensor/regular_file.h"
 #include "tensor/strict_json.h"
+#include "tokenizers/t5_tokenizer_json.h"
 #include "tokenizers/unicode_text.h"
 
 namespace cubevec::tokenizers {
@@ -19,14 +21,33 @@ T5Tokenizer& T5Tokenizer::operator=(T5Tokenizer&&) noexcept = default;
 T5Tokenizer T5Tokenizer::load(const std::string& dir) {
   T5Tokenizer t;
   t.source_ = dir;
-  const std::string model = dir + "/spiece.model";
-  if (!std::filesystem::exists(model)) throw Error(dir + ": not a T5 tokenizer folder (expected spiece.model)");
-  // Read through cubevec's own checks (a regular file, bounded), then hand the bytes over.
-  const std::string bytes = read_regular_file(model, std::size_t{256} << 20);
-  const sentencepiece::util::Status status = t.sp_->LoadFromSerializedProto(bytes);
-  if (!status.ok()) throw Error(model + ": not a SentencePiece model (" + status.ToString() + ")");
+  const auto present = [](const std::string& path) {
+    std::error_code ec;
+    return std::filesystem::exists(path, ec);
+  };
+  const std::string spiece = dir + "/spiece.model", tokenizer_json = dir + "/tokenizer.json";
+  std::string model;  // the file the pieces come from, for messages
+  if (present(spiece)) {
+    model = spiece;
+    // Read through cubevec's own checks (a regular file, bounded), then hand the bytes over.
+    const std::string bytes = read_regular_file(spiece, std::size_t{256} << 20);
+    const sentencepiece::util::Status status = t.sp_->LoadFromSerializedProto(bytes);
+    if (!status.ok()) throw Error(spiece + ": not a SentencePiece model (" + status.ToString() + ")");
+  } else if (present(tokenizer_json)) {
+    model = tokenizer_json;
+    const sentencepiece::util::Status status = t.sp_->LoadFromSerializedProto(sentencepiece_model_from_tokenizer_json(tokenizer_json));
+    if (!status.ok()) throw Error(tokenizer_json + ": SentencePiece refused the model built from it (" + status.ToString() + ")");
+    // The extra ids are vocabulary entries here (T5Converter appends <extra_id_99> ... <extra_id_0>):
+    // as many as there are, unless tokenizer_config.json says otherwise.
+    t.extra_ids_ = 0;
+    while (t.extra_ids_ < 100000 && t.sp_->IdToPiece(t.sp_->PieceToId("<extra_id_" + std::to_string(t.extra_ids_) + ">")) ==
+                                        "<extra_id_" + std::to_string(t.extra_ids_) + ">")
+      ++t.extra_ids_;
+  } else {
+    throw Error(dir + ": not a T5 tokenizer folder (expected spiece.model or tokenizer.json)");
+  }
   const std::string config_path = dir + "/tokenizer_config.json";
-  if (std::filesystem::exists(config_path)) {
+  if (present(config_path)) {
     const nlohmann::json config = read_json_file(config_path);
     if (!config.is_object()) throw Error(config_path + ": expected a JSON object");
     if (config.contains("extra_ids")) {

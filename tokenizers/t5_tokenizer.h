@@ -1,6 +1,9 @@
 // T5's and umT5's tokenizer as transformers' slow T5Tokenizer runs it (legacy mode), from a
 // tokenizer folder with spiece.model (a SentencePiece Unigram model, read by Debian's
-// libsentencepiece) and optionally tokenizer_config.json (extra_ids, model_max_length):
+// libsentencepiece) or, when there is none, tokenizer.json (Hugging Face tokenizers' file, as
+// transformers' T5Converter writes it: the Unigram model it holds is rebuilt as a SentencePiece
+// model in memory and run by the same library, see t5_tokenizer_json.h), and optionally
+// tokenizer_config.json (extra_ids, model_max_length):
 //   - the special tokens typed in the prompt (</s>, <pad>, <unk>, <extra_id_N>) are split out
 //     first, whitespace around <extra_id_N> dropped; each remaining piece is SentencePiece-encoded
 //     on its own (so each gets its own leading "▁");
@@ -8,6 +11,14 @@
 //     pieces + extra_ids - 1 - N (T5: 32,100 ids, <extra_id_0> = 32099);
 //   - encode_padded() is FluxPipeline's and WanPipeline's call: the first max_length - 1 ids, </s>,
 //     then <pad> up to max_length, with the attention mask (1 for the ids and </s>).
+// From tokenizer.json, cubevec still follows SentencePiece (the slow tokenizer), not the Rust
+// tokenizers library, where the two differ: HF's Precompiled normalizer walks graphemes and takes
+// the shortest charsmap match, SentencePiece the longest; the whitespace rules are SentencePiece's
+// (leading, trailing and repeated spaces dropped when the file has the " {2,}" Replace or a
+// WhitespaceSplit); prepend_scheme "first" is taken as "always" (each piece between special
+// tokens gets its "▁", as in legacy mode); and the <extra_id_N> entries are CONTROL pieces, which
+// only cubevec's special-token split gives (so an <extra_id_N> beyond tokenizer_config.json's
+// extra_ids is text, as with spiece.model).
 #pragma once
 
 #include <cstdint>
@@ -28,7 +39,7 @@ struct PaddedIds {
 
 class T5Tokenizer {
  public:
-  // `dir` holds spiece.model. Throws naming the file for anything missing or malformed.
+  // `dir` holds spiece.model or tokenizer.json. Throws naming the file for anything missing or malformed.
   static T5Tokenizer load(const std::string& dir);
   ~T5Tokenizer();
   T5Tokenizer(T5Tokenizer&&) noexcept;

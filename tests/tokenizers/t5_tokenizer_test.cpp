@@ -72,7 +72,7 @@ TEST(T5Tokenizer, BadInputsNameTheFile) {
   const fs::path dir = fs::temp_directory_path() / ("cubevec_t5_tok_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
-  EXPECT_NE(error_of([&] { T5Tokenizer::load(dir.string()); }).find("not a T5 tokenizer folder (expected spiece.model)"),
+  EXPECT_NE(error_of([&] { T5Tokenizer::load(dir.string()); }).find("not a T5 tokenizer folder (expected spiece.model or tokenizer.json)"),
             std::string::npos);
   std::ofstream(dir / "spiece.model") << "this is not a protobuf";
   EXPECT_NE(error_of([&] { T5Tokenizer::load(dir.string()); }).find("spiece.model: not a SentencePiece model"), std::string::npos);
