@@ -61,5 +61,6 @@ void instances_suite(Context& context);
 void gemm_suite(Context& context);
 void vector_suite(Context& context);
 void vae_suite(Context& context);
+void text_suite(Context& context);
 
 }  // namespace cubevec::bench

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/harness.h"
+#include "bench/torch_baseline.h"
 #include "models/flux_transformer.h"
 #include "models/wan_transformer.h"
 #include "ops/vector_ops.h"
@@ -32,25 +33,6 @@ struct Precision {
 };
 constexpr Precision kPrecisions[] = {
     {"f32", DType::f32, DType::f32}, {"bf16-weights", DType::bf16, DType::f32}, {"bf16", DType::bf16, DType::bf16}};
-
-// The JSON of a bench/torch_*_blocks.py script, or null when it cannot run.
-nlohmann::json run_torch(const std::string& script_name, int threads, int repeats) {
-  const std::string script = std::string(CUBEVEC_SOURCE_DIR) + "/bench/" + script_name;
-  const std::string command = "/usr/bin/python3 " + script + " --threads " + std::to_string(threads) + " --repeats " +
-                              std::to_string(repeats) + " 2>/dev/null";
-  std::fprintf(stderr, "running the PyTorch baseline: %s\n", command.c_str());
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return nullptr;
-  std::string out;
-  char buffer[4096];
-  while (std::size_t n = fread(buffer, 1, sizeof buffer, pipe)) out.append(buffer, n);
-  if (pclose(pipe) != 0 || out.empty()) return nullptr;
-  try {
-    return nlohmann::json::parse(out);
-  } catch (const std::exception&) {
-    return nullptr;
-  }
-}
 
 struct BlockRun {
   Timing timing;
