@@ -14,6 +14,7 @@
 
 #include "bench/harness.h"
 #include "bench/torch_baseline.h"
+#include "bench/traced_run.h"
 #include "models/flux_transformer.h"
 #include "models/wan_transformer.h"
 #include "ops/vector_ops.h"
@@ -34,30 +35,9 @@ struct Precision {
 constexpr Precision kPrecisions[] = {
     {"f32", DType::f32, DType::f32}, {"bf16-weights", DType::bf16, DType::f32}, {"bf16", DType::bf16, DType::bf16}};
 
-struct BlockRun {
-  Timing timing;
-  double flops = 0;
-  std::map<std::string, double> op_s;  // measured kernel seconds by kernel name, one run
-};
-
-// Times `forward` (median of runs), then runs it once more traced for the FLOPs and the breakdown.
-BlockRun measure(Device& device, const std::function<Tensor()>& forward, int repeats) {
-  BlockRun run;
-  run.timing = time_runs([&] { forward().data_ptr(); }, std::max(2, repeats / 2));
-  device.synchronize();
-  device.trace().clear();
-  forward().data_ptr();
-  device.synchronize();
-  for (const auto& r : device.trace().records()) {
-    run.flops += r.desc.flops;
-    run.op_s[r.desc.name] += r.real_end_s - r.real_start_s;
-  }
-  return run;
-}
-
 // The block's row (with x PyTorch when the baseline ran), its per-op rows largest first, and the
 // PyTorch row.
-void report(Context& context, const std::string& label, const std::string& block, const std::string& dt, const BlockRun& run,
+void report(Context& context, const std::string& label, const std::string& block, const std::string& dt, const TracedRun& run,
             const nlohmann::json& torch) {
   const std::string torch_dt = dt == "f32" ? "f32" : "bf16";  // PyTorch's bf16 block has bf16 weights and activations
   Result r{"blocks", label, "cubevec"};
@@ -114,7 +94,7 @@ void wan_block(Context& context, Device& device, const nlohmann::json& torch) {
     const models::WanBlockInputs shared{ops::cast(context_states, precision.activations, s),
                                         ops::cast(timestep_proj, precision.activations, s), rope, {kWanFrames, kWanHeight, kWanWidth}};
     const Tensor h = ops::cast(hidden, precision.activations, s);
-    const BlockRun run = measure(device, [&] { return block.forward({h, {}}, shared, ctx, s).hidden; }, context.repeats);
+    const TracedRun run = measure_traced(device, [&] { return block.forward({h, {}}, shared, ctx, s).hidden; }, context.repeats);
     report(context, "wan 4680+512 x1536", "wan", precision.name, run, torch);
   }
 }
@@ -159,8 +139,8 @@ void blocks_suite(Context& context) {
     const models::ForwardContext ctx{.activations = act};
     const models::FluxBlockInputs shared{ops::cast(silu, act, s), rope, {1, 32, 32}};
     const models::BlockState state{ops::cast(hidden, act, s), ops::cast(context_states, act, s)};
-    const BlockRun runs[2] = {measure(device, [&] { return double_block.forward(state, shared, ctx, s).hidden; }, context.repeats),
-                              measure(device, [&] { return single_block.forward(state, shared, ctx, s).hidden; }, context.repeats)};
+    const TracedRun runs[2] = {measure_traced(device, [&] { return double_block.forward(state, shared, ctx, s).hidden; }, context.repeats),
+                              measure_traced(device, [&] { return single_block.forward(state, shared, ctx, s).hidden; }, context.repeats)};
     const char* names[2] = {"double", "single"};
     for (int b = 0; b < 2; ++b)
       report(context, std::string("flux ") + names[b] + " 1024+256 x3072", names[b], precision.name, runs[b], torch);

@@ -73,7 +73,7 @@ void gemm_suite(Context& context) {
     const Tensor a16 = to_bf16(a), b16 = to_bf16(b);
     const std::string f32_impl = "cubevec-" + std::string(ops::gemm::isa_name(ops::gemm::best_isa()));
     const Timing t16 = time_runs([&] { ops::matmul(a16, b16, {.compute = DType::bf16}, stream).data_ptr(); }, runs);
-    Result r{"gemm", case_name, ops::gemm::has_bf16_dot() ? "cubevec-avx512bf16" : "cubevec-bf16-emulated"};
+    Result r{"gemm", case_name, "cubevec-bf16-" + std::string(ops::gemm::bf16_path_name(ops::gemm::bf16_path()))};
     r.dtype = "bf16";
     r.timing = t16;
     r.gflops = flops / t16.median_s / 1e9;

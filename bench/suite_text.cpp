@@ -12,12 +12,14 @@
 // position bias, which layer 0 builds on every forward (transformers does the same, and so does
 // the PyTorch baseline). GFLOP/s count the GEMMs and the attention products; the fraction is of
 // the measured 2-thread f32 FMA peak.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "bench/harness.h"
 #include "bench/torch_baseline.h"
+#include "bench/traced_run.h"
 #include "device/device.h"
 #include "models/clip_text_model.h"
 #include "models/t5_encoder.h"
@@ -34,7 +36,7 @@ struct Layer {
   std::string name;       // "t5" or "clip", as the PyTorch script names them
   std::string label;      // the row's case text
   double gflop = 0;
-  std::function<Timing(DType weights, const Stream& stream, int repeats)> time;
+  std::function<TracedRun(DType weights, Device& device, int repeats)> time;
 };
 
 std::vector<int32_t> some_ids(int64_t count, int32_t below) {
@@ -43,21 +45,21 @@ std::vector<int32_t> some_ids(int64_t count, int32_t below) {
   return ids;
 }
 
-Timing time_t5(DType weights, const Stream& stream, int repeats) {
+TracedRun time_t5(DType weights, Device& device, int repeats) {
   models::T5EncoderConfig c;
   c.vocab_size = 1024, c.d_model = 4096, c.d_kv = 64, c.d_ff = 10240, c.num_heads = 64, c.num_layers = 1;
-  const auto model = models::T5EncoderModel::with_random_weights(c, weights, stream, 3);
+  const auto model = models::T5EncoderModel::with_random_weights(c, weights, device.default_stream(), 3);
   const std::vector<int32_t> ids = some_ids(kT5Tokens, 1024);
-  return time_runs([&] { model->forward(ids).data_ptr(); }, repeats);
+  return measure_traced(device, [&] { return model->forward(ids); }, repeats);
 }
 
-Timing time_clip(DType weights, const Stream& stream, int repeats) {
+TracedRun time_clip(DType weights, Device& device, int repeats) {
   models::ClipTextConfig c;
   c.vocab_size = 1024, c.hidden_size = 768, c.intermediate_size = 3072, c.num_attention_heads = 12, c.num_hidden_layers = 1;
   c.max_position_embeddings = kClipTokens, c.eos_token_id = 2;
-  const auto model = models::ClipTextModel::with_random_weights(c, weights, stream, 4);
+  const auto model = models::ClipTextModel::with_random_weights(c, weights, device.default_stream(), 4);
   const std::vector<int32_t> ids = some_ids(kClipTokens, 1024);
-  return time_runs([&] { model->forward(ids).last_hidden_state.data_ptr(); }, repeats);
+  return measure_traced(device, [&] { return model->forward(ids).last_hidden_state; }, repeats);
 }
 
 const nlohmann::json* torch_row(const nlohmann::json& torch, const std::string& block, const std::string& dtype) {
@@ -71,8 +73,7 @@ void layers(Context& context, const nlohmann::json& torch) {
   DeviceProfile profile = builtin_cpu_profile();
   profile.cube_threads = context.machine.threads;
   profile.vector_threads = context.machine.threads;
-  Device device(profile);
-  const Stream stream = device.default_stream();
+  Device device(profile, {.trace = true});
   const double t5_gflop = (2.0 * kT5Tokens * (4.0 * 4096 * 4096 + 3.0 * 4096 * 10240) + 4.0 * kT5Tokens * kT5Tokens * 4096) / 1e9;
   const double clip_gflop = (2.0 * kClipTokens * (4.0 * 768 * 768 + 2.0 * 768 * 3072) + 4.0 * kClipTokens * kClipTokens * 768) / 1e9;
   const Layer cases[] = {{"t5", "T5-XXL layer 512 tok x4096", t5_gflop, time_t5}, {"clip", "CLIP-L layer 77 tok x768", clip_gflop, time_clip}};
@@ -81,12 +82,26 @@ void layers(Context& context, const nlohmann::json& torch) {
     for (const auto& [dtype_name, weights] : {std::pair{"f32", DType::f32}, {"bf16-weights", DType::bf16}}) {
       Result r{"text", layer.label, "cubevec"};
       r.dtype = dtype_name;
-      r.timing = layer.time(weights, stream, context.repeats);
+      const TracedRun run = layer.time(weights, device, 2 * context.repeats);
+      r.timing = run.timing;
       r.gflops = layer.gflop / r.timing.median_s;
       r.peak_fraction = r.gflops / context.machine.fma_peak_gflops;
       if (layer.name == "t5") r.extra["t5_xxl_encoder_s"] = kT5XxlLayers * r.timing.median_s;
       if (best_cubevec == 0 || r.timing.median_s < best_cubevec) best_cubevec = r.timing.median_s;
       context.add(r);
+      // The kernels by measured time, and what the host did between them (embedding, bias).
+      std::vector<std::pair<double, std::string>> ops;
+      double kernels = 0;
+      for (const auto& [name, seconds] : run.op_s) ops.push_back({seconds, name}), kernels += seconds;
+      std::sort(ops.rbegin(), ops.rend());
+      ops.resize(std::min<std::size_t>(ops.size(), 6));
+      for (const auto& [seconds, name] : ops) {
+        Result op{"text", "  " + layer.name + " op", name};
+        op.dtype = dtype_name;
+        op.timing = summarize({seconds});
+        op.extra["share"] = seconds / run.timing.median_s;
+        context.add(op);
+      }
     }
     for (const char* dtype : {"f32", "bf16"}) {
       const nlohmann::json* t = torch_row(torch, layer.name, dtype);
@@ -147,7 +162,8 @@ void tokenizers_throughput(Context& context) {
 }  // namespace
 
 void text_suite(Context& context) {
-  const nlohmann::json torch = run_torch("torch_text_encoders.py", context.machine.threads, std::max(2, context.repeats / 2));
+  // The PyTorch layers vary run to run by up to 2x here (bf16 most): as many runs as cubevec's.
+  const nlohmann::json torch = run_torch("torch_text_encoders.py", context.machine.threads, context.repeats);
   if (torch.is_null()) std::fprintf(stderr, "note: the PyTorch baseline did not run (needs Debian's python3-torch)\n");
   layers(context, torch);
   tokenizers_throughput(context);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <tbb/parallel_for.h>
 
 #include "models/component.h"
 #include "models/transformers_config.h"
@@ -128,14 +129,19 @@ Tensor T5EncoderModel::position_bias(const Layer& layer, int64_t length, const s
   Tensor bias = Tensor::empty({1, c.num_heads, length, length}, DType::f32);
   float* out = bias.mutable_data<float>();
   const float lowest = std::numeric_limits<float>::lowest();
-  for (int64_t h = 0; h < c.num_heads; ++h)
+  // The bias depends on j - i only (plus the mask on j): per head, one diagonal-indexed row of
+  // 2L - 1 values, of which row i is the slice starting at L - 1 - i. Heads in parallel.
+  tbb::parallel_for(int64_t{0}, c.num_heads, [&](int64_t h) {
+    std::vector<float> diagonal(bucket.size());
+    for (std::size_t d = 0; d < bucket.size(); ++d) diagonal[d] = weights[bucket[d] * c.num_heads + h];
     for (int64_t i = 0; i < length; ++i) {
       float* row = out + (h * length + i) * length;
-      for (int64_t j = 0; j < length; ++j) {
-        row[j] = weights[bucket[static_cast<std::size_t>(j - i + length - 1)] * c.num_heads + h];
-        if (!mask.empty() && mask[static_cast<std::size_t>(j)] == 0) row[j] += lowest;
-      }
+      std::copy_n(diagonal.data() + (length - 1 - i), length, row);
+      if (!mask.empty())
+        for (int64_t j = 0; j < length; ++j)
+          if (mask[static_cast<std::size_t>(j)] == 0) row[j] += lowest;
     }
+  });
   return bias;
 }
 

@@ -1,10 +1,13 @@
 #include "ops/gemm/driver.h"
 
 #include <algorithm>
+#include <cpuid.h>
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <sys/syscall.h>
 #include <tbb/parallel_for.h>
+#include <unistd.h>
 
 #include "ops/gemm/microkernel.h"
 #include "ops/gemm/microkernel_bf16.h"
@@ -16,14 +19,22 @@ namespace cubevec::ops::gemm {
 
 namespace {
 
-// A micro-kernel on packed elements of type P, and the blocking around it. Packed panels hold
-// `kgroup` consecutive k values per row (1 for f32, 2 for the bf16 pairs of vdpbf16ps).
+// A micro-kernel on packed elements of type P, and the blocking around it. Packed B panels hold
+// `kgroup` consecutive k values per column (1 for f32, 2 for the bf16 pairs of vdpbf16ps and AMX),
+// packed A panels `a_kgroup` per row (AMX: 32, a tile row); each K block is zero-padded to a
+// multiple of `kpad`. The micro-kernel gets the padded depth in kgroup steps.
 template <class P>
 struct Plan {
   void (*micro)(int64_t k_steps, const P* a, const P* b, float* c, int64_t ldc, bool accumulate);
   EpilogueFn epilogue;
   int64_t mr, nr, kc, mc, nc;
   int64_t kgroup;
+  int64_t a_kgroup = 0, kpad = 0;  // 0: kgroup
+  int64_t a_group() const { return a_kgroup ? a_kgroup : kgroup; }
+  int64_t padded(int64_t k) const {
+    const int64_t to = kpad ? kpad : kgroup;
+    return (k + to - 1) / to * to;
+  }
 };
 
 Plan<float> f32_plan(Isa isa) {
@@ -42,6 +53,18 @@ Plan<float> f32_plan(Isa isa) {
 Plan<uint16_t> bf16_plan() {
   // Same bytes per panel as the f32 plan at twice the k depth.
   return {microkernel_bf16_avx512, epilogue_avx512, kMrBf16, kNrBf16, 1536, 12 * 14, 4096, 2};
+}
+
+Plan<uint16_t> amx_plan() {
+  // B's NR-column micro-panel (KC x 32 bf16 = 32 KiB) stays in L1 while the A panels of the MC x KC
+  // block (256 KiB, in L2) stream past it. Measured on a 2-core Xeon (4096x3072x3072 with f32 A
+  // packed per call): KC 1536 / MC 64 -> 1141 GFLOP/s, 512 / 256 -> 1389, 256 / 512 -> 1315.
+  return {microkernel_bf16_amx, epilogue_avx512, kMrAmx, kNrAmx, 512, 256, 4096, 2, 32, 32};
+}
+
+const Plan<uint16_t>& plan_for(Bf16Path path) {
+  static const Plan<uint16_t> dot = bf16_plan(), amx = amx_plan();
+  return path == Bf16Path::amx ? amx : dot;
 }
 
 // Workspace from the caching allocator: the same blocks come back call after call, already mapped.
@@ -82,10 +105,10 @@ template <class P, class S>
 void pack_a(const Problem& p, const Plan<P>& plan, int64_t i0, int64_t mc, int64_t p0, int64_t kc, P* out) {
   const auto* a = static_cast<const S*>(p.a);
   const bool round = p.compute == Element::bf16;
-  const int64_t g = plan.kgroup, k_steps = (kc + g - 1) / g, panel = k_steps * g * plan.mr;
+  const int64_t g = plan.a_group(), panel = plan.padded(kc) * plan.mr;
   for (int64_t ir = 0; ir < mc; ir += plan.mr, out += panel) {
     const int64_t rows = std::min(plan.mr, mc - ir);
-    if (rows < plan.mr || k_steps * g != kc) std::fill(out, out + panel, P{});
+    if (rows < plan.mr || plan.padded(kc) != kc) std::fill(out, out + panel, P{});
     for (int64_t r = 0; r < rows; ++r) {
       const S* src = a + (i0 + ir + r) * p.lda + p0;
       for (int64_t k = 0; k < kc; ++k) out[(k / g * plan.mr + r) * g + k % g] = load_as<P, S>(src, k, round);
@@ -98,7 +121,7 @@ template <class P, class S>
 void pack_b(const Problem& p, const Plan<P>& plan, int64_t p0, int64_t kc, int64_t j0, int64_t nc, P* out) {
   const auto* b = static_cast<const S*>(p.b);
   const bool round = p.compute == Element::bf16;
-  const int64_t g = plan.kgroup, k_steps = (kc + g - 1) / g, panel = k_steps * g * plan.nr;
+  const int64_t g = plan.kgroup, k_steps = plan.padded(kc) / g, panel = k_steps * g * plan.nr;
   for (int64_t jr = 0; jr < nc; jr += plan.nr, out += panel) {
     const int64_t cols = std::min(plan.nr, nc - jr);
     if (cols < plan.nr || k_steps * g != kc) std::fill(out, out + panel, P{});
@@ -122,7 +145,7 @@ template <class P>
 void pack_b_int8(const Problem& p, const Plan<P>& plan, int64_t p0, int64_t kc, int64_t j0, int64_t nc, P* out) {
   const auto* b = static_cast<const int8_t*>(p.b);
   const bool round = p.compute == Element::bf16;
-  const int64_t g = plan.kgroup, k_steps = (kc + g - 1) / g, panel = k_steps * g * plan.nr;
+  const int64_t g = plan.kgroup, k_steps = plan.padded(kc) / g, panel = k_steps * g * plan.nr;
   for (int64_t jr = 0; jr < nc; jr += plan.nr, out += panel) {
     const int64_t cols = std::min(plan.nr, nc - jr);
     if (cols < plan.nr || k_steps * g != kc) std::fill(out, out + panel, P{});
@@ -147,9 +170,13 @@ void gemm_block(const Problem& p, const Plan<P>& plan, int64_t row0, int64_t row
   const PackA<P> pack_a_fn = p.a_type == Element::f32 ? pack_a<P, float> : pack_a<P, uint16_t>;
   const PackB<P> pack_b_fn = p.b_type == Element::f32 ? pack_b<P, float> : p.b_type == Element::i8 ? pack_b_int8<P> : pack_b<P, uint16_t>;
   const auto round_up = [](int64_t v, int64_t to) { return (v + to - 1) / to * to; };
-  const int64_t nc_max = std::min(plan.nc, round_up(n, plan.nr));
+  // NC bounds the B block packed per call; a B packed once needs no such block, and one pass over all
+  // of N packs each A block once instead of once per NC columns (the f32 -> bf16 conversion of A
+  // was a sixth of a T5-XXL layer's GEMM time at M = 512).
+  const int64_t nc_step = p.packed_b ? n : plan.nc;
+  const int64_t nc_max = std::min(nc_step, round_up(n, plan.nr));
   const int64_t mc_max = std::min(plan.mc, round_up(m, plan.mr));
-  const int64_t kc_max = round_up(std::min(plan.kc, std::max<int64_t>(p.k, 1)), plan.kgroup);
+  const int64_t kc_max = plan.padded(std::min(plan.kc, std::max<int64_t>(p.k, 1)));
   Workspace<P> packed_a(static_cast<std::size_t>(mc_max * kc_max)),
       packed_b(p.packed_b ? std::size_t{1} : static_cast<std::size_t>(nc_max * kc_max));
   alignas(64) float edge[32 * 32];  // full tile for partial edges (MR, NR <= 32)
@@ -159,18 +186,18 @@ void gemm_block(const Problem& p, const Plan<P>& plan, int64_t row0, int64_t row
     if (!p.epilogue.empty()) plan.epilogue(p.epilogue, p.c + row0 * p.ldc + col0, p.ldc, row0, col0, m, n);
     return;
   }
-  for (int64_t jc = col0; jc < col1; jc += plan.nc) {
-    const int64_t nc = std::min(plan.nc, col1 - jc);
+  for (int64_t jc = col0; jc < col1; jc += nc_step) {
+    const int64_t nc = std::min(nc_step, col1 - jc);
     for (int64_t pc = 0; pc < p.k; pc += plan.kc) {
       const int64_t kc = std::min(plan.kc, p.k - pc);
-      const int64_t k_steps = round_up(kc, plan.kgroup) / plan.kgroup;
+      const int64_t k_steps = plan.padded(kc) / plan.kgroup;
       const bool first = pc == 0, last = pc + kc == p.k;
       const P* b_block = nullptr;
       if (p.packed_b) {
         const auto& pre = p.packed_b;
         const P* base;
         if constexpr (std::is_same_v<P, float>) base = pre->f32.data();
-        else base = pre->bf16.data();
+        else base = pre->bf16_panels.data();
         // Panels of the whole N for this K block, NR columns each: jc is a multiple of NR.
         b_block = base + (pc / plan.kc) * pre->panel_stride + (jc / plan.nr) * k_steps * plan.kgroup * plan.nr;
       } else {
@@ -224,6 +251,54 @@ bool has_bf16_dot() {
   return has;
 }
 
+bool amx_ready() {
+  static const bool ready = [] {
+    // CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE (read directly: clang 14 has no
+    // __builtin_cpu_supports names for them).
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!isa_supported(Isa::avx512) || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    if (!(edx >> 22 & 1) || !(edx >> 24 & 1)) return false;
+    // Linux hands out the tile state (8 KiB per thread) only on request, once per process.
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ready;
+}
+
+std::string_view bf16_path_name(Bf16Path path) {
+  switch (path) {
+    case Bf16Path::amx: return "amx";
+    case Bf16Path::dot: return "avx512bf16";
+    case Bf16Path::f32: return "f32";
+  }
+  return "?";
+}
+
+bool bf16_path_available(Bf16Path path) {
+  switch (path) {
+    case Bf16Path::amx: return amx_ready();
+    case Bf16Path::dot: return has_bf16_dot();
+    case Bf16Path::f32: return true;
+  }
+  return false;
+}
+
+Bf16Path bf16_path() {
+  static const Bf16Path path = [] {
+    const char* forced = std::getenv("CUBEVEC_GEMM_BF16");
+    if (forced && *forced) {
+      for (Bf16Path p : {Bf16Path::amx, Bf16Path::dot, Bf16Path::f32})
+        if (bf16_path_name(p) == forced) {
+          if (!bf16_path_available(p)) throw Error("CUBEVEC_GEMM_BF16=" + std::string(forced) + ": this CPU (or kernel) does not offer it");
+          return p;
+        }
+      throw Error("CUBEVEC_GEMM_BF16=" + std::string(forced) + ": expected amx, avx512bf16 or f32");
+    }
+    return amx_ready() ? Bf16Path::amx : has_bf16_dot() ? Bf16Path::dot : Bf16Path::f32;
+  }();
+  return path;
+}
+
 Isa best_isa() {
   static const Isa best = select_isa("CUBEVEC_GEMM_ISA");
   return best;
@@ -235,7 +310,7 @@ template <class P>
 void pack_all(const Problem& p, const Plan<P>& plan, PackedB& out, std::vector<P>& data) {
   const int64_t n_panels = (p.n + plan.nr - 1) / plan.nr;
   out.kc = plan.kc;
-  const int64_t kc_full = (plan.kc + plan.kgroup - 1) / plan.kgroup * plan.kgroup;
+  const int64_t kc_full = plan.padded(plan.kc);
   out.panel_stride = n_panels * plan.nr * kc_full;
   const int64_t blocks = (p.k + plan.kc - 1) / plan.kc;
   data.assign(static_cast<std::size_t>(std::max<int64_t>(blocks, 1) * out.panel_stride), P{});
@@ -256,19 +331,27 @@ std::shared_ptr<const PackedB> pack_b_once(const Problem& p, Isa isa) {
   out->k = p.k;
   out->compute = p.compute;
   out->isa = isa;
-  out->bf16_dot = p.compute == Element::bf16 && isa == Isa::avx512 && has_bf16_dot();
-  if (out->bf16_dot) pack_all(p, bf16_plan(), *out, out->bf16);
+  out->bf16 = p.compute == Element::bf16 && isa == Isa::avx512 ? bf16_path() : Bf16Path::f32;
+  if (out->bf16 != Bf16Path::f32) pack_all(p, plan_for(out->bf16), *out, out->bf16_panels);
   else pack_all(p, f32_plan(isa), *out, out->f32);
   return out;
 }
 
 void sgemm(const Problem& p, Isa isa, int threads) {
+  sgemm_with_bf16_path(p, isa, threads, p.compute == Element::bf16 && isa == Isa::avx512 ? bf16_path() : Bf16Path::f32);
+}
+
+void sgemm_with_bf16_path(const Problem& p, Isa isa, int threads, Bf16Path path) {
   if (!isa_supported(isa)) throw Error("gemm: ISA " + std::string(isa_name(isa)) + " is not supported by this CPU");
+  if (path != Bf16Path::f32 && (isa != Isa::avx512 || !bf16_path_available(path)))
+    throw Error("gemm: bf16 path " + std::string(bf16_path_name(path)) + " is not available here");
   if (p.m <= 0 || p.n <= 0) return;
   if (p.b_type == Element::i8 && (!p.trans_b || !p.b_scale)) throw Error("gemm: an int8 B must be a weight [N, K] with a column scale");
   if (p.packed_b && (p.packed_b->n != p.n || p.packed_b->k != p.k || p.packed_b->compute != p.compute || p.packed_b->isa != isa))
     throw Error("gemm: the packed B was made for another problem (N, K, compute or ISA differ)");
-  if (p.compute == Element::bf16 && isa == Isa::avx512 && has_bf16_dot()) run_split(p, bf16_plan(), threads);
+  if (p.packed_b && p.packed_b->bf16 != (p.compute == Element::bf16 ? path : Bf16Path::f32))
+    throw Error("gemm: the packed B was made for another bf16 path");
+  if (p.compute == Element::bf16 && path != Bf16Path::f32) run_split(p, plan_for(path), threads);
   else run_split(p, f32_plan(isa), threads);
 }
 

@@ -27,6 +27,10 @@ enum class Element : uint8_t { f32, bf16, i8 };
 
 struct PackedB;
 
+// How bf16 compute runs: AMX-BF16 tiles, AVX512-BF16 dot products, or the f32 kernel on the
+// rounded values. All sum the bf16 products in f32.
+enum class Bf16Path : uint8_t { amx, dot, f32 };
+
 struct Problem {
   int64_t m = 0, n = 0, k = 0;
   const void* a = nullptr;  // [M, K], row stride lda
@@ -54,10 +58,10 @@ struct PackedB {
   int64_t n = 0, k = 0;
   Element compute = Element::f32;
   Isa isa = Isa::portable;
-  bool bf16_dot = false;  // packed as bf16 pairs for the AVX512-BF16 kernel
+  Bf16Path bf16 = Bf16Path::f32;  // the bf16 kernel the panels are for (f32: the f32 kernels)
   int64_t kc = 0, panel_stride = 0;  // K block size; elements per K block (all N panels)
   std::vector<float> f32;            // the panels (f32 kernels)
-  std::vector<uint16_t> bf16;        // the panels (bf16-pair kernel)
+  std::vector<uint16_t> bf16_panels;  // the panels (bf16-pair kernels: AVX512-BF16 or AMX)
 };
 // Packs p's B (p.b, ldb, b_type, trans_b, n, k, compute) for sgemm with `isa`.
 std::shared_ptr<const PackedB> pack_b_once(const Problem& p, Isa isa);
@@ -65,7 +69,16 @@ std::shared_ptr<const PackedB> pack_b_once(const Problem& p, Isa isa);
 // Runs on the calling thread's TBB arena, splitting the work over up to `threads` tasks.
 void sgemm(const Problem& p, Isa isa, int threads);
 
-// True when bf16 compute runs on AVX512-BF16 dot products here.
+// True when the CPU has AVX512-BF16 dot products.
 bool has_bf16_dot();
+// True when the CPU has AMX-BF16 and Linux granted this process the tile state.
+bool amx_ready();
+// The bf16 path sgemm uses: the fastest available (AMX, then AVX512-BF16, then f32), or the one
+// CUBEVEC_GEMM_BF16=amx|avx512bf16|f32 asks for (read once; an unavailable one is an Error).
+Bf16Path bf16_path();
+std::string_view bf16_path_name(Bf16Path path);  // "amx", "avx512bf16", "f32"
+bool bf16_path_available(Bf16Path path);
+// sgemm with a given bf16 path (tests, benchmarks); the path must be available.
+void sgemm_with_bf16_path(const Problem& p, Isa isa, int threads, Bf16Path path);
 
 }  // namespace cubevec::ops::gemm

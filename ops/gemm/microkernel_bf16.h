@@ -1,4 +1,5 @@
-// bf16 GEMM micro-kernel (AVX512-BF16): C[14 x 32] (+)= A x B with bf16 inputs and f32 sums.
+// bf16 GEMM micro-kernels (AVX512-BF16 and AMX-BF16): C (+)= A x B with bf16 inputs and f32 sums.
+// AVX512-BF16: C[12 x 32].
 // Panels are packed in k pairs: A as kc/2 x MR pairs (a[r][k], a[r][k+1]); B as kc/2 x NR pairs
 // (b[k][j], b[k+1][j]), which is the operand layout of vdpbf16ps. No C++ library headers here
 // (see microkernel.h for why).
@@ -12,5 +13,12 @@ inline constexpr int kMrBf16 = 12, kNrBf16 = 32;
 // kpairs = kc / 2 (kc padded to even with zeros). Called only on CPUs with AVX512-BF16.
 void microkernel_bf16_avx512(int64_t kpairs, const uint16_t* a, const uint16_t* b, float* c, int64_t ldc,
                              bool accumulate);
+
+// AMX-BF16: C[32 x 32] (+)= A x B on tiles (four 16 x 16 f32 accumulators). A is packed in k blocks
+// of 32: kc/32 x MR rows x 32 k (each block two A tiles); B as for the AVX512-BF16 kernel (kc/2 x
+// NR pairs), read as two B tiles of 16 columns. kpairs must be a multiple of 16 (kc padded to 32
+// with zeros). Called only where amx_ready() said yes.
+inline constexpr int kMrAmx = 32, kNrAmx = 32;
+void microkernel_bf16_amx(int64_t kpairs, const uint16_t* a, const uint16_t* b, float* c, int64_t ldc, bool accumulate);
 
 }  // namespace cubevec::ops::gemm

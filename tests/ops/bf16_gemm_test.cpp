@@ -2,9 +2,12 @@
 // elsewhere) and batched GEMM, against a double-precision loop on the bf16-rounded inputs.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <memory>
 #include <random>
 
 #include "ops/gemm.h"
+#include "ops/gemm/driver.h"
 #include "tensor/half.h"
 
 #include "common/tensor_testing.h"
@@ -78,6 +81,47 @@ TEST(Bf16Gemm, EveryIsaComputesTheSameRoundedProduct) {
     p.compute = ops::gemm::Element::bf16;
     ops::gemm::sgemm(p, isa, 2);
     for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(c[i], want[i], 1e-3) << ops::gemm::isa_name(isa) << " at " << i;
+  }
+}
+
+TEST(Bf16Gemm, EveryBf16PathThisCpuHasMatchesTheLoopPackedOrNot) {
+  // AMX tiles (32 x 32 blocks, k padded to 32), AVX512-BF16 dot products and the f32 kernel on
+  // rounded values: each path the machine offers, on shapes with edge tiles, a K past one K block
+  // (1536) and not a multiple of 32, with B packed per call and packed once. Paths the CPU lacks
+  // are skipped (and say so).
+  const int64_t sizes[][3] = {{1, 1, 1}, {32, 32, 32}, {33, 65, 47}, {70, 100, 1601}};
+  for (auto path : {ops::gemm::Bf16Path::amx, ops::gemm::Bf16Path::dot, ops::gemm::Bf16Path::f32}) {
+    if (!ops::gemm::bf16_path_available(path) || !ops::gemm::isa_supported(ops::gemm::Isa::avx512)) {
+      std::printf("bf16 path %s: not on this CPU, skipped\n", std::string(ops::gemm::bf16_path_name(path)).c_str());
+      continue;
+    }
+    for (const auto& s : sizes) {
+      const int64_t m = s[0], n = s[1], k = s[2];
+      const auto a = random_values(m * k, 21), b = random_values(k * n, 22);
+      const auto want = product(a, b, m, n, k, true);
+      std::vector<uint16_t> a16(a.size()), b16(b.size());
+      for (std::size_t i = 0; i < a.size(); ++i) a16[i] = f32_to_bf16(a[i]);
+      for (std::size_t i = 0; i < b.size(); ++i) b16[i] = f32_to_bf16(b[i]);
+      for (bool packed : {false, true}) {
+        std::vector<float> c(static_cast<std::size_t>(m * n), -7.0f);
+        ops::gemm::Problem p;
+        p.m = m, p.n = n, p.k = k, p.a = a16.data(), p.lda = k, p.a_type = ops::gemm::Element::bf16;
+        p.b = b16.data(), p.ldb = k, p.b_type = ops::gemm::Element::bf16, p.trans_b = true;
+        p.c = c.data(), p.ldc = n, p.compute = ops::gemm::Element::bf16;
+        std::shared_ptr<const ops::gemm::PackedB> panels;
+        if (packed && path == ops::gemm::bf16_path()) {
+          panels = ops::gemm::pack_b_once(p, ops::gemm::Isa::avx512);
+          p.packed_b = panels.get();
+        } else if (packed) {
+          continue;  // pack_b_once packs for the process's path
+        }
+        ops::gemm::sgemm_with_bf16_path(p, ops::gemm::Isa::avx512, 2, path);
+        const double tolerance = 2e-6 * static_cast<double>(k) + 1e-6;
+        for (std::size_t i = 0; i < want.size(); ++i)
+          ASSERT_NEAR(c[i], want[i], tolerance) << ops::gemm::bf16_path_name(path) << " M,N,K=" << m << "," << n << "," << k
+                                                << (packed ? " packed" : "") << " at " << i;
+      }
+    }
   }
 }
 

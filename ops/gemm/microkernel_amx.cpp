@@ -1,0 +1,72 @@
+// Compiled with -mamx-tile -mamx-bf16 -mavx512f (see ops/CMakeLists.txt); called only on CPUs with
+// AMX-BF16 once the kernel has granted the process the tile state (driver.cpp, amx_ready()).
+#include <immintrin.h>
+
+#include "ops/gemm/microkernel_bf16.h"
+
+namespace cubevec::ops::gemm {
+
+namespace {
+
+// The 64-byte tile configuration (palette 1): tiles 0-3 hold C (16 x 16 f32 each), 4-5 A (16 rows
+// x 32 bf16), 6-7 B (16 k pairs x 16 columns x 2 bf16). Every tile is 16 rows of 64 bytes.
+struct alignas(64) TileConfig {
+  unsigned char palette_id = 1;
+  unsigned char start_row = 0;
+  unsigned char reserved[14] = {};
+  unsigned short colsb[16] = {};
+  unsigned char rows[16] = {};
+};
+
+// Tile registers are per thread and start unconfigured; nothing else in cubevec configures them,
+// so one load per thread suffices.
+void configure_tiles() {
+  static thread_local bool configured = false;
+  if (configured) return;
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.colsb[t] = 64;
+    config.rows[t] = 16;
+  }
+  _tile_loadconfig(&config);
+  configured = true;
+}
+
+}  // namespace
+
+void microkernel_bf16_amx(int64_t kpairs, const uint16_t* a, const uint16_t* b, float* c, int64_t ldc, bool accumulate) {
+  configure_tiles();
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  // Per 32-deep k block: A is [32 rows][32 k] (two tiles of 16 rows, 64-byte rows); B is
+  // [16 k pairs][32 columns][2] (two tiles of 16 columns, 128-byte rows).
+  for (int64_t s = 0; s < kpairs / 16; ++s) {
+    const uint16_t* ab = a + s * kMrAmx * 32;
+    const uint16_t* bb = b + s * 16 * kNrAmx * 2;
+    _tile_loadd(4, ab, 64);
+    _tile_loadd(5, ab + 16 * 32, 64);
+    _tile_loadd(6, bb, 128);
+    _tile_loadd(7, bb + 32, 128);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  alignas(64) float tile[kMrAmx][kNrAmx];
+  _tile_stored(0, &tile[0][0], kNrAmx * 4);
+  _tile_stored(1, &tile[0][16], kNrAmx * 4);
+  _tile_stored(2, &tile[16][0], kNrAmx * 4);
+  _tile_stored(3, &tile[16][16], kNrAmx * 4);
+  for (int r = 0; r < kMrAmx; ++r) {
+    float* row = c + r * ldc;
+    for (int h = 0; h < kNrAmx; h += 16) {
+      __m512 v = _mm512_load_ps(&tile[r][h]);
+      if (accumulate) v = _mm512_add_ps(v, _mm512_loadu_ps(row + h));
+      _mm512_storeu_ps(row + h, v);
+    }
+  }
+}
+
+}  // namespace cubevec::ops::gemm
