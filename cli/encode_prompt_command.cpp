@@ -25,6 +25,7 @@
 #include "tensor/finite_check.h"
 #include "tensor/safetensors.h"
 #include "tensor/strict_json.h"
+#include <system_error>
 #include "tokenizers/clip_tokenizer.h"
 #include "tokenizers/prompt_clean.h"
 #include "tokenizers/t5_tokenizer.h"
@@ -44,17 +45,37 @@ Tensor ids_tensor(const std::vector<int32_t>& ids) {
   return Tensor::from_vector(wide, {1, static_cast<int64_t>(wide.size())});
 }
 
-bool is_clip_config(const nlohmann::json& config) {
-  if (config.contains("model_type") && config["model_type"] == "clip_text_model") return true;
+// CLIP (true) or T5 / umT5 (false), from config.json's model_type or architectures; anything else
+// is an Error naming the file.
+bool is_clip_config(const std::string& path) {
+  const nlohmann::json config = read_json_file(path);
+  if (!config.is_object()) throw Error(path + ": expected a JSON object (a transformers config)");
+  const std::string type = config.contains("model_type") && config["model_type"].is_string() ? config["model_type"].get<std::string>() : "";
+  if (type == "clip_text_model") return true;
+  if (type == "t5" || type == "umt5" || type == "mt5") return false;
   if (config.contains("architectures") && config["architectures"].is_array())
-    for (const nlohmann::json& a : config["architectures"])
-      if (a == "CLIPTextModel" || a == "CLIPTextModelWithProjection") return true;
-  return false;
+    for (const nlohmann::json& a : config["architectures"]) {
+      if (!a.is_string()) continue;
+      const std::string name = a.get<std::string>();
+      if (name == "CLIPTextModel" || name == "CLIPTextModelWithProjection") return true;
+      if (name.rfind("T5", 0) == 0 || name.rfind("UMT5", 0) == 0 || name.rfind("MT5", 0) == 0) return false;
+    }
+  throw Error(path + ": not a text encoder cubevec runs (expected model_type clip_text_model, t5 or umt5, or architectures "
+                     "CLIPTextModel, T5EncoderModel or UMT5EncoderModel)");
+}
+
+void require_folder(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (!std::filesystem::exists(status)) throw Error(what + " " + path + " does not exist");
+  if (!std::filesystem::is_directory(status)) throw Error(what + " " + path + " is not a folder");
 }
 
 int run(const EncodePromptFlags& f, const DeviceFlags& device_flags) {
+  if (f.dtype != "f32" && f.dtype != "bf16") throw Error("--dtype must be f32 or bf16, got '" + f.dtype + "'");
   const DType dtype = parse_dtype(f.dtype);
-  if (dtype != DType::f32 && dtype != DType::bf16) throw Error("--dtype must be f32 or bf16, got " + f.dtype);
+  if (f.model.empty()) throw Error("--model DIR is required (a diffusers folder with text_encoder/ and tokenizer/)");
+  require_folder(f.model, "--model");
   if (f.encoder != "text_encoder" && f.encoder != "text_encoder_2")
     throw Error("--encoder must be text_encoder or text_encoder_2, got '" + f.encoder + "'");
   if (!f.pipeline.empty() && f.pipeline != "flux" && f.pipeline != "wan")
@@ -63,18 +84,17 @@ int run(const EncodePromptFlags& f, const DeviceFlags& device_flags) {
   if (f.max_length < 0) throw Error("--max-length must be at least 1, got " + std::to_string(f.max_length));
   const std::string dir = f.model + "/" + f.encoder;
   const std::string tokenizer_dir = f.model + (f.encoder == "text_encoder" ? "/tokenizer" : "/tokenizer_2");
-  if (!std::filesystem::is_directory(dir)) throw Error(f.model + " has no " + f.encoder + "/ folder");
-  if (!std::filesystem::is_directory(tokenizer_dir))
-    throw Error(f.model + " has " + f.encoder + "/ but no " + tokenizer_dir.substr(f.model.size() + 1) + "/ (its tokenizer)");
+  require_folder(dir, "--encoder's folder");
+  require_folder(tokenizer_dir, "its tokenizer folder");
   models::check_text_component_classes(f.model);
   Device device(device_flags.resolve());
   const Stream stream = device.default_stream();
   const DType weights = models::encoder_weight_dtype(dir, dtype);
-  const nlohmann::json config = read_json_file(dir + "/config.json");
   NamedTensors out;
   std::string described;
-  if (is_clip_config(config)) {
+  if (is_clip_config(dir + "/config.json")) {
     if (f.pipeline == "wan") throw Error(dir + " is a CLIP text encoder; Wan has none (--pipeline wan is for its umT5 encoder)");
+    if (f.max_length == 1) throw Error("--max-length must be at least 2 for CLIP (<|startoftext|> and <|endoftext|>), got 1");
     const tokenizers::ClipTokenizer tokenizer = tokenizers::ClipTokenizer::load(tokenizer_dir);
     const auto model = models::ClipTextModel::load(dir, weights, stream);
     if (f.max_length > model->config().max_position_embeddings)
@@ -92,6 +112,10 @@ int run(const EncodePromptFlags& f, const DeviceFlags& device_flags) {
   } else {
     const tokenizers::T5Tokenizer tokenizer = tokenizers::T5Tokenizer::load(tokenizer_dir);
     const auto model = models::T5EncoderModel::load(dir, weights, stream);
+    if (f.pipeline == "wan" && !model->config().umt5)
+      throw Error(dir + " is a T5EncoderModel; --pipeline wan is for Wan's UMT5EncoderModel");
+    if (f.pipeline == "flux" && model->config().umt5)
+      throw Error(dir + " is a UMT5EncoderModel; --pipeline flux is for Flux's T5EncoderModel (text_encoder_2)");
     const int length = f.max_length > 0 ? f.max_length : 512;
     for (std::size_t i = 0; i < f.prompts.size(); ++i) {
       const std::string n = std::to_string(i);

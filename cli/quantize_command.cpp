@@ -65,7 +65,11 @@ int run(const QuantizeFlags& f, const DeviceFlags& device_flags) {
 
   // The calibration data: each prompt through the model's text encoder, each embeddings file as is.
   std::vector<std::pair<std::string, models::PromptEmbeddings>> data;
-  for (const std::string& prompt : f.prompts) data.push_back({"prompt \"" + prompt + "\"", model->text({prompt, "", ""}).positive});
+  for (const std::string& prompt : f.prompts) {
+    PromptFlags text;
+    text.prompt = prompt;
+    data.push_back({"prompt \"" + prompt + "\"", model->text(text).positive});
+  }
   for (const std::string& file : f.embeds) data.push_back({file, pipelines::PromptEmbedsFile::load(file, !model->is_wan()).positive});
 
   pipelines::QuantExportOptions options;

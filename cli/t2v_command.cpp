@@ -90,6 +90,8 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   if (!f.common.simulate && f.out.empty()) throw Error("--out FILE.avi is required");
   const DType dtype = f.common.weight_dtype();
   f.text.dtype = dtype;
+  f.text.check_weights = f.common.check_weights && !f.common.simulate;
+  f.text.memory_limit = f.common.memory_limit;
   f.options.cfg = pipelines::parse_cfg_mode(f.cfg);
   f.options.activations = dtype;
   const pipelines::CacheConfig cache_config = stage_flags.cache_settings();  // bad files fail before any work

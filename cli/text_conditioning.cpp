@@ -1,10 +1,14 @@
 #include "cli/text_conditioning.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "models/pipeline_text_encoders.h"
 #include "models/tiny_text_encoder.h"
+#include "pipelines/memory_estimate.h"
 #include "pipelines/prompt_embeds_file.h"
+#include "tensor/caching_allocator.h"
+#include "tensor/finite_check.h"
 #include "tensor/error.h"
 
 namespace cubevec::cli {
@@ -28,6 +32,42 @@ void require_embedding_shapes(const pipelines::PromptEmbedsFile& file, const std
   if (file.negative) check(*file.negative, "negative_");
 }
 
+// The encoders' estimate against --memory-limit (or the memory available now), before they load;
+// the allocator is held to the limit while they run.
+void require_text_memory(const models::TextEncodingMemory& need, const PromptFlags& f, const std::string& what) {
+  const std::string figures = human_bytes(need.total()) + " (weights and their packed copies " + human_bytes(need.weights) +
+                              " + activations " + human_bytes(need.activations) + ")";
+  if (!f.memory_limit.empty()) {
+    const uint64_t limit = pipelines::parse_memory_size(f.memory_limit, "--memory-limit");
+    if (need.total() > limit)
+      throw Error("text encoding with " + what + " needs about " + figures + ", more than --memory-limit " + f.memory_limit);
+    default_allocator().set_memory_limit(limit);
+    return;
+  }
+  const uint64_t available = pipelines::available_memory_bytes();
+  if (available > 0 && need.total() > available)
+    throw Error("text encoding with " + what + " needs about " + figures + ", more than the " + human_bytes(available) +
+                " available now (give --memory-limit to set another limit)");
+}
+
+// A prompt of whitespace only is no prompt (the real encoders would encode it as the empty one).
+void require_prompt_text(const std::string& prompt) {
+  if (prompt.find_first_not_of(" \t\n\r\f\v") == std::string::npos)
+    throw Error("--prompt TEXT is required" + std::string(prompt.empty() ? "" : " (the prompt given is only whitespace)") +
+                " (or --prompt-embeds FILE)");
+}
+
+// The encoders' outputs must be finite: a NaN weight would otherwise surface as a denoising failure.
+void require_finite_embeddings(const models::PromptEmbeddings& e, const std::string& encoder, const std::string& what) {
+  const std::string why = encoder + ": the embeddings of " + what + " are not finite (a weight gives NaN or inf; --check-weights names it)";
+  require_finite(e.sequence, why);
+  if (e.pooled.defined()) require_finite(e.pooled, why);
+}
+
+void note_unused_negative(const PromptFlags& f, bool cfg) {
+  if (!cfg && !f.negative_prompt.empty()) std::fprintf(stderr, "note: --negative-prompt is used only with --cfg fused or --cfg streams\n");
+}
+
 }  // namespace
 
 TextConditioning flux_text(const std::string& model_dir, const PromptFlags& f, bool cfg, bool simulate, const models::FluxConfig& mc,
@@ -47,16 +87,32 @@ TextConditioning flux_text(const std::string& model_dir, const PromptFlags& f, b
     t.negative = t.positive;
     t.source = "shape-only T5/CLIP embeddings";
   } else if (const models::TextEncoderKind kind = models::text_encoder_kind(model_dir); kind == models::TextEncoderKind::clip_t5) {
-    if (f.prompt.empty()) throw Error("--prompt TEXT is required (or --prompt-embeds FILE)");
+    require_prompt_text(f.prompt);
+    if (f.max_sequence_length < 1 || f.max_sequence_length > 512)
+      throw Error("--max-sequence-length must be from 1 to 512 for Flux (FluxPipeline's limit), got " + std::to_string(f.max_sequence_length));
+    models::TextEncodingMemory need = models::estimate_text_encoding_memory(model_dir + "/text_encoder", f.dtype, 77);
+    const models::TextEncodingMemory t5 = models::estimate_text_encoding_memory(model_dir + "/text_encoder_2", f.dtype, f.max_sequence_length);
+    need.weights += t5.weights;
+    need.activations = std::max(need.activations, t5.activations);
+    require_text_memory(need, f, "CLIP and T5");
     auto encoder = models::FluxTextEncoder::load(model_dir, f.dtype, f.max_sequence_length, stream);
+    if (f.check_weights) {
+      models::require_finite_parameters(encoder->clip().parameters(), model_dir + "/text_encoder");
+      models::require_finite_parameters(encoder->t5().parameters(), model_dir + "/text_encoder_2");
+    }
     if (encoder->clip().config().hidden_size != mc.pooled_projection_dim)
       throw Error(model_dir + "/text_encoder is " + std::to_string(encoder->clip().config().hidden_size) +
                   " wide but the transformer's pooled_projection_dim is " + std::to_string(mc.pooled_projection_dim));
     if (encoder->t5().config().d_model != mc.joint_attention_dim)
       throw Error(model_dir + "/text_encoder_2 is " + std::to_string(encoder->t5().config().d_model) +
                   " wide (d_model) but the transformer's joint_attention_dim is " + std::to_string(mc.joint_attention_dim));
-    t.positive = encoder->encode(f.prompt);
-    if (cfg) t.negative = encoder->encode(f.negative_prompt);
+    t.positive = encoder->encode_as(f.prompt, "--prompt");
+    require_finite_embeddings(t.positive, encoder->name(), "--prompt");
+    if (cfg) {
+      t.negative = encoder->encode_as(f.negative_prompt, "--negative-prompt");
+      require_finite_embeddings(*t.negative, encoder->name(), "--negative-prompt");
+    }
+    note_unused_negative(f, cfg);
     t.source = encoder->name();
   } else if (kind == models::TextEncoderKind::umt5) {
     throw Error(model_dir + "/text_encoder is Wan's umT5, not Flux's CLIP: is this a Wan folder?");
@@ -97,13 +153,22 @@ TextConditioning wan_text(const std::string& model_dir, const PromptFlags& f, bo
     t.negative = t.positive;
     t.source = "shape-only umT5 embeddings";
   } else if (const models::TextEncoderKind kind = models::text_encoder_kind(model_dir); kind == models::TextEncoderKind::umt5) {
-    if (f.prompt.empty()) throw Error("--prompt TEXT is required (or --prompt-embeds FILE)");
+    require_prompt_text(f.prompt);
+    if (f.max_sequence_length < 1 || f.max_sequence_length > 4096)
+      throw Error("--max-sequence-length must be from 1 to 4096 for Wan, got " + std::to_string(f.max_sequence_length));
+    require_text_memory(models::estimate_text_encoding_memory(model_dir + "/text_encoder", f.dtype, f.max_sequence_length), f, "umT5");
     auto encoder = models::WanTextEncoder::load(model_dir, f.dtype, f.max_sequence_length, stream);
+    if (f.check_weights) models::require_finite_parameters(encoder->umt5().parameters(), model_dir + "/text_encoder");
     if (encoder->umt5().config().d_model != mc.text_dim)
       throw Error(model_dir + "/text_encoder is " + std::to_string(encoder->umt5().config().d_model) +
                   " wide (d_model) but the transformer's text_dim is " + std::to_string(mc.text_dim));
-    t.positive = encoder->encode(f.prompt);
-    if (cfg) t.negative = encoder->encode(f.negative_prompt);  // WanPipeline's default negative is ""
+    t.positive = encoder->encode_as(f.prompt, "--prompt");
+    require_finite_embeddings(t.positive, encoder->name(), "--prompt");
+    if (cfg) {
+      t.negative = encoder->encode_as(f.negative_prompt, "--negative-prompt");  // WanPipeline's default negative is ""
+      require_finite_embeddings(*t.negative, encoder->name(), "--negative-prompt");
+    }
+    note_unused_negative(f, cfg);
     t.source = encoder->name();
   } else {
     throw Error(model_dir + (kind == models::TextEncoderKind::none ? " has no text_encoder/ (umT5) to encode --prompt with"

@@ -17,7 +17,10 @@ namespace cubevec::cli {
 struct PromptFlags {
   std::string prompt, negative_prompt, prompt_embeds;
   int max_sequence_length = 512;  // T5 / umT5 tokens (--max-sequence-length)
-  DType dtype = DType::f32;       // the run's dtype (set by the command): encoders stored f32 run in it
+  // Set by the command from its other flags:
+  DType dtype = DType::f32;   // the run's dtype: encoders stored f32 run in it
+  bool check_weights = false;  // --check-weights covers the encoders' weights too
+  std::string memory_limit;    // --memory-limit: text encoding must fit it as well
 };
 
 struct TextConditioning {

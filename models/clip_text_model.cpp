@@ -22,6 +22,8 @@ ClipTextConfig ClipTextConfig::from_json(const nlohmann::json& json, const std::
       .integer("eos_token_id", c.eos_token_id, 0)
       .positive_number("layer_norm_eps", c.layer_norm_eps)
       .text("hidden_act", c.hidden_act, {"quick_gelu", "gelu"});
+  if (c.eos_token_id >= c.vocab_size)
+    r.fail("eos_token_id", std::to_string(c.eos_token_id) + " is not below vocab_size " + std::to_string(c.vocab_size));
   if (c.hidden_size % c.num_attention_heads != 0)
     r.fail("hidden_size", std::to_string(c.hidden_size) + " is not a multiple of num_attention_heads " + std::to_string(c.num_attention_heads));
   return c;

@@ -66,6 +66,32 @@ DType encoder_weight_dtype(const std::string& encoder_dir, DType run_dtype) {
   return DType::f32;
 }
 
+TextEncodingMemory estimate_text_encoding_memory(const std::string& encoder_dir, DType run_dtype, int64_t length) {
+  const DType kept = encoder_weight_dtype(encoder_dir, run_dtype);
+  TextEncodingMemory m;
+  const Checkpoint checkpoint = open_component_weights(encoder_dir, "", "model");
+  for (const std::string& name : checkpoint.names()) {
+    const SafetensorsEntry& e = checkpoint.entry(name);
+    uint64_t count = 1;
+    for (const int64_t d : e.shape) count *= static_cast<uint64_t>(d);
+    const bool matrix = e.shape.size() >= 2;
+    // Matrices at the kept dtype plus their packed panels; vectors f32.
+    m.weights += matrix ? count * dtype_size(kept) * 2 : count * 4;
+  }
+  const nlohmann::json config = read_json_file(encoder_dir + "/config.json");
+  const auto number = [&](const char* key, int64_t fallback) {
+    return config.is_object() && config.contains(key) && config[key].is_number_unsigned() ? config[key].get<int64_t>() : fallback;
+  };
+  const auto l = static_cast<uint64_t>(length);
+  const auto width = static_cast<uint64_t>(std::max(number("d_model", 0), number("hidden_size", 0)));
+  const auto inner = static_cast<uint64_t>(std::max(number("d_ff", 0), number("intermediate_size", 0)));
+  const auto heads = static_cast<uint64_t>(std::max<int64_t>(1, std::max(number("num_heads", 0), number("num_attention_heads", 0))));
+  // The residual stream, a norm's output, q / k / v / attention output, the FFN's three inner
+  // tensors; T5's bias [heads, L, L] (f32) and the math path's scores of the same size.
+  m.activations = 4 * l * (8 * width + 3 * inner) + 2 * 4 * heads * l * l;
+  return m;
+}
+
 Tensor zero_padded_rows(const Tensor& hidden, const std::vector<int32_t>& attention_mask) {
   Tensor out = hidden.contiguous();
   if (!out.has_storage()) return out;
@@ -104,10 +130,10 @@ std::string FluxTextEncoder::name() const {
          std::to_string(t5_->config().num_layers) + " layers, " + std::to_string(max_sequence_length_) + " tokens) from " + source_;
 }
 
-PromptEmbeddings FluxTextEncoder::encode(const std::string& prompt) {
-  const std::vector<int32_t> clip_ids = clip_tokenizer_.encode_padded(prompt, 0, "the prompt (CLIP)");
+PromptEmbeddings FluxTextEncoder::encode_as(const std::string& prompt, const std::string& what) {
+  const std::vector<int32_t> clip_ids = clip_tokenizer_.encode_padded(prompt, 0, what + " (CLIP)");
   const ClipTextOutput clip = clip_->forward(clip_ids);
-  const tokenizers::PaddedIds t5_ids = t5_tokenizer_->encode_padded(prompt, max_sequence_length_, "the prompt (T5)");
+  const tokenizers::PaddedIds t5_ids = t5_tokenizer_->encode_padded(prompt, max_sequence_length_, what + " (T5)");
   Tensor sequence = t5_->forward(t5_ids.ids);  // FluxPipeline passes no mask
   sequence.data_ptr();                          // finished before the caller hands it to another device
   clip.pooler_output.data_ptr();
@@ -137,8 +163,8 @@ std::string WanTextEncoder::name() const {
          " tokens) from " + source_;
 }
 
-PromptEmbeddings WanTextEncoder::encode(const std::string& prompt) {
-  const tokenizers::PaddedIds ids = tokenizer_->encode_padded(tokenizers::wan_prompt_clean(prompt), max_sequence_length_);
+PromptEmbeddings WanTextEncoder::encode_as(const std::string& prompt, const std::string& what) {
+  const tokenizers::PaddedIds ids = tokenizer_->encode_padded(tokenizers::wan_prompt_clean(prompt, what), max_sequence_length_, what);
   PromptEmbeddings out;
   out.sequence = zero_padded_rows(umt5_->forward(ids.ids, ids.attention_mask), ids.attention_mask);
   return out;

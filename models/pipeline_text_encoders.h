@@ -37,13 +37,25 @@ void check_text_component_classes(const std::string& model_dir);
 // stores them so (no f32 copy of a bf16 file), else f32.
 DType encoder_weight_dtype(const std::string& encoder_dir, DType run_dtype);
 
+// What encoding one prompt of `length` tokens needs, from the folder's files alone (checked
+// before anything loads): the weights at the dtype they will be kept in, twice for the matrices
+// (the GEMM's packed panels), and the live activations at the widest point (for T5 the
+// [heads, L, L] position bias and its scores).
+struct TextEncodingMemory {
+  uint64_t weights = 0, activations = 0;
+  uint64_t total() const { return weights + activations; }
+};
+TextEncodingMemory estimate_text_encoding_memory(const std::string& encoder_dir, DType run_dtype, int64_t length);
+
 class FluxTextEncoder : public TextEncoder {
  public:
   // max_sequence_length: T5's padded length, 1 to 512 (FluxPipeline refuses more).
   static std::unique_ptr<FluxTextEncoder> load(const std::string& model_dir, DType run_dtype, int max_sequence_length,
                                                const Stream& stream);
   std::string name() const override;
-  PromptEmbeddings encode(const std::string& prompt) override;
+  PromptEmbeddings encode(const std::string& prompt) override { return encode_as(prompt, "--prompt"); }
+  // `what` names the text in errors ("--negative-prompt").
+  PromptEmbeddings encode_as(const std::string& prompt, const std::string& what);
 
   const ClipTextModel& clip() const { return *clip_; }
   const T5EncoderModel& t5() const { return *t5_; }
@@ -65,7 +77,8 @@ class WanTextEncoder : public TextEncoder {
   static std::unique_ptr<WanTextEncoder> load(const std::string& model_dir, DType run_dtype, int max_sequence_length,
                                               const Stream& stream);
   std::string name() const override;
-  PromptEmbeddings encode(const std::string& prompt) override;
+  PromptEmbeddings encode(const std::string& prompt) override { return encode_as(prompt, "--prompt"); }
+  PromptEmbeddings encode_as(const std::string& prompt, const std::string& what);
 
   const T5EncoderModel& umt5() const { return *umt5_; }
   const tokenizers::T5Tokenizer& tokenizer() const { return *tokenizer_; }

@@ -39,6 +39,15 @@ T5EncoderConfig T5EncoderConfig::from_json(const nlohmann::json& json, const std
       .positive_number("layer_norm_epsilon", c.layer_norm_epsilon)
       .text("feed_forward_proj", ffn, {"gated-gelu", "relu"});
   c.gated = ffn == "gated-gelu";
+  // transformers derives these two from feed_forward_proj; a file that says otherwise asks for an
+  // FFN cubevec would not run.
+  std::string act = c.gated ? "gelu_new" : "relu";
+  r.text("dense_act_fn", act, {"gelu_new", "relu"});
+  if (act != (c.gated ? "gelu_new" : "relu"))
+    r.fail("dense_act_fn", "'" + act + "' does not match feed_forward_proj '" + ffn + "' (expected '" + (c.gated ? "gelu_new" : "relu") + "')");
+  bool gated_act = c.gated;
+  r.boolean("is_gated_act", gated_act);
+  if (gated_act != c.gated) r.fail("is_gated_act", std::string(gated_act ? "true" : "false") + " does not match feed_forward_proj '" + ffn + "'");
   if (c.relative_attention_max_distance <= c.relative_attention_num_buckets / 4)
     r.fail("relative_attention_max_distance", std::to_string(c.relative_attention_max_distance) +
                                                   " must exceed a quarter of relative_attention_num_buckets (" +

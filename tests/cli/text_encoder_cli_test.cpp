@@ -12,6 +12,8 @@
 // Tolerance: CLIP's checkpoint is stored bf16 and runs so; its outputs are within 3e-2 of the
 // golden's scale (the activations entering each GEMM are rounded to bf16).
 #include <filesystem>
+#include <fstream>
+#include <limits>
 
 #include "cli/run_cubevec.h"
 #include "tensor/safetensors.h"
@@ -178,6 +180,64 @@ TEST_F(TextEncoderCli, BadFoldersAndFlagsAreOneLineErrors) {
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("vocab.json"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(dir_ / "e.safetensors"));
+}
+
+TEST_F(TextEncoderCli, MemoryNanWeightsAndNegativePromptsAreNamed) {
+  const fs::path wan = wan_folder(dir_);
+  const std::vector<std::string> t2v = {"t2v", "--model", wan.string(), "--steps", "1", "--frames", "5", "--width", "32", "--height", "32",
+                                        "--out", (dir_ / "v.avi").string()};
+  const auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = t2v;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run(args);
+  };
+  // 4 heads x 4096^2 position bias and scores do not fit 100 MiB: refused before loading.
+  auto r = with({"--prompt", "a cat", "--max-sequence-length", "4096", "--memory-limit", "100M"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("text encoding with umT5 needs about"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("more than --memory-limit 100M"), std::string::npos) << r.err;
+  r = with({"--prompt", "a cat", "--negative-prompt", "caf\xe9"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("--negative-prompt: invalid UTF-8"), std::string::npos) << r.err;
+  r = with({"--prompt", "  \t "});
+  EXPECT_NE(r.err.find("--prompt TEXT is required (the prompt given is only whitespace)"), std::string::npos) << r.err;
+  // A NaN in umT5's final norm: named as the encoder's output, and by --check-weights as the weight.
+  const std::string weights = (wan / "text_encoder" / "model.safetensors").string();
+  cubevec::NamedTensors tensors;
+  {
+    const cubevec::SafetensorsFile file = cubevec::SafetensorsFile::open(weights);
+    for (const auto& e : file.entries()) tensors.emplace_back(e.name, file.tensor(e.name).contiguous().clone());
+  }
+  for (auto& [name, tensor] : tensors)
+    if (name == "encoder.final_layer_norm.weight") tensor.mutable_data<float>()[3] = std::numeric_limits<float>::quiet_NaN();
+  cubevec::write_safetensors(weights, tensors);
+  r = with({"--prompt", "a cat"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("UMT5EncoderModel (2 layers, 512 tokens)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("the embeddings of --prompt are not finite"), std::string::npos) << r.err;
+  r = with({"--prompt", "a cat", "--check-weights"});
+  EXPECT_NE(r.err.find("weight 'encoder.final_layer_norm.weight'"), std::string::npos) << r.err;
+}
+
+TEST_F(TextEncoderCli, EncodePromptNamesBadConfigsAndMismatchedPipelines) {
+  const fs::path flux = flux_folder(dir_);
+  const std::string out = (dir_ / "e.safetensors").string();
+  auto r = run({"encode-prompt", "--model", flux.string(), "--encoder", "text_encoder_2", "--pipeline", "wan", "--prompt", "x", "--out", out});
+  EXPECT_NE(r.err.find("is a T5EncoderModel; --pipeline wan is for Wan's UMT5EncoderModel"), std::string::npos) << r.err;
+  r = run({"encode-prompt", "--model", flux.string(), "--max-length", "1", "--prompt", "x", "--out", out});
+  EXPECT_NE(r.err.find("--max-length must be at least 2 for CLIP"), std::string::npos) << r.err;
+  r = run({"encode-prompt", "--model", (dir_ / "nope").string(), "--prompt", "x", "--out", out});
+  EXPECT_NE(r.err.find("nope does not exist"), std::string::npos) << r.err;
+  r = run({"encode-prompt", "--model", flux.string(), "--dtype", "f16", "--prompt", "x", "--out", out});
+  EXPECT_NE(r.err.find("--dtype must be f32 or bf16, got 'f16'"), std::string::npos) << r.err;
+  std::ofstream(flux / "text_encoder_2" / "config.json", std::ios::trunc) << R"({"model_type": "t5", "feed_forward_proj": "gated-gelu", "dense_act_fn": "relu"})";
+  r = run({"encode-prompt", "--model", flux.string(), "--encoder", "text_encoder_2", "--prompt", "x", "--out", out});
+  EXPECT_NE(r.err.find("'dense_act_fn'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("does not match feed_forward_proj 'gated-gelu'"), std::string::npos) << r.err;
+  std::ofstream(flux / "text_encoder" / "config.json", std::ios::trunc) << "[1, 2]";
+  r = run({"encode-prompt", "--model", flux.string(), "--prompt", "x", "--out", out});
+  EXPECT_NE(r.err.find("text_encoder/config.json: expected a JSON object"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out));
 }
 
 }  // namespace
