@@ -111,6 +111,17 @@ void pack_a(const Problem& p, const Plan<P>& plan, int64_t i0, int64_t mc, int64
     if (rows < plan.mr || plan.padded(kc) != kc) std::fill(out, out + panel, P{});
     for (int64_t r = 0; r < rows; ++r) {
       const S* src = a + (i0 + ir + r) * p.lda + p0;
+      if constexpr (std::is_same_v<P, uint16_t>) {
+        if (g == 32) {  // AMX: each 32-deep row segment is one contiguous run of the panel
+          for (int64_t k0 = 0; k0 < kc; k0 += 32) {
+            uint16_t* dst = out + (k0 / 32 * plan.mr + r) * 32;
+            const int n = static_cast<int>(std::min<int64_t>(32, kc - k0));
+            if constexpr (std::is_same_v<S, float>) f32_to_bf16_block_amx(src + k0, dst, n);
+            else std::copy_n(src + k0, n, dst);
+          }
+          continue;
+        }
+      }
       for (int64_t k = 0; k < kc; ++k) out[(k / g * plan.mr + r) * g + k % g] = load_as<P, S>(src, k, round);
     }
   }

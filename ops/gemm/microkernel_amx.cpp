@@ -69,4 +69,13 @@ void microkernel_bf16_amx(int64_t kpairs, const uint16_t* a, const uint16_t* b, 
   }
 }
 
+void f32_to_bf16_block_amx(const float* src, uint16_t* dst, int n) {
+  const __mmask16 lo = static_cast<__mmask16>(n >= 16 ? 0xFFFF : (1u << (n > 0 ? n : 0)) - 1u);
+  const __mmask16 hi = static_cast<__mmask16>(n >= 32 ? 0xFFFF : n > 16 ? (1u << (n - 16)) - 1u : 0u);
+  const __m512 a = _mm512_maskz_loadu_ps(lo, src), b = _mm512_maskz_loadu_ps(hi, src + 16);
+  const __m512bh v = _mm512_cvtne2ps_pbh(b, a);  // round to nearest even, as f32_to_bf16
+  const __mmask32 all = n >= 32 ? 0xFFFFFFFFu : (1u << (n > 0 ? n : 0)) - 1u;
+  _mm512_mask_storeu_epi16(dst, all, reinterpret_cast<__m512i>(v));
+}
+
 }  // namespace cubevec::ops::gemm

@@ -20,5 +20,8 @@ void microkernel_bf16_avx512(int64_t kpairs, const uint16_t* a, const uint16_t* 
 // with zeros). Called only where amx_ready() said yes.
 inline constexpr int kMrAmx = 32, kNrAmx = 32;
 void microkernel_bf16_amx(int64_t kpairs, const uint16_t* a, const uint16_t* b, float* c, int64_t ldc, bool accumulate);
+// n (0 to 32) f32 values rounded to bf16 (nearest even) with AVX512-BF16: one row of an A tile
+// packed from f32 activations (every AMX CPU has AVX512-BF16).
+void f32_to_bf16_block_amx(const float* src, uint16_t* dst, int n);
 
 }  // namespace cubevec::ops::gemm
