@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <system_error>
 
 #include "models/component.h"
 #include "tensor/config_reader.h"
@@ -11,6 +12,19 @@
 #include "tokenizers/prompt_clean.h"
 
 namespace cubevec::models {
+
+namespace {
+
+// model_dir/name must be a folder: a missing one and one that is something else (a file, a FIFO)
+// are told apart.
+void require_component_folder(const std::string& model_dir, const std::string& name, const std::string& has, const std::string& needs) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(model_dir + "/" + name, ec);
+  if (!std::filesystem::exists(status)) throw Error(model_dir + " " + has + " but no " + name + "/: " + needs);
+  if (!std::filesystem::is_directory(status)) throw Error(model_dir + "/" + name + " is not a folder: " + needs);
+}
+
+}  // namespace
 
 TextEncoderKind text_encoder_kind(const std::string& model_dir) {
   const std::string path = model_dir + "/text_encoder/config.json";
@@ -113,9 +127,8 @@ std::unique_ptr<FluxTextEncoder> FluxTextEncoder::load(const std::string& model_
   e->source_ = model_dir;
   e->max_sequence_length_ = max_sequence_length;
   for (const char* sub : {"/text_encoder_2", "/tokenizer", "/tokenizer_2"})
-    if (!std::filesystem::is_directory(model_dir + sub))
-      throw Error(model_dir + " has text_encoder/ (CLIP) but no " + std::string(sub + 1) +
-                  "/: a Flux folder needs text_encoder/ + tokenizer/ (CLIP) and text_encoder_2/ + tokenizer_2/ (T5)");
+    require_component_folder(model_dir, sub + 1, "has text_encoder/ (CLIP)",
+                             "a Flux folder needs text_encoder/ + tokenizer/ (CLIP) and text_encoder_2/ + tokenizer_2/ (T5)");
   e->clip_tokenizer_ = tokenizers::ClipTokenizer::load(model_dir + "/tokenizer");
   e->t5_tokenizer_ = tokenizers::T5Tokenizer::load(model_dir + "/tokenizer_2");
   const std::string clip_dir = model_dir + "/text_encoder", t5_dir = model_dir + "/text_encoder_2";
@@ -150,8 +163,7 @@ std::unique_ptr<WanTextEncoder> WanTextEncoder::load(const std::string& model_di
   std::unique_ptr<WanTextEncoder> e(new WanTextEncoder());
   e->source_ = model_dir;
   e->max_sequence_length_ = max_sequence_length;
-  if (!std::filesystem::is_directory(model_dir + "/tokenizer"))
-    throw Error(model_dir + " has text_encoder/ (umT5) but no tokenizer/: a Wan folder needs both");
+  require_component_folder(model_dir, "tokenizer", "has text_encoder/ (umT5)", "a Wan folder needs both");
   e->tokenizer_ = tokenizers::T5Tokenizer::load(model_dir + "/tokenizer");
   const std::string dir = model_dir + "/text_encoder";
   e->umt5_ = T5EncoderModel::load(dir, encoder_weight_dtype(dir, run_dtype), stream);

@@ -170,6 +170,10 @@ TEST_F(TextEncoderCli, BadFoldersAndFlagsAreOneLineErrors) {
   fs::remove_all(flux / "tokenizer_2");
   r = t2i({});
   EXPECT_NE(r.err.find("has text_encoder/ (CLIP) but no tokenizer_2/"), std::string::npos) << r.err;
+  std::ofstream(flux / "tokenizer_2") << "not a folder";
+  r = t2i({});
+  EXPECT_NE(r.err.find("/tokenizer_2 is not a folder"), std::string::npos) << r.err;
+  fs::remove(flux / "tokenizer_2");
   r = run({"encode-prompt", "--model", flux.string(), "--encoder", "text_encoder_3", "--prompt", "x", "--out", (dir_ / "e.safetensors").string()});
   EXPECT_NE(r.err.find("--encoder must be text_encoder or text_encoder_2, got 'text_encoder_3'"), std::string::npos) << r.err;
   r = run({"encode-prompt", "--model", flux.string(), "--pipeline", "wan", "--prompt", "x", "--out", (dir_ / "e.safetensors").string()});
