@@ -107,8 +107,8 @@ TextEncodingMemory estimate_text_encoding_memory(const std::string& encoder_dir,
 }
 
 Tensor zero_padded_rows(const Tensor& hidden, const std::vector<int32_t>& attention_mask) {
-  Tensor out = hidden.contiguous();
-  if (!out.has_storage()) return out;
+  if (!hidden.has_storage()) return hidden;
+  Tensor out = hidden.clone();  // a copy: contiguous() may share `hidden`'s storage, which the caller keeps
   const int64_t width = out.size(2);
   auto* p = out.mutable_data<float>();
   for (std::size_t i = 0; i < attention_mask.size(); ++i)

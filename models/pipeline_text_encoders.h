@@ -91,7 +91,8 @@ class WanTextEncoder : public TextEncoder {
   int max_sequence_length_ = 512;
 };
 
-// WanPipeline's zeroing: rows of `hidden` [1, L, D] (f32) whose mask value is 0 set to zero.
+// WanPipeline's zeroing: a copy of `hidden` [1, L, D] (f32) with the rows whose mask value is 0 set
+// to zero (`hidden` itself is left as it is).
 Tensor zero_padded_rows(const Tensor& hidden, const std::vector<int32_t>& attention_mask);
 
 }  // namespace cubevec::models

@@ -92,11 +92,14 @@ TEST_F(TextEncoderCli, EncodePromptMatchesTheGoldensAndWansZeroing) {
     ASSERT_EQ(hidden.size(), 24u * 24u);
     EXPECT_EQ(w.tensor("input_ids_" + n).dtype(), cubevec::DType::i64);
     int tokens = 0;
+    double padded_hidden = 0;  // last_hidden_state keeps its padded rows (only prompt_embeds zeroes them)
     for (std::size_t r = 0; r < 24; ++r) {
       tokens += mask[r] != 0;
+      for (std::size_t c = 0; c < 24 && mask[r] == 0; ++c) padded_hidden += std::fabs(hidden[r * 24 + c]);
       for (std::size_t c = 0; c < 24; ++c) EXPECT_EQ(embeds[r * 24 + c], mask[r] != 0 ? hidden[r * 24 + c] : 0.0) << n << " row " << r;
     }
     EXPECT_GE(tokens, 1);  // at least </s>
+    EXPECT_GT(padded_hidden, 0.0) << n << ": last_hidden_state's padded rows were zeroed";
   }
   EXPECT_EQ(values_of(w, "attention_mask_1")[0], 1.0);  // "" is [</s>, pad...]
   EXPECT_EQ(values_of(w, "attention_mask_1")[1], 0.0);
