@@ -12,8 +12,6 @@
 //                        (transformers' model(**tokenizer(...))), except with --pipeline flux
 //                        (FluxPipeline passes none); --pipeline wan also cleans the prompt first
 #include <cstdio>
-#include <filesystem>
-#include <map>
 
 #include "cli/command.h"
 #include "cli/device_flags.h"
@@ -23,9 +21,8 @@
 #include "models/t5_encoder.h"
 #include "tensor/error.h"
 #include "tensor/finite_check.h"
+#include "tensor/regular_file.h"
 #include "tensor/safetensors.h"
-#include "tensor/strict_json.h"
-#include <system_error>
 #include "tokenizers/clip_tokenizer.h"
 #include "tokenizers/prompt_clean.h"
 #include "tokenizers/t5_tokenizer.h"
@@ -45,30 +42,8 @@ Tensor ids_tensor(const std::vector<int32_t>& ids) {
   return Tensor::from_vector(wide, {1, static_cast<int64_t>(wide.size())});
 }
 
-// CLIP (true) or T5 / umT5 (false), from config.json's model_type or architectures; anything else
-// is an Error naming the file.
-bool is_clip_config(const std::string& path) {
-  const nlohmann::json config = read_json_file(path);
-  if (!config.is_object()) throw Error(path + ": expected a JSON object (a transformers config)");
-  const std::string type = config.contains("model_type") && config["model_type"].is_string() ? config["model_type"].get<std::string>() : "";
-  if (type == "clip_text_model") return true;
-  if (type == "t5" || type == "umt5" || type == "mt5") return false;
-  if (config.contains("architectures") && config["architectures"].is_array())
-    for (const nlohmann::json& a : config["architectures"]) {
-      if (!a.is_string()) continue;
-      const std::string name = a.get<std::string>();
-      if (name == "CLIPTextModel" || name == "CLIPTextModelWithProjection") return true;
-      if (name.rfind("T5", 0) == 0 || name.rfind("UMT5", 0) == 0 || name.rfind("MT5", 0) == 0) return false;
-    }
-  throw Error(path + ": not a text encoder cubevec runs (expected model_type clip_text_model, t5 or umt5, or architectures "
-                     "CLIPTextModel, T5EncoderModel or UMT5EncoderModel)");
-}
-
 void require_folder(const std::string& path, const std::string& what) {
-  std::error_code ec;
-  const auto status = std::filesystem::status(path, ec);
-  if (!std::filesystem::exists(status)) throw Error(what + " " + path + " does not exist");
-  if (!std::filesystem::is_directory(status)) throw Error(what + " " + path + " is not a folder");
+  if (!folder_exists(path, " (" + what + ")")) throw Error(what + " " + path + " does not exist");
 }
 
 int run(const EncodePromptFlags& f, const DeviceFlags& device_flags) {
@@ -92,7 +67,11 @@ int run(const EncodePromptFlags& f, const DeviceFlags& device_flags) {
   const DType weights = models::encoder_weight_dtype(dir, dtype);
   NamedTensors out;
   std::string described;
-  if (is_clip_config(dir + "/config.json")) {
+  const models::EncoderConfigKind kind = models::encoder_config_kind(dir + "/config.json");
+  if (kind == models::EncoderConfigKind::tiny)
+    throw Error(dir + ": the shipped CubevecTinyTextEncoder is not a transformers encoder (encode-prompt runs CLIPTextModel, "
+                      "T5EncoderModel and UMT5EncoderModel)");
+  if (kind == models::EncoderConfigKind::clip) {
     if (f.pipeline == "wan") throw Error(dir + " is a CLIP text encoder; Wan has none (--pipeline wan is for its umT5 encoder)");
     if (f.max_length == 1) throw Error("--max-length must be at least 2 for CLIP (<|startoftext|> and <|endoftext|>), got 1");
     const tokenizers::ClipTokenizer tokenizer = tokenizers::ClipTokenizer::load(tokenizer_dir);

@@ -88,8 +88,7 @@ TextConditioning flux_text(const std::string& model_dir, const PromptFlags& f, b
     t.source = "shape-only T5/CLIP embeddings";
   } else if (const models::TextEncoderKind kind = models::text_encoder_kind(model_dir); kind == models::TextEncoderKind::clip_t5) {
     require_prompt_text(f.prompt);
-    if (f.max_sequence_length < 1 || f.max_sequence_length > 512)
-      throw Error("--max-sequence-length must be from 1 to 512 for Flux (FluxPipeline's limit), got " + std::to_string(f.max_sequence_length));
+    models::FluxTextEncoder::check_max_sequence_length(f.max_sequence_length);
     models::TextEncodingMemory need = models::estimate_text_encoding_memory(model_dir + "/text_encoder", f.dtype, 77);
     const models::TextEncodingMemory t5 = models::estimate_text_encoding_memory(model_dir + "/text_encoder_2", f.dtype, f.max_sequence_length);
     need.weights += t5.weights;
@@ -154,8 +153,7 @@ TextConditioning wan_text(const std::string& model_dir, const PromptFlags& f, bo
     t.source = "shape-only umT5 embeddings";
   } else if (const models::TextEncoderKind kind = models::text_encoder_kind(model_dir); kind == models::TextEncoderKind::umt5) {
     require_prompt_text(f.prompt);
-    if (f.max_sequence_length < 1 || f.max_sequence_length > 4096)
-      throw Error("--max-sequence-length must be from 1 to 4096 for Wan, got " + std::to_string(f.max_sequence_length));
+    models::WanTextEncoder::check_max_sequence_length(f.max_sequence_length);
     require_text_memory(models::estimate_text_encoding_memory(model_dir + "/text_encoder", f.dtype, f.max_sequence_length), f, "umT5");
     auto encoder = models::WanTextEncoder::load(model_dir, f.dtype, f.max_sequence_length, stream);
     if (f.check_weights) models::require_finite_parameters(encoder->umt5().parameters(), model_dir + "/text_encoder");

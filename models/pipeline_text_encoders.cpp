@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <system_error>
 
 #include "models/component.h"
 #include "tensor/config_reader.h"
 #include "tensor/error.h"
+#include "tensor/regular_file.h"
 #include "tensor/strict_json.h"
 #include "tokenizers/prompt_clean.h"
 
@@ -15,33 +15,45 @@ namespace cubevec::models {
 
 namespace {
 
-// model_dir/name must be a folder: a missing one and one that is something else (a file, a FIFO)
-// are told apart.
+// model_dir/name must be a folder.
 void require_component_folder(const std::string& model_dir, const std::string& name, const std::string& has, const std::string& needs) {
-  std::error_code ec;
-  const auto status = std::filesystem::status(model_dir + "/" + name, ec);
-  if (!std::filesystem::exists(status)) throw Error(model_dir + " " + has + " but no " + name + "/: " + needs);
-  if (!std::filesystem::is_directory(status)) throw Error(model_dir + "/" + name + " is not a folder: " + needs);
+  if (!folder_exists(model_dir + "/" + name, ": " + needs)) throw Error(model_dir + " " + has + " but no " + name + "/: " + needs);
 }
 
 }  // namespace
 
+EncoderConfigKind encoder_config_kind(const std::string& config_path) {
+  const nlohmann::json config = read_json_file(config_path);
+  if (!config.is_object()) throw Error(config_path + ": expected a JSON object");
+  if (config.contains("_class_name") && config["_class_name"] == "CubevecTinyTextEncoder") return EncoderConfigKind::tiny;
+  const std::string type = config.contains("model_type") && config["model_type"].is_string() ? config["model_type"].get<std::string>() : "";
+  if (type == "clip_text_model") return EncoderConfigKind::clip;
+  if (type == "umt5") return EncoderConfigKind::umt5;
+  if (type == "t5" || type == "mt5") return EncoderConfigKind::t5;
+  if (config.contains("architectures") && config["architectures"].is_array())
+    for (const nlohmann::json& a : config["architectures"]) {
+      if (!a.is_string()) continue;
+      const std::string name = a.get<std::string>();
+      if (name == "CLIPTextModel" || name == "CLIPTextModelWithProjection") return EncoderConfigKind::clip;
+      if (name.rfind("UMT5", 0) == 0) return EncoderConfigKind::umt5;
+      if (name.rfind("T5", 0) == 0 || name.rfind("MT5", 0) == 0) return EncoderConfigKind::t5;
+    }
+  throw Error(config_path + ": not a text encoder cubevec runs (expected model_type clip_text_model, t5 or umt5, architectures "
+                            "CLIPTextModel, T5EncoderModel or UMT5EncoderModel, or the shipped CubevecTinyTextEncoder); its model_type is '" +
+              type + "'");
+}
+
 TextEncoderKind text_encoder_kind(const std::string& model_dir) {
   const std::string path = model_dir + "/text_encoder/config.json";
   if (!std::filesystem::exists(path)) return TextEncoderKind::none;
-  const nlohmann::json config = read_json_file(path);
-  if (!config.is_object()) throw Error(path + ": expected a JSON object");
-  if (config.contains("_class_name") && config["_class_name"] == "CubevecTinyTextEncoder") return TextEncoderKind::tiny;
-  const std::string type = config.contains("model_type") && config["model_type"].is_string() ? config["model_type"].get<std::string>() : "";
-  if (type == "umt5") return TextEncoderKind::umt5;
-  if (type == "clip_text_model") return TextEncoderKind::clip_t5;
-  if (config.contains("architectures") && config["architectures"].is_array())
-    for (const nlohmann::json& a : config["architectures"]) {
-      if (a == "UMT5EncoderModel") return TextEncoderKind::umt5;
-      if (a == "CLIPTextModel" || a == "CLIPTextModelWithProjection") return TextEncoderKind::clip_t5;
-    }
-  throw Error(path + ": not a text encoder cubevec runs (expected architectures CLIPTextModel (Flux) or UMT5EncoderModel (Wan), or "
-                     "the shipped CubevecTinyTextEncoder); its model_type is '" + type + "'");
+  switch (encoder_config_kind(path)) {
+    case EncoderConfigKind::tiny: return TextEncoderKind::tiny;
+    case EncoderConfigKind::clip: return TextEncoderKind::clip_t5;
+    case EncoderConfigKind::umt5: return TextEncoderKind::umt5;
+    case EncoderConfigKind::t5: break;
+  }
+  throw Error(path + ": a T5EncoderModel is Flux's text_encoder_2, not a text_encoder (expected CLIPTextModel (Flux) or "
+                     "UMT5EncoderModel (Wan))");
 }
 
 void check_text_component_classes(const std::string& model_dir) {
@@ -72,7 +84,11 @@ void check_text_component_classes(const std::string& model_dir) {
 
 DType encoder_weight_dtype(const std::string& encoder_dir, DType run_dtype) {
   if (run_dtype == DType::bf16) return DType::bf16;
-  const Checkpoint checkpoint = open_component_weights(encoder_dir, "", "model");
+  return encoder_weight_dtype(open_component_weights(encoder_dir, "", "model"), run_dtype);
+}
+
+DType encoder_weight_dtype(const Checkpoint& checkpoint, DType run_dtype) {
+  if (run_dtype == DType::bf16) return DType::bf16;
   for (const std::string& name : checkpoint.names()) {
     const SafetensorsEntry& e = checkpoint.entry(name);
     if (e.shape.size() >= 2 && e.dtype->dtype == DType::bf16) return DType::bf16;
@@ -81,9 +97,9 @@ DType encoder_weight_dtype(const std::string& encoder_dir, DType run_dtype) {
 }
 
 TextEncodingMemory estimate_text_encoding_memory(const std::string& encoder_dir, DType run_dtype, int64_t length) {
-  const DType kept = encoder_weight_dtype(encoder_dir, run_dtype);
-  TextEncodingMemory m;
   const Checkpoint checkpoint = open_component_weights(encoder_dir, "", "model");
+  const DType kept = encoder_weight_dtype(checkpoint, run_dtype);
+  TextEncodingMemory m;
   for (const std::string& name : checkpoint.names()) {
     const SafetensorsEntry& e = checkpoint.entry(name);
     uint64_t count = 1;
@@ -118,10 +134,14 @@ Tensor zero_padded_rows(const Tensor& hidden, const std::vector<int32_t>& attent
 
 // --- Flux ----------------------------------------------------------------------------------------------
 
-std::unique_ptr<FluxTextEncoder> FluxTextEncoder::load(const std::string& model_dir, DType run_dtype, int max_sequence_length,
-                                                       const Stream& stream) {
+void FluxTextEncoder::check_max_sequence_length(int max_sequence_length) {
   if (max_sequence_length < 1 || max_sequence_length > 512)
     throw Error("--max-sequence-length must be from 1 to 512 for Flux (FluxPipeline's limit), got " + std::to_string(max_sequence_length));
+}
+
+std::unique_ptr<FluxTextEncoder> FluxTextEncoder::load(const std::string& model_dir, DType run_dtype, int max_sequence_length,
+                                                       const Stream& stream) {
+  check_max_sequence_length(max_sequence_length);
   check_text_component_classes(model_dir);
   std::unique_ptr<FluxTextEncoder> e(new FluxTextEncoder());
   e->source_ = model_dir;
@@ -155,10 +175,14 @@ PromptEmbeddings FluxTextEncoder::encode_as(const std::string& prompt, const std
 
 // --- Wan -----------------------------------------------------------------------------------------------
 
-std::unique_ptr<WanTextEncoder> WanTextEncoder::load(const std::string& model_dir, DType run_dtype, int max_sequence_length,
-                                                     const Stream& stream) {
+void WanTextEncoder::check_max_sequence_length(int max_sequence_length) {
   if (max_sequence_length < 1 || max_sequence_length > 4096)
     throw Error("--max-sequence-length must be from 1 to 4096 for Wan, got " + std::to_string(max_sequence_length));
+}
+
+std::unique_ptr<WanTextEncoder> WanTextEncoder::load(const std::string& model_dir, DType run_dtype, int max_sequence_length,
+                                                     const Stream& stream) {
+  check_max_sequence_length(max_sequence_length);
   check_text_component_classes(model_dir);
   std::unique_ptr<WanTextEncoder> e(new WanTextEncoder());
   e->source_ = model_dir;

@@ -19,12 +19,19 @@
 #include "models/clip_text_model.h"
 #include "models/t5_encoder.h"
 #include "models/text_encoder.h"
+#include "tensor/checkpoint.h"
 #include "tokenizers/clip_tokenizer.h"
 #include "tokenizers/t5_tokenizer.h"
 
 namespace cubevec::models {
 
-// What model_dir/text_encoder/config.json describes.
+// What one encoder folder's config.json describes: model_type, else architectures, else diffusers'
+// _class_name for the shipped tiny encoder. Anything else is an Error naming the file.
+enum class EncoderConfigKind { tiny, clip, t5, umt5 };
+EncoderConfigKind encoder_config_kind(const std::string& config_path);
+
+// What model_dir/text_encoder/config.json describes (a T5 there is an error: it is Flux's
+// text_encoder_2).
 enum class TextEncoderKind { none, tiny, clip_t5, umt5 };
 TextEncoderKind text_encoder_kind(const std::string& model_dir);
 
@@ -36,6 +43,7 @@ void check_text_component_classes(const std::string& model_dir);
 // The dtype to keep an encoder's matrices in: bf16 when the run asks for it or the checkpoint
 // stores them so (no f32 copy of a bf16 file), else f32.
 DType encoder_weight_dtype(const std::string& encoder_dir, DType run_dtype);
+DType encoder_weight_dtype(const Checkpoint& checkpoint, DType run_dtype);
 
 // What encoding one prompt of `length` tokens needs, from the folder's files alone (checked
 // before anything loads): the weights at the dtype they will be kept in, twice for the matrices
@@ -49,7 +57,8 @@ TextEncodingMemory estimate_text_encoding_memory(const std::string& encoder_dir,
 
 class FluxTextEncoder : public TextEncoder {
  public:
-  // max_sequence_length: T5's padded length, 1 to 512 (FluxPipeline refuses more).
+  // max_sequence_length: T5's padded length, 1 to 512 (FluxPipeline refuses more): else an Error.
+  static void check_max_sequence_length(int max_sequence_length);
   static std::unique_ptr<FluxTextEncoder> load(const std::string& model_dir, DType run_dtype, int max_sequence_length,
                                                const Stream& stream);
   std::string name() const override;
@@ -74,6 +83,7 @@ class FluxTextEncoder : public TextEncoder {
 
 class WanTextEncoder : public TextEncoder {
  public:
+  static void check_max_sequence_length(int max_sequence_length);  // 1 to 4096, else an Error
   static std::unique_ptr<WanTextEncoder> load(const std::string& model_dir, DType run_dtype, int max_sequence_length,
                                               const Stream& stream);
   std::string name() const override;

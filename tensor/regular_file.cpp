@@ -20,6 +20,13 @@ void check_mode(const std::string& path, const struct stat& info) {
 
 }  // namespace
 
+bool folder_exists(const std::string& path, const std::string& suffix) {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0) return false;
+  if (!S_ISDIR(info.st_mode)) throw Error(path + " is not a folder" + suffix);
+  return true;
+}
+
 void require_regular_file(const std::string& path) {
   struct stat info {};
   if (::stat(path.c_str(), &info) != 0) {

@@ -14,6 +14,10 @@ inline constexpr std::size_t kMaxConfigFileBytes = std::size_t{64} << 20;  // JS
 // open: <reason>", "is a directory, not a file", "is not a regular file (a FIFO, socket or device)".
 void require_regular_file(const std::string& path);
 
+// Whether `path` (symlinks followed) is a folder (true) or nothing (false); anything else there (a
+// file, a FIFO) throws "<path> is not a folder<suffix>". The caller words the missing case.
+bool folder_exists(const std::string& path, const std::string& suffix = "");
+
 // The whole file, after require_regular_file; more than max_bytes is an error naming both sizes.
 std::string read_regular_file(const std::string& path, std::size_t max_bytes = kMaxConfigFileBytes);
 
