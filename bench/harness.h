@@ -26,6 +26,8 @@ struct Machine {
   double fma_peak_1t_gflops = 0;  // one thread
   double triad_gbps = 0;         // STREAM-style triad bandwidth, all threads
   double vnni_peak_gops = 0;     // AVX512-VNNI int8 peak (2 ops per product), all threads; 0 without it
+  double bf16_dot_peak_gflops = 0;  // AVX512-BF16 vdpbf16ps peak, all threads; 0 without it
+  double amx_peak_gflops = 0;       // AMX-BF16 tdpbf16ps peak, all threads; 0 without it
 };
 
 // Measures FMA peak (with the widest vectors the CPU has) and triad bandwidth; takes ~2 s.

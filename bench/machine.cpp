@@ -1,15 +1,20 @@
 // The machine's own limits, measured: f32 FMA peak with many independent accumulator chains
-// (enough to cover the FMA latency on two ports), and STREAM-style triad bandwidth.
+// (enough to cover the FMA latency on two ports), the int8 VNNI, bf16 dot product and AMX-BF16
+// peaks where the CPU has them, and STREAM-style triad bandwidth.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <thread>
 #include <vector>
 
 #include "bench/harness.h"
+#include "ops/gemm/driver.h"
 
 namespace cubevec::bench {
+
+float amx_loop(long iterations);  // machine_amx.cpp
 
 namespace {
 
@@ -61,40 +66,47 @@ __attribute__((target("avx512f,avx512vnni"))) int vnni_loop_avx512(long iteratio
   return total;
 }
 
-// Int8 GOP/s (a multiply and an add per u8 x s8 product) of `threads` threads running the VNNI
-// loop; the best of 3 tries.
-double vnni_gops(int threads) {
-  const long iterations = 20'000'000;
-  const double ops_per_thread = static_cast<double>(iterations) * kChains * 16 * 4 * 2;
+// vdpbf16ps chains: each instruction is 16 lanes x 2 bf16 products added (64 flops).
+__attribute__((target("avx512f,avx512bf16"))) float bf16_dot_loop(long iterations) {
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(0.001f * static_cast<float>(c));
+  __m512bh a, b;  // bf16 1.0 and 2^-24, bit patterns (no conversion intrinsic needed)
+  const __m512i one = _mm512_set1_epi16(0x3f80), tiny = _mm512_set1_epi16(0x3380);
+  std::memcpy(&a, &one, sizeof a);
+  std::memcpy(&b, &tiny, sizeof b);
+  for (long i = 0; i < iterations; ++i)
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+  __m512 sum = acc[0];
+  for (int c = 1; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
+  float lanes[16];
+  _mm512_storeu_ps(lanes, sum);
+  return lanes[0] + lanes[15];
+}
+
+// The rate (G ops/s) of `threads` threads each running `loop(iterations)`, which does
+// `ops_per_iteration` operations per iteration; the best of 3 tries.
+template <class Loop>
+double peak_rate(int threads, long iterations, double ops_per_iteration, Loop loop) {
   double best = 0;
   for (int attempt = 0; attempt < 3; ++attempt) {
     std::vector<std::thread> pool;
-    std::vector<int> sink(static_cast<std::size_t>(threads));
+    std::vector<double> sink(static_cast<std::size_t>(threads));
     const auto start = std::chrono::steady_clock::now();
-    for (int t = 0; t < threads; ++t) pool.emplace_back([&, t] { sink[t] = vnni_loop_avx512(iterations); });
+    for (int t = 0; t < threads; ++t) pool.emplace_back([&, t] { sink[static_cast<std::size_t>(t)] = static_cast<double>(loop(iterations)); });
     for (auto& th : pool) th.join();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    best = std::max(best, ops_per_thread * threads / s / 1e9);
+    best = std::max(best, ops_per_iteration * static_cast<double>(iterations) * threads / s / 1e9);
   }
   return best;
 }
 
-// GFLOP/s of `threads` threads each running the FMA loop; the best of 3 tries.
+// Int8 GOP/s (a multiply and an add per u8 x s8 product) of the VNNI loop.
+double vnni_gops(int threads) { return peak_rate(threads, 20'000'000, kChains * 16 * 4 * 2, vnni_loop_avx512); }
+
+// GFLOP/s of the FMA loop.
 double fma_gflops(bool avx512, int threads) {
-  const long iterations = 20'000'000;
-  const double flops_per_thread = static_cast<double>(iterations) * kChains * (avx512 ? 16 : 8) * 2;
-  double best = 0;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    std::vector<std::thread> pool;
-    std::vector<float> sink(static_cast<std::size_t>(threads));
-    const auto start = std::chrono::steady_clock::now();
-    for (int t = 0; t < threads; ++t)
-      pool.emplace_back([&, t] { sink[t] = avx512 ? fma_loop_avx512(iterations) : fma_loop_avx2(iterations); });
-    for (auto& th : pool) th.join();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    best = std::max(best, flops_per_thread * threads / s / 1e9);
-  }
-  return best;
+  if (avx512) return peak_rate(threads, 20'000'000, kChains * 16 * 2, fma_loop_avx512);
+  return peak_rate(threads, 20'000'000, kChains * 8 * 2, fma_loop_avx2);
 }
 
 double triad_gbps(int threads) {
@@ -127,6 +139,8 @@ Machine measure_machine() {
   m.fma_peak_gflops = fma_gflops(avx512, m.threads);
   m.triad_gbps = triad_gbps(m.threads);
   if (avx512 && __builtin_cpu_supports("avx512vnni")) m.vnni_peak_gops = vnni_gops(m.threads);
+  if (ops::gemm::has_bf16_dot()) m.bf16_dot_peak_gflops = peak_rate(m.threads, 20'000'000, kChains * 16 * 2 * 2, bf16_dot_loop);
+  if (ops::gemm::amx_ready()) m.amx_peak_gflops = peak_rate(m.threads, 2'000'000, 4 * 16 * 16 * 32 * 2, amx_loop);
   return m;
 }
 

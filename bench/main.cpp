@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/harness.h"
+#include "ops/gemm/cpu_caches.h"
 #include "tensor/error.h"
 
 using namespace cubevec::bench;
@@ -49,8 +50,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "measuring the machine...\n");
     context.machine = measure_machine();
     const Machine& m = context.machine;
-    std::fprintf(stderr, "machine: %s, %d threads: FMA peak %.1f GFLOP/s (%.1f on one thread), triad %.1f GB/s, VNNI int8 peak %.1f GOP/s\n\n",
-                 m.isa.c_str(), m.threads, m.fma_peak_gflops, m.fma_peak_1t_gflops, m.triad_gbps, m.vnni_peak_gops);
+    std::fprintf(stderr,
+                 "machine: %s, %d threads: FMA peak %.1f GFLOP/s (%.1f on one thread), triad %.1f GB/s, VNNI int8 peak %.1f GOP/s, "
+                 "bf16 dot peak %.1f GFLOP/s, AMX-BF16 peak %.1f GFLOP/s (0: absent)\n",
+                 m.isa.c_str(), m.threads, m.fma_peak_gflops, m.fma_peak_1t_gflops, m.triad_gbps, m.vnni_peak_gops,
+                 m.bf16_dot_peak_gflops, m.amx_peak_gflops);
+    std::fprintf(stderr, "cpu: %s; caches %s\n\n", cubevec::ops::gemm::cpu_model_name().c_str(), cubevec::ops::gemm::this_cpu_caches().text().c_str());
     std::fprintf(stderr, "%-10s %-34s %-22s %-5s %11s %11s %11s\n", "suite", "case", "impl", "dtype", "median ms",
                  "min ms", "max ms");
     for (const std::string& name : chosen) suites.at(name)(context);
@@ -62,7 +67,11 @@ int main(int argc, char** argv) {
                          {"fma_peak_gflops", m.fma_peak_gflops},
                          {"fma_peak_1t_gflops", m.fma_peak_1t_gflops},
                          {"triad_gbps", m.triad_gbps},
-                         {"vnni_peak_gops", m.vnni_peak_gops}};
+                         {"vnni_peak_gops", m.vnni_peak_gops},
+                         {"bf16_dot_peak_gflops", m.bf16_dot_peak_gflops},
+                         {"amx_peak_gflops", m.amx_peak_gflops},
+                         {"cpu", cubevec::ops::gemm::cpu_model_name()},
+                         {"caches", cubevec::ops::gemm::this_cpu_caches().text()}};
       json["results"] = nlohmann::json::array();
       for (const Result& r : context.results) {
         nlohmann::ordered_json row = {{"suite", r.suite},          {"case", r.case_name},     {"impl", r.impl},

@@ -42,7 +42,7 @@ Tensor Linear::float_forward(const Tensor& x, const Stream& stream, ops::MatmulO
     std::lock_guard lock(pack_cache->mutex);
     const void* source = weight.unsynchronized_data_ptr();
     if (!pack_cache->packed || pack_cache->source != source) {
-      pack_cache->packed = ops::pack_weight(weight, epilogue.compute);
+      pack_cache->packed = ops::pack_weight(weight, epilogue.compute, stream.device().profile().cube_threads);
       pack_cache->source = source;
     }
     epilogue.packed_weight = pack_cache->packed;

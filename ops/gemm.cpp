@@ -258,7 +258,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& o, const St
   return c;
 }
 
-std::shared_ptr<const gemm::PackedB> pack_weight(const Tensor& weight, DType compute) {
+std::shared_ptr<const gemm::PackedB> pack_weight(const Tensor& weight, DType compute, int threads) {
   if (!weight.defined() || weight.dim() != 2 || (weight.dtype() != DType::f32 && weight.dtype() != DType::bf16))
     throw Error("pack_weight: expected an f32 or bf16 weight [N, K], got " + (weight.defined() ? weight.describe() : std::string("undefined")));
   const Tensor w = weight.contiguous();
@@ -270,7 +270,7 @@ std::shared_ptr<const gemm::PackedB> pack_weight(const Tensor& weight, DType com
   p.b_type = w.dtype() == DType::bf16 ? gemm::Element::bf16 : gemm::Element::f32;
   p.trans_b = true;
   p.compute = compute == DType::bf16 ? gemm::Element::bf16 : gemm::Element::f32;
-  return gemm::pack_b_once(p, gemm::best_isa());
+  return gemm::pack_b_once(p, gemm::best_isa(), threads);
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b, const MatmulOptions& o, const Stream& stream) {

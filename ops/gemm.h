@@ -41,8 +41,9 @@ struct MatmulOptions {
 };
 
 // Packs a weight W [N, K] (b_is_weight layout, f32 or bf16) once for matmul with `compute`, on the
-// calling thread. The packed copy does not follow later changes to W.
-std::shared_ptr<const gemm::PackedB> pack_weight(const Tensor& weight, DType compute = DType::f32);
+// calling thread, for the bf16 kernel calibrated for `threads` Cube threads (0: the calling
+// arena's). The packed copy does not follow later changes to W.
+std::shared_ptr<const gemm::PackedB> pack_weight(const Tensor& weight, DType compute = DType::f32, int threads = 0);
 
 // A contiguous [M, K]; B contiguous [K, N] (or [N, K] with b_is_weight); each f32 or bf16 (bf16
 // inputs need the cubevec or reference backend), or B an i8 weight with options.b_scale. The result is [M, N] of dtype options.out. Runs on

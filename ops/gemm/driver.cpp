@@ -7,10 +7,12 @@
 #include <string>
 #include <sys/syscall.h>
 #include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 #include <unistd.h>
 
 #include "ops/gemm/microkernel.h"
 #include "ops/gemm/microkernel_bf16.h"
+#include "ops/gemm/tuner.h"
 #include "tensor/caching_allocator.h"
 #include "tensor/error.h"
 #include "tensor/half.h"
@@ -37,34 +39,33 @@ struct Plan {
   }
 };
 
-Plan<float> f32_plan(Isa isa) {
-  // Cache blocks: the packed A block (MC x KC) within the 1 MiB L2 and the packed B block
-  // (KC x NC) within L3. For AVX-512 a long KC measured best on the project machine (4096x3072x3072
-  // on 2 threads: KC 256 -> 312 GFLOP/s, 512 -> 377, 768 -> 351-383, 1024 -> 384-389): fewer passes
-  // over C outweigh a B micro-panel that no longer fits L1 (it streams from L2 well).
+// The kernels and their K blocking; MC and NC come from blocking_of. KC is fixed per kernel: the
+// panels of a packed B and the order of the sums depend on it.
+Plan<float> f32_kernel(Isa isa) {
+  // For AVX-512 a long KC measured best (4096x3072x3072 on 2 Zen 5 threads: KC 256 -> 312 GFLOP/s,
+  // 512 -> 377, 768 -> 351-383, 1024 -> 384-389): fewer passes over C outweigh a B micro-panel
+  // that no longer fits L1 (it streams from L2 well).
   switch (isa) {
-    case Isa::avx512: return {microkernel_avx512, epilogue_avx512, kMrAvx512, kNrAvx512, 768, 14 * 12, 4096, 1};
-    case Isa::avx2: return {microkernel_avx2, epilogue_avx2, kMrAvx2, kNrAvx2, 256, 6 * 48, 4096, 1};
-    case Isa::portable: return {microkernel_portable, epilogue_portable, kMrPortable, kNrPortable, 256, 4 * 64, 2048, 1};
+    case Isa::avx512: return {microkernel_avx512, epilogue_avx512, kMrAvx512, kNrAvx512, 768, 0, 0, 1};
+    case Isa::avx2: return {microkernel_avx2, epilogue_avx2, kMrAvx2, kNrAvx2, 256, 0, 0, 1};
+    case Isa::portable: return {microkernel_portable, epilogue_portable, kMrPortable, kNrPortable, 256, 0, 0, 1};
   }
   throw Error("gemm: invalid ISA");
 }
 
-Plan<uint16_t> bf16_plan() {
-  // Same bytes per panel as the f32 plan at twice the k depth.
-  return {microkernel_bf16_avx512, epilogue_avx512, kMrBf16, kNrBf16, 1536, 12 * 14, 4096, 2};
+Plan<uint16_t> bf16_kernel(Bf16Path path) {
+  // AVX512-BF16: the f32 plan's bytes per panel at twice the k depth. AMX: B's 32-column
+  // micro-panel (KC x 32 bf16 = 32 KiB) stays in L1 while the A panels stream past it (measured on
+  // a 2-core Xeon, 4096x3072x3072: KC 1536 -> 1141 GFLOP/s, 512 -> 1389, 256 -> 1315).
+  if (path == Bf16Path::amx) return {microkernel_bf16_amx, epilogue_avx512, kMrAmx, kNrAmx, 512, 0, 0, 2, 32, 32};
+  return {microkernel_bf16_avx512, epilogue_avx512, kMrBf16, kNrBf16, 1536, 0, 0, 2};
 }
 
-Plan<uint16_t> amx_plan() {
-  // B's NR-column micro-panel (KC x 32 bf16 = 32 KiB) stays in L1 while the A panels of the MC x KC
-  // block (256 KiB, in L2) stream past it. Measured on a 2-core Xeon (4096x3072x3072 with f32 A
-  // packed per call): KC 1536 / MC 64 -> 1141 GFLOP/s, 512 / 256 -> 1389, 256 / 512 -> 1315.
-  return {microkernel_bf16_amx, epilogue_avx512, kMrAmx, kNrAmx, 512, 256, 4096, 2, 32, 32};
-}
-
-const Plan<uint16_t>& plan_for(Bf16Path path) {
-  static const Plan<uint16_t> dot = bf16_plan(), amx = amx_plan();
-  return path == Bf16Path::amx ? amx : dot;
+template <class P>
+Plan<P> with_blocking(Plan<P> plan, const Blocking& blocking) {
+  plan.mc = blocking.mc;
+  plan.nc = blocking.nc;
+  return plan;
 }
 
 // Workspace from the caching allocator: the same blocks come back call after call, already mapped.
@@ -294,18 +295,20 @@ bool bf16_path_available(Bf16Path path) {
   return false;
 }
 
-Bf16Path bf16_path() {
-  static const Bf16Path path = [] {
+std::optional<Bf16Path> parse_bf16_path(std::string_view name) {
+  for (Bf16Path p : {Bf16Path::amx, Bf16Path::dot, Bf16Path::f32})
+    if (bf16_path_name(p) == name) return p;
+  return std::nullopt;
+}
+
+std::optional<Bf16Path> forced_bf16_path() {
+  static const std::optional<Bf16Path> path = []() -> std::optional<Bf16Path> {
     const char* forced = std::getenv("CUBEVEC_GEMM_BF16");
-    if (forced && *forced) {
-      for (Bf16Path p : {Bf16Path::amx, Bf16Path::dot, Bf16Path::f32})
-        if (bf16_path_name(p) == forced) {
-          if (!bf16_path_available(p)) throw Error("CUBEVEC_GEMM_BF16=" + std::string(forced) + ": this CPU (or kernel) does not offer it");
-          return p;
-        }
-      throw Error("CUBEVEC_GEMM_BF16=" + std::string(forced) + ": expected amx, avx512bf16 or f32");
-    }
-    return amx_ready() ? Bf16Path::amx : has_bf16_dot() ? Bf16Path::dot : Bf16Path::f32;
+    if (!forced || !*forced) return std::nullopt;
+    const auto p = parse_bf16_path(forced);
+    if (!p) throw Error("CUBEVEC_GEMM_BF16=" + std::string(forced) + ": expected amx, avx512bf16 or f32");
+    if (!bf16_path_available(*p)) throw Error("CUBEVEC_GEMM_BF16=" + std::string(forced) + ": this CPU (or kernel) does not offer it");
+    return p;
   }();
   return path;
 }
@@ -313,6 +316,24 @@ Bf16Path bf16_path() {
 Isa best_isa() {
   static const Isa best = select_isa("CUBEVEC_GEMM_ISA");
   return best;
+}
+
+Blocking blocking_of(const GemmVariant& variant, Isa isa, const CpuCaches& caches) {
+  const bool bf16 = variant.bf16 != Bf16Path::f32;
+  int64_t kc, mr, nr, bytes;
+  if (bf16) {
+    const Plan<uint16_t> kernel = bf16_kernel(variant.bf16);
+    kc = kernel.kc, mr = kernel.mr, nr = kernel.nr, bytes = 2;
+  } else {
+    const Plan<float> kernel = f32_kernel(isa);
+    kc = kernel.kc, mr = kernel.mr, nr = kernel.nr, bytes = 4;
+  }
+  const int64_t share = std::max(variant.l2_share, 1);
+  // MC: the packed A block (MC x KC) fills the L2 share, in whole MR panels; NC: the B block packed
+  // per call (KC x NC) within a quarter of the L3, at most 4096 columns.
+  const int64_t mc = std::clamp<int64_t>(caches.l2 / share / (kc * bytes) / mr * mr, mr, 64 * mr);
+  const int64_t nc = std::clamp<int64_t>(caches.l3 / 4 / (kc * bytes) / nr * nr, 4 * nr, 4096 / nr * nr);
+  return {kc, mc, nc};
 }
 
 namespace {
@@ -334,25 +355,82 @@ void pack_all(const Problem& p, const Plan<P>& plan, PackedB& out, std::vector<P
 
 }  // namespace
 
-std::shared_ptr<const PackedB> pack_b_once(const Problem& p, Isa isa) {
+namespace {
+
+bool uses_bf16_kernels(const Problem& p, Isa isa) { return p.compute == Element::bf16 && isa == Isa::avx512; }
+
+// The best measured share for a kernel, or its default when it was not measured.
+GemmVariant variant_for_path(const GemmTuneEntry* entry, Bf16Path path) {
+  GemmVariant best{path, path == Bf16Path::amx ? 8 : 2};
+  double rate = -1;
+  if (entry)
+    for (const VariantRate& r : entry->considered)
+      if (r.variant.bf16 == path && r.gflops > rate) best = r.variant, rate = r.gflops;
+  return best;
+}
+
+// The calibrated variant for p, honouring a forced bf16 path and the path p's packed B was made for.
+GemmVariant chosen_variant(const Problem& p, Isa isa, int threads) {
+  const bool bf16 = uses_bf16_kernels(p, isa);
+  const GemmTuneKey key{bf16 ? GemmFamily::bf16 : GemmFamily::f32, isa, shape_class_of(p.m), std::max(threads, 1)};
+  // A per-thread copy of the tuner's entries keeps the lock off the hot path (attention's math
+  // path runs thousands of small GEMMs).
+  thread_local std::vector<GemmTuneEntry> seen;
+  thread_local uint64_t seen_generation = ~uint64_t{0};
+  GemmTuner& tuner = GemmTuner::global();
+  if (seen_generation != tuner.generation()) seen.clear(), seen_generation = tuner.generation();
+  const GemmTuneEntry* entry = nullptr;
+  for (const auto& e : seen)
+    if (e.key == key) entry = &e;
+  const std::optional<Bf16Path> forced = bf16 ? forced_bf16_path() : std::nullopt;
+  if (!entry && !forced) {
+    seen.push_back(tuner.choose(key));
+    seen_generation = tuner.generation();
+    entry = &seen.back();
+  }
+  if (p.packed_b) return variant_for_path(entry, p.packed_b->bf16);
+  if (forced) return variant_for_path(entry, *forced);
+  return entry->choice;
+}
+
+}  // namespace
+
+std::shared_ptr<const PackedB> pack_b_once(const Problem& p, Isa isa, int threads) {
+  Bf16Path path = Bf16Path::f32;
+  if (uses_bf16_kernels(p, isa)) {
+    if (const auto forced = forced_bf16_path()) path = *forced;
+    else {
+      const int t = threads > 0 ? threads : tbb::this_task_arena::max_concurrency();
+      path = GemmTuner::global().choose({GemmFamily::bf16, isa, ShapeClass::large, t}).choice.bf16;
+    }
+  }
+  return pack_b_once_for(p, isa, path);
+}
+
+std::shared_ptr<const PackedB> pack_b_once_for(const Problem& p, Isa isa, Bf16Path path) {
   if (!isa_supported(isa)) throw Error("gemm: ISA " + std::string(isa_name(isa)) + " is not supported by this CPU");
   if (p.b_type == Element::i8) throw Error("gemm: an int8 B is packed per call (a packed float copy would defeat its purpose)");
+  if (!uses_bf16_kernels(p, isa)) path = Bf16Path::f32;
+  if (!bf16_path_available(path)) throw Error("gemm: bf16 path " + std::string(bf16_path_name(path)) + " is not available here");
   auto out = std::make_shared<PackedB>();
   out->n = p.n;
   out->k = p.k;
   out->compute = p.compute;
   out->isa = isa;
-  out->bf16 = p.compute == Element::bf16 && isa == Isa::avx512 ? bf16_path() : Bf16Path::f32;
-  if (out->bf16 != Bf16Path::f32) pack_all(p, plan_for(out->bf16), *out, out->bf16_panels);
-  else pack_all(p, f32_plan(isa), *out, out->f32);
+  out->bf16 = path;
+  // Packing does not depend on MC or NC, only on the kernel and its KC.
+  if (path != Bf16Path::f32) pack_all(p, bf16_kernel(path), *out, out->bf16_panels);
+  else pack_all(p, f32_kernel(isa), *out, out->f32);
   return out;
 }
 
 void sgemm(const Problem& p, Isa isa, int threads) {
-  sgemm_with_bf16_path(p, isa, threads, p.compute == Element::bf16 && isa == Isa::avx512 ? bf16_path() : Bf16Path::f32);
+  if (p.m <= 0 || p.n <= 0) return;
+  sgemm_variant(p, isa, threads, chosen_variant(p, isa, threads));
 }
 
-void sgemm_with_bf16_path(const Problem& p, Isa isa, int threads, Bf16Path path) {
+void sgemm_variant(const Problem& p, Isa isa, int threads, const GemmVariant& variant, const CpuCaches& caches) {
+  const Bf16Path path = variant.bf16;
   if (!isa_supported(isa)) throw Error("gemm: ISA " + std::string(isa_name(isa)) + " is not supported by this CPU");
   if (path != Bf16Path::f32 && (isa != Isa::avx512 || !bf16_path_available(path)))
     throw Error("gemm: bf16 path " + std::string(bf16_path_name(path)) + " is not available here");
@@ -362,8 +440,9 @@ void sgemm_with_bf16_path(const Problem& p, Isa isa, int threads, Bf16Path path)
     throw Error("gemm: the packed B was made for another problem (N, K, compute or ISA differ)");
   if (p.packed_b && p.packed_b->bf16 != (p.compute == Element::bf16 ? path : Bf16Path::f32))
     throw Error("gemm: the packed B was made for another bf16 path");
-  if (p.compute == Element::bf16 && path != Bf16Path::f32) run_split(p, plan_for(path), threads);
-  else run_split(p, f32_plan(isa), threads);
+  const Blocking blocking = blocking_of(variant, isa, caches);
+  if (p.compute == Element::bf16 && path != Bf16Path::f32) run_split(p, with_blocking(bf16_kernel(path), blocking), threads);
+  else run_split(p, with_blocking(f32_kernel(isa), blocking), threads);
 }
 
 }  // namespace cubevec::ops::gemm

@@ -5,9 +5,12 @@
 
 #include <cstdint>
 #include <memory>
-#include <vector>
+#include <optional>
+#include <string>
 #include <string_view>
+#include <vector>
 
+#include "ops/gemm/cpu_caches.h"
 #include "ops/gemm/epilogue.h"
 #include "ops/isa.h"
 
@@ -63,22 +66,44 @@ struct PackedB {
   std::vector<float> f32;            // the panels (f32 kernels)
   std::vector<uint16_t> bf16_panels;  // the panels (bf16-pair kernels: AVX512-BF16 or AMX)
 };
-// Packs p's B (p.b, ldb, b_type, trans_b, n, k, compute) for sgemm with `isa`.
-std::shared_ptr<const PackedB> pack_b_once(const Problem& p, Isa isa);
+// Packs p's B (p.b, ldb, b_type, trans_b, n, k, compute) for sgemm with `isa`, for the bf16 kernel
+// the calibration chose for large shapes on `threads` threads (0: the calling arena's).
+std::shared_ptr<const PackedB> pack_b_once(const Problem& p, Isa isa, int threads = 0);
+// Packs for a given bf16 kernel (tests, benchmarks); the path must be available.
+std::shared_ptr<const PackedB> pack_b_once_for(const Problem& p, Isa isa, Bf16Path path);
 
-// Runs on the calling thread's TBB arena, splitting the work over up to `threads` tasks.
+// Runs on the calling thread's TBB arena, splitting the work over up to `threads` tasks, with the
+// variant the calibration (GemmTuner) chose for this ISA, shape class and thread count.
 void sgemm(const Problem& p, Isa isa, int threads);
+
+// One way to run a GEMM: the kernel (bf16 compute: which bf16 path; f32 compute: f32) and the
+// share of the L2 cache the packed A block fills. The calibration measures these against each
+// other; the share changes only the row blocking, so every share gives the same bits.
+struct GemmVariant {
+  Bf16Path bf16 = Bf16Path::f32;
+  int l2_share = 2;  // the A block takes L2 / l2_share
+  bool operator==(const GemmVariant&) const = default;
+  std::string name() const;  // "amx L2/8"
+};
+// The cache blocks of a variant: KC is fixed per kernel (packed B panels depend on it and the
+// summation order with it), MC from the L2 share, NC (B packed per call) from the L3.
+struct Blocking {
+  int64_t kc = 0, mc = 0, nc = 0;
+};
+Blocking blocking_of(const GemmVariant& variant, Isa isa, const CpuCaches& caches);
+// sgemm with a given variant and caches (calibration, tests, benchmarks); its path must be available.
+void sgemm_variant(const Problem& p, Isa isa, int threads, const GemmVariant& variant,
+                   const CpuCaches& caches = this_cpu_caches());
 
 // True when the CPU has AVX512-BF16 dot products.
 bool has_bf16_dot();
 // True when the CPU has AMX-BF16 and Linux granted this process the tile state.
 bool amx_ready();
-// The bf16 path sgemm uses: the fastest available (AMX, then AVX512-BF16, then f32), or the one
-// CUBEVEC_GEMM_BF16=amx|avx512bf16|f32 asks for (read once; an unavailable one is an Error).
-Bf16Path bf16_path();
+// The bf16 path CUBEVEC_GEMM_BF16=amx|avx512bf16|f32 forces (read once; an unavailable or unknown
+// one is an Error), or nullopt: the calibration chooses.
+std::optional<Bf16Path> forced_bf16_path();
 std::string_view bf16_path_name(Bf16Path path);  // "amx", "avx512bf16", "f32"
+std::optional<Bf16Path> parse_bf16_path(std::string_view name);
 bool bf16_path_available(Bf16Path path);
-// sgemm with a given bf16 path (tests, benchmarks); the path must be available.
-void sgemm_with_bf16_path(const Problem& p, Isa isa, int threads, Bf16Path path);
 
 }  // namespace cubevec::ops::gemm

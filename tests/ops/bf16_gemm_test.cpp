@@ -84,45 +84,49 @@ TEST(Bf16Gemm, EveryIsaComputesTheSameRoundedProduct) {
   }
 }
 
-TEST(Bf16Gemm, EveryBf16PathThisCpuHasMatchesTheLoopPackedOrNot) {
+TEST(Bf16Gemm, EveryVariantTheCalibrationWeighsMatchesTheLoopPackedOrNot) {
   // AMX tiles (32 x 32 blocks, k padded to 32), AVX512-BF16 dot products and the f32 kernel on
-  // rounded values: each path the machine offers, on shapes with edge tiles, a K past one K block
-  // (1536) and not a multiple of 32, with B packed per call and packed once. Paths the CPU lacks
-  // are skipped (and say so).
+  // rounded values, each at every L2 share the calibration measures, on this machine's caches and
+  // on a small fake L2 (so MC is one register panel and the row blocks have edges): shapes with
+  // edge tiles, a K past one K block (1536) and not a multiple of 32, B packed per call and packed
+  // once. Kernels the CPU lacks are skipped (and say so).
+  if (!ops::gemm::isa_supported(ops::gemm::Isa::avx512)) GTEST_SKIP() << "no AVX-512: the bf16 kernels are not used";
+  for (auto path : {ops::gemm::Bf16Path::amx, ops::gemm::Bf16Path::dot})
+    if (!ops::gemm::bf16_path_available(path)) std::printf("bf16 path %s: not on this CPU, skipped\n", std::string(ops::gemm::bf16_path_name(path)).c_str());
+  ops::gemm::CpuCaches tiny;
+  tiny.l2 = 96 << 10;
   const int64_t sizes[][3] = {{1, 1, 1}, {32, 32, 32}, {33, 65, 47}, {70, 100, 1601}};
-  for (auto path : {ops::gemm::Bf16Path::amx, ops::gemm::Bf16Path::dot, ops::gemm::Bf16Path::f32}) {
-    if (!ops::gemm::bf16_path_available(path) || !ops::gemm::isa_supported(ops::gemm::Isa::avx512)) {
-      std::printf("bf16 path %s: not on this CPU, skipped\n", std::string(ops::gemm::bf16_path_name(path)).c_str());
-      continue;
-    }
-    for (const auto& s : sizes) {
-      const int64_t m = s[0], n = s[1], k = s[2];
-      const auto a = random_values(m * k, 21), b = random_values(k * n, 22);
-      const auto want = product(a, b, m, n, k, true);
-      std::vector<uint16_t> a16(a.size()), b16(b.size());
-      for (std::size_t i = 0; i < a.size(); ++i) a16[i] = f32_to_bf16(a[i]);
-      for (std::size_t i = 0; i < b.size(); ++i) b16[i] = f32_to_bf16(b[i]);
-      for (bool packed : {false, true}) {
-        std::vector<float> c(static_cast<std::size_t>(m * n), -7.0f);
-        ops::gemm::Problem p;
-        p.m = m, p.n = n, p.k = k, p.a = a16.data(), p.lda = k, p.a_type = ops::gemm::Element::bf16;
-        p.b = b16.data(), p.ldb = k, p.b_type = ops::gemm::Element::bf16, p.trans_b = true;
-        p.c = c.data(), p.ldc = n, p.compute = ops::gemm::Element::bf16;
-        std::shared_ptr<const ops::gemm::PackedB> panels;
-        if (packed && path == ops::gemm::bf16_path()) {
-          panels = ops::gemm::pack_b_once(p, ops::gemm::Isa::avx512);
-          p.packed_b = panels.get();
-        } else if (packed) {
-          continue;  // pack_b_once packs for the process's path
+  std::vector<ops::gemm::GemmVariant> variants;
+  for (auto path : {ops::gemm::Bf16Path::amx, ops::gemm::Bf16Path::dot, ops::gemm::Bf16Path::f32})
+    if (ops::gemm::bf16_path_available(path))
+      for (int share : {2, 4, 8}) variants.push_back({path, share});
+  for (const auto& variant : variants)
+    for (const auto& caches : {ops::gemm::this_cpu_caches(), tiny})
+      for (const auto& s : sizes) {
+        const int64_t m = s[0], n = s[1], k = s[2];
+        const auto a = random_values(m * k, 21), b = random_values(k * n, 22);
+        const auto want = product(a, b, m, n, k, true);
+        std::vector<uint16_t> a16(a.size()), b16(b.size());
+        for (std::size_t i = 0; i < a.size(); ++i) a16[i] = f32_to_bf16(a[i]);
+        for (std::size_t i = 0; i < b.size(); ++i) b16[i] = f32_to_bf16(b[i]);
+        for (bool packed : {false, true}) {
+          std::vector<float> c(static_cast<std::size_t>(m * n), -7.0f);
+          ops::gemm::Problem p;
+          p.m = m, p.n = n, p.k = k, p.a = a16.data(), p.lda = k, p.a_type = ops::gemm::Element::bf16;
+          p.b = b16.data(), p.ldb = k, p.b_type = ops::gemm::Element::bf16, p.trans_b = true;
+          p.c = c.data(), p.ldc = n, p.compute = ops::gemm::Element::bf16;
+          std::shared_ptr<const ops::gemm::PackedB> panels;
+          if (packed) {
+            panels = ops::gemm::pack_b_once_for(p, ops::gemm::Isa::avx512, variant.bf16);
+            p.packed_b = panels.get();
+          }
+          ops::gemm::sgemm_variant(p, ops::gemm::Isa::avx512, 2, variant, caches);
+          const double tolerance = 2e-6 * static_cast<double>(k) + 1e-6;
+          for (std::size_t i = 0; i < want.size(); ++i)
+            ASSERT_NEAR(c[i], want[i], tolerance) << variant.name() << " on " << caches.text() << " M,N,K=" << m << "," << n
+                                                  << "," << k << (packed ? " packed" : "") << " at " << i;
         }
-        ops::gemm::sgemm_with_bf16_path(p, ops::gemm::Isa::avx512, 2, path);
-        const double tolerance = 2e-6 * static_cast<double>(k) + 1e-6;
-        for (std::size_t i = 0; i < want.size(); ++i)
-          ASSERT_NEAR(c[i], want[i], tolerance) << ops::gemm::bf16_path_name(path) << " M,N,K=" << m << "," << n << "," << k
-                                                << (packed ? " packed" : "") << " at " << i;
       }
-    }
-  }
 }
 
 TEST(Bf16Gemm, LibraryBackendsRefuseBf16Inputs) {

@@ -1,0 +1,373 @@
+#include "ops/gemm/tuner.h"
+
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+
+#include "tensor/enum_names.h"
+#include "tensor/error.h"
+#include "tensor/half.h"
+#include "tensor/output_file.h"
+#include "tensor/regular_file.h"
+#include "tensor/strict_json.h"
+
+namespace cubevec::ops::gemm {
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr auto kFamilyNames = enum_names<GemmFamily>("GEMM family", {{GemmFamily::f32, "f32"}, {GemmFamily::bf16, "bf16"}});
+constexpr auto kShapeNames = enum_names<ShapeClass>(
+    "shape class", {{ShapeClass::skinny, "skinny"}, {ShapeClass::small, "small"}, {ShapeClass::large, "large"}});
+constexpr auto kIsaNames = enum_names<Isa>("ISA", {{Isa::avx512, "avx512"}, {Isa::avx2, "avx2"}, {Isa::portable, "portable"}});
+constexpr const char* kFormat = "cubevec-tuning";
+constexpr int kVersion = 1;
+constexpr int kShares[] = {2, 4, 8};
+
+// Preference among kernels when their rates are close: the one with the most compute per instruction.
+int preference_rank(Bf16Path path) { return path == Bf16Path::amx ? 0 : path == Bf16Path::dot ? 1 : 2; }
+
+std::string field_text(const json& object, const char* name) {
+  if (!object.contains(name) || !object[name].is_string()) throw Error(std::string("field '") + name + "' must be a string");
+  return object[name].get<std::string>();
+}
+
+int64_t field_int(const json& object, const char* name, int64_t lo, int64_t hi) {
+  if (!object.contains(name) || !object[name].is_number_integer()) throw Error(std::string("field '") + name + "' must be an integer");
+  const int64_t v = object[name].get<int64_t>();
+  if (v < lo || v > hi)
+    throw Error(std::string("field '") + name + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + std::to_string(v));
+  return v;
+}
+
+json variant_json(const GemmVariant& v) { return {{"kernel", std::string(bf16_path_name(v.bf16))}, {"l2_share", v.l2_share}}; }
+
+GemmVariant parse_variant(const json& object) {
+  if (!object.is_object()) throw Error("a variant must be an object");
+  GemmVariant v;
+  const std::string kernel = field_text(object, "kernel");
+  const auto path = parse_bf16_path(kernel);
+  if (!path) throw Error("unknown kernel '" + kernel + "' (expected amx, avx512bf16 or f32)");
+  v.bf16 = *path;
+  v.l2_share = static_cast<int>(field_int(object, "l2_share", 1, 64));
+  return v;
+}
+
+json caches_json(const CpuCaches& caches) { return {{"l1d", caches.l1d}, {"l2", caches.l2}, {"l3", caches.l3}}; }
+
+std::string default_tuning_path() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  if (xdg && *xdg == '/') return std::string(xdg) + "/cubevec/tuning.json";
+  const char* home = std::getenv("HOME");
+  if (home && *home == '/') return std::string(home) + "/.cache/cubevec/tuning.json";
+  return "";
+}
+
+}  // namespace
+
+std::string_view gemm_family_name(GemmFamily family) { return kFamilyNames.name(family); }
+std::string_view shape_class_name(ShapeClass shape) { return kShapeNames.name(shape); }
+
+ShapeClass shape_class_of(int64_t m) { return m < 256 ? ShapeClass::skinny : m <= 1024 ? ShapeClass::small : ShapeClass::large; }
+
+std::string GemmTuneKey::text() const {
+  return std::string(gemm_family_name(family)) + " " + std::string(isa_name(isa)) + " " + std::string(shape_class_name(shape)) +
+         " " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");
+}
+
+std::string GemmVariant::name() const { return std::string(bf16_path_name(bf16)) + " L2/" + std::to_string(l2_share); }
+
+ClassProblem class_problem(ShapeClass shape) {
+  // Sized for a few milliseconds per run at the f32 rate of two cores: the measurement must not
+  // stall a model's first step, yet span enough K blocks and cache passes to rank the blockings.
+  switch (shape) {
+    case ShapeClass::skinny: return {64, 2048, 1024};
+    case ShapeClass::small: return {512, 1536, 1024};
+    case ShapeClass::large: return {2048, 1536, 1024};
+  }
+  return {2048, 1536, 1024};
+}
+
+std::vector<GemmVariant> candidate_variants(GemmFamily family, Isa isa) {
+  std::vector<Bf16Path> paths{Bf16Path::f32};
+  if (family == GemmFamily::bf16 && isa == Isa::avx512) {
+    if (const auto forced = forced_bf16_path()) paths = {*forced};
+    else {
+      paths.clear();
+      for (Bf16Path p : {Bf16Path::amx, Bf16Path::dot, Bf16Path::f32})
+        if (bf16_path_available(p)) paths.push_back(p);
+    }
+  }
+  std::vector<GemmVariant> out;
+  for (Bf16Path p : paths)
+    for (int share : kShares) out.push_back({p, share});
+  return out;
+}
+
+GemmVariant choose_variant(const std::vector<VariantRate>& rates) {
+  if (rates.empty()) throw Error("gemm calibration: no variant was measured");
+  // Each kernel's best share, then the preferred kernel unless another is clearly faster.
+  std::optional<VariantRate> best_of[3];
+  for (const VariantRate& r : rates) {
+    auto& slot = best_of[preference_rank(r.variant.bf16)];
+    if (!slot || r.gflops > slot->gflops) slot = r;
+  }
+  std::optional<VariantRate> choice;
+  for (const auto& candidate : best_of) {
+    if (!candidate) continue;
+    if (!choice || candidate->gflops > choice->gflops * kSwitchMargin) choice = candidate;
+  }
+  return choice->variant;
+}
+
+GemmTuneEntry calibrate(const GemmTuneKey& key, const CpuCaches& caches, const std::function<void(const VariantRate&)>& progress) {
+  if (key.threads < 1) throw Error("gemm calibration: threads must be at least 1, got " + std::to_string(key.threads));
+  if (!isa_supported(key.isa)) throw Error("gemm calibration: ISA " + std::string(isa_name(key.isa)) + " is not supported by this CPU");
+  const ClassProblem shape = class_problem(key.shape);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> a(static_cast<std::size_t>(shape.m * shape.k)), w32(static_cast<std::size_t>(shape.n * shape.k)),
+      c(static_cast<std::size_t>(shape.m * shape.n));
+  for (float& v : a) v = dist(rng);
+  for (float& v : w32) v = dist(rng);
+  std::vector<uint16_t> w16(w32.size());
+  convert_f32_to_bf16(w32.data(), w16.data(), w32.size());
+
+  Problem p;
+  p.m = shape.m, p.n = shape.n, p.k = shape.k;
+  p.a = a.data(), p.lda = shape.k;
+  p.trans_b = true, p.ldb = shape.k;
+  p.c = c.data(), p.ldc = shape.n;
+  if (key.family == GemmFamily::bf16) p.b = w16.data(), p.b_type = Element::bf16, p.compute = Element::bf16;
+  else p.b = w32.data();
+  const double flops = 2.0 * static_cast<double>(shape.m * shape.n * shape.k);
+
+  GemmTuneEntry entry;
+  entry.key = key;
+  tbb::task_arena arena(key.threads);
+  arena.execute([&] {
+    std::optional<Bf16Path> packed_for;
+    std::shared_ptr<const PackedB> packed;
+    for (const GemmVariant& variant : candidate_variants(key.family, key.isa)) {
+      // Models pack their weights once; so does the measurement.
+      if (!packed_for || *packed_for != variant.bf16) {
+        packed = pack_b_once_for(p, key.isa, key.family == GemmFamily::bf16 ? variant.bf16 : Bf16Path::f32);
+        packed_for = variant.bf16;
+      }
+      Problem run = p;
+      run.packed_b = packed.get();
+      std::vector<double> seconds;
+      for (int i = 0; i < 4; ++i) {
+        const auto start = std::chrono::steady_clock::now();
+        sgemm_variant(run, key.isa, key.threads, variant, caches);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (i > 0) seconds.push_back(s);  // the first run warms the caches and the workspace
+      }
+      std::sort(seconds.begin(), seconds.end());
+      const VariantRate rate{variant, flops / std::max(seconds[seconds.size() / 2], 1e-9) / 1e9};
+      entry.considered.push_back(rate);
+      if (progress) progress(rate);
+    }
+  });
+  entry.choice = choose_variant(entry.considered);
+  return entry;
+}
+
+json gemm_entry_json(const GemmTuneEntry& entry, const std::string& cpu, const CpuCaches& caches) {
+  json considered = json::array();
+  for (const VariantRate& r : entry.considered) {
+    json v = variant_json(r.variant);
+    v["gflops"] = std::round(r.gflops * 10) / 10;
+    considered.push_back(v);
+  }
+  return {{"cpu", cpu},
+          {"caches", caches_json(caches)},
+          {"family", std::string(gemm_family_name(entry.key.family))},
+          {"isa", std::string(isa_name(entry.key.isa))},
+          {"shape", std::string(shape_class_name(entry.key.shape))},
+          {"threads", entry.key.threads},
+          {"choice", variant_json(entry.choice)},
+          {"considered", considered}};
+}
+
+ParsedGemmSection parse_gemm_section(const json& section, const std::string& cpu, const CpuCaches& caches) {
+  if (!section.is_array()) throw Error("field 'gemm' must be an array");
+  ParsedGemmSection out;
+  std::size_t stale = 0, unavailable = 0;
+  for (std::size_t index = 0; index < section.size(); ++index) {
+    const json& e = section[index];
+    try {
+      if (!e.is_object()) throw Error("must be an object");
+      const std::string entry_cpu = field_text(e, "cpu");
+      if (!e.contains("caches") || !e["caches"].is_object()) throw Error("field 'caches' must be an object");
+      CpuCaches entry_caches;
+      entry_caches.l1d = field_int(e["caches"], "l1d", 1, int64_t{1} << 40);
+      entry_caches.l2 = field_int(e["caches"], "l2", 1, int64_t{1} << 40);
+      entry_caches.l3 = field_int(e["caches"], "l3", 1, int64_t{1} << 40);
+      GemmTuneEntry entry;
+      entry.key.family = kFamilyNames.parse(field_text(e, "family"));
+      entry.key.isa = kIsaNames.parse(field_text(e, "isa"));
+      entry.key.shape = kShapeNames.parse(field_text(e, "shape"));
+      entry.key.threads = static_cast<int>(field_int(e, "threads", 1, 4096));
+      if (!e.contains("choice")) throw Error("field 'choice' is missing");
+      entry.choice = parse_variant(e["choice"]);
+      if (!e.contains("considered") || !e["considered"].is_array()) throw Error("field 'considered' must be an array");
+      for (const json& r : e["considered"]) {
+        VariantRate rate{parse_variant(r), 0};
+        if (!r.contains("gflops") || !r["gflops"].is_number() || !(r["gflops"].get<double>() >= 0) ||
+            !std::isfinite(r["gflops"].get<double>()))
+          throw Error("a considered variant's 'gflops' must be a non-negative number");
+        rate.gflops = r["gflops"].get<double>();
+        entry.considered.push_back(rate);
+      }
+      if (entry_cpu != cpu || !(entry_caches == caches)) {
+        ++stale;
+        out.foreign.push_back(e);
+        continue;
+      }
+      if (!isa_supported(entry.key.isa) || !bf16_path_available(entry.choice.bf16) ||
+          (entry.key.family == GemmFamily::f32 && entry.choice.bf16 != Bf16Path::f32)) {
+        ++unavailable;  // same CPU, but this build or kernel cannot run the choice: measure again
+        continue;
+      }
+      out.entries.push_back(entry);
+    } catch (const Error& err) {
+      throw Error("gemm entry " + std::to_string(index) + ": " + err.what());
+    }
+  }
+  if (stale)
+    out.warnings += std::to_string(stale) + " GEMM entr" + (stale == 1 ? "y was" : "ies were") +
+                    " measured on another CPU or cache configuration and " + (stale == 1 ? "is" : "are") + " ignored; ";
+  if (unavailable)
+    out.warnings += std::to_string(unavailable) + " GEMM entr" + (unavailable == 1 ? "y names" : "ies name") +
+                    " a kernel or ISA this process cannot run and will be measured again; ";
+  if (!out.warnings.empty()) out.warnings.resize(out.warnings.size() - 2);
+  return out;
+}
+
+GemmTuner& GemmTuner::global() {
+  static GemmTuner tuner;
+  return tuner;
+}
+
+std::optional<GemmTuneEntry> GemmTuner::find(const GemmTuneKey& key) const {
+  std::lock_guard lock(mutex_);
+  for (const auto& e : entries_)
+    if (e.key == key) return e;
+  return std::nullopt;
+}
+
+void GemmTuner::store(const GemmTuneEntry& entry) {
+  std::lock_guard lock(mutex_);
+  for (auto& e : entries_)
+    if (e.key == entry.key) {
+      e = entry;
+      generation_.fetch_add(1, std::memory_order_acq_rel);
+      return;
+    }
+  entries_.push_back(entry);
+  generation_.fetch_add(1, std::memory_order_acq_rel);
+}
+
+std::vector<GemmTuneEntry> GemmTuner::entries() const {
+  std::lock_guard lock(mutex_);
+  return entries_;
+}
+
+void GemmTuner::clear() {
+  std::lock_guard lock(mutex_);
+  entries_.clear();
+  generation_.fetch_add(1, std::memory_order_acq_rel);
+}
+
+std::string GemmTuner::file() const {
+  std::lock_guard lock(mutex_);
+  return path_;
+}
+
+std::string GemmTuner::set_file(const std::string& path, bool strict) {
+  {
+    std::lock_guard lock(mutex_);
+    configured_ = true;
+    path_ = path;
+    foreign_entries_ = json::array();
+  }
+  if (path.empty()) return "";
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec)))
+    return "tuning file " + path + " does not exist yet; it will be written after the first calibration";
+  try {
+    const json doc = parse_strict_json(read_regular_file(path), 8);
+    if (!doc.is_object()) throw Error("expected a JSON object at the top level");
+    if (!doc.contains("format") || doc["format"] != kFormat) throw Error(std::string("field 'format' must be \"") + kFormat + "\"");
+    if (!doc.contains("version") || !doc["version"].is_number_integer()) throw Error("field 'version' must be an integer");
+    if (doc["version"].get<int64_t>() != kVersion)
+      return "tuning file " + path + " has format version " + doc["version"].dump() + ", this cubevec writes " +
+             std::to_string(kVersion) + "; ignoring it (it will be rewritten)";
+    ParsedGemmSection parsed = parse_gemm_section(doc.contains("gemm") ? doc["gemm"] : json::array(), cpu_model_name(), this_cpu_caches());
+    {
+      std::lock_guard lock(mutex_);
+      foreign_entries_ = parsed.foreign;
+    }
+    for (const auto& e : parsed.entries) store(e);
+    return parsed.warnings.empty() ? "" : "tuning file " + path + ": " + parsed.warnings;
+  } catch (const Error& err) {
+    const std::string message = "tuning file " + path + " is not valid: " + err.what() + " (delete it to measure again)";
+    if (strict) throw Error(message);
+    std::lock_guard lock(mutex_);
+    path_.clear();  // leave a file we cannot read alone
+    return message + "; not using it";
+  }
+}
+
+void GemmTuner::save() const {
+  json gemm;
+  std::string path;
+  {
+    std::lock_guard lock(mutex_);
+    path = path_;
+    gemm = foreign_entries_;
+    for (const auto& e : entries_) gemm.push_back(gemm_entry_json(e, cpu_model_name(), this_cpu_caches()));
+  }
+  if (path.empty()) return;
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  const json doc = {{"format", kFormat}, {"version", kVersion}, {"gemm", gemm}};
+  write_output_file(path, "tuning file", doc.dump(1) + "\n");
+}
+
+void GemmTuner::load_default_once() {
+  {
+    std::lock_guard lock(mutex_);
+    if (configured_) return;
+  }
+  const std::string warning = set_file(default_tuning_path(), false);
+  // A first run has no file yet: that is not worth a warning; anything else is.
+  if (!warning.empty() && warning.find("does not exist yet") == std::string::npos)
+    std::fprintf(stderr, "cubevec: warning: %s\n", warning.c_str());
+}
+
+GemmTuneEntry GemmTuner::choose(const GemmTuneKey& key) {
+  load_default_once();
+  if (auto found = find(key)) return *found;
+  std::lock_guard measuring(measure_mutex_);
+  if (auto found = find(key)) return *found;  // measured by another thread meanwhile
+  GemmTuneEntry entry = calibrate(key, this_cpu_caches());
+  store(entry);
+  try {
+    save();
+  } catch (const Error& err) {
+    std::fprintf(stderr, "cubevec: warning: the GEMM calibration was not saved: %s\n", err.what());
+  }
+  return entry;
+}
+
+}  // namespace cubevec::ops::gemm

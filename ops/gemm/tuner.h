@@ -1,0 +1,116 @@
+// GEMM calibration: which variant (bf16 kernel, L2 blocking share) runs fastest on this machine, per
+// kernel family, ISA, shape class and thread count. The first GEMM of a kind measures each variant
+// on a representative problem (a few milliseconds each) and keeps the fastest, as the attention
+// autotuner does; the choices persist in the tuning file (ops/gemm/tuning_file.h) so later runs and
+// other processes skip the measurement and make the same choice.
+//
+// A choice that changes the summation (another bf16 kernel) beats the preferred one (AMX, then
+// AVX512-BF16, then f32) only when it is clearly faster (kSwitchMargin): two processes that
+// measure on a noisy machine then still agree to the bit.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ops/gemm/driver.h"
+
+namespace cubevec::ops::gemm {
+
+enum class GemmFamily : uint8_t { f32, bf16 };  // the compute type (an int8 weight in f32 compute is f32)
+enum class ShapeClass : uint8_t { skinny, small, large };  // M < 256, 256 <= M <= 1024, M > 1024
+std::string_view gemm_family_name(GemmFamily family);
+std::string_view shape_class_name(ShapeClass shape);
+ShapeClass shape_class_of(int64_t m);
+
+struct GemmTuneKey {
+  GemmFamily family = GemmFamily::f32;
+  Isa isa = Isa::portable;
+  ShapeClass shape = ShapeClass::large;
+  int threads = 1;
+  bool operator==(const GemmTuneKey&) const = default;
+  std::string text() const;  // "bf16 avx512 large 2 threads"
+};
+
+struct VariantRate {
+  GemmVariant variant;
+  double gflops = 0;  // median of the timed runs on the class's representative problem
+};
+
+struct GemmTuneEntry {
+  GemmTuneKey key;
+  GemmVariant choice;
+  std::vector<VariantRate> considered;  // empty when the choice was forced or loaded without rates
+};
+
+// The representative problem a shape class is measured on (M x N x K, B a Linear weight [N, K]).
+struct ClassProblem {
+  int64_t m, n, k;
+};
+ClassProblem class_problem(ShapeClass shape);
+
+// The variants calibration weighs for a family and ISA: every available bf16 kernel (or only the one
+// CUBEVEC_GEMM_BF16 forces) times the L2 shares 2, 4 and 8.
+std::vector<GemmVariant> candidate_variants(GemmFamily family, Isa isa);
+
+inline constexpr double kSwitchMargin = 1.05;
+
+// The choice among measured rates: the fastest variant of the preferred kernel, unless another
+// kernel is kSwitchMargin faster.
+GemmVariant choose_variant(const std::vector<VariantRate>& rates);
+
+// Measures every candidate on the class's problem in a task arena of key.threads threads; with
+// `progress`, reports each variant as it is measured.
+GemmTuneEntry calibrate(const GemmTuneKey& key, const CpuCaches& caches,
+                        const std::function<void(const VariantRate&)>& progress = {});
+
+class GemmTuner {
+ public:
+  // The tuner sgemm uses. On first use it loads the default tuning file unless set_file was called.
+  static GemmTuner& global();
+
+  // The entry for `key`: stored, else measured now (and saved to the tuning file, if any).
+  GemmTuneEntry choose(const GemmTuneKey& key);
+  std::optional<GemmTuneEntry> find(const GemmTuneKey& key) const;
+  void store(const GemmTuneEntry& entry);
+  std::vector<GemmTuneEntry> entries() const;
+  void clear();
+  // Changes whenever an entry is stored or cleared (sgemm's per-thread copies check it).
+  uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
+
+  // Where measurements are saved ("" for none). Loads the file's entries now; returns the warnings
+  // (a stale entry, a file that does not exist yet). `strict`: a malformed file is an Error
+  // (an explicit --tune-cache); otherwise a warning, and the file is left alone until rewritten.
+  std::string set_file(const std::string& path, bool strict);
+  std::string file() const;
+  // Writes the entries to the file (atomically), keeping the file's entries for other machines.
+  void save() const;
+
+ private:
+  void load_default_once();
+  mutable std::mutex mutex_;
+  std::mutex measure_mutex_;  // one measurement at a time (two would time each other)
+  std::vector<GemmTuneEntry> entries_;
+  nlohmann::json foreign_entries_ = nlohmann::json::array();  // other CPUs' entries, kept on save
+  std::string path_;
+  bool configured_ = false;
+  std::atomic<uint64_t> generation_{0};
+};
+
+// The tuning file's "gemm" section: entries for this CPU (model and caches) and thread counts are
+// loaded, others ignored with a warning but kept. Throws Error on a malformed section.
+struct ParsedGemmSection {
+  std::vector<GemmTuneEntry> entries;
+  nlohmann::json foreign = nlohmann::json::array();
+  std::string warnings;
+};
+ParsedGemmSection parse_gemm_section(const nlohmann::json& section, const std::string& cpu, const CpuCaches& caches);
+nlohmann::json gemm_entry_json(const GemmTuneEntry& entry, const std::string& cpu, const CpuCaches& caches);
+
+}  // namespace cubevec::ops::gemm

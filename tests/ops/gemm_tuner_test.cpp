@@ -1,0 +1,248 @@
+// GEMM calibration: cache sizes from (fake) sysfs, the blocking they give, every f32 variant against
+// a double loop, the choice rule, a real calibration, and the tuning file (round trip, entries from
+// another CPU, malformed files).
+#include "ops/gemm/tuner.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sys/stat.h>
+
+#include "common/temp_dir.h"
+#include "tensor/error.h"
+#include "tensor/regular_file.h"
+
+namespace cubevec {
+namespace {
+
+namespace g = ops::gemm;
+using testing::TempDir;
+
+void write_text(const std::filesystem::path& path, const std::string& text) {
+  std::filesystem::create_directories(path.parent_path());
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+void fake_cache(const std::filesystem::path& dir, int index, const std::string& level, const std::string& type, const std::string& size) {
+  const auto entry = dir / ("index" + std::to_string(index));
+  write_text(entry / "level", level + "\n");
+  write_text(entry / "type", type + "\n");
+  write_text(entry / "size", size + "\n");
+}
+
+TEST(CpuCaches, SizesComeFromSysfsWithItsUnits) {
+  TempDir dir;
+  fake_cache(dir.path, 0, "1", "Data", "48K");
+  fake_cache(dir.path, 1, "1", "Instruction", "64K");
+  fake_cache(dir.path, 2, "2", "Unified", "2048K");
+  fake_cache(dir.path, 3, "3", "Unified", "32M");
+  const g::CpuCaches caches = g::read_cpu_caches(dir.path.string());
+  EXPECT_EQ(caches.source, "sysfs");
+  EXPECT_EQ(caches.l1d, 48 << 10);  // the instruction cache is not the L1 data cache
+  EXPECT_EQ(caches.l2, 2048 << 10);
+  EXPECT_EQ(caches.l3, 32 << 20);
+}
+
+TEST(CpuCaches, UnparsableOrMissingLevelsFallBack) {
+  TempDir dir;
+  fake_cache(dir.path, 0, "1", "Data", "lots");
+  fake_cache(dir.path, 2, "2", "Unified", "1024K");
+  fake_cache(dir.path, 3, "3", "Unified", "-5M");
+  const g::CpuCaches fallback = g::read_cpu_caches((dir.path / "absent").string());
+  EXPECT_NE(fallback.source, "sysfs");
+  const g::CpuCaches caches = g::read_cpu_caches(dir.path.string());
+  EXPECT_EQ(caches.l2, 1 << 20);
+  EXPECT_EQ(caches.l1d, fallback.l1d);  // "lots": not a size
+  EXPECT_EQ(caches.l3, fallback.l3);    // "-5M": not a size
+  EXPECT_GT(caches.l1d, 0);
+}
+
+TEST(GemmBlocking, RowBlockFillsTheL2ShareInWholePanels) {
+  g::CpuCaches caches;
+  caches.l2 = 1 << 20, caches.l3 = 32 << 20;
+  if (g::isa_supported(g::Isa::avx512)) {
+    // f32 AVX-512: KC 768, MR 14: the A block (MC x 768 x 4 bytes) within L2 / 2 = 512 KiB -> 170 rows -> 168.
+    const g::Blocking b = g::blocking_of({g::Bf16Path::f32, 2}, g::Isa::avx512, caches);
+    EXPECT_EQ(b.kc, 768);
+    EXPECT_EQ(b.mc, 168);
+    EXPECT_EQ(b.nc, 2720);  // 8 MiB / (768 x 4) = 2730 -> multiple of 32
+    caches.l2 = 2 << 20;
+    EXPECT_EQ(g::blocking_of({g::Bf16Path::f32, 2}, g::Isa::avx512, caches).mc, 336);
+    EXPECT_EQ(g::blocking_of({g::Bf16Path::f32, 8}, g::Isa::avx512, caches).mc, 84);
+  }
+  // A tiny L2 still gets one register panel, a huge L3 at most 4096 columns.
+  caches.l2 = 4 << 10, caches.l3 = int64_t{1} << 34;
+  const g::Blocking tiny = g::blocking_of({g::Bf16Path::f32, 8}, g::Isa::portable, caches);
+  EXPECT_GT(tiny.mc, 0);
+  EXPECT_LE(tiny.mc, 16);
+  EXPECT_LE(tiny.nc, 4096);
+}
+
+TEST(GemmVariants, EveryF32VariantMatchesTheDoubleLoop) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  const int64_t m = 75, n = 70, k = 1601;  // edge tiles, three K blocks of 768
+  std::vector<float> a(static_cast<std::size_t>(m * k)), w(static_cast<std::size_t>(n * k));
+  for (float& v : a) v = dist(rng);
+  for (float& v : w) v = dist(rng);
+  g::CpuCaches tiny;
+  tiny.l2 = 64 << 10;  // several row blocks
+  for (g::Isa isa : {g::Isa::avx512, g::Isa::avx2, g::Isa::portable}) {
+    if (!g::isa_supported(isa)) continue;
+    for (const g::GemmVariant& variant : g::candidate_variants(g::GemmFamily::f32, isa))
+      for (const g::CpuCaches& caches : {g::this_cpu_caches(), tiny}) {
+        std::vector<float> c(static_cast<std::size_t>(m * n), -9.0f);
+        g::Problem p;
+        p.m = m, p.n = n, p.k = k, p.a = a.data(), p.lda = k, p.b = w.data(), p.ldb = k, p.trans_b = true;
+        p.c = c.data(), p.ldc = n;
+        g::sgemm_variant(p, isa, 2, variant, caches);
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            double want = 0;
+            for (int64_t q = 0; q < k; ++q) want += double(a[i * k + q]) * w[j * k + q];
+            ASSERT_NEAR(c[i * n + j], want, 2e-6 * k) << g::isa_name(isa) << " " << variant.name() << " " << caches.text();
+          }
+      }
+  }
+}
+
+TEST(GemmVariants, TheChoiceKeepsThePreferredKernelUnlessAnotherIsClearlyFaster) {
+  using P = g::Bf16Path;
+  // Shares of one kernel: the fastest.
+  EXPECT_EQ(g::choose_variant({{{P::f32, 2}, 300}, {{P::f32, 4}, 320}, {{P::f32, 8}, 310}}), (g::GemmVariant{P::f32, 4}));
+  // AMX within the margin of the dot product: AMX stays (the bits then do not depend on noise).
+  EXPECT_EQ(g::choose_variant({{{P::amx, 8}, 1000}, {{P::dot, 2}, 1040}}).bf16, P::amx);
+  // Clearly faster: the other kernel.
+  EXPECT_EQ(g::choose_variant({{{P::amx, 8}, 1000}, {{P::dot, 2}, 1100}}).bf16, P::dot);
+  // A half-rate dot product loses to f32 widening.
+  EXPECT_EQ(g::choose_variant({{{P::dot, 2}, 160}, {{P::f32, 2}, 300}}), (g::GemmVariant{P::f32, 2}));
+  EXPECT_THROW(g::choose_variant({}), Error);
+}
+
+TEST(GemmVariants, CalibrationMeasuresEveryCandidateAndPicksOneOfThem) {
+  const g::Isa isa = g::best_isa();
+  for (g::GemmFamily family : {g::GemmFamily::f32, g::GemmFamily::bf16}) {
+    const g::GemmTuneKey key{family, isa, g::ShapeClass::skinny, 1};
+    int reported = 0;
+    const g::GemmTuneEntry entry = g::calibrate(key, g::this_cpu_caches(), [&](const g::VariantRate& r) {
+      EXPECT_GT(r.gflops, 0);
+      ++reported;
+    });
+    const auto candidates = g::candidate_variants(family, isa);
+    ASSERT_EQ(entry.considered.size(), candidates.size());
+    EXPECT_EQ(reported, static_cast<int>(candidates.size()));
+    EXPECT_NE(std::find(candidates.begin(), candidates.end(), entry.choice), candidates.end()) << entry.choice.name();
+    EXPECT_TRUE(g::bf16_path_available(entry.choice.bf16));
+    if (family == g::GemmFamily::f32) {
+      EXPECT_EQ(entry.choice.bf16, g::Bf16Path::f32);
+    }
+  }
+  EXPECT_THROW(g::calibrate({g::GemmFamily::f32, isa, g::ShapeClass::skinny, 0}, g::this_cpu_caches()), Error);
+}
+
+g::GemmTuneEntry sample_entry(int threads) {
+  g::GemmTuneEntry e;
+  e.key = {g::GemmFamily::f32, g::Isa::portable, g::ShapeClass::small, threads};
+  e.choice = {g::Bf16Path::f32, 4};
+  e.considered = {{{g::Bf16Path::f32, 2}, 10.5}, {{g::Bf16Path::f32, 4}, 12.25}};
+  return e;
+}
+
+TEST(TuningFile, EntriesSurviveARoundTrip) {
+  TempDir dir;
+  const std::string path = (dir.path / "sub" / "tuning.json").string();
+  g::GemmTuner writer;
+  EXPECT_NE(writer.set_file(path, true).find("does not exist yet"), std::string::npos);
+  writer.store(sample_entry(2));
+  writer.store(sample_entry(5));
+  writer.save();  // creates the missing directory
+  g::GemmTuner reader;
+  EXPECT_EQ(reader.set_file(path, true), "");
+  const auto entries = reader.entries();
+  ASSERT_EQ(entries.size(), 2u);
+  for (const auto& e : entries) {
+    EXPECT_EQ(e.choice, (g::GemmVariant{g::Bf16Path::f32, 4}));
+    ASSERT_EQ(e.considered.size(), 2u);
+    EXPECT_DOUBLE_EQ(e.considered[1].gflops, 12.3);  // saved to 0.1 GFLOP/s
+  }
+  EXPECT_TRUE(reader.find(sample_entry(5).key).has_value());
+  EXPECT_FALSE(reader.find(sample_entry(3).key).has_value());
+}
+
+TEST(TuningFile, AnotherCpusEntriesAreIgnoredWithAWarningAndKept) {
+  TempDir dir;
+  const std::string path = (dir.path / "tuning.json").string();
+  nlohmann::json foreign = g::gemm_entry_json(sample_entry(2), "Some Other CPU", g::this_cpu_caches());
+  g::CpuCaches other_caches = g::this_cpu_caches();
+  other_caches.l2 *= 2;
+  nlohmann::json other_l2 = g::gemm_entry_json(sample_entry(3), g::cpu_model_name(), other_caches);
+  nlohmann::json mine = g::gemm_entry_json(sample_entry(4), g::cpu_model_name(), g::this_cpu_caches());
+  write_text(path, nlohmann::json{{"format", "cubevec-tuning"}, {"version", 1}, {"gemm", {foreign, other_l2, mine}}}.dump());
+  g::GemmTuner tuner;
+  const std::string warning = tuner.set_file(path, true);
+  EXPECT_NE(warning.find("2 GEMM entries were measured on another CPU"), std::string::npos) << warning;
+  ASSERT_EQ(tuner.entries().size(), 1u);
+  EXPECT_EQ(tuner.entries()[0].key.threads, 4);
+  tuner.save();
+  const nlohmann::json saved = nlohmann::json::parse(read_regular_file(path));
+  ASSERT_EQ(saved["gemm"].size(), 3u);  // the other machines' entries are still there
+  EXPECT_EQ(saved["gemm"][0]["cpu"], "Some Other CPU");
+}
+
+TEST(TuningFile, MalformedFilesAreErrorsWhenNamedAndLeftAloneOtherwise) {
+  TempDir dir;
+  const std::string path = (dir.path / "tuning.json").string();
+  const nlohmann::json good = g::gemm_entry_json(sample_entry(2), g::cpu_model_name(), g::this_cpu_caches());
+  auto with = [&](const char* field, nlohmann::json value) {
+    nlohmann::json e = good;
+    e[field] = value;
+    return nlohmann::json{{"format", "cubevec-tuning"}, {"version", 1}, {"gemm", {e}}}.dump();
+  };
+  const std::pair<std::string, std::string> cases[] = {
+      {"{not json", "tuning.json"},
+      {"[]", "expected a JSON object"},
+      {R"({"format": "other", "version": 1})", "field 'format'"},
+      {R"({"format": "cubevec-tuning", "version": "1"})", "field 'version'"},
+      {R"({"format": "cubevec-tuning", "version": 1, "gemm": {}})", "field 'gemm' must be an array"},
+      {with("family", "f16"), "unknown GEMM family 'f16'"},
+      {with("threads", 0), "field 'threads' must be in [1, 4096]"},
+      {with("choice", {{"kernel", "sse"}, {"l2_share", 2}}), "unknown kernel 'sse'"},
+      {with("choice", {{"kernel", "f32"}, {"l2_share", 1000}}), "field 'l2_share'"},
+      {with("considered", {{{"kernel", "f32"}, {"l2_share", 2}, {"gflops", -1}}}), "'gflops'"},
+      {with("caches", "big"), "field 'caches'"},
+  };
+  for (const auto& [text, expected] : cases) {
+    write_text(path, text);
+    g::GemmTuner strict;
+    try {
+      strict.set_file(path, true);
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find(path), std::string::npos) << message;
+      EXPECT_NE(message.find(expected), std::string::npos) << message;
+    }
+    g::GemmTuner lenient;  // the default file: a warning, and the file is not overwritten
+    EXPECT_NE(lenient.set_file(path, false).find("not using it"), std::string::npos) << text;
+    lenient.store(sample_entry(2));
+    lenient.save();
+    EXPECT_EQ(read_regular_file(path), text);
+  }
+  // A newer format version is not an error: ignored, to be rewritten.
+  write_text(path, R"({"format": "cubevec-tuning", "version": 99, "gemm": 5})");
+  g::GemmTuner newer;
+  EXPECT_NE(newer.set_file(path, true).find("format version 99"), std::string::npos);
+}
+
+TEST(TuningFile, ARefusedPathIsAnErrorOnSave) {
+  TempDir dir;
+  const std::string fifo = (dir.path / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  g::GemmTuner tuner;
+  EXPECT_THROW(tuner.set_file(fifo, true), Error);  // not a regular file: refused, not read (no hang)
+}
+
+}  // namespace
+}  // namespace cubevec
