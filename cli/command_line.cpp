@@ -6,6 +6,7 @@
 #include "cli/error_line.h"
 #include "cli/number_checks.h"
 #include "cli/output_overlap.h"
+#include "cli/tuning_file_flag.h"
 
 namespace cubevec::cli {
 
@@ -26,6 +27,8 @@ CommandLine::CommandLine() {
   add(add_tune_cache_command);
   add(add_quantize_command);
   add(add_sparse_attention_command);
+  add(add_tune_command);
+  for (CLI::App* sub : app_.get_subcommands({})) tuning_files_[sub] = add_tuning_file_flag(*sub);
   add_number_checks(app_);
 }
 
@@ -56,7 +59,11 @@ ParsedCommand CommandLine::parse(int argc, const char* const* argv) {
   for (const auto& [subcommand, run] : runners_)
     if (subcommand->parsed()) {
       check_outputs_against_inputs(*subcommand);
-      return {run, 0};
+      return {[run = run, tuning_file = tuning_files_.at(subcommand)] {
+                use_tuning_file(*tuning_file);
+                return run();
+              },
+              0};
     }
   std::fprintf(stderr, "error: no subcommand given (see cubevec --help)\n");
   return {{}, 1};

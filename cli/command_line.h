@@ -5,6 +5,8 @@
 
 #include <CLI/CLI.hpp>
 #include <map>
+#include <memory>
+#include <string>
 
 #include "cli/command.h"
 
@@ -25,6 +27,7 @@ class CommandLine {
  private:
   CLI::App app_{"cubevec: a PyTorch-free engine for diffusion transformers on an emulated Ascend device"};
   std::map<CLI::App*, CommandRunner> runners_;
+  std::map<CLI::App*, std::shared_ptr<std::string>> tuning_files_;  // each subcommand's --tune-cache
 };
 
 }  // namespace cubevec::cli

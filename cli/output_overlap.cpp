@@ -17,7 +17,7 @@ struct PathFlag {
 };
 
 bool is_output(const CLI::App& command, const std::string& flag) {
-  if (flag == "--json" || flag == "--trace" || flag == "--attn-tune-cache" || flag == "--frames-dir") return true;
+  if (flag == "--json" || flag == "--trace" || flag == "--attn-tune-cache" || flag == "--tune-cache" || flag == "--frames-dir") return true;
   return flag == "--out" && command.get_name() != "quantize";  // quantize --out is a folder it fills
 }
 

@@ -89,11 +89,14 @@ class GemmTuner {
   // (an explicit --tune-cache); otherwise a warning, and the file is left alone until rewritten.
   std::string set_file(const std::string& path, bool strict);
   std::string file() const;
+  // Loads the default tuning file ($XDG_CACHE_HOME/cubevec/tuning.json, else
+  // ~/.cache/cubevec/tuning.json) unless set_file was called; warnings go to stderr. choose() does
+  // this on first use.
+  void load_default_once();
   // Writes the entries to the file (atomically), keeping the file's entries for other machines.
   void save() const;
 
  private:
-  void load_default_once();
   mutable std::mutex mutex_;
   std::mutex measure_mutex_;  // one measurement at a time (two would time each other)
   std::vector<GemmTuneEntry> entries_;

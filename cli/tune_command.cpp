@@ -1,0 +1,119 @@
+// `cubevec tune`: fills the tuning file ahead of time, so no later run pauses on its first GEMM of a
+// kind to calibrate. Measures every variant of each GEMM family (f32, bf16) and shape class at the
+// Cube unit's thread count (and at one thread: attention's math path runs its GEMMs per head), with
+// a progress bar, then prints the choices. Entries already in the file are kept unless --again.
+#include <algorithm>
+#include <cstdio>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "cli/device_flags.h"
+#include "ops/gemm/tuner.h"
+#include "tensor/error.h"
+#include "tensor/interrupt.h"
+
+namespace cubevec::cli {
+
+namespace {
+
+namespace g = ops::gemm;
+
+struct TuneFlags {
+  std::vector<std::string> families{"f32", "bf16"}, shapes{"skinny", "small", "large"};
+  bool again = false;
+};
+
+template <class E>
+std::vector<E> parse_names(const std::vector<std::string>& names, const char* flag, std::initializer_list<E> all,
+                           std::string_view (*name_of)(E)) {
+  std::vector<E> out;
+  for (const std::string& name : names) {
+    const auto found = std::find_if(all.begin(), all.end(), [&](E e) { return name_of(e) == name; });
+    if (found == all.end()) {
+      std::string known;
+      for (E e : all) known += (known.empty() ? "" : ", ") + std::string(name_of(e));
+      throw Error(std::string(flag) + ": unknown name '" + name + "' (expected one of: " + known + ")");
+    }
+    if (std::find(out.begin(), out.end(), *found) == out.end()) out.push_back(*found);
+  }
+  return out;
+}
+
+void print_bar(const g::GemmTuneKey& key, std::size_t done, std::size_t total, const std::string& last) {
+  const int width = 24, filled = static_cast<int>(static_cast<std::size_t>(width) * done / std::max<std::size_t>(total, 1));
+  std::fprintf(stderr, "\r%-34s [%s%s] %zu/%zu %-36s", key.text().c_str(), std::string(static_cast<std::size_t>(filled), '#').c_str(),
+               std::string(static_cast<std::size_t>(width - filled), '.').c_str(), done, total, last.c_str());
+}
+
+int run_tune(const TuneFlags& f, const DeviceFlags& device_flags) {
+  const auto families = parse_names<g::GemmFamily>(f.families, "--families", {g::GemmFamily::f32, g::GemmFamily::bf16}, g::gemm_family_name);
+  const auto shapes = parse_names<g::ShapeClass>(f.shapes, "--shapes", {g::ShapeClass::skinny, g::ShapeClass::small, g::ShapeClass::large},
+                                                 g::shape_class_name);
+  const DeviceProfile profile = device_flags.resolve();
+  const std::set<int> thread_counts{1, profile.cube_threads};
+  g::GemmTuner& tuner = g::GemmTuner::global();
+  tuner.load_default_once();
+  const std::string file = tuner.file();
+  std::fprintf(stderr, "tune: %s; caches %s; ISA %s; tuning file %s\n", g::cpu_model_name().c_str(), g::this_cpu_caches().text().c_str(),
+               std::string(g::isa_name(g::best_isa())).c_str(), file.empty() ? "(none: HOME and XDG_CACHE_HOME unset)" : file.c_str());
+  std::vector<g::GemmTuneEntry> results;
+  for (int threads : thread_counts)
+    for (g::GemmFamily family : families)
+      for (g::ShapeClass shape : shapes) {
+        throw_if_interrupted();
+        const g::GemmTuneKey key{family, g::best_isa(), shape, threads};
+        if (!f.again)
+          if (auto found = tuner.find(key)) {
+            std::fprintf(stderr, "%-34s already in the tuning file (--again to measure it anew)\n", key.text().c_str());
+            results.push_back(*found);
+            continue;
+          }
+        const std::size_t total = g::candidate_variants(family, key.isa).size();
+        std::size_t done = 0;
+        print_bar(key, 0, total, "");
+        g::GemmTuneEntry entry;
+        try {
+          entry = g::calibrate(key, g::this_cpu_caches(), [&](const g::VariantRate& r) {
+            char rate[64];
+            std::snprintf(rate, sizeof rate, "%s %.0f GFLOP/s", r.variant.name().c_str(), r.gflops);
+            print_bar(key, ++done, total, rate);
+          });
+        } catch (...) {
+          std::fprintf(stderr, "\n");
+          throw;
+        }
+        std::fprintf(stderr, "\n");
+        tuner.store(entry);
+        tuner.save();  // after each key: an interrupted tune keeps what it measured
+        results.push_back(entry);
+      }
+  std::printf("%-34s %-16s %10s   %s\n", "family ISA shape threads", "choice", "GFLOP/s", "considered (GFLOP/s)");
+  for (const auto& e : results) {
+    double chosen_rate = 0;
+    std::string considered;
+    for (const auto& r : e.considered) {
+      if (r.variant == e.choice) chosen_rate = r.gflops;
+      char item[64];
+      std::snprintf(item, sizeof item, "%s%s %.0f", considered.empty() ? "" : ", ", r.variant.name().c_str(), r.gflops);
+      considered += item;
+    }
+    std::printf("%-34s %-16s %10.0f   %s\n", e.key.text().c_str(), e.choice.name().c_str(), chosen_rate, considered.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+CommandRunner add_tune_command(CLI::App& app) {
+  auto* command = app.add_subcommand("tune", "Calibrate the GEMM kernels for this machine and fill the tuning file");
+  auto flags = std::make_shared<TuneFlags>();
+  auto device_flags = add_device_flags(*command);
+  command->add_option("--families", flags->families, "GEMM families to calibrate: f32, bf16 (default both)")->delimiter(',');
+  command->add_option("--shapes", flags->shapes, "Shape classes: skinny (M < 256), small (256..1024), large (default all)")->delimiter(',');
+  command->add_flag("--again", flags->again, "Measure keys the tuning file already has");
+  return [flags, device_flags] { return run_tune(*flags, *device_flags); };
+}
+
+}  // namespace cubevec::cli

@@ -1,0 +1,79 @@
+// `cubevec tune` and --tune-cache (issue 19): the tuning file is filled with a progress bar, kept on
+// a second run, refused clearly when malformed or not a regular file, and written by a generation
+// run that had to calibrate.
+#include <sys/stat.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/run_cubevec.h"
+#include "common/tensor_testing.h"
+#include "tensor/safetensors.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using TuneCli = cubevec_cli_test::CliTest;
+using cubevec_cli_test::read_file;
+
+const std::string kFlux = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/flux_tiny";
+
+TEST_F(TuneCli, FillsTheTuningFileWithAProgressBarAndKeepsItOnASecondRun) {
+  const std::string file = (dir_ / "tuning.json").string();
+  const auto first = run({"tune", "--tune-cache", file, "--families", "f32", "--shapes", "skinny", "--cube-threads", "1"});
+  ASSERT_EQ(first.status, 0) << first.err;
+  EXPECT_NE(first.err.find("[########################] 3/3"), std::string::npos) << first.err;
+  EXPECT_NE(first.out.find("f32"), std::string::npos) << first.out;
+  const nlohmann::json doc = nlohmann::json::parse(read_file(file));
+  EXPECT_EQ(doc["format"], "cubevec-tuning");
+  ASSERT_EQ(doc["gemm"].size(), 1u);
+  EXPECT_EQ(doc["gemm"][0]["family"], "f32");
+  EXPECT_EQ(doc["gemm"][0]["shape"], "skinny");
+  EXPECT_EQ(doc["gemm"][0]["threads"], 1);
+  EXPECT_EQ(doc["gemm"][0]["considered"].size(), 3u);
+
+  const std::string before = read_file(file);
+  const auto second = run({"tune", "--tune-cache", file, "--families", "f32", "--shapes", "skinny", "--cube-threads", "1"});
+  ASSERT_EQ(second.status, 0) << second.err;
+  EXPECT_NE(second.err.find("already in the tuning file"), std::string::npos) << second.err;
+  EXPECT_EQ(read_file(file), before);
+}
+
+TEST_F(TuneCli, BadNamesAndBadFilesAreErrorsBeforeAnyMeasurement) {
+  const auto family = run({"tune", "--tune-cache", (dir_ / "t.json").string(), "--families", "f16"});
+  EXPECT_EQ(family.status, 1);
+  EXPECT_NE(family.err.find("--families: unknown name 'f16' (expected one of: f32, bf16)"), std::string::npos) << family.err;
+  EXPECT_FALSE(fs::exists(dir_ / "t.json"));
+
+  const std::string malformed = (dir_ / "bad.json").string();
+  std::ofstream(malformed) << "{\"format\": \"cubevec-tuning\", \"version\": 1, \"gemm\": [{\"cpu\": 3}]}";
+  const auto bad = run({"tune", "--tune-cache", malformed, "--shapes", "skinny"});
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("error: tuning file " + malformed + " is not valid: gemm entry 0: field 'cpu' must be a string"),
+            std::string::npos)
+      << bad.err;
+  EXPECT_EQ(read_file(malformed), "{\"format\": \"cubevec-tuning\", \"version\": 1, \"gemm\": [{\"cpu\": 3}]}");
+
+  const std::string fifo = (dir_ / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const auto pipe = run({"tune", "--tune-cache", fifo});
+  EXPECT_EQ(pipe.status, 1);
+  EXPECT_NE(pipe.err.find("--tune-cache " + fifo), std::string::npos) << pipe.err;
+
+  const auto missing_dir = run({"inspect", kFlux, "--tune-cache", (dir_ / "no" / "t.json").string()});
+  EXPECT_EQ(missing_dir.status, 1);
+  EXPECT_NE(missing_dir.err.find("does not exist"), std::string::npos) << missing_dir.err;
+}
+
+TEST_F(TuneCli, AGenerationRunWritesWhatItCalibrated) {
+  const std::string file = (dir_ / "tuning.json").string(), embeds = (dir_ / "embeds.safetensors").string();
+  cubevec::write_safetensors(embeds, {{"prompt_embeds", cubevec::testing::random_tensor({1, 5, 40}, 1, cubevec::DType::f32, 1.0f)},
+                                      {"pooled_prompt_embeds", cubevec::testing::random_tensor({1, 24}, 2, cubevec::DType::f32, 1.0f)}});
+  const auto t2i = run({"t2i", "--model", kFlux, "--prompt-embeds", embeds, "--steps", "1", "--width", "32", "--height", "32", "--out",
+                        (dir_ / "x.jpg").string(), "--tune-cache", file});
+  ASSERT_EQ(t2i.status, 0) << t2i.err;
+  const nlohmann::json doc = nlohmann::json::parse(read_file(file));
+  ASSERT_GE(doc["gemm"].size(), 1u);
+  for (const auto& e : doc["gemm"]) EXPECT_EQ(e["family"], "f32") << e.dump();
+}
+
+}  // namespace
