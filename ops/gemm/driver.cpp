@@ -41,12 +41,13 @@ struct Plan {
 
 // The kernels and their K blocking; MC and NC come from blocking_of. KC is fixed per kernel: the
 // panels of a packed B and the order of the sums depend on it.
-Plan<float> f32_kernel(Isa isa) {
+Plan<float> f32_kernel(Isa isa, bool prefetch = false) {
   // For AVX-512 a long KC measured best (4096x3072x3072 on 2 Zen 5 threads: KC 256 -> 312 GFLOP/s,
   // 512 -> 377, 768 -> 351-383, 1024 -> 384-389): fewer passes over C outweigh a B micro-panel
   // that no longer fits L1 (it streams from L2 well).
   switch (isa) {
-    case Isa::avx512: return {microkernel_avx512, epilogue_avx512, kMrAvx512, kNrAvx512, 768, 0, 0, 1};
+    case Isa::avx512:
+      return {prefetch ? microkernel_avx512_prefetch : microkernel_avx512, epilogue_avx512, kMrAvx512, kNrAvx512, 768, 0, 0, 1};
     case Isa::avx2: return {microkernel_avx2, epilogue_avx2, kMrAvx2, kNrAvx2, 256, 0, 0, 1};
     case Isa::portable: return {microkernel_portable, epilogue_portable, kMrPortable, kNrPortable, 256, 0, 0, 1};
   }
@@ -442,7 +443,7 @@ void sgemm_variant(const Problem& p, Isa isa, int threads, const GemmVariant& va
     throw Error("gemm: the packed B was made for another bf16 path");
   const Blocking blocking = blocking_of(variant, isa, caches);
   if (p.compute == Element::bf16 && path != Bf16Path::f32) run_split(p, with_blocking(bf16_kernel(path), blocking), threads);
-  else run_split(p, with_blocking(f32_kernel(isa), blocking), threads);
+  else run_split(p, with_blocking(f32_kernel(isa, variant.prefetch), blocking), threads);
 }
 
 }  // namespace cubevec::ops::gemm

@@ -76,14 +76,16 @@ std::shared_ptr<const PackedB> pack_b_once_for(const Problem& p, Isa isa, Bf16Pa
 // variant the calibration (GemmTuner) chose for this ISA, shape class and thread count.
 void sgemm(const Problem& p, Isa isa, int threads);
 
-// One way to run a GEMM: the kernel (bf16 compute: which bf16 path; f32 compute: f32) and the
-// share of the L2 cache the packed A block fills. The calibration measures these against each
-// other; the share changes only the row blocking, so every share gives the same bits.
+// One way to run a GEMM: the kernel (bf16 compute: which bf16 path; f32 compute: f32), the share
+// of the L2 cache the packed A block fills, and for the f32 AVX-512 kernel whether it prefetches.
+// The calibration measures these against each other; the share and the prefetch change only the
+// blocking and the memory traffic, so the same kernel gives the same bits under each.
 struct GemmVariant {
   Bf16Path bf16 = Bf16Path::f32;
-  int l2_share = 2;  // the A block takes L2 / l2_share
+  int l2_share = 2;       // the A block takes L2 / l2_share
+  bool prefetch = false;  // the f32 AVX-512 kernel's software prefetch (same bits either way)
   bool operator==(const GemmVariant&) const = default;
-  std::string name() const;  // "amx L2/8"
+  std::string name() const;  // "amx L2/8", "f32 L2/4 prefetch"
 };
 // The cache blocks of a variant: KC is fixed per kernel (packed B panels depend on it and the
 // summation order with it), MC from the L2 share, NC (B packed per call) from the L3.

@@ -14,6 +14,10 @@ using MicroKernel = void (*)(int64_t kc, const float* a, const float* b, float* 
 // AVX-512: 14 rows x 32 columns (28 zmm accumulators).
 inline constexpr int kMrAvx512 = 14, kNrAvx512 = 32;
 void microkernel_avx512(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool accumulate);
+// The same, prefetching the panels kPrefetchAvx512 k steps ahead (16 and 32 measured alike on a
+// 2-core Xeon, both 10-20% above none; 8 in between).
+inline constexpr int kPrefetchAvx512 = 16;
+void microkernel_avx512_prefetch(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool accumulate);
 
 // AVX2 + FMA: 6 rows x 16 columns (12 ymm accumulators).
 inline constexpr int kMrAvx2 = 6, kNrAvx2 = 16;

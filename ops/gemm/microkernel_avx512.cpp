@@ -5,7 +5,13 @@
 
 namespace cubevec::ops::gemm {
 
-void microkernel_avx512(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool accumulate) {
+namespace {
+
+// kPrefetch > 0: the A and B panel lines kPrefetch k steps ahead are prefetched into L1 (the B
+// micro-panel, KC x 32 floats, is larger than L1 and streams from L2). The calibration measures
+// both forms: how far ahead pays depends on the CPU's L2 latency and its hardware prefetchers.
+template <int kPrefetch>
+void microkernel(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool accumulate) {
   constexpr int MR = kMrAvx512;
   __m512 lo[MR], hi[MR];  // row r: columns 0-15 in lo[r], 16-31 in hi[r]
 #pragma GCC unroll 16
@@ -18,6 +24,11 @@ void microkernel_avx512(int64_t kc, const float* a, const float* b, float* c, in
     _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + 16), _MM_HINT_T0);
   }
   for (int64_t k = 0; k < kc; ++k) {
+    if constexpr (kPrefetch > 0) {
+      _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetch * kNrAvx512), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetch * kNrAvx512 + 16), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(a + kPrefetch * MR), _MM_HINT_T0);
+    }
     const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
   #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {
@@ -38,6 +49,16 @@ void microkernel_avx512(int64_t kc, const float* a, const float* b, float* c, in
     _mm512_storeu_ps(row, lo[r]);
     _mm512_storeu_ps(row + 16, hi[r]);
   }
+}
+
+}  // namespace
+
+void microkernel_avx512(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool accumulate) {
+  microkernel<0>(kc, a, b, c, ldc, accumulate);
+}
+
+void microkernel_avx512_prefetch(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool accumulate) {
+  microkernel<kPrefetchAvx512>(kc, a, b, c, ldc, accumulate);
 }
 
 }  // namespace cubevec::ops::gemm

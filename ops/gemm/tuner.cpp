@@ -47,7 +47,9 @@ int64_t field_int(const json& object, const char* name, int64_t lo, int64_t hi) 
   return v;
 }
 
-json variant_json(const GemmVariant& v) { return {{"kernel", std::string(bf16_path_name(v.bf16))}, {"l2_share", v.l2_share}}; }
+json variant_json(const GemmVariant& v) {
+  return {{"kernel", std::string(bf16_path_name(v.bf16))}, {"l2_share", v.l2_share}, {"prefetch", v.prefetch}};
+}
 
 GemmVariant parse_variant(const json& object) {
   if (!object.is_object()) throw Error("a variant must be an object");
@@ -57,6 +59,8 @@ GemmVariant parse_variant(const json& object) {
   if (!path) throw Error("unknown kernel '" + kernel + "' (expected amx, avx512bf16 or f32)");
   v.bf16 = *path;
   v.l2_share = static_cast<int>(field_int(object, "l2_share", 1, 64));
+  if (!object.contains("prefetch") || !object["prefetch"].is_boolean()) throw Error("field 'prefetch' must be true or false");
+  v.prefetch = object["prefetch"].get<bool>();
   return v;
 }
 
@@ -82,7 +86,9 @@ std::string GemmTuneKey::text() const {
          " " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");
 }
 
-std::string GemmVariant::name() const { return std::string(bf16_path_name(bf16)) + " L2/" + std::to_string(l2_share); }
+std::string GemmVariant::name() const {
+  return std::string(bf16_path_name(bf16)) + " L2/" + std::to_string(l2_share) + (prefetch ? " prefetch" : "");
+}
 
 ClassProblem class_problem(ShapeClass shape) {
   // Sized for a few milliseconds per run at the f32 rate of two cores: the measurement must not
@@ -107,7 +113,10 @@ std::vector<GemmVariant> candidate_variants(GemmFamily family, Isa isa) {
   }
   std::vector<GemmVariant> out;
   for (Bf16Path p : paths)
-    for (int share : kShares) out.push_back({p, share});
+    for (int share : kShares) {
+      out.push_back({p, share, false});
+      if (p == Bf16Path::f32 && isa == Isa::avx512) out.push_back({p, share, true});
+    }
   return out;
 }
 
@@ -233,6 +242,7 @@ ParsedGemmSection parse_gemm_section(const json& section, const std::string& cpu
         continue;
       }
       if (!isa_supported(entry.key.isa) || !bf16_path_available(entry.choice.bf16) ||
+          (entry.choice.prefetch && (entry.key.isa != Isa::avx512 || entry.choice.bf16 != Bf16Path::f32)) ||
           (entry.key.family == GemmFamily::f32 && entry.choice.bf16 != Bf16Path::f32)) {
         ++unavailable;  // same CPU, but this build or kernel cannot run the choice: measure again
         continue;

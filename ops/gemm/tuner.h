@@ -56,7 +56,8 @@ struct ClassProblem {
 ClassProblem class_problem(ShapeClass shape);
 
 // The variants calibration weighs for a family and ISA: every available bf16 kernel (or only the one
-// CUBEVEC_GEMM_BF16 forces) times the L2 shares 2, 4 and 8.
+// CUBEVEC_GEMM_BF16 forces) times the L2 shares 2, 4 and 8; the f32 AVX-512 kernel with and without
+// its software prefetch.
 std::vector<GemmVariant> candidate_variants(GemmFamily family, Isa isa);
 
 inline constexpr double kSwitchMargin = 1.05;

@@ -209,8 +209,9 @@ TEST(TuningFile, MalformedFilesAreErrorsWhenNamedAndLeftAloneOtherwise) {
       {with("family", "f16"), "unknown GEMM family 'f16'"},
       {with("threads", 0), "field 'threads' must be in [1, 4096]"},
       {with("choice", {{"kernel", "sse"}, {"l2_share", 2}}), "unknown kernel 'sse'"},
-      {with("choice", {{"kernel", "f32"}, {"l2_share", 1000}}), "field 'l2_share'"},
-      {with("considered", {{{"kernel", "f32"}, {"l2_share", 2}, {"gflops", -1}}}), "'gflops'"},
+      {with("choice", {{"kernel", "f32"}, {"l2_share", 1000}, {"prefetch", false}}), "field 'l2_share'"},
+      {with("choice", {{"kernel", "f32"}, {"l2_share", 2}, {"prefetch", 1}}), "field 'prefetch'"},
+      {with("considered", {{{"kernel", "f32"}, {"l2_share", 2}, {"prefetch", true}, {"gflops", -1}}}), "'gflops'"},
       {with("caches", "big"), "field 'caches'"},
   };
   for (const auto& [text, expected] : cases) {
