@@ -1,5 +1,7 @@
 #include "cli/stage_flags.h"
 
+#include "pipelines/stages/offload.h"
+
 #include "pipelines/stages/quantize.h"
 
 #include <algorithm>
@@ -47,6 +49,11 @@ std::shared_ptr<StageFlags> add_stage_flags(CLI::App& command) {
   add("--sparse-blocks", f->sparse_blocks, "Sparse attention: the blocks A-B (B included) that run sparse (default: all)");
   add("--sparse-mask-refresh", sv.mask_refresh, "Sparse attention: estimate new masks every K steps, reuse them between (default 1)");
   add("--sparse-cdf-threshold", sv.cdf_threshold, "ada_bsa: keep the blocks holding this share of the estimated mass, (0, 1] (default 1)");
+  f->options.push_back(command
+                           .add_option("--offload", f->offload,
+                                       "Weight streaming: blocks 0..R-1 stay packed, block i+R is packed on a copy thread while block "
+                                       "i computes, later blocks are let go after use (default 0: every weight resident)")
+                           ->check(CLI::Range(0, 1 << 20)));
   return f;
 }
 
@@ -113,9 +120,16 @@ std::unique_ptr<pipelines::SparseAttentionStage> StageFlags::sparse_stage() cons
   return std::make_unique<pipelines::SparseAttentionStage>(c);
 }
 
+std::unique_ptr<pipelines::Stage> StageFlags::offload_stage(std::vector<std::string> block_modules, int cube_threads) const {
+  if (offload == 0) return nullptr;
+  return std::make_unique<pipelines::OffloadStage>(offload, std::move(block_modules), cube_threads);
+}
+
 pipelines::StageList StageFlags::build(std::unique_ptr<pipelines::Stage> quantize, const pipelines::CacheConfig& cache_config, int steps,
-                                       int blocks, std::unique_ptr<pipelines::SparseAttentionStage> sparse) {
+                                       int blocks, std::unique_ptr<pipelines::SparseAttentionStage> sparse,
+                                       std::unique_ptr<pipelines::Stage> offload) {
   pipelines::StageList stages;
+  if (offload) stages.add(std::move(offload));  // outermost: it sees every block, replayed or not
   if (quantize) stages.add(std::move(quantize));
   if (auto cache = pipelines::make_cache_stage(cache_config, steps, blocks)) stages.add(std::move(cache));
   if (sparse) {

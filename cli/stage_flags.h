@@ -9,6 +9,8 @@
 // and sparse attention (pipelines/stages/sparse_attention.h)
 //   --sparse none|rf_v2|ada_bsa --sparsity X --sparse-step-start N --sparse-blocks A-B
 //   --sparse-mask-refresh K --sparse-cdf-threshold X
+// and weight streaming (pipelines/stages/offload.h)
+//   --offload R
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -31,6 +33,7 @@ struct StageFlags {
   int step_end = 0, block_end = 0;  // --cache-step-end, --cache-block-end when given
   std::string sparse = "none", sparse_blocks;
   pipelines::SparseConfig sparse_values;
+  int offload = 0;  // --offload R: resident blocks (0: off)
   std::vector<CLI::Option*> options;  // to know which were given
 
   // The cache settings: --cache-config's file, with the flags given on the command line over it.
@@ -41,13 +44,26 @@ struct StageFlags {
   std::unique_ptr<pipelines::Stage> quantize_stage(bool simulate, int steps) const;
   // The sparse attention stage, or null without --sparse (its other flags alone are errors).
   std::unique_ptr<pipelines::SparseAttentionStage> sparse_stage() const;
+  // The offload stage for a model with these block modules (models' block_identity(i).module), or
+  // null without --offload; an R outside [1, blocks) is an error naming the flag.
+  std::unique_ptr<pipelines::Stage> offload_stage(std::vector<std::string> block_modules, int cube_threads) const;
   // The stages for a run of `steps` steps over `blocks` blocks (validated; errors name the flag):
-  // quantization (if any), the step cache, then sparse attention (a replayed attention skips it).
+  // offload (outermost: every block passes it), quantization (if any), the step cache, then sparse
+  // attention (a replayed attention skips it).
   static pipelines::StageList build(std::unique_ptr<pipelines::Stage> quantize, const pipelines::CacheConfig& cache, int steps,
-                                    int blocks, std::unique_ptr<pipelines::SparseAttentionStage> sparse = nullptr);
+                                    int blocks, std::unique_ptr<pipelines::SparseAttentionStage> sparse = nullptr,
+                                    std::unique_ptr<pipelines::Stage> offload = nullptr);
 };
 
 std::shared_ptr<StageFlags> add_stage_flags(CLI::App& command);
+
+// Each flat block's module name, in order (for the offload stage).
+template <class Transformer>
+std::vector<std::string> block_modules(const Transformer& transformer) {
+  std::vector<std::string> modules;
+  for (int i = 0; i < transformer.block_count(); ++i) modules.push_back(transformer.block_identity(i).module);
+  return modules;
+}
 
 // The stage rows of the run report: each stage's name, host seconds and summary; and the step
 // counts (computed / skipped blocks and attention per step).

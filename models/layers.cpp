@@ -38,17 +38,41 @@ Tensor Linear::float_forward(const Tensor& x, const Stream& stream, ops::MatmulO
   epilogue.b_is_weight = true;
   epilogue.compute = weight.dtype() == DType::bf16 ? DType::bf16 : DType::f32;
   epilogue.out = x.dtype();
-  if (weight.has_storage() && epilogue.backend == ops::GemmBackend::cubevec) {
-    std::lock_guard lock(pack_cache->mutex);
-    const void* source = weight.unsynchronized_data_ptr();
-    if (!pack_cache->packed || pack_cache->source != source) {
-      pack_cache->packed = ops::pack_weight(weight, epilogue.compute, stream.device().profile().cube_threads);
-      pack_cache->source = source;
-    }
-    epilogue.packed_weight = pack_cache->packed;
-  }
+  if (weight.has_storage() && epilogue.backend == ops::GemmBackend::cubevec)
+    epilogue.packed_weight = packed_weight(epilogue.compute, stream.device().profile().cube_threads);
   if (epilogue.residual.defined()) epilogue.residual = epilogue.residual.reshape({x.numel() / in, out});
   return ops::matmul(x2, weight, epilogue, stream).reshape(rows_shape);
+}
+
+std::shared_ptr<const ops::gemm::PackedB> Linear::packed_weight(DType compute, int threads) const {
+  std::lock_guard lock(pack_cache->mutex);
+  const void* source = weight.unsynchronized_data_ptr();
+  if (!pack_cache->packed || pack_cache->source != source) {
+    pack_cache->packed = ops::pack_weight(weight, compute, threads);
+    pack_cache->source = source;
+  }
+  return pack_cache->packed;
+}
+
+std::size_t Linear::prepack(int threads) const {
+  if (kernel || !weight.has_storage()) return 0;
+  const auto packed = packed_weight(weight.dtype() == DType::bf16 ? DType::bf16 : DType::f32, threads);
+  return packed->f32.size() * sizeof(float) + packed->bf16_panels.size() * sizeof(uint16_t);
+}
+
+std::size_t Linear::release_packed() const {
+  if (kernel || !weight.has_storage()) return 0;
+  {
+    std::lock_guard lock(pack_cache->mutex);
+    pack_cache->packed.reset();
+    pack_cache->source = nullptr;
+  }
+  return release_weight_pages();
+}
+
+std::size_t Linear::release_weight_pages() const {
+  if (kernel || !weight.has_storage() || !weight.is_contiguous()) return 0;
+  return weight.storage()->release_file_pages(static_cast<std::size_t>(weight.offset()) * weight.itemsize(), weight.nbytes());
 }
 
 void Conv2d::declare(ParameterTable& table, const std::string& name, int64_t in_channels, int64_t out_channels,

@@ -21,6 +21,7 @@ class LinearKernel;
 // model's ParameterTable under its diffusers module name, and `kernel`, when set, replaces the
 // float GEMM (a quantized layer, a tensor-parallel shard).
 struct Linear {
+ public:
   Tensor weight, bias;
   int64_t in = 0, out = 0;
   std::string name;  // the diffusers module name, e.g. "transformer_blocks.0.attn.to_q"
@@ -38,6 +39,20 @@ struct Linear {
   Tensor operator()(const Tensor& x, const Stream& stream, ops::MatmulOptions epilogue = {}) const;
   // The float GEMM, whatever `kernel` says (for kernels that fall back to it, and for references).
   Tensor float_forward(const Tensor& x, const Stream& stream, ops::MatmulOptions epilogue = {}) const;
+
+  // Weight streaming (pipelines/stages/offload.h): packs the weight now, on the calling thread, for
+  // the Cube unit's `threads` (what the first call would do); and lets the packed panels go (the
+  // queued GEMMs keep theirs until they run) with the weight's memory-mapped pages, which the OS
+  // reads back from the checkpoint on the next use. Return the bytes packed / released. Layers with
+  // a `kernel` or without a weight in memory are left alone (0).
+  std::size_t prepack(int threads) const;
+  std::size_t release_packed() const;
+  // Only the mapped pages (the packed panels stay): for a weight packed and not read again.
+  std::size_t release_weight_pages() const;
+
+ private:
+  // The packed weight for the cubevec backend (made on first use or after `weight` changed).
+  std::shared_ptr<const ops::gemm::PackedB> packed_weight(DType compute, int threads) const;
 };
 
 struct Linear::PackCache {

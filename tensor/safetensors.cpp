@@ -37,7 +37,7 @@ Tensor SafetensorsFile::tensor(const std::string& name) const {
   }
   const std::byte* bytes = file_->bytes().data() + header_.data_start + e.begin;
   const std::size_t nbytes = e.end - e.begin;
-  auto storage = Storage::borrow(bytes, nbytes, file_, /*read_only=*/true);
+  auto storage = Storage::borrow(bytes, nbytes, file_, /*read_only=*/true, /*file_mapped=*/true);
   Strides strides = contiguous_strides(shape);
   Tensor view = Tensor::from_storage(std::move(storage), std::move(shape), std::move(strides), 0, dtype);
   // Writers other than the reference one need not align tensors; kernels may assume alignment.

@@ -1,6 +1,10 @@
 #include "tensor/storage.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdint>
 
 #include "tensor/error.h"
 
@@ -15,14 +19,26 @@ std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Allocator& alloca
 }
 
 std::shared_ptr<Storage> Storage::borrow(const void* data, std::size_t nbytes, std::shared_ptr<const void> owner,
-                                         bool read_only) {
+                                         bool read_only, bool file_mapped) {
   std::shared_ptr<Storage> storage(new Storage());
   // const_cast is confined here: writable borrowed memory is only ever reached via mutable_data().
   storage->data_ = static_cast<std::byte*>(const_cast<void*>(data));
   storage->nbytes_ = nbytes;
   storage->owner_ = std::move(owner);
   storage->read_only_ = read_only;
+  storage->file_mapped_ = file_mapped && read_only;
   return storage;
+}
+
+std::size_t Storage::release_file_pages(std::size_t offset, std::size_t nbytes) const {
+  if (!file_mapped_ || offset >= nbytes_) return 0;
+  nbytes = std::min(nbytes, nbytes_ - offset);
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<std::uintptr_t>(data_ + offset), end = begin + nbytes;
+  const std::uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
+  if (last <= first) return 0;
+  if (::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) != 0) return 0;
+  return last - first;
 }
 
 std::shared_ptr<Storage> Storage::meta(std::size_t nbytes) {

@@ -18,8 +18,10 @@ class Storage {
   // Owned bytes from `allocator` (which must outlive the storage), for use on `stream`.
   static std::shared_ptr<Storage> allocate(std::size_t nbytes, Allocator& allocator, StreamTag stream = kHostStream);
   // Borrowed bytes; `owner` keeps them valid. Read-only storages refuse mutable access.
+  // `file_mapped`: the bytes are a read-only private mapping of a file (never written), whose
+  // pages the OS can drop and read back (release_file_pages).
   static std::shared_ptr<Storage> borrow(const void* data, std::size_t nbytes, std::shared_ptr<const void> owner,
-                                         bool read_only);
+                                         bool read_only, bool file_mapped = false);
 
   // No bytes at all: the storage of a meta tensor (simulate mode). It still tracks device uses, so
   // simulated work is ordered exactly as real work would be.
@@ -37,6 +39,11 @@ class Storage {
   std::size_t nbytes() const { return nbytes_; }
   bool read_only() const { return read_only_; }
   bool is_meta() const { return meta_; }
+  bool file_mapped() const { return file_mapped_; }
+  // Hands the whole pages inside [offset, offset + nbytes) back to the OS (they leave the resident
+  // set and are read from the file again on the next access). Returns the bytes released; 0 for a
+  // storage that is not file-mapped (other memory would lose its contents).
+  std::size_t release_file_pages(std::size_t offset, std::size_t nbytes) const;
   // From now on the bytes are immutable (weights shared by several model instances): mutable access
   // throws, and reads need no tracking. Call before the storage is shared between threads.
   void freeze() { read_only_ = true; }
@@ -58,6 +65,7 @@ class Storage {
   std::size_t nbytes_ = 0;
   bool read_only_ = false;
   bool meta_ = false;
+  bool file_mapped_ = false;
   Allocator* allocator_ = nullptr;     // set when owned
   std::shared_ptr<const void> owner_;  // set when borrowed
   mutable std::mutex uses_mutex_;

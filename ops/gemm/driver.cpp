@@ -340,7 +340,7 @@ Blocking blocking_of(const GemmVariant& variant, Isa isa, const CpuCaches& cache
 namespace {
 
 template <class P>
-void pack_all(const Problem& p, const Plan<P>& plan, PackedB& out, std::vector<P>& data) {
+void pack_all(const Problem& p, const Plan<P>& plan, PackedB& out, AllocatedArray<P>& data) {
   const int64_t n_panels = (p.n + plan.nr - 1) / plan.nr;
   out.kc = plan.kc;
   const int64_t kc_full = plan.padded(plan.kc);

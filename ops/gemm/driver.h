@@ -13,6 +13,7 @@
 #include "ops/gemm/cpu_caches.h"
 #include "ops/gemm/epilogue.h"
 #include "ops/isa.h"
+#include "tensor/allocated_array.h"
 
 namespace cubevec::ops::gemm {
 
@@ -63,8 +64,9 @@ struct PackedB {
   Isa isa = Isa::portable;
   Bf16Path bf16 = Bf16Path::f32;  // the bf16 kernel the panels are for (f32: the f32 kernels)
   int64_t kc = 0, panel_stride = 0;  // K block size; elements per K block (all N panels)
-  std::vector<float> f32;            // the panels (f32 kernels)
-  std::vector<uint16_t> bf16_panels;  // the panels (bf16-pair kernels: AVX512-BF16 or AMX)
+  // The panels, in the caching allocator (counted in its peak and under its limit).
+  AllocatedArray<float> f32;             // f32 kernels
+  AllocatedArray<uint16_t> bf16_panels;  // bf16-pair kernels: AVX512-BF16 or AMX
 };
 // Packs p's B (p.b, ldb, b_type, trans_b, n, k, compute) for sgemm with `isa`, for the bf16 kernel
 // the calibration chose for large shapes on `threads` threads (0: the calling arena's).

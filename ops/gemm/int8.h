@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ops/gemm/int8_kernels.h"
+#include "tensor/allocated_array.h"
 
 namespace cubevec::ops::gemm {
 
@@ -29,8 +30,9 @@ struct PackedInt8 {
   int64_t n = 0, k = 0, k_quads = 0;  // K rounded up to a multiple of 4, in quads
   Int8Isa isa = Int8Isa::portable;
   int nr = 0;
-  std::vector<int8_t> panels;      // [ceil(N / NR)][k_quads][NR][4]
-  std::vector<int32_t> column_sums;  // sum_k w[n][k], [N]
+  // In the caching allocator (counted in its peak and under its limit).
+  AllocatedArray<int8_t> panels;        // [ceil(N / NR)][k_quads][NR][4]
+  AllocatedArray<int32_t> column_sums;  // sum_k w[n][k], [N]
   // A shape-only packing (simulate mode: no data) counts the bytes its data would take, so the
   // cost model and the memory report see the weight traffic.
   std::size_t bytes() const {

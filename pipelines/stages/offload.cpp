@@ -1,0 +1,140 @@
+#include "pipelines/stages/offload.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include "models/layers.h"
+#include "tensor/caching_allocator.h"
+#include "tensor/error.h"
+
+namespace cubevec::pipelines {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+OffloadStage::OffloadStage(int resident, std::vector<std::string> block_modules, int cube_threads)
+    : resident_(resident), modules_(std::move(block_modules)), cube_threads_(cube_threads) {
+  const int blocks = static_cast<int>(modules_.size());
+  if (resident < 1 || resident >= blocks)
+    throw Error("--offload " + std::to_string(resident) + ": the resident blocks must number 1 to " + std::to_string(blocks - 1) +
+                " (the model has " + std::to_string(blocks) + " blocks; 0 turns offload off)");
+}
+
+OffloadStage::~OffloadStage() {
+  // A run that failed may leave prefetches running: they touch the Linears, so finish them first.
+  for (auto& [block, future] : in_flight_)
+    if (future.valid()) future.wait();
+}
+
+void OffloadStage::after_load(models::ParameterTable& parameters) {
+  linears_.assign(modules_.size(), {});
+  for (std::size_t b = 0; b < modules_.size(); ++b) {
+    const std::string prefix = modules_[b] + ".";
+    for (const auto& [name, linear] : parameters.linears())
+      if (name.compare(0, prefix.size(), prefix) == 0) linears_[b].push_back(linear);
+  }
+}
+
+bool OffloadStage::packed(int block) const {
+  for (const models::Linear* linear : linears_[static_cast<std::size_t>(block)]) {
+    std::lock_guard lock(linear->pack_cache->mutex);
+    if (linear->pack_cache->packed) return true;
+  }
+  return false;
+}
+
+void OffloadStage::start_prefetch(int block) {
+  std::lock_guard lock(mutex_);
+  if (block >= static_cast<int>(linears_.size()) || in_flight_.count(block)) return;
+  const std::vector<const models::Linear*> layers = linears_[static_cast<std::size_t>(block)];
+  const int threads = cube_threads_;
+  // The copy engine: its own thread, so the packing (memory-bound reads of the mapped checkpoint)
+  // overlaps the Cube and Vector units' work on the previous blocks.
+  in_flight_[block] = std::async(std::launch::async, [this, layers, threads] {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::size_t bytes = 0;
+    for (const models::Linear* linear : layers) {
+      bytes += linear->prepack(threads);
+      linear->release_weight_pages();  // packed: the mapped bytes are not read again
+    }
+    std::lock_guard pack_lock(mutex_);
+    pack_seconds_ += seconds_since(t0);
+    return bytes;
+  });
+  ++prefetches_;
+}
+
+void OffloadStage::wait_prefetch(int block) {
+  std::future<std::size_t> future;
+  {
+    std::lock_guard lock(mutex_);
+    const auto found = in_flight_.find(block);
+    if (found == in_flight_.end()) return;
+    future = std::move(found->second);
+    in_flight_.erase(found);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::size_t bytes = future.get();  // rethrows a failed packing (out of memory, a limit)
+  std::lock_guard lock(mutex_);
+  wait_seconds_ += seconds_since(t0);
+  packed_bytes_ += bytes;
+}
+
+models::BlockState OffloadStage::run_block(const models::StepInfo& /*step*/, const models::BlockIdentity& id, const models::BlockState& in,
+                                           const models::BlockCompute& compute, const Stream& /*stream*/) {
+  if (linears_.empty()) throw Error("offload: the stage was not given the model's layers (after_load)");
+  const int blocks = static_cast<int>(linears_.size());
+  if (id.index < 0 || id.index >= blocks) throw Error("offload: block " + std::to_string(id.index) + " is outside the model's " + std::to_string(blocks));
+  {
+    std::vector<int> now;
+    for (int b = 0; b < blocks; ++b)
+      if (packed(b)) now.push_back(b);
+    std::lock_guard lock(mutex_);
+    residency_.push_back(std::move(now));
+  }
+  // The window ahead: while block i computes, block i + R is packed (blocks 0..R-1 of a forward
+  // thus bring in R..2R-1, the first blocks that are not resident).
+  if (id.index + resident_ < blocks) start_prefetch(id.index + resident_);
+  wait_prefetch(id.index);
+  models::BlockState out = compute(in);
+  std::size_t released = 0;
+  if (id.index >= resident_)
+    for (const models::Linear* linear : linears_[static_cast<std::size_t>(id.index)]) released += linear->release_packed();
+  else
+    for (const models::Linear* linear : linears_[static_cast<std::size_t>(id.index)]) released += linear->release_weight_pages();
+  std::lock_guard lock(mutex_);
+  released_bytes_ += released;
+  if (id.index >= resident_) ++releases_;
+  return out;
+}
+
+std::vector<std::vector<int>> OffloadStage::residency() const {
+  std::lock_guard lock(mutex_);
+  return residency_;
+}
+
+std::string OffloadStage::summary() const {
+  std::lock_guard lock(mutex_);
+  char text[320];
+  const double hidden = pack_seconds_ > 0 ? std::max(0.0, 1.0 - wait_seconds_ / pack_seconds_) : 1.0;
+  std::snprintf(text, sizeof text,
+                "blocks 0-%d resident; %d block packings on the copy thread, %s in %.3f s; compute waited %.3f s for them (%.0f%% "
+                "hidden); %s of mapped weight pages released",
+                resident_ - 1, prefetches_, human_bytes(packed_bytes_).c_str(), pack_seconds_, wait_seconds_, 100 * hidden,
+                human_bytes(released_bytes_).c_str());
+  return text;
+}
+
+nlohmann::ordered_json OffloadStage::report() const {
+  std::lock_guard lock(mutex_);
+  return {{"resident_blocks", resident_},     {"prefetches", prefetches_},     {"packed_bytes", packed_bytes_},
+          {"pack_seconds", pack_seconds_},    {"wait_seconds", wait_seconds_}, {"released_page_bytes", released_bytes_},
+          {"blocks_released", releases_}};
+}
+
+}  // namespace cubevec::pipelines

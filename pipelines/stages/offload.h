@@ -1,0 +1,58 @@
+// Weight streaming as a stage: MindIE SD's enable_offload semantics on cubevec's device. The
+// Linears of blocks [0, resident) keep their packed panels; when block i starts, block
+// i + resident is packed on the copy thread (reading straight from the memory-mapped checkpoint),
+// so its packing overlaps block i's compute; once block i (i >= resident) has been queued, its
+// packed panels are let go (the queued GEMMs hold them until they run) and so are its weight's
+// mapped pages, which the OS reads back from the file when the block is next packed. Peak memory
+// then holds the resident blocks and a few in flight instead of every weight twice.
+//
+// What it cannot stream: Linears with a kernel (quantized layers hold their own int8 panels) and
+// weights that are not mapped from a checkpoint (an f32 copy of bf16 weights stays in memory; its
+// packed panels still go). With --cfg streams the two branches may each pack a block.
+#pragma once
+
+#include <future>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "pipelines/stage.h"
+
+namespace cubevec::pipelines {
+
+class OffloadStage : public Stage {
+ public:
+  // `block_modules`: each flat block's module name ("transformer_blocks.3"); `cube_threads`: what the
+  // packing is calibrated for. resident must be in [1, blocks).
+  OffloadStage(int resident, std::vector<std::string> block_modules, int cube_threads);
+  ~OffloadStage() override;
+  std::string name() const override { return "offload"; }
+  void after_load(models::ParameterTable& parameters) override;
+  bool uses_blocks() const override { return true; }
+  models::BlockState run_block(const models::StepInfo& step, const models::BlockIdentity& id, const models::BlockState& in,
+                               const models::BlockCompute& compute, const Stream& stream) override;
+  std::string summary() const override;
+  nlohmann::ordered_json report() const override;
+
+  // For tests: the blocks whose Linears held packed panels when each block call began.
+  std::vector<std::vector<int>> residency() const;
+
+ private:
+  void start_prefetch(int block);
+  void wait_prefetch(int block);
+  bool packed(int block) const;
+
+  int resident_;
+  std::vector<std::string> modules_;
+  int cube_threads_;
+  std::vector<std::vector<const models::Linear*>> linears_;  // per block
+  mutable std::mutex mutex_;
+  std::map<int, std::future<std::size_t>> in_flight_;  // block -> bytes packed
+  std::vector<std::vector<int>> residency_;
+  double pack_seconds_ = 0, wait_seconds_ = 0;
+  std::size_t packed_bytes_ = 0, released_bytes_ = 0;
+  int prefetches_ = 0, releases_ = 0;
+};
+
+}  // namespace cubevec::pipelines
