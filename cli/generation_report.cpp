@@ -70,7 +70,11 @@ void require_memory(const GenerationFlags& flags, const pipelines::MemoryEstimat
 }
 
 nlohmann::ordered_json memory_estimate_json(const pipelines::MemoryEstimate& e) {
-  return {{"peak_bytes", e.peak()}, {"weights_bytes", e.weights}, {"denoising_bytes", e.denoising}, {"vae_decode_bytes", e.vae_decode}};
+  return {{"peak_bytes", e.peak()},
+          {"weights_bytes", e.weights},
+          {"packed_bytes", e.packed},
+          {"denoising_bytes", e.denoising},
+          {"vae_decode_bytes", e.vae_decode}};
 }
 
 PhasePeaks PhasePeaks::after_denoising() {

@@ -22,6 +22,7 @@
 
 #include "pipelines/stage.h"
 #include "pipelines/stages/cache_config.h"
+#include "pipelines/stages/offload.h"
 #include "pipelines/stages/sparse_attention.h"
 
 namespace cubevec::cli {
@@ -57,13 +58,6 @@ struct StageFlags {
 
 std::shared_ptr<StageFlags> add_stage_flags(CLI::App& command);
 
-// Each flat block's module name, in order (for the offload stage).
-template <class Transformer>
-std::vector<std::string> block_modules(const Transformer& transformer) {
-  std::vector<std::string> modules;
-  for (int i = 0; i < transformer.block_count(); ++i) modules.push_back(transformer.block_identity(i).module);
-  return modules;
-}
 
 // The stage rows of the run report: each stage's name, host seconds and summary; and the step
 // counts (computed / skipped blocks and attention per step).

@@ -71,9 +71,9 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   const std::string& text_source = text.source;
   const double text_s = pipelines::seconds_since(t0);
   pipeline.check(f.options, negative.has_value());
-  std::unique_ptr<pipelines::Stage> offload = stage_flags.offload_stage(block_modules(pipeline.transformer()), profile.cube_threads);
+  std::unique_ptr<pipelines::Stage> offload = stage_flags.offload_stage(pipelines::block_modules(pipeline.transformer()), profile.cube_threads);
   const pipelines::MemoryEstimate memory = pipelines::estimate_memory(pipeline, f.options, positive.sequence.size(1),
-                                                                     f.options.cfg == pipelines::CfgMode::off ? 1 : 2);
+                                                                     f.options.cfg == pipelines::CfgMode::off ? 1 : 2, stage_flags.offload, profile.cube_threads);
   require_memory(f.common, memory);
   t0 = std::chrono::steady_clock::now();
   if (!f.common.simulate) {

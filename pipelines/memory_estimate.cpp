@@ -4,8 +4,11 @@
 #include <cctype>
 #include <cmath>
 #include <fstream>
+#include <set>
 #include <stdexcept>
 
+#include "ops/gemm/tuner.h"
+#include "pipelines/stages/offload.h"
 #include "tensor/caching_allocator.h"
 #include "tensor/error.h"
 
@@ -25,6 +28,52 @@ uint64_t stored_bytes(const models::ParameterTable& table, DType dtype) {
     bytes += static_cast<uint64_t>(shape_numel(spec.shape)) * (narrow ? 2 : 4);
   }
   return bytes;
+}
+
+// The transformer's weights and packed panels, with --offload R counting the blocks' only for the
+// blocks that can be in memory at once (R resident, R packed ahead, two in flight).
+struct TransformerBytes {
+  uint64_t weights = 0, packed = 0;
+};
+
+template <class Transformer>
+TransformerBytes transformer_bytes(const Transformer& transformer, DType dtype, int offload, int cube_threads) {
+  const auto& table = transformer.parameters();
+  const std::vector<std::string> modules = block_modules(transformer);
+  const auto block_of = [&](const std::string& name) {
+    for (std::size_t b = 0; b < modules.size(); ++b)
+      if (name.compare(0, modules[b].size() + 1, modules[b] + ".") == 0) return static_cast<int>(b);
+    return -1;
+  };
+  const ops::gemm::Isa isa = ops::gemm::best_isa();
+  const ops::gemm::Bf16Path path = ops::gemm::expected_bf16_path(isa, cube_threads);
+  TransformerBytes outside;
+  std::vector<TransformerBytes> blocks(modules.size());
+  std::set<std::string> kept_f32;
+  for (const models::ParameterSpec& spec : table.specs()) {
+    if (spec.keep_f32) kept_f32.insert(spec.name);
+    const bool narrow = dtype == DType::bf16 && spec.shape.size() >= 2 && !spec.keep_f32;
+    const int block = block_of(spec.name);
+    (block < 0 ? outside : blocks[static_cast<std::size_t>(block)]).weights +=
+        static_cast<uint64_t>(shape_numel(spec.shape)) * (narrow ? 2 : 4);
+  }
+  for (const auto& [name, linear] : table.linears()) {
+    const bool bf16 = dtype == DType::bf16 && !kept_f32.count(name + ".weight");
+    const uint64_t bytes = ops::gemm::packed_b_bytes(linear->out, linear->in, bf16 ? ops::gemm::Element::bf16 : ops::gemm::Element::f32, isa,
+                                                     bf16 ? path : ops::gemm::Bf16Path::f32);
+    const int block = block_of(name);
+    (block < 0 ? outside : blocks[static_cast<std::size_t>(block)]).packed += bytes;
+  }
+  TransformerBytes total = outside;
+  if (offload <= 0) {
+    for (const auto& b : blocks) total.weights += b.weights, total.packed += b.packed;
+    return total;
+  }
+  // The largest blocks stand in for the ones in memory at once.
+  std::sort(blocks.begin(), blocks.end(), [](const TransformerBytes& x, const TransformerBytes& y) { return x.weights + x.packed > y.weights + y.packed; });
+  const std::size_t window = std::min<std::size_t>(blocks.size(), 2 * static_cast<std::size_t>(offload) + 2);
+  for (std::size_t i = 0; i < window; ++i) total.weights += blocks[i].weights, total.packed += blocks[i].packed;
+  return total;
 }
 
 uint64_t bytes_of(DType activations) { return activations == DType::bf16 ? 2 : 4; }
@@ -56,14 +105,18 @@ uint64_t autoencoder_kl_bytes(const models::AutoencoderKLConfig& c, int64_t late
 }  // namespace
 
 std::string MemoryEstimate::describe() const {
-  return human_bytes(peak()) + " (weights " + human_bytes(weights) + " + the larger of denoising " + human_bytes(denoising) +
+  return human_bytes(peak()) + " (weights " + human_bytes(weights) + " + packed GEMM panels " + human_bytes(packed) +
+         " + the larger of denoising " + human_bytes(denoising) +
          " and VAE decode " + human_bytes(vae_decode) + ")";
 }
 
-MemoryEstimate estimate_memory(const FluxT2IPipeline& pipeline, const T2IOptions& o, int64_t text_tokens, int batch) {
+MemoryEstimate estimate_memory(const FluxT2IPipeline& pipeline, const T2IOptions& o, int64_t text_tokens, int batch, int offload,
+                               int cube_threads) {
   const models::FluxConfig& c = pipeline.transformer().config();
   MemoryEstimate e;
-  e.weights = stored_bytes(pipeline.transformer().parameters(), o.activations);
+  const TransformerBytes transformer = transformer_bytes(pipeline.transformer(), o.activations, offload, cube_threads);
+  e.weights = transformer.weights;
+  e.packed = transformer.packed;
   if (pipeline.vae()) e.weights += stored_bytes(pipeline.vae()->parameters(), DType::f32);
   // A single-stream block at its widest holds, per token, the joint input and its norm (2 D), the
   // MLP hidden (4 D), q, k, v and the attention output (4 D), their concatenation (5 D) and the
@@ -82,10 +135,13 @@ MemoryEstimate estimate_memory(const FluxT2IPipeline& pipeline, const T2IOptions
   return e;
 }
 
-MemoryEstimate estimate_memory(const WanT2VPipeline& pipeline, const T2VOptions& o, int64_t text_tokens, int batch) {
+MemoryEstimate estimate_memory(const WanT2VPipeline& pipeline, const T2VOptions& o, int64_t text_tokens, int batch, int offload,
+                               int cube_threads) {
   const models::WanConfig& c = pipeline.transformer().config();
   MemoryEstimate e;
-  e.weights = stored_bytes(pipeline.transformer().parameters(), o.activations);
+  const TransformerBytes transformer = transformer_bytes(pipeline.transformer(), o.activations, offload, cube_threads);
+  e.weights = transformer.weights;
+  e.packed = transformer.packed;
   if (pipeline.vae()) e.weights += stored_bytes(pipeline.vae()->parameters(), DType::f32);
   // A Wan block holds, per video token, the residual stream and its norm (2 D), q, k, v and the
   // self-attention output (4 D), the cross-attention query and output (2 D), and the FFN hidden

@@ -1,11 +1,15 @@
 // The peak memory a t2i / t2v request will need, estimated from the config files alone (a meta
 // pipeline: shapes, no weights) so a request that cannot fit is refused before anything loads:
 //   weights      every parameter at the dtype it is stored in (bf16 matrices, f32 vectors and VAE)
+//   packed       the transformer Linears' GEMM panels (f32, or bf16 for the AMX and AVX512-BF16
+//                kernels), made on first use and kept
+//   with --offload R, the transformer blocks' weights and panels count only for the blocks that
+//   can be in memory at once: R resident, R packed ahead and two in flight
 //   denoising    the transformer's live activations at its widest point (a block's q, k, v,
 //                attention output, MLP hidden and the residual stream, for the CFG batch)
 //   VAE decode   the decoder's live activations at full resolution (Wan: one chunk of frames plus
 //                the causal convolutions' frame cache)
-// The peak is weights + the larger of the two phases. The counts of live tensors per block are
+// The peak is weights + packed + the larger of the two phases. The counts of live tensors per block are
 // read off the forward code and checked against the allocator's measured peak per phase in
 // tests/cli/memory_cli_test.cpp: the estimate must bound the measurement from above without being
 // more than a few times larger.
@@ -20,15 +24,19 @@
 namespace cubevec::pipelines {
 
 struct MemoryEstimate {
-  uint64_t weights = 0, denoising = 0, vae_decode = 0;
-  uint64_t peak() const { return weights + (denoising > vae_decode ? denoising : vae_decode); }
+  uint64_t weights = 0, packed = 0, denoising = 0, vae_decode = 0;
+  uint64_t peak() const { return weights + packed + (denoising > vae_decode ? denoising : vae_decode); }
   // "12.3 GiB (weights 11.1 GiB + denoising 1.2 GiB; VAE decode 0.9 GiB)"
   std::string describe() const;
 };
 
 // `text_tokens`: the prompt embeddings' length L; `batch`: 2 when CFG runs fused, else 1.
-MemoryEstimate estimate_memory(const FluxT2IPipeline& pipeline, const T2IOptions& options, int64_t text_tokens, int batch);
-MemoryEstimate estimate_memory(const WanT2VPipeline& pipeline, const T2VOptions& options, int64_t text_tokens, int batch);
+// `offload`: --offload's resident block count (0: every weight resident); `cube_threads`: what the
+// GEMM kernels are calibrated for (the packed panels' layout depends on the kernel).
+MemoryEstimate estimate_memory(const FluxT2IPipeline& pipeline, const T2IOptions& options, int64_t text_tokens, int batch,
+                               int offload = 0, int cube_threads = 1);
+MemoryEstimate estimate_memory(const WanT2VPipeline& pipeline, const T2VOptions& options, int64_t text_tokens, int batch,
+                               int offload = 0, int cube_threads = 1);
 
 // What this process may use: the smaller of MemAvailable (/proc/meminfo) and the cgroup's
 // memory.max minus memory.current, when they are readable; 0 when neither is.

@@ -408,6 +408,15 @@ std::shared_ptr<const PackedB> pack_b_once(const Problem& p, Isa isa, int thread
   return pack_b_once_for(p, isa, path);
 }
 
+std::size_t packed_b_bytes(int64_t n, int64_t k, Element compute, Isa isa, Bf16Path path) {
+  const auto bytes = [&](const auto& plan, std::size_t element) {
+    const int64_t panels = (n + plan.nr - 1) / plan.nr, blocks = std::max<int64_t>((k + plan.kc - 1) / plan.kc, 1);
+    return static_cast<std::size_t>(blocks * panels * plan.nr * plan.padded(plan.kc)) * element;
+  };
+  if (compute == Element::bf16 && isa == Isa::avx512 && path != Bf16Path::f32) return bytes(bf16_kernel(path), 2);
+  return bytes(f32_kernel(isa), 4);
+}
+
 std::shared_ptr<const PackedB> pack_b_once_for(const Problem& p, Isa isa, Bf16Path path) {
   if (!isa_supported(isa)) throw Error("gemm: ISA " + std::string(isa_name(isa)) + " is not supported by this CPU");
   if (p.b_type == Element::i8) throw Error("gemm: an int8 B is packed per call (a packed float copy would defeat its purpose)");

@@ -71,6 +71,9 @@ struct PackedB {
 // Packs p's B (p.b, ldb, b_type, trans_b, n, k, compute) for sgemm with `isa`, for the bf16 kernel
 // the calibration chose for large shapes on `threads` threads (0: the calling arena's).
 std::shared_ptr<const PackedB> pack_b_once(const Problem& p, Isa isa, int threads = 0);
+// The bytes pack_b_once allocates for an [N, K] weight on `path` (the last K block is padded to a
+// whole KC block, every N panel to NR columns): what a memory estimate counts before packing.
+std::size_t packed_b_bytes(int64_t n, int64_t k, Element compute, Isa isa, Bf16Path path);
 // Packs for a given bf16 kernel (tests, benchmarks); the path must be available.
 std::shared_ptr<const PackedB> pack_b_once_for(const Problem& p, Isa isa, Bf16Path path);
 

@@ -262,6 +262,15 @@ ParsedGemmSection parse_gemm_section(const json& section, const std::string& cpu
   return out;
 }
 
+Bf16Path expected_bf16_path(Isa isa, int threads) {
+  if (isa != Isa::avx512) return Bf16Path::f32;
+  if (const auto forced = forced_bf16_path()) return *forced;
+  GemmTuner& tuner = GemmTuner::global();
+  tuner.load_default_once();
+  const auto entry = tuner.find({GemmFamily::bf16, isa, ShapeClass::large, std::max(threads, 1)});
+  return entry ? entry->choice.bf16 : Bf16Path::f32;
+}
+
 GemmTuner& GemmTuner::global() {
   static GemmTuner tuner;
   return tuner;

@@ -71,6 +71,11 @@ GemmVariant choose_variant(const std::vector<VariantRate>& rates);
 GemmTuneEntry calibrate(const GemmTuneKey& key, const CpuCaches& caches,
                         const std::function<void(const VariantRate&)>& progress = {});
 
+// The bf16 kernel weights packed for `threads` Cube threads will use, without measuring: the forced
+// one, else the tuning file's choice for large shapes, else f32 widening (the largest panels: an
+// estimate made with it is an upper bound).
+Bf16Path expected_bf16_path(Isa isa, int threads);
+
 class GemmTuner {
  public:
   // The tuner sgemm uses. On first use it loads the default tuning file unless set_file was called.

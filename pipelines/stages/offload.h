@@ -55,4 +55,12 @@ class OffloadStage : public Stage {
   int prefetches_ = 0, releases_ = 0;
 };
 
+// Each flat block's module name, in order (a Flux or Wan transformer's block_identity(i).module).
+template <class Transformer>
+std::vector<std::string> block_modules(const Transformer& transformer) {
+  std::vector<std::string> modules;
+  for (int i = 0; i < transformer.block_count(); ++i) modules.push_back(transformer.block_identity(i).module);
+  return modules;
+}
+
 }  // namespace cubevec::pipelines
