@@ -64,5 +64,6 @@ void gemm_suite(Context& context);
 void vector_suite(Context& context);
 void vae_suite(Context& context);
 void text_suite(Context& context);
+void memory_suite(Context& context);
 
 }  // namespace cubevec::bench

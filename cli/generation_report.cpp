@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 
 #include "device/trace.h"
@@ -139,8 +140,17 @@ void print_stage_table(const std::vector<StageTime>& stages, const pipelines::T2
   }
   std::fprintf(stderr, "%-28s %10.3f   (%.3f s/step on the %s profile's modelled clock)\n", "modelled denoising",
                timings.modelled_denoise_s, mean(timings.modelled_step_s), profile.c_str());
-  std::fprintf(stderr, "peak memory (allocator): %s live, %s reserved\n", mib(memory.peak_live_bytes).c_str(),
-               mib(memory.peak_reserved_bytes).c_str());
+  std::fprintf(stderr, "peak memory (allocator): %s live, %s reserved; process peak resident set %s\n", mib(memory.peak_live_bytes).c_str(),
+               mib(memory.peak_reserved_bytes).c_str(), mib(peak_resident_bytes()).c_str());
+}
+
+std::size_t peak_resident_bytes() {
+  // VmHWM belongs to this process's address space (getrusage's ru_maxrss would also count the
+  // image of a parent that forked it before exec).
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return static_cast<std::size_t>(std::strtoull(line.c_str() + 6, nullptr, 10)) * 1024;
+  return 0;
 }
 
 nlohmann::ordered_json timing_json(const std::vector<StageTime>& stages, const pipelines::T2ITimings& timings,
@@ -158,7 +168,8 @@ nlohmann::ordered_json timing_json(const std::vector<StageTime>& stages, const p
           {"modelled_step_s", timings.modelled_step_s},
           {"modelled_step_mean_s", mean(timings.modelled_step_s)},
           {"peak_live_bytes", memory.peak_live_bytes},
-          {"peak_reserved_bytes", memory.peak_reserved_bytes}};
+          {"peak_reserved_bytes", memory.peak_reserved_bytes},
+          {"peak_resident_bytes", peak_resident_bytes()}};
 }
 
 }  // namespace cubevec::cli

@@ -74,6 +74,9 @@ pipelines::StepCallback progress_printer(const pipelines::T2ITimings& timings, b
 
 double mean(const std::vector<double>& values);
 
+// The process's peak resident set so far (Linux VmHWM), bytes; 0 when unknown.
+std::size_t peak_resident_bytes();
+
 // The table on stderr: the stages in order (denoising with its per-step mean after the stage
 // named "denoising"), the modelled denoising time on `profile`'s clock, the peak memory.
 void print_stage_table(const std::vector<StageTime>& stages, const pipelines::T2ITimings& timings, int steps,

@@ -70,6 +70,11 @@ std::size_t Linear::release_packed() const {
   return release_weight_pages();
 }
 
+void Linear::prefetch_weight_pages() const {
+  if (kernel || !weight.has_storage() || !weight.is_contiguous()) return;
+  weight.storage()->prefetch_file_pages(static_cast<std::size_t>(weight.offset()) * weight.itemsize(), weight.nbytes());
+}
+
 std::size_t Linear::release_weight_pages() const {
   if (kernel || !weight.has_storage() || !weight.is_contiguous()) return 0;
   return weight.storage()->release_file_pages(static_cast<std::size_t>(weight.offset()) * weight.itemsize(), weight.nbytes());

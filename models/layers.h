@@ -49,6 +49,8 @@ struct Linear {
   std::size_t release_packed() const;
   // Only the mapped pages (the packed panels stay): for a weight packed and not read again.
   std::size_t release_weight_pages() const;
+  // Starts the OS reading the weight's mapped pages ahead of prepack (nothing for other weights).
+  void prefetch_weight_pages() const;
 
  private:
   // The packed weight for the cubevec backend (made on first use or after `weight` changed).

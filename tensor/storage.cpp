@@ -30,6 +30,15 @@ std::shared_ptr<Storage> Storage::borrow(const void* data, std::size_t nbytes, s
   return storage;
 }
 
+void Storage::prefetch_file_pages(std::size_t offset, std::size_t nbytes) const {
+  if (!file_mapped_ || offset >= nbytes_) return;
+  nbytes = std::min(nbytes, nbytes_ - offset);
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<std::uintptr_t>(data_ + offset) / page * page;
+  const auto end = reinterpret_cast<std::uintptr_t>(data_ + offset) + nbytes;
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_WILLNEED);  // advice only: failure is harmless
+}
+
 std::size_t Storage::release_file_pages(std::size_t offset, std::size_t nbytes) const {
   if (!file_mapped_ || offset >= nbytes_) return 0;
   nbytes = std::min(nbytes, nbytes_ - offset);

@@ -44,6 +44,9 @@ class Storage {
   // set and are read from the file again on the next access). Returns the bytes released; 0 for a
   // storage that is not file-mapped (other memory would lose its contents).
   std::size_t release_file_pages(std::size_t offset, std::size_t nbytes) const;
+  // Asks the OS to start reading those pages of a file-mapped storage now (readahead), so a reader
+  // that comes next does not fault on each page; nothing for other storages.
+  void prefetch_file_pages(std::size_t offset, std::size_t nbytes) const;
   // From now on the bytes are immutable (weights shared by several model instances): mutable access
   // throws, and reads need no tracking. Call before the storage is shared between threads.
   void freeze() { read_only_ = true; }

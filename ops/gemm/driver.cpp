@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cpuid.h>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <sys/syscall.h>
@@ -143,6 +144,21 @@ void pack_b(const Problem& p, const Plan<P>& plan, int64_t p0, int64_t kc, int64
         const S* src = b + (p0 + k) * p.ldb + j0 + jr;
         P* dst = out + (k / g) * g * plan.nr + k % g;
         for (int64_t j = 0; j < cols; ++j) dst[j * g] = load_as<P, S>(src, j, round);
+      }
+    } else if constexpr (std::is_same_v<P, uint16_t> && std::is_same_v<S, uint16_t>) {
+      // bf16 W^T into bf16 pairs: each pair (k, k+1) of row j of W is one 32-bit word, which goes to
+      // word (k / 2) * NR + j of the panel (a weight of FLUX.1's size packs at memory speed, not
+      // element by element).
+      static_assert(sizeof(uint32_t) == 2 * sizeof(uint16_t));
+      const int64_t pairs = kc / 2;
+      for (int64_t j = 0; j < cols; ++j) {
+        const S* src = b + (j0 + jr + j) * p.ldb + p0;
+        for (int64_t q = 0; q < pairs; ++q) {
+          uint32_t word;
+          std::memcpy(&word, src + 2 * q, sizeof word);
+          std::memcpy(out + (q * plan.nr + j) * 2, &word, sizeof word);
+        }
+        if (kc % 2) out[(pairs * plan.nr + j) * 2] = src[kc - 1];
       }
     } else {  // B = W^T with W [N, K]: column j of B is row j of W, contiguous in k
       for (int64_t j = 0; j < cols; ++j) {

@@ -58,6 +58,7 @@ void OffloadStage::start_prefetch(int block) {
   in_flight_[block] = std::async(std::launch::async, [this, layers, threads] {
     const auto t0 = std::chrono::steady_clock::now();
     std::size_t bytes = 0;
+    for (const models::Linear* linear : layers) linear->prefetch_weight_pages();  // the disk reads ahead of the packing
     for (const models::Linear* linear : layers) {
       bytes += linear->prepack(threads);
       linear->release_weight_pages();  // packed: the mapped bytes are not read again
