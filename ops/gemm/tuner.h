@@ -40,7 +40,7 @@ struct GemmTuneKey {
 
 struct VariantRate {
   GemmVariant variant;
-  double gflops = 0;  // median of the timed runs on the class's representative problem
+  double gflops = 0;  // the best of the timed runs on the class's representative problem
 };
 
 struct GemmTuneEntry {
