@@ -12,6 +12,7 @@
 
 #include "models/flux_transformer.h"
 #include "models/layers.h"
+#include "ops/gemm.h"
 #include "pipelines/flux_t2i.h"
 #include "pipelines/stages/offload.h"
 #include "tensor/caching_allocator.h"
@@ -160,6 +161,20 @@ TEST(Offload, MappedPagesAreReleasedAndReadBackOwnedMemoryIsNeverTouched) {
   EXPECT_FALSE(owned.storage()->file_mapped());
   EXPECT_EQ(owned.storage()->release_file_pages(0, owned.nbytes()), 0u);
   EXPECT_EQ(max_abs_diff(owned, w), 0.0);
+}
+
+TEST(Offload, PackedPanelsFallUnderTheAllocatorsLimit) {
+  // Panels are allocator memory now: a limit below them refuses the packing with the allocator's
+  // error naming the request, and nothing is left half made.
+  const Tensor w = random_tensor({512, 512}, 9, DType::f32, 1.0f);  // 1 MiB of f32 panels
+  default_allocator().empty_cache();
+  const std::size_t held = default_allocator().stats().reserved_bytes;
+  default_allocator().set_memory_limit(held + (256 << 10));
+  const std::string message = message_of([&] { ops::pack_weight(w, DType::f32, 1); });
+  default_allocator().set_memory_limit(0);
+  EXPECT_NE(message.find("memory limit"), std::string::npos) << message;
+  EXPECT_EQ(default_allocator().stats().reserved_bytes, held);
+  EXPECT_NE(ops::pack_weight(w, DType::f32, 1), nullptr);  // and without the limit it packs
 }
 
 }  // namespace
