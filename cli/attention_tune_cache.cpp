@@ -3,19 +3,57 @@
 #include <cstdio>
 
 #include "ops/attention_tuner.h"
+#include "ops/gemm/tuner.h"
 #include "tensor/error.h"
 
 namespace cubevec::cli {
 
+namespace {
+
+// The tuning file (--tune-cache, else the default one), where the picks go without --attn-tune-cache.
+std::string tuning_file() {
+  ops::gemm::GemmTuner& tuner = ops::gemm::GemmTuner::global();
+  tuner.load_default_once();
+  return tuner.file();
+}
+
+}  // namespace
+
 void AttentionTuneCacheFlag::load(const Device& device) const {
-  if (path.empty()) return;
+  if (path.empty()) {
+    const std::string file = tuning_file();
+    if (file.empty()) return;
+    try {
+      const nlohmann::json section = ops::gemm::read_tuning_section(file, "attention");
+      if (section.is_null()) return;
+      const std::size_t others =
+          ops::AttentionTuner::global().add_section(section, ops::attention_tune_fingerprint(device), *foreign_);
+      if (others > 0)
+        std::fprintf(stderr, "note: tuning file %s: %zu attention entr%s tuned for other thread counts or CPUs kept aside\n", file.c_str(),
+                     others, others == 1 ? "y" : "ies");
+    } catch (const Error& e) {
+      std::fprintf(stderr, "warning: attention picks in the tuning file not used: %s\n", e.what());
+      *unusable_ = true;
+    }
+    return;
+  }
   const std::string warning = ops::AttentionTuner::global().load(path, ops::attention_tune_fingerprint(device));
   if (!warning.empty()) std::fprintf(stderr, "warning: %s\n", warning.c_str());
   else std::fprintf(stderr, "attention tune cache: %zu entries from %s\n", ops::AttentionTuner::global().entries().size(), path.c_str());
 }
 
 void AttentionTuneCacheFlag::save(const Device& device) const {
-  if (path.empty() || !ops::AttentionTuner::global().changed()) return;
+  if (!ops::AttentionTuner::global().changed()) return;
+  if (path.empty()) {
+    const std::string file = tuning_file();
+    if (file.empty() || *unusable_) return;
+    try {
+      ops::gemm::write_tuning_section(file, "attention", ops::AttentionTuner::global().section(ops::attention_tune_fingerprint(device), *foreign_));
+    } catch (const Error& e) {
+      std::fprintf(stderr, "warning: the attention picks were not saved: %s\n", e.what());
+    }
+    return;
+  }
   // The run itself succeeded: a cache that cannot be written is worth a warning, not a failure.
   try {
     ops::AttentionTuner::global().save(path, ops::attention_tune_fingerprint(device));
@@ -27,7 +65,8 @@ void AttentionTuneCacheFlag::save(const Device& device) const {
 std::shared_ptr<AttentionTuneCacheFlag> add_attention_tune_cache_flag(CLI::App& command) {
   auto flag = std::make_shared<AttentionTuneCacheFlag>();
   command.add_option("--attn-tune-cache", flag->path,
-                     "JSON file of attention autotuner picks: read before the run (tuning what it lacks), written after");
+                     "JSON file of attention autotuner picks: read before the run (tuning what it lacks), written after "
+                     "(default: the tuning file's attention section, see --tune-cache)");
   return flag;
 }
 

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <utility>
@@ -62,6 +63,11 @@ class AttentionTuner {
   std::string load(const std::string& path, const std::string& fingerprint);
   // Writes every entry (atomically: a temporary file renamed over `path`).
   void save(const std::string& path, const std::string& fingerprint) const;
+  // The tuning file's "attention" section (ops/gemm/tuner.h): entries as above, each with its
+  // fingerprint. add_section stores those tuned for `fingerprint` and puts the others in `foreign`
+  // (returning how many); section gives `foreign` plus every entry of this tuner. Malformed: Error.
+  std::size_t add_section(const nlohmann::json& section, const std::string& fingerprint, nlohmann::json& foreign);
+  nlohmann::json section(const std::string& fingerprint, const nlohmann::json& foreign) const;
   // Whether an entry was added or changed since the last load or save (a cache that needs no
   // update is not rewritten: it may be read-only).
   bool changed() const;

@@ -44,6 +44,46 @@ AttentionMaskKind parse_mask_kind(std::string_view name) { return kMaskKindNames
 
 std::string_view attention_mask_kind_name(AttentionMaskKind kind) { return kMaskKindNames.name(kind); }
 
+namespace {
+
+std::pair<AttentionTuneKey, AttentionTuneChoice> entry_from_json(const json& e) {
+  if (!e.is_object()) throw Error("must be an object");
+  AttentionTuneKey key;
+  key.batch = positive_field(e, "batch");
+  key.heads = positive_field(e, "heads");
+  key.head_dim = positive_field(e, "head_dim");
+  key.q_len = positive_field(e, "q_len");
+  key.kv_len = positive_field(e, "kv_len");
+  key.dtype = parse_dtype(string_field(e, "dtype"));
+  if (key.dtype != DType::f32 && key.dtype != DType::bf16) throw Error("field 'dtype' must be f32 or bf16");
+  key.layout = parse_attention_layout(string_field(e, "layout"));
+  key.mask = parse_mask_kind(string_field(e, "mask"));
+  AttentionTuneChoice choice;
+  choice.op_type = parse_attention_impl(string_field(e, "op_type"));
+  choice.kernel_layout = parse_attention_layout(string_field(e, "kernel_layout"));
+  if (choice.kernel_layout == AttentionLayout::bsh) throw Error("field 'kernel_layout' must be BSND or BNSD");
+  if (!e.contains("seconds") || !e["seconds"].is_number() || !(e["seconds"].get<double>() >= 0))
+    throw Error("field 'seconds' must be a non-negative number");
+  choice.seconds = e["seconds"].get<double>();
+  return {key, choice};
+}
+
+json entry_to_json(const AttentionTuneKey& k, const AttentionTuneChoice& c) {
+  return {{"batch", k.batch},
+          {"heads", k.heads},
+          {"head_dim", k.head_dim},
+          {"q_len", k.q_len},
+          {"kv_len", k.kv_len},
+          {"dtype", std::string(dtype_name(k.dtype))},
+          {"layout", std::string(attention_layout_name(k.layout))},
+          {"mask", std::string(attention_mask_kind_name(k.mask))},
+          {"op_type", std::string(attention_impl_name(c.op_type))},
+          {"kernel_layout", std::string(attention_layout_name(c.kernel_layout))},
+          {"seconds", c.seconds}};
+}
+
+}  // namespace
+
 std::string AttentionTuneKey::text() const {
   std::ostringstream s;
   s << "B" << batch << " N" << heads << " D" << head_dim << " Sq" << q_len << " Sk" << kv_len << " "
@@ -116,25 +156,7 @@ std::string AttentionTuner::load(const std::string& path, const std::string& fin
     std::size_t index = 0;
     for (const json& e : doc["entries"]) {
       try {
-        if (!e.is_object()) throw Error("must be an object");
-        AttentionTuneKey key;
-        key.batch = positive_field(e, "batch");
-        key.heads = positive_field(e, "heads");
-        key.head_dim = positive_field(e, "head_dim");
-        key.q_len = positive_field(e, "q_len");
-        key.kv_len = positive_field(e, "kv_len");
-        key.dtype = parse_dtype(string_field(e, "dtype"));
-        if (key.dtype != DType::f32 && key.dtype != DType::bf16) throw Error("field 'dtype' must be f32 or bf16");
-        key.layout = parse_attention_layout(string_field(e, "layout"));
-        key.mask = parse_mask_kind(string_field(e, "mask"));
-        AttentionTuneChoice choice;
-        choice.op_type = parse_attention_impl(string_field(e, "op_type"));
-        choice.kernel_layout = parse_attention_layout(string_field(e, "kernel_layout"));
-        if (choice.kernel_layout == AttentionLayout::bsh) throw Error("field 'kernel_layout' must be BSND or BNSD");
-        if (!e.contains("seconds") || !e["seconds"].is_number() || !(e["seconds"].get<double>() >= 0))
-          throw Error("field 'seconds' must be a non-negative number");
-        choice.seconds = e["seconds"].get<double>();
-        loaded.emplace_back(key, choice);
+        loaded.push_back(entry_from_json(e));
       } catch (const Error& err) {
         throw Error("entry " + std::to_string(index) + ": " + err.what());
       }
@@ -155,23 +177,43 @@ std::string AttentionTuner::load(const std::string& path, const std::string& fin
 
 void AttentionTuner::save(const std::string& path, const std::string& fingerprint) const {
   json entries = json::array();
-  for (const auto& [k, c] : this->entries()) {
-    entries.push_back({{"batch", k.batch},
-                       {"heads", k.heads},
-                       {"head_dim", k.head_dim},
-                       {"q_len", k.q_len},
-                       {"kv_len", k.kv_len},
-                       {"dtype", std::string(dtype_name(k.dtype))},
-                       {"layout", std::string(attention_layout_name(k.layout))},
-                       {"mask", std::string(attention_mask_kind_name(k.mask))},
-                       {"op_type", std::string(attention_impl_name(c.op_type))},
-                       {"kernel_layout", std::string(attention_layout_name(c.kernel_layout))},
-                       {"seconds", c.seconds}});
-  }
+  for (const auto& [k, c] : this->entries()) entries.push_back(entry_to_json(k, c));
   const json doc = {{"format", kFormat}, {"version", kVersion}, {"fingerprint", fingerprint}, {"entries", entries}};
   write_output_file(path, "attention tune cache", doc.dump(1) + "\n");
   std::lock_guard lock(mutex_);
   changed_ = false;
+}
+
+std::size_t AttentionTuner::add_section(const json& section, const std::string& fingerprint, json& foreign) {
+  if (!section.is_array()) throw Error("field 'attention' must be an array");
+  std::vector<std::pair<AttentionTuneKey, AttentionTuneChoice>> loaded;
+  foreign = json::array();
+  for (std::size_t index = 0; index < section.size(); ++index) {
+    try {
+      const std::string entry_fingerprint = string_field(section[index], "fingerprint");
+      const auto entry = entry_from_json(section[index]);
+      if (entry_fingerprint == fingerprint) loaded.push_back(entry);
+      else foreign.push_back(section[index]);
+    } catch (const Error& err) {
+      throw Error("attention entry " + std::to_string(index) + ": " + err.what());
+    }
+  }
+  for (const auto& [key, choice] : loaded) store(key, choice);
+  std::lock_guard lock(mutex_);
+  changed_ = false;
+  return foreign.size();
+}
+
+json AttentionTuner::section(const std::string& fingerprint, const json& foreign) const {
+  json out = foreign.is_array() ? foreign : json::array();
+  for (const auto& [k, c] : entries()) {
+    json e = entry_to_json(k, c);
+    e["fingerprint"] = fingerprint;
+    out.push_back(e);
+  }
+  std::lock_guard lock(mutex_);
+  changed_ = false;
+  return out;
 }
 
 std::string attention_tune_fingerprint(const Device& device) {

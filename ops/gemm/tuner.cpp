@@ -364,11 +364,41 @@ void GemmTuner::save() const {
     gemm = foreign_entries_;
     for (const auto& e : entries_) gemm.push_back(gemm_entry_json(e, cpu_model_name(), this_cpu_caches()));
   }
-  if (path.empty()) return;
+  if (!path.empty()) write_tuning_section(path, "gemm", gemm);
+}
+
+namespace {
+
+// The file's document, or null when it does not exist or has another format version.
+json read_tuning_document(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) return nullptr;
+  try {
+    json doc = parse_strict_json(read_regular_file(path), 8);
+    if (!doc.is_object()) throw Error("expected a JSON object at the top level");
+    if (!doc.contains("format") || doc["format"] != kFormat) throw Error(std::string("field 'format' must be \"") + kFormat + "\"");
+    if (!doc.contains("version") || !doc["version"].is_number_integer()) throw Error("field 'version' must be an integer");
+    if (doc["version"].get<int64_t>() != kVersion) return nullptr;
+    return doc;
+  } catch (const Error& err) {
+    throw Error("tuning file " + path + " is not valid: " + err.what() + " (delete it to measure again)");
+  }
+}
+
+}  // namespace
+
+json read_tuning_section(const std::string& path, const std::string& section) {
+  const json doc = read_tuning_document(path);
+  return doc.is_object() && doc.contains(section) ? doc[section] : json(nullptr);
+}
+
+void write_tuning_section(const std::string& path, const std::string& section, const json& value) {
+  json doc = read_tuning_document(path);
+  if (!doc.is_object()) doc = {{"format", kFormat}, {"version", kVersion}};
+  doc[section] = value;
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   std::error_code ec;
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  const json doc = {{"format", kFormat}, {"version", kVersion}, {"gemm", gemm}};
   write_output_file(path, "tuning file", doc.dump(1) + "\n");
 }
 

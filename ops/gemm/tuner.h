@@ -112,6 +112,14 @@ class GemmTuner {
   std::atomic<uint64_t> generation_{0};
 };
 
+// The tuning file holds one section per tuner ("gemm" here, "attention" for ops/attention_tuner.h).
+// Each writer replaces its own section and keeps the others: the file is read, changed and renamed
+// over itself (write_output_file). A file of another format version is replaced.
+void write_tuning_section(const std::string& path, const std::string& section, const nlohmann::json& value);
+// The section's value in the tuning file at `path`: null when the file or the section is absent.
+// Throws Error naming the file when it is not a valid tuning file.
+nlohmann::json read_tuning_section(const std::string& path, const std::string& section);
+
 // The tuning file's "gemm" section: entries for this CPU (model and caches) and thread counts are
 // loaded, others ignored with a warning but kept. Throws Error on a malformed section.
 struct ParsedGemmSection {

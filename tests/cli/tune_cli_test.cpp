@@ -1,6 +1,6 @@
 // `cubevec tune` and --tune-cache (issue 19): the tuning file is filled with a progress bar, kept on
 // a second run, refused clearly when malformed or not a regular file, and written by a generation
-// run that had to calibrate.
+// run that had to calibrate (GEMM variants and attention picks alike), which the next run reuses.
 #include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
@@ -77,6 +77,17 @@ TEST_F(TuneCli, AGenerationRunWritesWhatItCalibrated) {
   const nlohmann::json doc = nlohmann::json::parse(read_file(file));
   ASSERT_GE(doc["gemm"].size(), 1u);
   for (const auto& e : doc["gemm"]) EXPECT_EQ(e["family"], "f32") << e.dump();
+  // The attention autotuner's picks share the file (one section each, each entry with the device
+  // fingerprint it was tuned under).
+  ASSERT_TRUE(doc.contains("attention")) << doc.dump();
+  ASSERT_GE(doc["attention"].size(), 1u);
+  for (const auto& e : doc["attention"]) EXPECT_TRUE(e.contains("fingerprint")) << e.dump();
+  // A second run finds everything it needs there: nothing is measured, the file is not rewritten.
+  const std::string before = read_file(file);
+  const auto again = run({"t2i", "--model", kFlux, "--prompt-embeds", embeds, "--steps", "1", "--width", "32", "--height", "32", "--out",
+                          (dir_ / "y.jpg").string(), "--tune-cache", file});
+  ASSERT_EQ(again.status, 0) << again.err;
+  EXPECT_EQ(read_file(file), before);
 }
 
 }  // namespace

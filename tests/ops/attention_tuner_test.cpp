@@ -113,6 +113,31 @@ TEST_F(AttentionTunerTest, CacheFileRoundTrip) {
   std::filesystem::remove(path);
 }
 
+TEST_F(AttentionTunerTest, TuningFileSectionKeepsOtherDevicesEntriesAside) {
+  const AttentionTuneKey a{1, 24, 128, 4608, 4608, DType::f32, AttentionLayout::bsnd, ops::AttentionMaskKind::none};
+  const AttentionTuneKey b{2, 12, 72, 4680, 512, DType::bf16, AttentionLayout::bsnd, ops::AttentionMaskKind::mask_2d};
+  AttentionTuner::global().store(a, {AttentionImpl::cv_pipelined, AttentionLayout::bsnd, 1.25});
+  nlohmann::json none = nlohmann::json::array();
+  const nlohmann::json mine = AttentionTuner::global().section("fp-this", none);
+  AttentionTuner::global().clear();
+  AttentionTuner::global().store(b, {AttentionImpl::flash, AttentionLayout::bnsd, 0.5});
+  nlohmann::json section = AttentionTuner::global().section("fp-other", mine);  // both devices' entries
+  ASSERT_EQ(section.size(), 2u);
+  AttentionTuner::global().clear();
+  nlohmann::json foreign;
+  EXPECT_EQ(AttentionTuner::global().add_section(section, "fp-this", foreign), 1u);
+  EXPECT_TRUE(AttentionTuner::global().find(a).has_value());
+  EXPECT_FALSE(AttentionTuner::global().find(b).has_value());
+  ASSERT_EQ(foreign.size(), 1u);
+  EXPECT_EQ(foreign[0]["fingerprint"], "fp-other");
+  EXPECT_EQ(AttentionTuner::global().section("fp-this", foreign).size(), 2u);  // written back with ours
+  section[1]["op_type"] = "magic";
+  const std::string message = message_of([&] { AttentionTuner::global().add_section(section, "fp-this", foreign); });
+  EXPECT_NE(message.find("attention entry 1:"), std::string::npos) << message;
+  EXPECT_NE(message_of([&] { AttentionTuner::global().add_section(nlohmann::json::object(), "fp", foreign); }).find("must be an array"),
+            std::string::npos);
+}
+
 TEST_F(AttentionTunerTest, MissingStaleAndOtherVersionFilesWarnAndLoadNothing) {
   const std::string missing = temp_path("missing.json");
   std::filesystem::remove(missing);
