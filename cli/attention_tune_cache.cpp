@@ -32,7 +32,11 @@ void AttentionTuneCacheFlag::load(const Device& device) const {
         std::fprintf(stderr, "note: tuning file %s: %zu attention entr%s tuned for other thread counts or CPUs kept aside\n", file.c_str(),
                      others, others == 1 ? "y" : "ies");
     } catch (const Error& e) {
-      std::fprintf(stderr, "warning: attention picks in the tuning file not used: %s\n", e.what());
+      // A file named with --tune-cache must be valid throughout, as its GEMM section must; the
+      // default file is left alone with a warning.
+      const std::string message = "tuning file " + file + " is not valid: " + e.what();
+      if (ops::gemm::GemmTuner::global().strict()) throw Error(message);
+      std::fprintf(stderr, "warning: %s; its attention picks are not used or updated\n", message.c_str());
       *unusable_ = true;
     }
     return;

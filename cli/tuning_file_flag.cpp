@@ -9,9 +9,12 @@ namespace cubevec::cli {
 
 std::shared_ptr<std::string> add_tuning_file_flag(CLI::App& command) {
   auto path = std::make_shared<std::string>();
-  command.add_option("--tune-cache", *path,
-                     "GEMM calibration file to read and update (default: $XDG_CACHE_HOME/cubevec/tuning.json, else "
-                     "~/.cache/cubevec/tuning.json)");
+  command
+      .add_option("--tune-cache", *path,
+                  "Tuning file to read and update: the GEMM calibration and the attention picks (default: "
+                  "$XDG_CACHE_HOME/cubevec/tuning.json, else ~/.cache/cubevec/tuning.json)")
+      ->check(CLI::Validator([](const std::string& value) { return value.empty() ? std::string("expected a file path, got an empty string") : std::string(); },
+                             "PATH"));
   return path;
 }
 

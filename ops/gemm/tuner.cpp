@@ -320,25 +320,34 @@ std::string GemmTuner::file() const {
   return path_;
 }
 
+bool GemmTuner::strict() const {
+  std::lock_guard lock(mutex_);
+  return strict_;
+}
+
 std::string GemmTuner::set_file(const std::string& path, bool strict) {
   {
     std::lock_guard lock(mutex_);
     configured_ = true;
     path_ = path;
+    strict_ = strict;
     foreign_entries_ = json::array();
   }
   if (path.empty()) return "";
   std::error_code ec;
   if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec)))
-    return "tuning file " + path + " does not exist yet; it will be written after the first calibration";
+    return "tuning file " + path + " does not exist yet; calibrations will be written there";
   try {
     const json doc = parse_strict_json(read_regular_file(path), 8);
     if (!doc.is_object()) throw Error("expected a JSON object at the top level");
     if (!doc.contains("format") || doc["format"] != kFormat) throw Error(std::string("field 'format' must be \"") + kFormat + "\"");
     if (!doc.contains("version") || !doc["version"].is_number_integer()) throw Error("field 'version' must be an integer");
-    if (doc["version"].get<int64_t>() != kVersion)
-      return "tuning file " + path + " has format version " + doc["version"].dump() + ", this cubevec writes " +
-             std::to_string(kVersion) + "; ignoring it (it will be rewritten)";
+    if (doc["version"].get<int64_t>() != kVersion) {
+      std::lock_guard lock(mutex_);
+      path_.clear();  // another cubevec's file: neither read nor replaced
+      return "tuning file " + path + " has format version " + doc["version"].dump() + ", this cubevec reads and writes " +
+             std::to_string(kVersion) + "; not using it (it is left as it is; name another file with --tune-cache)";
+    }
     ParsedGemmSection parsed = parse_gemm_section(doc.contains("gemm") ? doc["gemm"] : json::array(), cpu_model_name(), this_cpu_caches());
     {
       std::lock_guard lock(mutex_);
@@ -347,7 +356,8 @@ std::string GemmTuner::set_file(const std::string& path, bool strict) {
     for (const auto& e : parsed.entries) store(e);
     return parsed.warnings.empty() ? "" : "tuning file " + path + ": " + parsed.warnings;
   } catch (const Error& err) {
-    const std::string message = "tuning file " + path + " is not valid: " + err.what() + " (delete it to measure again)";
+    const std::string message = "tuning file " + path + " is not valid: " + err.what() +
+                                " (if it is a damaged tuning file, delete it to measure again; otherwise name another file)";
     if (strict) throw Error(message);
     std::lock_guard lock(mutex_);
     path_.clear();  // leave a file we cannot read alone
@@ -381,7 +391,8 @@ json read_tuning_document(const std::string& path) {
     if (doc["version"].get<int64_t>() != kVersion) return nullptr;
     return doc;
   } catch (const Error& err) {
-    throw Error("tuning file " + path + " is not valid: " + err.what() + " (delete it to measure again)");
+    throw Error("tuning file " + path + " is not valid: " + err.what() +
+                " (if it is a damaged tuning file, delete it to measure again; otherwise name another file)");
   }
 }
 

@@ -95,6 +95,8 @@ class GemmTuner {
   // (an explicit --tune-cache); otherwise a warning, and the file is left alone until rewritten.
   std::string set_file(const std::string& path, bool strict);
   std::string file() const;
+  // Whether the file was named (set_file's `strict`): then every section of it must be valid.
+  bool strict() const;
   // Loads the default tuning file ($XDG_CACHE_HOME/cubevec/tuning.json, else
   // ~/.cache/cubevec/tuning.json) unless set_file was called; warnings go to stderr. choose() does
   // this on first use.
@@ -109,6 +111,7 @@ class GemmTuner {
   nlohmann::json foreign_entries_ = nlohmann::json::array();  // other CPUs' entries, kept on save
   std::string path_;
   bool configured_ = false;
+  bool strict_ = false;
   std::atomic<uint64_t> generation_{0};
 };
 

@@ -121,13 +121,15 @@ std::vector<std::vector<int>> OffloadStage::residency() const {
 
 std::string OffloadStage::summary() const {
   std::lock_guard lock(mutex_);
+  const std::string resident = resident_ == 1 ? "block 0 resident" : "blocks 0-" + std::to_string(resident_ - 1) + " resident";
+  if (packed_bytes_ == 0) return resident + "; nothing packed ahead (no weights in memory: simulate mode, or quantized layers)";
   char text[320];
   const double hidden = pack_seconds_ > 0 ? std::max(0.0, 1.0 - wait_seconds_ / pack_seconds_) : 1.0;
   std::snprintf(text, sizeof text,
-                "blocks 0-%d resident; %d block packings on the copy thread, %s in %.3f s; compute waited %.3f s for them (%.0f%% "
-                "hidden); %s of mapped weight pages released",
-                resident_ - 1, prefetches_, human_bytes(packed_bytes_).c_str(), pack_seconds_, wait_seconds_, 100 * hidden,
-                human_bytes(released_bytes_).c_str());
+                "%s; %d block packing%s on the copy thread, %s in %.3f s; compute waited %.3f s for them (%.0f%% hidden); %s of "
+                "mapped weight pages released",
+                resident.c_str(), prefetches_, prefetches_ == 1 ? "" : "s", human_bytes(packed_bytes_).c_str(), pack_seconds_,
+                wait_seconds_, 100 * hidden, human_bytes(released_bytes_).c_str());
   return text;
 }
 

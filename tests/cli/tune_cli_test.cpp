@@ -56,6 +56,23 @@ TEST_F(TuneCli, BadNamesAndBadFilesAreErrorsBeforeAnyMeasurement) {
       << bad.err;
   EXPECT_EQ(read_file(malformed), "{\"format\": \"cubevec-tuning\", \"version\": 1, \"gemm\": [{\"cpu\": 3}]}");
 
+  const auto empty = run({"tune", "--tune-cache", "", "--shapes", "skinny"});
+  EXPECT_EQ(empty.status, 1);
+  EXPECT_NE(empty.err.find("--tune-cache"), std::string::npos) << empty.err;
+  EXPECT_NE(empty.err.find("expected a file path, got an empty string"), std::string::npos) << empty.err;
+
+  // A named file's attention section must be valid too (an error naming it, the file untouched).
+  const std::string bad_attention = (dir_ / "bad_attention.json").string();
+  const std::string bad_text = R"({"format": "cubevec-tuning", "version": 1, "gemm": [], "attention": {"a": 1}})";
+  std::ofstream(bad_attention) << bad_text;
+  const auto attention = run({"attention", "--batch", "1", "--heads", "2", "--head-dim", "16", "--q-len", "32", "--repeats", "1",
+                              "--tune-cache", bad_attention});
+  EXPECT_EQ(attention.status, 1);
+  EXPECT_NE(attention.err.find("error: tuning file " + bad_attention + " is not valid: field 'attention' must be an array"),
+            std::string::npos)
+      << attention.err;
+  EXPECT_EQ(read_file(bad_attention), bad_text);
+
   const std::string fifo = (dir_ / "fifo").string();
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   const auto pipe = run({"tune", "--tune-cache", fifo});

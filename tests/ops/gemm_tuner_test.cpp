@@ -231,10 +231,14 @@ TEST(TuningFile, MalformedFilesAreErrorsWhenNamedAndLeftAloneOtherwise) {
     lenient.save();
     EXPECT_EQ(read_regular_file(path), text);
   }
-  // A newer format version is not an error: ignored, to be rewritten.
-  write_text(path, R"({"format": "cubevec-tuning", "version": 99, "gemm": 5})");
+  // Another format version is not an error, and another cubevec's file is neither used nor replaced.
+  const std::string newer_text = R"({"format": "cubevec-tuning", "version": 99, "gemm": 5, "attention": [1]})";
+  write_text(path, newer_text);
   g::GemmTuner newer;
   EXPECT_NE(newer.set_file(path, true).find("format version 99"), std::string::npos);
+  newer.store(sample_entry(2));
+  newer.save();
+  EXPECT_EQ(read_regular_file(path), newer_text);
 }
 
 TEST(TuningFile, ARefusedPathIsAnErrorOnSave) {
