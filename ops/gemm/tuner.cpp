@@ -66,6 +66,33 @@ GemmVariant parse_variant(const json& object) {
 
 json caches_json(const CpuCaches& caches) { return {{"l1d", caches.l1d}, {"l2", caches.l2}, {"l3", caches.l3}}; }
 
+// The tuning file at `path` parsed, its format and version fields checked (any version); throws
+// Error with the reason otherwise.
+json parse_tuning_document(const std::string& path) {
+  json doc = parse_strict_json(read_regular_file(path), 8);
+  if (!doc.is_object()) throw Error("expected a JSON object at the top level");
+  if (!doc.contains("format") || doc["format"] != kFormat) throw Error(std::string("field 'format' must be \"") + kFormat + "\"");
+  if (!doc.contains("version") || !doc["version"].is_number_integer()) throw Error("field 'version' must be an integer");
+  return doc;
+}
+
+std::string invalid_file_message(const std::string& path, const std::string& reason) {
+  return "tuning file " + path + " is not valid: " + reason + " (if it is a damaged tuning file, delete it to measure again; otherwise name another file)";
+}
+
+// The file's document, or null when it does not exist or has another format version.
+json read_tuning_document(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) return nullptr;
+  json doc;
+  try {
+    doc = parse_tuning_document(path);
+  } catch (const Error& err) {
+    throw Error(invalid_file_message(path, err.what()));
+  }
+  return doc["version"].get<int64_t>() == kVersion ? doc : json(nullptr);
+}
+
 std::string default_tuning_path() {
   const char* xdg = std::getenv("XDG_CACHE_HOME");
   if (xdg && *xdg == '/') return std::string(xdg) + "/cubevec/tuning.json";
@@ -338,10 +365,7 @@ std::string GemmTuner::set_file(const std::string& path, bool strict) {
   if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec)))
     return "tuning file " + path + " does not exist yet; calibrations will be written there";
   try {
-    const json doc = parse_strict_json(read_regular_file(path), 8);
-    if (!doc.is_object()) throw Error("expected a JSON object at the top level");
-    if (!doc.contains("format") || doc["format"] != kFormat) throw Error(std::string("field 'format' must be \"") + kFormat + "\"");
-    if (!doc.contains("version") || !doc["version"].is_number_integer()) throw Error("field 'version' must be an integer");
+    const json doc = parse_tuning_document(path);
     if (doc["version"].get<int64_t>() != kVersion) {
       std::lock_guard lock(mutex_);
       path_.clear();  // another cubevec's file: neither read nor replaced
@@ -356,8 +380,7 @@ std::string GemmTuner::set_file(const std::string& path, bool strict) {
     for (const auto& e : parsed.entries) store(e);
     return parsed.warnings.empty() ? "" : "tuning file " + path + ": " + parsed.warnings;
   } catch (const Error& err) {
-    const std::string message = "tuning file " + path + " is not valid: " + err.what() +
-                                " (if it is a damaged tuning file, delete it to measure again; otherwise name another file)";
+    const std::string message = invalid_file_message(path, err.what());
     if (strict) throw Error(message);
     std::lock_guard lock(mutex_);
     path_.clear();  // leave a file we cannot read alone
@@ -376,27 +399,6 @@ void GemmTuner::save() const {
   }
   if (!path.empty()) write_tuning_section(path, "gemm", gemm);
 }
-
-namespace {
-
-// The file's document, or null when it does not exist or has another format version.
-json read_tuning_document(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) return nullptr;
-  try {
-    json doc = parse_strict_json(read_regular_file(path), 8);
-    if (!doc.is_object()) throw Error("expected a JSON object at the top level");
-    if (!doc.contains("format") || doc["format"] != kFormat) throw Error(std::string("field 'format' must be \"") + kFormat + "\"");
-    if (!doc.contains("version") || !doc["version"].is_number_integer()) throw Error("field 'version' must be an integer");
-    if (doc["version"].get<int64_t>() != kVersion) return nullptr;
-    return doc;
-  } catch (const Error& err) {
-    throw Error("tuning file " + path + " is not valid: " + err.what() +
-                " (if it is a damaged tuning file, delete it to measure again; otherwise name another file)");
-  }
-}
-
-}  // namespace
 
 json read_tuning_section(const std::string& path, const std::string& section) {
   const json doc = read_tuning_document(path);

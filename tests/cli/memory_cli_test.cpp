@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/run_cubevec.h"
+#include "cli/tiny_prompt_embeds.h"
 #include "tensor/safetensors.h"
 
 #include "common/tensor_testing.h"
@@ -16,28 +17,14 @@ namespace {
 
 namespace fs = std::filesystem;
 using MemoryCli = cubevec_cli_test::CliTest;
+using cubevec_cli_test::flux_embeds;
 using cubevec_cli_test::read_file;
+using cubevec_cli_test::wan_embeds;
 
 const std::string kFlux = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/flux_tiny";
 const std::string kWan = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/wan_tiny";
 // The estimate's fixed allowance (flash tiles, GEMM packing, size classes): pipelines/memory_estimate.cpp.
 constexpr double kWorkspace = 64.0 * 1024 * 1024;
-
-std::string flux_embeds(const fs::path& dir) {
-  const std::string path = (dir / "flux_embeds.safetensors").string();
-  cubevec::write_safetensors(path, {{"prompt_embeds", cubevec::testing::random_tensor({1, 5, 40}, 1, cubevec::DType::f32, 1.0f)},
-                                    {"pooled_prompt_embeds", cubevec::testing::random_tensor({1, 24}, 2, cubevec::DType::f32, 1.0f)},
-                                    {"negative_prompt_embeds", cubevec::testing::random_tensor({1, 5, 40}, 3, cubevec::DType::f32, 1.0f)},
-                                    {"negative_pooled_prompt_embeds", cubevec::testing::random_tensor({1, 24}, 4, cubevec::DType::f32, 1.0f)}});
-  return path;
-}
-
-std::string wan_embeds(const fs::path& dir) {
-  const std::string path = (dir / "wan_embeds.safetensors").string();
-  cubevec::write_safetensors(path, {{"prompt_embeds", cubevec::testing::random_tensor({1, 7, 24}, 1, cubevec::DType::f32, 1.0f)},
-                                    {"negative_prompt_embeds", cubevec::testing::random_tensor({1, 7, 24}, 2, cubevec::DType::f32, 1.0f)}});
-  return path;
-}
 
 // The estimate bounds each measured phase, and its size-dependent part (above the fixed
 // allowance) is within 4x of the measurement, so a formula that lost a term or gained a factor fails.

@@ -4,31 +4,18 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/run_cubevec.h"
-#include "common/tensor_testing.h"
-#include "tensor/safetensors.h"
+#include "cli/tiny_prompt_embeds.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using OffloadCli = cubevec_cli_test::CliTest;
+using cubevec_cli_test::flux_embeds;
 using cubevec_cli_test::read_file;
+using cubevec_cli_test::wan_embeds;
 
 const std::string kFlux = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/flux_tiny";
 const std::string kWan = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/wan_tiny";
-
-std::string flux_embeds(const fs::path& dir) {
-  const std::string path = (dir / "flux_embeds.safetensors").string();
-  cubevec::write_safetensors(path, {{"prompt_embeds", cubevec::testing::random_tensor({1, 5, 40}, 1, cubevec::DType::f32, 1.0f)},
-                                    {"pooled_prompt_embeds", cubevec::testing::random_tensor({1, 24}, 2, cubevec::DType::f32, 1.0f)}});
-  return path;
-}
-
-std::string wan_embeds(const fs::path& dir) {
-  const std::string path = (dir / "wan_embeds.safetensors").string();
-  cubevec::write_safetensors(path, {{"prompt_embeds", cubevec::testing::random_tensor({1, 7, 24}, 1, cubevec::DType::f32, 1.0f)},
-                                    {"negative_prompt_embeds", cubevec::testing::random_tensor({1, 7, 24}, 2, cubevec::DType::f32, 1.0f)}});
-  return path;
-}
 
 TEST_F(OffloadCli, T2IWithOffloadWritesTheSameJpeg) {
   const std::string embeds = flux_embeds(dir_);

@@ -6,9 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/run_cubevec.h"
-#include "common/tensor_testing.h"
+#include "cli/tiny_prompt_embeds.h"
 #include "ops/gemm/tuner.h"
-#include "tensor/safetensors.h"
 
 namespace {
 
@@ -85,9 +84,7 @@ TEST_F(TuneCli, BadNamesAndBadFilesAreErrorsBeforeAnyMeasurement) {
 }
 
 TEST_F(TuneCli, AGenerationRunWritesWhatItCalibrated) {
-  const std::string file = (dir_ / "tuning.json").string(), embeds = (dir_ / "embeds.safetensors").string();
-  cubevec::write_safetensors(embeds, {{"prompt_embeds", cubevec::testing::random_tensor({1, 5, 40}, 1, cubevec::DType::f32, 1.0f)},
-                                      {"pooled_prompt_embeds", cubevec::testing::random_tensor({1, 24}, 2, cubevec::DType::f32, 1.0f)}});
+  const std::string file = (dir_ / "tuning.json").string(), embeds = cubevec_cli_test::flux_embeds(dir_);
   const auto t2i = run({"t2i", "--model", kFlux, "--prompt-embeds", embeds, "--steps", "1", "--width", "32", "--height", "32", "--out",
                         (dir_ / "x.jpg").string(), "--tune-cache", file});
   ASSERT_EQ(t2i.status, 0) << t2i.err;
