@@ -13,9 +13,11 @@
 #include "cli/attention_tune_cache.h"
 #include "cli/command.h"
 #include "cli/device_flags.h"
+#include "cli/parallel_flags.h"
 #include "models/model_registry.h"
 #include "ops/vector_ops.h"
 #include "pipelines/stages/quantize.h"
+#include "pipelines/stages/ulysses.h"
 #include "tensor/error.h"
 #include "tensor/finite_check.h"
 #include "tensor/safetensors.h"
@@ -32,12 +34,13 @@ struct ForwardFlags {
   bool check_weights = true;  // a port is compared number by number: a NaN weight is named up front
 };
 
-int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache) {
+int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache, const ParallelFlags& parallel_flags) {
   const DType dtype = parse_dtype(f.dtype);
   if (dtype != DType::f32 && dtype != DType::bf16) throw Error("--dtype must be f32 or bf16, got " + f.dtype);
   if (!f.quant_given && !f.timestep_policy.empty()) throw Error("--timestep-policy applies with --quant (a W8A8_TIMESTEP description)");
   if (!f.quant_given && f.step_index_given) throw Error("--step-index applies with --quant (a W8A8_TIMESTEP description)");
   if (f.step_index < 0) throw Error("--step-index must be >= 0, got " + std::to_string(f.step_index));
+  const parallel::ParallelGroups groups = parallel_flags.resolve();  // before any work
   // The quantization files are read and checked before the model loads, as in t2i / t2v.
   std::unique_ptr<pipelines::QuantizeStage> quantize;
   if (f.quant_given) quantize = std::make_unique<pipelines::QuantizeStage>(pipelines::QuantizeOptions{f.quant, f.timestep_policy, false});
@@ -64,17 +67,27 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
     inputs[e.name] = in.tensor(e.name);
     require_finite(inputs[e.name], f.inputs + ": tensor '" + e.name + "'");
   }
+  // Sequence parallel: this rank keeps its share of the tokens through the blocks (see
+  // pipelines/stages/ulysses.h); every rank ends with the whole output.
+  pipelines::StageList stages;
+  if (groups.degrees.ulysses > 1) {
+    if (model->class_name().find("Transformer") == std::string::npos)
+      throw Error("--ulysses shares a transformer's tokens; " + dir + " is a " + model->class_name());
+    stages.add(std::make_unique<pipelines::UlyssesStage>(groups.ulysses));
+  }
   const auto t0 = std::chrono::steady_clock::now();
-  const models::ForwardContext ctx{.activations = dtype};
+  const models::ForwardContext ctx = stages.context({}, dtype);
   const Tensor sample = ops::cast(model->forward(inputs, ctx, device.default_stream()), DType::f32).contiguous();
   sample.data_ptr();
   require_finite(sample, model->class_name() + ".forward: the output 'sample' (a weight or input gives NaN or inf); nothing was written");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  write_safetensors(f.out, {{"sample", sample}});
+  const bool writer = groups.world.rank() == 0;  // rank 0 writes; every rank reports
+  if (writer) write_safetensors(f.out, {{"sample", sample}});
   const Tensor& first = inputs.count(names.front()) ? inputs.at(names.front()) : Tensor();
-  std::fprintf(stderr, "forward: %s %s -> sample %s in %.3f s, written to %s\n", model->class_name().c_str(),
+  const std::string who = groups.world.size() > 1 ? " (rank " + std::to_string(groups.world.rank()) + " of " + std::to_string(groups.world.size()) + ", " + groups.degrees.describe() + ")" : "";
+  std::fprintf(stderr, "forward%s: %s %s -> sample %s in %.3f s%s\n", who.c_str(), model->class_name().c_str(),
                first.defined() ? shape_to_string(first.shape()).c_str() : "", shape_to_string(sample.shape()).c_str(), seconds,
-               f.out.c_str());
+               writer ? (", written to " + f.out).c_str() : "");
   cache.save(device);
   return 0;
 }
@@ -88,6 +101,7 @@ CommandRunner add_forward_command(CLI::App& app) {
   auto flags = std::make_shared<ForwardFlags>();
   auto device_flags = add_device_flags(*command);
   auto cache = add_attention_tune_cache_flag(*command);
+  auto parallel_flags = add_parallel_flags(*command, /*cfg_parallel=*/false);
   command->add_option("--model", flags->model, "A component folder (transformer/, vae/), or a diffusers model folder (its transformer/)")
       ->required();
   command->add_option("--inputs", flags->inputs, "safetensors with the forward's arguments (hidden_states, ..., or latent for a VAE)")
@@ -101,10 +115,10 @@ CommandRunner add_forward_command(CLI::App& app) {
   command->add_option("--timestep-policy", flags->timestep_policy,
                       "W8A8_TIMESTEP: JSON {\"default\": \"dynamic\", \"static\": [steps...]}");
   auto* step_index = command->add_option("--step-index", flags->step_index, "Denoising step a W8A8_TIMESTEP model runs at (default 0)");
-  return [flags, device_flags, cache, quant, step_index] {
+  return [flags, device_flags, cache, quant, step_index, parallel_flags] {
     flags->quant_given = quant->count() > 0;
     flags->step_index_given = step_index->count() > 0;
-    return run(*flags, *device_flags, *cache);
+    return run(*flags, *device_flags, *cache, *parallel_flags);
   };
 }
 

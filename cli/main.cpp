@@ -1,5 +1,7 @@
 // The `cubevec` command line: subcommands, and one place that turns every failure into
-// "error: ..." on stderr with exit status 1 (user error) or 2 (internal error).
+// "error: ..." on stderr with exit status 1 (user error) or 2 (internal error). Under mpirun every
+// rank runs the same command; a failing rank says which it is and tells the others (see Note [How
+// a multi-rank run fails] in parallel/mpi_runtime.h), and MPI is stopped on every path.
 #include <cstdio>
 #include <filesystem>
 #include <exception>
@@ -8,34 +10,57 @@
 
 #include "cli/command_line.h"
 #include "cli/error_line.h"
+#include "parallel/mpi_runtime.h"
 #include "tensor/error.h"
 #include "tensor/interrupt.h"
 
 using cubevec::cli::one_line;
 
-int main(int argc, char** argv) {
-  cubevec::install_interrupt_handlers();
+namespace {
+
+// Prints "error: ..." (naming the rank when there are several) and tells the other ranks.
+void report(const std::string& message) {
+  const std::string line = one_line(message);
+  if (cubevec::parallel::world_size() > 1) {
+    std::fprintf(stderr, "error: rank %d: %s\n", cubevec::parallel::world_rank(), line.c_str());
+    cubevec::parallel::announce_failure(line);
+  } else {
+    std::fprintf(stderr, "error: %s\n", line.c_str());
+  }
+}
+
+int run(int argc, char** argv) {
   cubevec::cli::CommandLine command_line;
   try {
+    if (cubevec::parallel::launched_by_mpirun()) cubevec::parallel::ensure_mpi();
     const cubevec::cli::ParsedCommand parsed = command_line.parse(argc, argv);
     return parsed.run ? parsed.run() : parsed.exit_status;
   } catch (const cubevec::Interrupted& e) {
-    std::fprintf(stderr, "error: %s\n", one_line(e.what()).c_str());
+    report(e.what());
     return e.exit_status();
   } catch (const cubevec::Error& e) {
-    std::fprintf(stderr, "error: %s\n", one_line(e.what()).c_str());
+    report(e.what());
     return 1;
   } catch (const std::filesystem::filesystem_error& e) {
     // A path the user gave could not be examined (a symlink loop, no permission): the OS's reason
     // and the path, as every other input error.
-    std::fprintf(stderr, "error: %s: %s\n", one_line(e.path1().string()).c_str(), one_line(e.code().message()).c_str());
+    report(e.path1().string() + ": " + e.code().message());
     return 1;
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "error: out of memory: the request needs more memory than this machine gives (use a smaller size, fewer "
-                         "frames or --simulate with smaller settings)\n");
+    report("out of memory: the request needs more memory than this machine gives (use a smaller size, fewer frames or "
+           "--simulate with smaller settings)");
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: internal error: %s\n", one_line(e.what()).c_str());
+    report(std::string("internal error: ") + e.what());
     return 2;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cubevec::install_interrupt_handlers();
+  const int status = run(argc, argv);
+  cubevec::parallel::finalize(status);
+  return status;
 }

@@ -127,11 +127,18 @@ std::unique_ptr<pipelines::Stage> StageFlags::offload_stage(std::vector<std::str
 
 pipelines::StageList StageFlags::build(std::unique_ptr<pipelines::Stage> quantize, const pipelines::CacheConfig& cache_config, int steps,
                                        int blocks, std::unique_ptr<pipelines::SparseAttentionStage> sparse,
-                                       std::unique_ptr<pipelines::Stage> offload) {
+                                       std::unique_ptr<pipelines::Stage> offload,
+                                       std::unique_ptr<pipelines::Stage> sequence_parallel) {
   pipelines::StageList stages;
   if (offload) stages.add(std::move(offload));  // outermost: it sees every block, replayed or not
+  const bool sharded = sequence_parallel != nullptr;
+  if (sequence_parallel) stages.add(std::move(sequence_parallel));
   if (quantize) stages.add(std::move(quantize));
-  if (auto cache = pipelines::make_cache_stage(cache_config, steps, blocks)) stages.add(std::move(cache));
+  if (auto cache = pipelines::make_cache_stage(cache_config, steps, blocks)) {
+    // A cache decides from what its rank sees; with the tokens shared, ranks could decide apart.
+    if (sharded) throw Error("--cache with --ulysses is not supported yet: each rank would decide its cache from its own tokens");
+    stages.add(std::move(cache));
+  }
   if (sparse) {
     sparse->check_blocks(blocks);
     sparse->check_steps(steps);

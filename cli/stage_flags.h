@@ -51,9 +51,12 @@ struct StageFlags {
   // The stages for a run of `steps` steps over `blocks` blocks (validated; errors name the flag):
   // offload (outermost: every block passes it), quantization (if any), the step cache, then sparse
   // attention (a replayed attention skips it).
+  // Sequence parallelism (Ulysses) comes right after the offloader: the attention stages below it
+  // see every token for this rank's heads.
   static pipelines::StageList build(std::unique_ptr<pipelines::Stage> quantize, const pipelines::CacheConfig& cache, int steps,
                                     int blocks, std::unique_ptr<pipelines::SparseAttentionStage> sparse = nullptr,
-                                    std::unique_ptr<pipelines::Stage> offload = nullptr);
+                                    std::unique_ptr<pipelines::Stage> offload = nullptr,
+                                    std::unique_ptr<pipelines::Stage> sequence_parallel = nullptr);
 };
 
 std::shared_ptr<StageFlags> add_stage_flags(CLI::App& command);

@@ -15,6 +15,8 @@
 #include "cli/attention_tune_cache.h"
 #include "cli/command.h"
 #include "cli/device_flags.h"
+#include "cli/parallel_flags.h"
+#include "pipelines/stages/ulysses.h"
 #include "cli/generation_report.h"
 #include "cli/stage_flags.h"
 #include "cli/text_conditioning.h"
@@ -36,7 +38,8 @@ struct T2IFlags {
   GenerationFlags common;
 };
 
-int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache, const StageFlags& stage_flags) {
+int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache, const StageFlags& stage_flags,
+        const ParallelFlags& parallel_flags) {
   OutputBatch outputs;  // every file this run writes lands at its end, or none does
   if (f.model.empty()) throw Error("--model DIR is required (a diffusers Flux directory: transformer/, vae/, scheduler/)");
   if (!f.common.simulate && f.out.empty()) throw Error("--out FILE.jpg is required");
@@ -45,6 +48,14 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   f.text.check_weights = f.common.check_weights && !f.common.simulate;
   f.text.memory_limit = f.common.memory_limit;
   f.options.cfg = pipelines::parse_cfg_mode(f.cfg);
+  // Multi-device: the degrees against the ranks mpirun started, before any work; rank 0 writes.
+  const parallel::ParallelGroups groups = parallel_flags.resolve();
+  const bool writer_rank = groups.world.rank() == 0;
+  if (groups.degrees.cfg == 2) {
+    if (f.options.cfg == pipelines::CfgMode::off)
+      throw Error("--cfg-parallel 2 runs the two CFG branches on two ranks, but --cfg is off: give --cfg fused or streams");
+    f.options.cfg_parallel = groups.cfg;
+  }
   f.options.activations = dtype;
   const pipelines::CacheConfig cache_config = stage_flags.cache_settings();  // bad files fail before any work
   std::unique_ptr<pipelines::Stage> quantize = stage_flags.quantize_stage(f.common.simulate, f.options.steps);
@@ -83,7 +94,8 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   const double load_s = pipelines::seconds_since(t0);
   const models::FluxConfig& mc = pipeline.transformer().config();
   pipelines::StageList stage_list = StageFlags::build(std::move(quantize), cache_config, f.options.steps, pipeline.transformer().block_count(),
-                                                              std::move(sparse), std::move(offload));
+                                                              std::move(sparse), std::move(offload),
+      groups.degrees.ulysses > 1 ? std::make_unique<pipelines::UlyssesStage>(groups.ulysses) : nullptr);
   stage_list.after_load(pipeline.mutable_transformer().mutable_parameters());
 
   std::fprintf(stderr, "t2i: text: %s\n", text_source.c_str());
@@ -104,7 +116,7 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
 
   // Stage 3 and 4: VAE decode and JPEG.
   double jpeg_s = 0;
-  if (!f.common.simulate) {
+  if (!f.common.simulate && writer_rank) {
     const Tensor image = pipeline.decode(latents, f.options, device, timings);
     require_finite(image, "the VAE decode gave a non-finite picture (a VAE weight or setting gives NaN or inf)");
     t0 = std::chrono::steady_clock::now();
@@ -114,13 +126,13 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   device.synchronize();
   const AllocatorStats mem = peaks.finish();
   std::vector<StageTime> stages{{"load", load_s}, {"text encoding", text_s}, {"denoising", timings.denoise_s}};
-  if (!f.common.simulate) {
+  if (!f.common.simulate && writer_rank) {
     stages.push_back({"VAE decode", timings.vae_s});
     stages.push_back({"JPEG encode", jpeg_s});
   }
   print_stage_table(stages, timings, f.options.steps, profile.name, mem);
   print_stage_report(stage_list);
-  if (!f.common.simulate) std::fprintf(stderr, "wrote %s\n", f.out.c_str());
+  if (!f.common.simulate && writer_rank) std::fprintf(stderr, "wrote %s\n", f.out.c_str());
 
   nlohmann::ordered_json json = {
       {"model", f.model},
@@ -137,7 +149,7 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   json["memory_estimate"] = memory_estimate_json(memory);
   json["measured_peak_bytes"] = peaks.json();
   json["out"] = f.out;
-  write_outputs(f.common, "t2i", device, json);
+  if (writer_rank) write_outputs(f.common, "t2i", device, json);
   outputs.commit_all();  // the picture, --json and --trace together, only now
   cache.save(device);    // a cache that cannot be saved is a warning, after the run's outputs
   return 0;
@@ -171,7 +183,10 @@ CommandRunner add_t2i_command(CLI::App& app) {
   command->add_option("--seed", flags->options.seed, "Noise seed");
   command->add_option("--out", flags->out, "Output JPEG file")->check(output_file_path());
   add_generation_flags(*command, flags->common);
-  return [flags, device_flags, cache, stage_flags] { return run(*flags, *device_flags, *cache, *stage_flags); };
+  auto parallel_flags = add_parallel_flags(*command, /*cfg_parallel=*/true);
+  return [flags, device_flags, cache, stage_flags, parallel_flags] {
+    return run(*flags, *device_flags, *cache, *stage_flags, *parallel_flags);
+  };
 }
 
 }  // namespace cubevec::cli

@@ -15,6 +15,8 @@
 #include "cli/attention_tune_cache.h"
 #include "cli/command.h"
 #include "cli/device_flags.h"
+#include "cli/parallel_flags.h"
+#include "pipelines/stages/ulysses.h"
 #include "cli/generation_report.h"
 #include "cli/stage_flags.h"
 #include "cli/text_conditioning.h"
@@ -84,7 +86,8 @@ class FrameWriter {
   double encode_s_ = 0;
 };
 
-int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache, const StageFlags& stage_flags) {
+int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache, const StageFlags& stage_flags,
+        const ParallelFlags& parallel_flags) {
   OutputBatch outputs;  // every file this run writes lands at its end, or none does
   if (f.model.empty()) throw Error("--model DIR is required (a diffusers Wan directory: transformer/, vae/, scheduler/)");
   if (!f.common.simulate && f.out.empty()) throw Error("--out FILE.avi is required");
@@ -93,6 +96,14 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   f.text.check_weights = f.common.check_weights && !f.common.simulate;
   f.text.memory_limit = f.common.memory_limit;
   f.options.cfg = pipelines::parse_cfg_mode(f.cfg);
+  // Multi-device: the degrees against the ranks mpirun started, before any work; rank 0 writes.
+  const parallel::ParallelGroups groups = parallel_flags.resolve();
+  const bool writer_rank = groups.world.rank() == 0;
+  if (groups.degrees.cfg == 2) {
+    if (f.options.cfg == pipelines::CfgMode::off)
+      throw Error("--cfg-parallel 2 runs the two CFG branches on two ranks, but --cfg is off: give --cfg fused or streams");
+    f.options.cfg_parallel = groups.cfg;
+  }
   f.options.activations = dtype;
   const pipelines::CacheConfig cache_config = stage_flags.cache_settings();  // bad files fail before any work
   std::unique_ptr<pipelines::Stage> quantize = stage_flags.quantize_stage(f.common.simulate, f.options.steps);
@@ -126,11 +137,12 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   const double load_s = pipelines::seconds_since(t0);
   const models::WanConfig& mc = pipeline.transformer().config();
   pipelines::StageList stage_list = StageFlags::build(std::move(quantize), cache_config, f.options.steps, pipeline.transformer().block_count(),
-                                                              std::move(sparse), std::move(offload));
+                                                              std::move(sparse), std::move(offload),
+      groups.degrees.ulysses > 1 ? std::make_unique<pipelines::UlyssesStage>(groups.ulysses) : nullptr);
   stage_list.after_load(pipeline.mutable_transformer().mutable_parameters());
   // The output files are opened before denoising, so a bad path fails at once, not after it.
   std::optional<FrameWriter> writer;
-  if (!f.common.simulate) writer.emplace(f);
+  if (!f.common.simulate && writer_rank) writer.emplace(f);
 
   std::fprintf(stderr, "t2v: text: %s\n", text_source.c_str());
   std::fprintf(stderr, "t2v: estimated peak memory %s\n", memory.describe().c_str());
@@ -186,7 +198,7 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   json["memory_estimate"] = memory_estimate_json(memory);
   json["measured_peak_bytes"] = peaks.json();
   json["out"] = f.out;
-  write_outputs(f.common, "t2v", device, json);
+  if (writer_rank) write_outputs(f.common, "t2v", device, json);
   outputs.commit_all();  // the picture, --json and --trace together, only now
   cache.save(device);    // a cache that cannot be saved is a warning, after the run's outputs
   return 0;
@@ -221,7 +233,10 @@ CommandRunner add_t2v_command(CLI::App& app) {
   command->add_option("--fps", flags->fps, "Frame rate of the AVI (default 16, Wan2.1's)")->check(CLI::Range(1, 240));
   command->add_option("--quality", flags->quality, "JPEG quality of the frames (default 90)")->check(CLI::Range(1, 100));
   add_generation_flags(*command, flags->common);
-  return [flags, device_flags, cache, stage_flags] { return run(*flags, *device_flags, *cache, *stage_flags); };
+  auto parallel_flags = add_parallel_flags(*command, /*cfg_parallel=*/true);
+  return [flags, device_flags, cache, stage_flags, parallel_flags] {
+    return run(*flags, *device_flags, *cache, *stage_flags, *parallel_flags);
+  };
 }
 
 }  // namespace cubevec::cli

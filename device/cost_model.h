@@ -1,5 +1,6 @@
 // The cost model of the emulated NPU: how long a kernel would take there.
-// time = max(FLOPs / unit peak for the dtype, bytes / HBM bandwidth) + launch overhead.
+// time = max(FLOPs / unit peak for the dtype, bytes / HBM bandwidth) + launch overhead; for a
+// communication kernel, bytes over its busiest link / peer bandwidth + link latency + launch overhead.
 #pragma once
 
 #include "device/device_profile.h"

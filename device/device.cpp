@@ -13,6 +13,10 @@ namespace cubevec {
 struct Device::Units {
   std::unique_ptr<UnitExecutor> cube;
   std::unique_ptr<UnitExecutor> vector;
+  // Made on the first communication kernel: a device that never talks to another has no thread
+  // for it. One thread, so MPI is only ever called from one thread per device.
+  std::once_flag comm_made;
+  std::unique_ptr<UnitExecutor> comm;
 
   explicit Units(const DeviceProfile& p) {
     std::vector<int> cube_cores, vector_cores;
@@ -94,7 +98,15 @@ Tensor Device::empty(Shape shape, DType dtype, const Stream& stream) {
   return Tensor::empty(std::move(shape), dtype, allocator_, stream.id());
 }
 
-UnitExecutor& Device::unit(Unit which) { return which == Unit::cube ? *units_->cube : *units_->vector; }
+UnitExecutor& Device::unit(Unit which) {
+  switch (which) {
+    case Unit::cube: return *units_->cube;
+    case Unit::vector: return *units_->vector;
+    case Unit::comm: break;
+  }
+  std::call_once(units_->comm_made, [&] { units_->comm = std::make_unique<UnitExecutor>("comm", 1, std::vector<int>{}); });
+  return *units_->comm;
+}
 
 double Device::schedule_modelled(Unit unit, double ready_s, double duration_s) {
   std::lock_guard lock(mutex_);

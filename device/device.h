@@ -1,6 +1,7 @@
 // Device: the emulated Ascend device. It owns a Cube unit and a Vector unit (each a dispatcher and
-// a tbb::task_arena with its own threads, see unit_executor.h), the streams, the allocator its
-// tensors use, the trace and the cost model.
+// a tbb::task_arena with its own threads, see unit_executor.h), a communication unit (one thread,
+// for collectives between devices), the streams, the allocator its tensors use, the trace and the
+// cost model.
 //
 // Note [Implicit dependencies]
 // Every storage remembers the completion event of the kernel that last wrote it and of the reads
@@ -39,9 +40,9 @@ struct DeviceOptions {
 // Totals since the device was made (or reset_stats()).
 struct DeviceStats {
   uint64_t kernels = 0;
-  std::array<double, 2> modelled_busy_s{};  // per unit: the sum of modelled kernel times
+  std::array<double, kUnitCount> modelled_busy_s{};  // per unit: the sum of modelled kernel times
   double modelled_makespan_s = 0;           // when the last modelled kernel ends
-  std::array<uint64_t, 2> kernels_per_unit{};
+  std::array<uint64_t, kUnitCount> kernels_per_unit{};
 };
 
 class Device {
@@ -91,7 +92,7 @@ class Device {
   std::vector<std::shared_ptr<StreamState>> streams_;
   std::unique_ptr<Stream> default_stream_;
   std::vector<std::pair<std::string, Stream>> named_streams_;
-  std::array<double, 2> unit_free_s_{};
+  std::array<double, kUnitCount> unit_free_s_{};
   DeviceStats stats_;
 };
 

@@ -127,6 +127,14 @@ DeviceProfile parse_device_profile(const std::string& json_text, const std::stri
   p.l2_mib = npu.number_in("l2_mib", 0, 1e6, "MiB");
   p.launch_overhead_us = npu.number_in("launch_overhead_us", 0, 1e6, "microseconds");
   npu.reject_unknown();
+  if (json.contains("links")) {
+    FieldReader links = top.object("links");
+    p.has_links = true;
+    p.peer_gbps = links.number_in("peer_gbps", 1e-3, 1e6, "GB/s");
+    p.peer_latency_us = links.number_in("peer_latency_us", 0, 1e6, "microseconds");
+    p.host_gbps = links.number_in("host_gbps", 1e-3, 1e6, "GB/s");
+    links.reject_unknown();
+  }
   top.reject_unknown();
   return p;
 }
@@ -150,6 +158,10 @@ DeviceProfile builtin_cpu_profile() {
   p.hbm_gbps = 37;
   p.l2_mib = 1;
   p.launch_overhead_us = 0.5;
+  p.has_links = true;
+  p.peer_gbps = 10;
+  p.peer_latency_us = 2;
+  p.host_gbps = 37;
   return p;
 }
 

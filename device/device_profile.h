@@ -28,6 +28,13 @@ struct DeviceProfile {
   double l2_mib = 0;                       // L2 cache size (reported; the simple cost model ignores it)
   double launch_overhead_us = 0;           // added to every kernel
 
+  // Its links (the optional "links" object): what communication kernels cost. A profile without
+  // them can run communication for real but not model it.
+  bool has_links = false;
+  double peer_gbps = 0;        // one direction of the link to each peer card (HCCS)
+  double peer_latency_us = 0;  // added to every transfer between cards
+  double host_gbps = 0;        // one direction of the card's link to the host (PCIe)
+
   // Peak of `unit` for `dtype`; throws naming the profile when it has no figure for that dtype.
   double peak_tflops(bool cube, DType dtype) const;
 };

@@ -14,7 +14,8 @@ struct KernelDesc {
   std::string name;
   Unit unit = Unit::vector;
   double flops = 0;          // floating-point (or integer multiply-add) operations
-  double bytes = 0;          // bytes read plus bytes written in device memory
+  double bytes = 0;          // bytes read plus bytes written in device memory; for a comm-unit
+                             // kernel, the bytes sent over the busiest link to another card
   DType dtype = DType::f32;  // the compute dtype, which picks the unit's modelled peak
 };
 

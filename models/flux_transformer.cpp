@@ -327,10 +327,12 @@ Tensor FluxTransformer2DModel::epilogue(const BlockState& state, const FluxProlo
 }
 
 Tensor FluxTransformer2DModel::forward(const FluxInputs& in, const Stream& s, const ForwardContext& ctx) const {
-  const FluxPrologue p = prologue(in, ctx, s);
+  FluxPrologue p = prologue(in, ctx, s);
   BlockState state = p.state;
+  ctx.split_sequence(state, p.shared.rope, state.encoder.size(1), s);
   for (int i = 0; i < block_count(); ++i)
     state = ctx.run_block(block_identity(i), state, [&](const BlockState& x) { return block(i, x, p.shared, ctx, s); }, s);
+  ctx.join_sequence(state, s);
   return epilogue(state, p, s);
 }
 

@@ -6,6 +6,8 @@
 //     replaced (another kernel), skipped (a replayed output) or sparsified per layer;
 //   - block hook: every transformer block runs through it (one flat index over all of a model's
 //     blocks), so a stage can skip a span of blocks and replay their residual;
+//   - sequence split: after the prologue a model hands its tokens to it (sequence parallelism keeps
+//     this rank's share), and before the epilogue gets them back whole;
 //   - activation dtype: what the model computes in (f32, or bf16 with f32 accumulation).
 // The layer registry (ParameterTable::linears) is the fourth plug point: it is reached after load.
 #pragma once
@@ -16,6 +18,7 @@
 #include <string>
 
 #include "device/stream.h"
+#include "models/shared_embeddings.h"
 #include "tensor/enum_names.h"
 #include "tensor/tensor.h"
 
@@ -93,10 +96,21 @@ class BlockHook {
                          const Stream& stream) = 0;
 };
 
+// Sequence parallelism's plug point. split: state.hidden [B, N, D] keeps this rank's share of the
+// image / video tokens, and `rope` (its first `text_rows` rows are text, kept whole) the matching
+// rows; join: state.hidden becomes all N tokens again, in order.
+class SequenceSplit {
+ public:
+  virtual ~SequenceSplit() = default;
+  virtual void split(BlockState& state, RopeTable& rope, int64_t text_rows, const Stream& stream) = 0;
+  virtual void join(BlockState& state, const Stream& stream) = 0;
+};
+
 struct ForwardContext {
   StepInfo step{};
   AttentionPolicy* attention = nullptr;  // null: dense attention everywhere
   BlockHook* blocks = nullptr;           // null: every block computed
+  SequenceSplit* sequence = nullptr;     // null: every rank (there is one) holds every token
   DType activations = DType::f32;        // f32, or bf16 (inputs cast at the prologue)
 
   Tensor attend(const AttentionIdentity& id, const AttentionProjection& project, const Stream& stream) const {
@@ -104,6 +118,12 @@ struct ForwardContext {
   }
   BlockState run_block(const BlockIdentity& id, const BlockState& in, const BlockCompute& compute, const Stream& stream) const {
     return blocks ? blocks->run(step, id, in, compute, stream) : compute(in);
+  }
+  void split_sequence(BlockState& state, RopeTable& rope, int64_t text_rows, const Stream& stream) const {
+    if (sequence) sequence->split(state, rope, text_rows, stream);
+  }
+  void join_sequence(BlockState& state, const Stream& stream) const {
+    if (sequence) sequence->join(state, stream);
   }
 };
 

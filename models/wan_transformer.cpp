@@ -283,10 +283,12 @@ Tensor WanTransformer3DModel::epilogue(const BlockState& state, const WanPrologu
 }
 
 Tensor WanTransformer3DModel::forward(const WanInputs& in, const Stream& s, const ForwardContext& ctx) const {
-  const WanPrologue p = prologue(in, ctx, s);
+  WanPrologue p = prologue(in, ctx, s);
   BlockState state = p.state;
+  ctx.split_sequence(state, p.shared.rope, 0, s);
   for (int i = 0; i < block_count(); ++i)
     state = ctx.run_block(block_identity(i), state, [&](const BlockState& x) { return block(i, x, p.shared, ctx, s); }, s);
+  ctx.join_sequence(state, s);
   return epilogue(state, p, s);
 }
 

@@ -94,7 +94,7 @@ CvResult run_cv_experiment(const CvWorkload& w, CvMode mode, const DeviceProfile
     r.modelled_s = device.stats().modelled_makespan_s;
     Intervals cube_busy, vector_busy;
     for (const KernelRecord& k : r.records)
-      (k.desc.unit == Unit::cube ? cube_busy : vector_busy).emplace_back(k.real_start_s, k.real_end_s);
+      if (k.desc.unit != Unit::comm) (k.desc.unit == Unit::cube ? cube_busy : vector_busy).emplace_back(k.real_start_s, k.real_end_s);
     r.cube_busy_s = busy_time(cube_busy);
     r.vector_busy_s = busy_time(vector_busy);
     r.overlap_fraction = overlap_time(cube_busy, vector_busy) / wall;

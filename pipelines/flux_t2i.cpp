@@ -128,7 +128,7 @@ Tensor FluxT2IPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddi
       throw Error("the pooled embeddings must be [1, " + std::to_string(c.pooled_projection_dim) + "] for this transformer, got " +
                   shape_to_string(e->pooled.shape()));
   }
-  if (o.cfg == CfgMode::fused && neg->sequence.size(1) != pos.sequence.size(1))
+  if (o.cfg == CfgMode::fused && !o.cfg_parallel && neg->sequence.size(1) != pos.sequence.size(1))
     throw Error("--cfg fused needs prompt and negative prompt embeddings of one length, got " +
                 std::to_string(pos.sequence.size(1)) + " and " + std::to_string(neg->sequence.size(1)) + " (use --cfg streams)");
 
@@ -153,7 +153,8 @@ Tensor FluxT2IPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddi
     return in;
   };
   FluxDenoiser denoiser(*transformer_, inputs_of(pos), neg ? std::optional(inputs_of(*neg)) : std::nullopt, o.guidance);
-  const std::unique_ptr<Guidance> guidance = make_guidance(o.cfg, o.cfg_scale, "t2i.uncond");
+  const std::unique_ptr<Guidance> guidance =
+      o.cfg_parallel ? make_cfg_parallel_guidance(o.cfg_scale, *o.cfg_parallel) : make_guidance(o.cfg, o.cfg_scale, "t2i.uncond");
   StageList none;
   return run_denoising_loop(denoiser, scheduler, *guidance, stages ? *stages : none, noise,
                             {o.activations, transformer_->block_count()}, device, on_step, timings);

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "ops/vector_ops.h"
+#include "parallel/collectives.h"
 #include "tensor/enum_names.h"
 
 namespace cubevec::pipelines {
@@ -58,7 +59,32 @@ class TwoStreamCfg : public Guidance {
   std::string side_;
 };
 
+class CfgAcrossRanks : public Guidance {
+ public:
+  CfgAcrossRanks(float scale, parallel::Communicator group) : scale_(scale), group_(std::move(group)) {
+    if (group_.size() != 2)
+      throw Error("CFG parallel runs the two CFG branches on 2 ranks; its group has " + std::to_string(group_.size()));
+  }
+  std::string name() const override { return "parallel over 2 ranks"; }
+  std::vector<models::CfgBranch> branches() const override { return {mine()}; }
+  Tensor velocity(Denoiser& d, const Tensor& latents, models::ForwardContext ctx, Device& device) override {
+    const Stream main = device.default_stream();
+    ctx.step.branch = mine();
+    const Tensor both = parallel::all_gather(d.predict(latents, ctx, main), 0, group_, main, "cfg.velocity");
+    return combine_cfg(both.narrow(0, 0, 1), ops::contiguous(both.narrow(0, 1, 1), main), scale_, main);
+  }
+
+ private:
+  models::CfgBranch mine() const { return group_.rank() == 0 ? models::CfgBranch::cond : models::CfgBranch::uncond; }
+  float scale_;
+  parallel::Communicator group_;
+};
+
 }  // namespace
+
+std::unique_ptr<Guidance> make_cfg_parallel_guidance(double scale, parallel::Communicator group) {
+  return std::make_unique<CfgAcrossRanks>(static_cast<float>(scale), std::move(group));
+}
 
 CfgMode parse_cfg_mode(std::string_view name) { return kCfgModeNames.parse(name); }
 std::string_view cfg_mode_name(CfgMode mode) { return kCfgModeNames.name(mode); }

@@ -50,6 +50,11 @@ models::ForwardContext StageList::context(const models::StepInfo& step, DType ac
   ctx.activations = activations;
   ctx.attention = this;  // even without a stage using it: the list counts the calls
   ctx.blocks = this;
+  for (const auto& stage : stages_)
+    if (models::SequenceSplit* split = stage->sequence_split()) {
+      ctx.sequence = split;
+      break;
+    }
   return ctx;
 }
 

@@ -52,6 +52,9 @@ class Stage {
     return compute(in);
   }
 
+  // Sequence-split plug point: a stage that shards the tokens across ranks (Ulysses) returns itself.
+  virtual models::SequenceSplit* sequence_split() { return nullptr; }
+
   // One line for the stage table ("skipped 40 of 112 ...", a schedule note), and the JSON figures.
   virtual std::string summary() const { return ""; }
   virtual nlohmann::ordered_json report() const { return nlohmann::ordered_json::object(); }

@@ -141,7 +141,7 @@ Tensor WanT2VPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddin
     if (e && (e->sequence.dim() != 3 || e->sequence.size(0) != 1 || e->sequence.size(2) != c.text_dim))
       throw Error("the prompt embeddings must be [1, L, " + std::to_string(c.text_dim) + "] for this transformer, got " +
                   shape_to_string(e->sequence.shape()));
-  if (o.cfg == CfgMode::fused && neg->sequence.size(1) != pos.sequence.size(1))
+  if (o.cfg == CfgMode::fused && !o.cfg_parallel && neg->sequence.size(1) != pos.sequence.size(1))
     throw Error("--cfg fused needs prompt and negative prompt embeddings of one length, got " +
                 std::to_string(pos.sequence.size(1)) + " and " + std::to_string(neg->sequence.size(1)) + " (use --cfg streams)");
 
@@ -153,7 +153,8 @@ Tensor WanT2VPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddin
   const Tensor noise = o.initial_noise.defined() ? o.initial_noise : gaussian_noise(shape, o.seed);
   const std::unique_ptr<Scheduler> scheduler = make_scheduler(scheduler_, o.steps);
   WanDenoiser denoiser(*transformer_, pos.sequence, neg ? neg->sequence : Tensor());
-  const std::unique_ptr<Guidance> guidance = make_guidance(o.cfg, o.guidance, "t2v.uncond");
+  const std::unique_ptr<Guidance> guidance =
+      o.cfg_parallel ? make_cfg_parallel_guidance(o.guidance, *o.cfg_parallel) : make_guidance(o.cfg, o.guidance, "t2v.uncond");
   StageList none;
   return run_denoising_loop(denoiser, *scheduler, *guidance, stages ? *stages : none, noise,
                             {o.activations, transformer_->block_count()}, device, on_step, timings);

@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <variant>
 
@@ -26,6 +27,8 @@ struct T2VOptions {
   int steps = 50;
   double guidance = 5.0;              // CFG scale; CFG runs when cfg is not off
   CfgMode cfg = CfgMode::fused;
+  // CFG parallel: the branches on the 2 ranks of this group (pipelines/guidance.h); cfg must be on.
+  std::optional<parallel::Communicator> cfg_parallel;
   uint64_t seed = 0;
   Tensor initial_noise{};             // [1, C, T_lat, H/8, W/8] instead of the seeded noise (parity runs)
   DType activations = DType::f32;     // the transformer's activations: f32 or bf16

@@ -32,11 +32,10 @@ struct Process {
   std::string out, err;
 };
 
-// Runs the cubevec binary with `args`, stdout and stderr captured into separate files.
-inline Process run_cubevec(const std::vector<std::string>& args, const fs::path& scratch) {
+// Runs the program argv_text[0] (a path) with the rest as arguments, stdout and stderr captured
+// into separate files.
+inline Process run_program(std::vector<std::string> argv_text, const fs::path& scratch) {
   const std::string out_path = (scratch / "stdout.txt").string(), err_path = (scratch / "stderr.txt").string();
-  std::vector<std::string> argv_text = {CUBEVEC_BINARY};
-  argv_text.insert(argv_text.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (std::string& arg : argv_text) argv.push_back(arg.data());
   argv.push_back(nullptr);
@@ -61,6 +60,13 @@ inline Process run_cubevec(const std::vector<std::string>& args, const fs::path&
   run.out = read_file(out_path);
   run.err = read_file(err_path);
   return run;
+}
+
+// Runs the cubevec binary with `args`.
+inline Process run_cubevec(const std::vector<std::string>& args, const fs::path& scratch) {
+  std::vector<std::string> argv_text = {CUBEVEC_BINARY};
+  argv_text.insert(argv_text.end(), args.begin(), args.end());
+  return run_program(std::move(argv_text), scratch);
 }
 
 class CliTest : public ::testing::Test {

@@ -1,0 +1,133 @@
+// Multi-device runs as a user starts them: `mpirun -np N cubevec forward|t2i ... --ulysses U
+// --cfg-parallel C` on the tiny Flux and Wan checkpoints agrees with the single-device run (within
+// 1e-5 of the output scale for a forward, within 2 JPEG levels for a picture); degrees that do not
+// match the ranks, and head counts the Ulysses degree does not divide, are one-line errors on every
+// rank and no rank hangs.
+#include <algorithm>
+#include <cmath>
+
+#include "cli/run_cubevec.h"
+#include "pipelines/jpeg.h"
+#include "tensor/safetensors.h"
+
+#include "common/tensor_testing.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using ParallelCli = cubevec_cli_test::CliTest;
+using cubevec_cli_test::Process;
+
+const fs::path kData = fs::path(CUBEVEC_SOURCE_DIR) / "tests" / "data";
+
+// `mpirun -np ranks cubevec args...`; LeakSanitizer is off in the ranks (Open MPI keeps its
+// allocations until exit).
+Process run_mpi(int ranks, const std::vector<std::string>& args, const fs::path& scratch) {
+  std::vector<std::string> argv = {CUBEVEC_MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(ranks),
+                                   "-x", "ASAN_OPTIONS=detect_leaks=0", CUBEVEC_BINARY};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return cubevec_cli_test::run_program(argv, scratch);
+}
+
+// The transformer inputs of a golden file (its "transformer.*" tensors that forward takes).
+std::string write_forward_inputs(const fs::path& dir, const std::string& goldens, const std::vector<std::string>& names) {
+  const cubevec::SafetensorsFile g = cubevec::SafetensorsFile::open((kData / goldens).string());
+  cubevec::NamedTensors inputs;
+  for (const std::string& n : names) inputs.push_back({n, g.tensor("transformer." + n)});
+  const std::string path = (dir / (goldens + ".inputs.safetensors")).string();
+  cubevec::write_safetensors(path, inputs);
+  return path;
+}
+
+TEST_F(ParallelCli, UlyssesForwardMatchesOneDeviceOnFluxAndWan) {
+  struct Case {
+    std::string model, goldens;
+    std::vector<std::string> inputs;
+  };
+  const std::vector<Case> cases = {
+      {"flux_tiny", "goldens_flux.safetensors",
+       {"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "img_ids", "txt_ids", "guidance"}},
+      {"wan_tiny", "goldens_wan.safetensors", {"hidden_states", "encoder_hidden_states", "timestep"}}};
+  for (const Case& c : cases) {
+    const std::string inputs = write_forward_inputs(dir_, c.goldens, c.inputs);
+    const std::string model = (kData / c.model / "transformer").string();
+    const std::string one = (dir_ / "one.safetensors").string(), two = (dir_ / "two.safetensors").string();
+    const auto single = run({"forward", "--model", model, "--inputs", inputs, "--out", one});
+    ASSERT_EQ(single.status, 0) << single.err;
+    const auto sharded = run_mpi(2, {"forward", "--model", model, "--inputs", inputs, "--out", two, "--ulysses", "2"}, dir_);
+    ASSERT_EQ(sharded.status, 0) << sharded.err;
+    EXPECT_NE(sharded.err.find("rank 1 of 2, --ulysses 2"), std::string::npos) << sharded.err;
+    cubevec::testing::expect_close_rel(cubevec::SafetensorsFile::open(two).tensor("sample"),
+                                       cubevec::SafetensorsFile::open(one).tensor("sample"), 1e-5, c.model + " ulysses 2");
+  }
+}
+
+TEST_F(ParallelCli, DegreesMustMatchTheRanksBeforeAnyWork) {
+  const std::string inputs = write_forward_inputs(dir_, "goldens_flux.safetensors",
+                                                  {"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep",
+                                                   "img_ids", "txt_ids", "guidance"});
+  const std::string model = (kData / "flux_tiny" / "transformer").string(), out = (dir_ / "o.safetensors").string();
+  const auto alone = run({"forward", "--model", model, "--inputs", inputs, "--out", out, "--ulysses", "2"});
+  EXPECT_EQ(alone.status, 1);
+  EXPECT_NE(alone.err.find("--ulysses 2 x --cfg-parallel 1 = 2 rank(s), but this run has one: start it with mpirun -np 2"),
+            std::string::npos)
+      << alone.err;
+  const auto fewer = run_mpi(2, {"forward", "--model", model, "--inputs", inputs, "--out", out, "--ulysses", "4"}, dir_);
+  EXPECT_NE(fewer.status, 0);
+  for (const char* rank : {"error: rank 0: ", "error: rank 1: "})
+    EXPECT_NE(fewer.err.find(std::string(rank) + "--ulysses 4 x --cfg-parallel 1 = 4 rank(s), but mpirun started 2"), std::string::npos)
+        << fewer.err;
+  EXPECT_FALSE(fs::exists(out));
+  // The tiny Flux has 2 heads: 4 ranks cannot share them.
+  const auto heads = run_mpi(4, {"forward", "--model", model, "--inputs", inputs, "--out", out, "--ulysses", "4"}, dir_);
+  EXPECT_NE(heads.status, 0);
+  EXPECT_NE(heads.err.find("has 2 heads, which 4 ranks cannot share evenly"), std::string::npos) << heads.err;
+  EXPECT_FALSE(fs::exists(out));
+  const auto timeout = run({"forward", "--model", model, "--inputs", inputs, "--out", out, "--comm-timeout", "0"});
+  EXPECT_EQ(timeout.status, 1);
+  EXPECT_NE(timeout.err.find("collective timeout: expected a positive number of seconds, got 0"), std::string::npos) << timeout.err;
+}
+
+std::string write_embeds(const fs::path& dir) {
+  const std::string path = (dir / "embeds.safetensors").string();
+  cubevec::write_safetensors(path, {{"prompt_embeds", cubevec::testing::random_tensor({1, 5, 40}, 1, cubevec::DType::f32, 1.0f)},
+                                    {"pooled_prompt_embeds", cubevec::testing::random_tensor({1, 24}, 2, cubevec::DType::f32, 1.0f)},
+                                    {"negative_prompt_embeds", cubevec::testing::random_tensor({1, 5, 40}, 3, cubevec::DType::f32, 1.0f)},
+                                    {"negative_pooled_prompt_embeds", cubevec::testing::random_tensor({1, 24}, 4, cubevec::DType::f32, 1.0f)}});
+  return path;
+}
+
+TEST_F(ParallelCli, CfgParallelAndUlyssesDrawTheOneDevicePicture) {
+  const std::string embeds = write_embeds(dir_), model = (kData / "flux_tiny").string();
+  const std::vector<std::string> common = {"t2i", "--model", model, "--prompt-embeds", embeds, "--width", "32", "--height", "32",
+                                           "--steps", "2", "--cfg", "fused", "--cfg-scale", "3"};
+  auto with = [&](std::vector<std::string> extra, const std::string& out) {
+    std::vector<std::string> args = common;
+    args.insert(args.end(), {"--out", (dir_ / out).string()});
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  const auto single = run(with({}, "one.jpg"));
+  ASSERT_EQ(single.status, 0) << single.err;
+  const auto cfg = run_mpi(2, with({"--cfg-parallel", "2"}, "cfg.jpg"), dir_);
+  ASSERT_EQ(cfg.status, 0) << cfg.err;
+  const auto both = run_mpi(4, with({"--cfg-parallel", "2", "--ulysses", "2"}, "both.jpg"), dir_);
+  ASSERT_EQ(both.status, 0) << both.err;
+  EXPECT_NE(both.err.find("ulysses x2"), std::string::npos) << both.err;
+  const cubevec::pipelines::RgbImage want = cubevec::pipelines::read_jpeg((dir_ / "one.jpg").string());
+  for (const char* out : {"cfg.jpg", "both.jpg"}) {
+    const cubevec::pipelines::RgbImage got = cubevec::pipelines::read_jpeg((dir_ / out).string());
+    ASSERT_EQ(got.pixels.size(), want.pixels.size()) << out;
+    int worst = 0;
+    for (std::size_t i = 0; i < got.pixels.size(); ++i) worst = std::max(worst, std::abs(int(got.pixels[i]) - int(want.pixels[i])));
+    EXPECT_LE(worst, 2) << out;
+  }
+  // CFG parallel needs CFG on.
+  std::vector<std::string> off = with({"--cfg-parallel", "2"}, "off.jpg");
+  off[std::find(off.begin(), off.end(), "fused") - off.begin()] = "off";
+  const auto refused = run_mpi(2, off, dir_);
+  EXPECT_NE(refused.status, 0);
+  EXPECT_NE(refused.err.find("--cfg-parallel 2 runs the two CFG branches on two ranks, but --cfg is off"), std::string::npos) << refused.err;
+}
+
+}  // namespace
