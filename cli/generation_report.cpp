@@ -144,6 +144,25 @@ void print_stage_table(const std::vector<StageTime>& stages, const pipelines::T2
                mib(memory.peak_reserved_bytes).c_str(), mib(peak_resident_bytes()).c_str());
 }
 
+void print_communication(const Device& device) {
+  const DeviceStats stats = device.stats();
+  const auto comm = static_cast<std::size_t>(Unit::comm);
+  if (stats.kernels_per_unit[comm] == 0) return;
+  std::fprintf(stderr, "%-28s %10.3f   (%llu collectives, %s over the busiest link; %.4f s modelled)\n", "communication",
+               stats.measured_busy_s[comm], static_cast<unsigned long long>(stats.kernels_per_unit[comm]),
+               mib(static_cast<std::size_t>(stats.bytes_per_unit[comm])).c_str(), stats.modelled_busy_s[comm]);
+}
+
+nlohmann::ordered_json communication_json(const Device& device) {
+  const DeviceStats stats = device.stats();
+  const auto comm = static_cast<std::size_t>(Unit::comm);
+  if (stats.kernels_per_unit[comm] == 0) return nlohmann::ordered_json::object();
+  return {{"collectives", stats.kernels_per_unit[comm]},
+          {"link_bytes", stats.bytes_per_unit[comm]},
+          {"measured_s", stats.measured_busy_s[comm]},
+          {"modelled_s", stats.modelled_busy_s[comm]}};
+}
+
 std::size_t peak_resident_bytes() {
   // VmHWM belongs to this process's address space (getrusage's ru_maxrss would also count the
   // image of a parent that forked it before exec).

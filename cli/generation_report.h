@@ -54,6 +54,12 @@ class PhasePeaks {
   std::size_t denoising_ = 0, denoising_reserved_ = 0, vae_decode_ = 0;
 };
 
+// Communication on this rank of a multi-device run: the comm unit's kernels, the bytes they moved
+// over the busiest link, the seconds its thread spent in them (waiting for the other ranks
+// included) and the modelled time. Prints nothing, and gives {}, when there were none.
+void print_communication(const Device& device);
+nlohmann::ordered_json communication_json(const Device& device);
+
 // --check-weights: the transformer's and the VAE's weights must be finite (names the first bad one).
 void check_weights(const GenerationFlags& flags, const std::string& model_dir, const models::ParameterTable& transformer,
                    const models::ParameterTable* vae);

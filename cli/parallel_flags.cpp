@@ -1,11 +1,15 @@
 #include "cli/parallel_flags.h"
 
 #include "parallel/mpi_runtime.h"
+#include "tensor/error.h"
 
 namespace cubevec::cli {
 
-parallel::ParallelGroups ParallelFlags::resolve() const {
+parallel::ParallelGroups ParallelFlags::resolve(bool simulate) const {
   parallel::set_collective_timeout(comm_timeout_s);
+  if (ranks != 0 && !simulate)
+    throw Error("--ranks models that many cards in one process and needs --simulate; a real run takes its ranks from mpirun -np");
+  if (simulate && parallel::world_size() == 1) return parallel::make_simulated_groups(degrees, ranks != 0 ? ranks : degrees.ranks());
   return parallel::make_parallel_groups(degrees);
 }
 
@@ -15,6 +19,9 @@ std::shared_ptr<ParallelFlags> add_parallel_flags(CLI::App& command, bool cfg_pa
                      "Ulysses sequence parallel over this many ranks (mpirun -np N; must divide the head count)");
   if (cfg_parallel)
     command.add_option("--cfg-parallel", flags->degrees.cfg, "2: the conditional and unconditional CFG branches on different ranks");
+  if (cfg_parallel)
+    command.add_option("--ranks", flags->ranks, "With --simulate: model a run on this many cards (the product of the degrees)")
+        ->check(CLI::Range(1, 4096));
   command.add_option("--comm-timeout", flags->comm_timeout_s,
                      "Seconds a rank waits for the others in one collective before it stops with an error (default 600)");
   return flags;

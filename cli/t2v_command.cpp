@@ -97,7 +97,7 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   f.text.memory_limit = f.common.memory_limit;
   f.options.cfg = pipelines::parse_cfg_mode(f.cfg);
   // Multi-device: the degrees against the ranks mpirun started, before any work; rank 0 writes.
-  const parallel::ParallelGroups groups = parallel_flags.resolve();
+  const parallel::ParallelGroups groups = parallel_flags.resolve(f.common.simulate);
   const bool writer_rank = groups.world.rank() == 0;
   if (groups.degrees.cfg == 2) {
     if (f.options.cfg == pipelines::CfgMode::off)
@@ -125,6 +125,10 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   const std::string& text_source = text.source;
   const double text_s = pipelines::seconds_since(t0);
   pipeline.check(f.options, negative.has_value());
+  const int64_t heads = pipeline.transformer().config().num_attention_heads;
+  if (heads % groups.degrees.ulysses != 0)  // before any weight loads
+    throw Error("--ulysses " + std::to_string(groups.degrees.ulysses) + " must divide the transformer's " + std::to_string(heads) +
+                " attention heads (each rank attends with heads / U of them)");
   std::unique_ptr<pipelines::Stage> offload = stage_flags.offload_stage(pipelines::block_modules(pipeline.transformer()), profile.cube_threads);
   const pipelines::MemoryEstimate memory = pipelines::estimate_memory(pipeline, f.options, positive.sequence.size(1),
                                                                      f.options.cfg == pipelines::CfgMode::off ? 1 : 2, stage_flags.offload, profile.cube_threads);
@@ -177,6 +181,7 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   }
   print_stage_table(stages, timings, f.options.steps, profile.name, mem);
   print_stage_report(stage_list);
+  print_communication(device);
   if (writer)
     std::fprintf(stderr, "wrote %s (%d frames at %d fps)%s%s\n", f.out.c_str(), writer->frame_count(), f.fps,
                  f.frames_dir.empty() ? "" : " and the frames to ", f.frames_dir.c_str());
@@ -195,6 +200,7 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
                                  {"scheduler", pipelines::scheduler_name(pipeline.scheduler_config())}};
   json.update(timing_json(stages, timings, mem));
   json.update(stage_report_json(stage_list));
+  if (groups.world.size() > 1) json["communication"] = communication_json(device);
   json["memory_estimate"] = memory_estimate_json(memory);
   json["measured_peak_bytes"] = peaks.json();
   json["out"] = f.out;

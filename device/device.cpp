@@ -13,9 +13,7 @@ namespace cubevec {
 struct Device::Units {
   std::unique_ptr<UnitExecutor> cube;
   std::unique_ptr<UnitExecutor> vector;
-  // Made on the first communication kernel: a device that never talks to another has no thread
-  // for it. One thread, so MPI is only ever called from one thread per device.
-  std::once_flag comm_made;
+  // One thread, so MPI is only ever called from one thread per device; it sleeps when idle.
   std::unique_ptr<UnitExecutor> comm;
 
   explicit Units(const DeviceProfile& p) {
@@ -27,6 +25,7 @@ struct Device::Units {
     }
     cube = std::make_unique<UnitExecutor>("cube", p.cube_threads, cube_cores);
     vector = std::make_unique<UnitExecutor>("vector", p.vector_threads, vector_cores);
+    comm = std::make_unique<UnitExecutor>("comm", 1, std::vector<int>{});
   }
 };
 
@@ -104,11 +103,10 @@ UnitExecutor& Device::unit(Unit which) {
     case Unit::vector: return *units_->vector;
     case Unit::comm: break;
   }
-  std::call_once(units_->comm_made, [&] { units_->comm = std::make_unique<UnitExecutor>("comm", 1, std::vector<int>{}); });
   return *units_->comm;
 }
 
-double Device::schedule_modelled(Unit unit, double ready_s, double duration_s) {
+double Device::schedule_modelled(Unit unit, double ready_s, double duration_s, double bytes) {
   std::lock_guard lock(mutex_);
   const auto u = static_cast<std::size_t>(unit);
   const double start = std::max(ready_s, unit_free_s_[u]);
@@ -116,18 +114,29 @@ double Device::schedule_modelled(Unit unit, double ready_s, double duration_s) {
   stats_.kernels += 1;
   stats_.kernels_per_unit[u] += 1;
   stats_.modelled_busy_s[u] += duration_s;
+  stats_.bytes_per_unit[u] += bytes;
   stats_.modelled_makespan_s = std::max(stats_.modelled_makespan_s, start + duration_s);
   return start;
 }
 
 DeviceStats Device::stats() const {
-  std::lock_guard lock(mutex_);
-  return stats_;
+  DeviceStats s;
+  {
+    std::lock_guard lock(mutex_);
+    s = stats_;
+  }
+  s.measured_busy_s[static_cast<std::size_t>(Unit::cube)] = units_->cube->busy_seconds();
+  s.measured_busy_s[static_cast<std::size_t>(Unit::vector)] = units_->vector->busy_seconds();
+  s.measured_busy_s[static_cast<std::size_t>(Unit::comm)] = units_->comm->busy_seconds();
+  return s;
 }
 
 void Device::reset_stats() {
   std::lock_guard lock(mutex_);
   stats_ = {};
+  units_->cube->reset_busy();
+  units_->vector->reset_busy();
+  units_->comm->reset_busy();
 }
 
 void Device::reset_timeline() {

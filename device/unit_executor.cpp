@@ -1,5 +1,7 @@
 #include "device/unit_executor.h"
 
+#include <chrono>
+
 #include <pthread.h>
 #include <sched.h>
 
@@ -92,8 +94,22 @@ void UnitExecutor::dispatch_loop() {
       jobs_.pop_front();
       queued_.store(jobs_.size(), std::memory_order_release);
     }
+    const auto start = std::chrono::steady_clock::now();
     job();  // jobs catch their own exceptions (StreamState::run_kernel)
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::lock_guard lock(mutex_);
+    busy_s_ += seconds;
   }
+}
+
+double UnitExecutor::busy_seconds() const {
+  std::lock_guard lock(mutex_);
+  return busy_s_;
+}
+
+void UnitExecutor::reset_busy() {
+  std::lock_guard lock(mutex_);
+  busy_s_ = 0;
 }
 
 }  // namespace cubevec

@@ -27,6 +27,9 @@ class UnitExecutor {
 
   void submit(std::function<void()> job);
   int threads() const { return threads_; }
+  // Seconds the unit spent running jobs since it was made (or reset_busy()).
+  double busy_seconds() const;
+  void reset_busy();
 
  private:
   void dispatch_loop();
@@ -34,11 +37,12 @@ class UnitExecutor {
   const std::string name_;
   const int threads_;
   tbb::task_arena arena_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable has_work_;
   std::deque<std::function<void()>> jobs_;
   std::atomic<std::size_t> queued_{0};  // jobs_.size(), readable without the mutex while spinning
   bool stopping_ = false;
+  double busy_s_ = 0;  // under mutex_
   std::thread dispatcher_;
   class Pinner;
   std::unique_ptr<Pinner> pinner_;

@@ -60,6 +60,7 @@ struct Communicator::State {
   std::mutex mutex;                // one operation at a time
   std::vector<uint64_t> sequence;  // per member: operations exchanged with it so far
   std::string broken;              // why an earlier operation left this communicator unusable
+  bool simulated = false;          // size ranks modelled in one process: no transfer can happen
 
   ~State() {
     if (owned && comm != MPI_COMM_NULL && mpi_running()) MPI_Comm_free(&comm);
@@ -67,6 +68,15 @@ struct Communicator::State {
 
   std::string describe() const {
     return "communicator '" + name + "' (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
+  }
+
+  // Without MPI there is nobody to talk to: only a one-rank communicator can do its operations
+  // (as local copies); a simulated one has no data to move.
+  bool local(const std::string& what) const {
+    if (comm != MPI_COMM_NULL) return false;
+    if (simulated || size > 1)
+      throw Error(what + " on " + describe() + ": a simulated communicator models transfers but moves no data");
+    return true;
   }
 
   void refuse_if_broken(const std::string& what) const {
@@ -196,12 +206,27 @@ Communicator Communicator::world() {
   return Communicator(std::move(state));
 }
 
+Communicator Communicator::simulated(const std::string& name, int size, int rank) {
+  if (size < 1 || rank < 0 || rank >= size)
+    throw Error("a simulated communicator needs size >= 1 and 0 <= rank < size, got size " + std::to_string(size) + ", rank " +
+                std::to_string(rank));
+  auto state = std::make_shared<State>();
+  state->name = name;
+  state->size = size;
+  state->rank = rank;
+  state->simulated = true;
+  state->world_ranks.resize(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) state->world_ranks[static_cast<std::size_t>(r)] = r;
+  state->sequence.assign(static_cast<std::size_t>(size), 0);
+  return Communicator(std::move(state));
+}
+
 Communicator Communicator::split(const std::string& name, int color) const {
   State& s = *state_;
   std::lock_guard lock(s.mutex);
   auto made = std::make_shared<State>();
   made->name = name;
-  if (s.comm == MPI_COMM_NULL) {
+  if (s.local("split into '" + name + "'")) {
     made->world_ranks = s.world_ranks;
     made->sequence.assign(1, 0);
     return Communicator(std::move(made));
@@ -267,7 +292,7 @@ void Communicator::all_gather(const void* in, void* out, const std::vector<std::
   std::lock_guard lock(s.mutex);
   require_counts(bytes, s.size, "byte", what, s.describe());
   const std::size_t mine = bytes[static_cast<std::size_t>(s.rank)];
-  if (s.comm == MPI_COMM_NULL) {
+  if (s.local(what)) {
     std::memmove(out, in, mine);
     return;
   }
@@ -298,7 +323,7 @@ void Communicator::all_to_all(const void* in, const std::vector<std::size_t>& se
   if (send_bytes[me] != recv_bytes[me])
     throw Error(what + " on " + s.describe() + ": sends itself " + std::to_string(send_bytes[me]) + " bytes but expects " +
                 std::to_string(recv_bytes[me]));
-  if (s.comm == MPI_COMM_NULL) {
+  if (s.local(what)) {
     std::memmove(out, in, send_bytes[0]);
     return;
   }
@@ -325,7 +350,7 @@ void Communicator::all_to_all(const void* in, const std::vector<std::size_t>& se
 void Communicator::all_reduce_sum(float* data, std::size_t count, const std::string& what) const {
   State& s = *state_;
   std::lock_guard lock(s.mutex);
-  if (s.comm == MPI_COMM_NULL) return;
+  if (s.local(what)) return;
   const std::vector<int> peers = s.others();
   const uint64_t bytes = count * sizeof(float);
   const std::vector<uint64_t> from = s.handshake(peers, std::vector<uint64_t>(peers.size(), bytes), what);
@@ -349,6 +374,7 @@ void Communicator::send_recv(const void* send, std::size_t send_bytes, int dest,
     if (member < 0 || member >= s.size)
       throw Error(what + " on " + s.describe() + ": no member " + std::to_string(member) + "; members are 0 to " +
                   std::to_string(s.size - 1));
+  if (s.comm == MPI_COMM_NULL && s.size > 1) s.local(what);  // throws: simulated
   if (dest == s.rank || source == s.rank) {
     if (dest != source || send_bytes != recv_bytes)
       throw Error(what + " on " + s.describe() + ": a rank can only exchange with itself both ways and the same byte count");
@@ -378,7 +404,7 @@ void Communicator::barrier(const std::string& label) const {
   const std::string what = "barrier '" + label + "'";
   State& s = *state_;
   std::lock_guard lock(s.mutex);
-  if (s.comm == MPI_COMM_NULL) return;
+  if (s.local(what)) return;
   const std::vector<int> peers = s.others();
   s.handshake(peers, std::vector<uint64_t>(peers.size(), 0), what);
 }

@@ -23,6 +23,11 @@ class Communicator {
   // Every rank (starts MPI if needed). With MPI not launched by mpirun: one rank.
   static Communicator world();
 
+  // A communicator of `size` ranks in which this process is `rank`, with nothing behind it: for
+  // simulate mode, where one process models a run on many cards (ranks are symmetric) and the
+  // communication kernels are priced but never run. Any transfer through it is an error.
+  static Communicator simulated(const std::string& name, int size, int rank = 0);
+
   // The members with the same `color` form a new communicator called `name`, ranked in this one's
   // order. Collective over this communicator.
   Communicator split(const std::string& name, int color) const;

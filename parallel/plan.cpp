@@ -9,19 +9,31 @@ std::string ParallelDegrees::describe() const {
   return "--ulysses " + std::to_string(ulysses) + " x --cfg-parallel " + std::to_string(cfg);
 }
 
-ParallelGroups make_parallel_groups(const ParallelDegrees& degrees) {
+namespace {
+
+void check_degrees(const ParallelDegrees& degrees) {
   if (degrees.ulysses < 1 || degrees.ulysses > 4096)
     throw Error("--ulysses must be from 1 to 4096 ranks, got " + std::to_string(degrees.ulysses));
   if (degrees.cfg != 1 && degrees.cfg != 2)
     throw Error("--cfg-parallel must be 1 or 2 (one rank per CFG branch), got " + std::to_string(degrees.cfg));
+}
+
+std::string ranks_needed(const ParallelDegrees& degrees) {
+  return degrees.describe() + " = " + std::to_string(degrees.ranks()) + " rank(s)";
+}
+
+}  // namespace
+
+ParallelGroups make_parallel_groups(const ParallelDegrees& degrees) {
+  check_degrees(degrees);
   // Checked on every rank alone, before any collective: each says what is wrong itself.
   if (launched_by_mpirun()) ensure_mpi();
   const int ranks = world_size();
   if (degrees.ranks() != ranks) {
-    const std::string need = degrees.describe() + " = " + std::to_string(degrees.ranks()) + " rank(s)";
     if (ranks == 1)
-      throw Error(need + ", but this run has one: start it with mpirun -np " + std::to_string(degrees.ranks()));
-    throw Error(need + ", but mpirun started " + std::to_string(ranks) + "; the product of the degrees must be the rank count");
+      throw Error(ranks_needed(degrees) + ", but this run has one: start it with mpirun -np " + std::to_string(degrees.ranks()));
+    throw Error(ranks_needed(degrees) + ", but mpirun started " + std::to_string(ranks) +
+                "; the product of the degrees must be the rank count");
   }
   const Communicator world = Communicator::world();
   ParallelGroups groups{degrees, world, world, world};
@@ -29,6 +41,14 @@ ParallelGroups make_parallel_groups(const ParallelDegrees& degrees) {
   groups.ulysses = groups.world.split("ulysses", rank / degrees.ulysses);
   groups.cfg = groups.world.split("cfg", rank % degrees.ulysses);
   return groups;
+}
+
+ParallelGroups make_simulated_groups(const ParallelDegrees& degrees, int ranks) {
+  check_degrees(degrees);
+  if (degrees.ranks() != ranks)
+    throw Error(ranks_needed(degrees) + ", but --ranks is " + std::to_string(ranks) + "; the product of the degrees must be the rank count");
+  return {degrees, Communicator::simulated("world", ranks), Communicator::simulated("ulysses", degrees.ulysses),
+          Communicator::simulated("cfg", degrees.cfg)};
 }
 
 }  // namespace cubevec::parallel

@@ -27,4 +27,8 @@ struct ParallelGroups {
 // the number of ranks this run has; then makes the groups (collective over the world).
 ParallelGroups make_parallel_groups(const ParallelDegrees& degrees);
 
+// Simulate mode: the groups of a run on `ranks` modelled cards as rank 0 sees them (the ranks are
+// symmetric, so one models them all); no MPI. The same checks as above, against `ranks`.
+ParallelGroups make_simulated_groups(const ParallelDegrees& degrees, int ranks);
+
 }  // namespace cubevec::parallel

@@ -5,8 +5,10 @@
 // rank and no rank hangs.
 #include <algorithm>
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 #include "cli/run_cubevec.h"
+#include "cli/tiny_prompt_embeds.h"
 #include "pipelines/jpeg.h"
 #include "tensor/safetensors.h"
 
@@ -17,6 +19,7 @@ namespace {
 namespace fs = std::filesystem;
 using ParallelCli = cubevec_cli_test::CliTest;
 using cubevec_cli_test::Process;
+using cubevec_cli_test::read_file;
 
 const fs::path kData = fs::path(CUBEVEC_SOURCE_DIR) / "tests" / "data";
 
@@ -83,22 +86,20 @@ TEST_F(ParallelCli, DegreesMustMatchTheRanksBeforeAnyWork) {
   EXPECT_NE(heads.status, 0);
   EXPECT_NE(heads.err.find("has 2 heads, which 4 ranks cannot share evenly"), std::string::npos) << heads.err;
   EXPECT_FALSE(fs::exists(out));
+  const std::string embeds = cubevec_cli_test::flux_embeds(dir_);
+  const auto t2i = run_mpi(4, {"t2i", "--model", (kData / "flux_tiny").string(), "--prompt-embeds", embeds, "--width", "32", "--height",
+                               "32", "--steps", "1", "--out", (dir_ / "h.jpg").string(), "--ulysses", "4"},
+                           dir_);
+  EXPECT_NE(t2i.status, 0);
+  EXPECT_NE(t2i.err.find("--ulysses 4 must divide the transformer's 2 attention heads"), std::string::npos) << t2i.err;
+  EXPECT_FALSE(fs::exists(dir_ / "h.jpg"));
   const auto timeout = run({"forward", "--model", model, "--inputs", inputs, "--out", out, "--comm-timeout", "0"});
   EXPECT_EQ(timeout.status, 1);
   EXPECT_NE(timeout.err.find("collective timeout: expected a positive number of seconds, got 0"), std::string::npos) << timeout.err;
 }
 
-std::string write_embeds(const fs::path& dir) {
-  const std::string path = (dir / "embeds.safetensors").string();
-  cubevec::write_safetensors(path, {{"prompt_embeds", cubevec::testing::random_tensor({1, 5, 40}, 1, cubevec::DType::f32, 1.0f)},
-                                    {"pooled_prompt_embeds", cubevec::testing::random_tensor({1, 24}, 2, cubevec::DType::f32, 1.0f)},
-                                    {"negative_prompt_embeds", cubevec::testing::random_tensor({1, 5, 40}, 3, cubevec::DType::f32, 1.0f)},
-                                    {"negative_pooled_prompt_embeds", cubevec::testing::random_tensor({1, 24}, 4, cubevec::DType::f32, 1.0f)}});
-  return path;
-}
-
 TEST_F(ParallelCli, CfgParallelAndUlyssesDrawTheOneDevicePicture) {
-  const std::string embeds = write_embeds(dir_), model = (kData / "flux_tiny").string();
+  const std::string embeds = cubevec_cli_test::flux_embeds(dir_), model = (kData / "flux_tiny").string();
   const std::vector<std::string> common = {"t2i", "--model", model, "--prompt-embeds", embeds, "--width", "32", "--height", "32",
                                            "--steps", "2", "--cfg", "fused", "--cfg-scale", "3"};
   auto with = [&](std::vector<std::string> extra, const std::string& out) {
@@ -109,8 +110,14 @@ TEST_F(ParallelCli, CfgParallelAndUlyssesDrawTheOneDevicePicture) {
   };
   const auto single = run(with({}, "one.jpg"));
   ASSERT_EQ(single.status, 0) << single.err;
-  const auto cfg = run_mpi(2, with({"--cfg-parallel", "2"}, "cfg.jpg"), dir_);
+  const std::string report = (dir_ / "cfg.json").string();
+  const auto cfg = run_mpi(2, with({"--cfg-parallel", "2", "--json", report}, "cfg.jpg"), dir_);
   ASSERT_EQ(cfg.status, 0) << cfg.err;
+  // One all-gather of the two velocities per step, reported in the stage table and the JSON.
+  EXPECT_NE(cfg.err.find("(2 collectives, "), std::string::npos) << cfg.err;
+  const nlohmann::json json = nlohmann::json::parse(cubevec_cli_test::read_file(report));
+  EXPECT_EQ(json["communication"]["collectives"], 2) << json.dump();
+  EXPECT_GT(json["communication"]["link_bytes"].get<double>(), 0) << json.dump();
   const auto both = run_mpi(4, with({"--cfg-parallel", "2", "--ulysses", "2"}, "both.jpg"), dir_);
   ASSERT_EQ(both.status, 0) << both.err;
   EXPECT_NE(both.err.find("ulysses x2"), std::string::npos) << both.err;
@@ -128,6 +135,35 @@ TEST_F(ParallelCli, CfgParallelAndUlyssesDrawTheOneDevicePicture) {
   const auto refused = run_mpi(2, off, dir_);
   EXPECT_NE(refused.status, 0);
   EXPECT_NE(refused.err.find("--cfg-parallel 2 runs the two CFG branches on two ranks, but --cfg is off"), std::string::npos) << refused.err;
+}
+
+TEST_F(ParallelCli, SimulateModelsManyCardsInOneProcess) {
+  // FLUX.1-dev's configs on the 910B profile, 1 and 4 modelled cards sharing the tokens.
+  const std::string model = std::string(CUBEVEC_SOURCE_DIR) + "/assets/configs/flux1-dev";
+  const std::string profile = std::string(CUBEVEC_SOURCE_DIR) + "/assets/devices/ascend-910b.json";
+  std::vector<double> step_s;
+  for (const char* ranks : {"1", "4"}) {
+    const std::string json_path = (dir_ / (std::string(ranks) + ".json")).string(), trace = (dir_ / "trace.json").string();
+    const auto r = run({"t2i", "--simulate", "--model", model, "--steps", "2", "--device-profile", profile, "--dtype", "bf16", "--ranks",
+                        ranks, "--ulysses", ranks, "--json", json_path, "--trace", trace});
+    ASSERT_EQ(r.status, 0) << r.err;
+    step_s.push_back(nlohmann::json::parse(read_file(json_path))["modelled_step_mean_s"].get<double>());
+    if (std::string(ranks) == "4") {
+      // Every joint attention's q, k, v and output cross the ring of cards: 57 blocks x 4 per step.
+      const nlohmann::json events = nlohmann::json::parse(read_file(trace));
+      int all_to_all = 0;
+      for (const auto& e : events["traceEvents"])
+        if (e.value("ph", "") == "X" && e.value("cat", "") == "comm" && e.value("name", "").rfind("all_to_all", 0) == 0) ++all_to_all;
+      EXPECT_EQ(all_to_all, 2 * 2 * 57 * 4) << "2 steps; each kernel on the modelled by-unit and by-stream tracks";
+    }
+  }
+  EXPECT_LT(step_s[1], step_s[0] / 2) << "4 modelled cards take less than half the time of one";
+  const auto alone = run({"t2i", "--model", model, "--ranks", "2", "--ulysses", "2", "--out", (dir_ / "x.jpg").string()});
+  EXPECT_EQ(alone.status, 1);
+  EXPECT_NE(alone.err.find("--ranks models that many cards in one process and needs --simulate"), std::string::npos) << alone.err;
+  const auto product = run({"t2i", "--simulate", "--model", model, "--steps", "1", "--ranks", "8", "--ulysses", "2"});
+  EXPECT_EQ(product.status, 1);
+  EXPECT_NE(product.err.find("--ulysses 2 x --cfg-parallel 1 = 2 rank(s), but --ranks is 8"), std::string::npos) << product.err;
 }
 
 }  // namespace

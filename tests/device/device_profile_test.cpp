@@ -1,3 +1,4 @@
+#include "device/cost_model.h"
 #include "device/device_profile.h"
 
 #include <gtest/gtest.h>
@@ -42,6 +43,10 @@ TEST(DeviceProfile, BuiltInMatchesTheShippedCpuDefault) {
   EXPECT_EQ(file.hbm_gbps, builtin.hbm_gbps);
   EXPECT_EQ(file.l2_mib, builtin.l2_mib);
   EXPECT_EQ(file.launch_overhead_us, builtin.launch_overhead_us);
+  EXPECT_EQ(file.has_links, builtin.has_links);
+  EXPECT_EQ(file.peer_gbps, builtin.peer_gbps);
+  EXPECT_EQ(file.peer_latency_us, builtin.peer_latency_us);
+  EXPECT_EQ(file.host_gbps, builtin.host_gbps);
 }
 
 TEST(DeviceProfile, ParsesEveryField) {
@@ -78,6 +83,29 @@ TEST(DeviceProfile, ErrorsNameTheFieldAndWhatWasExpected) {
   fails(with(R"({"bf16": 10})", "{}"), "p.json.npu.cube_tflops: expected at least one dtype");
   fails(with(R"("l2_mib": 8)", R"("l2_mib": "big")"), "p.json.npu.l2_mib: expected a number from 0 to 1e+06 MiB");
   EXPECT_NE(message_of([] { load_device_profile("/nonexistent/profile.json"); }).find("cannot open"), std::string::npos);
+  // The optional links: checked like every other figure when present.
+  const std::string linked = with(R"("launch_overhead_us": 3}})", R"("launch_overhead_us": 3}, "links": {"peer_gbps": 56, "peer_latency_us": 10, "host_gbps": 50}})");
+  const DeviceProfile p = parse_device_profile(linked, "p.json");
+  EXPECT_TRUE(p.has_links);
+  EXPECT_DOUBLE_EQ(p.peer_gbps, 56);
+  EXPECT_FALSE(parse_device_profile(kValid, "p.json").has_links);
+  const auto swap = [](std::string text, const std::string& from, const std::string& to) {
+    return text.replace(text.find(from), from.size(), to);
+  };
+  fails(swap(linked, "\"peer_gbps\": 56", "\"peer_gbps\": 0"), "p.json.links.peer_gbps: expected a number from 0.001 to 1e+06 GB/s, got 0");
+  fails(swap(linked, "\"host_gbps\": 50", "\"host_gbp\": 50"), "p.json.links: missing required field \"host_gbps\"");
+}
+
+TEST(DeviceProfile, CommunicationIsModelledOnlyFromLinkFigures) {
+  DeviceProfile p = parse_device_profile(kValid, "nolinks.json");
+  const KernelDesc send{"all_gather x", Unit::comm, 0.0, 1e9, DType::f32};
+  EXPECT_NE(message_of([&] { model_kernel(p, send); }).find("device profile 't' (nolinks.json) has no \"links\" figures, needed to model 'all_gather x'"),
+            std::string::npos);
+  p.has_links = true;
+  p.peer_gbps = 50;
+  p.peer_latency_us = 10;
+  // 1 GB over a 50 GB/s link: 20 ms, plus the link latency and the launch overhead (3 us).
+  EXPECT_NEAR(model_kernel(p, send).total_s, 0.02 + 10e-6 + 3e-6, 1e-12);
 }
 
 TEST(DeviceProfile, ThreadOverridesFromEnvironmentThenFlags) {
