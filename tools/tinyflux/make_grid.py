@@ -17,14 +17,14 @@ from PIL import Image, ImageDraw, ImageFont
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROMPTS = [
-    ("a red circle on a blue background", 0),
-    ("two small yellow squares on the left", 0),
-    ("a large white triangle on a black background", 0),
-    ("an orange circle at the top on a green background", 0),
-    ("two purple triangles at the bottom on a yellow background", 0),
+    ("a large red circle in the center on a blue background", 0),
+    ("two small yellow squares on the left on a purple background", 0),
+    ("a large white triangle in the center on a black background", 0),
+    ("a medium orange circle at the top on a green background", 0),
+    ("two medium purple triangles at the bottom on a yellow background", 0),
     ("a small blue square on the right on a white background", 0),
-    ("a green triangle in the center on a red background", 0),
-    ("two medium black circles on an orange background", 0),
+    ("a medium green triangle in the center on a red background", 0),
+    ("two medium black circles on the right on an orange background", 0),
 ]
 
 
