@@ -95,7 +95,7 @@ TEST_F(ParallelCli, DegreesMustMatchTheRanksBeforeAnyWork) {
   EXPECT_FALSE(fs::exists(dir_ / "h.jpg"));
   const auto timeout = run({"forward", "--model", model, "--inputs", inputs, "--out", out, "--comm-timeout", "0"});
   EXPECT_EQ(timeout.status, 1);
-  EXPECT_NE(timeout.err.find("collective timeout: expected a positive number of seconds, got 0"), std::string::npos) << timeout.err;
+  EXPECT_NE(timeout.err.find("--comm-timeout must be a positive number of seconds, got 0"), std::string::npos) << timeout.err;
 }
 
 TEST_F(ParallelCli, CfgParallelAndUlyssesDrawTheOneDevicePicture) {
