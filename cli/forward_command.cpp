@@ -17,7 +17,6 @@
 #include "models/model_registry.h"
 #include "ops/vector_ops.h"
 #include "pipelines/stages/quantize.h"
-#include "pipelines/stages/ulysses.h"
 #include "tensor/error.h"
 #include "tensor/finite_check.h"
 #include "tensor/safetensors.h"
@@ -73,7 +72,7 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
   if (groups.degrees.ulysses > 1) {
     if (model->class_name().find("Transformer") == std::string::npos)
       throw Error("--ulysses shares a transformer's tokens; " + dir + " is a " + model->class_name());
-    stages.add(std::make_unique<pipelines::UlyssesStage>(groups.ulysses));
+    stages.add(ulysses_stage(groups));
   }
   const auto t0 = std::chrono::steady_clock::now();
   const models::ForwardContext ctx = stages.context({}, dtype);

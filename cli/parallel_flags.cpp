@@ -1,6 +1,7 @@
 #include "cli/parallel_flags.h"
 
 #include "parallel/mpi_runtime.h"
+#include "pipelines/stages/ulysses.h"
 #include "tensor/error.h"
 
 namespace cubevec::cli {
@@ -13,6 +14,28 @@ parallel::ParallelGroups ParallelFlags::resolve(bool simulate) const {
     throw Error("--ranks models that many cards in one process and needs --simulate; a real run takes its ranks from mpirun -np");
   if (simulate && parallel::world_size() == 1) return parallel::make_simulated_groups(degrees, ranks != 0 ? ranks : degrees.ranks());
   return parallel::make_parallel_groups(degrees);
+}
+
+parallel::ParallelGroups ParallelFlags::resolve_generation(bool simulate, pipelines::CfgMode cfg,
+                                                          std::optional<parallel::Communicator>& cfg_parallel) const {
+  parallel::ParallelGroups groups = resolve(simulate);
+  if (groups.degrees.cfg == 2) {
+    if (cfg == pipelines::CfgMode::off)
+      throw Error("--cfg-parallel 2 runs the two CFG branches on two ranks, but --cfg is off: give --cfg fused or streams");
+    cfg_parallel = groups.cfg;
+  }
+  return groups;
+}
+
+void check_ulysses_heads(const parallel::ParallelGroups& groups, int64_t heads) {
+  if (heads % groups.degrees.ulysses != 0)
+    throw Error("--ulysses " + std::to_string(groups.degrees.ulysses) + " must divide the transformer's " + std::to_string(heads) +
+                " attention heads (each rank attends with heads / U of them)");
+}
+
+std::unique_ptr<pipelines::Stage> ulysses_stage(const parallel::ParallelGroups& groups) {
+  if (groups.degrees.ulysses == 1) return nullptr;
+  return std::make_unique<pipelines::UlyssesStage>(groups.ulysses);
 }
 
 std::shared_ptr<ParallelFlags> add_parallel_flags(CLI::App& command, bool cfg_parallel) {

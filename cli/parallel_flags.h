@@ -5,8 +5,11 @@
 
 #include <CLI/CLI.hpp>
 #include <memory>
+#include <optional>
 
 #include "parallel/plan.h"
+#include "pipelines/guidance.h"
+#include "pipelines/stage.h"
 
 namespace cubevec::cli {
 
@@ -18,7 +21,16 @@ struct ParallelFlags {
   // Checks the flags against the ranks mpirun started (or, simulated, --ranks) before any work and
   // makes the groups.
   parallel::ParallelGroups resolve(bool simulate = false) const;
+  // resolve() for t2i / t2v: with --cfg-parallel 2 the CFG group goes to `cfg_parallel` (the
+  // pipeline's option), which needs CFG on.
+  parallel::ParallelGroups resolve_generation(bool simulate, pipelines::CfgMode cfg,
+                                              std::optional<parallel::Communicator>& cfg_parallel) const;
 };
+
+// Throws, before any weight loads, unless the Ulysses degree divides the transformer's `heads`.
+void check_ulysses_heads(const parallel::ParallelGroups& groups, int64_t heads);
+// The Ulysses stage for the run, or null when each rank holds every token.
+std::unique_ptr<pipelines::Stage> ulysses_stage(const parallel::ParallelGroups& groups);
 
 // `cfg_parallel`: whether the command has CFG branches to spread (t2i, t2v; not forward).
 std::shared_ptr<ParallelFlags> add_parallel_flags(CLI::App& command, bool cfg_parallel);

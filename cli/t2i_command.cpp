@@ -16,7 +16,6 @@
 #include "cli/command.h"
 #include "cli/device_flags.h"
 #include "cli/parallel_flags.h"
-#include "pipelines/stages/ulysses.h"
 #include "cli/generation_report.h"
 #include "cli/stage_flags.h"
 #include "cli/text_conditioning.h"
@@ -49,13 +48,8 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   f.text.memory_limit = f.common.memory_limit;
   f.options.cfg = pipelines::parse_cfg_mode(f.cfg);
   // Multi-device: the degrees against the ranks mpirun started, before any work; rank 0 writes.
-  const parallel::ParallelGroups groups = parallel_flags.resolve(f.common.simulate);
+  const parallel::ParallelGroups groups = parallel_flags.resolve_generation(f.common.simulate, f.options.cfg, f.options.cfg_parallel);
   const bool writer_rank = groups.world.rank() == 0;
-  if (groups.degrees.cfg == 2) {
-    if (f.options.cfg == pipelines::CfgMode::off)
-      throw Error("--cfg-parallel 2 runs the two CFG branches on two ranks, but --cfg is off: give --cfg fused or streams");
-    f.options.cfg_parallel = groups.cfg;
-  }
   f.options.activations = dtype;
   const pipelines::CacheConfig cache_config = stage_flags.cache_settings();  // bad files fail before any work
   std::unique_ptr<pipelines::Stage> quantize = stage_flags.quantize_stage(f.common.simulate, f.options.steps);
@@ -82,10 +76,7 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   const std::string& text_source = text.source;
   const double text_s = pipelines::seconds_since(t0);
   pipeline.check(f.options, negative.has_value());
-  const int64_t heads = pipeline.transformer().config().num_attention_heads;
-  if (heads % groups.degrees.ulysses != 0)  // before any weight loads
-    throw Error("--ulysses " + std::to_string(groups.degrees.ulysses) + " must divide the transformer's " + std::to_string(heads) +
-                " attention heads (each rank attends with heads / U of them)");
+  check_ulysses_heads(groups, pipeline.transformer().config().num_attention_heads);
   std::unique_ptr<pipelines::Stage> offload = stage_flags.offload_stage(pipelines::block_modules(pipeline.transformer()), profile.cube_threads);
   const pipelines::MemoryEstimate memory = pipelines::estimate_memory(pipeline, f.options, positive.sequence.size(1),
                                                                      f.options.cfg == pipelines::CfgMode::off ? 1 : 2, stage_flags.offload, profile.cube_threads);
@@ -99,7 +90,7 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   const models::FluxConfig& mc = pipeline.transformer().config();
   pipelines::StageList stage_list = StageFlags::build(std::move(quantize), cache_config, f.options.steps, pipeline.transformer().block_count(),
                                                               std::move(sparse), std::move(offload),
-      groups.degrees.ulysses > 1 ? std::make_unique<pipelines::UlyssesStage>(groups.ulysses) : nullptr);
+      ulysses_stage(groups));
   stage_list.after_load(pipeline.mutable_transformer().mutable_parameters());
 
   std::fprintf(stderr, "t2i: text: %s\n", text_source.c_str());

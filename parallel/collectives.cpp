@@ -50,12 +50,6 @@ Shape with_size(Shape shape, int64_t dim, int64_t size) {
   return shape;
 }
 
-int64_t numel_of(const Shape& shape) {
-  int64_t n = 1;
-  for (const int64_t s : shape) n *= s;
-  return n;
-}
-
 // Blocks laid out one after another in `flat` (1-D), of the given shapes, joined along `dim`. When
 // every dimension before `dim` has size 1 the blocks already are the concatenation: no copy.
 Tensor join_blocks(const Tensor& flat, const std::vector<Shape>& shapes, int64_t dim, const Stream& stream) {
@@ -68,7 +62,7 @@ Tensor join_blocks(const Tensor& flat, const std::vector<Shape>& shapes, int64_t
   std::vector<Tensor> parts;
   int64_t offset = 0;
   for (const Shape& s : shapes) {
-    const int64_t n = numel_of(s);
+    const int64_t n = shape_numel(s);
     if (n > 0) parts.push_back(flat.narrow(0, offset, n).view(s));
     offset += n;
   }
@@ -76,7 +70,7 @@ Tensor join_blocks(const Tensor& flat, const std::vector<Shape>& shapes, int64_t
   return ops::concat(parts, dim, stream);
 }
 
-std::size_t bytes_of(const Shape& shape, DType dtype) { return static_cast<std::size_t>(numel_of(shape)) * dtype_size(dtype); }
+std::size_t bytes_of(const Shape& shape, DType dtype) { return static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype); }
 
 }  // namespace
 
@@ -99,7 +93,7 @@ Tensor all_gather(const Tensor& x, int64_t dim, const Communicator& comm, const 
   for (const int64_t s : sizes) {
     shapes.push_back(with_size(x.shape(), d, s));
     bytes.push_back(bytes_of(shapes.back(), x.dtype()));
-    total += numel_of(shapes.back());
+    total += shape_numel(shapes.back());
   }
   Tensor gathered = stream.device().empty({total}, x.dtype(), stream);
   const std::string what = "all_gather '" + label + "' " + signature(x, {d}) + " dim " + std::to_string(d);
@@ -142,7 +136,7 @@ Tensor all_to_all(const Tensor& x, int64_t scatter_dim, int64_t gather_dim, cons
   for (const int64_t g : gather_sizes) {
     shapes.push_back(with_size(with_size(x.shape(), sd, mine), gd, g));
     recv_bytes.push_back(bytes_of(shapes.back(), x.dtype()));
-    total += numel_of(shapes.back());
+    total += shape_numel(shapes.back());
   }
   Tensor received = stream.device().empty({total}, x.dtype(), stream);
   const std::string what = "all_to_all '" + label + "' " + signature(x, {sd, gd}) + " scatter " + std::to_string(sd) +

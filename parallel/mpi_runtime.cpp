@@ -28,6 +28,19 @@ bool g_announced = false;
 std::atomic<double> g_timeout_s{600.0};
 std::atomic<bool> g_abandoned{false};
 
+// Takes one failure notice off the wire, if one is waiting: "rank R failed: message". Under g_mutex.
+std::optional<std::string> take_notice() {
+  int flag = 0;
+  MPI_Status status;
+  MPI_Iprobe(MPI_ANY_SOURCE, kFailureTag, g_failure_comm, &flag, &status);
+  if (!flag) return std::nullopt;
+  int count = 0;
+  MPI_Get_count(&status, MPI_CHAR, &count);
+  std::string text(static_cast<std::size_t>(std::max(count, 0)), '\0');
+  MPI_Recv(text.data(), count, MPI_CHAR, status.MPI_SOURCE, kFailureTag, g_failure_comm, MPI_STATUS_IGNORE);
+  return "rank " + std::to_string(status.MPI_SOURCE) + " failed: " + text;
+}
+
 }  // namespace
 
 bool launched_by_mpirun() {
@@ -115,15 +128,7 @@ void announce_failure(const std::string& message) {
 std::optional<std::string> received_failure() {
   std::lock_guard lock(g_mutex);
   if (g_failure || !g_started || g_finalized) return g_failure;
-  int flag = 0;
-  MPI_Status status;
-  MPI_Iprobe(MPI_ANY_SOURCE, kFailureTag, g_failure_comm, &flag, &status);
-  if (!flag) return std::nullopt;
-  int count = 0;
-  MPI_Get_count(&status, MPI_CHAR, &count);
-  std::string text(static_cast<std::size_t>(std::max(count, 0)), '\0');
-  MPI_Recv(text.data(), count, MPI_CHAR, status.MPI_SOURCE, kFailureTag, g_failure_comm, MPI_STATUS_IGNORE);
-  g_failure = "rank " + std::to_string(status.MPI_SOURCE) + " failed: " + text;
+  g_failure = take_notice();
   return g_failure;
 }
 
@@ -144,14 +149,7 @@ void finalize(int exit_status) {
   }
   std::lock_guard lock(g_mutex);
   // Notices nobody read (this rank finished first) are taken off the wire before MPI stops.
-  for (int flag = 1; flag;) {
-    MPI_Status status;
-    MPI_Iprobe(MPI_ANY_SOURCE, kFailureTag, g_failure_comm, &flag, &status);
-    if (!flag) break;
-    int count = 0;
-    MPI_Get_count(&status, MPI_CHAR, &count);
-    std::string text(static_cast<std::size_t>(std::max(count, 0)), '\0');
-    MPI_Recv(text.data(), count, MPI_CHAR, status.MPI_SOURCE, kFailureTag, g_failure_comm, MPI_STATUS_IGNORE);
+  while (take_notice()) {
   }
   MPI_Comm_free(&g_failure_comm);
   MPI_Finalize();

@@ -1,5 +1,7 @@
 #include "pipelines/stages/ulysses.h"
 
+#include <numeric>
+
 #include "ops/vector_ops.h"
 #include "parallel/collectives.h"
 #include "tensor/error.h"
@@ -48,11 +50,7 @@ Tensor UlyssesStage::attend(const models::StepInfo& /*step*/, const models::Atte
   if (token_sizes_.empty()) throw Error("ulysses: attention in " + id.module + " before the tokens were split");
   const int ranks = group_.size();
   const int64_t text = id.kind == models::AttentionKind::joint ? id.text_len : 0;
-  const int64_t tokens = [&] {
-    int64_t n = 0;
-    for (const int64_t s : token_sizes_) n += s;
-    return n;
-  }();
+  const int64_t tokens = std::accumulate(token_sizes_.begin(), token_sizes_.end(), int64_t{0});
   const models::AttentionProjection by_heads = [&] {
     const models::AttentionQkv qkv = project();
     const int64_t heads = qkv.q.size(2);

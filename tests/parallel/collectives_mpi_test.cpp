@@ -17,8 +17,7 @@ namespace {
 float value(int r, int64_t i, int salt) { return static_cast<float>(std::sin(0.37 * static_cast<double>(i) + 1.3 * r + 0.11 * salt)); }
 
 Tensor filled(const Shape& shape, int r, int salt) {
-  int64_t n = 1;
-  for (const int64_t s : shape) n *= s;
+  const int64_t n = shape_numel(shape);
   std::vector<float> v(static_cast<std::size_t>(n));
   for (int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = value(r, i, salt);
   return Tensor::from_vector(v, shape);
