@@ -65,6 +65,24 @@ struct AttentionOptions {
 Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options = {},
                          const Stream& stream = default_op_stream());
 
+// Attention with each query row's log-sum-exp: what ring attention computes per block of keys and
+// then merges. out as attention_forward; lse f32 [B, N, Sq], log(sum_j exp(score_ij)) over the
+// scaled (and masked) scores of the keys the row saw, -inf for a row that saw none (its out is NaN).
+struct AttentionPartial {
+  Tensor out;
+  Tensor lse;
+};
+// As attention_forward (BSND or BNSD) on the tiled kernels: flash or cv_pipelined as opt_mode picks
+// (the math path has no log-sum-exp; in manual mode op_type must not be math).
+AttentionPartial attention_forward_with_lse(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options = {},
+                                            const Stream& stream = default_op_stream());
+// The result over the union of two disjoint key sets from the result over each (same q, layout
+// BSND or BNSD, same shapes and dtype), in f32 on the Vector unit:
+//   lse = log(exp(lse_a) + exp(lse_b)),   out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b.
+// A part whose row has lse -inf adds nothing (its NaN out is ignored); a row neither part saw stays NaN.
+AttentionPartial merge_attention_partials(const AttentionPartial& a, const AttentionPartial& b,
+                                          AttentionLayout layout = AttentionLayout::bsnd, const Stream& stream = default_op_stream());
+
 // Block-sparse attention, the kernel under MindIE SD's sparse_attention (ops/sparse_attention.h):
 // the flash tiles (and their CV-pipelined form) walk only the key blocks each query block keeps.
 // block_mask is bool or u8 [B, N, ceil(Sq/128), ceil(Sk/128)] (B and N may be 1 to broadcast), true

@@ -131,7 +131,8 @@ Inputs check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Att
 
 // The per-head problems of 4-D q, k, v, out in `layout` (bsnd or bnsd), all with unit stride in D.
 attn::AttentionBatch make_batch(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                const Tensor& mask, const Tensor& block_mask, AttentionLayout layout, float scale) {
+                                const Tensor& mask, const Tensor& block_mask, const Tensor& lse, AttentionLayout layout,
+                                float scale) {
   attn::AttentionBatch batch;
   batch.d = q.size(3);
   batch.dtype = q.dtype();
@@ -171,6 +172,7 @@ attn::AttentionBatch make_batch(const Tensor& q, const Tensor& k, const Tensor& 
                        mh * block_mask.stride(1);
         p.block_ld = block_mask.stride(2);
       }
+      if (lse.defined()) p.lse = reinterpret_cast<float*>(lse.unsynchronized_data_ptr()) + (b * q.size(n) + h) * p.sq;
       batch.heads.push_back(p);
     }
   }
@@ -189,16 +191,16 @@ KernelDesc cube_desc(const Inputs& in, double flops, bool materialized) {
 // ready). `cube` carries the Cube kernel's cost; `scores` counts the score elements (the Vector
 // half's work in the CV pipeline). Kernels are named "<prefix>_<impl>".
 void launch_batch(AttentionImpl impl, const std::string& prefix, const std::function<attn::AttentionBatch()>& batch_of,
-                  KernelDesc cube, double scores, const std::vector<Tensor>& reads, const Tensor& out,
+                  KernelDesc cube, double scores, const std::vector<Tensor>& reads, const std::vector<Tensor>& outs,
                   const Stream& stream) {
   switch (impl) {
     case AttentionImpl::math:
       cube.name = prefix + "_math";
-      stream.launch(cube, reads, {out}, [batch_of] { attn::run_math(batch_of()); });
+      stream.launch(cube, reads, outs, [batch_of] { attn::run_math(batch_of()); });
       return;
     case AttentionImpl::flash:
       cube.name = prefix + "_flash";
-      stream.launch(cube, reads, {out}, [batch_of] { attn::run_flash(batch_of()); });
+      stream.launch(cube, reads, outs, [batch_of] { attn::run_flash(batch_of()); });
       return;
     case AttentionImpl::cv_pipelined: {
       // Both halves share one pipeline, made by whichever starts first (their tensors are ready by then).
@@ -219,14 +221,16 @@ void launch_batch(AttentionImpl impl, const std::string& prefix, const std::func
       vector_stream.launch({prefix + "_cv_softmax", Unit::vector, 6.0 * scores, 2.0 * 4.0 * scores, DType::f32}, reads, {},
                            [get] { get().run_vector(); });
       cube.name = prefix + "_cv_matmul";
-      stream.launch(cube, reads, {out}, [get] { get().run_cube(); });
+      stream.launch(cube, reads, outs, [get] { get().run_cube(); });
       return;
     }
   }
 }
 
-// Runs `impl` with q, k, v handed over in `kernel_layout`; returns the result in in.layout.
-Tensor run_impl(const Inputs& in, AttentionImpl impl, AttentionLayout kernel_layout, const Stream& stream) {
+// Runs `impl` with q, k, v handed over in `kernel_layout`; returns the result in in.layout. With
+// `lse` (f32 [B, N, Sq], contiguous) the kernel also writes each row's log-sum-exp there.
+Tensor run_impl(const Inputs& in, AttentionImpl impl, AttentionLayout kernel_layout, const Stream& stream,
+                const Tensor& lse = {}) {
   if (kernel_layout == AttentionLayout::bsh) kernel_layout = AttentionLayout::bsnd;
   const bool transposed = kernel_layout != in.layout;
   auto to_kernel = [&](const Tensor& t) { return transposed ? contiguous(t.permute({0, 2, 1, 3}), stream) : t; };
@@ -238,10 +242,12 @@ Tensor run_impl(const Inputs& in, AttentionImpl impl, AttentionLayout kernel_lay
   std::vector<Tensor> reads{q, k, v};
   if (mask.defined()) reads.push_back(mask);
   if (block_mask.defined()) reads.push_back(block_mask);
-  auto batch_of = [=] { return make_batch(q, k, v, out, mask, block_mask, kernel_layout, scale); };
+  auto batch_of = [=] { return make_batch(q, k, v, out, mask, block_mask, lse, kernel_layout, scale); };
   const double scores = in.density * static_cast<double>(in.batch * in.heads) * static_cast<double>(in.sq * in.sk);
+  std::vector<Tensor> outs{out};
+  if (lse.defined()) outs.push_back(lse);
   launch_batch(impl, block_mask.defined() ? "block_sparse_attention" : "attention", batch_of,
-               cube_desc(in, flops, impl == AttentionImpl::math), scores, reads, out, stream);
+               cube_desc(in, flops, impl == AttentionImpl::math), scores, reads, outs, stream);
   return transposed ? contiguous(out.permute({0, 2, 1, 3}), stream) : out;
 }
 
@@ -336,6 +342,25 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
   }
   Tensor out = run_impl(in, choice.op_type, choice.kernel_layout, stream);
   return options.layout == AttentionLayout::bsh ? out.reshape(q.shape()) : out;
+}
+
+AttentionPartial attention_forward_with_lse(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
+                                            const Stream& stream) {
+  const char* op = "attention_forward_with_lse";
+  if (options.layout == AttentionLayout::bsh) throw Error(std::string(op) + ": layout must be BSND or BNSD, got BSH");
+  const Inputs in = check_inputs(q, k, v, options, stream, op);
+  AttentionTuneChoice choice;
+  if (options.opt_mode == AttentionOptMode::manual) {
+    if (options.op_type == AttentionImpl::math) throw Error(std::string(op) + ": op_type must be flash or cv_pipelined (the math path has no log-sum-exp)");
+    if (options.kernel_layout == AttentionLayout::bsh) throw Error(std::string(op) + ": kernel_layout must be BSND or BNSD");
+    choice = {options.op_type, options.kernel_layout, 0.0};
+  } else {
+    choice = automatic_choice(in, options.opt_mode, options.layout, stream);
+    if (choice.op_type == AttentionImpl::math) choice = {AttentionImpl::flash, in.layout, 0.0};
+  }
+  Tensor lse = stream.device().empty({in.batch, in.heads, in.sq}, DType::f32, stream);
+  Tensor out = run_impl(in, choice.op_type, choice.kernel_layout, stream, lse);
+  return {out, lse};
 }
 
 Tensor block_sparse_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& block_mask,
@@ -461,7 +486,7 @@ Tensor attention_forward_varlen(const Tensor& q, const Tensor& k, const Tensor& 
   for (std::size_t b = 0; b + 1 < cu_q.size(); ++b)
     scores += static_cast<double>((cu_q[b + 1] - cu_q[b]) * (cu_k[b + 1] - cu_k[b])) * static_cast<double>(q.size(1));
   launch_batch(options.impl, "attention_varlen", batch_of, {"", Unit::cube, flops, bytes, DType::f32}, scores,
-               {qc, kc, vc}, out, stream);
+               {qc, kc, vc}, {out}, stream);
   return out;
 }
 

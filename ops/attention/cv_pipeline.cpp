@@ -67,7 +67,7 @@ struct CvPipeline::Lane {
 
   // The queue: two S/P slots with the softmax outputs the Cube side needs.
   struct Slot {
-    std::vector<float> s, alpha, final_l;
+    std::vector<float> s, alpha, final_m, final_l;
   } slots[2];
   // Online-softmax state of the q-block being normalized (owned by whichever side holds the claim).
   std::vector<float> m, l;
@@ -86,6 +86,7 @@ struct CvPipeline::Lane {
     for (auto& slot : slots) {
       slot.s.assign(rows * kBlockKeys, 0.0f);
       slot.alpha.assign(rows, 1.0f);
+      slot.final_m.assign(rows, 0.0f);
       slot.final_l.assign(rows, 0.0f);
     }
     m.assign(rows, 0.0f);
@@ -139,7 +140,10 @@ struct CvPipeline::Lane {
       softmax_step(*g, head, batch->scale, q0, tile.kb, slot.s.data() + p * mr * kBlockKeys, m.data() + p * mr,
                    l.data() + p * mr, slot.alpha.data() + p * mr);
     }
-    if (tile.last) std::copy(l.begin(), l.end(), slot.final_l.begin());
+    if (tile.last) {
+      std::copy(m.begin(), m.end(), slot.final_m.begin());
+      std::copy(l.begin(), l.end(), slot.final_l.begin());
+    }
   }
 
   // Cube side: P(t) ready in its slot, computed by the Vector side or, if it is absent, here.
@@ -194,7 +198,7 @@ struct CvPipeline::Lane {
       for (int p = 0; p < st.panels; ++p)
         if (panel_sees_block(geo, head, st, p, tile.kb))
           pv_tile(geo, head, kvt, st, p, tile.kb, slot.s.data() + p * mr * kBlockKeys, slot.alpha.data() + p * mr);
-      if (tile.last) finish_q_block(geo, head, batch->dtype, st, slot.final_l.data());
+      if (tile.last) finish_q_block(geo, head, batch->dtype, st, slot.final_m.data(), slot.final_l.data());
       const bool head_done = t + 1 == static_cast<int64_t>(tiles.size()) || head_seq_of_tile[static_cast<std::size_t>(t + 1)] != seq;
       if (head_done) heads_released.store(seq + 1, std::memory_order_release);
     };
@@ -324,7 +328,7 @@ void CvPipeline::run_cube_lane(int i) {
     const HeadProblem& head = batch_.heads[static_cast<std::size_t>(job.head)];
     QBlockState st(*geometry_);
     begin_q_block(*geometry_, head, batch_.dtype, job.q0, st);
-    finish_q_block(*geometry_, head, batch_.dtype, st, st.l.data());
+    finish_q_block(*geometry_, head, batch_.dtype, st, st.m.data(), st.l.data());
   }
   lane.run_cube();
 }

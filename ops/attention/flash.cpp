@@ -33,7 +33,7 @@ void run_q_block(const FlashGeometry& g, const AttentionBatch& batch, const Head
     }
     if (!any && later_blocks_unseen_too(head)) break;
   }
-  finish_q_block(g, head, batch.dtype, st, st.l.data());
+  finish_q_block(g, head, batch.dtype, st, st.m.data(), st.l.data());
 }
 
 }  // namespace

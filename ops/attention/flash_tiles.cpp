@@ -214,14 +214,16 @@ void pv_tile(const FlashGeometry& g, const HeadProblem& head, const PackedKV& kv
 }
 
 void finish_q_block(const FlashGeometry& g, const HeadProblem& head, DType dtype, const QBlockState& st,
-                    const float* l) {
+                    const float* m, const float* l) {
   const int64_t mr = g.kernels->mr, d = g.d;
   std::vector<float> row(static_cast<std::size_t>(d));
   for (int p = 0; p < st.panels; ++p) {
     const int64_t r0 = st.q0 + p * mr, rows = std::min(mr, head.sq - r0);
     for (int64_t r = 0; r < rows; ++r) {
       const float sum = l[p * mr + r];
-      const float inv = sum > 0.0f && st.o_started[p] ? 1.0f / sum : std::numeric_limits<float>::quiet_NaN();
+      const bool attended = sum > 0.0f && st.o_started[p];
+      const float inv = attended ? 1.0f / sum : std::numeric_limits<float>::quiet_NaN();
+      if (head.lse) head.lse[r0 + r] = attended ? m[p * mr + r] + std::log(sum) : -std::numeric_limits<float>::infinity();
       const bool zero = head.block_keep && query_block_keeps_nothing(head, (r0 + r) / kSparseBlock);
       const float* o = st.o.data() + (p * mr + r) * g.dp;
       for (int64_t c = 0; c < d; ++c) row[static_cast<std::size_t>(c)] = zero ? 0.0f : o[c] * inv;

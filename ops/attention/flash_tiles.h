@@ -90,9 +90,9 @@ void softmax_step(const FlashGeometry& g, const HeadProblem& head, float scale, 
 void pv_tile(const FlashGeometry& g, const HeadProblem& head, const PackedKV& kv, QBlockState& st, int panel,
              int64_t kb, const float* p, const float* alpha);
 // out rows of the block = O / l (NaN for a row that attended to no key; zero for a row whose query
-// block keeps no key block under block sparsity).
+// block keeps no key block under block sparsity); head.lse, if asked for, = m + log(l).
 void finish_q_block(const FlashGeometry& g, const HeadProblem& head, DType dtype, const QBlockState& st,
-                    const float* l);
+                    const float* m, const float* l);
 
 // Scratch from the caching allocator (the same blocks come back call after call).
 class Scratch {

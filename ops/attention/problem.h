@@ -28,6 +28,10 @@ struct HeadProblem {
   // count of 0), not NaN.
   const uint8_t* block_keep = nullptr;
   int64_t block_ld = 0;
+  // Optional out (flash and cv_pipelined only): per query row, the log-sum-exp of its scaled scores
+  // over the keys it attended to (natural log), -inf for a row that attended to none. Ring
+  // attention merges partial results with it.
+  float* lse = nullptr;
 };
 
 inline constexpr int64_t kSparseBlock = 128;  // MindIE SD's block size: query and key blocks
