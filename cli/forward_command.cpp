@@ -14,6 +14,7 @@
 #include "cli/command.h"
 #include "cli/device_flags.h"
 #include "cli/parallel_flags.h"
+#include "cli/stage_flags.h"
 #include "models/model_registry.h"
 #include "ops/vector_ops.h"
 #include "pipelines/stages/quantize.h"
@@ -67,12 +68,12 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
     require_finite(inputs[e.name], f.inputs + ": tensor '" + e.name + "'");
   }
   // Sequence parallel: this rank keeps its share of the tokens through the blocks (see
-  // pipelines/stages/ulysses.h); every rank ends with the whole output.
+  // pipelines/stages/sequence_parallel.h); every rank ends with the whole output.
   pipelines::StageList stages;
-  if (groups.degrees.ulysses > 1) {
+  if (groups.degrees.sequence() > 1) {
     if (model->class_name().find("Transformer") == std::string::npos)
-      throw Error("--ulysses shares a transformer's tokens; " + dir + " is a " + model->class_name());
-    stages.add(ulysses_stage(groups));
+      throw Error("--ulysses and --ring share a transformer's tokens; " + dir + " is a " + model->class_name());
+    stages.add(sequence_parallel_stage(groups));
   }
   const auto t0 = std::chrono::steady_clock::now();
   const models::ForwardContext ctx = stages.context({}, dtype);
@@ -87,6 +88,7 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
   std::fprintf(stderr, "forward%s: %s %s -> sample %s in %.3f s%s\n", who.c_str(), model->class_name().c_str(),
                first.defined() ? shape_to_string(first.shape()).c_str() : "", shape_to_string(sample.shape()).c_str(), seconds,
                writer ? (", written to " + f.out).c_str() : "");
+  print_stage_report(stages);
   cache.save(device);
   return 0;
 }

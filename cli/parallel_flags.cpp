@@ -1,7 +1,7 @@
 #include "cli/parallel_flags.h"
 
 #include "parallel/mpi_runtime.h"
-#include "pipelines/stages/ulysses.h"
+#include "pipelines/stages/sequence_parallel.h"
 #include "tensor/error.h"
 
 namespace cubevec::cli {
@@ -33,15 +33,17 @@ void check_ulysses_heads(const parallel::ParallelGroups& groups, int64_t heads) 
                 " attention heads (each rank attends with heads / U of them)");
 }
 
-std::unique_ptr<pipelines::Stage> ulysses_stage(const parallel::ParallelGroups& groups) {
-  if (groups.degrees.ulysses == 1) return nullptr;
-  return std::make_unique<pipelines::UlyssesStage>(groups.ulysses);
+std::unique_ptr<pipelines::Stage> sequence_parallel_stage(const parallel::ParallelGroups& groups) {
+  if (groups.degrees.sequence() == 1) return nullptr;
+  return std::make_unique<pipelines::SequenceParallelStage>(groups.ulysses, groups.ring);
 }
 
 std::shared_ptr<ParallelFlags> add_parallel_flags(CLI::App& command, bool cfg_parallel) {
   auto flags = std::make_shared<ParallelFlags>();
   command.add_option("--ulysses", flags->degrees.ulysses,
                      "Ulysses sequence parallel over this many ranks (mpirun -np N; must divide the head count)");
+  command.add_option("--ring", flags->degrees.ring,
+                     "Ring attention over this many ranks: each keeps a span of the tokens and K/V pass around the ring");
   if (cfg_parallel)
     command.add_option("--cfg-parallel", flags->degrees.cfg, "2: the conditional and unconditional CFG branches on different ranks");
   if (cfg_parallel)

@@ -1,6 +1,6 @@
-// The multi-device flags of the commands that run a transformer: --ulysses U, --cfg-parallel C,
-// --comm-timeout S, and for simulate mode --ranks N. Run under `mpirun -np N` with U x C = N; rank
-// 0 writes the outputs. With --simulate, one process models the N cards.
+// The multi-device flags of the commands that run a transformer: --ulysses U, --ring R,
+// --cfg-parallel C, --comm-timeout S, and for simulate mode --ranks N. Run under `mpirun -np N` with
+// U x R x C = N; rank 0 writes the outputs. With --simulate, one process models the N cards.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -29,8 +29,8 @@ struct ParallelFlags {
 
 // Throws, before any weight loads, unless the Ulysses degree divides the transformer's `heads`.
 void check_ulysses_heads(const parallel::ParallelGroups& groups, int64_t heads);
-// The Ulysses stage for the run, or null when each rank holds every token.
-std::unique_ptr<pipelines::Stage> ulysses_stage(const parallel::ParallelGroups& groups);
+// The sequence-parallel stage (Ulysses and ring) for the run, or null when each rank holds every token.
+std::unique_ptr<pipelines::Stage> sequence_parallel_stage(const parallel::ParallelGroups& groups);
 
 // `cfg_parallel`: whether the command has CFG branches to spread (t2i, t2v; not forward).
 std::shared_ptr<ParallelFlags> add_parallel_flags(CLI::App& command, bool cfg_parallel);

@@ -136,7 +136,8 @@ pipelines::StageList StageFlags::build(std::unique_ptr<pipelines::Stage> quantiz
   if (quantize) stages.add(std::move(quantize));
   if (auto cache = pipelines::make_cache_stage(cache_config, steps, blocks)) {
     // A cache decides from what its rank sees; with the tokens shared, ranks could decide apart.
-    if (sharded) throw Error("--cache with --ulysses is not supported yet: each rank would decide its cache from its own tokens");
+    if (sharded)
+      throw Error("--cache with --ulysses or --ring is not supported yet: each rank would decide its cache from its own tokens");
     stages.add(std::move(cache));
   }
   if (sparse) {

@@ -90,7 +90,7 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   const models::FluxConfig& mc = pipeline.transformer().config();
   pipelines::StageList stage_list = StageFlags::build(std::move(quantize), cache_config, f.options.steps, pipeline.transformer().block_count(),
                                                               std::move(sparse), std::move(offload),
-      ulysses_stage(groups));
+      sequence_parallel_stage(groups));
   stage_list.after_load(pipeline.mutable_transformer().mutable_parameters());
 
   std::fprintf(stderr, "t2i: text: %s\n", text_source.c_str());

@@ -133,7 +133,7 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   const models::WanConfig& mc = pipeline.transformer().config();
   pipelines::StageList stage_list = StageFlags::build(std::move(quantize), cache_config, f.options.steps, pipeline.transformer().block_count(),
                                                               std::move(sparse), std::move(offload),
-      ulysses_stage(groups));
+      sequence_parallel_stage(groups));
   stage_list.after_load(pipeline.mutable_transformer().mutable_parameters());
   // The output files are opened before denoising, so a bad path fails at once, not after it.
   std::optional<FrameWriter> writer;

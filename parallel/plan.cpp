@@ -6,7 +6,7 @@
 namespace cubevec::parallel {
 
 std::string ParallelDegrees::describe() const {
-  return "--ulysses " + std::to_string(ulysses) + " x --cfg-parallel " + std::to_string(cfg);
+  return "--ulysses " + std::to_string(ulysses) + " x --ring " + std::to_string(ring) + " x --cfg-parallel " + std::to_string(cfg);
 }
 
 namespace {
@@ -14,6 +14,10 @@ namespace {
 void check_degrees(const ParallelDegrees& degrees) {
   if (degrees.ulysses < 1 || degrees.ulysses > 4096)
     throw Error("--ulysses must be from 1 to 4096 ranks, got " + std::to_string(degrees.ulysses));
+  if (degrees.ring < 1 || degrees.ring > 4096)
+    throw Error("--ring must be from 1 to 4096 ranks, got " + std::to_string(degrees.ring));
+  if (static_cast<int64_t>(degrees.ulysses) * degrees.ring > 4096)
+    throw Error("--ulysses x --ring must be at most 4096 ranks, got " + std::to_string(degrees.ulysses) + " x " + std::to_string(degrees.ring));
   if (degrees.cfg != 1 && degrees.cfg != 2)
     throw Error("--cfg-parallel must be 1 or 2 (one rank per CFG branch), got " + std::to_string(degrees.cfg));
 }
@@ -36,10 +40,12 @@ ParallelGroups make_parallel_groups(const ParallelDegrees& degrees) {
                 "; the product of the degrees must be the rank count");
   }
   const Communicator world = Communicator::world();
-  ParallelGroups groups{degrees, world, world, world};
-  const int rank = groups.world.rank();
-  groups.ulysses = groups.world.split("ulysses", rank / degrees.ulysses);
-  groups.cfg = groups.world.split("cfg", rank % degrees.ulysses);
+  ParallelGroups groups{degrees, world, world, world, world};
+  const int rank = groups.world.rank(), u = degrees.ulysses, sequence = degrees.sequence();
+  // Each group: the ranks that differ only in its own index (colors as in the layout above).
+  groups.ulysses = groups.world.split("ulysses", rank / u);
+  groups.ring = groups.world.split("ring", (rank / sequence) * u + rank % u);
+  groups.cfg = groups.world.split("cfg", rank % sequence);
   return groups;
 }
 
@@ -48,7 +54,7 @@ ParallelGroups make_simulated_groups(const ParallelDegrees& degrees, int ranks) 
   if (degrees.ranks() != ranks)
     throw Error(ranks_needed(degrees) + ", but --ranks is " + std::to_string(ranks) + "; the product of the degrees must be the rank count");
   return {degrees, Communicator::simulated("world", ranks), Communicator::simulated("ulysses", degrees.ulysses),
-          Communicator::simulated("cfg", degrees.cfg)};
+          Communicator::simulated("ring", degrees.ring), Communicator::simulated("cfg", degrees.cfg)};
 }
 
 }  // namespace cubevec::parallel

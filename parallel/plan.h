@@ -9,18 +9,23 @@
 namespace cubevec::parallel {
 
 struct ParallelDegrees {
-  int ulysses = 1;  // Ulysses sequence parallel: ranks sharing the tokens
+  int ulysses = 1;  // Ulysses sequence parallel: ranks sharing the tokens by an all-to-all over the heads
+  int ring = 1;     // ring attention: ranks sharing the tokens by passing K/V around a ring
   int cfg = 1;      // CFG parallel: 1, or 2 (one CFG branch per rank)
-  int ranks() const { return ulysses * cfg; }
-  // "--ulysses 2 x --cfg-parallel 2", for messages.
+  int ranks() const { return ulysses * ring * cfg; }
+  int sequence() const { return ulysses * ring; }  // ranks sharing one forward's tokens
+  // "--ulysses 2 x --ring 1 x --cfg-parallel 2", for messages.
   std::string describe() const;
 };
 
-// Ranks are laid out cfg-major: world rank = cfg index * ulysses + ulysses index, so the ranks of a
-// Ulysses group are neighbours (on one node, as the NPU's HCCS links are).
+// Ranks are laid out cfg-major, then ring, then Ulysses:
+//   world rank = (cfg index * ring + ring index) * ulysses + ulysses index,
+// so the ranks of a Ulysses group, whose all-to-alls move the most, are neighbours (on one node, as
+// the NPU's HCCS links are). The tokens go to the ulysses x ring ranks in the order (ring index,
+// ulysses index): a ring member holds one contiguous span, which its Ulysses group shares.
 struct ParallelGroups {
   ParallelDegrees degrees;
-  Communicator world, ulysses, cfg;
+  Communicator world, ulysses, ring, cfg;
 };
 
 // Throws, naming the flags, unless every degree is at least 1, cfg is 1 or 2, and the product is

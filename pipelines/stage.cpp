@@ -14,6 +14,10 @@ double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock:
 }  // namespace
 
 void StageList::add(std::unique_ptr<Stage> stage) {
+  if (stage->uses_attention())
+    for (const auto& before : stages_)
+      if (before->computes_attention())
+        throw Error(stage->name() + " cannot run with " + before->name() + ", which computes the attention itself");
   stages_.push_back(std::move(stage));
   seconds_.push_back(0.0);
 }

@@ -40,6 +40,9 @@ class Stage {
   // Attention plug point. `next` runs the stages below and finally dense attention; a stage may
   // call it (with `project` or its own), or return another output without calling it.
   virtual bool uses_attention() const { return false; }
+  // Whether the stage computes the attention itself without calling `next` (ring attention), so no
+  // attention stage may come after it.
+  virtual bool computes_attention() const { return false; }
   virtual Tensor attend(const models::StepInfo& /*step*/, const models::AttentionIdentity& /*id*/,
                         const models::AttentionProjection& project, const Stream& /*stream*/, const AttendNext& next) {
     return next(project);
@@ -68,6 +71,7 @@ struct StepCounts {
 
 class StageList : public models::AttentionPolicy, public models::BlockHook {
  public:
+  // Throws if an attention stage would come after one that computes the attention itself.
   void add(std::unique_ptr<Stage> stage);
   bool empty() const { return stages_.empty(); }
   const std::vector<std::unique_ptr<Stage>>& stages() const { return stages_; }

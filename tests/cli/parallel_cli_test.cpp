@@ -42,6 +42,18 @@ std::string write_forward_inputs(const fs::path& dir, const std::string& goldens
   return path;
 }
 
+// Complete ("X") comm-unit events of a Chrome trace whose name starts with `prefix`.
+int count_comm_kernels(const std::string& trace, const std::string& prefix) {
+  const nlohmann::json events = nlohmann::json::parse(read_file(trace));
+  int count = 0;
+  for (const auto& e : events.at("traceEvents")) {
+    const auto ph = e.find("ph"), cat = e.find("cat"), name = e.find("name");
+    if (ph == e.end() || cat == e.end() || name == e.end() || !name->is_string()) continue;
+    if (*ph == "X" && *cat == "comm" && name->get_ref<const std::string&>().rfind(prefix, 0) == 0) ++count;
+  }
+  return count;
+}
+
 TEST_F(ParallelCli, UlyssesForwardMatchesOneDeviceOnFluxAndWan) {
   struct Case {
     std::string model, goldens;
@@ -65,6 +77,42 @@ TEST_F(ParallelCli, UlyssesForwardMatchesOneDeviceOnFluxAndWan) {
   }
 }
 
+// Ring attention alone (2 ranks) and with Ulysses (2 x 2 on 4 ranks), on the tiny Flux (joint
+// attention: the text keys attended once, on each rank) and the tiny Wan (self and cross).
+TEST_F(ParallelCli, RingAndUlyssesTimesRingForwardsMatchOneDevice) {
+  struct Case {
+    std::string model, goldens;
+    std::vector<std::string> inputs;
+  };
+  const std::vector<Case> cases = {
+      {"flux_tiny", "goldens_flux.safetensors",
+       {"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "img_ids", "txt_ids", "guidance"}},
+      {"wan_tiny", "goldens_wan.safetensors", {"hidden_states", "encoder_hidden_states", "timestep"}}};
+  for (const Case& c : cases) {
+    const std::string inputs = write_forward_inputs(dir_, c.goldens, c.inputs);
+    const std::string model = (kData / c.model / "transformer").string();
+    const std::string one = (dir_ / "one.safetensors").string();
+    const auto single = run({"forward", "--model", model, "--inputs", inputs, "--out", one});
+    ASSERT_EQ(single.status, 0) << single.err;
+    const cubevec::Tensor want = cubevec::SafetensorsFile::open(one).tensor("sample");
+    const struct {
+      int ranks;
+      std::vector<std::string> degrees;
+      std::string stage;
+    } runs[] = {{2, {"--ring", "2"}, "ring x2"}, {4, {"--ulysses", "2", "--ring", "2"}, "ulysses x2 ring x2"}};
+    for (const auto& r : runs) {
+      const std::string out = (dir_ / ("ring" + std::to_string(r.ranks) + ".safetensors")).string();
+      std::vector<std::string> args = {"forward", "--model", model, "--inputs", inputs, "--out", out};
+      args.insert(args.end(), r.degrees.begin(), r.degrees.end());
+      const auto sharded = run_mpi(r.ranks, args, dir_);
+      ASSERT_EQ(sharded.status, 0) << sharded.err;
+      EXPECT_NE(sharded.err.find(r.stage), std::string::npos) << sharded.err;
+      EXPECT_NE(sharded.err.find("ring transfers"), std::string::npos) << sharded.err;
+      cubevec::testing::expect_close_rel(cubevec::SafetensorsFile::open(out).tensor("sample"), want, 1e-5, c.model + " " + r.stage);
+    }
+  }
+}
+
 TEST_F(ParallelCli, DegreesMustMatchTheRanksBeforeAnyWork) {
   const std::string inputs = write_forward_inputs(dir_, "goldens_flux.safetensors",
                                                   {"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep",
@@ -72,13 +120,13 @@ TEST_F(ParallelCli, DegreesMustMatchTheRanksBeforeAnyWork) {
   const std::string model = (kData / "flux_tiny" / "transformer").string(), out = (dir_ / "o.safetensors").string();
   const auto alone = run({"forward", "--model", model, "--inputs", inputs, "--out", out, "--ulysses", "2"});
   EXPECT_EQ(alone.status, 1);
-  EXPECT_NE(alone.err.find("--ulysses 2 x --cfg-parallel 1 = 2 rank(s), but this run has one: start it with mpirun -np 2"),
+  EXPECT_NE(alone.err.find("--ulysses 2 x --ring 1 x --cfg-parallel 1 = 2 rank(s), but this run has one: start it with mpirun -np 2"),
             std::string::npos)
       << alone.err;
   const auto fewer = run_mpi(2, {"forward", "--model", model, "--inputs", inputs, "--out", out, "--ulysses", "4"}, dir_);
   EXPECT_NE(fewer.status, 0);
   for (const char* rank : {"error: rank 0: ", "error: rank 1: "})
-    EXPECT_NE(fewer.err.find(std::string(rank) + "--ulysses 4 x --cfg-parallel 1 = 4 rank(s), but mpirun started 2"), std::string::npos)
+    EXPECT_NE(fewer.err.find(std::string(rank) + "--ulysses 4 x --ring 1 x --cfg-parallel 1 = 4 rank(s), but mpirun started 2"), std::string::npos)
         << fewer.err;
   EXPECT_FALSE(fs::exists(out));
   // The tiny Flux has 2 heads: 4 ranks cannot share them.
@@ -121,8 +169,11 @@ TEST_F(ParallelCli, CfgParallelAndUlyssesDrawTheOneDevicePicture) {
   const auto both = run_mpi(4, with({"--cfg-parallel", "2", "--ulysses", "2"}, "both.jpg"), dir_);
   ASSERT_EQ(both.status, 0) << both.err;
   EXPECT_NE(both.err.find("ulysses x2"), std::string::npos) << both.err;
+  const auto ring = run_mpi(4, with({"--cfg-parallel", "2", "--ring", "2"}, "ring.jpg"), dir_);
+  ASSERT_EQ(ring.status, 0) << ring.err;
+  EXPECT_NE(ring.err.find("ring x2"), std::string::npos) << ring.err;
   const cubevec::pipelines::RgbImage want = cubevec::pipelines::read_jpeg((dir_ / "one.jpg").string());
-  for (const char* out : {"cfg.jpg", "both.jpg"}) {
+  for (const char* out : {"cfg.jpg", "both.jpg", "ring.jpg"}) {
     const cubevec::pipelines::RgbImage got = cubevec::pipelines::read_jpeg((dir_ / out).string());
     ASSERT_EQ(got.pixels.size(), want.pixels.size()) << out;
     int worst = 0;
@@ -135,6 +186,11 @@ TEST_F(ParallelCli, CfgParallelAndUlyssesDrawTheOneDevicePicture) {
   const auto refused = run_mpi(2, off, dir_);
   EXPECT_NE(refused.status, 0);
   EXPECT_NE(refused.err.find("--cfg-parallel 2 runs the two CFG branches on two ranks, but --cfg is off"), std::string::npos) << refused.err;
+  // Ring attention computes the attention itself: sparse attention cannot sit below it.
+  const auto sparse = run_mpi(2, with({"--ring", "2", "--sparse", "ada_bsa"}, "sparse.jpg"), dir_);
+  EXPECT_NE(sparse.status, 0);
+  EXPECT_NE(sparse.err.find("cannot run with ring x2, which computes the attention itself"), std::string::npos) << sparse.err;
+  EXPECT_FALSE(fs::exists(dir_ / "sparse.jpg"));
 }
 
 TEST_F(ParallelCli, SimulateModelsManyCardsInOneProcess) {
@@ -150,20 +206,26 @@ TEST_F(ParallelCli, SimulateModelsManyCardsInOneProcess) {
     step_s.push_back(nlohmann::json::parse(read_file(json_path))["modelled_step_mean_s"].get<double>());
     if (std::string(ranks) == "4") {
       // Every joint attention's q, k, v and output cross the ring of cards: 57 blocks x 4 per step.
-      const nlohmann::json events = nlohmann::json::parse(read_file(trace));
-      int all_to_all = 0;
-      for (const auto& e : events["traceEvents"])
-        if (e.value("ph", "") == "X" && e.value("cat", "") == "comm" && e.value("name", "").rfind("all_to_all", 0) == 0) ++all_to_all;
-      EXPECT_EQ(all_to_all, 2 * 2 * 57 * 4) << "2 steps; each kernel on the modelled by-unit and by-stream tracks";
+      EXPECT_EQ(count_comm_kernels(trace, "all_to_all"), 2 * 2 * 57 * 4) << "2 steps; each kernel on the modelled by-unit and by-stream tracks";
     }
   }
   EXPECT_LT(step_s[1], step_s[0] / 2) << "4 modelled cards take less than half the time of one";
+  {
+    // Ring attention on 4 modelled cards: K and V pass 3 times around the ring per attention.
+    const std::string json_path = (dir_ / "ring.json").string(), trace = (dir_ / "ring_trace.json").string();
+    const auto r = run({"t2i", "--simulate", "--model", model, "--steps", "1", "--device-profile", profile, "--dtype", "bf16", "--ranks",
+                        "4", "--ring", "4", "--json", json_path, "--trace", trace});
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(count_comm_kernels(trace, "send_recv"), 2 * 57 * 3 * 2) << "k and v, 3 ring steps, 57 blocks; on the by-unit and by-stream tracks";
+    const nlohmann::json report = nlohmann::json::parse(read_file(json_path));
+    EXPECT_LT(report["modelled_step_mean_s"].get<double>(), step_s[0] / 2);
+  }
   const auto alone = run({"t2i", "--model", model, "--ranks", "2", "--ulysses", "2", "--out", (dir_ / "x.jpg").string()});
   EXPECT_EQ(alone.status, 1);
   EXPECT_NE(alone.err.find("--ranks models that many cards in one process and needs --simulate"), std::string::npos) << alone.err;
   const auto product = run({"t2i", "--simulate", "--model", model, "--steps", "1", "--ranks", "8", "--ulysses", "2"});
   EXPECT_EQ(product.status, 1);
-  EXPECT_NE(product.err.find("--ulysses 2 x --cfg-parallel 1 = 2 rank(s), but --ranks is 8"), std::string::npos) << product.err;
+  EXPECT_NE(product.err.find("--ulysses 2 x --ring 1 x --cfg-parallel 1 = 2 rank(s), but --ranks is 8"), std::string::npos) << product.err;
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "device/device.h"
 #include "parallel/collectives.h"
 #include "parallel/mpi_runtime.h"
+#include "parallel/plan.h"
 
 namespace cubevec::parallel {
 namespace {
@@ -119,6 +120,29 @@ TEST(Collectives, SplitMakesGroupsThatTalkAmongThemselves) {
     EXPECT_EQ(w % 2, world.rank() % 2);
     for (int64_t j = 0; j < 2; ++j) ASSERT_EQ(got.at<float>({m, j}), value(w, j, 5));
   }
+}
+
+// Every split of the ranks into ulysses x ring x cfg: the groups hold the ranks of the layout
+// world = (cfg * R + ring) * U + ulysses, each member at its index.
+TEST(ParallelPlan, GroupsFollowTheCfgRingUlyssesLayout) {
+  const int P = Communicator::world().size(), rank = Communicator::world().rank();
+  for (int c : {1, 2})
+    for (int u = 1; u <= P; ++u) {
+      if (P % (u * c) != 0) continue;
+      const ParallelDegrees degrees{u, P / (u * c), c};
+      const std::string what = degrees.describe() + " on rank " + std::to_string(rank);
+      const ParallelGroups groups = make_parallel_groups(degrees);
+      const int r = degrees.ring, ui = rank % u, ri = (rank / u) % r, ci = rank / (u * r);
+      ASSERT_EQ(groups.ulysses.size(), u) << what;
+      ASSERT_EQ(groups.ring.size(), r) << what;
+      ASSERT_EQ(groups.cfg.size(), c) << what;
+      EXPECT_EQ(groups.ulysses.rank(), ui) << what;
+      EXPECT_EQ(groups.ring.rank(), ri) << what;
+      EXPECT_EQ(groups.cfg.rank(), ci) << what;
+      for (int m = 0; m < u; ++m) EXPECT_EQ(groups.ulysses.world_rank_of(m), (ci * r + ri) * u + m) << what;
+      for (int m = 0; m < r; ++m) EXPECT_EQ(groups.ring.world_rank_of(m), (ci * r + m) * u + ui) << what;
+      for (int m = 0; m < c; ++m) EXPECT_EQ(groups.cfg.world_rank_of(m), (m * r + ri) * u + ui) << what;
+    }
 }
 
 TEST(Collectives, CommunicationKernelsRunOnTheCommUnitAndAreModelled) {
