@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
 
 #include "cli/output_flag.h"
 #include "cli/attention_tune_cache.h"
@@ -41,6 +42,8 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
   if (!f.quant_given && f.step_index_given) throw Error("--step-index applies with --quant (a W8A8_TIMESTEP description)");
   if (f.step_index < 0) throw Error("--step-index must be >= 0, got " + std::to_string(f.step_index));
   const parallel::ParallelGroups groups = parallel_flags.resolve();  // before any work
+  if (f.quant_given && groups.degrees.tp > 1)
+    throw Error("--quant with --tp is not supported yet: the quantized layers would need their shards too");
   // The quantization files are read and checked before the model loads, as in t2i / t2v.
   std::unique_ptr<pipelines::QuantizeStage> quantize;
   if (f.quant_given) quantize = std::make_unique<pipelines::QuantizeStage>(pipelines::QuantizeOptions{f.quant, f.timestep_policy, false});
@@ -51,6 +54,14 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
   const SafetensorsFile in = SafetensorsFile::open(f.inputs);
   const std::unique_ptr<models::ForwardModel> model = models::load_forward_model(dir, {dtype, f.variant});
   if (f.check_weights) models::require_finite_parameters(model->parameters(), dir);
+  // Tensor parallel: this rank's shares of the layers' weights.
+  pipelines::StageList stages;
+  if (groups.degrees.tp > 1) {
+    const std::optional<models::TensorParallelPlan> plan = model->tensor_parallel_plan();
+    if (!plan) throw Error("--tp shards a transformer's layers; " + dir + " is a " + model->class_name());
+    stages.add(tensor_parallel_stage(groups, *plan));
+    stages.after_load(model->parameters());
+  }
   if (quantize) {
     quantize->after_load(model->parameters());
     quantize->set_step(f.step_index);
@@ -69,7 +80,6 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
   }
   // Sequence parallel: this rank keeps its share of the tokens through the blocks (see
   // pipelines/stages/sequence_parallel.h); every rank ends with the whole output.
-  pipelines::StageList stages;
   if (groups.degrees.sequence() > 1) {
     if (model->class_name().find("Transformer") == std::string::npos)
       throw Error("--ulysses and --ring share a transformer's tokens; " + dir + " is a " + model->class_name());

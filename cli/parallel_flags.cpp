@@ -2,6 +2,7 @@
 
 #include "parallel/mpi_runtime.h"
 #include "pipelines/stages/sequence_parallel.h"
+#include "pipelines/stages/tensor_parallel.h"
 #include "tensor/error.h"
 
 namespace cubevec::cli {
@@ -27,15 +28,27 @@ parallel::ParallelGroups ParallelFlags::resolve_generation(bool simulate, pipeli
   return groups;
 }
 
-void check_ulysses_heads(const parallel::ParallelGroups& groups, int64_t heads) {
-  if (heads % groups.degrees.ulysses != 0)
-    throw Error("--ulysses " + std::to_string(groups.degrees.ulysses) + " must divide the transformer's " + std::to_string(heads) +
+void check_heads(const parallel::ParallelGroups& groups, int64_t heads) {
+  const int u = groups.degrees.ulysses, t = groups.degrees.tp;
+  if (heads % (u * t) == 0) return;
+  if (t == 1)
+    throw Error("--ulysses " + std::to_string(u) + " must divide the transformer's " + std::to_string(heads) +
                 " attention heads (each rank attends with heads / U of them)");
+  if (u == 1)
+    throw Error("--tp " + std::to_string(t) + " must divide the transformer's " + std::to_string(heads) +
+                " attention heads (each rank computes heads / T of them)");
+  throw Error("--ulysses " + std::to_string(u) + " x --tp " + std::to_string(t) + " = " + std::to_string(u * t) +
+              " must divide the transformer's " + std::to_string(heads) + " attention heads (each rank attends with heads / (U x T) of them)");
 }
 
 std::unique_ptr<pipelines::Stage> sequence_parallel_stage(const parallel::ParallelGroups& groups) {
   if (groups.degrees.sequence() == 1) return nullptr;
   return std::make_unique<pipelines::SequenceParallelStage>(groups.ulysses, groups.ring);
+}
+
+std::unique_ptr<pipelines::Stage> tensor_parallel_stage(const parallel::ParallelGroups& groups, const models::TensorParallelPlan& plan) {
+  if (groups.degrees.tp == 1) return nullptr;
+  return std::make_unique<pipelines::TensorParallelStage>(groups.tp, plan);
 }
 
 std::shared_ptr<ParallelFlags> add_parallel_flags(CLI::App& command, bool cfg_parallel) {
@@ -44,6 +57,8 @@ std::shared_ptr<ParallelFlags> add_parallel_flags(CLI::App& command, bool cfg_pa
                      "Ulysses sequence parallel over this many ranks (mpirun -np N; must divide the head count)");
   command.add_option("--ring", flags->degrees.ring,
                      "Ring attention over this many ranks: each keeps a span of the tokens and K/V pass around the ring");
+  command.add_option("--tp", flags->degrees.tp,
+                     "Tensor parallel over this many ranks: each holds heads / T of every block's heads and MLP units (must divide them)");
   if (cfg_parallel)
     command.add_option("--cfg-parallel", flags->degrees.cfg, "2: the conditional and unconditional CFG branches on different ranks");
   if (cfg_parallel)

@@ -128,9 +128,14 @@ std::unique_ptr<pipelines::Stage> StageFlags::offload_stage(std::vector<std::str
 pipelines::StageList StageFlags::build(std::unique_ptr<pipelines::Stage> quantize, const pipelines::CacheConfig& cache_config, int steps,
                                        int blocks, std::unique_ptr<pipelines::SparseAttentionStage> sparse,
                                        std::unique_ptr<pipelines::Stage> offload,
-                                       std::unique_ptr<pipelines::Stage> sequence_parallel) {
+                                       std::unique_ptr<pipelines::Stage> sequence_parallel,
+                                       std::unique_ptr<pipelines::Stage> tensor_parallel) {
   pipelines::StageList stages;
-  if (offload) stages.add(std::move(offload));  // outermost: it sees every block, replayed or not
+  if (tensor_parallel) {
+    if (quantize) throw Error("--quant with --tp is not supported yet: the quantized layers would need their shards too");
+    stages.add(std::move(tensor_parallel));  // first: its after_load cuts the weights the others see
+  }
+  if (offload) stages.add(std::move(offload));  // outermost of the block hooks: it sees every block, replayed or not
   const bool sharded = sequence_parallel != nullptr;
   if (sequence_parallel) stages.add(std::move(sequence_parallel));
   if (quantize) stages.add(std::move(quantize));

@@ -51,12 +51,14 @@ struct StageFlags {
   // The stages for a run of `steps` steps over `blocks` blocks (validated; errors name the flag):
   // offload (outermost: every block passes it), quantization (if any), the step cache, then sparse
   // attention (a replayed attention skips it).
-  // Sequence parallelism (Ulysses) comes right after the offloader: the attention stages below it
-  // see every token for this rank's heads.
+  // Sequence parallelism (Ulysses, ring) comes right after the offloader: the attention stages
+  // below it see every token for this rank's heads. Tensor parallelism cuts the weights after load,
+  // before the offloader packs them; quantized layers do not combine with it yet.
   static pipelines::StageList build(std::unique_ptr<pipelines::Stage> quantize, const pipelines::CacheConfig& cache, int steps,
                                     int blocks, std::unique_ptr<pipelines::SparseAttentionStage> sparse = nullptr,
                                     std::unique_ptr<pipelines::Stage> offload = nullptr,
-                                    std::unique_ptr<pipelines::Stage> sequence_parallel = nullptr);
+                                    std::unique_ptr<pipelines::Stage> sequence_parallel = nullptr,
+                                    std::unique_ptr<pipelines::Stage> tensor_parallel = nullptr);
 };
 
 std::shared_ptr<StageFlags> add_stage_flags(CLI::App& command);

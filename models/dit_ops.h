@@ -39,9 +39,10 @@ inline Tensor rope(const Tensor& x, const RopeTable& table, const Stream& stream
                                         ops::RopeLayout::BSND, stream);
 }
 
-// [B, S, heads * head_dim] viewed as [B, S, heads, head_dim].
-inline Tensor split_heads(const Tensor& x, int64_t heads, int64_t head_dim) {
-  return x.reshape({x.size(0), x.size(1), heads, head_dim});
+// [B, S, heads * head_dim] viewed as [B, S, heads, head_dim]. The heads are counted from x, not the
+// config: under tensor parallelism a rank's projections hold only its share of them.
+inline Tensor split_heads(const Tensor& x, int64_t head_dim) {
+  return x.reshape({x.size(0), x.size(1), x.size(2) / head_dim, head_dim});
 }
 
 }  // namespace cubevec::models::dit

@@ -49,8 +49,8 @@ Tensor joint_tokens(const Tensor& text, const Tensor& image, const Stream& s) {
 }
 
 // [B, S, D] -> per-head RMS-normed [B, S, heads, head_dim].
-Tensor heads_rms(const Tensor& x, const Vector1d& weight, int64_t heads, int64_t head_dim, const Stream& stream) {
-  return ops::rms_norm(dit::split_heads(x, heads, head_dim), weight.value, 1e-6f, stream);
+Tensor heads_rms(const Tensor& x, const Vector1d& weight, int64_t head_dim, const Stream& stream) {
+  return ops::rms_norm(dit::split_heads(x, head_dim), weight.value, 1e-6f, stream);
 }
 
 }  // namespace
@@ -103,7 +103,6 @@ FluxConfig FluxConfig::flux1_dev() {
 
 void FluxDoubleBlock::declare(ParameterTable& t, int block_index, const FluxConfig& c) {
   const int64_t d = c.inner_dim(), hd = c.attention_head_dim;
-  heads = c.num_attention_heads;
   head_dim = hd;
   index = block_index;
   blocks = static_cast<int>(c.num_layers + c.num_single_layers);
@@ -140,11 +139,11 @@ BlockState FluxDoubleBlock::forward(const BlockState& in, const FluxBlockInputs&
   // Joint attention over [text; image] with RoPE on q and k.
   const AttentionIdentity id{index, blocks, AttentionKind::joint, txt, shared.grid, prefix + ".attn"};
   const Tensor o = ctx.attend(id, [&] {
-    const Tensor q = ops::concat({heads_rms(add_q(cn, s), norm_added_q, heads, head_dim, s),
-                                  heads_rms(to_q(xn, s), norm_q, heads, head_dim, s)}, 1, s);
-    const Tensor k = ops::concat({heads_rms(add_k(cn, s), norm_added_k, heads, head_dim, s),
-                                  heads_rms(to_k(xn, s), norm_k, heads, head_dim, s)}, 1, s);
-    const Tensor v = ops::concat({dit::split_heads(add_v(cn, s), heads, head_dim), dit::split_heads(to_v(xn, s), heads, head_dim)}, 1, s);
+    const Tensor q = ops::concat({heads_rms(add_q(cn, s), norm_added_q, head_dim, s),
+                                  heads_rms(to_q(xn, s), norm_q, head_dim, s)}, 1, s);
+    const Tensor k = ops::concat({heads_rms(add_k(cn, s), norm_added_k, head_dim, s),
+                                  heads_rms(to_k(xn, s), norm_k, head_dim, s)}, 1, s);
+    const Tensor v = ops::concat({dit::split_heads(add_v(cn, s), head_dim), dit::split_heads(to_v(xn, s), head_dim)}, 1, s);
     return AttentionQkv{rope(q, shared.rope, s), rope(k, shared.rope, s), v};
   }, s);
   // Image stream: attention output, then the MLP, each added through its gate.
@@ -161,7 +160,6 @@ BlockState FluxDoubleBlock::forward(const BlockState& in, const FluxBlockInputs&
 
 void FluxSingleBlock::declare(ParameterTable& t, int single_index, const FluxConfig& c) {
   const int64_t d = c.inner_dim(), hd = c.attention_head_dim;
-  heads = c.num_attention_heads;
   head_dim = hd;
   index = static_cast<int>(c.num_layers) + single_index;
   blocks = static_cast<int>(c.num_layers + c.num_single_layers);
@@ -186,9 +184,9 @@ BlockState FluxSingleBlock::forward(const BlockState& in, const FluxBlockInputs&
   const Tensor mlp = proj_mlp(xn, s, {.activation = ops::GemmActivation::gelu_tanh});
   const AttentionIdentity id{index, blocks, AttentionKind::joint, txt, shared.grid, prefix + ".attn"};
   const Tensor a = ctx.attend(id, [&] {
-    return AttentionQkv{rope(heads_rms(to_q(xn, s), norm_q, heads, head_dim, s), shared.rope, s),
-                        rope(heads_rms(to_k(xn, s), norm_k, heads, head_dim, s), shared.rope, s),
-                        dit::split_heads(to_v(xn, s), heads, head_dim)};
+    return AttentionQkv{rope(heads_rms(to_q(xn, s), norm_q, head_dim, s), shared.rope, s),
+                        rope(heads_rms(to_k(xn, s), norm_k, head_dim, s), shared.rope, s),
+                        dit::split_heads(to_v(xn, s), head_dim)};
   }, s);
   // proj_out over [attention; MLP] channels (attention's first).
   const Tensor out = gated_linear(proj_out, ops::concat({a, mlp}, 2, s), x, chunk(mod, 3, 2), s);
@@ -317,6 +315,23 @@ BlockState FluxTransformer2DModel::block(int index, const BlockState& in, const 
   const auto doubles = static_cast<int>(double_blocks_.size());
   if (index < doubles) return double_blocks_[static_cast<std::size_t>(index)].forward(in, shared, ctx, s);
   return single_blocks_[static_cast<std::size_t>(index - doubles)].forward(in, shared, ctx, s);
+}
+
+TensorParallelPlan FluxTransformer2DModel::tensor_parallel_plan() const {
+  TensorParallelPlan plan;
+  plan.heads = config_.num_attention_heads;
+  const int64_t d = config_.inner_dim();
+  for (const FluxDoubleBlock& b : double_blocks_) {
+    for (const char* m : {"attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj",
+                          "ff.net.0.proj", "ff_context.net.0.proj"})
+      plan.column.push_back(b.prefix + "." + m);
+    for (const char* m : {"attn.to_out.0", "attn.to_add_out", "ff.net.2", "ff_context.net.2"}) plan.row.push_back({b.prefix + "." + m, {}});
+  }
+  for (const FluxSingleBlock& b : single_blocks_) {
+    for (const char* m : {"attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"}) plan.column.push_back(b.prefix + "." + m);
+    plan.row.push_back({b.prefix + ".proj_out", {d, 4 * d}});  // [attention; MLP] channels
+  }
+  return plan;
 }
 
 Tensor FluxTransformer2DModel::epilogue(const BlockState& state, const FluxPrologue& p, const Stream& s) const {

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/forward_context.h"
+#include "models/tensor_parallel_plan.h"
 #include "models/layers.h"
 #include "models/shared_embeddings.h"
 
@@ -67,7 +68,7 @@ struct FluxDoubleBlock {
   Vector1d norm_q, norm_k, norm_added_q, norm_added_k;
   Linear to_out, to_add_out;                   // attn.to_out.0, attn.to_add_out
   Linear ff_in, ff_out, ff_context_in, ff_context_out;  // ff.net.0.proj, ff.net.2, ff_context...
-  int64_t heads = 0, head_dim = 0;
+  int64_t head_dim = 0;
   int index = 0, blocks = 0;  // flat index among all blocks, and their count
   std::string prefix;         // "transformer_blocks.N"
 
@@ -82,7 +83,7 @@ struct FluxDoubleBlock {
 struct FluxSingleBlock {
   Linear norm, proj_mlp, proj_out, to_q, to_k, to_v;
   Vector1d norm_q, norm_k;
-  int64_t heads = 0, head_dim = 0;
+  int64_t head_dim = 0;
   int index = 0, blocks = 0;
   std::string prefix;  // "single_transformer_blocks.N"
 
@@ -119,6 +120,8 @@ class FluxTransformer2DModel {
   // The pieces of forward, so a pipeline can shard or offload around the blocks.
   FluxPrologue prologue(const FluxInputs& inputs, const ForwardContext& ctx, const Stream& stream) const;
   int block_count() const { return static_cast<int>(double_blocks_.size() + single_blocks_.size()); }
+  // The blocks' attention and MLP Linears (norm1 modulations, embedders and proj_out stay whole).
+  TensorParallelPlan tensor_parallel_plan() const;
   BlockIdentity block_identity(int index) const;
   // Block `index` (double blocks first, then single blocks), without the hook.
   BlockState block(int index, const BlockState& in, const FluxBlockInputs& shared, const ForwardContext& ctx,

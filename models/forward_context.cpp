@@ -1,6 +1,7 @@
 #include "models/forward_context.h"
 
 #include "ops/attention.h"
+#include "ops/vector_ops.h"
 #include "tensor/error.h"
 
 namespace cubevec::models {
@@ -8,6 +9,10 @@ namespace cubevec::models {
 Tensor dense_attention(const AttentionQkv& qkv, const Stream& stream) {
   const Tensor o = ops::attention_forward(qkv.q, qkv.k, qkv.v, {}, stream);
   return o.reshape({o.size(0), o.size(1), o.size(2) * o.size(3)});
+}
+
+Tensor ForwardContext::rms_norm_across_heads(const Tensor& x, const Tensor& weight, float eps, const Stream& stream) const {
+  return tensor ? tensor->rms_norm_across_heads(x, weight, eps, stream) : ops::rms_norm(x, weight, eps, stream);
 }
 
 void check_activation_dtype(DType activations) {

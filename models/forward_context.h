@@ -8,6 +8,8 @@
 //     blocks), so a stage can skip a span of blocks and replay their residual;
 //   - sequence split: after the prologue a model hands its tokens to it (sequence parallelism keeps
 //     this rank's share), and before the epilogue gets them back whole;
+//   - tensor split: a norm over all heads' channels (Wan's q / k RMSNorm) goes through it, since
+//     under tensor parallelism a rank holds only its heads' channels;
 //   - activation dtype: what the model computes in (f32, or bf16 with f32 accumulation).
 // The layer registry (ParameterTable::linears) is the fourth plug point: it is reached after load.
 #pragma once
@@ -106,11 +108,21 @@ class SequenceSplit {
   virtual void join(BlockState& state, const Stream& stream) = 0;
 };
 
+// Tensor parallelism's plug point. x [..., C / T] holds this rank's share of the channels and
+// weight [C / T] the matching norm weights: returns x * rsqrt(mean over all C channels of x^2 + eps)
+// * weight, the sum of squares reduced over the ranks.
+class TensorSplit {
+ public:
+  virtual ~TensorSplit() = default;
+  virtual Tensor rms_norm_across_heads(const Tensor& x, const Tensor& weight, float eps, const Stream& stream) = 0;
+};
+
 struct ForwardContext {
   StepInfo step{};
   AttentionPolicy* attention = nullptr;  // null: dense attention everywhere
   BlockHook* blocks = nullptr;           // null: every block computed
   SequenceSplit* sequence = nullptr;     // null: every rank (there is one) holds every token
+  TensorSplit* tensor = nullptr;         // null: every rank holds every channel
   DType activations = DType::f32;        // f32, or bf16 (inputs cast at the prologue)
 
   Tensor attend(const AttentionIdentity& id, const AttentionProjection& project, const Stream& stream) const {
@@ -125,6 +137,7 @@ struct ForwardContext {
   void join_sequence(BlockState& state, const Stream& stream) const {
     if (sequence) sequence->join(state, stream);
   }
+  Tensor rms_norm_across_heads(const Tensor& x, const Tensor& weight, float eps, const Stream& stream) const;
 };
 
 // Throws unless `activations` is f32 or bf16.

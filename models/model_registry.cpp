@@ -27,6 +27,7 @@ class FluxEntry : public ForwardModel {
     return {"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "img_ids", "txt_ids", "guidance"};
   }
   ParameterTable& parameters() override { return model_->mutable_parameters(); }
+  std::optional<TensorParallelPlan> tensor_parallel_plan() const override { return model_->tensor_parallel_plan(); }
   Tensor forward(const std::map<std::string, Tensor>& in, const ForwardContext& ctx, const Stream& s) const override {
     FluxInputs f;
     f.hidden_states = input(in, "hidden_states");
@@ -49,6 +50,7 @@ class WanEntry : public ForwardModel {
   std::string class_name() const override { return "WanTransformer3DModel"; }
   std::vector<std::string> input_names() const override { return {"hidden_states", "timestep", "encoder_hidden_states"}; }
   ParameterTable& parameters() override { return model_->mutable_parameters(); }
+  std::optional<TensorParallelPlan> tensor_parallel_plan() const override { return model_->tensor_parallel_plan(); }
   Tensor forward(const std::map<std::string, Tensor>& in, const ForwardContext& ctx, const Stream& s) const override {
     return model_->forward({input(in, "hidden_states"), input(in, "timestep"), input(in, "encoder_hidden_states")}, s, ctx);
   }

@@ -11,11 +11,13 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "models/forward_context.h"
 #include "models/parameters.h"
+#include "models/tensor_parallel_plan.h"
 
 namespace cubevec::models {
 
@@ -25,6 +27,8 @@ class ForwardModel {
   virtual std::string class_name() const = 0;
   virtual std::vector<std::string> input_names() const = 0;  // every argument it accepts
   virtual ParameterTable& parameters() = 0;
+  // The layers tensor parallelism shards; none for a model that cannot be sharded (the VAEs).
+  virtual std::optional<TensorParallelPlan> tensor_parallel_plan() const { return std::nullopt; }
   // `inputs` by argument name (only names from input_names(); missing optional ones undefined).
   virtual Tensor forward(const std::map<std::string, Tensor>& inputs, const ForwardContext& ctx, const Stream& stream) const = 0;
 };

@@ -101,7 +101,6 @@ RopeTable wan_rope(int64_t frames, int64_t height, int64_t width, const WanConfi
 
 void WanBlock::declare(ParameterTable& t, int block_index, const WanConfig& c) {
   const int64_t d = c.inner_dim();
-  heads = c.num_attention_heads;
   head_dim = c.attention_head_dim;
   eps = static_cast<float>(c.eps);
   cross_attn_norm = c.cross_attn_norm;
@@ -138,19 +137,19 @@ BlockState WanBlock::forward(const BlockState& in, const WanBlockInputs& shared,
   const Tensor xn = ops::layernorm_scale_shift(h, row(mod, 1), row(mod, 0), {}, {}, eps, s);
   const AttentionIdentity self_id{index, blocks, AttentionKind::self, 0, shared.grid, prefix + ".attn1"};
   const Tensor o = ctx.attend(self_id, [&] {
-    const Tensor q = ops::rms_norm(to_q(xn, s), norm_q.value, eps, s);
-    const Tensor k = ops::rms_norm(to_k(xn, s), norm_k.value, eps, s);
-    return AttentionQkv{rope(split_heads(q, heads, head_dim), shared.rope, s), rope(split_heads(k, heads, head_dim), shared.rope, s),
-                        split_heads(to_v(xn, s), heads, head_dim)};
+    const Tensor q = ctx.rms_norm_across_heads(to_q(xn, s), norm_q.value, eps, s);
+    const Tensor k = ctx.rms_norm_across_heads(to_k(xn, s), norm_k.value, eps, s);
+    return AttentionQkv{rope(split_heads(q, head_dim), shared.rope, s), rope(split_heads(k, head_dim), shared.rope, s),
+                        split_heads(to_v(xn, s), head_dim)};
   }, s);
   Tensor h2 = gated_linear(to_out, o, h, row(mod, 2), s);
   // Cross-attention to the text: affine LayerNorm, no RoPE, no mask, no gate.
   const Tensor cn = cross_attn_norm ? ops::fast_layernorm(h2, norm2_weight.value, norm2_bias.value, eps, ops::LayerNormImpl::high_precision, s).out : h2;
   const AttentionIdentity cross_id{index, blocks, AttentionKind::cross, shared.context.size(1), shared.grid, prefix + ".attn2"};
   const Tensor co = ctx.attend(cross_id, [&] {
-    return AttentionQkv{split_heads(ops::rms_norm(cross_q(cn, s), cross_norm_q.value, eps, s), heads, head_dim),
-                        split_heads(ops::rms_norm(cross_k(shared.context, s), cross_norm_k.value, eps, s), heads, head_dim),
-                        split_heads(cross_v(shared.context, s), heads, head_dim)};
+    return AttentionQkv{split_heads(ctx.rms_norm_across_heads(cross_q(cn, s), cross_norm_q.value, eps, s), head_dim),
+                        split_heads(ctx.rms_norm_across_heads(cross_k(shared.context, s), cross_norm_k.value, eps, s), head_dim),
+                        split_heads(cross_v(shared.context, s), head_dim)};
   }, s);
   h2 = cross_out(co, s, {.residual = h2});
   // Feed-forward: GELU-tanh MLP through the FFN's gate.
@@ -193,6 +192,19 @@ std::pair<Tensor, Tensor> WanTransformer3DModel::time_embedding(const Tensor& ti
                                 act, s);
   const Tensor proj = time_proj_(ops::activation(temb, ops::Activation::silu, s), s);
   return {temb, proj.reshape({proj.size(0), 6, config_.inner_dim()})};
+}
+
+TensorParallelPlan WanTransformer3DModel::tensor_parallel_plan() const {
+  TensorParallelPlan plan;
+  plan.heads = config_.num_attention_heads;
+  for (const WanBlock& b : blocks_) {
+    for (const char* m : {"attn1.to_q", "attn1.to_k", "attn1.to_v", "attn2.to_q", "attn2.to_k", "attn2.to_v", "ffn.net.0.proj"})
+      plan.column.push_back(b.prefix + "." + m);
+    for (const char* m : {"attn1.to_out.0", "attn2.to_out.0", "ffn.net.2"}) plan.row.push_back({b.prefix + "." + m, {}});
+    for (const char* m : {"attn1.norm_q.weight", "attn1.norm_k.weight", "attn2.norm_q.weight", "attn2.norm_k.weight"})
+      plan.channel_vectors.push_back(b.prefix + "." + m);
+  }
+  return plan;
 }
 
 Tensor WanTransformer3DModel::text_embedding(const Tensor& encoder_hidden_states, const Stream& s, DType act) const {

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/forward_context.h"
+#include "models/tensor_parallel_plan.h"
 #include "models/layers.h"
 #include "models/shared_embeddings.h"
 
@@ -75,7 +76,7 @@ struct WanBlock {
   Linear cross_q, cross_k, cross_v, cross_out;  // attn2.*
   Vector1d cross_norm_q, cross_norm_k;
   Linear ffn_in, ffn_out;                   // ffn.net.0.proj, ffn.net.2
-  int64_t heads = 0, head_dim = 0;
+  int64_t head_dim = 0;
   float eps = 1e-6f;
   bool cross_attn_norm = true;
   int index = 0, blocks = 0;
@@ -114,6 +115,8 @@ class WanTransformer3DModel {
 
   WanPrologue prologue(const WanInputs& inputs, const ForwardContext& ctx, const Stream& stream) const;
   int block_count() const { return static_cast<int>(blocks_.size()); }
+  // The blocks' attention and FFN Linears and the q / k RMSNorm weights over all heads.
+  TensorParallelPlan tensor_parallel_plan() const;
   BlockIdentity block_identity(int index) const;
   BlockState block(int index, const BlockState& in, const WanBlockInputs& shared, const ForwardContext& ctx,
                    const Stream& stream) const;

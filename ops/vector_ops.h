@@ -16,6 +16,14 @@ namespace cubevec::ops {
 // undefined (ones).
 Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps = 1e-6f, const Stream& stream = default_op_stream());
 
+// RMSNorm over channels several ranks share (tensor parallelism): row_sum_of_squares(x [..., H]) is
+// each row's sum of x^2 in f32, [...]; rms_norm_with_sums normalizes x by rsqrt(sums / count + eps)
+// with sums [...] f32 (summed over every rank's channels) and count the channels of all ranks, and
+// scales by weight [H] (or ones). With x's own sums and count = H it is rms_norm.
+Tensor row_sum_of_squares(const Tensor& x, const Stream& stream = default_op_stream());
+Tensor rms_norm_with_sums(const Tensor& x, const Tensor& sums, int64_t count, const Tensor& weight, float eps,
+                          const Stream& stream = default_op_stream());
+
 // fast_layernorm's impl_mode: 0 high precision, 1 high performance, 2 fp16 (only for f16 x, w, b).
 enum class LayerNormImpl { high_precision = 0, high_performance = 1, fp16 = 2 };
 struct LayerNormResult {

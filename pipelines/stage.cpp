@@ -54,11 +54,10 @@ models::ForwardContext StageList::context(const models::StepInfo& step, DType ac
   ctx.activations = activations;
   ctx.attention = this;  // even without a stage using it: the list counts the calls
   ctx.blocks = this;
-  for (const auto& stage : stages_)
-    if (models::SequenceSplit* split = stage->sequence_split()) {
-      ctx.sequence = split;
-      break;
-    }
+  for (const auto& stage : stages_) {
+    if (!ctx.sequence) ctx.sequence = stage->sequence_split();
+    if (!ctx.tensor) ctx.tensor = stage->tensor_split();
+  }
   return ctx;
 }
 

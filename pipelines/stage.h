@@ -57,6 +57,8 @@ class Stage {
 
   // Sequence-split plug point: a stage that shards the tokens across ranks (Ulysses) returns itself.
   virtual models::SequenceSplit* sequence_split() { return nullptr; }
+  // Tensor-split plug point: a stage that shards the channels across ranks (tensor parallel) returns itself.
+  virtual models::TensorSplit* tensor_split() { return nullptr; }
 
   // One line for the stage table ("skipped 40 of 112 ...", a schedule note), and the JSON figures.
   virtual std::string summary() const { return ""; }

@@ -44,6 +44,37 @@ void row_stats(const std::vector<double>& x, int64_t width, double eps, std::vec
   }
 }
 
+// The channels cut in two uneven parts, as two tensor-parallel ranks hold them: the sums of squares of
+// both parts added, each part normalized by the total, side by side equal the double-loop RMSNorm of
+// the whole row.
+TEST(Norm, RmsNormWithSumsOverSharedChannelsMatchesDefinition) {
+  for (DType dtype : kDTypes)
+    for (int64_t h : {2, 17, 130}) {
+      const Tensor x = random_tensor({3, 5, h}, 11, dtype), w = random_tensor({h}, 12);
+      const std::vector<double> xv = values(x), wv = values(w);
+      std::vector<double> want(xv.size());
+      for (int64_t r = 0; r < 15; ++r) {
+        double ms = 0;
+        for (int64_t i = 0; i < h; ++i) ms += xv[r * h + i] * xv[r * h + i];
+        for (int64_t i = 0; i < h; ++i) want[r * h + i] = xv[r * h + i] / std::sqrt(ms / double(h) + 1e-6) * wv[i];
+      }
+      const int64_t cut = h / 3 + 1;
+      const Tensor a = x.narrow(2, 0, cut), b = x.narrow(2, cut, h - cut);
+      const Tensor total = ops::add(ops::row_sum_of_squares(a), ops::row_sum_of_squares(b));
+      const Tensor got = ops::concat({ops::rms_norm_with_sums(a, total, h, w.narrow(0, 0, cut).contiguous(), 1e-6f),
+                                      ops::rms_norm_with_sums(b, total, h, w.narrow(0, cut, h - cut).contiguous(), 1e-6f)},
+                                     2);
+      expect_norm_close(got, want, dtype, std::string(dtype_name(dtype)) + " h=" + std::to_string(h));
+    }
+  const Tensor x = random_tensor({2, 4}, 13);
+  EXPECT_NE(message_of([&] { ops::rms_norm_with_sums(x, random_tensor({3}, 14), 8, {}, 1e-6f); })
+                .find("rms_norm_with_sums: sums must be f32 [2] (one per row of x [2, 4]), got f32 [3]"),
+            std::string::npos);
+  EXPECT_NE(message_of([&] { ops::rms_norm_with_sums(x, ops::row_sum_of_squares(x), 3, {}, 1e-6f); })
+                .find("count must be at least the row width 4, got 3"),
+            std::string::npos);
+}
+
 TEST(Norm, RmsNormMatchesDefinition) {
   for (DType dtype : kDTypes)
     for (int64_t h : kWidths)

@@ -122,27 +122,32 @@ TEST(Collectives, SplitMakesGroupsThatTalkAmongThemselves) {
   }
 }
 
-// Every split of the ranks into ulysses x ring x cfg: the groups hold the ranks of the layout
-// world = (cfg * R + ring) * U + ulysses, each member at its index.
-TEST(ParallelPlan, GroupsFollowTheCfgRingUlyssesLayout) {
+// Every split of the ranks into ulysses x ring x cfg x tp: the groups hold the ranks of the layout
+// world = ((cfg * R + ring) * U + ulysses) * T + tp, each member at its index.
+TEST(ParallelPlan, GroupsFollowTheCfgRingUlyssesTpLayout) {
   const int P = Communicator::world().size(), rank = Communicator::world().rank();
   for (int c : {1, 2})
-    for (int u = 1; u <= P; ++u) {
-      if (P % (u * c) != 0) continue;
-      const ParallelDegrees degrees{u, P / (u * c), c};
-      const std::string what = degrees.describe() + " on rank " + std::to_string(rank);
-      const ParallelGroups groups = make_parallel_groups(degrees);
-      const int r = degrees.ring, ui = rank % u, ri = (rank / u) % r, ci = rank / (u * r);
-      ASSERT_EQ(groups.ulysses.size(), u) << what;
-      ASSERT_EQ(groups.ring.size(), r) << what;
-      ASSERT_EQ(groups.cfg.size(), c) << what;
-      EXPECT_EQ(groups.ulysses.rank(), ui) << what;
-      EXPECT_EQ(groups.ring.rank(), ri) << what;
-      EXPECT_EQ(groups.cfg.rank(), ci) << what;
-      for (int m = 0; m < u; ++m) EXPECT_EQ(groups.ulysses.world_rank_of(m), (ci * r + ri) * u + m) << what;
-      for (int m = 0; m < r; ++m) EXPECT_EQ(groups.ring.world_rank_of(m), (ci * r + m) * u + ui) << what;
-      for (int m = 0; m < c; ++m) EXPECT_EQ(groups.cfg.world_rank_of(m), (m * r + ri) * u + ui) << what;
-    }
+    for (int t = 1; t <= P; ++t)
+      for (int u = 1; u <= P; ++u) {
+        if (P % (u * c * t) != 0) continue;
+        const ParallelDegrees degrees{u, P / (u * c * t), c, t};
+        const std::string what = degrees.describe() + " on rank " + std::to_string(rank);
+        const ParallelGroups groups = make_parallel_groups(degrees);
+        const int r = degrees.ring, ti = rank % t, ui = (rank / t) % u, ri = (rank / (t * u)) % r, ci = rank / (t * u * r);
+        const auto world_rank = [&](int cfg, int ring, int ulysses, int tp) { return ((cfg * r + ring) * u + ulysses) * t + tp; };
+        ASSERT_EQ(groups.tp.size(), t) << what;
+        ASSERT_EQ(groups.ulysses.size(), u) << what;
+        ASSERT_EQ(groups.ring.size(), r) << what;
+        ASSERT_EQ(groups.cfg.size(), c) << what;
+        EXPECT_EQ(groups.tp.rank(), ti) << what;
+        EXPECT_EQ(groups.ulysses.rank(), ui) << what;
+        EXPECT_EQ(groups.ring.rank(), ri) << what;
+        EXPECT_EQ(groups.cfg.rank(), ci) << what;
+        for (int m = 0; m < t; ++m) EXPECT_EQ(groups.tp.world_rank_of(m), world_rank(ci, ri, ui, m)) << what;
+        for (int m = 0; m < u; ++m) EXPECT_EQ(groups.ulysses.world_rank_of(m), world_rank(ci, ri, m, ti)) << what;
+        for (int m = 0; m < r; ++m) EXPECT_EQ(groups.ring.world_rank_of(m), world_rank(ci, m, ui, ti)) << what;
+        for (int m = 0; m < c; ++m) EXPECT_EQ(groups.cfg.world_rank_of(m), world_rank(m, ri, ui, ti)) << what;
+      }
 }
 
 TEST(Collectives, CommunicationKernelsRunOnTheCommUnitAndAreModelled) {
