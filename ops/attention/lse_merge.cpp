@@ -8,22 +8,8 @@
 #include "ops/attention.h"
 #include "ops/vector/common.h"
 #include "tensor/error.h"
-#include "tensor/half.h"
 
 namespace cubevec::ops {
-
-namespace {
-
-float load(const void* base, DType dtype, int64_t i) {
-  return dtype == DType::bf16 ? bf16_to_f32(static_cast<const uint16_t*>(base)[i]) : static_cast<const float*>(base)[i];
-}
-
-void store(void* base, DType dtype, int64_t i, float x) {
-  if (dtype == DType::bf16) static_cast<uint16_t*>(base)[i] = f32_to_bf16(x);
-  else static_cast<float*>(base)[i] = x;
-}
-
-}  // namespace
 
 AttentionPartial merge_attention_partials(const AttentionPartial& a, const AttentionPartial& b, AttentionLayout layout,
                                           const Stream& stream) {
@@ -69,7 +55,7 @@ AttentionPartial merge_attention_partials(const AttentionPartial& a, const Atten
                       const float m = std::max(x, y);
                       if (m == neg_inf) {
                         lse_out[r] = neg_inf;
-                        for (int64_t c = 0; c < d; ++c) store(po, dtype, first + c, std::numeric_limits<float>::quiet_NaN());
+                        for (int64_t c = 0; c < d; ++c) detail::store_float(po, dtype, first + c, std::numeric_limits<float>::quiet_NaN());
                         continue;
                       }
                       const float ea = x == neg_inf ? 0.0f : std::exp(x - m), eb = y == neg_inf ? 0.0f : std::exp(y - m);
@@ -77,9 +63,9 @@ AttentionPartial merge_attention_partials(const AttentionPartial& a, const Atten
                       lse_out[r] = m + std::log(total);
                       const float wa = ea / total, wb = eb / total;
                       for (int64_t c = 0; c < d; ++c) {
-                        const float va = wa == 0.0f ? 0.0f : wa * load(pa, dtype, first + c);
-                        const float vb = wb == 0.0f ? 0.0f : wb * load(pb, dtype, first + c);
-                        store(po, dtype, first + c, va + vb);
+                        const float va = wa == 0.0f ? 0.0f : wa * detail::load_float(pa, dtype, first + c);
+                        const float vb = wb == 0.0f ? 0.0f : wb * detail::load_float(pb, dtype, first + c);
+                        detail::store_float(po, dtype, first + c, va + vb);
                       }
                     }
                   });

@@ -9,6 +9,7 @@
 
 #include "ops/vector/kernels.h"
 #include "ops/vector_ops.h"
+#include "tensor/half.h"
 
 namespace cubevec::ops::detail {
 
@@ -32,6 +33,15 @@ inline const void* in_ptr(const Tensor& t) { return t.defined() ? t.unsynchroniz
 inline void* out_ptr(const Tensor& t) { return t.unsynchronized_data_ptr(); }
 inline const float* f32_ptr(const Tensor& t) { return static_cast<const float*>(in_ptr(t)); }
 inline double bytes_of(const Tensor& t) { return t.defined() ? static_cast<double>(t.nbytes()) : 0.0; }
+// Element i of an f32 or bf16 buffer as f32, and its store (rounded to nearest even for bf16): for
+// the plain-loop kernels that take either dtype.
+inline float load_float(const void* base, DType dtype, int64_t i) {
+  return dtype == DType::bf16 ? bf16_to_f32(static_cast<const uint16_t*>(base)[i]) : static_cast<const float*>(base)[i];
+}
+inline void store_float(void* base, DType dtype, int64_t i, float x) {
+  if (dtype == DType::bf16) static_cast<uint16_t*>(base)[i] = f32_to_bf16(x);
+  else static_cast<float*>(base)[i] = x;
+}
 
 // Runs fn(begin, end) over [0, count) in chunks of at least ~16K elements of work (each item
 // costing `item_elements`) on the calling unit's threads; small jobs run inline.

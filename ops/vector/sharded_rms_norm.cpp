@@ -4,15 +4,10 @@
 #include <cmath>
 
 #include "ops/vector/common.h"
-#include "tensor/half.h"
 
 namespace cubevec::ops {
 
 namespace {
-
-float element(const void* base, DType dtype, int64_t i) {
-  return dtype == DType::bf16 ? bf16_to_f32(static_cast<const uint16_t*>(base)[i]) : static_cast<const float*>(base)[i];
-}
 
 int64_t width_of(const Tensor& x, const char* op) {
   if (x.dim() == 0) throw Error(std::string(op) + ": x must have at least one dimension, got a scalar");
@@ -38,7 +33,7 @@ Tensor row_sum_of_squares(const Tensor& x, const Stream& stream) {
                     for (int64_t r = r0; r < r1; ++r) {
                       float sum = 0.0f;
                       for (int64_t c = 0; c < width; ++c) {
-                        const float v = element(in, xc.dtype(), r * width + c);
+                        const float v = detail::load_float(in, xc.dtype(), r * width + c);
                         sum += v * v;
                       }
                       out[r] = sum;
@@ -71,14 +66,12 @@ Tensor rms_norm_with_sums(const Tensor& x, const Tensor& sums, int64_t count, co
                   const float* s = detail::f32_ptr(sc);
                   const float* wp = detail::f32_ptr(w);
                   void* o = detail::out_ptr(out);
-                  const bool bf16 = xc.dtype() == DType::bf16;
                   detail::parallel_chunks(rows, width, [&](int64_t r0, int64_t r1) {
                     for (int64_t r = r0; r < r1; ++r) {
                       const float inv = 1.0f / std::sqrt(s[r] / static_cast<float>(count) + eps);
                       for (int64_t c = 0; c < width; ++c) {
-                        const float y = (wp ? wp[c] : 1.0f) * (element(in, xc.dtype(), r * width + c) * inv);
-                        if (bf16) static_cast<uint16_t*>(o)[r * width + c] = f32_to_bf16(y);
-                        else static_cast<float*>(o)[r * width + c] = y;
+                        detail::store_float(o, xc.dtype(), r * width + c,
+                                            (wp ? wp[c] : 1.0f) * (detail::load_float(in, xc.dtype(), r * width + c) * inv));
                       }
                     }
                   });

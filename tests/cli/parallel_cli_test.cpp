@@ -42,6 +42,16 @@ std::string write_forward_inputs(const fs::path& dir, const std::string& goldens
   return path;
 }
 
+// The tiny transformers a sharded forward is checked on, with the goldens holding their inputs.
+struct ForwardCase {
+  std::string model, goldens;
+  std::vector<std::string> inputs;
+};
+const std::vector<ForwardCase> kForwardCases = {
+    {"flux_tiny", "goldens_flux.safetensors",
+     {"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "img_ids", "txt_ids", "guidance"}},
+    {"wan_tiny", "goldens_wan.safetensors", {"hidden_states", "encoder_hidden_states", "timestep"}}};
+
 // Complete ("X") comm-unit events of a Chrome trace whose name starts with `prefix`.
 int count_comm_kernels(const std::string& trace, const std::string& prefix) {
   const nlohmann::json events = nlohmann::json::parse(read_file(trace));
@@ -55,15 +65,7 @@ int count_comm_kernels(const std::string& trace, const std::string& prefix) {
 }
 
 TEST_F(ParallelCli, UlyssesForwardMatchesOneDeviceOnFluxAndWan) {
-  struct Case {
-    std::string model, goldens;
-    std::vector<std::string> inputs;
-  };
-  const std::vector<Case> cases = {
-      {"flux_tiny", "goldens_flux.safetensors",
-       {"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "img_ids", "txt_ids", "guidance"}},
-      {"wan_tiny", "goldens_wan.safetensors", {"hidden_states", "encoder_hidden_states", "timestep"}}};
-  for (const Case& c : cases) {
+  for (const ForwardCase& c : kForwardCases) {
     const std::string inputs = write_forward_inputs(dir_, c.goldens, c.inputs);
     const std::string model = (kData / c.model / "transformer").string();
     const std::string one = (dir_ / "one.safetensors").string(), two = (dir_ / "two.safetensors").string();
@@ -82,15 +84,7 @@ TEST_F(ParallelCli, UlyssesForwardMatchesOneDeviceOnFluxAndWan) {
 // single blocks' proj_out over [attention; MLP] shares) and the tiny Wan (self and cross attention,
 // the q / k RMSNorm over all heads' channels).
 TEST_F(ParallelCli, RingTensorParallelAndTheirCombinationsMatchOneDevice) {
-  struct Case {
-    std::string model, goldens;
-    std::vector<std::string> inputs;
-  };
-  const std::vector<Case> cases = {
-      {"flux_tiny", "goldens_flux.safetensors",
-       {"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "img_ids", "txt_ids", "guidance"}},
-      {"wan_tiny", "goldens_wan.safetensors", {"hidden_states", "encoder_hidden_states", "timestep"}}};
-  for (const Case& c : cases) {
+  for (const ForwardCase& c : kForwardCases) {
     const std::string inputs = write_forward_inputs(dir_, c.goldens, c.inputs);
     const std::string model = (kData / c.model / "transformer").string();
     const std::string one = (dir_ / "one.safetensors").string();

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/attention.h"
 #include "tensor/tensor.h"
 
 #include "common/tensor_testing.h"
@@ -24,6 +25,15 @@
 namespace cubevec::testing {
 
 inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// Options that run `impl` with q, k, v handed to it in `kernel_layout` (opt_mode manual).
+inline ops::AttentionOptions manual(ops::AttentionImpl impl, ops::AttentionLayout kernel_layout = ops::AttentionLayout::bnsd) {
+  ops::AttentionOptions o;
+  o.opt_mode = ops::AttentionOptMode::manual;
+  o.op_type = impl;
+  o.kernel_layout = kernel_layout;
+  return o;
+}
 
 // One head in plain arrays (double), the reference's view.
 struct RefHead {

@@ -76,14 +76,6 @@ void expect_bias_result(const std::vector<double>& got, const std::vector<double
   }
 }
 
-ops::AttentionOptions manual(AttentionImpl impl, AttentionLayout kernel_layout) {
-  ops::AttentionOptions o;
-  o.opt_mode = ops::AttentionOptMode::manual;
-  o.op_type = impl;
-  o.kernel_layout = kernel_layout;
-  return o;
-}
-
 TEST(AttentionBias, FourDimensionalBiasBroadcastOverTheBatchMatchesTheDoubleLoop) {
   const int64_t b = 2, sq = 131, sk = 200, n = 3, d = 40;
   std::vector<float> bias = random_bias(n * sq * sk, 5);

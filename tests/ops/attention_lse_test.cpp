@@ -57,14 +57,6 @@ void expect_lse(const std::vector<double>& got, const std::vector<double>& want,
   }
 }
 
-ops::AttentionOptions manual(AttentionImpl impl, AttentionLayout kernel_layout) {
-  ops::AttentionOptions o;
-  o.opt_mode = ops::AttentionOptMode::manual;
-  o.op_type = impl;
-  o.kernel_layout = kernel_layout;
-  return o;
-}
-
 TEST(AttentionLse, FlashAndCvPipelinedReturnTheDoubleLoopsLogSumExp) {
   const int64_t b = 2, sq = 131, sk = 260, n = 2, d = 40;
   for (DType dtype : {DType::f32, DType::bf16}) {

@@ -35,14 +35,6 @@ using namespace cubevec::testing;
 using ops::AttentionImpl;
 using ops::AttentionLayout;
 
-ops::AttentionOptions manual(AttentionImpl impl, AttentionLayout kernel_layout = AttentionLayout::bnsd) {
-  ops::AttentionOptions o;
-  o.opt_mode = ops::AttentionOptMode::manual;
-  o.op_type = impl;
-  o.kernel_layout = kernel_layout;
-  return o;
-}
-
 const AttentionImpl kImpls[] = {AttentionImpl::math, AttentionImpl::flash, AttentionImpl::cv_pipelined};
 
 // --- the tile kernels of every ISA, through run_flash on hand-made heads --------------------------
