@@ -48,7 +48,8 @@ void SequenceParallelStage::split(models::BlockState& state, models::RopeTable& 
   const int64_t index = ring_.rank() * u + ulysses_.rank();
   const int64_t offset = std::accumulate(shares.begin(), shares.begin() + index, int64_t{0});
   const int64_t mine = shares[static_cast<std::size_t>(index)];
-  if (mine == 0)
+  // Checked for every rank's share, so all ranks (and simulate mode, which sees only rank 0) refuse alike.
+  if (tokens < static_cast<int64_t>(u) * r)
     throw Error(name() + ": " + std::to_string(tokens) + " tokens cannot be shared by " + std::to_string(u * r) +
                 " ranks (each needs at least one)");
   state.hidden = ops::contiguous(state.hidden.narrow(1, offset, mine), stream);

@@ -249,6 +249,10 @@ TEST_F(ParallelCli, SimulateModelsManyCardsInOneProcess) {
   const auto alone = run({"t2i", "--model", model, "--ranks", "2", "--ulysses", "2", "--out", (dir_ / "x.jpg").string()});
   EXPECT_EQ(alone.status, 1);
   EXPECT_NE(alone.err.find("--ranks models that many cards in one process and needs --simulate"), std::string::npos) << alone.err;
+  // More ranks than tokens: every rank (here the modelled rank 0, which holds one) refuses.
+  const auto few = run({"t2i", "--simulate", "--model", model, "--width", "64", "--height", "64", "--steps", "1", "--ranks", "32", "--ring", "32"});
+  EXPECT_EQ(few.status, 1);
+  EXPECT_NE(few.err.find("ring x32: 16 tokens cannot be shared by 32 ranks (each needs at least one)"), std::string::npos) << few.err;
   const auto product = run({"t2i", "--simulate", "--model", model, "--steps", "1", "--ranks", "8", "--ulysses", "2"});
   EXPECT_EQ(product.status, 1);
   EXPECT_NE(product.err.find("--ulysses 2 x --ring 1 x --cfg-parallel 1 x --tp 1 = 2 rank(s), but --ranks is 8"), std::string::npos) << product.err;
