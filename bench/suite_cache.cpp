@@ -134,7 +134,7 @@ void tinywan(Context& context, Device& device) {
     pipelines::T2ITimings timings;
     const Tensor latents = pipeline.denoise(prompt, nullptr, o, device, {}, timings, &stages);
     std::vector<Tensor> chunks;
-    pipeline.decode(latents, device, [&](const Tensor& frames) { chunks.push_back(frames); }, timings);
+    pipeline.decode(latents, o, device, [&](const Tensor& frames) { chunks.push_back(frames); }, timings);
     return std::make_pair(ops::concat(chunks, 2, device.default_stream()), timings.denoise_s);
   });
 }

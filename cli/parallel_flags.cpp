@@ -28,6 +28,14 @@ parallel::ParallelGroups ParallelFlags::resolve_generation(bool simulate, pipeli
   return groups;
 }
 
+std::optional<parallel::Communicator> ParallelFlags::vae_group(const parallel::ParallelGroups& groups, bool simulate) const {
+  if (!vae_parallel) return std::nullopt;
+  if (simulate) throw Error("--vae-parallel shares the VAE decode, but --simulate models the transformer only (no VAE decode runs)");
+  if (groups.world.size() == 1)
+    throw Error("--vae-parallel shares the VAE decode among the ranks of the run, but this run has one: start it with mpirun -np N");
+  return groups.world;
+}
+
 void check_heads(const parallel::ParallelGroups& groups, int64_t heads) {
   const int u = groups.degrees.ulysses, t = groups.degrees.tp;
   if (heads % (u * t) == 0) return;
@@ -64,6 +72,9 @@ std::shared_ptr<ParallelFlags> add_parallel_flags(CLI::App& command, bool cfg_pa
   if (cfg_parallel)
     command.add_option("--ranks", flags->ranks, "With --simulate: model a run on this many cards (the product of the degrees)")
         ->check(CLI::Range(1, 4096));
+  if (cfg_parallel)
+    command.add_flag("--vae-parallel", flags->vae_parallel,
+                     "Every rank shares the VAE decode: Flux's tiles dealt round-robin, Wan's rows in bands with halo exchange");
   command.add_option("--comm-timeout", flags->comm_timeout_s,
                      "Seconds a rank waits for the others in one collective before it stops with an error (default 600)");
   return flags;

@@ -50,6 +50,8 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   // Multi-device: the degrees against the ranks mpirun started, before any work; rank 0 writes.
   const parallel::ParallelGroups groups = parallel_flags.resolve_generation(f.common.simulate, f.options.cfg, f.options.cfg_parallel);
   const bool writer_rank = groups.world.rank() == 0;
+  f.options.vae_parallel = parallel_flags.vae_group(groups, f.common.simulate);
+  const bool decoder_rank = writer_rank || f.options.vae_parallel;
   f.options.activations = dtype;
   const pipelines::CacheConfig cache_config = stage_flags.cache_settings();  // bad files fail before any work
   std::unique_ptr<pipelines::Stage> quantize = stage_flags.quantize_stage(f.common.simulate, f.options.steps);
@@ -103,6 +105,15 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
                static_cast<long long>(mc.inner_dim()), f.common.dtype.c_str(), profile.name.c_str(), profile.cube_threads,
                profile.vector_threads, f.common.simulate ? ", SIMULATED (modelled times)" : "");
 
+  if (f.options.vae_parallel && pipeline.vae()) {
+    const int64_t up = pipeline.vae()->config().upscale();
+    const int64_t tiles = pipeline.vae()->tile_count(f.options.height / up, f.options.width / up);
+    if (tiles == 1)
+      std::fprintf(stderr, "t2i: --vae-parallel: the latent fits in one VAE tile, so every rank decodes it whole (no speedup)\n");
+    else
+      std::fprintf(stderr, "t2i: --vae-parallel: %lld VAE tiles dealt over %d ranks\n", static_cast<long long>(tiles), f.options.vae_parallel->size());
+  }
+
   // Stage 2: denoising, with progress.
   pipelines::T2ITimings timings;
   const auto on_step = progress_printer(timings, f.common.simulate, &stage_list);
@@ -112,20 +123,20 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
 
   // Stage 3 and 4: VAE decode and JPEG.
   double jpeg_s = 0;
-  if (!f.common.simulate && writer_rank) {
+  if (!f.common.simulate && decoder_rank) {
     const Tensor image = pipeline.decode(latents, f.options, device, timings);
-    require_finite(image, "the VAE decode gave a non-finite picture (a VAE weight or setting gives NaN or inf)");
-    t0 = std::chrono::steady_clock::now();
-    pipelines::write_jpeg(f.out, pipelines::to_rgb(image));
-    jpeg_s = pipelines::seconds_since(t0);
+    if (writer_rank) {
+      require_finite(image, "the VAE decode gave a non-finite picture (a VAE weight or setting gives NaN or inf)");
+      t0 = std::chrono::steady_clock::now();
+      pipelines::write_jpeg(f.out, pipelines::to_rgb(image));
+      jpeg_s = pipelines::seconds_since(t0);
+    }
   }
   device.synchronize();
   const AllocatorStats mem = peaks.finish();
   std::vector<StageTime> stages{{"load", load_s}, {"text encoding", text_s}, {"denoising", timings.denoise_s}};
-  if (!f.common.simulate && writer_rank) {
-    stages.push_back({"VAE decode", timings.vae_s});
-    stages.push_back({"JPEG encode", jpeg_s});
-  }
+  if (!f.common.simulate && decoder_rank) stages.push_back({"VAE decode", timings.vae_s});
+  if (!f.common.simulate && writer_rank) stages.push_back({"JPEG encode", jpeg_s});
   print_stage_table(stages, timings, f.options.steps, profile.name, mem);
   print_stage_report(stage_list);
   print_communication(device);

@@ -19,6 +19,7 @@
 #include "cli/generation_report.h"
 #include "cli/stage_flags.h"
 #include "cli/text_conditioning.h"
+#include "pipelines/patch_parallel_vae.h"
 #include "pipelines/wan_t2v.h"
 #include "tensor/error.h"
 #include "tensor/output_file.h"
@@ -98,6 +99,7 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   // Multi-device: the degrees against the ranks mpirun started, before any work; rank 0 writes.
   const parallel::ParallelGroups groups = parallel_flags.resolve_generation(f.common.simulate, f.options.cfg, f.options.cfg_parallel);
   const bool writer_rank = groups.world.rank() == 0;
+  f.options.vae_parallel = parallel_flags.vae_group(groups, f.common.simulate);
   f.options.activations = dtype;
   const pipelines::CacheConfig cache_config = stage_flags.cache_settings();  // bad files fail before any work
   std::unique_ptr<pipelines::Stage> quantize = stage_flags.quantize_stage(f.common.simulate, f.options.steps);
@@ -120,6 +122,7 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   const double text_s = pipelines::seconds_since(t0);
   pipeline.check(f.options, negative.has_value());
   check_heads(groups, pipeline.transformer().config().num_attention_heads);
+  if (f.options.vae_parallel) pipelines::check_row_split(f.options.vae_parallel->size(), f.options.height / 8);
   std::unique_ptr<pipelines::Stage> offload = stage_flags.offload_stage(pipelines::block_modules(pipeline.transformer()), profile.cube_threads);
   const pipelines::MemoryEstimate memory = pipelines::estimate_memory(pipeline, f.options, positive.sequence.size(1),
                                                                      f.options.cfg == pipelines::CfgMode::off ? 1 : 2, stage_flags.offload, profile.cube_threads);
@@ -161,8 +164,10 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
 
   // Stage 3: the VAE decode, frames streamed to the AVI (and JPEG folder) as they come.
   if (writer) {
-    pipeline.decode(latents, device, [&](const Tensor& frames) { (*writer)(frames); }, timings);
+    pipeline.decode(latents, f.options, device, [&](const Tensor& frames) { (*writer)(frames); }, timings);
     writer->finish();
+  } else if (f.options.vae_parallel) {
+    pipeline.decode(latents, f.options, device, [](const Tensor&) {}, timings);  // this rank's bands; rank 0 writes
   }
   device.synchronize();
   const AllocatorStats mem = peaks.finish();
@@ -170,6 +175,8 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
   if (writer) {
     stages.push_back({"VAE decode", timings.vae_s - writer->encode_seconds()});
     stages.push_back({"JPEG + AVI", writer->encode_seconds()});
+  } else if (f.options.vae_parallel) {
+    stages.push_back({"VAE decode", timings.vae_s});
   }
   print_stage_table(stages, timings, f.options.steps, profile.name, mem);
   print_stage_report(stage_list);

@@ -317,8 +317,36 @@ Tensor AutoencoderKLDecoder::decode_tiled(const Tensor& z, const TileOptions& op
                 ") latent pixels, got " + std::to_string(options.overlap_latent));
   // As diffusers: a latent that fits in one tile is decoded whole (and a malformed z gets decode's message).
   if (!z.defined() || z.dim() != 4 || (z.size(2) <= tile && z.size(3) <= tile)) return decode(z, stream);
-  return vae::decode_in_tiles(z, tile, overlap, config_.upscale(), [&](const Tensor& t) { return decode(t, stream); },
-                              stream);
+  if (!options.sharing || options.sharing->ranks() == 1)
+    return vae::decode_in_tiles(z, tile, overlap, config_.upscale(), [&](const Tensor& t) { return decode(t, stream); },
+                                stream);
+  // Patch parallel: this rank decodes its tiles (in decode_in_tiles' row-major order) first, then
+  // decode_in_tiles blends every rank's tiles as they are shared.
+  const TileSharing& sharing = *options.sharing;
+  const int64_t step = tile - overlap, upscale = config_.upscale();
+  std::vector<Tensor> mine;
+  for (int64_t i = 0, k = 0; i < z.size(2); i += step)
+    for (int64_t j = 0; j < z.size(3); j += step, ++k)
+      mine.push_back(k % sharing.ranks() != sharing.rank()
+                         ? Tensor()
+                         : decode(z.narrow(2, i, std::min(tile, z.size(2) - i)).narrow(3, j, std::min(tile, z.size(3) - j)), stream));
+  std::size_t next = 0;
+  return vae::decode_in_tiles(
+      z, tile, overlap, upscale,
+      [&](const Tensor& t) {
+        const std::size_t k = next++;
+        const Shape shape = {t.size(0), config_.out_channels, upscale * t.size(2), upscale * t.size(3)};
+        return sharing.share(mine.at(k), static_cast<int64_t>(k), static_cast<int>(k % static_cast<std::size_t>(sharing.ranks())), shape,
+                             stream);
+      },
+      stream);
+}
+
+int64_t AutoencoderKLDecoder::tile_count(int64_t latent_h, int64_t latent_w) const {
+  const int64_t tile = config_.tile_latent_size();
+  if (tile < 1 || (latent_h <= tile && latent_w <= tile)) return 1;
+  const int64_t step = tile - (tile - (3 * tile) / 4);  // decode_tiled's default overlap
+  return ((latent_h + step - 1) / step) * ((latent_w + step - 1) / step);
 }
 
 AutoencoderKLDecoder load_autoencoder_kl(const std::string& dir, DType dtype, const std::string& variant) {

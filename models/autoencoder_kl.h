@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/layers.h"
+#include "models/vae_split.h"
 
 namespace cubevec::models {
 
@@ -144,6 +145,9 @@ struct TileOptions {
   // Latent rows / columns neighbouring tiles share; -1: diffusers' 25%, tile - floor(0.75 tile)
   // (32 for Flux). The image-space blend extent is upscale() times this.
   int64_t overlap_latent = -1;
+  // Patch parallel: tile k is decoded by rank k mod ranks() and shared with every rank before the
+  // blend, so each rank returns the whole image. Null: one device decodes every tile.
+  const TileSharing* sharing = nullptr;
 };
 
 class AutoencoderKLDecoder {
@@ -165,6 +169,8 @@ class AutoencoderKLDecoder {
   // whole (exactly decode()); a larger one goes through vae::decode_in_tiles with this decoder.
   Tensor decode_tiled(const Tensor& z, const TileOptions& options = {},
                       const Stream& stream = ops::default_op_stream()) const;
+  // The tiles decode_tiled cuts a latent of h x w into with the default options (1: decoded whole).
+  int64_t tile_count(int64_t latent_h, int64_t latent_w) const;
 
  private:
   AutoencoderKLConfig config_;

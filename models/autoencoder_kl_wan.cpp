@@ -163,6 +163,10 @@ void CausalConv3d::declare(ParameterTable& table, const std::string& name, int64
 }
 
 Tensor CausalConv3d::operator()(const Tensor& x, const Tensor& cache, const Stream& stream) const {
+  return convolve(x, cache, padding[1], stream);
+}
+
+Tensor CausalConv3d::convolve(const Tensor& x, const Tensor& cache, int64_t row_padding, const Stream& stream) const {
   check_5d(x, in, "WanCausalConv3d input");
   const int64_t tc = cache.defined() ? cache.size(2) : 0;
   if (cache.defined()) {
@@ -172,15 +176,20 @@ Tensor CausalConv3d::operator()(const Tensor& x, const Tensor& cache, const Stre
                   ", H, W] matching the input " + shape_to_string(x.shape()) + ", got " + shape_to_string(cache.shape()));
   }
   ops::Conv3dOptions options;
-  options.padding = {0, padding[1], padding[2]};
+  options.padding = {0, row_padding, padding[2]};
   const Tensor input = context() > 0 ? ops::pad_frames_front(x, cache, context() - tc, stream) : ops::contiguous(x, stream);
   return ops::conv3d(input, as_f32(weight, stream), as_f32(bias, stream), options, stream);
 }
 
-Tensor CausalConv3d::operator()(const Tensor& x, FeatureCache& cache, const Stream& stream) const {
-  if (slot < 0) return (*this)(x, Tensor(), stream);
+Tensor CausalConv3d::operator()(const Tensor& x_band, FeatureCache& cache, const Stream& stream) const {
+  // Patch parallel: the band with its neighbours' edge rows, so the conv and the frames it caches
+  // see what one device would; the rows then need no zero padding.
+  const bool halo = cache.rows && padding[1] > 0;
+  const Tensor x = halo ? cache.rows->with_halo(x_band, padding[1], stream) : x_band;
+  const int64_t row_padding = halo ? 0 : padding[1];
+  if (slot < 0) return convolve(x, Tensor(), row_padding, stream);
   Tensor& held = cache.frames.at(static_cast<std::size_t>(slot));
-  Tensor y = (*this)(x, held, stream);
+  Tensor y = convolve(x, held, row_padding, stream);
   cache.pace(stream);
   // The last context() frames of [held, x], copied so the chunk's activations can be freed.
   const int64_t t = x.size(2), ctx = context();
@@ -238,20 +247,24 @@ void AttentionBlock::declare(ParameterTable& table, const std::string& prefix, i
   table.add(prefix + ".proj.bias", {channels}, &proj_bias);
 }
 
-Tensor AttentionBlock::operator()(const Tensor& x_in, const Stream& stream) const {
+Tensor AttentionBlock::operator()(const Tensor& x_in, const Stream& stream, const RowSplit* rows) const {
   const Tensor x = ops::contiguous(x_in, stream);
+  // Patch parallel: every rank's rows for the keys and values; the queries are this band's.
+  const Tensor all = rows ? rows->gather(x, stream) : x;
   const int64_t b = x.size(0), c = channels, t = x.size(2), hw = x.size(3) * x.size(4);
+  const int64_t all_hw = all.size(3) * all.size(4), first = rows ? rows->band(x.size(3)).first * x.size(4) : 0;
   // Each frame's positions as tokens: [B T HW, C], rows in (b, t, h, w) order.
   const Tensor tokens =
-      ops::contiguous(norm(x, stream).reshape({b, c, t * hw}).transpose(1, 2), stream).reshape({b * t * hw, c});
+      ops::contiguous(norm(all, stream).reshape({b, c, t * all_hw}).transpose(1, 2), stream).reshape({b * t * all_hw, c});
   ops::MatmulOptions qkv_options;
   qkv_options.bias = as_f32(qkv_bias, stream);
   qkv_options.b_is_weight = true;
-  const Tensor qkv =
-      ops::matmul(tokens, as_f32(qkv_weight, stream).reshape({3 * c, c}), qkv_options, stream).reshape({b * t, hw, 3 * c});
+  const Tensor qkv = ops::matmul(tokens, as_f32(qkv_weight, stream).reshape({3 * c, c}), qkv_options, stream)
+                         .reshape({b * t, all_hw, 3 * c});
   // One head of width C in BSND, one sequence per frame; the default scale is C^-0.5.
   const auto head = [&](int64_t i) { return qkv.narrow(2, i * c, c).unsqueeze(2); };
-  const Tensor a = ops::contiguous(ops::attention_forward(head(0), head(1), head(2), {}, stream), stream);
+  const Tensor q = rows ? head(0).narrow(1, first, hw) : head(0);
+  const Tensor a = ops::contiguous(ops::attention_forward(q, head(1), head(2), {}, stream), stream);
   ops::MatmulOptions proj_options;
   proj_options.bias = as_f32(proj_bias, stream);
   proj_options.b_is_weight = true;
@@ -297,7 +310,12 @@ Tensor Resample::operator()(const Tensor& x, FeatureCache& cache, const Stream& 
   std::vector<Tensor> out;
   out.reserve(frames.size());
   for (const Tensor& f : frames) {
-    out.push_back(resample(ops::upsample_nearest2d(f, 2, stream), stream).unsqueeze(2));
+    const Tensor up = ops::upsample_nearest2d(f, 2, stream);
+    // Patch parallel: the upsampled band with its halo rows, convolved without row padding.
+    const Tensor frame = cache.rows ? resample.with_padding(cache.rows->with_halo(up, resample.padding, stream), 0,
+                                                            resample.padding, stream)
+                                    : resample(up, stream);
+    out.push_back(frame.unsqueeze(2));
     cache.pace(stream);
   }
   return out.size() == 1 ? out.front() : ops::concat(out, 2, stream);
@@ -311,7 +329,7 @@ void MidBlock::declare(ParameterTable& table, const std::string& prefix, int64_t
 
 Tensor MidBlock::operator()(Tensor x, FeatureCache& cache, const Stream& stream) const {
   x = resnet0(x, cache, stream);
-  x = attention(x, stream);
+  x = attention(x, stream, cache.rows);
   cache.pace(stream);
   return resnet1(x, cache, stream);
 }
@@ -423,8 +441,11 @@ void AutoencoderKLWan::decode_frames(const Tensor& z, const std::function<void(c
   const int64_t frames = x.size(2);
   const int64_t chunk = options.latent_frames_per_chunk == 0 ? frames : options.latent_frames_per_chunk;
   wan_vae::FeatureCache cache = make_feature_cache();
+  cache.rows = options.rows;
+  const Tensor band = options.rows ? options.rows->own_rows(x, stream) : x;
   for (int64_t start = 0; start < frames; start += chunk) {
-    const Tensor video = decode_chunk(x.narrow(2, start, std::min(chunk, frames - start)), cache, stream);
+    Tensor video = decode_chunk(band.narrow(2, start, std::min(chunk, frames - start)), cache, stream);
+    if (options.rows) video = options.rows->gather(video, stream);
     // Clamping would turn an inf into a saturated colour: check first (a NaN or inf VAE weight).
     if (options.clamp)
       require_finite(video, "AutoencoderKLWan decode: latent frame " + std::to_string(start) +

@@ -32,6 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/layers.h"
+#include "models/vae_split.h"
 
 namespace cubevec::models {
 
@@ -90,10 +91,14 @@ namespace wan_vae {
 // residual add, which waits for the stream, so only the tensors of the step being queued and
 // those still referenced coexist (as in eager PyTorch). A step is a whole conv over a chunk, so
 // the waits cost nothing measurable.
+//
+// With a RowSplit (patch parallel), every activation is this rank's band of rows; the cached frames
+// of a 3x3 conv include its halo rows.
 struct FeatureCache {
   std::vector<Tensor> frames;
   std::vector<bool> started;
   bool pacing = true;
+  const RowSplit* rows = nullptr;  // null: one device holds every row
   FeatureCache(int slots, int upsamplers)
       : frames(static_cast<std::size_t>(slots)), started(static_cast<std::size_t>(upsamplers), false) {}
   // Bytes held by the cached frames.
@@ -123,6 +128,8 @@ struct CausalConv3d {
   // `cache` (undefined or [B, in, t_c, H, W] with t_c <= context()) holds the frames before x and
   // the zeros make up the rest of the context.
   Tensor operator()(const Tensor& x, const Tensor& cache, const Stream& stream) const;
+  // The same with `row_padding` zero rows instead of p_h (0: x already carries its halo rows).
+  Tensor convolve(const Tensor& x, const Tensor& cache, int64_t row_padding, const Stream& stream) const;
   // The same with the conv's slot of `cache` as the frames before x; the slot then holds the last
   // context() frames of [slot, x] (diffusers' cache_x). Convs without time padding ignore the cache.
   Tensor operator()(const Tensor& x, FeatureCache& cache, const Stream& stream) const;
@@ -151,13 +158,15 @@ struct ResidualBlock {
 // WanAttentionBlock(C): per frame, single-head attention over the H W positions of RMS-normed x:
 // q, k, v = channels [0, C), [C, 2C), [2C, 3C) of the 1x1 `to_qkv` (C -> 3C), softmax(q k^T /
 // sqrt(C)) v, then the 1x1 `proj`, plus x. The 1x1 convs run as f32 GEMMs over the tokens.
+// With `rows` (patch parallel), x is this rank's band: keys and values come from every rank's rows,
+// queries from the band's.
 struct AttentionBlock {
   RMSNorm norm;
   Tensor qkv_weight, qkv_bias, proj_weight, proj_bias;  // [3C, C, 1, 1], [3C], [C, C, 1, 1], [C]
   int64_t channels = 0;
 
   void declare(ParameterTable& table, const std::string& prefix, int64_t num_channels);
-  Tensor operator()(const Tensor& x, const Stream& stream) const;  // [B, C, T, H, W] -> same
+  Tensor operator()(const Tensor& x, const Stream& stream, const RowSplit* rows = nullptr) const;  // [B, C, T, H, W] -> same
 };
 
 // WanResample in its decoder modes. upsample2d: per frame, nearest 2x then `resample.1`
@@ -215,6 +224,9 @@ struct WanDecodeOptions {
   // sequence at once. Every choice gives the same video (up to float rounding).
   int64_t latent_frames_per_chunk = 1;
   bool clamp = true;  // clamp the video to [-1, 1], as diffusers' _decode does
+  // Patch parallel: this rank decodes its band of rows and each chunk's frames are gathered, so
+  // every rank's sink gets the whole frames. Null: one device decodes every row.
+  const RowSplit* rows = nullptr;
 };
 
 class AutoencoderKLWan {

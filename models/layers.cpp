@@ -91,13 +91,15 @@ void Conv2d::declare(ParameterTable& table, const std::string& name, int64_t in_
   if (has_bias) table.add(name + ".bias", {out}, &bias);
 }
 
-Tensor Conv2d::operator()(const Tensor& x, const Stream& stream) const {
+Tensor Conv2d::operator()(const Tensor& x, const Stream& stream) const { return with_padding(x, padding, padding, stream); }
+
+Tensor Conv2d::with_padding(const Tensor& x, int64_t pad_rows, int64_t pad_cols, const Stream& stream) const {
   const auto f32 = [&](const Tensor& t) {
     return !t.defined() || t.dtype() == DType::f32 ? t : ops::cast(t, DType::f32, stream);
   };
   ops::Conv2dOptions options;
   options.stride = {stride, stride};
-  options.padding = {padding, padding};
+  options.padding = {pad_rows, pad_cols};
   const Tensor xc = x.is_contiguous() ? x : ops::contiguous(x, stream);
   return ops::conv2d(xc, f32(weight), f32(bias), options, stream);
 }

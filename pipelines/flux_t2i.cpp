@@ -7,6 +7,7 @@
 
 #include "ops/vector_ops.h"
 #include "pipelines/noise.h"
+#include "pipelines/patch_parallel_vae.h"
 #include "tensor/error.h"
 #include "tensor/half.h"
 
@@ -170,7 +171,11 @@ Tensor FluxT2IPipeline::decode(const Tensor& packed, const T2IOptions& o, Device
   const auto& vc = vae_->config();
   const Tensor z = ops::add(ops::div(latents, filled(1, static_cast<float>(vc.scaling_factor)), main),
                             filled(1, static_cast<float>(vc.shift_factor)), main);
-  Tensor image = vae_->decode_tiled(z, {}, main);
+  std::optional<PatchParallelTiles> tiles;
+  if (o.vae_parallel && o.vae_parallel->size() > 1) tiles.emplace(*o.vae_parallel);
+  models::TileOptions tile_options;
+  tile_options.sharing = tiles ? &*tiles : nullptr;
+  Tensor image = vae_->decode_tiled(z, tile_options, main);
   if (!device.simulate()) image.data_ptr();
   timings.vae_s = seconds_since(t0);
   return image;

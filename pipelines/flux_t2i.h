@@ -25,6 +25,8 @@ struct T2IOptions {
   CfgMode cfg = CfgMode::off;
   // CFG parallel: the branches on the 2 ranks of this group (pipelines/guidance.h); cfg must be on.
   std::optional<parallel::Communicator> cfg_parallel;
+  // Patch-parallel VAE: the ranks of this group share the tiles of a tiled decode (pipelines/patch_parallel_vae.h).
+  std::optional<parallel::Communicator> vae_parallel;
   double cfg_scale = 4.0;  // true CFG: v = v_neg + cfg_scale (v - v_neg)
   uint64_t seed = 0;
   // When defined, [1, C, H/upscale, W/upscale] noise used instead of the seeded generator's (for

@@ -7,6 +7,7 @@
 
 #include "ops/vector_ops.h"
 #include "pipelines/noise.h"
+#include "pipelines/patch_parallel_vae.h"
 #include "tensor/error.h"
 #include "tensor/strict_json.h"
 
@@ -160,11 +161,16 @@ Tensor WanT2VPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddin
                             {o.activations, transformer_->block_count()}, device, on_step, timings);
 }
 
-void WanT2VPipeline::decode(const Tensor& latents, Device& device, const FrameSink& sink, T2ITimings& timings) const {
+void WanT2VPipeline::decode(const Tensor& latents, const T2VOptions& o, Device& device, const FrameSink& sink,
+                            T2ITimings& timings) const {
   if (!vae_) throw Error("this model has no VAE (vae/config.json) to decode with");
   const Stream main = device.default_stream();
   const auto t0 = std::chrono::steady_clock::now();
-  vae_->decode_frames(vae_->unnormalize(latents, main), sink, {}, main);
+  std::optional<PatchParallelRows> rows;
+  if (o.vae_parallel && o.vae_parallel->size() > 1) rows.emplace(*o.vae_parallel, latents.size(3));
+  models::WanDecodeOptions decode_options;
+  decode_options.rows = rows ? &*rows : nullptr;
+  vae_->decode_frames(vae_->unnormalize(latents, main), sink, decode_options, main);
   timings.vae_s = seconds_since(t0);
 }
 

@@ -29,6 +29,8 @@ struct T2VOptions {
   CfgMode cfg = CfgMode::fused;
   // CFG parallel: the branches on the 2 ranks of this group (pipelines/guidance.h); cfg must be on.
   std::optional<parallel::Communicator> cfg_parallel;
+  // Patch-parallel VAE: the ranks of this group share the decode's rows (pipelines/patch_parallel_vae.h).
+  std::optional<parallel::Communicator> vae_parallel;
   uint64_t seed = 0;
   Tensor initial_noise{};             // [1, C, T_lat, H/8, W/8] instead of the seeded noise (parity runs)
   DType activations = DType::f32;     // the transformer's activations: f32 or bf16
@@ -70,7 +72,8 @@ class WanT2VPipeline {
   Tensor denoise(const PromptEmbeddings& positive, const PromptEmbeddings* negative, const T2VOptions& options,
                  Device& device, const StepCallback& on_step, T2ITimings& timings, StageList* stages = nullptr) const;
   // Latents -> frames through `sink` (1 + 4 (T_lat - 1) frames), one latent frame at a time.
-  void decode(const Tensor& latents, Device& device, const FrameSink& sink, T2ITimings& timings) const;
+  // With options.vae_parallel every rank of that group decodes its band and every sink gets whole frames.
+  void decode(const Tensor& latents, const T2VOptions& options, Device& device, const FrameSink& sink, T2ITimings& timings) const;
 
  private:
   std::unique_ptr<models::WanTransformer3DModel> transformer_;

@@ -9,6 +9,7 @@
 
 #include "cli/run_cubevec.h"
 #include "cli/tiny_prompt_embeds.h"
+#include "pipelines/avi.h"
 #include "pipelines/jpeg.h"
 #include "tensor/safetensors.h"
 
@@ -62,6 +63,19 @@ int count_comm_kernels(const std::string& trace, const std::string& prefix) {
     if (*ph == "X" && *cat == "comm" && name->get_ref<const std::string&>().rfind(prefix, 0) == 0) ++count;
   }
   return count;
+}
+
+// The largest difference between two pictures, in JPEG levels (256 for different sizes).
+int worst_level_difference(const cubevec::pipelines::RgbImage& a, const cubevec::pipelines::RgbImage& b) {
+  if (a.pixels.size() != b.pixels.size()) return 256;
+  int worst = 0;
+  for (std::size_t i = 0; i < a.pixels.size(); ++i) worst = std::max(worst, std::abs(int(a.pixels[i]) - int(b.pixels[i])));
+  return worst;
+}
+
+std::vector<std::string> with(std::vector<std::string> args, const std::vector<std::string>& extra) {
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
 }
 
 TEST_F(ParallelCli, UlyssesForwardMatchesOneDeviceOnFluxAndWan) {
@@ -191,11 +205,7 @@ TEST_F(ParallelCli, CfgParallelAndUlyssesDrawTheOneDevicePicture) {
   EXPECT_NE(tp.err.find("tensor parallel x2"), std::string::npos) << tp.err;
   const cubevec::pipelines::RgbImage want = cubevec::pipelines::read_jpeg((dir_ / "one.jpg").string());
   for (const char* out : {"cfg.jpg", "both.jpg", "ring.jpg", "tp.jpg"}) {
-    const cubevec::pipelines::RgbImage got = cubevec::pipelines::read_jpeg((dir_ / out).string());
-    ASSERT_EQ(got.pixels.size(), want.pixels.size()) << out;
-    int worst = 0;
-    for (std::size_t i = 0; i < got.pixels.size(); ++i) worst = std::max(worst, std::abs(int(got.pixels[i]) - int(want.pixels[i])));
-    EXPECT_LE(worst, 2) << out;
+    EXPECT_LE(worst_level_difference(cubevec::pipelines::read_jpeg((dir_ / out).string()), want), 2) << out;
   }
   // CFG parallel needs CFG on.
   std::vector<std::string> off = with({"--cfg-parallel", "2"}, "off.jpg");
@@ -259,3 +269,64 @@ TEST_F(ParallelCli, SimulateModelsManyCardsInOneProcess) {
 }
 
 }  // namespace
+
+// --vae-parallel on top of a sharded transformer gives the picture (video) of the same run
+// without it: the same latents, decoded by every rank instead of rank 0 alone.
+TEST_F(ParallelCli, VaeParallelDecodesThePictureAndVideoOfOneDecoder) {
+  const std::vector<std::vector<std::string>> degrees = {{"--ulysses", "2"}, {"--ulysses", "2", "--ring", "2"}};
+  // Flux: 64 x 48 is a 16 x 12 latent, 6 tiles of the tiny VAE's 8 latent pixels (overlap 2).
+  const std::vector<std::string> t2i = {"t2i", "--model", (kData / "flux_tiny").string(), "--prompt-embeds", cubevec_cli_test::flux_embeds(dir_),
+                                        "--width", "64", "--height", "48", "--steps", "1"};
+  for (const auto& d : degrees) {
+    const int ranks = d.size() == 2 ? 2 : 4;
+    const std::string plain = (dir_ / "plain.jpg").string(), shared = (dir_ / "shared.jpg").string(), trace = (dir_ / "t.json").string();
+    const auto a = run_mpi(ranks, with(with(t2i, d), {"--out", plain}), dir_);
+    ASSERT_EQ(a.status, 0) << a.err;
+    const auto b = run_mpi(ranks, with(with(t2i, d), {"--out", shared, "--vae-parallel", "--trace", trace}), dir_);
+    ASSERT_EQ(b.status, 0) << b.err;
+    EXPECT_NE(b.err.find("t2i: --vae-parallel: 6 VAE tiles dealt over " + std::to_string(ranks) + " ranks"), std::string::npos) << b.err;
+    EXPECT_EQ(count_comm_kernels(trace, "all_gather vae.tile"), 6 * 4) << "measured and modelled, by unit and by stream";
+    EXPECT_LE(worst_level_difference(cubevec::pipelines::read_jpeg(shared), cubevec::pipelines::read_jpeg(plain)), 1) << ranks;
+  }
+  // Wan: 9 frames of 48 x 32 are 3 latent frames of 4 x 6: bands of 2 rows (2 ranks) or 1 (4 ranks).
+  const std::vector<std::string> t2v = {"t2v", "--model", (kData / "wan_tiny").string(), "--prompt-embeds", cubevec_cli_test::wan_embeds(dir_),
+                                        "--frames", "9", "--width", "48", "--height", "32", "--steps", "1", "--cfg", "off"};
+  for (const auto& d : degrees) {
+    const int ranks = d.size() == 2 ? 2 : 4;
+    const std::string plain = (dir_ / "plain.avi").string(), shared = (dir_ / "shared.avi").string(), trace = (dir_ / "v.json").string();
+    const auto a = run_mpi(ranks, with(with(t2v, d), {"--out", plain}), dir_);
+    ASSERT_EQ(a.status, 0) << a.err;
+    const auto b = run_mpi(ranks, with(with(t2v, d), {"--out", shared, "--vae-parallel", "--trace", trace}), dir_);
+    ASSERT_EQ(b.status, 0) << b.err;
+    EXPECT_GT(count_comm_kernels(trace, "send_recv vae.halo"), 0);
+    // Per chunk, the mid block's attention and the frames; measured and modelled, by unit and by stream.
+    EXPECT_EQ(count_comm_kernels(trace, "all_gather vae.rows"), (3 + 3) * 4);
+    const auto want = cubevec::pipelines::read_avi_info(plain), got = cubevec::pipelines::read_avi_info(shared);
+    ASSERT_EQ(got.frames.size(), want.frames.size());
+    for (std::size_t i = 0; i < got.frames.size(); ++i)
+      EXPECT_LE(worst_level_difference(cubevec::pipelines::decode_jpeg(cubevec::pipelines::read_avi_frame(shared, got.frames[i])),
+                                       cubevec::pipelines::decode_jpeg(cubevec::pipelines::read_avi_frame(plain, want.frames[i]))),
+                1)
+          << ranks << " ranks, frame " << i;
+  }
+}
+
+TEST_F(ParallelCli, VaeParallelIsRefusedWhereItCannotShareBeforeAnyWork) {
+  const std::string embeds = cubevec_cli_test::wan_embeds(dir_), out = (dir_ / "x.avi").string();
+  const std::vector<std::string> t2v = {"t2v", "--model", (kData / "wan_tiny").string(), "--prompt-embeds", embeds, "--frames", "5",
+                                        "--width", "32", "--height", "16", "--steps", "1", "--cfg", "off", "--out", out, "--vae-parallel"};
+  const auto alone = run(t2v);
+  EXPECT_NE(alone.status, 0);
+  EXPECT_NE(alone.err.find("--vae-parallel shares the VAE decode among the ranks of the run, but this run has one"), std::string::npos) << alone.err;
+  // 16 pixels are 2 latent rows: not enough for 4 ranks.
+  const auto rows = run_mpi(4, with(t2v, {"--ulysses", "2", "--ring", "2"}), dir_);
+  EXPECT_NE(rows.status, 0);
+  EXPECT_NE(rows.err.find("--vae-parallel: the latent's 2 rows cannot be shared by 4 ranks"), std::string::npos) << rows.err;
+  EXPECT_EQ(rows.err.find("step 1/1"), std::string::npos) << "refused after denoising: " << rows.err;
+  EXPECT_FALSE(fs::exists(out));
+  const auto simulated = run({"t2i", "--simulate", "--model", (kData / "flux_tiny").string(), "--steps", "1", "--ranks", "2", "--ulysses", "2",
+                              "--vae-parallel"});
+  EXPECT_NE(simulated.status, 0);
+  EXPECT_NE(simulated.err.find("--vae-parallel shares the VAE decode, but --simulate models the transformer only"), std::string::npos)
+      << simulated.err;
+}

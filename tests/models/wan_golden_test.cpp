@@ -144,7 +144,7 @@ PipelineRun run_pipeline(pipelines::CfgMode cfg, double guidance) {
   run.latents = pipeline.denoise(pos, cfg == pipelines::CfgMode::off ? nullptr : &neg, o, device,
                                  [&](int, int, double) { ++run.step_calls; }, timings);
   std::vector<Tensor> chunks;
-  pipeline.decode(run.latents, device, [&](const Tensor& frames) {
+  pipeline.decode(run.latents, o, device, [&](const Tensor& frames) {
     ++run.sink_calls;
     chunks.push_back(frames);
   }, timings);
