@@ -5,10 +5,13 @@
 // rank and no rank hangs.
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "cli/run_cubevec.h"
 #include "cli/tiny_prompt_embeds.h"
+#include "models/flux_transformer.h"
+#include "models/parameters.h"
 #include "pipelines/avi.h"
 #include "pipelines/jpeg.h"
 #include "tensor/safetensors.h"
@@ -329,4 +332,98 @@ TEST_F(ParallelCli, VaeParallelIsRefusedWhereItCannotShareBeforeAnyWork) {
   EXPECT_NE(simulated.status, 0);
   EXPECT_NE(simulated.err.find("--vae-parallel shares the VAE decode, but --simulate models the transformer only"), std::string::npos)
       << simulated.err;
+}
+
+// flux_tiny with 8 heads of 8 (random weights) beside its scheduler and VAE: a model 8 Ulysses
+// ranks can share.
+fs::path eight_head_flux(const fs::path& dir) {
+  const fs::path model = dir / "flux8";
+  fs::create_directories(model / "transformer");
+  for (const char* part : {"scheduler", "vae"}) fs::copy(kData / "flux_tiny" / part, model / part, fs::copy_options::recursive);
+  nlohmann::json config = nlohmann::json::parse(read_file((kData / "flux_tiny" / "transformer" / "config.json").string()));
+  config["num_attention_heads"] = 8;
+  config["attention_head_dim"] = 8;
+  config["axes_dims_rope"] = {2, 2, 4};
+  std::ofstream((model / "transformer" / "config.json").string()) << config.dump(2);
+  cubevec::models::FluxTransformer2DModel transformer(cubevec::models::FluxConfig::from_json(config, "flux8"));
+  cubevec::models::make_random_parameters(transformer.mutable_parameters(), cubevec::DType::f32, 8, 0.2f);
+  cubevec::NamedTensors weights;
+  for (const auto& spec : transformer.parameters().specs()) weights.push_back({spec.name, *spec.slot});
+  cubevec::write_safetensors((model / "transformer" / "diffusion_pytorch_model.safetensors").string(), weights);
+  return model;
+}
+
+struct TracedKernel {
+  std::string name;
+  std::string unit;
+  double flops = 0;
+};
+
+// The modelled kernels of stream 1 in issue order, consecutive attention kernels as one
+// "attention" (the tuner may pick a different attention kernel for another shape), without the
+// layout copies (contiguous, concat: a collective packs one part per peer, so their count grows
+// with the ranks).
+std::vector<TracedKernel> modelled_kernels(const std::string& trace) {
+  const nlohmann::json events = nlohmann::json::parse(read_file(trace));
+  int by_stream = -1;
+  for (const auto& e : events.at("traceEvents"))
+    if (e.value("ph", "") == "M" && e.value("name", "") == "process_name" &&
+        e.at("args").value("name", "").find("modelled NPU, by stream") != std::string::npos)
+      by_stream = e.at("pid").get<int>();
+  std::vector<std::pair<double, TracedKernel>> timed;
+  for (const auto& e : events.at("traceEvents")) {
+    if (e.value("ph", "") != "X" || e.value("pid", -1) != by_stream || e.at("args").value("stream", -1) != 1) continue;
+    if (e.at("name") == "contiguous" || e.at("name") == "concat") continue;
+    timed.push_back({e.at("ts").get<double>(), {e.at("name").get<std::string>(), e.at("args").value("unit", ""), e.at("args").value("flops", 0.0)}});
+  }
+  std::stable_sort(timed.begin(), timed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<TracedKernel> kernels;
+  for (auto& [ts, k] : timed) {
+    if (k.name.rfind("attention", 0) == 0) {
+      if (!kernels.empty() && kernels.back().name == "attention") continue;
+      k = {"attention", "cube", 0};
+    }
+    kernels.push_back(k);
+  }
+  return kernels;
+}
+
+TEST_F(ParallelCli, SimulatedEightRanksRunTheKernelsOfARealTwoRankRunScaled) {
+  // 8 text tokens and 64 x 32 pixels, 32 image tokens: 2 and 8 ranks share both evenly.
+  const std::string model = eight_head_flux(dir_).string(), embeds = (dir_ / "embeds8.safetensors").string();
+  cubevec::write_safetensors(embeds, {{"prompt_embeds", cubevec::testing::random_tensor({1, 8, 40}, 1, cubevec::DType::f32, 1.0f)},
+                                      {"pooled_prompt_embeds", cubevec::testing::random_tensor({1, 24}, 2, cubevec::DType::f32, 1.0f)}});
+  const std::vector<std::string> t2i = {"t2i", "--model", model, "--prompt-embeds", embeds, "--width", "64", "--height", "32", "--steps", "2"};
+  const std::string real_trace = (dir_ / "real.json").string(), simulated_trace = (dir_ / "sim.json").string();
+  const auto real = run_mpi(2, with(t2i, {"--ulysses", "2", "--out", (dir_ / "r.jpg").string(), "--trace", real_trace}), dir_);
+  ASSERT_EQ(real.status, 0) << real.err;
+  const auto simulated = run(with(t2i, {"--simulate", "--ranks", "8", "--ulysses", "8", "--trace", simulated_trace}));
+  ASSERT_EQ(simulated.status, 0) << simulated.err;
+  // The simulated run stops after denoising; the real one then decodes (rank 0).
+  const std::vector<TracedKernel> two = modelled_kernels(real_trace), eight = modelled_kernels(simulated_trace);
+  ASSERT_GT(eight.size(), 100u);
+  ASSERT_GT(two.size(), eight.size());
+  // A GEMM's flops follow its rows. Per rank, 8 ranks hold a quarter of the tokens 2 ranks hold
+  // (ratio 4) except where every rank holds every row (ratio 1: the embeddings, the modulation, the
+  // text stream after its attention gathers it) and in the single blocks, whose rows are every text
+  // token plus the rank's image tokens ((8 + 16) / (8 + 4) = 2).
+  std::map<int, int> ratios;
+  for (std::size_t i = 0; i < eight.size(); ++i) {
+    if (eight[i].name != two[i].name) {
+      std::string context;
+      for (std::size_t j = i >= 6 ? i - 6 : 0; j < i + 4 && j < eight.size(); ++j) context += "\n  " + std::to_string(j) + ": " + eight[j].name + " | " + two[j].name;
+      FAIL() << "kernel " << i << " (8 ranks | 2 ranks):" << context;
+    }
+    if (eight[i].unit != "cube" || eight[i].name == "attention") continue;
+    const double ratio = two[i].flops / eight[i].flops;
+    EXPECT_TRUE(ratio == 1 || ratio == 2 || ratio == 4) << "kernel " << i << " " << eight[i].name << ": " << two[i].flops
+                                                        << " flops on 2 ranks, " << eight[i].flops << " on 8";
+    ++ratios[static_cast<int>(ratio)];
+  }
+  // Per step at least each double block's image q, k, v are sharded and each single block has a
+  // GEMM on the joint rows.
+  EXPECT_GE(ratios[4], 2 * 2 * 3) << ratios[1] << " repeated, " << ratios[2] << " joint";
+  EXPECT_GE(ratios[2], 2 * 2) << ratios[1] << " repeated, " << ratios[4] << " sharded";
+  EXPECT_GT(ratios[1], 0);
+  EXPECT_EQ(two[eight.size()].name.find("all_to_all"), std::string::npos) << "the real run has transformer kernels the simulated one lacks";
 }
