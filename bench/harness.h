@@ -65,5 +65,6 @@ void vector_suite(Context& context);
 void vae_suite(Context& context);
 void text_suite(Context& context);
 void memory_suite(Context& context);
+void parallel_suite(Context& context);  // under mpirun -np 2
 
 }  // namespace cubevec::bench

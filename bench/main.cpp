@@ -9,15 +9,18 @@
 
 #include "bench/harness.h"
 #include "ops/gemm/cpu_caches.h"
+#include "parallel/mpi_runtime.h"
 #include "tensor/error.h"
 
 using namespace cubevec::bench;
 
-int main(int argc, char** argv) {
+namespace {
+
+int run(int argc, char** argv) {
   const std::map<std::string, Suite> suites = {
       {"launch", launch_suite}, {"cv", cv_suite}, {"instances", instances_suite}, {"gemm", gemm_suite},
       {"vector", vector_suite}, {"attention", attention_suite}, {"blocks", blocks_suite}, {"cache", cache_suite}, {"quant", quant_suite}, {"sparse", sparse_suite}, {"parse", parse_suite},
-      {"vae", vae_suite}, {"text", text_suite}, {"memory", memory_suite}};
+      {"vae", vae_suite}, {"text", text_suite}, {"memory", memory_suite}, {"parallel", parallel_suite}};
   std::string names;
   for (const auto& [name, suite] : suites) names += (names.empty() ? "" : ", ") + name;
 
@@ -48,20 +51,23 @@ int main(int argc, char** argv) {
   try {
     Context context;
     context.repeats = repeats;
-    std::fprintf(stderr, "measuring the machine...\n");
+    const bool printer = cubevec::parallel::world_rank() == 0;  // under mpirun, rank 0 speaks
+    if (printer) std::fprintf(stderr, "measuring the machine...\n");
     context.machine = measure_machine();
     const Machine& m = context.machine;
-    std::fprintf(stderr,
+    if (printer)
+      std::fprintf(stderr,
                  "machine: %s, %d threads: FMA peak %.1f GFLOP/s (%.1f on one thread), triad %.1f GB/s, VNNI int8 peak %.1f GOP/s, "
                  "bf16 dot peak %.1f GFLOP/s, AMX-BF16 peak %.1f GFLOP/s (0: absent)\n",
                  m.isa.c_str(), m.threads, m.fma_peak_gflops, m.fma_peak_1t_gflops, m.triad_gbps, m.vnni_peak_gops,
                  m.bf16_dot_peak_gflops, m.amx_peak_gflops);
-    std::fprintf(stderr, "cpu: %s; caches %s\n\n", cubevec::ops::gemm::cpu_model_name().c_str(), cubevec::ops::gemm::this_cpu_caches().text().c_str());
-    std::fprintf(stderr, "%-10s %-34s %-22s %-5s %11s %11s %11s\n", "suite", "case", "impl", "dtype", "median ms",
+    if (printer) std::fprintf(stderr, "cpu: %s; caches %s\n\n", cubevec::ops::gemm::cpu_model_name().c_str(), cubevec::ops::gemm::this_cpu_caches().text().c_str());
+    if (printer)
+      std::fprintf(stderr, "%-10s %-34s %-22s %-5s %11s %11s %11s\n", "suite", "case", "impl", "dtype", "median ms",
                  "min ms", "max ms");
     for (const std::string& name : chosen) suites.at(name)(context);
 
-    if (!json_path.empty()) {
+    if (!json_path.empty() && cubevec::parallel::world_rank() == 0) {
       nlohmann::ordered_json json;
       json["machine"] = {{"isa", m.isa},
                          {"threads", m.threads},
@@ -91,4 +97,14 @@ int main(int argc, char** argv) {
     return 1;
   }
   return 0;
+}
+
+}  // namespace
+
+// Under mpirun (the `parallel` suite) every rank runs the suites; rank 0 prints and writes the JSON.
+int main(int argc, char** argv) {
+  if (cubevec::parallel::launched_by_mpirun()) cubevec::parallel::ensure_mpi();
+  const int status = run(argc, argv);
+  cubevec::parallel::finalize(status);
+  return status;
 }

@@ -106,7 +106,7 @@ UnitExecutor& Device::unit(Unit which) {
   return *units_->comm;
 }
 
-double Device::schedule_modelled(Unit unit, double ready_s, double duration_s, double bytes) {
+double Device::schedule_modelled(Unit unit, double ready_s, double duration_s, double bytes, double flops) {
   std::lock_guard lock(mutex_);
   const auto u = static_cast<std::size_t>(unit);
   const double start = std::max(ready_s, unit_free_s_[u]);
@@ -115,6 +115,7 @@ double Device::schedule_modelled(Unit unit, double ready_s, double duration_s, d
   stats_.kernels_per_unit[u] += 1;
   stats_.modelled_busy_s[u] += duration_s;
   stats_.bytes_per_unit[u] += bytes;
+  stats_.flops_per_unit[u] += flops;
   stats_.modelled_makespan_s = std::max(stats_.modelled_makespan_s, start + duration_s);
   return start;
 }

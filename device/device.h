@@ -44,6 +44,7 @@ struct DeviceStats {
   double modelled_makespan_s = 0;           // when the last modelled kernel ends
   std::array<uint64_t, kUnitCount> kernels_per_unit{};
   std::array<double, kUnitCount> bytes_per_unit{};   // the kernels' declared bytes (comm: over the busiest link)
+  std::array<double, kUnitCount> flops_per_unit{};   // the kernels' declared flops
   std::array<double, kUnitCount> measured_busy_s{};  // per unit: seconds its thread(s) spent running kernels here
 };
 
@@ -79,9 +80,9 @@ class Device {
 
   // Internal, for streams: the executor of a unit, and the modelled-unit bookkeeping of a launch.
   UnitExecutor& unit(Unit which);
-  // Places a kernel of `duration_s` (moving `bytes`) that may start at `ready_s` on its unit;
-  // returns its start.
-  double schedule_modelled(Unit unit, double ready_s, double duration_s, double bytes);
+  // Places a kernel of `duration_s` (moving `bytes`, computing `flops`) that may start at `ready_s`
+  // on its unit; returns its start.
+  double schedule_modelled(Unit unit, double ready_s, double duration_s, double bytes, double flops);
 
  private:
   DeviceProfile profile_;

@@ -69,7 +69,7 @@ void Stream::launch(const KernelDesc& kernel, const std::vector<Tensor>& reads, 
         task.keep_alive.push_back(t.storage());
       }
 
-    const double start_s = device.schedule_modelled(kernel.unit, ready_s, duration_s, kernel.bytes);
+    const double start_s = device.schedule_modelled(kernel.unit, ready_s, duration_s, kernel.bytes, kernel.flops);
     s.modelled_clock_s = start_s + duration_s;
 
     task.kind = StreamTask::Kind::kernel;
