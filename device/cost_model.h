@@ -1,6 +1,17 @@
 // The cost model of the emulated NPU: how long a kernel would take there.
-// time = max(FLOPs / unit peak for the dtype, bytes / HBM bandwidth) + launch overhead; for a
-// communication kernel, bytes over its busiest link / peer bandwidth + link latency + launch overhead.
+// time = max(compute, bytes / HBM bandwidth) + launch overhead; for a communication kernel, bytes
+// over its busiest link / peer bandwidth + link latency + launch overhead.
+//
+// compute, with the profile's "kernels" figures (otherwise every efficiency is 1):
+//  - Cube: FLOPs / (peak for the dtype x class efficiency x tile efficiency). The class efficiency
+//    is cube_efficiency for GEMMs and convolutions, attention_efficiency for attention. The tile
+//    efficiency counts the padding of the last tile and the idle cores of the last wave: a kernel's
+//    `batches` x ceil(m / tile_m) x ceil(n / tile_n) tiles run in waves of ai_cores, so
+//    useful work / (waves x ai_cores x tile area).
+//  - attention is a mixed kernel: its online softmax (attention_vector_ops per score) runs on
+//    the Vector cores beside the Cube's matmuls; it takes the longer of the two.
+//  - Vector: FLOPs / (peak for the dtype x vector_efficiency).
+// The host issue clock (host_issue_us per kernel and stream) is applied by the stream.
 #pragma once
 
 #include "device/device_profile.h"
@@ -15,5 +26,8 @@ struct ModelledCost {
 };
 
 ModelledCost model_kernel(const DeviceProfile& profile, const KernelDesc& kernel);
+
+// The tile efficiency above, in (0, 1]; 1 without tile figures or without the kernel's work.
+double tile_efficiency(const DeviceProfile& profile, const KernelDesc::CubeWork& work);
 
 }  // namespace cubevec

@@ -135,6 +135,22 @@ DeviceProfile parse_device_profile(const std::string& json_text, const std::stri
     p.host_gbps = links.number_in("host_gbps", 1e-3, 1e6, "GB/s");
     links.reject_unknown();
   }
+  if (json.contains("kernels")) {
+    FieldReader kernels = top.object("kernels");
+    p.has_kernel_model = true;
+    p.cube_efficiency = kernels.number_in("cube_efficiency", 1e-3, 1, "(a fraction of the peak)");
+    p.attention_efficiency = kernels.number_in("attention_efficiency", 1e-3, 1, "(a fraction of the peak)");
+    p.vector_efficiency = kernels.number_in("vector_efficiency", 1e-3, 1, "(a fraction of the peak)");
+    const Json& tile = kernels.get("cube_tile");
+    if (!tile.is_array() || tile.size() != 2 || !tile[0].is_number_unsigned() || !tile[1].is_number_unsigned() ||
+        tile[0].get<uint64_t>() < 1 || tile[0].get<uint64_t>() > 4096 || tile[1].get<uint64_t>() < 1 || tile[1].get<uint64_t>() > 4096)
+      throw Error(source + ".kernels.cube_tile: expected [rows, columns], two integers from 1 to 4096, got " + tile.dump());
+    p.cube_tile_m = static_cast<int>(tile[0].get<uint64_t>());
+    p.cube_tile_n = static_cast<int>(tile[1].get<uint64_t>());
+    p.attention_vector_ops = kernels.number_in("attention_vector_ops", 0, 1e3, "operations per score");
+    p.host_issue_us = kernels.number_in("host_issue_us", 0, 1e6, "microseconds");
+    kernels.reject_unknown();
+  }
   top.reject_unknown();
   return p;
 }

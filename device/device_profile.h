@@ -35,6 +35,16 @@ struct DeviceProfile {
   double peer_latency_us = 0;  // added to every transfer between cards
   double host_gbps = 0;        // one direction of the card's link to the host (PCIe)
 
+  // How kernels reach those peaks (the optional "kernels" object; without it every kernel runs at
+  // its unit's peak, as the simple model). See device/cost_model.h.
+  bool has_kernel_model = false;
+  double cube_efficiency = 1;       // a GEMM's fraction of the Cube peak, before tile and wave losses
+  double attention_efficiency = 1;  // the same for attention's Cube work
+  double vector_efficiency = 1;     // a Vector kernel's fraction of the Vector peak
+  int cube_tile_m = 0, cube_tile_n = 0;  // one AI core's output tile (0: no quantization)
+  double attention_vector_ops = 0;  // Vector operations per attention score (the online softmax)
+  double host_issue_us = 0;         // host time to issue one kernel to a stream (eager launch)
+
   // Peak of `unit` for `dtype`; throws naming the profile when it has no figure for that dtype.
   double peak_tflops(bool cube, DType dtype) const;
 };

@@ -2,6 +2,7 @@
 // the trace shows and the cost model turns into modelled NPU time.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -17,6 +18,13 @@ struct KernelDesc {
   double bytes = 0;          // bytes read plus bytes written in device memory; for a comm-unit
                              // kernel, the bytes sent over the busiest link to another card
   DType dtype = DType::f32;  // the compute dtype, which picks the unit's modelled peak
+  // A Cube kernel's output tiles, for the cost model's tile and wave quantization: `batches`
+  // independent m x n outputs (n = 0: only the rows are tiled, as attention's query blocks).
+  // Zeros: unknown (no quantization).
+  struct CubeWork {
+    int64_t batches = 0, m = 0, n = 0;
+  } cube_work{};
+  double scores = 0;  // attention: score elements, whose softmax runs on the Vector cores (a mixed kernel)
 };
 
 // The kernel's work. Runs on a thread of the declared unit; tbb::parallel_for inside it uses that

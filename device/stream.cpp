@@ -69,6 +69,9 @@ void Stream::launch(const KernelDesc& kernel, const std::vector<Tensor>& reads, 
         task.keep_alive.push_back(t.storage());
       }
 
+    // The host issues kernels one after another (eager launch): none starts before it is issued.
+    s.modelled_host_s += device.profile().host_issue_us * 1e-6;
+    ready_s = std::max(ready_s, s.modelled_host_s);
     const double start_s = device.schedule_modelled(kernel.unit, ready_s, duration_s, kernel.bytes, kernel.flops);
     s.modelled_clock_s = start_s + duration_s;
 

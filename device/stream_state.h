@@ -45,6 +45,7 @@ class StreamState : public std::enable_shared_from_this<StreamState> {
   // Host-side launch state, under launch_mutex.
   std::mutex launch_mutex;
   double modelled_clock_s = 0;
+  double modelled_host_s = 0;  // when the modelled host has issued this stream's kernels so far
   // Completion events of the kernels launched and not known to have run, oldest first: the host
   // waits when there are too many (see Stream::launch).
   std::deque<std::shared_ptr<EventState>> in_flight;

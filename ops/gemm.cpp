@@ -241,7 +241,9 @@ Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& o, const St
   const double bytes = static_cast<double>(a.nbytes() + b.nbytes() + c.nbytes() + (o.residual.defined() ? o.residual.nbytes() : 0));
   if (o.backend == GemmBackend::openblas) make_openblas_single_threaded();
   const std::string name = "matmul_" + std::string(gemm_backend_name(o.backend)) + (o.compute == DType::bf16 ? "_bf16" : "") + (b.dtype() == DType::i8 ? "_w8" : "");
-  stream.launch({name, Unit::cube, flops, bytes, o.compute}, reads, {c}, [a, b, c, o, m, n, k] {
+  KernelDesc desc{name, Unit::cube, flops, bytes, o.compute};
+  desc.cube_work = {1, m, n};
+  stream.launch(desc, reads, {c}, [a, b, c, o, m, n, k] {
     gemm::Problem p;
     p.m = m, p.n = n, p.k = k;
     p.a = a.unsynchronized_data_ptr(), p.lda = k, p.a_type = element_of(a);
@@ -291,7 +293,9 @@ Tensor bmm(const Tensor& a, const Tensor& b, const MatmulOptions& o, const Strea
   const double bytes = static_cast<double>(a.nbytes() + b.nbytes() + c.nbytes());
   if (o.backend == GemmBackend::openblas) make_openblas_single_threaded();
   const std::string name = "bmm_" + std::string(gemm_backend_name(o.backend)) + (o.compute == DType::bf16 ? "_bf16" : "");
-  stream.launch({name, Unit::cube, flops, bytes, o.compute}, reads, {c}, [a, b, c, o, batches, m, n, k, shared_b] {
+  KernelDesc desc{name, Unit::cube, flops, bytes, o.compute};
+  desc.cube_work = {batches, m, n};
+  stream.launch(desc, reads, {c}, [a, b, c, o, batches, m, n, k, shared_b] {
     const int threads = tbb::this_task_arena::max_concurrency();
     // Many small batches: one batch per task; few large ones: each GEMM uses every thread.
     const bool across_batches = batches >= threads;

@@ -84,7 +84,9 @@ Tensor matmul_int8(const QuantizedActivations& a, const PackedInt8Weight& w, con
     if (t->defined()) reads.push_back(*t);
   const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(w->k);
   const double bytes = static_cast<double>(a.data.nbytes() + w->bytes() + c.nbytes());
-  stream.launch({"matmul_int8", Unit::cube, flops, bytes, DType::i8}, reads, {c}, [a, w, o, c, m, n] {
+  KernelDesc desc{"matmul_int8", Unit::cube, flops, bytes, DType::i8};
+  desc.cube_work = {1, m, n};
+  stream.launch(desc, reads, {c}, [a, w, o, c, m, n] {
     gemm::Int8Problem p;
     p.m = m, p.n = n;
     p.a = reinterpret_cast<const uint8_t*>(a.data.unsynchronized_data_ptr());

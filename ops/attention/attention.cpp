@@ -184,7 +184,9 @@ KernelDesc cube_desc(const Inputs& in, double flops, bool materialized) {
   const double elems = static_cast<double>(in.batch * in.heads * in.d);
   double bytes = static_cast<double>(dtype_size(in.q.dtype())) * elems * static_cast<double>(2 * in.sq + 2 * in.sk);
   if (materialized) bytes += 3.0 * 4.0 * static_cast<double>(in.batch * in.heads) * static_cast<double>(in.sq * in.sk);
-  return {"", Unit::cube, flops, bytes, in.q.dtype()};  // priced at the activation dtype
+  KernelDesc desc{"", Unit::cube, flops, bytes, in.q.dtype()};  // priced at the activation dtype
+  desc.cube_work = {in.batch * in.heads, in.sq, 0};                // tiled by query blocks
+  return desc;
 }
 
 // Launches `impl` on the heads batch_of() builds (called inside the kernel, when the tensors are
@@ -193,6 +195,8 @@ KernelDesc cube_desc(const Inputs& in, double flops, bool materialized) {
 void launch_batch(AttentionImpl impl, const std::string& prefix, const std::function<attn::AttentionBatch()>& batch_of,
                   KernelDesc cube, double scores, const std::vector<Tensor>& reads, const std::vector<Tensor>& outs,
                   const Stream& stream) {
+  // The modelled NPU runs attention as one mixed kernel: its softmax on the Vector cores.
+  cube.scores = scores;
   switch (impl) {
     case AttentionImpl::math:
       cube.name = prefix + "_math";

@@ -94,6 +94,22 @@ TEST(DeviceProfile, ErrorsNameTheFieldAndWhatWasExpected) {
   };
   fails(swap(linked, "\"peer_gbps\": 56", "\"peer_gbps\": 0"), "p.json.links.peer_gbps: expected a number from 0.001 to 1e+06 GB/s, got 0");
   fails(swap(linked, "\"host_gbps\": 50", "\"host_gbp\": 50"), "p.json.links: missing required field \"host_gbps\"");
+  // The optional kernels figures, likewise.
+  const std::string modelled = with(R"("launch_overhead_us": 3}})",
+                                    R"("launch_overhead_us": 3}, "kernels": {"cube_efficiency": 0.4, "attention_efficiency": 0.3, )"
+                                    R"("vector_efficiency": 0.7, "cube_tile": [128, 256], "attention_vector_ops": 5, "host_issue_us": 20}})");
+  const DeviceProfile k = parse_device_profile(modelled, "p.json");
+  EXPECT_TRUE(k.has_kernel_model);
+  EXPECT_DOUBLE_EQ(k.attention_efficiency, 0.3);
+  EXPECT_EQ(k.cube_tile_n, 256);
+  EXPECT_DOUBLE_EQ(k.host_issue_us, 20);
+  EXPECT_FALSE(parse_device_profile(kValid, "p.json").has_kernel_model);
+  fails(swap(modelled, "\"cube_efficiency\": 0.4", "\"cube_efficiency\": 1.5"),
+        "p.json.kernels.cube_efficiency: expected a number from 0.001 to 1 (a fraction of the peak), got 1.5");
+  fails(swap(modelled, "[128, 256]", "[128]"), "p.json.kernels.cube_tile: expected [rows, columns], two integers from 1 to 4096, got [128]");
+  fails(swap(modelled, "[128, 256]", "[0, 256]"), "p.json.kernels.cube_tile: expected [rows, columns]");
+  fails(swap(modelled, "\"host_issue_us\": 20", "\"host_issue_us\": -1"), "p.json.kernels.host_issue_us: expected a number from 0");
+  fails(swap(modelled, "\"host_issue_us\": 20", "\"host_issue_us\": 20, \"waves\": 1"), "p.json.kernels: unknown field \"waves\"");
 }
 
 TEST(DeviceProfile, CommunicationIsModelledOnlyFromLinkFigures) {

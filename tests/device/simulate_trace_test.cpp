@@ -34,6 +34,73 @@ TEST(CostModel, MaxOfComputeAndMemoryPlusLaunchOverhead) {
   }
 }
 
+// A profile with the "kernels" figures: 4 AI cores with 16 x 32 output tiles.
+DeviceProfile kernel_model_profile() {
+  DeviceProfile p = builtin_cpu_profile();
+  p.ai_cores = 4;
+  p.cube_tflops = {{DType::bf16, 100.0}};
+  p.vector_tflops = {{DType::bf16, 10.0}};
+  p.hbm_gbps = 1e6;  // compute-bound everywhere below
+  p.launch_overhead_us = 0;
+  p.has_kernel_model = true;
+  p.cube_efficiency = 0.5;
+  p.attention_efficiency = 0.25;
+  p.vector_efficiency = 0.8;
+  p.cube_tile_m = 16;
+  p.cube_tile_n = 32;
+  p.attention_vector_ops = 5;
+  return p;
+}
+
+TEST(CostModel, TileEfficiencyCountsPaddedTilesAndTheLastWave) {
+  const DeviceProfile p = kernel_model_profile();
+  // 64 x 128: 4 x 4 = 16 whole tiles, 4 full waves of 4 cores.
+  EXPECT_DOUBLE_EQ(tile_efficiency(p, {1, 64, 128}), 1.0);
+  // 17 x 32: 2 tiles (the second holds 1 row of 16) in one wave of 4 cores: 17 x 32 / (4 x 16 x 32).
+  EXPECT_DOUBLE_EQ(tile_efficiency(p, {1, 17, 32}), 17.0 * 32 / (4 * 16 * 32));
+  // 3 batches of 16 x 64: 6 whole tiles, 2 waves (the second half idle): 6 / 8.
+  EXPECT_DOUBLE_EQ(tile_efficiency(p, {3, 16, 64}), 6.0 / 8);
+  // Rows only (attention's query blocks): 5 heads x 40 rows = 5 x 3 blocks of 16 in 4 waves.
+  EXPECT_DOUBLE_EQ(tile_efficiency(p, {5, 40, 0}), 5.0 * 40 / (4 * 4 * 16));
+  EXPECT_DOUBLE_EQ(tile_efficiency(p, {0, 0, 0}), 1.0) << "unknown work is not quantized";
+  EXPECT_DOUBLE_EQ(tile_efficiency(builtin_cpu_profile(), {1, 17, 32}), 1.0) << "no tile figures";
+}
+
+TEST(CostModel, KernelClassesGetTheirEfficiencyAndAttentionTheLongerOfItsTwoUnits) {
+  const DeviceProfile p = kernel_model_profile();
+  KernelDesc gemm{"gemm", Unit::cube, 1e12, 0, DType::bf16};
+  gemm.cube_work = {1, 17, 32};
+  const double tiles = 17.0 * 32 / (4 * 16 * 32);
+  EXPECT_DOUBLE_EQ(model_kernel(p, gemm).compute_s, 1e12 / (100e12 * 0.5 * tiles));
+  KernelDesc attention{"attention", Unit::cube, 1e12, 0, DType::bf16};
+  attention.cube_work = {4, 64, 0};  // 16 whole query blocks: no tile loss
+  attention.scores = 1e9;            // softmax: 5e9 Vector ops / (10 TFLOP/s x 0.8) = 0.625 ms
+  EXPECT_DOUBLE_EQ(model_kernel(p, attention).compute_s, 1e12 / (100e12 * 0.25));  // 40 ms on the Cube: the longer
+  attention.scores = 1e12;  // now the softmax (625 ms) is the longer
+  EXPECT_DOUBLE_EQ(model_kernel(p, attention).compute_s, 5e12 / (10e12 * 0.8));
+  const KernelDesc norm{"norm", Unit::vector, 1e9, 0, DType::bf16};
+  EXPECT_DOUBLE_EQ(model_kernel(p, norm).compute_s, 1e9 / (10e12 * 0.8));
+}
+
+TEST(CostModel, HostIssueClockHoldsBackKernelsShorterThanTheirIssue) {
+  DeviceProfile p = kernel_model_profile();
+  p.host_issue_us = 100;
+  Device device(p, {.simulate = true});
+  Stream s = device.new_stream("s");
+  // Ten tiny kernels (0.1 us each): the host issues one every 100 us, so the last starts at 1 ms.
+  Tensor x = Tensor::meta({4}, DType::bf16);
+  for (int i = 0; i < 10; ++i) s.launch({"tiny", Unit::vector, 1e6, 0, DType::bf16}, {x}, {x}, [] {});
+  device.synchronize();
+  EXPECT_NEAR(s.modelled_time_s(), 10 * 100e-6 + 1e6 / (10e12 * 0.8), 1e-12);
+  p.host_issue_us = 0;
+  Device eager(p, {.simulate = true});
+  Stream t = eager.new_stream("t");
+  Tensor y = Tensor::meta({4}, DType::bf16);  // x remembers the other device's last write
+  for (int i = 0; i < 10; ++i) t.launch({"tiny", Unit::vector, 1e6, 0, DType::bf16}, {y}, {y}, [] {});
+  eager.synchronize();
+  EXPECT_NEAR(t.modelled_time_s(), 10 * 1e6 / (10e12 * 0.8), 1e-12);
+}
+
 // A small two-stream workload; returns the trace records after it ran.
 std::vector<KernelRecord> run_workload(bool simulate, Shape& out_shape) {
   Device device(two_thread_profile(), {.simulate = simulate, .trace = true});
