@@ -14,7 +14,8 @@ ModelledCost model_kernel(const DeviceProfile& profile, const KernelDesc& kernel
       throw Error("device profile '" + profile.name + "' (" + profile.source + ") has no \"links\" figures, needed to model '" +
                   kernel.name + "'; add e.g. \"links\": {\"peer_gbps\": 56, \"peer_latency_us\": 10, \"host_gbps\": 50}");
     cost.memory_s = kernel.bytes / (profile.peer_gbps * 1e9) + profile.peer_latency_us * 1e-6;
-    cost.total_s = cost.memory_s + profile.launch_overhead_us * 1e-6;
+    cost.launch_s = profile.launch_overhead_us * 1e-6;
+    cost.total_s = cost.memory_s + cost.launch_s;
     return cost;
   }
   const bool cube = kernel.unit == Unit::cube;
@@ -30,9 +31,12 @@ ModelledCost model_kernel(const DeviceProfile& profile, const KernelDesc& kernel
     cost.compute_s = std::max(cost.compute_s, softmax_s);
   }
   cost.memory_s = kernel.bytes / (profile.hbm_gbps * 1e9);
-  cost.total_s = std::max(cost.compute_s, cost.memory_s) + profile.launch_overhead_us * 1e-6;
+  cost.launch_s = profile.launch_overhead_us * 1e-6;
+  cost.total_s = std::max(cost.compute_s, cost.memory_s) + cost.launch_s;
   return cost;
 }
+
+double ModelledCost::with_shared_hbm(int ways) const { return std::max(compute_s, memory_s * ways) + launch_s; }
 
 double tile_efficiency(const DeviceProfile& profile, const KernelDesc::CubeWork& work) {
   if (profile.cube_tile_m < 1 || work.batches < 1 || work.m < 1) return 1.0;

@@ -11,7 +11,9 @@
 //  - attention is a mixed kernel: its online softmax (attention_vector_ops per score) runs on
 //    the Vector cores beside the Cube's matmuls; it takes the longer of the two.
 //  - Vector: FLOPs / (peak for the dtype x vector_efficiency).
-// The host issue clock (host_issue_us per kernel and stream) is applied by the stream.
+// The host issue clock (host_issue_us per kernel and stream) is applied by the stream; the device's
+// timeline shares the HBM: with the "kernels" figures, a Cube or Vector kernel that starts while
+// the other unit is still busy gets half the bandwidth (the earlier kernel keeps its price).
 #pragma once
 
 #include "device/device_profile.h"
@@ -23,6 +25,10 @@ struct ModelledCost {
   double compute_s = 0;
   double memory_s = 0;
   double total_s = 0;  // max(compute, memory) + launch overhead
+  double launch_s = 0;
+
+  // The time with the HBM bandwidth shared `ways` ways (kernels overlapping on the Cube and Vector units).
+  double with_shared_hbm(int ways) const;
 };
 
 ModelledCost model_kernel(const DeviceProfile& profile, const KernelDesc& kernel);

@@ -106,10 +106,15 @@ UnitExecutor& Device::unit(Unit which) {
   return *units_->comm;
 }
 
-double Device::schedule_modelled(Unit unit, double ready_s, double duration_s, double bytes, double flops) {
+std::pair<double, double> Device::schedule_modelled(Unit unit, double ready_s, const ModelledCost& cost, double bytes, double flops) {
   std::lock_guard lock(mutex_);
   const auto u = static_cast<std::size_t>(unit);
   const double start = std::max(ready_s, unit_free_s_[u]);
+  double duration_s = cost.total_s;
+  if (profile_.has_kernel_model && unit != Unit::comm) {
+    const Unit other = unit == Unit::cube ? Unit::vector : Unit::cube;
+    if (unit_free_s_[static_cast<std::size_t>(other)] > start) duration_s = cost.with_shared_hbm(2);
+  }
   unit_free_s_[u] = start + duration_s;
   stats_.kernels += 1;
   stats_.kernels_per_unit[u] += 1;
@@ -117,7 +122,7 @@ double Device::schedule_modelled(Unit unit, double ready_s, double duration_s, d
   stats_.bytes_per_unit[u] += bytes;
   stats_.flops_per_unit[u] += flops;
   stats_.modelled_makespan_s = std::max(stats_.modelled_makespan_s, start + duration_s);
-  return start;
+  return {start, start + duration_s};
 }
 
 DeviceStats Device::stats() const {

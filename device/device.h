@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "device/cost_model.h"
 #include "device/device_profile.h"
 #include "device/stream.h"
 #include "device/trace.h"
@@ -80,9 +81,10 @@ class Device {
 
   // Internal, for streams: the executor of a unit, and the modelled-unit bookkeeping of a launch.
   UnitExecutor& unit(Unit which);
-  // Places a kernel of `duration_s` (moving `bytes`, computing `flops`) that may start at `ready_s`
-  // on its unit; returns its start.
-  double schedule_modelled(Unit unit, double ready_s, double duration_s, double bytes, double flops);
+  // Places a kernel of `cost` (moving `bytes`, computing `flops`) that may start at `ready_s` on its
+  // unit; returns its start and end (the HBM shared with the other unit when it is still busy, see
+  // device/cost_model.h).
+  std::pair<double, double> schedule_modelled(Unit unit, double ready_s, const ModelledCost& cost, double bytes, double flops);
 
  private:
   DeviceProfile profile_;

@@ -49,7 +49,7 @@ void Stream::launch(const KernelDesc& kernel, const std::vector<Tensor>& reads, 
   throw_if_interrupted();  // Ctrl-C stops the run after the kernel that is running
   StreamState& s = *state_;
   Device& device = s.device;
-  const double duration_s = model_kernel(device.profile(), kernel).total_s;
+  const ModelledCost cost = model_kernel(device.profile(), kernel);
 
   std::shared_ptr<EventState> oldest;  // set when the host is too far ahead of the stream: wait for it
   {
@@ -72,8 +72,8 @@ void Stream::launch(const KernelDesc& kernel, const std::vector<Tensor>& reads, 
     // The host issues kernels one after another (eager launch): none starts before it is issued.
     s.modelled_host_s += device.profile().host_issue_us * 1e-6;
     ready_s = std::max(ready_s, s.modelled_host_s);
-    const double start_s = device.schedule_modelled(kernel.unit, ready_s, duration_s, kernel.bytes, kernel.flops);
-    s.modelled_clock_s = start_s + duration_s;
+    const auto [start_s, end_s] = device.schedule_modelled(kernel.unit, ready_s, cost, kernel.bytes, kernel.flops);
+    s.modelled_clock_s = end_s;
 
     task.kind = StreamTask::Kind::kernel;
     task.event = std::make_shared<EventState>(s.id, s.modelled_clock_s);

@@ -215,6 +215,7 @@ Tensor WanTransformer3DModel::patch_embed(const Tensor& x, const Stream& s, DTyp
   const auto& p = config_.patch_size;
   ops::Conv3dOptions options;
   options.stride = {p[0], p[1], p[2]};
+  options.priced_as = act;  // an NPU would run it at the activations' dtype
   // The Conv3d runs in f32: a bf16 kernel is widened per call (it is small: D x C x 4).
   const Tensor tokens = ops::conv3d(ops::cast(x, DType::f32, s), ops::cast(patch_weight_, DType::f32, s), patch_bias_, options, s);
   const int64_t b = tokens.size(0), d = tokens.size(1);

@@ -137,7 +137,7 @@ Tensor conv(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias
   const int64_t kdim = g.c * g.kernel_volume(), positions = g.out_volume();
   const double flops = 2.0 * static_cast<double>(g.n * g.o) * static_cast<double>(kdim) * static_cast<double>(positions);
   const double bytes = static_cast<double>(x.nbytes() + w.nbytes() + out.nbytes());
-  KernelDesc desc{op, Unit::cube, flops, bytes, DType::f32};
+  KernelDesc desc{op, Unit::cube, flops, bytes, o.priced_as};
   desc.cube_work = {g.n, positions, g.o};  // per image, positions x output channels
   stream.launch(desc, reads, {out}, [x, w, bias, out, g, o, kdim, positions] {
     const auto* px = reinterpret_cast<const float*>(x.unsynchronized_data_ptr());

@@ -101,6 +101,22 @@ TEST(CostModel, HostIssueClockHoldsBackKernelsShorterThanTheirIssue) {
   EXPECT_NEAR(t.modelled_time_s(), 10 * 1e6 / (10e12 * 0.8), 1e-12);
 }
 
+TEST(CostModel, KernelsOverlappingOnTheTwoUnitsShareTheHbm) {
+  for (const bool kernel_model : {true, false}) {
+    DeviceProfile p = kernel_model_profile();
+    p.has_kernel_model = kernel_model;
+    p.hbm_gbps = 1000;  // 1 GB: 1 ms alone
+    Device device(p, {.simulate = true});
+    Stream cube = device.new_stream("cube"), vector = device.new_stream("vector");
+    const Tensor x = Tensor::meta({4}, DType::bf16), y = Tensor::meta({4}, DType::bf16);
+    cube.launch({"copy", Unit::cube, 0, 1e9, DType::bf16}, {x}, {x}, [] {});
+    vector.launch({"copy", Unit::vector, 0, 1e9, DType::bf16}, {y}, {y}, [] {});  // starts while the Cube copy runs
+    device.synchronize();
+    EXPECT_NEAR(cube.modelled_time_s(), 1e-3, 1e-12);
+    EXPECT_NEAR(vector.modelled_time_s(), kernel_model ? 2e-3 : 1e-3, 1e-12) << "half the bandwidth while both run";
+  }
+}
+
 // A small two-stream workload; returns the trace records after it ran.
 std::vector<KernelRecord> run_workload(bool simulate, Shape& out_shape) {
   Device device(two_thread_profile(), {.simulate = simulate, .trace = true});
