@@ -302,6 +302,13 @@ Tensor AutoencoderKLDecoder::decode(const Tensor& z, const Stream& stream) const
   return m.conv_out(m.conv_norm_out(x, stream, true), stream);
 }
 
+namespace {
+
+// diffusers' 25% tile overlap: tile - floor(0.75 tile) latent pixels.
+int64_t default_overlap(int64_t tile) { return tile - (3 * tile) / 4; }
+
+}  // namespace
+
 Tensor AutoencoderKLDecoder::decode_tiled(const Tensor& z, const TileOptions& options, const Stream& stream) const {
   if (options.tile_latent_size < 0)
     throw Error("AutoencoderKL decode_tiled: tile_latent_size must be >= 1 (or 0 for the config's), got " +
@@ -311,7 +318,7 @@ Tensor AutoencoderKLDecoder::decode_tiled(const Tensor& z, const TileOptions& op
     throw Error("AutoencoderKL decode_tiled: the config's tile size, sample_size " +
                 std::to_string(config_.sample_size) + " / upscale " + std::to_string(config_.upscale()) +
                 ", is 0 latent pixels; give TileOptions::tile_latent_size");
-  const int64_t overlap = options.overlap_latent >= 0 ? options.overlap_latent : tile - (3 * tile) / 4;
+  const int64_t overlap = options.overlap_latent >= 0 ? options.overlap_latent : default_overlap(tile);
   if (options.overlap_latent < -1 || overlap >= tile)
     throw Error("AutoencoderKL decode_tiled: the overlap must be in [0, tile size " + std::to_string(tile) +
                 ") latent pixels, got " + std::to_string(options.overlap_latent));
@@ -345,7 +352,7 @@ Tensor AutoencoderKLDecoder::decode_tiled(const Tensor& z, const TileOptions& op
 int64_t AutoencoderKLDecoder::tile_count(int64_t latent_h, int64_t latent_w) const {
   const int64_t tile = config_.tile_latent_size();
   if (tile < 1 || (latent_h <= tile && latent_w <= tile)) return 1;
-  const int64_t step = tile - (tile - (3 * tile) / 4);  // decode_tiled's default overlap
+  const int64_t step = tile - default_overlap(tile);
   return ((latent_h + step - 1) / step) * ((latent_w + step - 1) / step);
 }
 

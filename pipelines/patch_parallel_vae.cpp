@@ -52,16 +52,12 @@ models::RowSplit::Band PatchParallelRows::band(int64_t local_rows) const {
 }
 
 Tensor PatchParallelRows::own_rows(const Tensor& z, const Stream& stream) const {
-  const int64_t d = rows_dim(z, "the latent");
-  int64_t total = 0, first = 0;
-  for (int r = 0; r < comm_.size(); ++r) {
-    if (r < comm_.rank()) first += rows_[static_cast<std::size_t>(r)];
-    total += rows_[static_cast<std::size_t>(r)];
-  }
-  if (z.size(d) != total)
+  const int64_t d = rows_dim(z, "the latent"), own = rows_[static_cast<std::size_t>(comm_.rank())];
+  const Band latent = band(own);
+  if (z.size(d) != latent.total)
     throw Error("patch-parallel VAE: the latent has " + std::to_string(z.size(d)) + " rows, the split was made for " +
-                std::to_string(total));
-  return ops::contiguous(z.narrow(d, first, rows_[static_cast<std::size_t>(comm_.rank())]), stream);
+                std::to_string(latent.total));
+  return ops::contiguous(z.narrow(d, latent.first, own), stream);
 }
 
 Tensor PatchParallelRows::with_halo(const Tensor& x, int64_t halo, const Stream& stream) const {

@@ -274,21 +274,29 @@ TEST_F(ParallelCli, SimulateModelsManyCardsInOneProcess) {
   EXPECT_NE(product.err.find("--ulysses 2 x --ring 1 x --cfg-parallel 1 x --tp 1 = 2 rank(s), but --ranks is 8"), std::string::npos) << product.err;
 }
 
-}  // namespace
-
 // --vae-parallel on top of a sharded transformer gives the picture (video) of the same run
 // without it: the same latents, decoded by every rank instead of rank 0 alone.
 TEST_F(ParallelCli, VaeParallelDecodesThePictureAndVideoOfOneDecoder) {
-  const std::vector<std::vector<std::string>> degrees = {{"--ulysses", "2"}, {"--ulysses", "2", "--ring", "2"}};
+  struct Degrees {
+    int ranks;
+    std::vector<std::string> flags;
+  };
+  const std::vector<Degrees> degrees = {{2, {"--ulysses", "2"}}, {4, {"--ulysses", "2", "--ring", "2"}}};
+  // The run writing `plain`, then the same with --vae-parallel writing `shared` and `trace`.
+  const auto plain_then_shared = [&](const Degrees& d, const std::vector<std::string>& command, const std::string& plain,
+                                     const std::string& shared, const std::string& trace) {
+    const std::vector<std::string> args = with(command, d.flags);
+    return std::make_pair(run_mpi(d.ranks, with(args, {"--out", plain}), dir_),
+                          run_mpi(d.ranks, with(args, {"--out", shared, "--vae-parallel", "--trace", trace}), dir_));
+  };
   // Flux: 64 x 48 is a 16 x 12 latent, 6 tiles of the tiny VAE's 8 latent pixels (overlap 2).
   const std::vector<std::string> t2i = {"t2i", "--model", (kData / "flux_tiny").string(), "--prompt-embeds", cubevec_cli_test::flux_embeds(dir_),
                                         "--width", "64", "--height", "48", "--steps", "1"};
-  for (const auto& d : degrees) {
-    const int ranks = d.size() == 2 ? 2 : 4;
+  for (const Degrees& d : degrees) {
+    const int ranks = d.ranks;
     const std::string plain = (dir_ / "plain.jpg").string(), shared = (dir_ / "shared.jpg").string(), trace = (dir_ / "t.json").string();
-    const auto a = run_mpi(ranks, with(with(t2i, d), {"--out", plain}), dir_);
+    const auto [a, b] = plain_then_shared(d, t2i, plain, shared, trace);
     ASSERT_EQ(a.status, 0) << a.err;
-    const auto b = run_mpi(ranks, with(with(t2i, d), {"--out", shared, "--vae-parallel", "--trace", trace}), dir_);
     ASSERT_EQ(b.status, 0) << b.err;
     EXPECT_NE(b.err.find("t2i: --vae-parallel: 6 VAE tiles dealt over " + std::to_string(ranks) + " ranks"), std::string::npos) << b.err;
     EXPECT_EQ(count_comm_kernels(trace, "all_gather vae.tile"), 6 * 4) << "measured and modelled, by unit and by stream";
@@ -297,12 +305,11 @@ TEST_F(ParallelCli, VaeParallelDecodesThePictureAndVideoOfOneDecoder) {
   // Wan: 9 frames of 48 x 32 are 3 latent frames of 4 x 6: bands of 2 rows (2 ranks) or 1 (4 ranks).
   const std::vector<std::string> t2v = {"t2v", "--model", (kData / "wan_tiny").string(), "--prompt-embeds", cubevec_cli_test::wan_embeds(dir_),
                                         "--frames", "9", "--width", "48", "--height", "32", "--steps", "1", "--cfg", "off"};
-  for (const auto& d : degrees) {
-    const int ranks = d.size() == 2 ? 2 : 4;
+  for (const Degrees& d : degrees) {
+    const int ranks = d.ranks;
     const std::string plain = (dir_ / "plain.avi").string(), shared = (dir_ / "shared.avi").string(), trace = (dir_ / "v.json").string();
-    const auto a = run_mpi(ranks, with(with(t2v, d), {"--out", plain}), dir_);
+    const auto [a, b] = plain_then_shared(d, t2v, plain, shared, trace);
     ASSERT_EQ(a.status, 0) << a.err;
-    const auto b = run_mpi(ranks, with(with(t2v, d), {"--out", shared, "--vae-parallel", "--trace", trace}), dir_);
     ASSERT_EQ(b.status, 0) << b.err;
     EXPECT_GT(count_comm_kernels(trace, "send_recv vae.halo"), 0);
     // Per chunk, the mid block's attention and the frames; measured and modelled, by unit and by stream.
@@ -430,3 +437,5 @@ TEST_F(ParallelCli, SimulatedEightRanksRunTheKernelsOfARealTwoRankRunScaled) {
   EXPECT_GT(ratios[1], 0);
   EXPECT_EQ(two[eight.size()].name.find("all_to_all"), std::string::npos) << "the real run has transformer kernels the simulated one lacks";
 }
+
+}  // namespace
