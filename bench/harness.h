@@ -66,5 +66,6 @@ void vae_suite(Context& context);
 void text_suite(Context& context);
 void memory_suite(Context& context);
 void parallel_suite(Context& context);  // under mpirun -np 2
+void pipeline_suite(Context& context);
 
 }  // namespace cubevec::bench

@@ -172,6 +172,12 @@ std::size_t peak_resident_bytes() {
   return 0;
 }
 
+double declared_flops(const Device& device) {
+  double total = 0;
+  for (const double f : device.stats().flops_per_unit) total += f;
+  return total;
+}
+
 nlohmann::ordered_json timing_json(const std::vector<StageTime>& stages, const pipelines::T2ITimings& timings,
                                    const AllocatorStats& memory) {
   nlohmann::ordered_json stage_json = nlohmann::ordered_json::object();

@@ -79,6 +79,8 @@ pipelines::StepCallback progress_printer(const pipelines::T2ITimings& timings, b
                                          const pipelines::StageList* stages = nullptr);
 
 double mean(const std::vector<double>& values);
+// The FLOPs the device's kernels have declared so far, over all units (the run's GFLOP/s).
+double declared_flops(const Device& device);
 
 // The process's peak resident set so far (Linux VmHWM), bytes; 0 when unknown.
 std::size_t peak_resident_bytes();

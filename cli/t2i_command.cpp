@@ -116,10 +116,12 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
 
   // Stage 2: denoising, with progress.
   pipelines::T2ITimings timings;
+  const double flops_before_denoising = declared_flops(device);
   const auto on_step = progress_printer(timings, f.common.simulate, &stage_list);
   const Tensor latents =
       pipeline.denoise(positive, negative ? &*negative : nullptr, f.options, device, on_step, timings, &stage_list);
   PhasePeaks peaks = PhasePeaks::after_denoising();
+  const double denoising_flops = declared_flops(device) - flops_before_denoising;
 
   // Stage 3 and 4: VAE decode and JPEG.
   double jpeg_s = 0;
@@ -153,6 +155,7 @@ int run(T2IFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
       {"simulate", f.common.simulate},
       {"profile", profile.name}};
   json.update(timing_json(stages, timings, mem));
+  json["denoising_flops"] = denoising_flops;  // the kernels' declared FLOPs (the bench's GFLOP/s)
   json.update(stage_report_json(stage_list));
   if (groups.world.size() > 1) json["communication"] = communication_json(device);
   json["memory_estimate"] = memory_estimate_json(memory);

@@ -19,6 +19,7 @@
 #include "cli/generation_report.h"
 #include "cli/stage_flags.h"
 #include "cli/text_conditioning.h"
+#include "pipelines/generation_defaults.h"
 #include "pipelines/patch_parallel_vae.h"
 #include "pipelines/wan_t2v.h"
 #include "tensor/error.h"
@@ -86,11 +87,24 @@ class FrameWriter {
   double encode_s_ = 0;
 };
 
-int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache, const StageFlags& stage_flags,
+// The settings the command line leaves out, from the model folder's generation_defaults.json (the
+// shipped tinywan's 64x64 x 17 frames instead of Wan2.1's 832x480 x 81).
+void apply_generation_defaults(T2VFlags& f, const CLI::App& command) {
+  const pipelines::GenerationDefaults d = pipelines::GenerationDefaults::load(f.model);
+  const auto unset = [&](const char* flag) { return command.count(flag) == 0; };
+  if (d.width && unset("--width")) f.options.width = *d.width;
+  if (d.height && unset("--height")) f.options.height = *d.height;
+  if (d.frames && unset("--frames")) f.options.frames = *d.frames;
+  if (d.steps && unset("--steps")) f.options.steps = *d.steps;
+  if (d.guidance && unset("--guidance")) f.options.guidance = *d.guidance;
+}
+
+int run(T2VFlags f, const CLI::App& command, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache, const StageFlags& stage_flags,
         const ParallelFlags& parallel_flags) {
   OutputBatch outputs;  // every file this run writes lands at its end, or none does
   if (f.model.empty()) throw Error("--model DIR is required (a diffusers Wan directory: transformer/, vae/, scheduler/)");
   if (!f.common.simulate && f.out.empty()) throw Error("--out FILE.avi is required");
+  apply_generation_defaults(f, command);
   const DType dtype = f.common.weight_dtype();
   f.text.dtype = dtype;
   f.text.check_weights = f.common.check_weights && !f.common.simulate;
@@ -157,10 +171,12 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
 
   // Stage 2: denoising, with progress.
   pipelines::T2ITimings timings;
+  const double flops_before_denoising = declared_flops(device);
   const Tensor latents =
       pipeline.denoise(positive, negative ? &*negative : nullptr, f.options, device,
                        progress_printer(timings, f.common.simulate, &stage_list), timings, &stage_list);
   PhasePeaks peaks = PhasePeaks::after_denoising();
+  const double denoising_flops = declared_flops(device) - flops_before_denoising;
 
   // Stage 3: the VAE decode, frames streamed to the AVI (and JPEG folder) as they come.
   if (writer) {
@@ -198,6 +214,7 @@ int run(T2VFlags f, const DeviceFlags& device_flags, const AttentionTuneCacheFla
                                  {"profile", profile.name},
                                  {"scheduler", pipelines::scheduler_name(pipeline.scheduler_config())}};
   json.update(timing_json(stages, timings, mem));
+  json["denoising_flops"] = denoising_flops;  // the kernels' declared FLOPs (the bench's GFLOP/s)
   json.update(stage_report_json(stage_list));
   if (groups.world.size() > 1) json["communication"] = communication_json(device);
   json["memory_estimate"] = memory_estimate_json(memory);
@@ -218,19 +235,19 @@ CommandRunner add_t2v_command(CLI::App& app) {
   auto cache = add_attention_tune_cache_flag(*command);
   auto stage_flags = add_stage_flags(*command);
   command->add_option("--model", flags->model, "Diffusers Wan model directory (transformer/, vae/, scheduler/)");
-  command->add_option("--prompt", flags->text.prompt, "The prompt (encoded by the folder's umT5 text_encoder/ + tokenizer/)");
+  command->add_option("--prompt", flags->text.prompt, "The prompt (encoded by the folder's text_encoder/ + tokenizer/: umT5, or the shipped tiny model's own)");
   command->add_option("--negative-prompt", flags->text.negative_prompt, "The negative prompt for CFG (default: the empty prompt)");
   command->add_option("--max-sequence-length", flags->text.max_sequence_length, "umT5 tokens the prompt is padded to (default 512)")
       ->check(CLI::Range(1, 4096));
   command->add_option("--prompt-embeds", flags->text.prompt_embeds,
                       "safetensors with prompt_embeds [1,L,text_dim] (and negative_prompt_embeds for CFG)");
-  command->add_option("--frames", flags->options.frames, "Frames, 1 + 4k (default 81)")->check(CLI::Range(int64_t{1}, int64_t{4097}));
-  command->add_option("--width", flags->options.width, "Width in pixels, a multiple of 16 (default 832)")
+  command->add_option("--frames", flags->options.frames, "Frames, 1 + 4k (default 81, or the model folder's generation_defaults.json)")->check(CLI::Range(int64_t{1}, int64_t{4097}));
+  command->add_option("--width", flags->options.width, "Width in pixels, a multiple of 16 (default 832, or generation_defaults.json's)")
       ->check(CLI::Range(int64_t{16}, int64_t{8192}));
-  command->add_option("--height", flags->options.height, "Height in pixels, a multiple of 16 (default 480)")
+  command->add_option("--height", flags->options.height, "Height in pixels, a multiple of 16 (default 480, or generation_defaults.json's)")
       ->check(CLI::Range(int64_t{16}, int64_t{8192}));
-  command->add_option("--steps", flags->options.steps, "Denoising steps (default 50)")->check(CLI::Range(1, 1000));
-  command->add_option("--guidance", flags->options.guidance, "CFG scale: v = v_u + g (v_c - v_u) (default 5)")->check(CLI::Range(0.0, 100.0));
+  command->add_option("--steps", flags->options.steps, "Denoising steps (default 50, or generation_defaults.json's)")->check(CLI::Range(1, 1000));
+  command->add_option("--guidance", flags->options.guidance, "CFG scale: v = v_u + g (v_c - v_u) (default 5, or generation_defaults.json's)")->check(CLI::Range(0.0, 100.0));
   command->add_option("--cfg", flags->cfg, "CFG: fused (one batch of 2, default), streams (two overlapping streams) or off");
   command->add_option("--seed", flags->options.seed, "Noise seed");
   command->add_option("--out", flags->out, "Output MJPEG AVI file")->check(output_file_path());
@@ -239,8 +256,8 @@ CommandRunner add_t2v_command(CLI::App& app) {
   command->add_option("--quality", flags->quality, "JPEG quality of the frames (default 90)")->check(CLI::Range(1, 100));
   add_generation_flags(*command, flags->common);
   auto parallel_flags = add_parallel_flags(*command, /*cfg_parallel=*/true);
-  return [flags, device_flags, cache, stage_flags, parallel_flags] {
-    return run(*flags, *device_flags, *cache, *stage_flags, *parallel_flags);
+  return [flags, command, device_flags, cache, stage_flags, parallel_flags] {
+    return run(*flags, *command, *device_flags, *cache, *stage_flags, *parallel_flags);
   };
 }
 

@@ -68,6 +68,25 @@ void note_unused_negative(const PromptFlags& f, bool cfg) {
   if (!cfg && !f.negative_prompt.empty()) std::fprintf(stderr, "note: --negative-prompt is used only with --cfg fused or --cfg streams\n");
 }
 
+// A prompt through the shipped tiny models' own text encoder; its errors name `flag`, the option
+// the text came from.
+models::PromptEmbeddings tiny_encode(models::TinyTextEncoder& encoder, const std::string& text, const std::string& flag) {
+  try {
+    return encoder.encode(text);
+  } catch (const Error& e) {
+    throw Error(flag + ": " + e.what());
+  }
+}
+
+// --prompt through that encoder. A prompt of spaces or separators has no words: the same error as
+// no prompt (it would otherwise render the unconditional output as if asked for).
+models::PromptEmbeddings tiny_prompt(models::TinyTextEncoder& encoder, const std::string& prompt) {
+  if (encoder.tokenizer().split(prompt).empty())
+    throw Error("--prompt TEXT is required" + std::string(prompt.empty() ? "" : " ('" + prompt + "' has no words)") +
+                " (this model's text encoder knows these words: " + encoder.tokenizer().known_words() + ")");
+  return tiny_encode(encoder, prompt, "--prompt");
+}
+
 }  // namespace
 
 TextConditioning flux_text(const std::string& model_dir, const PromptFlags& f, bool cfg, bool simulate, const models::FluxConfig& mc,
@@ -119,14 +138,9 @@ TextConditioning flux_text(const std::string& model_dir, const PromptFlags& f, b
     // The model's own text encoder (the shipped tiny model): --prompt, and --negative-prompt for
     // true CFG (empty: the empty caption, the unconditional input the model was trained with).
     auto encoder = models::TinyTextEncoder::load(model_dir, stream);
-    // A prompt of spaces or separators has no words: the same error as no prompt (it would
-    // otherwise render the unconditional picture as if asked for).
-    if (encoder->tokenizer().split(f.prompt).empty())
-      throw Error("--prompt TEXT is required" + std::string(f.prompt.empty() ? "" : " ('" + f.prompt + "' has no words)") +
-                  " (this model's text encoder knows these words: " + encoder->tokenizer().known_words() + ")");
-    t.positive = encoder->encode(f.prompt);
-    if (cfg) t.negative = encoder->encode(f.negative_prompt);
-    else if (!f.negative_prompt.empty()) std::fprintf(stderr, "note: --negative-prompt is used only with --cfg fused or --cfg streams\n");
+    t.positive = tiny_prompt(*encoder, f.prompt);
+    if (cfg) t.negative = tiny_encode(*encoder, f.negative_prompt, "--negative-prompt");
+    note_unused_negative(f, cfg);
     t.source = encoder->name();
   } else {
     throw Error(model_dir + " has no text_encoder/ to encode --prompt with: pass --prompt-embeds FILE, or use a folder with text_encoder/ + "
@@ -166,6 +180,17 @@ TextConditioning wan_text(const std::string& model_dir, const PromptFlags& f, bo
       t.negative = encoder->encode_as(f.negative_prompt, "--negative-prompt");  // WanPipeline's default negative is ""
       require_finite_embeddings(*t.negative, encoder->name(), "--negative-prompt");
     }
+    note_unused_negative(f, cfg);
+    t.source = encoder->name();
+  } else if (kind == models::TextEncoderKind::tiny) {
+    // The model's own text encoder (the shipped assets/tinywan): its sequence output is Wan's
+    // encoder_hidden_states (the pooled one is not used); the empty prompt is the unconditional input.
+    auto encoder = models::TinyTextEncoder::load(model_dir, stream);
+    if (encoder->config().hidden_size != mc.text_dim)
+      throw Error(model_dir + "/text_encoder is " + std::to_string(encoder->config().hidden_size) +
+                  " wide (hidden_size) but the transformer's text_dim is " + std::to_string(mc.text_dim));
+    t.positive = {tiny_prompt(*encoder, f.prompt).sequence, Tensor{}};
+    if (cfg) t.negative = models::PromptEmbeddings{tiny_encode(*encoder, f.negative_prompt, "--negative-prompt").sequence, Tensor{}};
     note_unused_negative(f, cfg);
     t.source = encoder->name();
   } else {

@@ -62,6 +62,10 @@ class StrictChecks : public nlohmann::json_sax<nlohmann::json> {
 }  // namespace
 
 nlohmann::json parse_strict_json(std::string_view text, int max_depth) {
+  // The parser takes a NUL byte for the end of the input: what follows would be ignored unseen.
+  if (const std::size_t nul = text.find('\0'); nul != std::string_view::npos)
+    throw StrictJsonError(StrictJsonError::Kind::Syntax, 0,
+                          "not valid JSON: a NUL byte at offset " + std::to_string(nul) + " (JSON text has none)");
   StrictChecks checks(max_depth);
   nlohmann::json::sax_parse(text.begin(), text.end(), &checks);
   try {

@@ -205,3 +205,80 @@ TEST_F(T2VCli, ForwardRunsTheWanTransformer) {
 }
 
 }  // namespace
+
+// The shipped tiny video model (assets/tinywan, trained by tools/tinywan/train.py): the README's
+// video command at the model's own defaults (generation_defaults.json), its text encoder, and the
+// defaults file's errors.
+namespace {
+
+const std::string kTinyWan = std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinywan";
+
+// A copy of the shipped model whose generation_defaults.json holds `text`.
+std::string tiny_wan_with_defaults(const std::filesystem::path& dir, const std::string& text) {
+  const std::filesystem::path copy = dir / "tinywan";
+  std::filesystem::remove_all(copy);
+  std::filesystem::copy(kTinyWan, copy, std::filesystem::copy_options::recursive);
+  std::ofstream(copy / "generation_defaults.json") << text;
+  return copy.string();
+}
+
+}  // namespace
+
+TEST_F(T2VCli, TinyWanRendersThePromptAtItsDefaults) {
+  const std::string out = (dir_ / "tiny.avi").string();
+  const auto r = run({"t2v", "--model", kTinyWan, "--prompt", "a red circle moving right on a blue background", "--out", out});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("t2v: text: tiny text encoder"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("t2v: 17 frames of 64x64 (latent 5 x 8 x 8), 30 steps, cfg fused (scale 5.00)"), std::string::npos) << r.err;
+  const cubevec::pipelines::AviInfo info = cubevec::pipelines::read_avi_info(out);
+  EXPECT_EQ(info.width, 64);
+  EXPECT_EQ(info.height, 64);
+  EXPECT_EQ(info.frame_count, 17);
+  const auto frames = frames_of(out);
+  ASSERT_EQ(frames.size(), 17u);
+  for (const auto& f : frames) ASSERT_EQ(f.width * f.height, 64 * 64);
+  // The background the prompt asks for (tools/tinywan/evaluate.py grades color and motion over 60
+  // prompts: the model card has its rates).
+  const auto& first = frames.front().pixels;
+  EXPECT_GT(int(first[2]), int(first[0]) + 80) << "corner is not blue";
+  // Flags given on the command line win over the model's defaults.
+  const auto shorter = run({"t2v", "--model", kTinyWan, "--prompt", "a red circle moving right", "--frames", "5", "--steps", "2",
+                            "--cfg", "off", "--out", out});
+  ASSERT_EQ(shorter.status, 0) << shorter.err;
+  EXPECT_NE(shorter.err.find("t2v: 5 frames of 64x64 (latent 2 x 8 x 8), 2 steps, cfg off"), std::string::npos) << shorter.err;
+  EXPECT_EQ(cubevec::pipelines::read_avi_info(out).frame_count, 5);
+}
+
+TEST_F(T2VCli, TinyWanPromptAndDefaultsErrors) {
+  const std::string out = (dir_ / "x.avi").string();
+  const struct {
+    std::string defaults;  // empty: the shipped model as is
+    std::vector<std::string> args;
+    std::string expected;
+  } cases[] = {
+      {"", {"--prompt", "a red cat moving left"}, "the prompt has a word this model does not know: 'cat'. It knows these 22 words: a an red"},
+      {"", {"--prompt", " ,. "}, "--prompt TEXT is required (' ,. ' has no words)"},
+      {"", {"--prompt", "a red circle", "--negative-prompt", "no dogs"}, "--negative-prompt: the prompt has 2 words this model does not know: 'no', 'dogs'"},
+      {R"({"width": 40})", {"--prompt", "a red circle"}, "generation_defaults.json: 'width' must be a multiple of 16, got 40"},
+      {R"({"frames": 8})", {"--prompt", "a red circle"}, "generation_defaults.json: 'frames' must be 1 + 4k, got 8"},
+      {R"({"steps": 0})", {"--prompt", "a red circle"}, "generation_defaults.json: 'steps' must be an integer"},
+      {R"({"guidance": "high"})", {"--prompt", "a red circle"}, "generation_defaults.json: 'guidance' must be"},
+      {R"({"fps": 8})", {"--prompt", "a red circle"}, "generation_defaults.json: unknown key 'fps'"},
+      {R"({"width": 64, "width": 32})", {"--prompt", "a red circle"}, "generation_defaults.json"},
+      {"[64, 64]", {"--prompt", "a red circle"}, "generation_defaults.json"},
+      {"{\"width\": ", {"--prompt", "a red circle"}, "generation_defaults.json"},
+      // A NUL byte would end the parse early and hide what follows.
+      {std::string("{\"frames\": 5}\0{\"bogus\": 1}", 26), {"--prompt", "a red circle"},
+       "generation_defaults.json: not valid JSON: a NUL byte at offset 13"},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> args{"t2v", "--model", c.defaults.empty() ? kTinyWan : tiny_wan_with_defaults(dir_, c.defaults), "--out", out};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    const auto r = run(args);
+    EXPECT_EQ(r.status, 1) << c.expected << ": " << r.err;
+    EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "one line: " << r.err;
+    EXPECT_NE(r.err.find(c.expected), std::string::npos) << "expected '" << c.expected << "' in: " << r.err;
+    EXPECT_FALSE(std::filesystem::exists(out)) << "no video for an input the run refuses";
+  }
+}

@@ -1,5 +1,5 @@
 // libFuzzer target for the JSON config readers a user hands cubevec: model configs (Flux, Wan, the
-// two VAEs, the tiny text encoder), scheduler configs (FlowMatch Euler, UniPC), the timestep
+// two VAEs, the tiny text encoder), scheduler configs (FlowMatch Euler, UniPC), generation_defaults.json, the timestep
 // policy and device profiles. A cubevec::Error is the expected answer to a bad file; any other
 // exception, a sanitizer report, or an accepted config whose numbers are not finite is a finding.
 #include <cmath>
@@ -15,6 +15,7 @@
 #include "models/tiny_text_encoder.h"
 #include "models/wan_transformer.h"
 #include "pipelines/flow_match.h"
+#include "pipelines/generation_defaults.h"
 #include "pipelines/unipc.h"
 #include "quant/timestep_policy.h"
 #include "tensor/error.h"
@@ -55,6 +56,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   expect_error_or_value([&] { (void)cubevec::models::AutoencoderKLWanConfig::from_json(json, "fuzz.json"); });
   expect_error_or_value([&] { (void)cubevec::models::TinyTextEncoderConfig::from_json(json, "fuzz.json"); });
   expect_error_or_value([&] { (void)cubevec::quant::TimestepPolicy::from_json(json, "fuzz.json"); });
+  expect_error_or_value([&] {
+    const cubevec::pipelines::GenerationDefaults d = cubevec::pipelines::GenerationDefaults::from_json(json, "fuzz.json");
+    require(!d.width || (*d.width % 16 == 0 && *d.width >= 16));
+    require(!d.frames || (*d.frames - 1) % 4 == 0);
+    require(!d.guidance || (std::isfinite(*d.guidance) && *d.guidance >= 0 && *d.guidance <= 100));
+  });
   expect_error_or_value([&] {
     const cubevec::pipelines::FlowMatchConfig c = cubevec::pipelines::FlowMatchConfig::from_json(json, "fuzz.json");
     cubevec::pipelines::FlowMatchEulerScheduler s(c);

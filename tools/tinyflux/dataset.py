@@ -78,16 +78,18 @@ def split_words(prompt):
     return prompt.lower().split()
 
 
-def tokenize(prompt):
-    """Prompt -> int64 ids [MAX_LENGTH], padded with 0. Raises ValueError for unknown words."""
+def tokenize(prompt, word_id=None, max_length=None):
+    """Prompt -> int64 ids [max_length], padded with 0 (by default this world's WORD_ID and
+    MAX_LENGTH; tools/tinywan passes its own). Raises ValueError for unknown words."""
+    word_id, max_length = word_id or WORD_ID, max_length or MAX_LENGTH
     words = split_words(prompt)
-    unknown = [w for w in words if w not in WORD_ID or w == PAD]
+    unknown = [w for w in words if w not in word_id or w == PAD]
     if unknown:
-        raise ValueError(f"unknown words {unknown}; known words: {' '.join(VOCAB[1:])}")
-    if len(words) > MAX_LENGTH:
-        raise ValueError(f"{len(words)} words; at most {MAX_LENGTH}")
-    ids = np.zeros(MAX_LENGTH, dtype=np.int64)
-    ids[:len(words)] = [WORD_ID[w] for w in words]
+        raise ValueError(f"unknown words {unknown}; known words: {' '.join(w for w in word_id if w != PAD)}")
+    if len(words) > max_length:
+        raise ValueError(f"{len(words)} words; at most {max_length}")
+    ids = np.zeros(max_length, dtype=np.int64)
+    ids[:len(words)] = [word_id[w] for w in words]
     return ids
 
 

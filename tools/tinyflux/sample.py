@@ -125,15 +125,32 @@ class TinyFlux:
     @torch.no_grad()
     def encode_prompt(self, prompt):
         ids = torch.from_numpy(dataset.tokenize(prompt))[None]
-        return self.text_encoder(ids)
+        return tuple(x.float() for x in self.text_encoder(ids))
 
     def upscale(self):
         return 2 ** (len(self.vae_config["block_out_channels"]) - 1)
+
+    def to(self, dtype):
+        """The modules' weights in `dtype` (bf16: as a diffusers torch_dtype=torch.bfloat16 run); the
+        sampler keeps its latents and Euler steps in f32 and casts at each module's input."""
+        for m in (self.transformer, self.vae, self.text_encoder):
+            m.to(dtype)
+        self.dtype = dtype
+        return self
 
     @torch.no_grad()
     def sample(self, prompt, seed=0, steps=28, width=None, height=None, negative_prompt=None, cfg_scale=4.0,
                scheduler_config=None, record=None):
         """The decoded image [1, 3, H, W] (unclamped). negative_prompt not None: true CFG."""
+        text = self.encode_prompt(prompt)
+        negative = self.encode_prompt(negative_prompt) if negative_prompt is not None else None
+        latents = self.denoise(text, negative, seed, steps, width, height, cfg_scale, scheduler_config, record)
+        return self.decode(latents)
+
+    @torch.no_grad()
+    def denoise(self, text, negative=None, seed=0, steps=28, width=None, height=None, cfg_scale=4.0, scheduler_config=None,
+                record=None, on_step=None):
+        """The final latents [1, C, H / up, W / up] (f32) from encode_prompt()'s outputs; on_step(i) after each step."""
         width = width or self.vae_config["sample_size"]
         height = height or self.vae_config["sample_size"]
         up = self.upscale()
@@ -148,23 +165,30 @@ class TinyFlux:
                                sc.get("base_shift", 0.5), sc.get("max_shift", 1.15))
         sigmas, timesteps = sched.set_timesteps(steps, sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
         img_ids = M.latent_image_ids(lh, lw)
-        seq, pooled = self.encode_prompt(prompt)
-        neg = self.encode_prompt(negative_prompt) if negative_prompt is not None else None
+        d = getattr(self, "dtype", torch.float32)
+        seq, pooled = text
         txt_ids = torch.zeros(seq.shape[1], 3)
         for i in range(steps):
             t = torch.tensor([timesteps[i]], dtype=torch.float32) / 1000
-            v = self.transformer(x, seq, pooled, t, img_ids, txt_ids)
-            if neg is not None:
-                vn = self.transformer(x, neg[0], neg[1], t, img_ids, torch.zeros(neg[0].shape[1], 3))
+            v = self.transformer(x.to(d), seq.to(d), pooled.to(d), t.to(d), img_ids, txt_ids).float()
+            if negative is not None:
+                vn = self.transformer(x.to(d), negative[0].to(d), negative[1].to(d), t.to(d), img_ids,
+                                      torch.zeros(negative[0].shape[1], 3)).float()
                 v = vn + np.float32(cfg_scale) * (v - vn)
             dt = np.float32(sigmas[i + 1]) - np.float32(sigmas[i])
             x = x + torch.tensor(dt, dtype=torch.float32) * v
+            if on_step is not None:
+                on_step(i)
         latents = M.unpack_latents(x, lh, lw)
-        z = latents / self.vae_config["scaling_factor"] + (self.vae_config.get("shift_factor") or 0.0)
-        image = self.vae.decode(z)
         if record is not None:
             record.update(noise=noise, latents=latents, sigmas=sigmas, timesteps=timesteps)
-        return image
+        return latents
+
+    @torch.no_grad()
+    def decode(self, latents):
+        """The image [1, 3, H, W] (f32, unclamped) of denoise()'s latents."""
+        z = latents / self.vae_config["scaling_factor"] + (self.vae_config.get("shift_factor") or 0.0)
+        return self.vae.decode(z.to(getattr(self, "dtype", torch.float32))).float()
 
 
 def to_pixels(image):

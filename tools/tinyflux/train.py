@@ -207,6 +207,29 @@ def init_transformer(model):
     return model
 
 
+def optimizer_step(loss, opt, params, ema_params, step, steps, acc, history, t0, ema_decay):
+    """The transformer stage's step: backward, gradients clipped at norm 1, the optimizer, the EMA
+    (its decay warms up to ema_decay); every 100 steps the mean loss goes to `history` and the log.
+    Returns the losses not yet logged."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    decay = min(ema_decay, (1 + step) / (10 + step))
+    with torch.no_grad():
+        for e, p in zip(ema_params, params):
+            e.mul_(decay).add_(p, alpha=1 - decay)
+    acc = acc + [float(loss)]
+    if (step + 1) % 100 == 0 or step + 1 == steps:
+        entry = dict(step=step + 1, loss=float(np.mean(acc)), seconds=time.time() - t0)
+        history.append(entry)
+        rate = (step + 1) / entry["seconds"]
+        log(f"transformer step {step + 1}/{steps}: loss {entry['loss']:.4f}, {rate:.2f} steps/s, "
+            f"ETA {(steps - step - 1) / rate / 60:.1f} min")
+        acc = []
+    return acc
+
+
 def train_transformer(scenes, lat_mean, lat_std, shift, scale, steps, batch, history, lr=1e-3):
     torch.manual_seed(3)
     rng = np.random.default_rng(3)
@@ -233,22 +256,7 @@ def train_transformer(scenes, lat_mean, lat_std, shift, scale, steps, batch, his
         seq, pooled = text(ids)
         v = model(M.pack_latents(xt), seq, pooled, t, img_ids, txt_ids)
         loss = F.mse_loss(v, M.pack_latents(noise - x0))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        decay = min(EMA_DECAY, (1 + step) / (10 + step))
-        with torch.no_grad():
-            for e, p in zip(ema_params, params):
-                e.mul_(decay).add_(p, alpha=1 - decay)
-        acc.append(float(loss))
-        if (step + 1) % 100 == 0 or step + 1 == steps:
-            entry = dict(step=step + 1, loss=float(np.mean(acc)), seconds=time.time() - t0)
-            history.append(entry)
-            rate = (step + 1) / entry["seconds"]
-            log(f"transformer step {step + 1}/{steps}: loss {entry['loss']:.4f}, {rate:.2f} steps/s, "
-                f"ETA {(steps - step - 1) / rate / 60:.1f} min")
-            acc = []
+        acc = optimizer_step(loss, opt, params, ema_params, step, steps, acc, history, t0, EMA_DECAY)
     return ema_model.eval(), ema_text.eval(), model.eval(), text.eval()
 
 

@@ -1,0 +1,306 @@
+#!/usr/bin/python3
+"""Trains cubevec's tiny text-to-video model from scratch and writes it in diffusers layout.
+
+    nice -n 19 /usr/bin/python3 tools/tinywan/train.py [--out assets/tinywan] [--work /tmp/tinywan-work]
+
+Debian's torch 1.13 on the CPU, two threads, fixed seeds (the same torch and numpy give the same
+weights; threading may change the last bits). Stages:
+
+  1. data:        a pool of POOL_SIZE captioned 17-frame clips rendered by dataset.py (seed 1).
+  2. vae:         VideoEncoder (modules.py, training only) + the AutoencoderKLWan decoder (VAE_CONFIG)
+                  on random 32x32 crops of the pool's clips, 9 frames long then 17; loss L1 + MSE +
+                  KL_WEIGHT * KL.
+                  latents_mean / latents_std are then the per-channel mean and std of the pool's
+                  latents (Wan's convention: latents = (z - mean) / std).
+  3. transformer: WanTransformer3DModel (TRANSFORMER_CONFIG) and TinyTextEncoder together, rectified
+                  flow: x_t = (1 - t) x0 + t noise, target v = noise - x0, t = sigmoid(N(0, 1)), the
+                  model gets the raw timestep 1000 t (as WanPipeline gives it), 10% empty captions (for
+                  CFG); AdamW, warm-up then cosine decay, gradient clipping, an EMA of the weights.
+  4. save:        the EMA weights rounded to bf16 and stored as BF16 (the C++ loader widens them to
+                  f32), configs, tokenizer, scheduler, training_log.json (losses, wall and CPU time).
+"""
+import argparse
+import copy
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import dataset  # noqa: E402
+import modules as M  # noqa: E402
+
+POOL_SIZE = 8000
+DIFFUSERS_VERSION = "0.35.0"
+Z_DIM = 16
+VAE_CONFIG = {
+    "_class_name": "AutoencoderKLWan",
+    "_diffusers_version": DIFFUSERS_VERSION,
+    "attn_scales": [],
+    "base_dim": 8,
+    "decoder_base_dim": None,
+    "dim_mult": [1, 2, 4, 4],
+    "dropout": 0.0,
+    "in_channels": 3,
+    "is_residual": False,
+    "latents_mean": None,  # filled in after training
+    "latents_std": None,
+    "num_res_blocks": 1,
+    "out_channels": 3,
+    "patch_size": None,
+    "scale_factor_spatial": 8,
+    "scale_factor_temporal": 4,
+    "temperal_downsample": [False, True, True],
+    "z_dim": Z_DIM,
+}
+KL_WEIGHT = 1e-4
+VAE_LR = 1e-3
+TRANSFORMER_CONFIG = {
+    "_class_name": "WanTransformer3DModel",
+    "_diffusers_version": DIFFUSERS_VERSION,
+    "added_kv_proj_dim": None,
+    "attention_head_dim": 32,
+    "cross_attn_norm": True,
+    "eps": 1e-06,
+    "ffn_dim": 384,
+    "freq_dim": 64,
+    "image_dim": None,
+    "in_channels": Z_DIM,
+    "num_attention_heads": 4,
+    "num_layers": 4,
+    "out_channels": Z_DIM,
+    "patch_size": [1, 2, 2],
+    "pos_embed_seq_len": None,
+    "qk_norm": "rms_norm_across_heads",
+    "rope_max_seq_len": 1024,
+    "text_dim": 64,
+}
+# tinyflux's text encoder with this vocabulary and length; Wan does not use the pooled head.
+TEXT_ENCODER_CONFIG = dict(M.TinyTextEncoder_CONFIG, vocab_size=len(dataset.VOCAB),
+                           max_position_embeddings=dataset.MAX_LENGTH, pooled_projection_dim=1)
+SCHEDULER_CONFIG = M.wan.SCHEDULER_CONFIG  # FlowMatch Euler with Wan's static shift 3, as the Wan reference's
+TOKENIZER_CONFIG = {
+    "tokenizer_class": "CubevecWordTokenizer",
+    "model_max_length": dataset.MAX_LENGTH,
+    "pad_token": dataset.PAD,
+    "do_lower_case": True,
+    "separators": ",.;:!?",
+    "note": "word-level: lower-case, the separators become spaces, split on whitespace, one id per word from "
+            "vocab.json, pad with pad_token to model_max_length; an unknown word is an error",
+}
+# What `cubevec t2v --model assets/tinywan` renders when --width, --height, --frames, --steps or
+# --guidance are not given (the Wan2.1 defaults would be 832x480, 81 frames).
+GENERATION_DEFAULTS = {"width": dataset.SIZE, "height": dataset.SIZE, "frames": dataset.FRAMES, "steps": 30,
+                       "guidance": 5.0}
+CAPTION_DROPOUT = 0.1
+EMA_DECAY = 0.998
+MODULATION = ("scale_shift_table", "proj_out")
+
+
+# The helpers tinyflux's trainer already has: a timestamped log, rounding to bf16, saving a module as
+# BF16 safetensors with its config, JSON files, the warm-up + cosine learning rate, PSNR in dB.
+_flux_train = dataset.load_tinyflux("train")
+log, bf16_round_, save, write_json, lr_at, psnr = (_flux_train.log, _flux_train.bf16_round_, _flux_train.save,
+                                                    _flux_train.write_json, _flux_train.lr_at, _flux_train.psnr)
+
+
+def as_float(videos):
+    return torch.from_numpy(videos).float() / 127.5 - 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage 2: the VAE
+# ---------------------------------------------------------------------------------------------
+class VideoVae(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = M.VideoEncoder(Z_DIM)
+        self.decoder = M.AutoencoderKLWanDecoder(VAE_CONFIG)
+
+    def reconstruct(self, x, sample=True):
+        mean, logvar = self.encoder(x)
+        z = mean + torch.exp(0.5 * logvar) * torch.randn_like(mean) if sample else mean
+        return self.decoder.decode_whole(z), mean, logvar
+
+
+def train_vae(vae, videos, val, steps, batch, frames, seed, history):
+    """One phase: `steps` of Adam (warm-up, cosine) on random 32x32 crops of `frames` frames. The
+    networks are convolutional (the decoder's mid-block attention works per frame on any size), so
+    a quarter of the pixels costs a quarter; but the causal convolutions stack up a long reach in
+    time, so the last phase sees whole clips' length (trained on 9 frames only, the decoder's
+    latent frames 3 and 4 come out at 10 dB: it learns where the zero padding is)."""
+    rng = np.random.default_rng(seed)
+    opt = torch.optim.Adam(vae.parameters(), lr=VAE_LR)
+    t0, acc = time.time(), []
+    for step in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, VAE_LR, 100)
+        idx = rng.integers(len(videos), size=batch)
+        last = dataset.FRAMES - frames + 1
+        ox, oy, ot = rng.integers(0, 33, size=batch), rng.integers(0, 33, size=batch), rng.integers(0, last, size=batch)
+        x = as_float(np.stack([videos[i, :, t:t + frames, y:y + 32, xx:xx + 32] for i, xx, y, t in zip(idx, ox, oy, ot)]))
+        rec, mean, logvar = vae.reconstruct(x)
+        kl = 0.5 * (mean ** 2 + logvar.exp() - 1 - logvar).mean()
+        loss = (rec - x).abs().mean() + ((rec - x) ** 2).mean() + KL_WEIGHT * kl
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        acc.append(float(loss))
+        if (step + 1) % 50 == 0 or step + 1 == steps:
+            with torch.no_grad():
+                xv = as_float(val[:8])
+                p = psnr(vae.reconstruct(xv, sample=False)[0], xv)
+            entry = dict(frames=frames, step=step + 1, loss=float(np.mean(acc)), kl=float(kl), val_psnr_db=p,
+                         seconds=time.time() - t0)
+            history.append(entry)
+            rate = (step + 1) / entry["seconds"]
+            log(f"vae ({frames} frames) step {step + 1}/{steps}: loss {entry['loss']:.4f}, kl {float(kl):.3f}, val PSNR {p:.2f} dB, "
+                f"{rate:.2f} steps/s, ETA {(steps - step - 1) / rate / 60:.1f} min")
+            acc = []
+    return vae.eval()
+
+
+@torch.no_grad()
+def encode_pool(vae, videos):
+    means, stds = [], []
+    for i in range(0, len(videos), 64):
+        mean, logvar = vae.encoder(as_float(videos[i:i + 64]))
+        means.append(mean)
+        stds.append(torch.exp(0.5 * logvar))
+    return torch.cat(means), torch.cat(stds)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage 3: transformer + text encoder
+# ---------------------------------------------------------------------------------------------
+def init_transformer(model):
+    """PyTorch's default init, then adaLN-zero-like: the output head starts at 0."""
+    with torch.no_grad():
+        model.proj_out.weight.zero_()
+        model.proj_out.bias.zero_()
+    return model
+
+
+def train_transformer(clips, lat_mean, lat_std, ch_mean, ch_std, steps, batch, history, lr):
+    torch.manual_seed(3)
+    rng = np.random.default_rng(3)
+    model = init_transformer(M.WanTransformer3DModel(TRANSFORMER_CONFIG))
+    text = M.TinyTextEncoder(TEXT_ENCODER_CONFIG)
+    params = list(model.parameters()) + list(text.parameters())
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.99))
+    ema_model, ema_text = copy.deepcopy(model), copy.deepcopy(text)
+    ema_params = list(ema_model.parameters()) + list(ema_text.parameters())
+    shape = (1, Z_DIM, 1, 1, 1)
+    mean_c, std_c = torch.tensor(ch_mean).view(shape), torch.tensor(ch_std).view(shape)
+    t0, acc = time.time(), []
+    for step in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, lr, 200)
+        idx = rng.integers(len(clips), size=batch)
+        captions = ["" if rng.random() < CAPTION_DROPOUT else dataset.caption(clips[i], rng) for i in idx]
+        ids = torch.from_numpy(np.stack([dataset.tokenize(c) for c in captions]))
+        z = lat_mean[idx] + lat_std[idx] * torch.randn(batch, *lat_mean.shape[1:])
+        x0 = (z - mean_c) / std_c
+        noise = torch.randn_like(x0)
+        t = torch.sigmoid(torch.randn(batch))
+        tt = t[:, None, None, None, None]
+        xt = (1 - tt) * x0 + tt * noise
+        seq, _ = text(ids)
+        v = model(xt, t * 1000, seq)
+        loss = F.mse_loss(v, noise - x0)
+        acc = _flux_train.optimizer_step(loss, opt, params, ema_params, step, steps, acc, history, t0, EMA_DECAY)
+    return ema_model.eval(), ema_text.eval(), model.eval(), text.eval()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=os.path.join(M.ROOT, "assets", "tinywan"))
+    p.add_argument("--work", default="/tmp/tinywan-work", help="caches the trained VAE and the last weights")
+    p.add_argument("--pool", type=int, default=POOL_SIZE)
+    p.add_argument("--vae-steps", type=int, default=1200, help="VAE steps on 9-frame crops")
+    p.add_argument("--vae-long-steps", type=int, default=800, help="VAE steps on whole-length (17-frame) crops")
+    p.add_argument("--vae-batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=4000, help="transformer steps")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--reuse-vae", action="store_true", help="reuse the VAE in --work from an earlier run")
+    args = p.parse_args()
+    torch.set_num_threads(2)
+    torch.use_deterministic_algorithms(True)
+    os.makedirs(args.work, exist_ok=True)
+    start, cpu_start = time.time(), time.process_time()
+    log_doc = dict(started=time.strftime("%Y-%m-%d %H:%M:%S"), torch=torch.__version__, numpy=np.__version__,
+                   threads=torch.get_num_threads(), pool_size=args.pool, vae_steps=args.vae_steps,
+                   vae_long_steps=args.vae_long_steps, vae_batch=args.vae_batch, transformer_steps=args.steps, batch=args.batch, lr=args.lr, vae=[],
+                   transformer=[])
+
+    # 1. data
+    clips, videos = dataset.make_pool(args.pool, seed=1)
+    _, val = dataset.make_pool(32, seed=99)
+    log(f"pool of {len(clips)} clips rendered ({time.time() - start:.0f} s)")
+
+    # 2. VAE
+    # Two phases, 9 then 17 frames; each phase's result is cached in --work (--reuse-vae resumes).
+    t_vae, reused_seconds = time.time(), 0.0
+    torch.manual_seed(2)
+    vae = VideoVae()
+    for phase, (steps, frames) in enumerate([(args.vae_steps, 9), (args.vae_long_steps, dataset.FRAMES)]):
+        path = os.path.join(args.work, f"vae_phase{phase + 1}.pt")
+        if args.reuse_vae and os.path.exists(path):
+            saved = torch.load(path)
+            vae.load_state_dict(saved["state"])
+            log_doc["vae"] = saved["history"]
+            reused_seconds += saved["history"][-1]["seconds"]
+            log(f"reusing {path} (its phase took {saved['history'][-1]['seconds']:.0f} s)")
+            continue
+        if phase > 0:
+            torch.manual_seed(2 + phase)
+        train_vae(vae, videos, val, steps, args.vae_batch, frames, 2 + phase, log_doc["vae"])
+        torch.save({"state": vae.state_dict(), "history": log_doc["vae"]}, path)
+    vae.eval()
+    bf16_round_(vae)
+    lat_mean, lat_std = encode_pool(vae, videos)
+    ch_mean = [round(float(v), 4) for v in lat_mean.mean(dim=(0, 2, 3, 4))]
+    ch_std = [round(float(v), 4) for v in lat_mean.std(dim=(0, 2, 3, 4))]
+    vae_config = dict(VAE_CONFIG, latents_mean=ch_mean, latents_std=ch_std)
+    with torch.no_grad():
+        xv = as_float(val)
+        vae_psnr = psnr(vae.reconstruct(xv, sample=False)[0], xv)
+    # Wall time of the VAE phases as they ran (a reused phase counts the time it took when trained).
+    log_doc["vae_seconds"] = time.time() - t_vae + reused_seconds
+    log_doc["vae_val_psnr_db_bf16"] = vae_psnr
+    log(f"VAE: {log_doc['vae_seconds']:.0f} s, val PSNR {vae_psnr:.2f} dB (bf16 weights, 32 whole clips), "
+        f"posterior std mean {float(lat_std.mean()):.4f}")
+
+    # 3. transformer + text encoder
+    t_tr = time.time()
+    transformer, text, raw_transformer, raw_text = train_transformer(
+        clips, lat_mean, lat_std, ch_mean, ch_std, args.steps, args.batch, log_doc["transformer"], args.lr)
+    log_doc["transformer_seconds"] = time.time() - t_tr
+    torch.save({"transformer": raw_transformer.state_dict(), "text": raw_text.state_dict()}, os.path.join(args.work, "raw.pt"))
+    for m in (transformer, text):
+        bf16_round_(m)
+
+    # 4. save: the decode path of the VAE (post_quant_conv + decoder) is what cubevec runs.
+    out = args.out
+    save(transformer, os.path.join(out, "transformer"), "diffusion_pytorch_model.safetensors", TRANSFORMER_CONFIG)
+    save(vae.decoder, os.path.join(out, "vae"), "diffusion_pytorch_model.safetensors", vae_config)
+    save(text, os.path.join(out, "text_encoder"), "model.safetensors", TEXT_ENCODER_CONFIG)
+    write_json(os.path.join(out, "scheduler", "scheduler_config.json"), SCHEDULER_CONFIG)
+    write_json(os.path.join(out, "tokenizer", "vocab.json"), dataset.WORD_ID)
+    write_json(os.path.join(out, "tokenizer", "tokenizer_config.json"), TOKENIZER_CONFIG)
+    write_json(os.path.join(out, "generation_defaults.json"), GENERATION_DEFAULTS)
+    log_doc["reused_vae_seconds"] = reused_seconds
+    log_doc["total_training_seconds"] = time.time() - start + reused_seconds
+    log_doc["total_cpu_seconds"] = time.process_time() - cpu_start
+    log(f"training done in {log_doc['total_training_seconds'] / 60:.1f} min wall (VAE {log_doc['vae_seconds'] / 60:.1f}, "
+        f"transformer {log_doc['transformer_seconds'] / 60:.1f}), {log_doc['total_cpu_seconds'] / 60:.1f} min CPU")
+    write_json(os.path.join(out, "training_log.json"), log_doc)
+
+
+if __name__ == "__main__":
+    main()
