@@ -270,6 +270,8 @@ namespace {
 // strict path's sorted JSON object gives them) and metadata. False, with `header` untouched, for
 // anything the strict path must judge (a repeated name included).
 bool read_entries_fast(std::string_view json_text, SafetensorsHeader& header) {
+  // The SAX parser stops at a NUL byte; the strict path refuses one (parse_strict_json).
+  if (json_text.find('\0') != std::string_view::npos) return false;
   FastHeader fast;
   if (!nlohmann::json::sax_parse(json_text.begin(), json_text.end(), &fast)) return false;
   std::sort(fast.entries.begin(), fast.entries.end(), [](const auto& a, const auto& b) { return a.name < b.name; });

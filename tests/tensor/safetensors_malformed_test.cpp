@@ -77,6 +77,9 @@ std::vector<Malformed> corpus() {
        SafetensorsRule::InvalidOffsets, "w", "non-negative"},
       {"DuplicateName", file_bytes(R"({"w":)" + f32_entry("[1]", 0, 4) + R"(,"w":)" + f32_entry("[1]", 4, 8) + "}", eight),
        SafetensorsRule::DuplicateName, "", "'w' appears more than once"},
+      // The JSON parser would stop at the NUL and never see what follows it (found by the fuzzer).
+      {"NulInHeader", file_bytes(R"({"w":)" + f32_entry("[1]", 0, 4) + std::string("}\0   ", 5), "abcd"), SafetensorsRule::InvalidJson, "",
+       "a NUL byte at offset"},
       {"DuplicateField", file_bytes(R"({"w":{"dtype":"F32","dtype":"F16","shape":[1],"data_offsets":[0,4]}})", "abcd"),
        SafetensorsRule::InvalidJson, "", "'dtype' appears more than once"},
       {"FirstNotAtZero", file_bytes(R"({"w":)" + f32_entry("[1]", 4, 8) + "}", eight), SafetensorsRule::InvalidOffset, "w",
