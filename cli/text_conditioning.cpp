@@ -87,6 +87,17 @@ models::PromptEmbeddings tiny_prompt(models::TinyTextEncoder& encoder, const std
   return tiny_encode(encoder, prompt, "--prompt");
 }
 
+// The shipped tiny models' own text encoder: --prompt, and --negative-prompt for CFG (empty: the
+// empty caption, the unconditional input they were trained with).
+TextConditioning tiny_text(models::TinyTextEncoder& encoder, const PromptFlags& f, bool cfg) {
+  TextConditioning t;
+  t.positive = tiny_prompt(encoder, f.prompt);
+  if (cfg) t.negative = tiny_encode(encoder, f.negative_prompt, "--negative-prompt");
+  note_unused_negative(f, cfg);
+  t.source = encoder.name();
+  return t;
+}
+
 }  // namespace
 
 TextConditioning flux_text(const std::string& model_dir, const PromptFlags& f, bool cfg, bool simulate, const models::FluxConfig& mc,
@@ -135,13 +146,7 @@ TextConditioning flux_text(const std::string& model_dir, const PromptFlags& f, b
   } else if (kind == models::TextEncoderKind::umt5) {
     throw Error(model_dir + "/text_encoder is Wan's umT5, not Flux's CLIP: is this a Wan folder?");
   } else if (kind == models::TextEncoderKind::tiny) {
-    // The model's own text encoder (the shipped tiny model): --prompt, and --negative-prompt for
-    // true CFG (empty: the empty caption, the unconditional input the model was trained with).
-    auto encoder = models::TinyTextEncoder::load(model_dir, stream);
-    t.positive = tiny_prompt(*encoder, f.prompt);
-    if (cfg) t.negative = tiny_encode(*encoder, f.negative_prompt, "--negative-prompt");
-    note_unused_negative(f, cfg);
-    t.source = encoder->name();
+    t = tiny_text(*models::TinyTextEncoder::load(model_dir, stream), f, cfg);  // the shipped tinyflux's
   } else {
     throw Error(model_dir + " has no text_encoder/ to encode --prompt with: pass --prompt-embeds FILE, or use a folder with text_encoder/ + "
                 "tokenizer/ (CLIP) and text_encoder_2/ + tokenizer_2/ (T5)");
@@ -189,10 +194,9 @@ TextConditioning wan_text(const std::string& model_dir, const PromptFlags& f, bo
     if (encoder->config().hidden_size != mc.text_dim)
       throw Error(model_dir + "/text_encoder is " + std::to_string(encoder->config().hidden_size) +
                   " wide (hidden_size) but the transformer's text_dim is " + std::to_string(mc.text_dim));
-    t.positive = {tiny_prompt(*encoder, f.prompt).sequence, Tensor{}};
-    if (cfg) t.negative = models::PromptEmbeddings{tiny_encode(*encoder, f.negative_prompt, "--negative-prompt").sequence, Tensor{}};
-    note_unused_negative(f, cfg);
-    t.source = encoder->name();
+    t = tiny_text(*encoder, f, cfg);
+    t.positive.pooled = Tensor{};
+    if (t.negative) t.negative->pooled = Tensor{};
   } else {
     throw Error(model_dir + (kind == models::TextEncoderKind::none ? " has no text_encoder/ (umT5) to encode --prompt with"
                                                                    : "/text_encoder is not Wan's umT5 encoder") +
