@@ -13,7 +13,8 @@ ModelledCost model_kernel(const DeviceProfile& profile, const KernelDesc& kernel
     if (!profile.has_links)
       throw Error("device profile '" + profile.name + "' (" + profile.source + ") has no \"links\" figures, needed to model '" +
                   kernel.name + "'; add e.g. \"links\": {\"peer_gbps\": 56, \"peer_latency_us\": 10, \"host_gbps\": 50}");
-    cost.memory_s = kernel.bytes / (profile.peer_gbps * 1e9) + profile.peer_latency_us * 1e-6;
+    cost.memory_s = kernel.link == KernelDesc::Link::host ? kernel.bytes / (profile.host_gbps * 1e9)
+                                                          : kernel.bytes / (profile.peer_gbps * 1e9) + profile.peer_latency_us * 1e-6;
     cost.launch_s = profile.launch_overhead_us * 1e-6;
     cost.total_s = cost.memory_s + cost.launch_s;
     return cost;

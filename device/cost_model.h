@@ -1,6 +1,7 @@
 // The cost model of the emulated NPU: how long a kernel would take there.
 // time = max(compute, bytes / HBM bandwidth) + launch overhead; for a communication kernel, bytes
-// over its busiest link / peer bandwidth + link latency + launch overhead.
+// over its busiest link / peer bandwidth + link latency + launch overhead (a host-link copy: bytes /
+// host_gbps + launch overhead).
 //
 // compute, with the profile's "kernels" figures (otherwise every efficiency is 1):
 //  - Cube: FLOPs / (peak for the dtype x class efficiency x tile efficiency). The class efficiency

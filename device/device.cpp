@@ -106,21 +106,30 @@ UnitExecutor& Device::unit(Unit which) {
   return *units_->comm;
 }
 
-std::pair<double, double> Device::schedule_modelled(Unit unit, double ready_s, const ModelledCost& cost, double bytes, double flops) {
+std::pair<double, double> Device::schedule_modelled(const KernelDesc& kernel, double ready_s, const ModelledCost& cost) {
   std::lock_guard lock(mutex_);
+  const Unit unit = kernel.unit;
   const auto u = static_cast<std::size_t>(unit);
-  const double start = std::max(ready_s, unit_free_s_[u]);
+  const bool host_copy = unit == Unit::comm && kernel.link == KernelDesc::Link::host;
+  double& free_s = host_copy ? host_link_free_s_ : unit_free_s_[u];
+  const double start = std::max(ready_s, free_s);
   double duration_s = cost.total_s;
   if (profile_.has_kernel_model && unit != Unit::comm) {
     const Unit other = unit == Unit::cube ? Unit::vector : Unit::cube;
     if (unit_free_s_[static_cast<std::size_t>(other)] > start) duration_s = cost.with_shared_hbm(2);
   }
-  unit_free_s_[u] = start + duration_s;
+  free_s = start + duration_s;
   stats_.kernels += 1;
-  stats_.kernels_per_unit[u] += 1;
-  stats_.modelled_busy_s[u] += duration_s;
-  stats_.bytes_per_unit[u] += bytes;
-  stats_.flops_per_unit[u] += flops;
+  if (host_copy) {
+    stats_.host_copies += 1;
+    stats_.host_copy_bytes += kernel.bytes;
+    stats_.host_copy_modelled_s += duration_s;
+  } else {
+    stats_.kernels_per_unit[u] += 1;
+    stats_.modelled_busy_s[u] += duration_s;
+    stats_.bytes_per_unit[u] += kernel.bytes;
+    stats_.flops_per_unit[u] += kernel.flops;
+  }
   stats_.modelled_makespan_s = std::max(stats_.modelled_makespan_s, start + duration_s);
   return {start, start + duration_s};
 }
@@ -161,6 +170,7 @@ void Device::reset_timeline() {
     std::lock_guard lock(mutex_);
     stats_ = {};
     unit_free_s_ = {};
+    host_link_free_s_ = 0;
   }
   trace_.clear();
 }

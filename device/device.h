@@ -47,6 +47,11 @@ struct DeviceStats {
   std::array<double, kUnitCount> bytes_per_unit{};   // the kernels' declared bytes (comm: over the busiest link)
   std::array<double, kUnitCount> flops_per_unit{};   // the kernels' declared flops
   std::array<double, kUnitCount> measured_busy_s{};  // per unit: seconds its thread(s) spent running kernels here
+  // Host-to-device copies (comm-unit kernels on the host link, weight streaming's), kept out of
+  // the comm unit's figures above: they have a timeline of their own, beside the collectives'.
+  uint64_t host_copies = 0;
+  double host_copy_bytes = 0;
+  double host_copy_modelled_s = 0;
 };
 
 class Device {
@@ -81,10 +86,10 @@ class Device {
 
   // Internal, for streams: the executor of a unit, and the modelled-unit bookkeeping of a launch.
   UnitExecutor& unit(Unit which);
-  // Places a kernel of `cost` (moving `bytes`, computing `flops`) that may start at `ready_s` on its
-  // unit; returns its start and end (the HBM shared with the other unit when it is still busy, see
-  // device/cost_model.h).
-  std::pair<double, double> schedule_modelled(Unit unit, double ready_s, const ModelledCost& cost, double bytes, double flops);
+  // Places `kernel` of `cost` that may start at `ready_s` on its unit (a host-link copy: on the
+  // host link's own timeline); returns its start and end (the HBM shared with the other unit when
+  // it is still busy, see device/cost_model.h).
+  std::pair<double, double> schedule_modelled(const KernelDesc& kernel, double ready_s, const ModelledCost& cost);
 
  private:
   DeviceProfile profile_;
@@ -99,6 +104,7 @@ class Device {
   std::unique_ptr<Stream> default_stream_;
   std::vector<std::pair<std::string, Stream>> named_streams_;
   std::array<double, kUnitCount> unit_free_s_{};
+  double host_link_free_s_ = 0;
   DeviceStats stats_;
 };
 

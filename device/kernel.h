@@ -25,6 +25,10 @@ struct KernelDesc {
     int64_t batches = 0, m = 0, n = 0;
   } cube_work{};
   double scores = 0;  // attention: score elements, whose softmax runs on the Vector cores (a mixed kernel)
+  // A comm-unit kernel's link: to another card (peer_gbps + peer_latency_us) or to the host
+  // (host_gbps: weight streaming's host-to-device copies).
+  enum class Link : uint8_t { peer, host };
+  Link link = Link::peer;
 };
 
 // The kernel's work. Runs on a thread of the declared unit; tbb::parallel_for inside it uses that

@@ -72,7 +72,7 @@ void Stream::launch(const KernelDesc& kernel, const std::vector<Tensor>& reads, 
     // The host issues kernels one after another (eager launch): none starts before it is issued.
     s.modelled_host_s += device.profile().host_issue_us * 1e-6;
     ready_s = std::max(ready_s, s.modelled_host_s);
-    const auto [start_s, end_s] = device.schedule_modelled(kernel.unit, ready_s, cost, kernel.bytes, kernel.flops);
+    const auto [start_s, end_s] = device.schedule_modelled(kernel, ready_s, cost);
     s.modelled_clock_s = end_s;
 
     task.kind = StreamTask::Kind::kernel;

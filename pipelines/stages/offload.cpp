@@ -1,8 +1,11 @@
 #include "pipelines/stages/offload.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
+#include "device/cost_model.h"
+#include "device/device.h"
 #include "models/layers.h"
 #include "tensor/caching_allocator.h"
 #include "tensor/error.h"
@@ -33,10 +36,15 @@ OffloadStage::~OffloadStage() {
 
 void OffloadStage::after_load(models::ParameterTable& parameters) {
   linears_.assign(modules_.size(), {});
+  block_bytes_.assign(modules_.size(), 0.0);
   for (std::size_t b = 0; b < modules_.size(); ++b) {
     const std::string prefix = modules_[b] + ".";
     for (const auto& [name, linear] : parameters.linears())
-      if (name.compare(0, prefix.size(), prefix) == 0) linears_[b].push_back(linear);
+      if (name.compare(0, prefix.size(), prefix) == 0) {
+        linears_[b].push_back(linear);
+        if (!linear->kernel && linear->weight.defined())  // what streaming moves (a kernel's panels stay resident)
+          block_bytes_[b] += static_cast<double>(linear->weight.nbytes() + (linear->bias.defined() ? linear->bias.nbytes() : 0));
+      }
   }
 }
 
@@ -48,37 +56,75 @@ bool OffloadStage::packed(int block) const {
   return false;
 }
 
-void OffloadStage::start_prefetch(int block) {
+Event OffloadStage::model_copy(int block, const Stream& stream) {
+  const DeviceProfile& profile = stream.device().profile();
+  if (!profile.has_links) {
+    std::lock_guard lock(mutex_);
+    copies_modelled_ = false;
+    return {};
+  }
+  KernelDesc copy_kernel;
+  copy_kernel.name = "offload.h2d " + modules_[static_cast<std::size_t>(block)];
+  copy_kernel.unit = Unit::comm;
+  copy_kernel.link = KernelDesc::Link::host;
+  copy_kernel.bytes = block_bytes_[static_cast<std::size_t>(block)];
+  const Stream copy = stream.device().named_stream("offload.copy");
+  copy.wait(stream.record());  // the copy starts with the block that asks for it
+  copy.launch(copy_kernel, {}, {}, [] {});  // the packing on the copy thread is the real work
+  const Event done = copy.record();
   std::lock_guard lock(mutex_);
-  if (block >= static_cast<int>(linears_.size()) || in_flight_.count(block)) return;
-  const std::vector<const models::Linear*> layers = linears_[static_cast<std::size_t>(block)];
-  const int threads = cube_threads_;
-  // The copy engine: its own thread, so the packing (memory-bound reads of the mapped checkpoint)
-  // overlaps the Cube and Vector units' work on the previous blocks.
-  in_flight_[block] = std::async(std::launch::async, [this, layers, threads] {
-    const auto t0 = std::chrono::steady_clock::now();
-    std::size_t bytes = 0;
-    for (const models::Linear* linear : layers) linear->prefetch_weight_pages();  // the disk reads ahead of the packing
-    for (const models::Linear* linear : layers) {
-      bytes += linear->prepack(threads);
-      linear->release_weight_pages();  // packed: the mapped bytes are not read again
-    }
-    std::lock_guard pack_lock(mutex_);
-    pack_seconds_ += seconds_since(t0);
-    return bytes;
-  });
-  ++prefetches_;
+  copy_gbps_ = profile.host_gbps;
+  copy_bytes_ += copy_kernel.bytes;
+  copy_seconds_ += model_kernel(profile, copy_kernel).total_s;
+  return done;
 }
 
-void OffloadStage::wait_prefetch(int block) {
-  std::future<std::size_t> future;
+void OffloadStage::start_prefetch(int block, const Stream& stream) {
   {
     std::lock_guard lock(mutex_);
-    const auto found = in_flight_.find(block);
-    if (found == in_flight_.end()) return;
-    future = std::move(found->second);
-    in_flight_.erase(found);
+    if (block >= static_cast<int>(linears_.size()) || in_flight_.count(block)) return;
+    const std::vector<const models::Linear*> layers = linears_[static_cast<std::size_t>(block)];
+    const int threads = cube_threads_;
+    // The copy engine: its own thread, so the packing (memory-bound reads of the mapped checkpoint)
+    // overlaps the Cube and Vector units' work on the previous blocks.
+    in_flight_[block] = std::async(std::launch::async, [this, layers, threads] {
+      const auto t0 = std::chrono::steady_clock::now();
+      std::size_t bytes = 0;
+      for (const models::Linear* linear : layers) linear->prefetch_weight_pages();  // the disk reads ahead of the packing
+      for (const models::Linear* linear : layers) {
+        bytes += linear->prepack(threads);
+        linear->release_weight_pages();  // packed: the mapped bytes are not read again
+      }
+      std::lock_guard pack_lock(mutex_);
+      pack_seconds_ += seconds_since(t0);
+      return bytes;
+    });
+    ++prefetches_;
   }
+  const Event copied = model_copy(block, stream);
+  std::lock_guard lock(mutex_);
+  copies_[block] = copied;
+}
+
+void OffloadStage::wait_prefetch(int block, const Stream& stream) {
+  std::future<std::size_t> future;
+  Event copied;
+  {
+    std::lock_guard lock(mutex_);
+    if (const auto found = copies_.find(block); found != copies_.end()) copied = found->second;
+    const auto found = in_flight_.find(block);
+    if (found != in_flight_.end()) {
+      future = std::move(found->second);
+      in_flight_.erase(found);
+    }
+  }
+  if (copied.state()) {
+    const double stall = std::max(0.0, copied.state()->modelled_time_s() - stream.modelled_time_s());
+    stream.wait(copied);
+    std::lock_guard lock(mutex_);
+    stall_seconds_ += stall;
+  }
+  if (!future.valid()) return;
   const auto t0 = std::chrono::steady_clock::now();
   const std::size_t bytes = future.get();  // rethrows a failed packing (out of memory, a limit)
   std::lock_guard lock(mutex_);
@@ -87,7 +133,7 @@ void OffloadStage::wait_prefetch(int block) {
 }
 
 models::BlockState OffloadStage::run_block(const models::StepInfo& /*step*/, const models::BlockIdentity& id, const models::BlockState& in,
-                                           const models::BlockCompute& compute, const Stream& /*stream*/) {
+                                           const models::BlockCompute& compute, const Stream& stream) {
   if (linears_.empty()) throw Error("offload: the stage was not given the model's layers (after_load)");
   const int blocks = static_cast<int>(linears_.size());
   if (id.index < 0 || id.index >= blocks) throw Error("offload: block " + std::to_string(id.index) + " is outside the model's " + std::to_string(blocks));
@@ -100,8 +146,8 @@ models::BlockState OffloadStage::run_block(const models::StepInfo& /*step*/, con
   }
   // The window ahead: while block i computes, block i + R is packed (blocks 0..R-1 of a forward
   // thus bring in R..2R-1, the first blocks that are not resident).
-  if (id.index + resident_ < blocks) start_prefetch(id.index + resident_);
-  wait_prefetch(id.index);
+  if (id.index + resident_ < blocks) start_prefetch(id.index + resident_, stream);
+  wait_prefetch(id.index, stream);
   models::BlockState out = compute(in);
   std::size_t released = 0;
   if (id.index >= resident_)
@@ -122,7 +168,16 @@ std::vector<std::vector<int>> OffloadStage::residency() const {
 std::string OffloadStage::summary() const {
   std::lock_guard lock(mutex_);
   const std::string resident = resident_ == 1 ? "block 0 resident" : "blocks 0-" + std::to_string(resident_ - 1) + " resident";
-  if (packed_bytes_ == 0) return resident + "; nothing packed ahead (no weights in memory: simulate mode, or quantized layers)";
+  std::string modelled;
+  if (!copies_modelled_) {
+    modelled = "; the copies are not modelled (the device profile has no \"links\" figures)";
+  } else if (copy_bytes_ > 0) {
+    char text[256];
+    std::snprintf(text, sizeof text, "; modelled: %s over the host link at %g GB/s in %.3f s, compute stalled %.3f s for it",
+                  human_bytes(static_cast<std::size_t>(copy_bytes_)).c_str(), copy_gbps_, copy_seconds_, stall_seconds_);
+    modelled = text;
+  }
+  if (packed_bytes_ == 0) return resident + "; nothing packed ahead (no weights in memory: simulate mode, or quantized layers)" + modelled;
   char text[320];
   const double hidden = pack_seconds_ > 0 ? std::max(0.0, 1.0 - wait_seconds_ / pack_seconds_) : 1.0;
   std::snprintf(text, sizeof text,
@@ -130,14 +185,19 @@ std::string OffloadStage::summary() const {
                 "mapped weight pages released",
                 resident.c_str(), prefetches_, prefetches_ == 1 ? "" : "s", human_bytes(packed_bytes_).c_str(), pack_seconds_,
                 wait_seconds_, 100 * hidden, human_bytes(released_bytes_).c_str());
-  return text;
+  return text + modelled;
 }
 
 nlohmann::ordered_json OffloadStage::report() const {
   std::lock_guard lock(mutex_);
-  return {{"resident_blocks", resident_},     {"prefetches", prefetches_},     {"packed_bytes", packed_bytes_},
-          {"pack_seconds", pack_seconds_},    {"wait_seconds", wait_seconds_}, {"released_page_bytes", released_bytes_},
-          {"blocks_released", releases_}};
+  nlohmann::ordered_json j = {{"resident_blocks", resident_},  {"prefetches", prefetches_},     {"packed_bytes", packed_bytes_},
+                              {"pack_seconds", pack_seconds_}, {"wait_seconds", wait_seconds_}, {"released_page_bytes", released_bytes_},
+                              {"blocks_released", releases_}};
+  // The modelled copy stream (null without the profile's links figures).
+  j["modelled_copy_bytes"] = copy_bytes_;
+  j["modelled_copy_seconds"] = copies_modelled_ ? nlohmann::ordered_json(copy_seconds_) : nlohmann::ordered_json();
+  j["modelled_stall_seconds"] = copies_modelled_ ? nlohmann::ordered_json(stall_seconds_) : nlohmann::ordered_json();
+  return j;
 }
 
 }  // namespace cubevec::pipelines

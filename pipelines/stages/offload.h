@@ -6,6 +6,11 @@
 // mapped pages, which the OS reads back from the file when the block is next packed. Peak memory
 // then holds the resident blocks and a few in flight instead of every weight twice.
 //
+// The device models the streaming too, in real and simulate runs alike: each prefetch is a
+// host-to-device copy of the block's weight bytes on the copy stream ("offload.copy", a comm-unit
+// kernel priced at the profile's links.host_gbps) that starts when block i starts, and block
+// i + R's compute waits for it, so the modelled time shows whether the link keeps up.
+//
 // What it cannot stream: Linears with a kernel (quantized layers hold their own int8 panels) and
 // weights that are not mapped from a checkpoint (an f32 copy of bf16 weights stays in memory; its
 // packed panels still go). With --cfg streams the two branches may each pack a block.
@@ -17,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "device/event.h"
 #include "pipelines/stage.h"
 
 namespace cubevec::pipelines {
@@ -39,20 +45,26 @@ class OffloadStage : public Stage {
   std::vector<std::vector<int>> residency() const;
 
  private:
-  void start_prefetch(int block);
-  void wait_prefetch(int block);
+  void start_prefetch(int block, const Stream& stream);
+  void wait_prefetch(int block, const Stream& stream);
+  // The modelled host-to-device copy of `block` on the copy stream, after the work queued so far on `stream`.
+  Event model_copy(int block, const Stream& stream);
   bool packed(int block) const;
 
   int resident_;
   std::vector<std::string> modules_;
   int cube_threads_;
   std::vector<std::vector<const models::Linear*>> linears_;  // per block
+  std::vector<double> block_bytes_;                          // per block: the streamed weights' bytes
   mutable std::mutex mutex_;
   std::map<int, std::future<std::size_t>> in_flight_;  // block -> bytes packed
+  std::map<int, Event> copies_;                        // block -> its latest modelled copy
   std::vector<std::vector<int>> residency_;
   double pack_seconds_ = 0, wait_seconds_ = 0;
   std::size_t packed_bytes_ = 0, released_bytes_ = 0;
   int prefetches_ = 0, releases_ = 0;
+  bool copies_modelled_ = true;  // false: the profile has no "links" figures
+  double copy_gbps_ = 0, copy_bytes_ = 0, copy_seconds_ = 0, stall_seconds_ = 0;  // modelled
 };
 
 // Each flat block's module name, in order (a Flux or Wan transformer's block_identity(i).module).

@@ -1,6 +1,7 @@
 // Weight streaming (OffloadStage, issue 19) on the tiny Flux checkpoint: a run with --offload R
 // equals the resident run bit for bit (f32 and bf16, twice in a row, so weights let go and packed
-// again are intact); the Linears of a block hold packed panels only inside the window; what the
+// again are intact); the Linears of a block hold packed panels only inside the window; the
+// modelled copy stream is priced at the host link; what the
 // allocator holds after a run shrinks by the streamed blocks' panels; bad R values; and the
 // page release of a memory-mapped tensor (which the OS reads back) against an owned one (which it
 // must never touch).
@@ -131,6 +132,76 @@ TEST(Offload, TheAllocatorHoldsOnlyTheResidentBlocksPanelsAfterARun) {
   const std::size_t live_all = default_allocator().stats().live_bytes;
   EXPECT_GE(live_all - live_streamed, streamed_panels);  // size classes round each block up a little
   EXPECT_LE(live_all - live_streamed, streamed_panels + streamed_panels / 4);
+}
+
+// The modelled copy stream: every prefetch is a host-link copy of the block's weight bytes (counted
+// here from the parameter table), priced at the profile's host_gbps, starting no earlier than the
+// block that asks for it, and a slow link shows up as the compute's stall in the modelled time.
+TEST(Offload, TheCopyStreamIsModelledAtTheHostLinkFigure) {
+  pipelines::FluxT2IPipeline pipeline = pipelines::FluxT2IPipeline::load(data_path("flux_tiny"), DType::bf16);
+  const int blocks = pipeline.transformer().block_count(), r = 1;
+  double streamed_bytes = 0;  // one forward's copies: the blocks after the resident one
+  for (const auto& [name, linear] : pipeline.transformer().parameters().linears())
+    if (name.find("transformer_blocks.") != std::string::npos && name.rfind("transformer_blocks.0.", 0) != 0)
+      streamed_bytes += static_cast<double>(linear->weight.nbytes() + (linear->bias.defined() ? linear->bias.nbytes() : 0));
+  ASSERT_GT(streamed_bytes, 0);
+  const auto run = [&](double host_gbps) {
+    DeviceProfile profile = builtin_cpu_profile();
+    profile.host_gbps = host_gbps;
+    Device device(profile, {.simulate = false, .trace = true});
+    pipelines::StageList stages;
+    auto stage = offload(pipeline, r);
+    const pipelines::OffloadStage& seen = *stage;
+    stages.add(std::move(stage));
+    stages.after_load(pipeline.mutable_transformer().mutable_parameters());
+    pipelines::T2ITimings timings;
+    pipeline.denoise(flux_prompt(1), nullptr, small_run(DType::bf16), device, {}, timings, &stages);
+    device.synchronize();
+    int copies = 0;
+    double last_copy_end = 0, last_compute_end = 0;
+    for (const KernelRecord& record : device.trace().records())
+      if (record.desc.name.rfind("offload.h2d ", 0) != 0) {
+        last_compute_end = std::max(last_compute_end, record.modelled_end_s);
+      } else {
+        ++copies;
+        last_copy_end = std::max(last_copy_end, record.modelled_end_s);
+        EXPECT_EQ(record.stream_label, "offload.copy");
+        EXPECT_NEAR(record.modelled_end_s - record.modelled_start_s,
+                    record.desc.bytes / (host_gbps * 1e9) + profile.launch_overhead_us * 1e-6, 1e-12);
+      }
+    EXPECT_EQ(copies, 2 * (blocks - r));  // 2 steps
+    EXPECT_GT(last_compute_end, last_copy_end);  // the last streamed block computes after its copy
+    const DeviceStats stats = device.stats();  // copies are not collectives
+    EXPECT_EQ(stats.host_copies, static_cast<uint64_t>(copies));
+    EXPECT_EQ(stats.kernels_per_unit[static_cast<std::size_t>(Unit::comm)], 0u);
+    return std::pair{seen.report(), device.stats().modelled_makespan_s};
+  };
+  const auto [fast, fast_makespan] = run(37);
+  EXPECT_DOUBLE_EQ(fast["modelled_copy_bytes"].get<double>(), 2 * streamed_bytes);
+  const double slow_gbps = 1e-4;  // a link so slow that the copies dominate
+  const auto [slow, slow_makespan] = run(slow_gbps);
+  const double slow_copy_s = 2 * streamed_bytes / (slow_gbps * 1e9);
+  EXPECT_GE(slow["modelled_copy_seconds"].get<double>(), slow_copy_s);
+  EXPECT_GE(slow_makespan, slow_copy_s);  // the copies run one after another on their stream
+  EXPECT_GT(slow["modelled_stall_seconds"].get<double>(), 0.9 * slow_copy_s - fast_makespan);
+  EXPECT_LT(fast["modelled_stall_seconds"].get<double>(), slow["modelled_stall_seconds"].get<double>());
+}
+
+// A profile without the "links" figures cannot price the copies: the run goes on, unmodelled, and says so.
+TEST(Offload, AProfileWithoutLinksLeavesTheCopiesUnmodelled) {
+  pipelines::FluxT2IPipeline pipeline = pipelines::FluxT2IPipeline::load(data_path("flux_tiny"), DType::f32);
+  DeviceProfile profile = builtin_cpu_profile();
+  profile.has_links = false;
+  Device device(profile);
+  pipelines::StageList stages;
+  auto stage = offload(pipeline, 1);
+  const pipelines::OffloadStage& seen = *stage;
+  stages.add(std::move(stage));
+  stages.after_load(pipeline.mutable_transformer().mutable_parameters());
+  pipelines::T2ITimings timings;
+  pipeline.denoise(flux_prompt(1), nullptr, small_run(DType::f32), device, {}, timings, &stages);
+  EXPECT_TRUE(seen.report()["modelled_copy_seconds"].is_null());
+  EXPECT_NE(seen.summary().find("not modelled"), std::string::npos) << seen.summary();
 }
 
 TEST(Offload, ResidentCountsOutsideTheModelAreErrors) {
