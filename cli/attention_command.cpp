@@ -14,6 +14,7 @@
 #include "cli/attention_tune_cache.h"
 #include "cli/command.h"
 #include "cli/device_flags.h"
+#include "cli/range_flag.h"
 #include "tensor/half.h"
 #include "tensor/output_file.h"
 
@@ -113,17 +114,17 @@ CommandRunner add_attention_command(CLI::App& app) {
   auto flags = std::make_shared<AttentionFlags>();
   auto device_flags = add_device_flags(*command);
   auto cache = add_attention_tune_cache_flag(*command);
-  command->add_option("--batch", flags->batch, "B")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  command->add_option("--heads", flags->heads, "N")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  command->add_option("--head-dim", flags->head_dim, "D")->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
-  command->add_option("--q-len", flags->q_len, "Sq")->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
-  command->add_option("--kv-len", flags->kv_len, "Sk (default: Sq)")->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  command->add_option("--batch", flags->batch, "B")->check(in_range(int64_t{1}, int64_t{1} << 20));
+  command->add_option("--heads", flags->heads, "N")->check(in_range(int64_t{1}, int64_t{1} << 20));
+  command->add_option("--head-dim", flags->head_dim, "D")->check(in_range(int64_t{1}, int64_t{1} << 16));
+  command->add_option("--q-len", flags->q_len, "Sq")->check(in_range(int64_t{1}, int64_t{1} << 24));
+  command->add_option("--kv-len", flags->kv_len, "Sk (default: Sq)")->check(in_range(int64_t{1}, int64_t{1} << 24));
   command->add_option("--dtype", flags->dtype, "f32 or bf16");
   command->add_option("--layout", flags->layout, "BSND, BNSD or BSH");
   command->add_option("--opt-mode", flags->opt_mode, "runtime, static or manual");
   command->add_option("--op-type", flags->op_type, "manual mode: math, flash or cv_pipelined");
   command->add_option("--kernel-layout", flags->kernel_layout, "manual mode: BSND or BNSD");
-  command->add_option("--repeats", flags->repeats, "Timed calls after the first")->check(CLI::Range(1, 1000));
+  command->add_option("--repeats", flags->repeats, "Timed calls after the first")->check(in_range(1, 1000));
   command->add_option("--json", flags->json_path, "Write the figures as JSON to this file")->check(output_file_path());
   return [flags, device_flags, cache] { return run(*flags, *device_flags, *cache); };
 }

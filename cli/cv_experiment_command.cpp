@@ -7,6 +7,7 @@
 #include "cli/output_flag.h"
 #include "cli/command.h"
 #include "cli/device_flags.h"
+#include "cli/range_flag.h"
 #include "pipelines/cv_experiment.h"
 #include "tensor/output_file.h"
 
@@ -79,11 +80,11 @@ CommandRunner add_cv_experiment_command(CLI::App& app) {
       "cv-experiment", "Run a balanced Cube + Vector workload serialized, overlapped and pinned; compare measured and modelled times");
   auto flags = std::make_shared<CvFlags>();
   auto device_flags = add_device_flags(*command);
-  command->add_option("--chunks", flags->workload.chunks, "Independent chunks of work")->check(CLI::Range(1, 100000));
-  command->add_option("--m", flags->workload.m, "GEMM rows per chunk (M)")->check(CLI::Range(1, 1 << 20));
-  command->add_option("--n", flags->workload.n, "GEMM columns (N), also the Vector row width")->check(CLI::Range(1, 1 << 20));
-  command->add_option("--k", flags->workload.k, "GEMM inner size (K)")->check(CLI::Range(1, 1 << 20));
-  command->add_option("--repeats", flags->repeats, "Timed runs per mode (the median is reported)")->check(CLI::Range(1, 1000));
+  command->add_option("--chunks", flags->workload.chunks, "Independent chunks of work")->check(in_range(1, 100000));
+  command->add_option("--m", flags->workload.m, "GEMM rows per chunk (M)")->check(in_range(1, 1 << 20));
+  command->add_option("--n", flags->workload.n, "GEMM columns (N), also the Vector row width")->check(in_range(1, 1 << 20));
+  command->add_option("--k", flags->workload.k, "GEMM inner size (K)")->check(in_range(1, 1 << 20));
+  command->add_option("--repeats", flags->repeats, "Timed runs per mode (the median is reported)")->check(in_range(1, 1000));
   command->add_option("--json", flags->json_path, "Write the figures as JSON to this file")->check(output_file_path());
   command->add_option("--trace", flags->trace_path, "Write a Chrome trace (all three modes) to this file")->check(output_file_path());
   return [flags, device_flags] { return run(*flags, *device_flags); };

@@ -1,4 +1,5 @@
 #include "cli/device_flags.h"
+#include "cli/range_flag.h"
 
 namespace cubevec::cli {
 
@@ -13,9 +14,9 @@ std::shared_ptr<DeviceFlags> add_device_flags(CLI::App& command) {
   command.add_option("--device-profile", flags->profile_path,
                      "Device profile JSON (e.g. assets/devices/ascend-910b.json); default: built-in cpu-default");
   command.add_option("--cube-threads", flags->cube_threads, "Threads of the Cube unit (overrides the profile)")
-      ->check(CLI::Range(1, 4096));
+      ->check(in_range(1, 4096));
   command.add_option("--vector-threads", flags->vector_threads, "Threads of the Vector unit (overrides the profile)")
-      ->check(CLI::Range(1, 4096));
+      ->check(in_range(1, 4096));
   return flags;
 }
 

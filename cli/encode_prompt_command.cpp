@@ -16,6 +16,7 @@
 #include "cli/command.h"
 #include "cli/device_flags.h"
 #include "cli/output_flag.h"
+#include "cli/range_flag.h"
 #include "models/clip_text_model.h"
 #include "models/pipeline_text_encoders.h"
 #include "models/t5_encoder.h"
@@ -128,7 +129,7 @@ CommandRunner add_encode_prompt_command(CLI::App& app) {
   command->add_option("--encoder", flags->encoder, "text_encoder (default; tokenizer/) or text_encoder_2 (tokenizer_2/)");
   command->add_option("--prompt", flags->prompts, "A prompt (repeat for more; output tensors are numbered from 0)")->required();
   command->add_option("--max-length", flags->max_length, "Tokens to pad to (default: CLIP's model_max_length, 512 for T5)")
-      ->check(CLI::Range(1, 4096));
+      ->check(in_range(1, 4096));
   command->add_option("--pipeline", flags->pipeline,
                       "flux: T5 without the mask, as FluxPipeline; wan: the prompt cleaned, the mask, and prompt_embeds_i zeroed past it");
   command->add_option("--dtype", flags->dtype, "f32 (default) or bf16 weights (weights stored bf16 stay bf16)");

@@ -1,5 +1,6 @@
 #include "cli/output_flag.h"
 #include "cli/generation_report.h"
+#include "cli/range_flag.h"
 
 #include <algorithm>
 #include <cctype>
@@ -28,7 +29,7 @@ DeviceProfile GenerationFlags::profile(const DeviceFlags& device_flags) const {
 void add_generation_flags(CLI::App& command, GenerationFlags& flags) {
   command.add_option("--dtype", flags.dtype, "Transformer precision: f32, or bf16 (bf16 weights and activations, f32 accumulation)");
   command.add_option("--variant", flags.variant, "Read diffusion_pytorch_model.<variant>.safetensors (e.g. fp16, bf16)");
-  command.add_option("--threads", flags.threads, "Cube-unit threads (same as --cube-threads)")->check(CLI::Range(1, 4096));
+  command.add_option("--threads", flags.threads, "Cube-unit threads (same as --cube-threads)")->check(in_range(1, 4096));
   command.add_flag("--simulate", flags.simulate, "Shape-only run on the device profile's modelled clock (reads config files only)");
   command.add_flag("--check-weights", flags.check_weights, "Check that every loaded weight is finite (one more pass over them)");
   command

@@ -1,4 +1,5 @@
 #include "cli/parallel_flags.h"
+#include "cli/range_flag.h"
 
 #include "parallel/mpi_runtime.h"
 #include "pipelines/stages/sequence_parallel.h"
@@ -71,7 +72,7 @@ std::shared_ptr<ParallelFlags> add_parallel_flags(CLI::App& command, bool cfg_pa
     command.add_option("--cfg-parallel", flags->degrees.cfg, "2: the conditional and unconditional CFG branches on different ranks");
   if (cfg_parallel)
     command.add_option("--ranks", flags->ranks, "With --simulate: model a run on this many cards (the product of the degrees)")
-        ->check(CLI::Range(1, 4096));
+        ->check(in_range(1, 4096));
   if (cfg_parallel)
     command.add_flag("--vae-parallel", flags->vae_parallel,
                      "Every rank shares the VAE decode: Flux's tiles dealt round-robin, Wan's rows in bands with halo exchange");

@@ -12,6 +12,7 @@
 #include "cli/command.h"
 #include "cli/device_flags.h"
 #include "cli/model_runner.h"
+#include "cli/range_flag.h"
 #include "pipelines/quant_export.h"
 #include "pipelines/prompt_embeds_file.h"
 #include "tensor/error.h"
@@ -138,10 +139,10 @@ CommandRunner add_quantize_command(CLI::App& app) {
   command->add_option("--prompt", flags->prompts, "Calibration prompt (repeat for more), through the model's text encoder");
   command->add_option("--calibration-embeds", flags->embeds, "Calibration prompt embeddings (a --prompt-embeds file; repeat for more)");
   command->add_option("--steps", flags->steps, "Denoising steps per calibration run (W8A8_TIMESTEP: one row of scales per step)")
-      ->check(CLI::Range(1, 1000));
-  command->add_option("--width", flags->width, "Calibration width (default: the model's size; 64 for Wan)")->check(CLI::Range(int64_t{16}, int64_t{4096}));
-  command->add_option("--height", flags->height, "Calibration height")->check(CLI::Range(int64_t{16}, int64_t{4096}));
-  command->add_option("--frames", flags->frames, "Wan: frames, 1 + 4k (default 5)")->check(CLI::Range(int64_t{1}, int64_t{1025}));
+      ->check(in_range(1, 1000));
+  command->add_option("--width", flags->width, "Calibration width (default: the model's size; 64 for Wan)")->check(in_range(int64_t{16}, int64_t{4096}));
+  command->add_option("--height", flags->height, "Calibration height")->check(in_range(int64_t{16}, int64_t{4096}));
+  command->add_option("--frames", flags->frames, "Wan: frames, 1 + 4k (default 5)")->check(in_range(int64_t{1}, int64_t{1025}));
   command->add_option("--seed", flags->seed, "Noise seed of the calibration runs");
   command->add_option("--exclude", flags->exclude, "Keep Linears whose name matches this glob float (repeatable), e.g. 'proj_out'");
   command->add_option("--dtype", flags->dtype, "Calibrate with f32 or bf16 activations");
@@ -149,7 +150,7 @@ CommandRunner add_quantize_command(CLI::App& app) {
   command->add_flag("--deq-scale-int64", flags->deq_int64, "Write deq_scale as int64 bit patterns (as for MindIE SD's fp16 models)");
   command->add_option("--out", flags->out, "Output folder");
   command->add_option("--json", flags->json_path, "Write the per-layer report as JSON")->check(output_file_path());
-  command->add_option("--top", flags->top, "Layers to list in the report (default 15)")->check(CLI::Range(0, 100000));
+  command->add_option("--top", flags->top, "Layers to list in the report (default 15)")->check(in_range(0, 100000));
   return [flags, device_flags] { return run(*flags, *device_flags); };
 }
 

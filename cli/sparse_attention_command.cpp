@@ -10,6 +10,7 @@
 #include "cli/output_flag.h"
 #include "cli/command.h"
 #include "cli/device_flags.h"
+#include "cli/range_flag.h"
 #include "ops/sparse_attention.h"
 #include "tensor/error.h"
 #include "tensor/finite_check.h"
@@ -112,8 +113,8 @@ CommandRunner add_sparse_attention_command(CLI::App& app) {
   command->add_option("--sparsity", flags->sparsity, "Fraction of blocks to skip, [0, 1]")->required();
   command->add_option("--txt-len", flags->txt_len, "rf_v2: the first N tokens are text");
   command->add_option("--latent-shape", flags->latent_shape, "rf_v2: T,H,W of the image tokens (T * H * W = S - txt-len)");
-  command->add_option("--keep-sink", flags->keep_sink, "ada_bsa: force the first key block (0 or 1, default 1)")->check(CLI::Range(0, 1));
-  command->add_option("--keep-recent", flags->keep_recent, "ada_bsa: keep_recent (0 or 1, default 1; non-causal attention always keeps the last key block, as MindIE's kernel, so it changes nothing here)")->check(CLI::Range(0, 1));
+  command->add_option("--keep-sink", flags->keep_sink, "ada_bsa: force the first key block (0 or 1, default 1)")->check(in_range(0, 1));
+  command->add_option("--keep-recent", flags->keep_recent, "ada_bsa: keep_recent (0 or 1, default 1; non-causal attention always keeps the last key block, as MindIE's kernel, so it changes nothing here)")->check(in_range(0, 1));
   command->add_option("--cdf-threshold", flags->cdf_threshold, "ada_bsa: CDF threshold, (0, 1] (default 1)");
   command->add_option("--layout", flags->layout, "BNSD (default) or BSND");
   command->add_option("--head-num", flags->head_num, "Heads (must equal q's)");

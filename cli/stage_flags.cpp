@@ -1,4 +1,5 @@
 #include "cli/stage_flags.h"
+#include "cli/range_flag.h"
 
 #include "pipelines/stages/offload.h"
 
@@ -53,7 +54,7 @@ std::shared_ptr<StageFlags> add_stage_flags(CLI::App& command) {
                            .add_option("--offload", f->offload,
                                        "Weight streaming: blocks 0..R-1 stay packed, block i+R is packed on a copy thread while block "
                                        "i computes, later blocks are let go after use (default 0: every weight resident)")
-                           ->check(CLI::Range(0, 1 << 20)));
+                           ->check(in_range(0, 1 << 20)));
   return f;
 }
 

@@ -19,6 +19,7 @@
 #include "cli/generation_report.h"
 #include "cli/stage_flags.h"
 #include "cli/text_conditioning.h"
+#include "cli/range_flag.h"
 #include "pipelines/flux_t2i.h"
 #include "pipelines/jpeg.h"
 #include "models/tiny_text_encoder.h"
@@ -179,19 +180,19 @@ CommandRunner add_t2i_command(CLI::App& app) {
   command->add_option("--prompt", flags->text.prompt,
                       "The prompt (encoded by the folder's text_encoder/ + tokenizer/ (CLIP) and text_encoder_2/ + tokenizer_2/ (T5))");
   command->add_option("--max-sequence-length", flags->text.max_sequence_length, "T5 tokens the prompt is padded to (default 512)")
-      ->check(CLI::Range(1, 512));
+      ->check(in_range(1, 512));
   command->add_option("--negative-prompt", flags->text.negative_prompt, "The negative prompt for true CFG (default: the empty prompt)");
   command->add_option("--prompt-embeds", flags->text.prompt_embeds,
                       "safetensors with prompt_embeds [1,L,D] and pooled_prompt_embeds [1,P] (and negative_* for CFG)");
   flags->options.width = flags->options.height = 0;  // the model's size unless given
   command->add_option("--width", flags->options.width, "Image width in pixels (default: the VAE's sample_size, 1024 for FLUX.1)")
-      ->check(CLI::Range(int64_t{16}, int64_t{16384}));
+      ->check(in_range(int64_t{16}, int64_t{16384}));
   command->add_option("--height", flags->options.height, "Image height in pixels (default: the VAE's sample_size)")
-      ->check(CLI::Range(int64_t{16}, int64_t{16384}));
-  command->add_option("--steps", flags->options.steps, "Denoising steps")->check(CLI::Range(1, 1000));
-  command->add_option("--guidance", flags->options.guidance, "Embedded guidance scale (guidance-distilled models)")->check(CLI::Range(0.0, 100.0));
+      ->check(in_range(int64_t{16}, int64_t{16384}));
+  command->add_option("--steps", flags->options.steps, "Denoising steps")->check(in_range(1, 1000));
+  command->add_option("--guidance", flags->options.guidance, "Embedded guidance scale (guidance-distilled models)")->check(in_range(0.0, 100.0));
   command->add_option("--cfg", flags->cfg, "True CFG: off, fused (one batch of 2) or streams (two overlapping streams)");
-  command->add_option("--cfg-scale", flags->options.cfg_scale, "True CFG scale")->check(CLI::Range(0.0, 100.0));
+  command->add_option("--cfg-scale", flags->options.cfg_scale, "True CFG scale")->check(in_range(0.0, 100.0));
   command->add_option("--seed", flags->options.seed, "Noise seed");
   command->add_option("--out", flags->out, "Output JPEG file")->check(output_file_path());
   add_generation_flags(*command, flags->common);

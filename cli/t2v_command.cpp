@@ -19,6 +19,7 @@
 #include "cli/generation_report.h"
 #include "cli/stage_flags.h"
 #include "cli/text_conditioning.h"
+#include "cli/range_flag.h"
 #include "pipelines/generation_defaults.h"
 #include "pipelines/patch_parallel_vae.h"
 #include "pipelines/wan_t2v.h"
@@ -238,22 +239,22 @@ CommandRunner add_t2v_command(CLI::App& app) {
   command->add_option("--prompt", flags->text.prompt, "The prompt (encoded by the folder's text_encoder/ + tokenizer/: umT5, or the shipped tiny model's own)");
   command->add_option("--negative-prompt", flags->text.negative_prompt, "The negative prompt for CFG (default: the empty prompt)");
   command->add_option("--max-sequence-length", flags->text.max_sequence_length, "umT5 tokens the prompt is padded to (default 512)")
-      ->check(CLI::Range(1, 4096));
+      ->check(in_range(1, 4096));
   command->add_option("--prompt-embeds", flags->text.prompt_embeds,
                       "safetensors with prompt_embeds [1,L,text_dim] (and negative_prompt_embeds for CFG)");
-  command->add_option("--frames", flags->options.frames, "Frames, 1 + 4k (default 81, or the model folder's generation_defaults.json)")->check(CLI::Range(int64_t{1}, int64_t{4097}));
+  command->add_option("--frames", flags->options.frames, "Frames, 1 + 4k (default 81, or the model folder's generation_defaults.json)")->check(in_range(int64_t{1}, int64_t{4097}));
   command->add_option("--width", flags->options.width, "Width in pixels, a multiple of 16 (default 832, or generation_defaults.json's)")
-      ->check(CLI::Range(int64_t{16}, int64_t{8192}));
+      ->check(in_range(int64_t{16}, int64_t{8192}));
   command->add_option("--height", flags->options.height, "Height in pixels, a multiple of 16 (default 480, or generation_defaults.json's)")
-      ->check(CLI::Range(int64_t{16}, int64_t{8192}));
-  command->add_option("--steps", flags->options.steps, "Denoising steps (default 50, or generation_defaults.json's)")->check(CLI::Range(1, 1000));
-  command->add_option("--guidance", flags->options.guidance, "CFG scale: v = v_u + g (v_c - v_u) (default 5, or generation_defaults.json's)")->check(CLI::Range(0.0, 100.0));
+      ->check(in_range(int64_t{16}, int64_t{8192}));
+  command->add_option("--steps", flags->options.steps, "Denoising steps (default 50, or generation_defaults.json's)")->check(in_range(1, 1000));
+  command->add_option("--guidance", flags->options.guidance, "CFG scale: v = v_u + g (v_c - v_u) (default 5, or generation_defaults.json's)")->check(in_range(0.0, 100.0));
   command->add_option("--cfg", flags->cfg, "CFG: fused (one batch of 2, default), streams (two overlapping streams) or off");
   command->add_option("--seed", flags->options.seed, "Noise seed");
   command->add_option("--out", flags->out, "Output MJPEG AVI file")->check(output_file_path());
   command->add_option("--frames-dir", flags->frames_dir, "Also write each frame as DIR/frame_NNNNN.jpg");
-  command->add_option("--fps", flags->fps, "Frame rate of the AVI (default 16, Wan2.1's)")->check(CLI::Range(1, 240));
-  command->add_option("--quality", flags->quality, "JPEG quality of the frames (default 90)")->check(CLI::Range(1, 100));
+  command->add_option("--fps", flags->fps, "Frame rate of the AVI (default 16, Wan2.1's)")->check(in_range(1, 240));
+  command->add_option("--quality", flags->quality, "JPEG quality of the frames (default 90)")->check(in_range(1, 100));
   add_generation_flags(*command, flags->common);
   auto parallel_flags = add_parallel_flags(*command, /*cfg_parallel=*/true);
   return [flags, command, device_flags, cache, stage_flags, parallel_flags] {

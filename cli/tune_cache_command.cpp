@@ -11,6 +11,7 @@
 #include "cli/command.h"
 #include "cli/device_flags.h"
 #include "cli/model_runner.h"
+#include "cli/range_flag.h"
 #include "pipelines/cache_tuner.h"
 #include "tensor/error.h"
 #include "tensor/output_file.h"
@@ -86,18 +87,18 @@ CommandRunner add_tune_cache_command(CLI::App& app) {
   command->add_option("--model", flags->model, "Diffusers Flux or Wan model folder");
   command->add_option("--prompt", flags->text.prompt, "The prompt (through the model's text encoder)");
   command->add_option("--max-sequence-length", flags->text.max_sequence_length, "T5 / umT5 tokens the prompt is padded to (default 512)")
-      ->check(CLI::Range(1, 4096));
+      ->check(in_range(1, 4096));
   command->add_option("--prompt-embeds", flags->text.prompt_embeds, "safetensors with prompt_embeds (and pooled_prompt_embeds for Flux)");
   command->add_option("--target-speedup", flags->target, "Denoising speedup to reach (default 1.6)");
   command->add_option("--method", flags->method, "dit-block, attention or both (default)");
-  command->add_option("--steps", flags->steps, "Denoising steps (default 28)")->check(CLI::Range(2, 1000));
-  command->add_option("--width", flags->width, "Width (default: the model's size; 64 for Wan)")->check(CLI::Range(int64_t{16}, int64_t{4096}));
-  command->add_option("--height", flags->height, "Height")->check(CLI::Range(int64_t{16}, int64_t{4096}));
-  command->add_option("--frames", flags->frames, "Wan: frames, 1 + 4k (default 5)")->check(CLI::Range(int64_t{1}, int64_t{1025}));
+  command->add_option("--steps", flags->steps, "Denoising steps (default 28)")->check(in_range(2, 1000));
+  command->add_option("--width", flags->width, "Width (default: the model's size; 64 for Wan)")->check(in_range(int64_t{16}, int64_t{4096}));
+  command->add_option("--height", flags->height, "Height")->check(in_range(int64_t{16}, int64_t{4096}));
+  command->add_option("--frames", flags->frames, "Wan: frames, 1 + 4k (default 5)")->check(in_range(int64_t{1}, int64_t{1025}));
   command->add_option("--seed", flags->seed, "Noise seed");
   command->add_option("--cache-step-start", flags->step_start, "dit-block: first replayable step (default steps / 5)");
   command->add_option("--cache-interval", flags->interval, "dit-block: compute every N steps (default 2)");
-  command->add_option("--max-trials", flags->max_trials, "Full runs per method (default 6)")->check(CLI::Range(1, 100));
+  command->add_option("--max-trials", flags->max_trials, "Full runs per method (default 6)")->check(in_range(1, 100));
   command->add_option("--dtype", flags->dtype, "f32 or bf16");
   command->add_option("--variant", flags->variant, "Read diffusion_pytorch_model.<variant>.safetensors");
   command->add_option("--out", flags->out, "Also write the chosen JSON to this file")->check(output_file_path());

@@ -1,5 +1,6 @@
 // Inputs mean what they say: non-finite numbers and negative unsigned values are refused for every
-// flag (by type, tests/cli sees a sample), a prompt without words is the empty-prompt error, and
+// flag (by type, tests/cli sees a sample), range flags say whether the value is no number of the
+// kind or out of range, a prompt without words is the empty-prompt error, and
 // thread counts beyond what helps are refused naming where they came from.
 #include <thread>
 
@@ -11,6 +12,7 @@ using InputsCli = cubevec_cli_test::CliTest;
 
 const std::string kTinyFlux = std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinyflux";
 const std::string kFluxConfig = std::string(CUBEVEC_SOURCE_DIR) + "/assets/configs/flux1-dev";
+const std::string kTinyWan = std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinywan";
 
 TEST_F(InputsCli, NumbersMustBeFiniteAndUnsignedValuesNonNegative) {
   const std::string out = (dir_ / "x.jpg").string();
@@ -30,6 +32,16 @@ TEST_F(InputsCli, NumbersMustBeFiniteAndUnsignedValuesNonNegative) {
       {{"t2i", "--simulate", "--model", kFluxConfig, "--steps", "1", "--threads", std::to_string(limit + 1)},
        "--cube-threads (or --threads) " + std::to_string(limit + 1) + " is above this machine's limit of " + std::to_string(limit)},
       {{"cv-experiment", "--vector-threads", std::to_string(limit + 1)}, "--vector-threads " + std::to_string(limit + 1) + " is above"},
+      // Range flags name what the value is not (CLI11's Range said "Value abc not in range").
+      {{"t2v", "--simulate", "--model", kTinyWan, "--frames", "abc"}, "--frames: 'abc' is not an integer from 1 to 4097"},
+      {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", out, "--steps", "1.5"},
+       "--steps: '1.5' is not an integer from 1 to 1000"},
+      {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", out, "--steps", "0"},
+       "--steps: 0 is out of range: expected an integer from 1 to 1000"},
+      {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", out, "--guidance", "x2"},
+       "--guidance: 'x2' is not a finite number from 0 to 100"},
+      {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", out, "--guidance", "101"},
+       "--guidance: 101 is out of range: expected a finite number from 0 to 100"},
   };
   for (const auto& c : cases) {
     const auto r = run(c.args);
