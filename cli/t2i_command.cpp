@@ -180,7 +180,8 @@ CommandRunner add_t2i_command(CLI::App& app) {
   command->add_option("--prompt", flags->text.prompt,
                       "The prompt (encoded by the folder's text_encoder/ + tokenizer/ (CLIP) and text_encoder_2/ + tokenizer_2/ (T5))");
   command->add_option("--max-sequence-length", flags->text.max_sequence_length, "T5 tokens the prompt is padded to (default 512)")
-      ->check(in_range(1, 512));
+      ->check(in_range(1, 512))
+      ->each([text = &flags->text](const std::string&) { text->max_sequence_length_given = true; });
   command->add_option("--negative-prompt", flags->text.negative_prompt, "The negative prompt for true CFG (default: the empty prompt)");
   command->add_option("--prompt-embeds", flags->text.prompt_embeds,
                       "safetensors with prompt_embeds [1,L,D] and pooled_prompt_embeds [1,P] (and negative_* for CFG)");

@@ -239,7 +239,8 @@ CommandRunner add_t2v_command(CLI::App& app) {
   command->add_option("--prompt", flags->text.prompt, "The prompt (encoded by the folder's text_encoder/ + tokenizer/: umT5, or the shipped tiny model's own)");
   command->add_option("--negative-prompt", flags->text.negative_prompt, "The negative prompt for CFG (default: the empty prompt)");
   command->add_option("--max-sequence-length", flags->text.max_sequence_length, "umT5 tokens the prompt is padded to (default 512)")
-      ->check(in_range(1, 4096));
+      ->check(in_range(1, 4096))
+      ->each([text = &flags->text](const std::string&) { text->max_sequence_length_given = true; });
   command->add_option("--prompt-embeds", flags->text.prompt_embeds,
                       "safetensors with prompt_embeds [1,L,text_dim] (and negative_prompt_embeds for CFG)");
   command->add_option("--frames", flags->options.frames, "Frames, 1 + 4k (default 81, or the model folder's generation_defaults.json)")->check(in_range(int64_t{1}, int64_t{4097}));

@@ -68,6 +68,12 @@ void note_unused_negative(const PromptFlags& f, bool cfg) {
   if (!cfg && !f.negative_prompt.empty()) std::fprintf(stderr, "note: --negative-prompt is used only with --cfg fused or --cfg streams\n");
 }
 
+// --max-sequence-length pads T5 / umT5 prompts; where the length is fixed otherwise, say so.
+void note_unused_max_sequence_length(const PromptFlags& f, const std::string& fixed_by) {
+  if (f.max_sequence_length_given)
+    std::fprintf(stderr, "note: --max-sequence-length %d is not used: %s\n", f.max_sequence_length, fixed_by.c_str());
+}
+
 // A prompt through the shipped tiny models' own text encoder; its errors name `flag`, the option
 // the text came from.
 models::PromptEmbeddings tiny_encode(models::TinyTextEncoder& encoder, const std::string& text, const std::string& flag) {
@@ -94,6 +100,8 @@ TextConditioning tiny_text(models::TinyTextEncoder& encoder, const PromptFlags& 
   t.positive = tiny_prompt(encoder, f.prompt);
   if (cfg) t.negative = tiny_encode(encoder, f.negative_prompt, "--negative-prompt");
   note_unused_negative(f, cfg);
+  note_unused_max_sequence_length(f, "this model's text encoder pads every prompt to its own " +
+                                         std::to_string(encoder.tokenizer().max_length()) + " tokens");
   t.source = encoder.name();
   return t;
 }
@@ -106,6 +114,7 @@ TextConditioning flux_text(const std::string& model_dir, const PromptFlags& f, b
   if (!f.prompt_embeds.empty()) {
     const pipelines::PromptEmbedsFile file = pipelines::PromptEmbedsFile::load(f.prompt_embeds);
     require_embedding_shapes(file, f.prompt_embeds, mc.joint_attention_dim, mc.pooled_projection_dim);
+    note_unused_max_sequence_length(f, "the embeddings in " + f.prompt_embeds + " are already encoded");
     t.positive = file.positive;
     t.negative = file.negative;
     t.source = "embeddings from " + f.prompt_embeds;
@@ -162,6 +171,7 @@ TextConditioning wan_text(const std::string& model_dir, const PromptFlags& f, bo
   if (!f.prompt_embeds.empty()) {
     const pipelines::PromptEmbedsFile file = pipelines::PromptEmbedsFile::load(f.prompt_embeds, /*with_pooled=*/false);
     require_embedding_shapes(file, f.prompt_embeds, mc.text_dim, 0);
+    note_unused_max_sequence_length(f, "the embeddings in " + f.prompt_embeds + " are already encoded");
     t.positive = file.positive;
     t.negative = file.negative;
     t.source = "embeddings from " + f.prompt_embeds;

@@ -17,6 +17,7 @@ namespace cubevec::cli {
 struct PromptFlags {
   std::string prompt, negative_prompt, prompt_embeds;
   int max_sequence_length = 512;  // T5 / umT5 tokens (--max-sequence-length)
+  bool max_sequence_length_given = false;  // on the command line (a note when it cannot apply)
   // Set by the command from its other flags:
   DType dtype = DType::f32;   // the run's dtype: encoders stored f32 run in it
   bool check_weights = false;  // --check-weights covers the encoders' weights too

@@ -87,7 +87,8 @@ CommandRunner add_tune_cache_command(CLI::App& app) {
   command->add_option("--model", flags->model, "Diffusers Flux or Wan model folder");
   command->add_option("--prompt", flags->text.prompt, "The prompt (through the model's text encoder)");
   command->add_option("--max-sequence-length", flags->text.max_sequence_length, "T5 / umT5 tokens the prompt is padded to (default 512)")
-      ->check(in_range(1, 4096));
+      ->check(in_range(1, 4096))
+      ->each([text = &flags->text](const std::string&) { text->max_sequence_length_given = true; });
   command->add_option("--prompt-embeds", flags->text.prompt_embeds, "safetensors with prompt_embeds (and pooled_prompt_embeds for Flux)");
   command->add_option("--target-speedup", flags->target, "Denoising speedup to reach (default 1.6)");
   command->add_option("--method", flags->method, "dit-block, attention or both (default)");

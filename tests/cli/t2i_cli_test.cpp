@@ -169,6 +169,26 @@ TEST_F(T2ICli, TinyModelCfgWithTheEmptyNegativePrompt) {
   EXPECT_NE(note.err.find("--negative-prompt is used only with --cfg"), std::string::npos) << note.err;
 }
 
+// --max-sequence-length pads T5 prompts: with the tiny encoder it cannot apply, and a note says so
+// (the image is the one without it); without the flag there is no note.
+TEST_F(T2ICli, MaxSequenceLengthWithTheTinyEncoderIsNoted) {
+  const std::string with = (dir_ / "with.jpg").string(), without = (dir_ / "without.jpg").string();
+  const auto noted = run({"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--steps", "2", "--max-sequence-length", "77", "--out", with});
+  ASSERT_EQ(noted.status, 0) << noted.err;
+  EXPECT_NE(noted.err.find("note: --max-sequence-length 77 is not used: this model's text encoder pads every prompt to its own"),
+            std::string::npos)
+      << noted.err;
+  const auto plain = run({"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--steps", "2", "--out", without});
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  EXPECT_EQ(plain.err.find("--max-sequence-length"), std::string::npos) << plain.err;
+  EXPECT_EQ(cubevec_cli_test::read_file(with), cubevec_cli_test::read_file(without));
+  // Embeddings from a file are already encoded: the same note.
+  const auto embeds = run({"t2i", "--model", kModel, "--prompt-embeds", write_embeds(dir_, false), "--width", "48", "--height", "32",
+                           "--steps", "1", "--max-sequence-length", "64", "--out", (dir_ / "e.jpg").string()});
+  ASSERT_EQ(embeds.status, 0) << embeds.err;
+  EXPECT_NE(embeds.err.find("note: --max-sequence-length 64 is not used: the embeddings in"), std::string::npos) << embeds.err;
+}
+
 TEST_F(T2ICli, TinyModelPromptErrors) {
   const std::string out = (dir_ / "x.jpg").string();
   const struct {
