@@ -1,7 +1,8 @@
 // Suite `quant`: the int8 path against the float one, in the same run.
 //   * the int8 GEMM (u8 x s8 -> s32, VNNI) at the `gemm` shapes, GOP/s and the fraction of the
 //     VNNI peak measured in this run, beside cubevec's f32 and bf16 GEMMs and the per-token
-//     activation quantization (the Vector kernel that feeds it);
+//     activation quantization (the Vector kernel that feeds it); then every int8 variant the
+//     calibration weighs (each VNNI kernel at each L2 share), the chosen one's impl ending in " *";
 //   * one Flux double and one single block (the `blocks` shapes) with W8A16, W8A8_DYNAMIC and W8A8
 //     against the f32 block;
 //   * the shipped tinyflux with each algorithm, exported here from a calibration run on its
@@ -11,11 +12,13 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <tbb/task_arena.h>
 #include <unistd.h>
 
 #include "bench/harness.h"
 #include "models/flux_transformer.h"
 #include "models/tiny_text_encoder.h"
+#include "ops/gemm/tuner.h"
 #include "ops/quantized.h"
 #include "ops/vector_ops.h"
 #include "pipelines/flux_t2i.h"
@@ -37,6 +40,36 @@ Tensor random_matrix(int64_t rows, int64_t cols, unsigned seed, float scale = 1.
   std::vector<float> v(static_cast<std::size_t>(rows * cols));
   for (float& x : v) x = dist(rng);
   return Tensor::from_vector(v, {rows, cols});
+}
+
+// Every int8 variant the calibration weighs on this shape, on the Cube unit's thread count, with the
+// rate the calibration measured for it on its class's problem.
+void int8_variant_rows(Context& context, const Device& device, const ops::QuantizedActivations& qa, const quant::QuantTensors& q, const std::string& name,
+                       double ops_count, int runs) {
+  namespace g = ops::gemm;
+  const int threads = device.profile().cube_threads;
+  tbb::task_arena arena(threads);
+  const int64_t m = qa.data.size(0), n = q.weight.size(0), k = q.weight.size(1);
+  const g::GemmTuneKey key{g::GemmFamily::int8, g::best_isa(), g::shape_class_of(m), threads};
+  const g::GemmTuneEntry entry = arena.execute([&] { return g::GemmTuner::global().choose(key); });
+  std::vector<float> c(static_cast<std::size_t>(m * n));
+  std::shared_ptr<const g::PackedInt8> packed;
+  for (const g::GemmVariant& variant : g::candidate_variants(key.family, key.isa)) {
+    if (!packed || packed->isa != *variant.int8) packed = g::pack_int8_weight(q.weight.data<int8_t>(), n, k, k, *variant.int8);
+    g::Int8Problem p;
+    p.m = m, p.n = n, p.a = qa.data.data<uint8_t>(), p.lda = qa.data.size(1), p.b = packed.get(), p.c = c.data(), p.ldc = n;
+    p.epilogue.row_scale = qa.row_scale.data<float>(), p.epilogue.col_scale = q.weight_scale.data<float>();
+    const bool chosen = variant == entry.choice;
+    Result r{"quant", "gemm " + name, "int8-" + variant.name() + (chosen ? " *" : "")};
+    r.dtype = "i8";
+    r.timing = arena.execute([&] { return time_runs([&] { g::gemm_int8_variant(p, threads, variant.l2_share); }, runs); });
+    r.gflops = ops_count / r.timing.median_s / 1e9;
+    r.peak_fraction = context.machine.vnni_peak_gops > 0 ? r.gflops / context.machine.vnni_peak_gops : 0;
+    r.extra["chosen"] = chosen ? 1 : 0;
+    for (const auto& rate : entry.considered)
+      if (rate.variant == variant) r.extra["calibration_gops"] = rate.gflops;
+    context.add(r);
+  }
 }
 
 void gemm_cases(Context& context, Device& device) {
@@ -71,6 +104,7 @@ void gemm_cases(Context& context, Device& device) {
     }
     row("int8 gemm", "i8", time_runs([&] { ops::matmul_int8(qa, packed, {.col_scale = q.weight_scale}, s).data_ptr(); }, runs),
         context.machine.vnni_peak_gops);
+    int8_variant_rows(context, device, qa, q, name, ops_count, runs);
     const Timing quantize = time_runs([&] { ops::quantize_activations(a, 4 * packed->k_quads, {}, s).data.data_ptr(); }, runs);
     Result r{"quant", "quantize per token " + std::to_string(m) + "x" + std::to_string(k), "vector"};
     r.timing = quantize;

@@ -13,6 +13,7 @@
 #include "ops/gemm/tuner.h"
 #include "tensor/error.h"
 #include "tensor/interrupt.h"
+#include "tensor/output_file.h"
 
 namespace cubevec::cli {
 
@@ -21,7 +22,7 @@ namespace {
 namespace g = ops::gemm;
 
 struct TuneFlags {
-  std::vector<std::string> families{"f32", "bf16"}, shapes{"skinny", "small", "large"};
+  std::vector<std::string> families{"f32", "bf16", "int8"}, shapes{"skinny", "small", "large"};
   bool again = false;
 };
 
@@ -48,7 +49,8 @@ void print_bar(const g::GemmTuneKey& key, std::size_t done, std::size_t total, c
 }
 
 int run_tune(const TuneFlags& f, const DeviceFlags& device_flags) {
-  const auto families = parse_names<g::GemmFamily>(f.families, "--families", {g::GemmFamily::f32, g::GemmFamily::bf16}, g::gemm_family_name);
+  const auto families = parse_names<g::GemmFamily>(f.families, "--families", {g::GemmFamily::f32, g::GemmFamily::bf16, g::GemmFamily::int8},
+                                                   g::gemm_family_name);
   const auto shapes = parse_names<g::ShapeClass>(f.shapes, "--shapes", {g::ShapeClass::skinny, g::ShapeClass::small, g::ShapeClass::large},
                                                  g::shape_class_name);
   const DeviceProfile profile = device_flags.resolve();
@@ -56,6 +58,7 @@ int run_tune(const TuneFlags& f, const DeviceFlags& device_flags) {
   g::GemmTuner& tuner = g::GemmTuner::global();
   tuner.load_default_once();
   const std::string file = tuner.file();
+  if (!file.empty()) check_output_path(file, "tuning file");  // tune writes it: a read-only file is refused before measuring
   std::fprintf(stderr, "tune: %s; caches %s; ISA %s; tuning file %s\n", g::cpu_model_name().c_str(), g::this_cpu_caches().text().c_str(),
                std::string(g::isa_name(g::best_isa())).c_str(), file.empty() ? "(none: HOME and XDG_CACHE_HOME unset)" : file.c_str());
   std::vector<g::GemmTuneEntry> results;
@@ -77,7 +80,7 @@ int run_tune(const TuneFlags& f, const DeviceFlags& device_flags) {
         try {
           entry = g::calibrate(key, g::this_cpu_caches(), [&](const g::VariantRate& r) {
             char rate[64];
-            std::snprintf(rate, sizeof rate, "%s %.0f GFLOP/s", r.variant.name().c_str(), r.gflops);
+            std::snprintf(rate, sizeof rate, "%s %.0f G%s/s", r.variant.name().c_str(), r.gflops, family == g::GemmFamily::int8 ? "OP" : "FLOP");
             print_bar(key, ++done, total, rate);
           });
         } catch (...) {
@@ -110,7 +113,7 @@ CommandRunner add_tune_command(CLI::App& app) {
   auto* command = app.add_subcommand("tune", "Calibrate the GEMM kernels for this machine and fill the tuning file");
   auto flags = std::make_shared<TuneFlags>();
   auto device_flags = add_device_flags(*command);
-  command->add_option("--families", flags->families, "GEMM families to calibrate: f32, bf16 (default both)")->delimiter(',');
+  command->add_option("--families", flags->families, "GEMM families to calibrate: f32, bf16, int8 (default all)")->delimiter(',');
   command->add_option("--shapes", flags->shapes, "Shape classes: skinny (M < 256), small (256..1024), large (default all)")->delimiter(',');
   command->add_flag("--again", flags->again, "Measure keys the tuning file already has");
   return [flags, device_flags] { return run_tune(*flags, *device_flags); };

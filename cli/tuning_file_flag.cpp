@@ -1,6 +1,7 @@
 #include "cli/tuning_file_flag.h"
 
 #include <cstdio>
+#include <sys/stat.h>
 
 #include "ops/gemm/tuner.h"
 #include "tensor/output_file.h"
@@ -20,9 +21,14 @@ std::shared_ptr<std::string> add_tuning_file_flag(CLI::App& command) {
 
 void use_tuning_file(const std::string& path) {
   if (path.empty()) return;
-  check_output_path(path, "--tune-cache");
+  // A read-only tuning file is one to use and not to change: a run that finds what it needs there
+  // goes ahead, and what it measures anew is not saved (a warning says so when it happens).
+  struct stat st {};
+  const bool read_only = ::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & (S_IWUSR | S_IWGRP | S_IWOTH)) == 0;
+  if (!read_only) check_output_path(path, "--tune-cache");
   const std::string warning = ops::gemm::GemmTuner::global().set_file(path, true);
   if (!warning.empty()) std::fprintf(stderr, "warning: %s\n", warning.c_str());
+  if (read_only) std::fprintf(stderr, "note: --tune-cache %s is read-only: its entries are used, and nothing measured in this run is saved\n", path.c_str());
 }
 
 }  // namespace cubevec::cli

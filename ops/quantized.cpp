@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 
 #include "ops/vector/common.h"
 #include "tensor/caching_allocator.h"
@@ -54,11 +55,12 @@ QuantizedActivations quantize_activations(const Tensor& x, int64_t k_padded, con
   return out;
 }
 
-PackedInt8Weight pack_int8_weight(const Tensor& w) {
+PackedInt8Weight pack_int8_weight(const Tensor& w, int threads) {
   if (!w.defined() || w.dtype() != DType::i8 || w.dim() != 2)
     throw Error("pack_int8_weight: expected an i8 weight [N, K], got " + (w.defined() ? w.describe() : std::string("nothing")));
   const Tensor c = w.contiguous();
-  return gemm::pack_int8_weight(c.data<int8_t>(), c.size(0), c.size(1), c.size(1), gemm::best_int8_isa());
+  const gemm::Int8Isa isa = gemm::chosen_int8_isa(threads > 0 ? threads : tbb::this_task_arena::max_concurrency());
+  return gemm::pack_int8_weight(c.data<int8_t>(), c.size(0), c.size(1), c.size(1), isa);
 }
 
 Tensor matmul_int8(const QuantizedActivations& a, const PackedInt8Weight& w, const Int8MatmulOptions& o, const Stream& stream) {

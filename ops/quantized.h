@@ -30,8 +30,9 @@ QuantizedActivations quantize_activations(const Tensor& x, int64_t k_padded, con
                                           const Stream& stream = default_op_stream());
 
 using PackedInt8Weight = std::shared_ptr<const gemm::PackedInt8>;
-// W [N, K] i8 (contiguous) packed once for the int8 GEMM of this CPU (gemm::best_int8_isa()).
-PackedInt8Weight pack_int8_weight(const Tensor& weight);
+// W [N, K] i8 (contiguous) packed once for the int8 kernel the calibration chose for `threads` Cube
+// threads (0: the calling arena's; gemm::chosen_int8_isa).
+PackedInt8Weight pack_int8_weight(const Tensor& weight, int threads = 0);
 
 struct Int8MatmulOptions {
   Tensor int_bias{};   // i32 [N], added to the integer sums (static W8A8's quant_bias)

@@ -6,14 +6,18 @@
 #include <tbb/parallel_for.h>
 
 #include "ops/attention/flash_tiles.h"
+#include "ops/gemm/cpu_caches.h"
 
 namespace cubevec::ops::attn {
 
 namespace {
 
-// Packed K/V per group of heads: enough heads to keep both threads busy on small problems, few
-// enough to stay near the last-level cache on big ones.
-constexpr int64_t kPackBudgetFloats = int64_t{8} << 20;  // 32 MiB
+// Packed K/V per group of heads: the CPU's last-level cache (as it reports it; ops/gemm/cpu_caches.h),
+// at least 8 MiB so that small problems still keep every thread busy, at most 64 MiB.
+int64_t pack_budget_floats() {
+  static const int64_t budget = std::clamp<int64_t>(gemm::this_cpu_caches().l3, int64_t{8} << 20, int64_t{64} << 20) / 4;
+  return budget;
+}
 
 void run_q_block(const FlashGeometry& g, const AttentionBatch& batch, const HeadProblem& head, const PackedKV& kv,
                  int64_t q0, QBlockState& st, float* s) {
@@ -48,7 +52,7 @@ void run_flash(const AttentionBatch& batch, const TileKernels* kernels) {
     std::size_t h1 = h0;
     while (h1 < heads.size()) {
       const int64_t size = g.packed_k_floats(heads[h1].sk) + g.packed_v_floats(heads[h1].sk);
-      if (h1 > h0 && offsets.back() + size > kPackBudgetFloats) break;
+      if (h1 > h0 && offsets.back() + size > pack_budget_floats()) break;
       offsets.push_back(offsets.back() + size);
       ++h1;
     }

@@ -19,10 +19,20 @@ constexpr int kVersion = 1;
 
 using nlohmann::json;
 
+// Attention over no heads, rows or channels is never tuned: such an entry is damage, not a pick.
 int64_t positive_field(const json& entry, const char* name) {
-  if (!entry.contains(name) || !entry[name].is_number_integer() || entry[name].get<int64_t>() < 0)
-    throw Error(std::string("field '") + name + "' must be a non-negative integer");
+  if (!entry.contains(name) || !entry[name].is_number_integer() || entry[name].get<int64_t>() < 1)
+    throw Error(std::string("field '") + name + "' must be a positive integer");
   return entry[name].get<int64_t>();
+}
+
+// Entries of one fingerprint with the same key would leave the pick to their order in the file;
+// cubevec never writes two, so a repeated key is damage too. Throws naming both entries.
+template <class Entries>
+void refuse_repeated_key(const Entries& loaded, const AttentionTuneKey& key, std::size_t index, const char* what) {
+  for (const auto& [other, at] : loaded)
+    if (other.first == key)
+      throw Error(std::string(what) + " " + std::to_string(index) + " repeats the key of " + what + " " + std::to_string(at) + " (" + key.text() + ")");
 }
 
 std::string string_field(const json& entry, const char* name) {
@@ -153,13 +163,18 @@ std::string AttentionTuner::load(const std::string& path, const std::string& fin
              std::to_string(kVersion) + "; ignoring it (it will be rewritten)";
     const std::string file_fingerprint = string_field(doc, "fingerprint");
     if (!doc.contains("entries") || !doc["entries"].is_array()) throw Error("field 'entries' must be an array");
+    std::vector<std::pair<std::pair<AttentionTuneKey, AttentionTuneChoice>, std::size_t>> indexed;
     std::size_t index = 0;
     for (const json& e : doc["entries"]) {
+      std::pair<AttentionTuneKey, AttentionTuneChoice> entry;
       try {
-        loaded.push_back(entry_from_json(e));
+        entry = entry_from_json(e);
       } catch (const Error& err) {
         throw Error("entry " + std::to_string(index) + ": " + err.what());
       }
+      refuse_repeated_key(indexed, entry.first, index, "entry");
+      indexed.push_back({entry, index});
+      loaded.push_back(entry);
       ++index;
     }
     if (file_fingerprint != fingerprint)
@@ -186,19 +201,25 @@ void AttentionTuner::save(const std::string& path, const std::string& fingerprin
 
 std::size_t AttentionTuner::add_section(const json& section, const std::string& fingerprint, json& foreign) {
   if (!section.is_array()) throw Error("field 'attention' must be an array");
-  std::vector<std::pair<AttentionTuneKey, AttentionTuneChoice>> loaded;
+  std::vector<std::pair<std::pair<AttentionTuneKey, AttentionTuneChoice>, std::size_t>> loaded;
   foreign = json::array();
   for (std::size_t index = 0; index < section.size(); ++index) {
+    std::string entry_fingerprint;
+    std::pair<AttentionTuneKey, AttentionTuneChoice> entry;
     try {
-      const std::string entry_fingerprint = string_field(section[index], "fingerprint");
-      const auto entry = entry_from_json(section[index]);
-      if (entry_fingerprint == fingerprint) loaded.push_back(entry);
-      else foreign.push_back(section[index]);
+      entry_fingerprint = string_field(section[index], "fingerprint");
+      entry = entry_from_json(section[index]);
     } catch (const Error& err) {
       throw Error("attention entry " + std::to_string(index) + ": " + err.what());
     }
+    if (entry_fingerprint != fingerprint) {
+      foreign.push_back(section[index]);
+      continue;
+    }
+    refuse_repeated_key(loaded, entry.first, index, "attention entry");
+    loaded.push_back({entry, index});
   }
-  for (const auto& [key, choice] : loaded) store(key, choice);
+  for (const auto& [entry, index] : loaded) store(entry.first, entry.second);
   std::lock_guard lock(mutex_);
   changed_ = false;
   return foreign.size();

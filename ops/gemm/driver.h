@@ -12,6 +12,7 @@
 
 #include "ops/gemm/cpu_caches.h"
 #include "ops/gemm/epilogue.h"
+#include "ops/gemm/int8.h"
 #include "ops/isa.h"
 #include "tensor/allocated_array.h"
 
@@ -84,13 +85,16 @@ void sgemm(const Problem& p, Isa isa, int threads);
 // One way to run a GEMM: the kernel (bf16 compute: which bf16 path; f32 compute: f32), the share
 // of the L2 cache the packed A block fills, and for the f32 AVX-512 kernel whether it prefetches.
 // The calibration measures these against each other; the share and the prefetch change only the
-// blocking and the memory traffic, so the same kernel gives the same bits under each.
+// blocking and the memory traffic, so the same kernel gives the same bits under each. An int8
+// GEMM's variant names its int8 kernel instead (`int8`; then `bf16` stays f32).
 struct GemmVariant {
   Bf16Path bf16 = Bf16Path::f32;
   int l2_share = 2;       // the A block takes L2 / l2_share
   bool prefetch = false;  // the f32 AVX-512 kernel's software prefetch (same bits either way)
+  std::optional<Int8Isa> int8 = std::nullopt;  // the int8 family's kernel
   bool operator==(const GemmVariant&) const = default;
-  std::string name() const;  // "amx L2/8", "f32 L2/4 prefetch"
+  std::string name() const;            // "amx L2/8", "f32 L2/4 prefetch", "avx512_vnni L2/2"
+  std::string_view kernel_name() const;  // "amx", "f32", "avx512_vnni"
 };
 // The cache blocks of a variant: KC is fixed per kernel (packed B panels depend on it and the
 // summation order with it), MC from the L2 share, NC (B packed per call) from the L3.

@@ -10,9 +10,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <vector>
 
+#include "ops/gemm/cpu_caches.h"
 #include "ops/gemm/int8_kernels.h"
 #include "tensor/allocated_array.h"
 
@@ -21,8 +23,15 @@ namespace cubevec::ops::gemm {
 enum class Int8Isa { avx512_vnni, avx_vnni, portable };
 bool int8_isa_supported(Int8Isa isa);
 std::string_view int8_isa_name(Int8Isa isa);
-// The widest int8 ISA this CPU has; CUBEVEC_INT8_ISA=avx512_vnni|avx_vnni|portable forces one.
+std::optional<Int8Isa> parse_int8_isa(std::string_view name);
+// The int8 ISA CUBEVEC_INT8_ISA=avx512_vnni|avx_vnni|portable forces (read once; an unknown or
+// unsupported one is an Error), or nullopt: the calibration chooses.
+std::optional<Int8Isa> forced_int8_isa();
+// The widest int8 ISA this CPU has, or the forced one.
 Int8Isa best_int8_isa();
+// The int8 kernel weights packed for `threads` Cube threads use: the forced one, else the
+// calibration's choice for large shapes (measured now if the tuning file has none; ops/gemm/tuner.h).
+Int8Isa chosen_int8_isa(int threads);
 
 // W [N, K] s8 packed once into the micro-kernel's panels: NR columns per panel, K in quads
 // (4 consecutive k of one column in one 32-bit lane), zero-padded; with the column sums.
@@ -52,7 +61,11 @@ struct Int8Problem {
   Int8Epilogue epilogue;
 };
 
-// Runs on the calling TBB arena over up to `threads` tasks.
+// Runs on the calling TBB arena over up to `threads` tasks, with the A block the calibration chose
+// for the packed weight's kernel, this shape class and thread count.
 void gemm_int8(const Int8Problem& p, int threads);
+// With the packed A block taking L2 / l2_share (calibration, tests, benchmarks). Every share gives
+// the same bits: the sums are exact and each output element's epilogue is the same.
+void gemm_int8_variant(const Int8Problem& p, int threads, int l2_share, const CpuCaches& caches = this_cpu_caches());
 
 }  // namespace cubevec::ops::gemm

@@ -6,6 +6,7 @@
 #include <tbb/parallel_for.h>
 
 #include "ops/gemm/int8.h"
+#include "ops/gemm/tuner.h"
 #include "tensor/caching_allocator.h"
 #include "tensor/enum_names.h"
 #include "tensor/error.h"
@@ -56,12 +57,10 @@ void pack_a(const Int8Problem& p, int mr, int64_t i0, int64_t rows, uint8_t* out
   }
 }
 
-// C rows [row0, row1) x panels [panel0, panel1).
-void run_part(const Int8Problem& p, const Int8Plan& plan, int64_t row0, int64_t row1, int64_t panel0, int64_t panel1) {
+// C rows [row0, row1) x panels [panel0, panel1), in A blocks of mc rows.
+void run_part(const Int8Problem& p, const Int8Plan& plan, int64_t mc, int64_t row0, int64_t row1, int64_t panel0, int64_t panel1) {
   const int64_t kq = p.b->k_quads, k_bytes = 4 * kq;
   const Int8Output output{p.c, p.ldc, p.b->column_sums.data(), p.epilogue};
-  // The A block stays in L2 (about 1 MiB) while every B panel of the part passes over it.
-  const int64_t mc = std::clamp<int64_t>((int64_t{1} << 20) / std::max<int64_t>(k_bytes, 1) / plan.mr * plan.mr, plan.mr, 64 * plan.mr);
   Scratch<uint8_t> a_block(static_cast<std::size_t>(mc * k_bytes));
   alignas(64) int32_t tile[32 * 32];
   for (int64_t ic = row0; ic < row1; ic += mc) {
@@ -98,15 +97,26 @@ bool int8_isa_supported(Int8Isa isa) {
 
 std::string_view int8_isa_name(Int8Isa isa) { return kInt8IsaNames.name(isa); }
 
+std::optional<Int8Isa> parse_int8_isa(std::string_view name) {
+  if (!kInt8IsaNames.contains(name)) return std::nullopt;
+  return kInt8IsaNames.parse(name);
+}
+
+std::optional<Int8Isa> forced_int8_isa() {
+  static const std::optional<Int8Isa> forced = []() -> std::optional<Int8Isa> {
+    const char* env = std::getenv("CUBEVEC_INT8_ISA");
+    if (!env || !*env) return std::nullopt;
+    const auto isa = parse_int8_isa(env);
+    if (!isa) throw Error(std::string("CUBEVEC_INT8_ISA=") + env + ": unknown int8 ISA (expected one of: " + kInt8IsaNames.list() + ")");
+    if (!int8_isa_supported(*isa)) throw Error(std::string("CUBEVEC_INT8_ISA=") + env + ": this CPU does not support that ISA");
+    return isa;
+  }();
+  return forced;
+}
+
 Int8Isa best_int8_isa() {
   static const Int8Isa best = [] {
-    if (const char* env = std::getenv("CUBEVEC_INT8_ISA"); env && *env) {
-      if (!kInt8IsaNames.contains(env))
-        throw Error(std::string("CUBEVEC_INT8_ISA=") + env + ": unknown int8 ISA (expected one of: " + kInt8IsaNames.list() + ")");
-      const Int8Isa isa = kInt8IsaNames.parse(env);
-      if (!int8_isa_supported(isa)) throw Error(std::string("CUBEVEC_INT8_ISA=") + env + ": this CPU does not support that ISA");
-      return isa;
-    }
+    if (const auto forced = forced_int8_isa()) return *forced;
     for (Int8Isa isa : {Int8Isa::avx512_vnni, Int8Isa::avx_vnni})
       if (int8_isa_supported(isa)) return isa;
     return Int8Isa::portable;
@@ -139,6 +149,12 @@ std::shared_ptr<const PackedInt8> pack_int8_weight(const int8_t* w, int64_t n, i
 
 void gemm_int8(const Int8Problem& p, int threads) {
   if (p.m <= 0 || p.n <= 0) return;
+  if (!p.b) throw Error("gemm_int8: no packed weight");
+  gemm_int8_variant(p, threads, int8_l2_share(p.b->isa, p.m, threads));
+}
+
+void gemm_int8_variant(const Int8Problem& p, int threads, int l2_share, const CpuCaches& caches) {
+  if (p.m <= 0 || p.n <= 0) return;
   if (!p.b || p.b->n != p.n) throw Error("gemm_int8: the packed weight has " + std::to_string(p.b ? p.b->n : 0) + " columns, expected " + std::to_string(p.n));
   if (!int8_isa_supported(p.b->isa)) throw Error("gemm_int8: the weight was packed for an ISA this CPU lacks");
   const Int8Plan plan = plan_of(p.b->isa);
@@ -148,11 +164,14 @@ void gemm_int8(const Int8Problem& p, int threads) {
   const int64_t extent = by_rows ? (p.m + plan.mr - 1) / plan.mr : panels;
   const int64_t parts = std::clamp<int64_t>(extent, 1, std::max(threads, 1));
   const int64_t per_part = (extent + parts - 1) / parts;
+  // The A block stays in its share of the L2 while every B panel of the part passes over it.
+  const int64_t k_bytes = 4 * p.b->k_quads, share = std::max(l2_share, 1);
+  const int64_t mc = std::clamp<int64_t>(caches.l2 / share / std::max<int64_t>(k_bytes, 1) / plan.mr * plan.mr, plan.mr, 64 * plan.mr);
   tbb::parallel_for(int64_t{0}, parts, [&](int64_t part) {
     const int64_t lo = part * per_part, hi = std::min(extent, lo + per_part);
     if (lo >= hi) return;
-    if (by_rows) run_part(p, plan, lo * plan.mr, std::min(p.m, hi * plan.mr), 0, panels);
-    else run_part(p, plan, 0, p.m, lo, hi);
+    if (by_rows) run_part(p, plan, mc, lo * plan.mr, std::min(p.m, hi * plan.mr), 0, panels);
+    else run_part(p, plan, mc, 0, p.m, lo, hi);
   });
 }
 

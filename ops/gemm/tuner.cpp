@@ -23,7 +23,8 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr auto kFamilyNames = enum_names<GemmFamily>("GEMM family", {{GemmFamily::f32, "f32"}, {GemmFamily::bf16, "bf16"}});
+constexpr auto kFamilyNames =
+    enum_names<GemmFamily>("GEMM family", {{GemmFamily::f32, "f32"}, {GemmFamily::bf16, "bf16"}, {GemmFamily::int8, "int8"}});
 constexpr auto kShapeNames = enum_names<ShapeClass>(
     "shape class", {{ShapeClass::skinny, "skinny"}, {ShapeClass::small, "small"}, {ShapeClass::large, "large"}});
 constexpr auto kIsaNames = enum_names<Isa>("ISA", {{Isa::avx512, "avx512"}, {Isa::avx2, "avx2"}, {Isa::portable, "portable"}});
@@ -32,7 +33,10 @@ constexpr int kVersion = 1;
 constexpr int kShares[] = {2, 4, 8};
 
 // Preference among kernels when their rates are close: the one with the most compute per instruction.
-int preference_rank(Bf16Path path) { return path == Bf16Path::amx ? 0 : path == Bf16Path::dot ? 1 : 2; }
+int preference_rank(const GemmVariant& v) {
+  if (v.int8) return *v.int8 == Int8Isa::avx512_vnni ? 0 : *v.int8 == Int8Isa::avx_vnni ? 1 : 2;
+  return v.bf16 == Bf16Path::amx ? 0 : v.bf16 == Bf16Path::dot ? 1 : 2;
+}
 
 std::string field_text(const json& object, const char* name) {
   if (!object.contains(name) || !object[name].is_string()) throw Error(std::string("field '") + name + "' must be a string");
@@ -48,16 +52,16 @@ int64_t field_int(const json& object, const char* name, int64_t lo, int64_t hi) 
 }
 
 json variant_json(const GemmVariant& v) {
-  return {{"kernel", std::string(bf16_path_name(v.bf16))}, {"l2_share", v.l2_share}, {"prefetch", v.prefetch}};
+  return {{"kernel", std::string(v.kernel_name())}, {"l2_share", v.l2_share}, {"prefetch", v.prefetch}};
 }
 
 GemmVariant parse_variant(const json& object) {
   if (!object.is_object()) throw Error("a variant must be an object");
   GemmVariant v;
   const std::string kernel = field_text(object, "kernel");
-  const auto path = parse_bf16_path(kernel);
-  if (!path) throw Error("unknown kernel '" + kernel + "' (expected amx, avx512bf16 or f32)");
-  v.bf16 = *path;
+  if (const auto path = parse_bf16_path(kernel)) v.bf16 = *path;
+  else if (const auto int8 = parse_int8_isa(kernel)) v.int8 = *int8;
+  else throw Error("unknown kernel '" + kernel + "' (expected amx, avx512bf16, f32, avx512_vnni, avx_vnni or portable)");
   v.l2_share = static_cast<int>(field_int(object, "l2_share", 1, 64));
   if (!object.contains("prefetch") || !object["prefetch"].is_boolean()) throw Error("field 'prefetch' must be true or false");
   v.prefetch = object["prefetch"].get<bool>();
@@ -113,8 +117,10 @@ std::string GemmTuneKey::text() const {
          " " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");
 }
 
+std::string_view GemmVariant::kernel_name() const { return int8 ? int8_isa_name(*int8) : bf16_path_name(bf16); }
+
 std::string GemmVariant::name() const {
-  return std::string(bf16_path_name(bf16)) + " L2/" + std::to_string(l2_share) + (prefetch ? " prefetch" : "");
+  return std::string(kernel_name()) + " L2/" + std::to_string(l2_share) + (prefetch ? " prefetch" : "");
 }
 
 ClassProblem class_problem(ShapeClass shape) {
@@ -130,6 +136,18 @@ ClassProblem class_problem(ShapeClass shape) {
 }
 
 std::vector<GemmVariant> candidate_variants(GemmFamily family, Isa isa) {
+  if (family == GemmFamily::int8) {
+    std::vector<Int8Isa> kernels;
+    if (const auto forced = forced_int8_isa()) kernels = {*forced};
+    else
+      for (Int8Isa k : {Int8Isa::avx512_vnni, Int8Isa::avx_vnni})
+        if (int8_isa_supported(k)) kernels.push_back(k);
+    if (kernels.empty()) kernels = {Int8Isa::portable};  // measured only where nothing faster exists
+    std::vector<GemmVariant> out;
+    for (Int8Isa k : kernels)
+      for (int share : kShares) out.push_back({Bf16Path::f32, share, false, k});
+    return out;
+  }
   std::vector<Bf16Path> paths{Bf16Path::f32};
   if (family == GemmFamily::bf16 && isa == Isa::avx512) {
     if (const auto forced = forced_bf16_path()) paths = {*forced};
@@ -153,7 +171,7 @@ GemmVariant choose_variant(const std::vector<VariantRate>& rates) {
   // Each kernel's best share, then the preferred kernel unless another is clearly faster.
   std::optional<VariantRate> best_of[3];
   for (const VariantRate& r : rates) {
-    auto& slot = best_of[preference_rank(r.variant.bf16)];
+    auto& slot = best_of[preference_rank(r.variant)];
     if (!slot || r.gflops > slot->gflops) slot = r;
   }
   std::optional<VariantRate> choice;
@@ -164,10 +182,25 @@ GemmVariant choose_variant(const std::vector<VariantRate>& rates) {
   return choice->variant;
 }
 
-GemmTuneEntry calibrate(const GemmTuneKey& key, const CpuCaches& caches, const std::function<void(const VariantRate&)>& progress) {
-  if (key.threads < 1) throw Error("gemm calibration: threads must be at least 1, got " + std::to_string(key.threads));
-  if (!isa_supported(key.isa)) throw Error("gemm calibration: ISA " + std::string(isa_name(key.isa)) + " is not supported by this CPU");
-  const ClassProblem shape = class_problem(key.shape);
+namespace {
+
+// The best of two runs after a warm-up (which fills the caches and the workspace): on a shared
+// machine the minimum is the steadier estimate of what a variant can do.
+template <class Run>
+double best_seconds(const Run& run) {
+  double best = 1e30;
+  for (int i = 0; i < 3; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (i > 0) best = std::min(best, s);
+  }
+  return std::max(best, 1e-9);
+}
+
+// The float families (f32, bf16) on the class's problem: a Linear's weight packed once per kernel.
+void measure_float(const GemmTuneKey& key, const ClassProblem& shape, const CpuCaches& caches, GemmTuneEntry& entry,
+                   const std::function<void(const VariantRate&)>& progress) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   std::vector<float> a(static_cast<std::size_t>(shape.m * shape.k)), w32(static_cast<std::size_t>(shape.n * shape.k)),
@@ -192,37 +225,88 @@ GemmTuneEntry calibrate(const GemmTuneKey& key, const CpuCaches& caches, const s
     p.b = w32.data();
   }
   const double flops = 2.0 * static_cast<double>(shape.m * shape.n * shape.k);
+  std::optional<Bf16Path> packed_for;
+  std::shared_ptr<const PackedB> packed;
+  for (const GemmVariant& variant : candidate_variants(key.family, key.isa)) {
+    // Models pack their weights once; so does the measurement.
+    if (!packed_for || *packed_for != variant.bf16) {
+      packed = pack_b_once_for(p, key.isa, key.family == GemmFamily::bf16 ? variant.bf16 : Bf16Path::f32);
+      packed_for = variant.bf16;
+    }
+    Problem run = p;
+    run.packed_b = packed.get();
+    const VariantRate rate{variant, flops / best_seconds([&] { sgemm_variant(run, key.isa, key.threads, variant, caches); }) / 1e9};
+    entry.considered.push_back(rate);
+    if (progress) progress(rate);
+  }
+}
 
+// The int8 family on the class's problem: quantized activations (u8, s8 + 128) times an s8 weight
+// packed once per kernel, with W8A8's per-token and per-channel scales in the epilogue.
+void measure_int8(const GemmTuneKey& key, const ClassProblem& shape, const CpuCaches& caches, GemmTuneEntry& entry,
+                  const std::function<void(const VariantRate&)>& progress) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> dist(-127, 127);
+  std::vector<uint8_t> a(static_cast<std::size_t>(shape.m * shape.k));
+  std::vector<int8_t> w(static_cast<std::size_t>(shape.n * shape.k));
+  for (uint8_t& v : a) v = static_cast<uint8_t>(dist(rng) + 128);
+  for (int8_t& v : w) v = static_cast<int8_t>(dist(rng));
+  std::vector<float> c(static_cast<std::size_t>(shape.m * shape.n)), row_scale(static_cast<std::size_t>(shape.m), 0.01f),
+      col_scale(static_cast<std::size_t>(shape.n), 0.01f);
+  const double flops = 2.0 * static_cast<double>(shape.m * shape.n * shape.k);
+  std::optional<Int8Isa> packed_for;
+  std::shared_ptr<const PackedInt8> packed;
+  for (const GemmVariant& variant : candidate_variants(GemmFamily::int8, key.isa)) {
+    if (packed_for != variant.int8) {
+      packed = pack_int8_weight(w.data(), shape.n, shape.k, shape.k, *variant.int8);
+      packed_for = variant.int8;
+    }
+    Int8Problem p;
+    p.m = shape.m, p.n = shape.n;
+    p.a = a.data(), p.lda = 4 * packed->k_quads;  // K = 1024: no padding
+    p.b = packed.get();
+    p.c = c.data(), p.ldc = shape.n;
+    p.epilogue.row_scale = row_scale.data(), p.epilogue.col_scale = col_scale.data();
+    const VariantRate rate{variant, flops / best_seconds([&] { gemm_int8_variant(p, key.threads, variant.l2_share, caches); }) / 1e9};
+    entry.considered.push_back(rate);
+    if (progress) progress(rate);
+  }
+}
+
+// The variant of `entry` (if any) for a kernel fixed by a packed weight: its best measured share.
+GemmVariant best_for_int8_kernel(const GemmTuneEntry& entry, Int8Isa kernel) {
+  GemmVariant best{Bf16Path::f32, 2, false, kernel};
+  double rate = -1;
+  for (const VariantRate& r : entry.considered)
+    if (r.variant.int8 == kernel && r.gflops > rate) best = r.variant, rate = r.gflops;
+  return best;
+}
+
+}  // namespace
+
+GemmTuneEntry calibrate(const GemmTuneKey& key, const CpuCaches& caches, const std::function<void(const VariantRate&)>& progress) {
+  if (key.threads < 1) throw Error("gemm calibration: threads must be at least 1, got " + std::to_string(key.threads));
+  if (!isa_supported(key.isa)) throw Error("gemm calibration: ISA " + std::string(isa_name(key.isa)) + " is not supported by this CPU");
   GemmTuneEntry entry;
   entry.key = key;
   tbb::task_arena arena(key.threads);
   arena.execute([&] {
-    std::optional<Bf16Path> packed_for;
-    std::shared_ptr<const PackedB> packed;
-    for (const GemmVariant& variant : candidate_variants(key.family, key.isa)) {
-      // Models pack their weights once; so does the measurement.
-      if (!packed_for || *packed_for != variant.bf16) {
-        packed = pack_b_once_for(p, key.isa, key.family == GemmFamily::bf16 ? variant.bf16 : Bf16Path::f32);
-        packed_for = variant.bf16;
-      }
-      Problem run = p;
-      run.packed_b = packed.get();
-      // The best of two runs after a warm-up (which fills the caches and the workspace): on a
-      // shared machine the minimum is the steadier estimate of what the variant can do.
-      double best = 1e30;
-      for (int i = 0; i < 3; ++i) {
-        const auto start = std::chrono::steady_clock::now();
-        sgemm_variant(run, key.isa, key.threads, variant, caches);
-        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        if (i > 0) best = std::min(best, s);
-      }
-      const VariantRate rate{variant, flops / std::max(best, 1e-9) / 1e9};
-      entry.considered.push_back(rate);
-      if (progress) progress(rate);
-    }
+    if (key.family == GemmFamily::int8) measure_int8(key, class_problem(key.shape), caches, entry, progress);
+    else measure_float(key, class_problem(key.shape), caches, entry, progress);
   });
   entry.choice = choose_variant(entry.considered);
   return entry;
+}
+
+Int8Isa chosen_int8_isa(int threads) {
+  if (const auto forced = forced_int8_isa()) return *forced;
+  const GemmTuneEntry entry = GemmTuner::global().choose({GemmFamily::int8, best_isa(), ShapeClass::large, std::max(threads, 1)});
+  return entry.choice.int8.value_or(best_int8_isa());
+}
+
+int int8_l2_share(Int8Isa kernel, int64_t m, int threads) {
+  const GemmTuneEntry entry = GemmTuner::global().choose({GemmFamily::int8, best_isa(), shape_class_of(m), std::max(threads, 1)});
+  return best_for_int8_kernel(entry, kernel).l2_share;
 }
 
 json gemm_entry_json(const GemmTuneEntry& entry, const std::string& cpu, const CpuCaches& caches) {
@@ -246,6 +330,7 @@ ParsedGemmSection parse_gemm_section(const json& section, const std::string& cpu
   if (!section.is_array()) throw Error("field 'gemm' must be an array");
   ParsedGemmSection out;
   std::size_t stale = 0, unavailable = 0;
+  std::vector<std::pair<GemmTuneKey, std::size_t>> seen;  // this CPU's keys and where they stood
   for (std::size_t index = 0; index < section.size(); ++index) {
     const json& e = section[index];
     try {
@@ -277,8 +362,19 @@ ParsedGemmSection parse_gemm_section(const json& section, const std::string& cpu
         out.foreign.push_back(e);
         continue;
       }
+      // cubevec writes one entry per key; two would leave the choice to their order in the file.
+      for (const auto& [key, at] : seen)
+        if (key == entry.key) throw Error("repeats the key of gemm entry " + std::to_string(at) + " (" + key.text() + ")");
+      seen.push_back({entry.key, index});
+      const bool int8 = entry.key.family == GemmFamily::int8;
+      for (const VariantRate& r : entry.considered)
+        if (r.variant.int8.has_value() != int8) throw Error("a considered variant's kernel is not of the " + std::string(gemm_family_name(entry.key.family)) + " family");
+      if (entry.choice.int8.has_value() != int8)
+        throw Error("the choice's kernel '" + std::string(entry.choice.kernel_name()) + "' is not of the " +
+                    std::string(gemm_family_name(entry.key.family)) + " family");
       if (!isa_supported(entry.key.isa) || !bf16_path_available(entry.choice.bf16) ||
-          (entry.choice.prefetch && (entry.key.isa != Isa::avx512 || entry.choice.bf16 != Bf16Path::f32)) ||
+          (entry.choice.int8 && !int8_isa_supported(*entry.choice.int8)) ||
+          (entry.choice.prefetch && (entry.key.isa != Isa::avx512 || entry.choice.bf16 != Bf16Path::f32 || int8)) ||
           (entry.key.family == GemmFamily::f32 && entry.choice.bf16 != Bf16Path::f32)) {
         ++unavailable;  // same CPU, but this build or kernel cannot run the choice: measure again
         continue;

@@ -23,7 +23,8 @@
 
 namespace cubevec::ops::gemm {
 
-enum class GemmFamily : uint8_t { f32, bf16 };  // the compute type (an int8 weight in f32 compute is f32)
+// The compute type: f32 (an int8 weight-only Linear computes in f32), bf16, or int8 (W8A8's u8 x s8).
+enum class GemmFamily : uint8_t { f32, bf16, int8 };
 enum class ShapeClass : uint8_t { skinny, small, large };  // M < 256, 256 <= M <= 1024, M > 1024
 std::string_view gemm_family_name(GemmFamily family);
 std::string_view shape_class_name(ShapeClass shape);
@@ -57,13 +58,14 @@ ClassProblem class_problem(ShapeClass shape);
 
 // The variants calibration weighs for a family and ISA: every available bf16 kernel (or only the one
 // CUBEVEC_GEMM_BF16 forces) times the L2 shares 2, 4 and 8; the f32 AVX-512 kernel with and without
-// its software prefetch.
+// its software prefetch; every VNNI int8 kernel of the CPU (or the one CUBEVEC_INT8_ISA forces; the
+// portable one only where there is no VNNI) times the shares.
 std::vector<GemmVariant> candidate_variants(GemmFamily family, Isa isa);
 
 inline constexpr double kSwitchMargin = 1.05;
 
-// The choice among measured rates: the fastest variant of the preferred kernel, unless another
-// kernel is kSwitchMargin faster.
+// The choice among measured rates: the fastest variant of the preferred kernel (AMX, AVX512-BF16,
+// f32; AVX512-VNNI, AVX-VNNI, portable), unless another kernel is kSwitchMargin faster.
 GemmVariant choose_variant(const std::vector<VariantRate>& rates);
 
 // Measures every candidate on the class's problem in a task arena of key.threads threads; with
@@ -75,6 +77,10 @@ GemmTuneEntry calibrate(const GemmTuneKey& key, const CpuCaches& caches,
 // one, else the tuning file's choice for large shapes, else f32 widening (the largest panels: an
 // estimate made with it is an upper bound).
 Bf16Path expected_bf16_path(Isa isa, int threads);
+
+// The calibrated L2 share for int8 GEMMs on `kernel` (the packed weight's) with M rows on `threads`
+// threads: the best share measured for that kernel (measured now if the tuning file has none).
+int int8_l2_share(Int8Isa kernel, int64_t m, int threads);
 
 class GemmTuner {
  public:

@@ -13,7 +13,10 @@
 //
 // What it cannot stream: Linears with a kernel (quantized layers hold their own int8 panels) and
 // weights that are not mapped from a checkpoint (an f32 copy of bf16 weights stays in memory; its
-// packed panels still go). With --cfg streams the two branches may each pack a block.
+// packed panels still go). With --cfg streams the host queues the unconditional forward, then the
+// conditional one: each forward streams the blocks, so every block is packed twice per step (a
+// window that spanned both forwards would hold every block); --cfg fused runs both branches as one
+// batch and packs each block once.
 #pragma once
 
 #include <future>

@@ -43,7 +43,7 @@ TEST_F(TuneCli, FillsTheTuningFileWithAProgressBarAndKeepsItOnASecondRun) {
 TEST_F(TuneCli, BadNamesAndBadFilesAreErrorsBeforeAnyMeasurement) {
   const auto family = run({"tune", "--tune-cache", (dir_ / "t.json").string(), "--families", "f16"});
   EXPECT_EQ(family.status, 1);
-  EXPECT_NE(family.err.find("--families: unknown name 'f16' (expected one of: f32, bf16)"), std::string::npos) << family.err;
+  EXPECT_NE(family.err.find("--families: unknown name 'f16' (expected one of: f32, bf16, int8)"), std::string::npos) << family.err;
   EXPECT_FALSE(fs::exists(dir_ / "t.json"));
 
   const std::string malformed = (dir_ / "bad.json").string();
@@ -101,6 +101,19 @@ TEST_F(TuneCli, AGenerationRunWritesWhatItCalibrated) {
   const auto again = run({"t2i", "--model", kFlux, "--prompt-embeds", embeds, "--steps", "1", "--width", "32", "--height", "32", "--out",
                           (dir_ / "y.jpg").string(), "--tune-cache", file});
   ASSERT_EQ(again.status, 0) << again.err;
+  EXPECT_EQ(read_file(file), before);
+
+  // A read-only tuning file is used as it is: a run that finds what it needs there goes ahead with
+  // a note, and `tune`, which exists to write it, is refused naming it.
+  ASSERT_EQ(::chmod(file.c_str(), 0444), 0);
+  const auto read_only = run({"t2i", "--model", kFlux, "--prompt-embeds", embeds, "--steps", "1", "--width", "32", "--height", "32",
+                              "--out", (dir_ / "z.jpg").string(), "--tune-cache", file});
+  ASSERT_EQ(read_only.status, 0) << read_only.err;
+  EXPECT_NE(read_only.err.find("note: --tune-cache " + file + " is read-only"), std::string::npos) << read_only.err;
+  EXPECT_EQ(read_only.err.find("warning"), std::string::npos) << read_only.err;
+  const auto tune = run({"tune", "--tune-cache", file, "--families", "f32", "--shapes", "skinny", "--cube-threads", "1", "--again"});
+  EXPECT_EQ(tune.status, 1);
+  EXPECT_NE(tune.err.find("error: tuning file " + file + ": is read-only"), std::string::npos) << tune.err;
   EXPECT_EQ(read_file(file), before);
 }
 

@@ -134,6 +134,13 @@ TEST_F(AttentionTunerTest, TuningFileSectionKeepsOtherDevicesEntriesAside) {
   section[1]["op_type"] = "magic";
   const std::string message = message_of([&] { AttentionTuner::global().add_section(section, "fp-this", foreign); });
   EXPECT_NE(message.find("attention entry 1:"), std::string::npos) << message;
+  // The same key twice under this device's fingerprint: refused naming both (another device's
+  // entries may repeat ours: they are not used).
+  nlohmann::json repeated = nlohmann::json::array({mine[0], mine[0]});
+  EXPECT_NE(message_of([&] { AttentionTuner::global().add_section(repeated, "fp-this", foreign); })
+                .find("attention entry 1 repeats the key of attention entry 0"),
+            std::string::npos);
+  EXPECT_EQ(AttentionTuner::global().add_section(repeated, "fp-elsewhere", foreign), 2u);
   EXPECT_NE(message_of([&] { AttentionTuner::global().add_section(nlohmann::json::object(), "fp", foreign); }).find("must be an array"),
             std::string::npos);
 }
@@ -178,7 +185,10 @@ TEST_F(AttentionTunerTest, MalformedFilesAreErrorsNamingFileAndProblem) {
       {R"({"format": "other", "version": 1})", "field 'format' must be \"cubevec-attention-tune-cache\""},
       {R"({"format": "cubevec-attention-tune-cache", "version": 1, "fingerprint": "fp"})", "field 'entries' must be an array"},
       {replace("\"flash\"", "\"laser\""), "entry 1: unknown attention op_type 'laser'"},
-      {replace("\"heads\": 2", "\"heads\": -2"), "entry 1: field 'heads' must be a non-negative integer"},
+      {replace("\"heads\": 2", "\"heads\": -2"), "entry 1: field 'heads' must be a positive integer"},
+      {replace("\"heads\": 2", "\"heads\": 0"), "entry 1: field 'heads' must be a positive integer"},
+      {replace("\"q_len\": 9", "\"q_len\": 0"), "entry 1: field 'q_len' must be a positive integer"},
+      {replace("\"seconds\": 0.1", "\"seconds\": 0.2"), "entry 1 repeats the key of entry 0 (B1 N2 D8 Sq9 Sk9 f32 BSND mask none)"},
       {replace("\"dtype\": \"f32\"", "\"dtype\": \"i8\""), "entry 1: field 'dtype' must be f32 or bf16"},
       {replace("\"kernel_layout\": \"BNSD\"", "\"kernel_layout\": \"BSH\""), "entry 1: field 'kernel_layout' must be BSND or BNSD"},
       {replace("\"mask\": \"none\"", "\"mask\": \"3d\""), "entry 1: unknown mask kind '3d'"},

@@ -108,6 +108,44 @@ TEST(GemmVariants, EveryF32VariantMatchesTheDoubleLoop) {
   }
 }
 
+TEST(GemmVariants, EveryInt8VariantMatchesTheIntegerLoop) {
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> dist(-127, 127);
+  const int64_t m = 45, n = 70, k = 1600;  // edge tiles on every kernel (MR 14 / 6 / 4, NR 32 / 16)
+  std::vector<uint8_t> a(static_cast<std::size_t>(m * k));
+  std::vector<int8_t> w(static_cast<std::size_t>(n * k));
+  for (uint8_t& v : a) v = static_cast<uint8_t>(dist(rng) + 128);
+  for (int8_t& v : w) v = static_cast<int8_t>(dist(rng));
+  std::vector<float> row_scale(static_cast<std::size_t>(m)), col_scale(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < m; ++i) row_scale[static_cast<std::size_t>(i)] = 0.001f * static_cast<float>(i + 1);
+  for (int64_t j = 0; j < n; ++j) col_scale[static_cast<std::size_t>(j)] = 0.002f * static_cast<float>(j + 3);
+  g::CpuCaches tiny;
+  tiny.l2 = 64 << 10;  // several row blocks of 14 rows
+  std::vector<g::GemmVariant> variants;
+  for (g::Int8Isa kernel : {g::Int8Isa::avx512_vnni, g::Int8Isa::avx_vnni, g::Int8Isa::portable})
+    if (g::int8_isa_supported(kernel))
+      for (int share : {2, 4, 8}) variants.push_back({g::Bf16Path::f32, share, false, kernel});
+  for (const g::GemmVariant& v : g::candidate_variants(g::GemmFamily::int8, g::best_isa()))
+    EXPECT_NE(std::find(variants.begin(), variants.end(), v), variants.end()) << v.name();
+  for (const g::GemmVariant& variant : variants) {
+    const auto packed = g::pack_int8_weight(w.data(), n, k, k, *variant.int8);
+    for (const g::CpuCaches& caches : {g::this_cpu_caches(), tiny}) {
+      std::vector<float> c(static_cast<std::size_t>(m * n), -9.0f);
+      g::Int8Problem p;
+      p.m = m, p.n = n, p.a = a.data(), p.lda = k, p.b = packed.get(), p.c = c.data(), p.ldc = n;
+      p.epilogue.row_scale = row_scale.data(), p.epilogue.col_scale = col_scale.data();
+      g::gemm_int8_variant(p, 2, variant.l2_share, caches);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          int64_t sum = 0;  // the exact product of the signed values
+          for (int64_t q = 0; q < k; ++q) sum += (int64_t{a[static_cast<std::size_t>(i * k + q)]} - 128) * w[static_cast<std::size_t>(j * k + q)];
+          const double want = static_cast<double>(sum) * row_scale[static_cast<std::size_t>(i)] * col_scale[static_cast<std::size_t>(j)];
+          ASSERT_NEAR(c[static_cast<std::size_t>(i * n + j)], want, 1e-6 * std::abs(want) + 1e-6) << variant.name() << " " << caches.text();
+        }
+    }
+  }
+}
+
 TEST(GemmVariants, TheChoiceKeepsThePreferredKernelUnlessAnotherIsClearlyFaster) {
   using P = g::Bf16Path;
   // Shares of one kernel: the fastest.
@@ -118,12 +156,16 @@ TEST(GemmVariants, TheChoiceKeepsThePreferredKernelUnlessAnotherIsClearlyFaster)
   EXPECT_EQ(g::choose_variant({{{P::amx, 8}, 1000}, {{P::dot, 2}, 1100}}).bf16, P::dot);
   // A half-rate dot product loses to f32 widening.
   EXPECT_EQ(g::choose_variant({{{P::dot, 2}, 160}, {{P::f32, 2}, 300}}), (g::GemmVariant{P::f32, 2}));
+  // int8: AVX512-VNNI stays within the margin, and loses to a clearly faster AVX-VNNI.
+  const g::GemmVariant vnni512{P::f32, 4, false, g::Int8Isa::avx512_vnni}, vnni256{P::f32, 2, false, g::Int8Isa::avx_vnni};
+  EXPECT_EQ(g::choose_variant({{vnni512, 1000}, {vnni256, 1030}}), vnni512);
+  EXPECT_EQ(g::choose_variant({{vnni512, 1000}, {vnni256, 1200}}), vnni256);
   EXPECT_THROW(g::choose_variant({}), Error);
 }
 
 TEST(GemmVariants, CalibrationMeasuresEveryCandidateAndPicksOneOfThem) {
   const g::Isa isa = g::best_isa();
-  for (g::GemmFamily family : {g::GemmFamily::f32, g::GemmFamily::bf16}) {
+  for (g::GemmFamily family : {g::GemmFamily::f32, g::GemmFamily::bf16, g::GemmFamily::int8}) {
     const g::GemmTuneKey key{family, isa, g::ShapeClass::skinny, 1};
     int reported = 0;
     const g::GemmTuneEntry entry = g::calibrate(key, g::this_cpu_caches(), [&](const g::VariantRate& r) {
@@ -137,6 +179,10 @@ TEST(GemmVariants, CalibrationMeasuresEveryCandidateAndPicksOneOfThem) {
     EXPECT_TRUE(g::bf16_path_available(entry.choice.bf16));
     if (family == g::GemmFamily::f32) {
       EXPECT_EQ(entry.choice.bf16, g::Bf16Path::f32);
+    }
+    EXPECT_EQ(entry.choice.int8.has_value(), family == g::GemmFamily::int8) << entry.choice.name();
+    if (entry.choice.int8) {
+      EXPECT_TRUE(g::int8_isa_supported(*entry.choice.int8));
     }
   }
   EXPECT_THROW(g::calibrate({g::GemmFamily::f32, isa, g::ShapeClass::skinny, 0}, g::this_cpu_caches()), Error);
@@ -157,11 +203,19 @@ TEST(TuningFile, EntriesSurviveARoundTrip) {
   EXPECT_NE(writer.set_file(path, true).find("does not exist yet"), std::string::npos);
   writer.store(sample_entry(2));
   writer.store(sample_entry(5));
+  g::GemmTuneEntry int8 = sample_entry(2);
+  int8.key.family = g::GemmFamily::int8;
+  int8.choice = {g::Bf16Path::f32, 8, false, g::Int8Isa::portable};
+  int8.considered = {{int8.choice, 20.0}};
+  writer.store(int8);
   writer.save();  // creates the missing directory
   g::GemmTuner reader;
   EXPECT_EQ(reader.set_file(path, true), "");
-  const auto entries = reader.entries();
-  ASSERT_EQ(entries.size(), 2u);
+  auto entries = reader.entries();
+  ASSERT_EQ(entries.size(), 3u);
+  ASSERT_TRUE(reader.find(int8.key).has_value());
+  EXPECT_EQ(reader.find(int8.key)->choice, int8.choice);
+  entries.pop_back();
   for (const auto& e : entries) {
     EXPECT_EQ(e.choice, (g::GemmVariant{g::Bf16Path::f32, 4}));
     ASSERT_EQ(e.considered.size(), 2u);
@@ -213,8 +267,13 @@ TEST(TuningFile, MalformedFilesAreErrorsWhenNamedAndLeftAloneOtherwise) {
       {with("choice", {{"kernel", "f32"}, {"l2_share", 2}, {"prefetch", 1}}), "field 'prefetch'"},
       {with("considered", {{{"kernel", "f32"}, {"l2_share", 2}, {"prefetch", true}, {"gflops", -1}}}), "'gflops'"},
       {with("caches", "big"), "field 'caches'"},
+      {with("choice", {{"kernel", "avx512_vnni"}, {"l2_share", 2}, {"prefetch", false}}), "is not of the f32 family"},
+      {with("family", "int8"), "is not of the int8 family"},
   };
-  for (const auto& [text, expected] : cases) {
+  std::vector<std::pair<std::string, std::string>> all(std::begin(cases), std::end(cases));
+  all.push_back({nlohmann::json{{"format", "cubevec-tuning"}, {"version", 1}, {"gemm", {good, good}}}.dump(),
+                 "gemm entry 1: repeats the key of gemm entry 0 (f32 portable small 2 threads)"});
+  for (const auto& [text, expected] : all) {
     write_text(path, text);
     g::GemmTuner strict;
     try {
