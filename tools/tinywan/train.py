@@ -12,10 +12,12 @@ weights; threading may change the last bits). Stages:
                   KL_WEIGHT * KL.
                   latents_mean / latents_std are then the per-channel mean and std of the pool's
                   latents (Wan's convention: latents = (z - mean) / std).
-  3. transformer: WanTransformer3DModel (TRANSFORMER_CONFIG) and TinyTextEncoder together, rectified
-                  flow: x_t = (1 - t) x0 + t noise, target v = noise - x0, t = sigmoid(N(0, 1)), the
-                  model gets the raw timestep 1000 t (as WanPipeline gives it), 10% empty captions (for
-                  CFG); AdamW, warm-up then cosine decay, gradient clipping, an EMA of the weights.
+  3. transformer: WanTransformer3DModel (TRANSFORMER_CONFIG: patch (1, 1, 1), one token per latent
+                  cell) and TinyTextEncoder together, rectified flow: x_t = (1 - t) x0 + t noise,
+                  target v = noise - x0, t = sigmoid(N(0, 1)) shifted as the scheduler's shift 3
+                  shifts its sigmas, the model gets the raw timestep 1000 t (as WanPipeline gives it),
+                  10% empty captions (for CFG); AdamW, warm-up then cosine decay, gradient clipping,
+                  an EMA of the weights.
   4. save:        the EMA weights rounded to bf16 and stored as BF16 (the C++ loader widens them to
                   f32), configs, tokenizer, scheduler, training_log.json (losses, wall and CPU time).
 """
@@ -73,7 +75,7 @@ TRANSFORMER_CONFIG = {
     "num_attention_heads": 4,
     "num_layers": 4,
     "out_channels": Z_DIM,
-    "patch_size": [1, 2, 2],
+    "patch_size": [1, 1, 1],
     "pos_embed_seq_len": None,
     "qk_norm": "rms_norm_across_heads",
     "rope_max_seq_len": 1024,
@@ -198,10 +200,20 @@ def init_transformer(model):
     return model
 
 
-def train_transformer(clips, lat_mean, lat_std, ch_mean, ch_std, steps, batch, history, lr):
+def training_timesteps(batch, shift):
+    """t = sigmoid(N(0, 1)) (logit-normal), then shifted as the scheduler shifts its sigmas
+    (shift t / (1 + (shift - 1) t)): training sees the noise levels in the proportions sampling
+    visits them. With Wan's shift 3 half the sampling steps are above sigma 0.75, where the clip's
+    layout and its motion are decided; unshifted logit-normal training put only 16% of its samples
+    there."""
+    t = torch.sigmoid(torch.randn(batch))
+    return shift * t / (1 + (shift - 1) * t)
+
+
+def train_transformer(clips, lat_mean, lat_std, ch_mean, ch_std, config, steps, batch, history, lr, shift):
     torch.manual_seed(3)
     rng = np.random.default_rng(3)
-    model = init_transformer(M.WanTransformer3DModel(TRANSFORMER_CONFIG))
+    model = init_transformer(M.WanTransformer3DModel(config))
     text = M.TinyTextEncoder(TEXT_ENCODER_CONFIG)
     params = list(model.parameters()) + list(text.parameters())
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.99))
@@ -219,7 +231,7 @@ def train_transformer(clips, lat_mean, lat_std, ch_mean, ch_std, steps, batch, h
         z = lat_mean[idx] + lat_std[idx] * torch.randn(batch, *lat_mean.shape[1:])
         x0 = (z - mean_c) / std_c
         noise = torch.randn_like(x0)
-        t = torch.sigmoid(torch.randn(batch))
+        t = training_timesteps(batch, shift)
         tt = t[:, None, None, None, None]
         xt = (1 - tt) * x0 + tt * noise
         seq, _ = text(ids)
@@ -237,20 +249,28 @@ def main():
     p.add_argument("--vae-steps", type=int, default=1200, help="VAE steps on 9-frame crops")
     p.add_argument("--vae-long-steps", type=int, default=800, help="VAE steps on whole-length (17-frame) crops")
     p.add_argument("--vae-batch", type=int, default=8)
-    p.add_argument("--steps", type=int, default=4000, help="transformer steps")
-    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--steps", type=int, default=3000, help="transformer steps")
+    p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--heads", type=int, default=TRANSFORMER_CONFIG["num_attention_heads"],
+                   help="transformer heads of 32 channels (the width is 32 heads)")
+    p.add_argument("--layers", type=int, default=TRANSFORMER_CONFIG["num_layers"])
+    p.add_argument("--ffn", type=int, default=TRANSFORMER_CONFIG["ffn_dim"])
+    p.add_argument("--patch", type=int, default=TRANSFORMER_CONFIG["patch_size"][1], help="spatial patch size (1 or 2)")
     p.add_argument("--reuse-vae", action="store_true", help="reuse the VAE in --work from an earlier run")
     p.add_argument("--vae-only", action="store_true",
                    help="stop after the VAE and its latent statistics (with --reuse-vae, a later run goes on from there)")
     args = p.parse_args()
+    transformer_config = dict(TRANSFORMER_CONFIG, num_attention_heads=args.heads, num_layers=args.layers, ffn_dim=args.ffn,
+                              patch_size=[1, args.patch, args.patch])
     torch.set_num_threads(2)
     torch.use_deterministic_algorithms(True)
     os.makedirs(args.work, exist_ok=True)
     start, cpu_start = time.time(), time.process_time()
     log_doc = dict(started=time.strftime("%Y-%m-%d %H:%M:%S"), torch=torch.__version__, numpy=np.__version__,
                    threads=torch.get_num_threads(), pool_size=args.pool, vae_steps=args.vae_steps,
-                   vae_long_steps=args.vae_long_steps, vae_batch=args.vae_batch, transformer_steps=args.steps, batch=args.batch, lr=args.lr, vae=[],
+                   vae_long_steps=args.vae_long_steps, vae_batch=args.vae_batch, transformer_steps=args.steps, batch=args.batch, lr=args.lr,
+                   transformer_config=transformer_config, vae=[],
                    transformer=[])
 
     # 1. data
@@ -280,7 +300,8 @@ def main():
     bf16_round_(vae)
     lat_mean, lat_std = encode_pool(vae, videos)
     ch_mean = [round(float(v), 4) for v in lat_mean.mean(dim=(0, 2, 3, 4))]
-    ch_std = [round(float(v), 4) for v in lat_mean.std(dim=(0, 2, 3, 4))]
+    # A channel the encoder left unused has no spread: 0.01 keeps its normalization finite.
+    ch_std = [round(max(float(v), 0.01), 4) for v in lat_mean.std(dim=(0, 2, 3, 4))]
     vae_config = dict(VAE_CONFIG, latents_mean=ch_mean, latents_std=ch_std)
     with torch.no_grad():
         xv = as_float(val)
@@ -297,7 +318,8 @@ def main():
     # 3. transformer + text encoder
     t_tr = time.time()
     transformer, text, raw_transformer, raw_text = train_transformer(
-        clips, lat_mean, lat_std, ch_mean, ch_std, args.steps, args.batch, log_doc["transformer"], args.lr)
+        clips, lat_mean, lat_std, ch_mean, ch_std, transformer_config, args.steps, args.batch, log_doc["transformer"], args.lr,
+        SCHEDULER_CONFIG["shift"])
     log_doc["transformer_seconds"] = time.time() - t_tr
     torch.save({"transformer": raw_transformer.state_dict(), "text": raw_text.state_dict()}, os.path.join(args.work, "raw.pt"))
     for m in (transformer, text):
@@ -305,7 +327,7 @@ def main():
 
     # 4. save: the decode path of the VAE (post_quant_conv + decoder) is what cubevec runs.
     out = args.out
-    save(transformer, os.path.join(out, "transformer"), "diffusion_pytorch_model.safetensors", TRANSFORMER_CONFIG)
+    save(transformer, os.path.join(out, "transformer"), "diffusion_pytorch_model.safetensors", transformer_config)
     save(vae.decoder, os.path.join(out, "vae"), "diffusion_pytorch_model.safetensors", vae_config)
     save(text, os.path.join(out, "text_encoder"), "model.safetensors", TEXT_ENCODER_CONFIG)
     write_json(os.path.join(out, "scheduler", "scheduler_config.json"), SCHEDULER_CONFIG)
