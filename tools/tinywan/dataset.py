@@ -7,10 +7,8 @@ A clip: a flat background of one palette color and one shape (circle, square or 
 another palette color that, over FRAMES frames, either moves (left, right, up or down, TRAVEL
 pixels in total at a constant speed) or changes size (growing: radius R_SMALL -> R_LARGE;
 shrinking: the reverse). A moving shape has a radius drawn from [R_MOVE_MIN, R_MOVE_MAX]; its path
-crosses the frame's center, its midpoint within JITTER pixels of it; a shape that changes size
-stays within JITTER pixels of the center. (v1 placed a path anywhere in the frame: a tiny model had
-to pick a random start and keep to it, and did not; the captions say no place, so a centered
-path makes the motion words decide where the shape is in every frame.)
+is centered at random within the frame so that it stays inside; a shape that changes size stays
+near the center.
 
 Caption grammar (words always in this order; [..] may be left out):
 
@@ -71,7 +69,6 @@ SHAPES = flux_world.SHAPES
 MOTIONS = ["left", "right", "up", "down", "growing", "shrinking"]
 DIRECTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}  # image y grows downwards
 TRAVEL = 28.0  # pixels a moving shape covers from the first frame to the last
-JITTER = 4.0  # pixels a path's midpoint (or a growing shape's center) may lie from the frame's center
 R_MOVE_MIN, R_MOVE_MAX = 7.0, 10.0
 R_SMALL, R_LARGE = 5.0, 15.0
 
@@ -101,15 +98,17 @@ def random_clip(rng):
     u = np.linspace(0.0, 1.0, FRAMES)
     if motion in DIRECTIONS:
         r = rng.uniform(R_MOVE_MIN, R_MOVE_MAX)
+        margin = 1.3 * r + 1  # a triangle's box reaches 1.25 r from its center
         dx, dy = DIRECTIONS[motion]
-        # Both ends stay inside: a triangle's box reaches 1.25 r from its center, 1.3 R_MOVE_MAX + 1 +
-        # TRAVEL / 2 + JITTER = 32 = SIZE / 2.
-        mid = SIZE / 2 + rng.uniform(-JITTER, JITTER, size=2)
+        # The path's midpoint: anywhere that keeps both ends inside the frame.
+        along = rng.uniform(margin + TRAVEL / 2, SIZE - margin - TRAVEL / 2)
+        across = rng.uniform(margin, SIZE - margin)
+        mid = (along, across) if dx else (across, along)
         xs = mid[0] + dx * TRAVEL * (u - 0.5)
         ys = mid[1] + dy * TRAVEL * (u - 0.5)
         radii = np.full(FRAMES, r)
     else:
-        cx, cy = SIZE / 2 + rng.uniform(-JITTER, JITTER, size=2)
+        cx, cy = rng.uniform(28, 36), rng.uniform(28, 36)
         xs, ys = np.full(FRAMES, cx), np.full(FRAMES, cy)
         radii = R_SMALL + (R_LARGE - R_SMALL) * (u if motion == "growing" else 1 - u)
     return dict(shape=SHAPES[rng.integers(len(SHAPES))], color=color, background=background, motion=motion,

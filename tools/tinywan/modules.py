@@ -33,23 +33,19 @@ unnormalize_latents = wan.unnormalize_latents
 
 
 LOGVAR_OFFSET = 6.0
-MEAN_BOUND = 4.0
 
 
 class VideoEncoder(nn.Module):
     """[B, 3, 1 + 4k, H, W] -> (mean, logvar) [B, z_dim, 1 + k, H / 8, W / 8].
 
+    (The shipped model's encoder. Commit e08a221 tried a time-stationary one with bounded means:
+    its latents were far better behaved, consecutive latent frames correlating 0.90 against 0.57,
+    but the model trained on them scored worse; see assets/tinywan/MODEL_CARD.md.)
+
     Each frame goes through three stride-2 3x3 convolutions (8x smaller); then, as the Wan VAE
     groups time, the first frame makes the first latent frame on its own and each later group of
-    four frames makes one latent frame (a (4, 3, 3) convolution of stride 4 in time).
-
-    The code is the same function of every group: the first frame is encoded as a group of four
-    copies of itself, and nothing mixes groups afterwards. A still scene therefore has the same
-    latent in every latent frame and a moving shape only moves in it, which is what the transformer
-    has to learn (the first version gave the first frame its own convolution and mixed latent frames
-    causally; its consecutive latent frames correlated only ~0.57 and motion was not learned).
-    The mean is soft-bounded to +-MEAN_BOUND: the decoder's RMS norms are blind to the latents'
-    scale, and unbounded means grew heavy tails (max |z| 45 against a mean |z| of 2.4)."""
+    four frames makes one latent frame (a (4, 3, 3) convolution of stride 4 in time); a causal
+    3x3x3 convolution mixes the latent frames and gives the mean and log-variance."""
 
     def __init__(self, z_dim, width=64):
         super().__init__()
@@ -60,18 +56,18 @@ class VideoEncoder(nn.Module):
             nn.Conv2d(w, w, 3, stride=2, padding=1), nn.SiLU(),
             nn.Conv2d(w, w, 3, stride=2, padding=1), nn.SiLU(),
             nn.Conv2d(w, w, 3, padding=1))
+        self.first = nn.Conv3d(w, w, (1, 3, 3), padding=(0, 1, 1))
         self.group = nn.Conv3d(w, w, (4, 3, 3), stride=(4, 1, 1), padding=(0, 1, 1))
-        self.out = nn.Conv3d(w, 2 * z_dim, (1, 3, 3), padding=(0, 1, 1))
+        self.out = nn.Conv3d(w, 2 * z_dim, 3, padding=(0, 1, 1))
 
     def forward(self, x):
         b, c, t, h, w = x.shape
         assert (t - 1) % 4 == 0, f"{t} frames: expected 1 + 4k"
         f = self.frame(x.transpose(1, 2).reshape(b * t, c, h, w))
         f = f.reshape(b, t, *f.shape[1:]).transpose(1, 2)  # [B, W, T, h, w]
-        f = torch.cat([f[:, :, :1].expand(-1, -1, 4, -1, -1), f[:, :, 1:]], dim=2)
-        y = self.out(F.silu(self.group(f)))
+        y = F.silu(torch.cat([self.first(f[:, :, :1]), self.group(f[:, :, 1:])], dim=2))
+        y = self.out(F.pad(y, (0, 0, 0, 0, 2, 0)))  # causal in time: two zero frames in front
         mean, logvar = y.chunk(2, dim=1)
-        mean = MEAN_BOUND * torch.tanh(mean / MEAN_BOUND)
         # Posterior std starts near e^-3: the decoder's RMS norms make it blind to the latents'
         # scale, so a posterior that starts wide is never narrowed by the reconstruction loss.
         return mean, (logvar - LOGVAR_OFFSET).clamp(-30.0, 0.0)

@@ -12,14 +12,15 @@ weights; threading may change the last bits). Stages:
                   KL_WEIGHT * KL.
                   latents_mean / latents_std are then the per-channel mean and std of the pool's
                   latents (Wan's convention: latents = (z - mean) / std).
-  3. transformer: WanTransformer3DModel (TRANSFORMER_CONFIG: patch (1, 1, 1), one token per latent
-                  cell) and TinyTextEncoder together, rectified flow: x_t = (1 - t) x0 + t noise,
-                  target v = noise - x0, t = sigmoid(N(0, 1)) shifted as the scheduler's shift 3
-                  shifts its sigmas, the model gets the raw timestep 1000 t (as WanPipeline gives it),
-                  10% empty captions (for CFG); AdamW, warm-up then cosine decay, gradient clipping,
-                  an EMA of the weights.
+  3. transformer: WanTransformer3DModel (TRANSFORMER_CONFIG) and TinyTextEncoder together, rectified
+                  flow: x_t = (1 - t) x0 + t noise, target v = noise - x0, t = sigmoid(N(0, 1)) (with
+                  --t-shift s: shifted as a scheduler of shift s shifts its sigmas), the model gets
+                  the raw timestep 1000 t (as WanPipeline gives it), 10% empty captions (for CFG);
+                  AdamW, warm-up then cosine decay, gradient clipping, an EMA of the weights.
   4. save:        the EMA weights rounded to bf16 and stored as BF16 (the C++ loader widens them to
                   f32), configs, tokenizer, scheduler, training_log.json (losses, wall and CPU time).
+The defaults reproduce the shipped model; --heads, --layers, --ffn, --patch and --t-shift are for
+experiments (the model card lists those tried).
 """
 import argparse
 import copy
@@ -75,7 +76,7 @@ TRANSFORMER_CONFIG = {
     "num_attention_heads": 4,
     "num_layers": 4,
     "out_channels": Z_DIM,
-    "patch_size": [1, 1, 1],
+    "patch_size": [1, 2, 2],
     "pos_embed_seq_len": None,
     "qk_norm": "rms_norm_across_heads",
     "rope_max_seq_len": 1024,
@@ -201,11 +202,10 @@ def init_transformer(model):
 
 
 def training_timesteps(batch, shift):
-    """t = sigmoid(N(0, 1)) (logit-normal), then shifted as the scheduler shifts its sigmas
-    (shift t / (1 + (shift - 1) t)): training sees the noise levels in the proportions sampling
-    visits them. With Wan's shift 3 half the sampling steps are above sigma 0.75, where the clip's
-    layout and its motion are decided; unshifted logit-normal training put only 16% of its samples
-    there."""
+    """t = sigmoid(N(0, 1)) (logit-normal), then shifted as a scheduler shifts its sigmas
+    (shift t / (1 + (shift - 1) t); shift 1 leaves t as it is). Shift 3 makes training see the
+    noise levels in the proportions Wan's shift-3 sampling visits them: half the sampling steps are
+    above sigma 0.75, where unshifted logit-normal training puts only 16% of its samples."""
     t = torch.sigmoid(torch.randn(batch))
     return shift * t / (1 + (shift - 1) * t)
 
@@ -249,18 +249,22 @@ def main():
     p.add_argument("--vae-steps", type=int, default=1200, help="VAE steps on 9-frame crops")
     p.add_argument("--vae-long-steps", type=int, default=800, help="VAE steps on whole-length (17-frame) crops")
     p.add_argument("--vae-batch", type=int, default=8)
-    p.add_argument("--steps", type=int, default=3000, help="transformer steps")
-    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--steps", type=int, default=4000, help="transformer steps")
+    p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--heads", type=int, default=TRANSFORMER_CONFIG["num_attention_heads"],
                    help="transformer heads of 32 channels (the width is 32 heads)")
     p.add_argument("--layers", type=int, default=TRANSFORMER_CONFIG["num_layers"])
     p.add_argument("--ffn", type=int, default=TRANSFORMER_CONFIG["ffn_dim"])
     p.add_argument("--patch", type=int, default=TRANSFORMER_CONFIG["patch_size"][1], help="spatial patch size (1 or 2)")
+    p.add_argument("--t-shift", type=float, default=1.0,
+                   help="shift of the training timesteps (1: plain logit-normal, as the shipped model)")
     p.add_argument("--reuse-vae", action="store_true", help="reuse the VAE in --work from an earlier run")
     p.add_argument("--vae-only", action="store_true",
                    help="stop after the VAE and its latent statistics (with --reuse-vae, a later run goes on from there)")
     args = p.parse_args()
+    if not args.t_shift > 0:
+        p.error(f"--t-shift {args.t_shift}: expected a positive number")
     transformer_config = dict(TRANSFORMER_CONFIG, num_attention_heads=args.heads, num_layers=args.layers, ffn_dim=args.ffn,
                               patch_size=[1, args.patch, args.patch])
     torch.set_num_threads(2)
@@ -270,7 +274,7 @@ def main():
     log_doc = dict(started=time.strftime("%Y-%m-%d %H:%M:%S"), torch=torch.__version__, numpy=np.__version__,
                    threads=torch.get_num_threads(), pool_size=args.pool, vae_steps=args.vae_steps,
                    vae_long_steps=args.vae_long_steps, vae_batch=args.vae_batch, transformer_steps=args.steps, batch=args.batch, lr=args.lr,
-                   transformer_config=transformer_config, vae=[],
+                   transformer_config=transformer_config, t_shift=args.t_shift, vae=[],
                    transformer=[])
 
     # 1. data
@@ -319,7 +323,7 @@ def main():
     t_tr = time.time()
     transformer, text, raw_transformer, raw_text = train_transformer(
         clips, lat_mean, lat_std, ch_mean, ch_std, transformer_config, args.steps, args.batch, log_doc["transformer"], args.lr,
-        SCHEDULER_CONFIG["shift"])
+        args.t_shift)
     log_doc["transformer_seconds"] = time.time() - t_tr
     torch.save({"transformer": raw_transformer.state_dict(), "text": raw_text.state_dict()}, os.path.join(args.work, "raw.pt"))
     for m in (transformer, text):
