@@ -128,8 +128,7 @@ ClassProblem class_problem(ShapeClass shape) {
   // and the blockings rank differently than on real layers (measured: an AMX share that won by 5%
   // at N = 1536 lost by 20% at N = 3072). M is the class's middle. K is one AMX / f32 K block pair
   // for the smaller classes; the large class takes a DiT's K (3072) too: at K = 1024 a Zen 4's f32
-  // variants measured 169-176 GFLOP/s where the real layers ran at 181-204 (C is re-read once per K
-  // block pair, a cost the large layers amortize), at K = 3072 205-213.
+  // variants measured 169-176 GFLOP/s where the real layers ran at 181-211; at K = 3072, 205-213.
   switch (shape) {
     case ShapeClass::skinny: return {64, 3072, 1024};
     case ShapeClass::small: return {512, 3072, 1024};

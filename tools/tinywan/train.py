@@ -24,6 +24,7 @@ experiments (the model card lists those tried).
 """
 import argparse
 import copy
+import math
 import os
 import sys
 import time
@@ -263,8 +264,14 @@ def main():
     p.add_argument("--vae-only", action="store_true",
                    help="stop after the VAE and its latent statistics (with --reuse-vae, a later run goes on from there)")
     args = p.parse_args()
-    if not args.t_shift > 0:
-        p.error(f"--t-shift {args.t_shift}: expected a positive number")
+    # Checked before the data and the VAE take their minutes.
+    if not (math.isfinite(args.t_shift) and args.t_shift > 0):
+        p.error(f"--t-shift {args.t_shift}: expected a finite positive number")
+    for flag, value in (("--heads", args.heads), ("--layers", args.layers), ("--ffn", args.ffn)):
+        if value < 1:
+            p.error(f"{flag} {value}: expected a positive integer")
+    if args.patch not in (1, 2):
+        p.error(f"--patch {args.patch}: expected 1 or 2")
     transformer_config = dict(TRANSFORMER_CONFIG, num_attention_heads=args.heads, num_layers=args.layers, ffn_dim=args.ffn,
                               patch_size=[1, args.patch, args.patch])
     torch.set_num_threads(2)
