@@ -2,8 +2,9 @@
 """Semantic evaluation of tinywan: over fixed prompts and seeds, how often the shape's color, the
 background and the motion come out as asked.
 
-    /usr/bin/python3 tools/tinywan/evaluate.py [--model assets/tinywan] [--count 60] [--json OUT] [--sheet OUT.png]
+    /usr/bin/python3 tools/tinywan/evaluate.py [--model assets/tinywan] [--per-motion 10] [--json OUT] [--sheet OUT.png]
     /usr/bin/python3 tools/tinywan/evaluate.py --self-check     # the grader on the dataset's own clips
+    /usr/bin/python3 tools/tinywan/evaluate.py --direction-check 8   # the four direction words from the same noise
 
 The prompts are full captions drawn with a fixed seed from dataset.py's grammar, ten per motion
 (left, right, up, down, growing, shrinking); prompt i is sampled with seed i by the PyTorch sampler
@@ -130,6 +131,35 @@ def evaluate_model(model, clips, progress=True, **kw):
     return summarize(grades), rows, videos
 
 
+DIRECTION_PROMPT = "a {color} {shape} moving {word} on a {background} background"
+DIRECTION_CASES = [("red", "circle", "blue"), ("yellow", "square", "purple"), ("white", "triangle", "green"),
+                   ("orange", "circle", "black")]
+
+
+def direction_check(model, seeds, progress=True, **kw):
+    """Do the words steer the motion, or the noise? Per seed and case, the four direction words
+    are rendered from the same noise; returns (rate of clips moving as asked, mean spread in
+    pixels: the mean distance of the four displacements from their mean). A model whose direction
+    comes from the noise moves the same way for all four words: spread near 0, rate near 0.25."""
+    import sample as S
+    hits, spreads = [], []
+    for seed in range(seeds):
+        color, shape, background = DIRECTION_CASES[seed % len(DIRECTION_CASES)]
+        shifts = []
+        for word in dataset.DIRECTIONS:
+            prompt = DIRECTION_PROMPT.format(color=color, shape=shape, word=word, background=background)
+            frames = S.to_frames(model.sample(prompt, seed=seed, **kw))
+            motion, shift, _ = read_motion(frames, background)
+            hits.append(motion == word)
+            shifts.append(shift)
+        shifts = np.array(shifts)
+        spreads.append(float(np.linalg.norm(shifts - shifts.mean(axis=0), axis=1).mean()))
+        if progress:
+            print(f"  seed {seed}: " + " ".join(f"{w} ({dx:+.0f},{dy:+.0f})" for w, (dx, dy) in zip(dataset.DIRECTIONS, shifts)),
+                  flush=True)
+    return float(np.mean(hits)), float(np.mean(spreads))
+
+
 def contact_sheet(videos, path, every=4):
     """One row per clip: frames 0, every, 2 every, ..."""
     from PIL import Image
@@ -145,6 +175,8 @@ def main():
     p.add_argument("--json", help="write the rates and every prompt's grade here")
     p.add_argument("--sheet", help="write the clips as a PNG here (one row per clip)")
     p.add_argument("--self-check", action="store_true", help="grade the dataset's own renders (all must pass)")
+    p.add_argument("--direction-check", type=int, metavar="SEEDS",
+                   help="instead: render the four direction words from the same noise for SEEDS seeds")
     args = p.parse_args()
     clips = fixed_clips(args.per_motion)
     if args.self_check:
@@ -157,6 +189,13 @@ def main():
     import sample as S
     torch.set_num_threads(2)
     model = S.TinyWan(args.model)
+    if args.direction_check is not None:
+        if args.direction_check < 1:
+            p.error(f"--direction-check {args.direction_check}: expected a positive number of seeds")
+        rate, spread = direction_check(model, args.direction_check, steps=args.steps, guidance=args.guidance)
+        print(f"{args.model}: the four direction words from the same noise, {args.direction_check} seeds: moving as asked "
+              f"{rate:.2f} (0.25 if the noise decides), displacements {spread:.1f} px apart on average")
+        return
     rates, rows, videos = evaluate_model(model, clips, steps=args.steps, guidance=args.guidance)
     print(f"{args.model}: {len(clips)} prompts, {args.steps or model.defaults['steps']} steps, guidance "
           f"{model.defaults['guidance'] if args.guidance is None else args.guidance}:")

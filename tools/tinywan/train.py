@@ -19,7 +19,8 @@ weights; threading may change the last bits). Stages:
                   AdamW, warm-up then cosine decay, gradient clipping, an EMA of the weights.
   4. save:        the EMA weights rounded to bf16 and stored as BF16 (the C++ loader widens them to
                   f32), configs, tokenizer, scheduler, training_log.json (losses, wall and CPU time).
-The defaults reproduce the shipped model; --heads, --layers, --ffn, --patch and --t-shift are for
+The defaults reproduce the shipped model; --heads, --layers, --ffn, --patch, --t-shift,
+--anchor-fraction (frame_noise_levels) and --foreground-weight (foreground_weights) are for
 experiments (the model card lists those tried).
 """
 import argparse
@@ -103,6 +104,7 @@ GENERATION_DEFAULTS = {"width": dataset.SIZE, "height": dataset.SIZE, "frames": 
 CAPTION_DROPOUT = 0.1
 EMA_DECAY = 0.998
 MODULATION = ("scale_shift_table", "proj_out")
+ANCHOR_MAX = 0.5  # an anchor frame's noise level is at most this fraction of the others' (frame_noise_levels)
 
 
 # The helpers tinyflux's trainer already has: a timestamped log, rounding to bf16, saving a module as
@@ -211,7 +213,47 @@ def training_timesteps(batch, shift):
     return shift * t / (1 + (shift - 1) * t)
 
 
-def train_transformer(clips, lat_mean, lat_std, ch_mean, ch_std, config, steps, batch, history, lr, shift):
+def frame_noise_levels(t, frames, anchor_fraction, rng):
+    """Per latent frame noise levels [B, 1, F, 1, 1] and loss weights for the timesteps t [B].
+
+    Without anchors every frame is at t. With probability anchor_fraction an example gets an
+    anchor: one latent frame, drawn at random, noised only to t * U(0, ANCHOR_MAX) and left out of
+    the loss. Why: the transformer's positions are rotary (relative) only, so from frames all at
+    one noise level it cannot tell the first latent frame from the last, and a noised clip shows
+    its own direction whenever the text could tell it; trained that way, three recipes left the
+    direction to the noise (same seed, same displacement for all four direction words). From an
+    anchor the direction towards the other frames is in the words alone. The target noise - x0
+    does not depend on t, and the model still gets the timestep of the noisy frames, so the
+    architecture and the sampler are Wan's, unchanged."""
+    batch = t.shape[0]
+    tt = t.view(batch, 1, 1, 1, 1).repeat(1, 1, frames, 1, 1)
+    weight = torch.ones_like(tt)
+    if anchor_fraction > 0:  # no draws at 0: the shipped recipe's random stream stays as it was
+        anchored = rng.random(batch) < anchor_fraction
+        anchor, scale = rng.integers(frames, size=batch), rng.uniform(0.0, ANCHOR_MAX, size=batch)
+        for b in np.nonzero(anchored)[0]:
+            tt[b, 0, anchor[b]] = t[b] * float(scale[b])
+            weight[b, 0, anchor[b]] = 0.0
+    return tt, weight
+
+
+def foreground_weights(videos, frames, weight):
+    """Loss weights [B, 1, F, h, w] of latent tokens: `weight` where the shape is in any frame of the
+    token's group (frame 0 alone, then groups of four, as the VAE groups time), 1 elsewhere. The
+    background fills most of the latent, so an unweighted loss barely notices a shape drawn at
+    the wrong place or moving the wrong way (the words for direction and shape came out with no
+    effect on the prediction; MODEL_CARD.md)."""
+    v = videos.astype(np.int16)
+    shape = (np.abs(v - v[:, :, :1, :1, :1]).max(axis=1) > 30)  # [B, T, H, W]; the corner is background
+    groups = [shape[:, :1]] + [shape[:, 1 + 4 * k:5 + 4 * k] for k in range(frames - 1)]
+    g = np.stack([x.any(axis=1) for x in groups], axis=1)  # [B, F, H, W]
+    b, f, h, w = g.shape
+    g = g.reshape(b, f, h // 8, 8, w // 8, 8).any(axis=(3, 5))
+    return torch.from_numpy(1.0 + (weight - 1.0) * g.astype(np.float32))[:, None]
+
+
+def train_transformer(clips, lat_mean, lat_std, ch_mean, ch_std, config, steps, batch, history, lr, shift,
+                      anchor_fraction, videos=None, foreground_weight=1.0):
     torch.manual_seed(3)
     rng = np.random.default_rng(3)
     model = init_transformer(M.WanTransformer3DModel(config))
@@ -233,11 +275,16 @@ def train_transformer(clips, lat_mean, lat_std, ch_mean, ch_std, config, steps, 
         x0 = (z - mean_c) / std_c
         noise = torch.randn_like(x0)
         t = training_timesteps(batch, shift)
-        tt = t[:, None, None, None, None]
+        tt, weight = frame_noise_levels(t, x0.shape[2], anchor_fraction, rng)
+        if foreground_weight != 1.0:
+            weight = weight * foreground_weights(videos[idx], x0.shape[2], foreground_weight)
         xt = (1 - tt) * x0 + tt * noise
         seq, _ = text(ids)
         v = model(xt, t * 1000, seq)
-        loss = F.mse_loss(v, noise - x0)
+        if anchor_fraction == 0 and foreground_weight == 1.0:
+            loss = F.mse_loss(v, noise - x0)  # the shipped recipe, bit for bit as it was trained
+        else:
+            loss = (weight * (v - (noise - x0)) ** 2).sum() / (weight.expand_as(x0[:, :1]).sum() * x0.shape[1])
         acc = _flux_train.optimizer_step(loss, opt, params, ema_params, step, steps, acc, history, t0, EMA_DECAY)
     return ema_model.eval(), ema_text.eval(), model.eval(), text.eval()
 
@@ -260,6 +307,10 @@ def main():
     p.add_argument("--patch", type=int, default=TRANSFORMER_CONFIG["patch_size"][1], help="spatial patch size (1 or 2)")
     p.add_argument("--t-shift", type=float, default=1.0,
                    help="shift of the training timesteps (1: plain logit-normal, as the shipped model)")
+    p.add_argument("--anchor-fraction", type=float, default=0.0,
+                   help="fraction of training examples with one nearly clean latent frame (frame_noise_levels)")
+    p.add_argument("--foreground-weight", type=float, default=1.0,
+                   help="loss weight of the latent tokens the shape covers (foreground_weights; 1: unweighted)")
     p.add_argument("--reuse-vae", action="store_true", help="reuse the VAE in --work from an earlier run")
     p.add_argument("--vae-only", action="store_true",
                    help="stop after the VAE and its latent statistics (with --reuse-vae, a later run goes on from there)")
@@ -270,6 +321,10 @@ def main():
     for flag, value in (("--heads", args.heads), ("--layers", args.layers), ("--ffn", args.ffn)):
         if value < 1:
             p.error(f"{flag} {value}: expected a positive integer")
+    if not 0.0 <= args.anchor_fraction <= 1.0:
+        p.error(f"--anchor-fraction {args.anchor_fraction}: expected a number from 0 to 1")
+    if not (math.isfinite(args.foreground_weight) and args.foreground_weight > 0):
+        p.error(f"--foreground-weight {args.foreground_weight}: expected a finite positive number")
     if args.patch not in (1, 2):
         p.error(f"--patch {args.patch}: expected 1 or 2")
     transformer_config = dict(TRANSFORMER_CONFIG, num_attention_heads=args.heads, num_layers=args.layers, ffn_dim=args.ffn,
@@ -281,7 +336,8 @@ def main():
     log_doc = dict(started=time.strftime("%Y-%m-%d %H:%M:%S"), torch=torch.__version__, numpy=np.__version__,
                    threads=torch.get_num_threads(), pool_size=args.pool, vae_steps=args.vae_steps,
                    vae_long_steps=args.vae_long_steps, vae_batch=args.vae_batch, transformer_steps=args.steps, batch=args.batch, lr=args.lr,
-                   transformer_config=transformer_config, t_shift=args.t_shift, vae=[],
+                   transformer_config=transformer_config, t_shift=args.t_shift,
+                   anchor_fraction=args.anchor_fraction, anchor_max=ANCHOR_MAX, foreground_weight=args.foreground_weight, vae=[],
                    transformer=[])
 
     # 1. data
@@ -330,7 +386,7 @@ def main():
     t_tr = time.time()
     transformer, text, raw_transformer, raw_text = train_transformer(
         clips, lat_mean, lat_std, ch_mean, ch_std, transformer_config, args.steps, args.batch, log_doc["transformer"], args.lr,
-        args.t_shift)
+        args.t_shift, args.anchor_fraction, videos, args.foreground_weight)
     log_doc["transformer_seconds"] = time.time() - t_tr
     torch.save({"transformer": raw_transformer.state_dict(), "text": raw_text.state_dict()}, os.path.join(args.work, "raw.pt"))
     for m in (transformer, text):
