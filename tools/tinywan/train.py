@@ -20,7 +20,8 @@ weights; threading may change the last bits). Stages:
   4. save:        the EMA weights rounded to bf16 and stored as BF16 (the C++ loader widens them to
                   f32), configs, tokenizer, scheduler, training_log.json (losses, wall and CPU time).
 The defaults reproduce the shipped model; --heads, --layers, --ffn, --patch, --t-shift,
---anchor-fraction (frame_noise_levels) and --foreground-weight (foreground_weights) are for
+--anchor-fraction (frame_noise_levels), --foreground-weight (foreground_weights) and
+--freeze-text-encoder are for
 experiments (the model card lists those tried).
 """
 import argparse
@@ -253,15 +254,18 @@ def foreground_weights(videos, frames, weight):
 
 
 def train_transformer(clips, lat_mean, lat_std, ch_mean, ch_std, config, steps, batch, history, lr, shift,
-                      anchor_fraction, videos=None, foreground_weight=1.0):
+                      anchor_fraction, videos=None, foreground_weight=1.0, freeze_text=False):
     torch.manual_seed(3)
     rng = np.random.default_rng(3)
     model = init_transformer(M.WanTransformer3DModel(config))
     text = M.TinyTextEncoder(TEXT_ENCODER_CONFIG)
-    params = list(model.parameters()) + list(text.parameters())
+    # Frozen at its random start, the text encoder's words stay as far apart as they began (trained
+    # with the transformer, the direction and shape words collapsed together; MODEL_CARD.md).
+    text.requires_grad_(not freeze_text)
+    params = list(model.parameters()) + ([] if freeze_text else list(text.parameters()))
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.99))
     ema_model, ema_text = copy.deepcopy(model), copy.deepcopy(text)
-    ema_params = list(ema_model.parameters()) + list(ema_text.parameters())
+    ema_params = list(ema_model.parameters()) + ([] if freeze_text else list(ema_text.parameters()))
     shape = (1, Z_DIM, 1, 1, 1)
     mean_c, std_c = torch.tensor(ch_mean).view(shape), torch.tensor(ch_std).view(shape)
     t0, acc = time.time(), []
@@ -311,6 +315,8 @@ def main():
                    help="fraction of training examples with one nearly clean latent frame (frame_noise_levels)")
     p.add_argument("--foreground-weight", type=float, default=1.0,
                    help="loss weight of the latent tokens the shape covers (foreground_weights; 1: unweighted)")
+    p.add_argument("--freeze-text-encoder", action="store_true",
+                   help="keep the text encoder at its random initialization (experiment)")
     p.add_argument("--reuse-vae", action="store_true", help="reuse the VAE in --work from an earlier run")
     p.add_argument("--vae-only", action="store_true",
                    help="stop after the VAE and its latent statistics (with --reuse-vae, a later run goes on from there)")
@@ -337,7 +343,8 @@ def main():
                    threads=torch.get_num_threads(), pool_size=args.pool, vae_steps=args.vae_steps,
                    vae_long_steps=args.vae_long_steps, vae_batch=args.vae_batch, transformer_steps=args.steps, batch=args.batch, lr=args.lr,
                    transformer_config=transformer_config, t_shift=args.t_shift,
-                   anchor_fraction=args.anchor_fraction, anchor_max=ANCHOR_MAX, foreground_weight=args.foreground_weight, vae=[],
+                   anchor_fraction=args.anchor_fraction, anchor_max=ANCHOR_MAX, foreground_weight=args.foreground_weight,
+                   freeze_text_encoder=args.freeze_text_encoder, vae=[],
                    transformer=[])
 
     # 1. data
@@ -386,7 +393,7 @@ def main():
     t_tr = time.time()
     transformer, text, raw_transformer, raw_text = train_transformer(
         clips, lat_mean, lat_std, ch_mean, ch_std, transformer_config, args.steps, args.batch, log_doc["transformer"], args.lr,
-        args.t_shift, args.anchor_fraction, videos, args.foreground_weight)
+        args.t_shift, args.anchor_fraction, videos, args.foreground_weight, args.freeze_text_encoder)
     log_doc["transformer_seconds"] = time.time() - t_tr
     torch.save({"transformer": raw_transformer.state_dict(), "text": raw_text.state_dict()}, os.path.join(args.work, "raw.pt"))
     for m in (transformer, text):
