@@ -21,8 +21,7 @@ weights; threading may change the last bits). Stages:
                   f32), configs, tokenizer, scheduler, training_log.json (losses, wall and CPU time).
 The defaults reproduce the shipped model; --heads, --layers, --ffn, --patch, --t-shift,
 --anchor-fraction (frame_noise_levels), --foreground-weight (foreground_weights) and
---freeze-text-encoder are for
-experiments (the model card lists those tried).
+--freeze-text-encoder are for experiments (the model card lists those tried).
 """
 import argparse
 import copy
@@ -238,7 +237,7 @@ def frame_noise_levels(t, frames, anchor_fraction, rng):
     return tt, weight
 
 
-def foreground_weights(videos, frames, weight):
+def foreground_weights(videos, weight):
     """Loss weights [B, 1, F, h, w] of latent tokens: `weight` where the shape is in any frame of the
     token's group (frame 0 alone, then groups of four, as the VAE groups time), 1 elsewhere. The
     background fills most of the latent, so an unweighted loss barely notices a shape drawn at
@@ -246,7 +245,7 @@ def foreground_weights(videos, frames, weight):
     effect on the prediction; MODEL_CARD.md)."""
     v = videos.astype(np.int16)
     shape = (np.abs(v - v[:, :, :1, :1, :1]).max(axis=1) > 30)  # [B, T, H, W]; the corner is background
-    groups = [shape[:, :1]] + [shape[:, 1 + 4 * k:5 + 4 * k] for k in range(frames - 1)]
+    groups = [shape[:, :1]] + [shape[:, t:t + 4] for t in range(1, shape.shape[1], 4)]
     g = np.stack([x.any(axis=1) for x in groups], axis=1)  # [B, F, H, W]
     b, f, h, w = g.shape
     g = g.reshape(b, f, h // 8, 8, w // 8, 8).any(axis=(3, 5))
@@ -281,7 +280,7 @@ def train_transformer(clips, lat_mean, lat_std, ch_mean, ch_std, config, steps, 
         t = training_timesteps(batch, shift)
         tt, weight = frame_noise_levels(t, x0.shape[2], anchor_fraction, rng)
         if foreground_weight != 1.0:
-            weight = weight * foreground_weights(videos[idx], x0.shape[2], foreground_weight)
+            weight = weight * foreground_weights(videos[idx], foreground_weight)
         xt = (1 - tt) * x0 + tt * noise
         seq, _ = text(ids)
         v = model(xt, t * 1000, seq)
