@@ -6,6 +6,8 @@
   * VideoEncoder: the encoder used to train the VAE. It is not Wan's encoder (a smaller, plain
     network that maps the same [B, 3, 1 + 4k, H, W] clip to the same [B, 2 z_dim, 1 + k, H/8, W/8]
     mean and log-variance) and it is not shipped: cubevec's text-to-video only decodes.
+  * SnapshotEncoder: the same, each latent frame the code of one video frame (an experiment,
+    train.py --encoder snapshot).
   * TinyTextEncoder: tinyflux's text encoder (tools/tinyflux/modules.py); Wan takes its sequence
     output as encoder_hidden_states and ignores the pooled one.
 """
@@ -33,6 +35,7 @@ unnormalize_latents = wan.unnormalize_latents
 
 
 LOGVAR_OFFSET = 6.0
+MEAN_BOUND = 4.0
 
 
 class VideoEncoder(nn.Module):
@@ -70,4 +73,43 @@ class VideoEncoder(nn.Module):
         mean, logvar = y.chunk(2, dim=1)
         # Posterior std starts near e^-3: the decoder's RMS norms make it blind to the latents'
         # scale, so a posterior that starts wide is never narrowed by the reconstruction loss.
+        return mean, (logvar - LOGVAR_OFFSET).clamp(-30.0, 0.0)
+
+
+class SnapshotEncoder(nn.Module):
+    """[B, 3, 1 + 4k, H, W] -> (mean, logvar) [B, z_dim, 1 + k, H / 8, W / 8], each latent frame
+    the code of one video frame: latent frame j encodes frame 4j alone (frame 0, then the last
+    frame of each group of four Wan's VAE puts into one latent frame).
+
+    Why: a latent frame made from four frames carries its own direction of motion, and trained on
+    those latents the transformer read the direction from its input, never from the words (three
+    recipes; MODEL_CARD.md). A snapshot only says where the shape is; which way it goes is in the
+    words and in the neighbouring latent frames alone. Wan's decoder is causal in time, so it
+    draws the three frames between two snapshots from both (the VAE is trained on all frames;
+    24.7 dB on whole clips, the in-between frames within 1 dB of the snapshots). Measured
+    (tw8, MODEL_CARD.md): the latents are as intended, but the transformer still ignores the
+    direction words, even from a clean anchor frame.
+    The means are soft-bounded to +-MEAN_BOUND (unbounded, the decoder's RMS norms let them grow
+    heavy tails: max |z| 45 against a mean |z| of 2.4)."""
+
+    def __init__(self, z_dim, width=64):
+        super().__init__()
+        w = width
+        self.frame = nn.Sequential(
+            nn.Conv2d(3, w // 2, 3, padding=1), nn.SiLU(),
+            nn.Conv2d(w // 2, w, 3, stride=2, padding=1), nn.SiLU(),
+            nn.Conv2d(w, w, 3, stride=2, padding=1), nn.SiLU(),
+            nn.Conv2d(w, w, 3, stride=2, padding=1), nn.SiLU(),
+            nn.Conv2d(w, w, 3, padding=1), nn.SiLU(),
+            nn.Conv2d(w, 2 * z_dim, 3, padding=1))
+
+    def forward(self, x):
+        b, c, t, h, w = x.shape
+        assert (t - 1) % 4 == 0, f"{t} frames: expected 1 + 4k"
+        snaps = x[:, :, ::4]
+        k = snaps.shape[2]
+        y = self.frame(snaps.transpose(1, 2).reshape(b * k, c, h, w))
+        y = y.reshape(b, k, *y.shape[1:]).transpose(1, 2)  # [B, 2 z_dim, 1 + k, h, w]
+        mean, logvar = y.chunk(2, dim=1)
+        mean = MEAN_BOUND * torch.tanh(mean / MEAN_BOUND)
         return mean, (logvar - LOGVAR_OFFSET).clamp(-30.0, 0.0)

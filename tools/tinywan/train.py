@@ -19,7 +19,7 @@ weights; threading may change the last bits). Stages:
                   AdamW, warm-up then cosine decay, gradient clipping, an EMA of the weights.
   4. save:        the EMA weights rounded to bf16 and stored as BF16 (the C++ loader widens them to
                   f32), configs, tokenizer, scheduler, training_log.json (losses, wall and CPU time).
-The defaults reproduce the shipped model; --heads, --layers, --ffn, --patch, --t-shift,
+The defaults reproduce the shipped model; --encoder, --heads, --layers, --ffn, --patch, --t-shift,
 --anchor-fraction (frame_noise_levels), --foreground-weight (foreground_weights) and
 --freeze-text-encoder are for experiments (the model card lists those tried).
 """
@@ -121,10 +121,13 @@ def as_float(videos):
 # ---------------------------------------------------------------------------------------------
 # Stage 2: the VAE
 # ---------------------------------------------------------------------------------------------
+ENCODERS = {"grouped": M.VideoEncoder, "snapshot": M.SnapshotEncoder}
+
+
 class VideoVae(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, encoder="grouped"):
         super().__init__()
-        self.encoder = M.VideoEncoder(Z_DIM)
+        self.encoder = ENCODERS[encoder](Z_DIM)
         self.decoder = M.AutoencoderKLWanDecoder(VAE_CONFIG)
 
     def reconstruct(self, x, sample=True):
@@ -316,6 +319,9 @@ def main():
                    help="loss weight of the latent tokens the shape covers (foreground_weights; 1: unweighted)")
     p.add_argument("--freeze-text-encoder", action="store_true",
                    help="keep the text encoder at its random initialization (experiment)")
+    p.add_argument("--encoder", choices=sorted(ENCODERS), default="grouped",
+                   help="the VAE's training encoder: grouped (four frames per latent frame, as the shipped "
+                        "model) or snapshot (one frame per latent frame; modules.SnapshotEncoder)")
     p.add_argument("--reuse-vae", action="store_true", help="reuse the VAE in --work from an earlier run")
     p.add_argument("--vae-only", action="store_true",
                    help="stop after the VAE and its latent statistics (with --reuse-vae, a later run goes on from there)")
@@ -343,7 +349,7 @@ def main():
                    vae_long_steps=args.vae_long_steps, vae_batch=args.vae_batch, transformer_steps=args.steps, batch=args.batch, lr=args.lr,
                    transformer_config=transformer_config, t_shift=args.t_shift,
                    anchor_fraction=args.anchor_fraction, anchor_max=ANCHOR_MAX, foreground_weight=args.foreground_weight,
-                   freeze_text_encoder=args.freeze_text_encoder, vae=[],
+                   freeze_text_encoder=args.freeze_text_encoder, encoder=args.encoder, vae=[],
                    transformer=[])
 
     # 1. data
@@ -355,7 +361,7 @@ def main():
     # Two phases, 9 then 17 frames; each phase's result is cached in --work (--reuse-vae resumes).
     t_vae, reused_seconds = time.time(), 0.0
     torch.manual_seed(2)
-    vae = VideoVae()
+    vae = VideoVae(args.encoder)
     for phase, (steps, frames) in enumerate([(args.vae_steps, 9), (args.vae_long_steps, dataset.FRAMES)]):
         path = os.path.join(args.work, f"vae_phase{phase + 1}.pt")
         if args.reuse_vae and os.path.exists(path):
