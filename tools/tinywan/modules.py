@@ -38,6 +38,23 @@ LOGVAR_OFFSET = 6.0
 MEAN_BOUND = 4.0
 
 
+def frame_convs(width):
+    """The encoders' per-frame layers: three stride-2 3x3 convolutions (8x smaller), `width` wide."""
+    w = width
+    return [nn.Conv2d(3, w // 2, 3, padding=1), nn.SiLU(),
+            nn.Conv2d(w // 2, w, 3, stride=2, padding=1), nn.SiLU(),
+            nn.Conv2d(w, w, 3, stride=2, padding=1), nn.SiLU(),
+            nn.Conv2d(w, w, 3, stride=2, padding=1), nn.SiLU(),
+            nn.Conv2d(w, w, 3, padding=1)]
+
+
+def per_frame(net, x):
+    """A 2-D network applied to every frame of x [B, C, T, H, W]: [B, C', T, H', W']."""
+    b, c, t, h, w = x.shape
+    y = net(x.transpose(1, 2).reshape(b * t, c, h, w))
+    return y.reshape(b, t, *y.shape[1:]).transpose(1, 2)
+
+
 class VideoEncoder(nn.Module):
     """[B, 3, 1 + 4k, H, W] -> (mean, logvar) [B, z_dim, 1 + k, H / 8, W / 8].
 
@@ -53,21 +70,15 @@ class VideoEncoder(nn.Module):
     def __init__(self, z_dim, width=64):
         super().__init__()
         w = width
-        self.frame = nn.Sequential(
-            nn.Conv2d(3, w // 2, 3, padding=1), nn.SiLU(),
-            nn.Conv2d(w // 2, w, 3, stride=2, padding=1), nn.SiLU(),
-            nn.Conv2d(w, w, 3, stride=2, padding=1), nn.SiLU(),
-            nn.Conv2d(w, w, 3, stride=2, padding=1), nn.SiLU(),
-            nn.Conv2d(w, w, 3, padding=1))
+        self.frame = nn.Sequential(*frame_convs(w))
         self.first = nn.Conv3d(w, w, (1, 3, 3), padding=(0, 1, 1))
         self.group = nn.Conv3d(w, w, (4, 3, 3), stride=(4, 1, 1), padding=(0, 1, 1))
         self.out = nn.Conv3d(w, 2 * z_dim, 3, padding=(0, 1, 1))
 
     def forward(self, x):
-        b, c, t, h, w = x.shape
+        t = x.shape[2]
         assert (t - 1) % 4 == 0, f"{t} frames: expected 1 + 4k"
-        f = self.frame(x.transpose(1, 2).reshape(b * t, c, h, w))
-        f = f.reshape(b, t, *f.shape[1:]).transpose(1, 2)  # [B, W, T, h, w]
+        f = per_frame(self.frame, x)  # [B, W, T, h, w]
         y = F.silu(torch.cat([self.first(f[:, :, :1]), self.group(f[:, :, 1:])], dim=2))
         y = self.out(F.pad(y, (0, 0, 0, 0, 2, 0)))  # causal in time: two zero frames in front
         mean, logvar = y.chunk(2, dim=1)
@@ -95,21 +106,12 @@ class SnapshotEncoder(nn.Module):
     def __init__(self, z_dim, width=64):
         super().__init__()
         w = width
-        self.frame = nn.Sequential(
-            nn.Conv2d(3, w // 2, 3, padding=1), nn.SiLU(),
-            nn.Conv2d(w // 2, w, 3, stride=2, padding=1), nn.SiLU(),
-            nn.Conv2d(w, w, 3, stride=2, padding=1), nn.SiLU(),
-            nn.Conv2d(w, w, 3, stride=2, padding=1), nn.SiLU(),
-            nn.Conv2d(w, w, 3, padding=1), nn.SiLU(),
-            nn.Conv2d(w, 2 * z_dim, 3, padding=1))
+        self.frame = nn.Sequential(*frame_convs(w), nn.SiLU(), nn.Conv2d(w, 2 * z_dim, 3, padding=1))
 
     def forward(self, x):
-        b, c, t, h, w = x.shape
+        t = x.shape[2]
         assert (t - 1) % 4 == 0, f"{t} frames: expected 1 + 4k"
-        snaps = x[:, :, ::4]
-        k = snaps.shape[2]
-        y = self.frame(snaps.transpose(1, 2).reshape(b * k, c, h, w))
-        y = y.reshape(b, k, *y.shape[1:]).transpose(1, 2)  # [B, 2 z_dim, 1 + k, h, w]
+        y = per_frame(self.frame, x[:, :, ::4])  # [B, 2 z_dim, 1 + k, h, w]
         mean, logvar = y.chunk(2, dim=1)
         mean = MEAN_BOUND * torch.tanh(mean / MEAN_BOUND)
         return mean, (logvar - LOGVAR_OFFSET).clamp(-30.0, 0.0)

@@ -52,7 +52,12 @@ def anchor_follow(model, work, encoder, clips_per_direction=2):
     path = os.path.join(work, "vae_phase2.pt")
     if not os.path.isfile(path):
         sys.exit(f"probe_words.py: {path}: no cached VAE (train.py writes it to its --work folder)")
-    vae.load_state_dict(torch.load(path)["state"])
+    try:
+        train.load_vae_phase(vae, path, encoder)
+    except ValueError as e:  # trained with another --encoder
+        sys.exit(f"probe_words.py: {e}")
+    except Exception as e:  # another network's weights, not a torch file
+        sys.exit(f"probe_words.py: {path}: cannot load it as the VAE of --encoder {encoder}: {e}")
     shape = (1, -1, 1, 1, 1)
     mean = torch.tensor(model.vae_config["latents_mean"]).view(shape)
     std = torch.tensor(model.vae_config["latents_std"]).view(shape)

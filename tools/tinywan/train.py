@@ -136,6 +136,18 @@ class VideoVae(torch.nn.Module):
         return self.decoder.decode_whole(z), mean, logvar
 
 
+def load_vae_phase(vae, path, encoder):
+    """Loads a VAE phase cached by an earlier run into vae and returns what was saved. Raises
+    ValueError when the cache was trained with another --encoder (caches without the key came
+    before the option and hold the grouped encoder)."""
+    saved = torch.load(path)
+    trained_with = saved.get("encoder", "grouped")
+    if trained_with != encoder:
+        raise ValueError(f"{path}: a VAE trained with --encoder {trained_with}, not {encoder}")
+    vae.load_state_dict(saved["state"])
+    return saved
+
+
 def train_vae(vae, videos, val, steps, batch, frames, seed, history):
     """One phase: `steps` of Adam (warm-up, cosine) on random 32x32 crops of `frames` frames. The
     networks are convolutional (the decoder's mid-block attention works per frame on any size), so
@@ -365,8 +377,10 @@ def main():
     for phase, (steps, frames) in enumerate([(args.vae_steps, 9), (args.vae_long_steps, dataset.FRAMES)]):
         path = os.path.join(args.work, f"vae_phase{phase + 1}.pt")
         if args.reuse_vae and os.path.exists(path):
-            saved = torch.load(path)
-            vae.load_state_dict(saved["state"])
+            try:
+                saved = load_vae_phase(vae, path, args.encoder)
+            except ValueError as e:
+                p.error(f"--reuse-vae: {e}")
             log_doc["vae"] = saved["history"]
             reused_seconds += saved["history"][-1]["seconds"]
             log(f"reusing {path} (its phase took {saved['history'][-1]['seconds']:.0f} s)")
@@ -374,7 +388,7 @@ def main():
         if phase > 0:
             torch.manual_seed(2 + phase)
         train_vae(vae, videos, val, steps, args.vae_batch, frames, 2 + phase, log_doc["vae"])
-        torch.save({"state": vae.state_dict(), "history": log_doc["vae"]}, path)
+        torch.save({"state": vae.state_dict(), "history": log_doc["vae"], "encoder": args.encoder}, path)
     vae.eval()
     bf16_round_(vae)
     lat_mean, lat_std = encode_pool(vae, videos)
