@@ -188,7 +188,10 @@ def main():
     import torch
     import sample as S
     torch.set_num_threads(2)
-    model = S.TinyWan(args.model)
+    try:
+        model = S.TinyWan(args.model)
+    except (OSError, ValueError, KeyError) as e:  # a missing folder or file, a config that does not parse
+        p.error(f"--model {args.model}: not a tinywan folder ({e})")
     if args.direction_check is not None:
         if args.direction_check < 1:
             p.error(f"--direction-check {args.direction_check}: expected a positive number of seeds")

@@ -104,7 +104,10 @@ def main():
     if args.probe == "anchor" and not args.work:
         p.error("anchor needs --work (the folder with train.py's cached VAE)")
     torch.set_num_threads(2)
-    model = sample.TinyWan(args.model)
+    try:
+        model = sample.TinyWan(args.model)
+    except (OSError, ValueError, KeyError) as e:  # a missing folder or file, a config that does not parse
+        p.error(f"--model {args.model}: not a tinywan folder ({e})")
     if args.probe == "effect":
         word_effect(model)
     else:
