@@ -244,9 +244,9 @@ CommandRunner add_t2v_command(CLI::App& app) {
   command->add_option("--prompt-embeds", flags->text.prompt_embeds,
                       "safetensors with prompt_embeds [1,L,text_dim] (and negative_prompt_embeds for CFG)");
   command->add_option("--frames", flags->options.frames, "Frames, 1 + 4k (default 81, or the model folder's generation_defaults.json)")->check(in_range(int64_t{1}, int64_t{4097}));
-  command->add_option("--width", flags->options.width, "Width in pixels, a multiple of 16 (default 832, or generation_defaults.json's)")
+  command->add_option("--width", flags->options.width, "Width in pixels, a multiple of 8 x the patch size, 16 for Wan2.1 (default 832, or generation_defaults.json's)")
       ->check(in_range(int64_t{16}, int64_t{8192}));
-  command->add_option("--height", flags->options.height, "Height in pixels, a multiple of 16 (default 480, or generation_defaults.json's)")
+  command->add_option("--height", flags->options.height, "Height in pixels, a multiple of 8 x the patch size, 16 for Wan2.1 (default 480, or generation_defaults.json's)")
       ->check(in_range(int64_t{16}, int64_t{8192}));
   command->add_option("--steps", flags->options.steps, "Denoising steps (default 50, or generation_defaults.json's)")->check(in_range(1, 1000));
   command->add_option("--guidance", flags->options.guidance, "CFG scale: v = v_u + g (v_c - v_u) (default 5, or generation_defaults.json's)")->check(in_range(0.0, 100.0));

@@ -106,8 +106,9 @@ WanT2VPipeline WanT2VPipeline::load_meta(const std::string& dir, DType dtype) {
 }
 
 void WanT2VPipeline::check(const T2VOptions& o, bool have_negative) const {
-  if (o.width <= 0 || o.height <= 0 || o.width % 16 != 0 || o.height % 16 != 0)
-    throw Error("width and height must be positive multiples of 16 (8 for the VAE x 2 for the patch), got " +
+  // Multiples of 8 for the VAE here; the loop below adds the transformer's own patch size.
+  if (o.width <= 0 || o.height <= 0 || o.width % 8 != 0 || o.height % 8 != 0)
+    throw Error("width and height must be positive multiples of 8 (the VAE's scale), got " +
                 std::to_string(o.width) + "x" + std::to_string(o.height));
   if (o.frames < 1 || (o.frames - 1) % 4 != 0)
     throw Error("frames must be 1 + 4k (1, 5, ..., 81: the VAE makes 4 frames of each latent frame after the first), got " +

@@ -22,7 +22,7 @@
 namespace cubevec::pipelines {
 
 struct T2VOptions {
-  int64_t width = 832, height = 480;  // multiples of 16 (8 x the VAE, 2 x the patch)
+  int64_t width = 832, height = 480;  // multiples of 8 x the transformer's spatial patch
   int64_t frames = 81;                // 1 + 4k
   int steps = 50;
   double guidance = 5.0;              // CFG scale; CFG runs when cfg is not off

@@ -164,8 +164,10 @@ TEST_F(T2VCli, BadInputsAreOneLineErrors) {
   } cases[] = {
       {{"t2v", "--model", kModel, "--prompt", "a cat", "--out", out}, "has no text_encoder/ (umT5) to encode --prompt with"},
       {{"t2v", "--model", kModel, "--prompt-embeds", with_negative, "--frames", "8", "--out", out}, "frames must be 1 + 4k"},
+      {{"t2v", "--model", kModel, "--prompt-embeds", with_negative, "--width", "36", "--out", out},
+       "width and height must be positive multiples of 8"},
       {{"t2v", "--model", kModel, "--prompt-embeds", with_negative, "--width", "40", "--out", out},
-       "width and height must be positive multiples of 16"},
+       "--width 40 gives 5 latent positions, not a multiple of the transformer's patch size 2"},
       {{"t2v", "--model", kModel, "--prompt-embeds", embeds, "--out", out}, "needs negative_prompt_embeds"},
       {{"t2v", "--model", kModel, "--prompt-embeds", with_negative, "--cfg", "both", "--out", out}, "unknown CFG mode 'both'"},
       {{"t2v", "--model", "/nonexistent", "--prompt-embeds", embeds, "--out", out}, "not a diffusers Wan model directory"},

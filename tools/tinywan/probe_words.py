@@ -1,8 +1,9 @@
 #!/usr/bin/python3
-"""Do tinywan's words change what the transformer predicts? Two probes (a minute each).
+"""Do tinywan's words change what the transformer predicts? Three probes (a minute each).
 
     /usr/bin/python3 tools/tinywan/probe_words.py effect --model assets/tinywan
     /usr/bin/python3 tools/tinywan/probe_words.py anchor --model DIR --work WORK [--encoder snapshot]
+    /usr/bin/python3 tools/tinywan/probe_words.py reversal --model DIR
 
 effect  From fixed pure noise (and t = 0.9, 0.7), the mean squared change of the velocity when one
         word of "a red circle moving right on a blue background" is swapped (direction, motion,
@@ -13,6 +14,11 @@ anchor  For clips of the four directions, one latent frame clean (frame 0 or 2) 
         direction, and nearer the clip moving the opposite way through the anchor frame when it
         says the opposite? 0.5 is what a model that ignores the direction word gets. Needs the
         training encoder, so the VAE cached by train.py in --work (vae_phase2.pt) and its --encoder.
+reversal Can the transformer tell the order of its frames? From fixed noise, the velocity of the
+        latent played backwards, played back again, against the velocity of the latent itself, and
+        the same for a left-right mirror, relative to the velocity's size. Near 0 for reversal:
+        the model is symmetric in time, so no word can say which way a shape moves or whether it
+        grows or shrinks (train.py's time_patch_note).
 """
 import argparse
 import os
@@ -94,9 +100,24 @@ def anchor_follow(model, work, encoder, clips_per_direction=2):
               f"(0.5: ignores it)")
 
 
+@torch.no_grad()
+def reversal(model):
+    noise = torch.randn((1, train.Z_DIM, train.LATENT_FRAMES, 8, 8), generator=torch.Generator().manual_seed(0))
+    for prompt in (BASE, BASE.replace("moving right", "growing")):
+        e = model.encode_prompt(prompt)
+        for t in (1.0, 0.7, 0.3):
+            step = torch.tensor([t * 1000.0])
+            v = model.transformer(noise, step, e)
+            size = float(v.pow(2).mean())
+            errors = [float((model.transformer(noise.flip(axis), step, e).flip(axis) - v).pow(2).mean()) / size
+                      for axis in (2, 4)]
+            print(f'"{prompt}", t {t}: relative change of the velocity when the input is played backwards '
+                  f"{errors[0]:.5f}, mirrored left-right {errors[1]:.5f}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("probe", choices=["effect", "anchor"])
+    p.add_argument("probe", choices=["effect", "anchor", "reversal"])
     p.add_argument("--model", default=os.path.join(os.path.dirname(os.path.dirname(HERE)), "assets", "tinywan"))
     p.add_argument("--work", help="train.py's --work folder (anchor)")
     p.add_argument("--encoder", choices=sorted(train.ENCODERS), default="grouped", help="the VAE's training encoder (anchor)")
@@ -110,6 +131,8 @@ def main():
         p.error(f"--model {args.model}: not a tinywan folder ({e})")
     if args.probe == "effect":
         word_effect(model)
+    elif args.probe == "reversal":
+        reversal(model)
     else:
         anchor_follow(model, args.work, args.encoder)
 

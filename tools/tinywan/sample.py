@@ -2,6 +2,7 @@
 """The PyTorch sampler of tinywan, step for step cubevec's WanT2VPipeline.
 
     /usr/bin/python3 tools/tinywan/sample.py video --prompt "a red circle moving right on a blue background" [--seed 0] --out x.png
+    /usr/bin/python3 tools/tinywan/sample.py reference   # tests/data/tinywan_reference.safetensors
 
 Sampling as the C++ pipeline does it (pipelines/wan_t2v.cpp, porting-spec 2.6):
   * noise [1, z_dim, 1 + (F - 1) / 4, H / 8, W / 8] from cubevec_noise() (pipelines/noise.h in numpy,
@@ -12,7 +13,9 @@ Sampling as the C++ pipeline does it (pipelines/wan_t2v.cpp, porting-spec 2.6):
     as the unconditional input, x = x + f32(sigma_{i+1} - sigma_i) v in f32;
   * z = latents / (1 / latents_std) + latents_mean per channel, the VAE decode (the whole sequence:
     equal to diffusers' chunked decode, make_wan_reference.py checks it), clamp to [-1, 1].
-The video command writes a strip of frames 0, 4, 8, 12, 16 as a PNG.
+The video command writes a strip of frames 0, 4, 8, 12, 16 as a PNG; reference writes the parity
+video tests/pipelines/tinywan_test.cpp compares cubevec's pipeline with (REFERENCE_PROMPT, seed 0,
+the model's generation defaults: CFG on, the empty prompt as the unconditional input).
 """
 import argparse
 import os
@@ -29,6 +32,8 @@ import modules as M  # noqa: E402
 _flux_sample = dataset.load_tinyflux("sample")
 cubevec_noise = _flux_sample.cubevec_noise  # pipelines/noise.h in numpy
 DEFAULT_MODEL = os.path.join(M.ROOT, "assets", "tinywan")
+REFERENCE_PROMPT = "a red circle moving right on a blue background"  # the README's
+REFERENCE_SEED = 0
 
 
 def _config(path):
@@ -110,21 +115,53 @@ def strip(frames, every=4):
     return np.concatenate(list(frames[::every]), axis=1)
 
 
+def write_reference(model, out_path):
+    from safetensors_io import write_safetensors  # tests/reference, on the path via modules
+    d = model.defaults
+    text, empty = model.encode_prompt(REFERENCE_PROMPT), model.encode_prompt("")
+    latents = model.denoise(text, empty, REFERENCE_SEED)
+    tensors = {"video": model.decode(latents).contiguous(), "latents": latents.contiguous()}
+    meta = {
+        "_generator": "tools/tinywan/sample.py reference",
+        "_torch_version": torch.__version__,
+        "_note": "video: the decoded [1,3,F,H,W] clip (clamped to [-1, 1]) of the PyTorch sampler (f32) on "
+                 "assets/tinywan for prompt/seed at generation_defaults.json (CFG with the empty prompt); "
+                 "latents: the final latents",
+        "prompt": REFERENCE_PROMPT,
+        "seed": str(REFERENCE_SEED),
+        **{k: str(d[k]) for k in ("width", "height", "frames", "steps", "guidance")},
+    }
+    write_safetensors(out_path, tensors, meta)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["video"])
+    p.add_argument("command", choices=["video", "reference"])
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--prompt", default="a red circle moving right on a blue background")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int)
     p.add_argument("--guidance", type=float)
-    p.add_argument("--out", default="/tmp/tinywan.png")
+    p.add_argument("--out", help="video: the PNG strip (default /tmp/tinywan.png); reference: the safetensors "
+                                 "(default tests/data/tinywan_reference.safetensors)")
     args = p.parse_args()
     torch.set_num_threads(2)
     from PIL import Image
-    model = TinyWan(args.model)
-    Image.fromarray(strip(to_frames(model.sample(args.prompt, args.seed, args.steps, args.guidance)))).save(args.out)
-    print("wrote", args.out)
+    try:
+        model = TinyWan(args.model)
+    except (OSError, ValueError, KeyError) as e:  # a missing folder or file, a config that does not parse
+        p.error(f"--model {args.model}: not a tinywan folder ({e})")
+    if args.command == "reference":
+        out = args.out or os.path.join(M.ROOT, "tests", "data", "tinywan_reference.safetensors")
+        try:
+            write_reference(model, out)
+        except OSError as e:
+            p.error(f"--out {out}: cannot write it ({e})")
+        print(f"wrote {out} ({os.path.getsize(out)} bytes)")
+        return
+    out = args.out or "/tmp/tinywan.png"
+    Image.fromarray(strip(to_frames(model.sample(args.prompt, args.seed, args.steps, args.guidance)))).save(out)
+    print("wrote", out)
 
 
 if __name__ == "__main__":

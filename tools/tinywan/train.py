@@ -105,6 +105,14 @@ CAPTION_DROPOUT = 0.1
 EMA_DECAY = 0.998
 MODULATION = ("scale_shift_table", "proj_out")
 ANCHOR_MAX = 0.5  # an anchor frame's noise level is at most this fraction of the others' (frame_noise_levels)
+LATENT_FRAMES = 1 + (dataset.FRAMES - 1) // 4
+# time_patch_note: with a temporal patch of 1 (as Wan), a token knows its frame only through RoPE,
+# which is relative. On snapshot latents (every latent frame alike) the model came out symmetric
+# under time reversal (the velocity of a clip played backwards is the reversed velocity to 2e-4 of
+# its size, against 0.05 for a left-right mirror; probe_words.py reversal, MODEL_CARD.md), and a
+# model blind to the order of its frames cannot tell "left" from "right" or "growing" from
+# "shrinking". --time-patch LATENT_FRAMES puts all latent frames of one place in one token: each
+# frame then has its own patch-embedding and output weights.
 
 
 # The helpers tinyflux's trainer already has: a timestamped log, rounding to bf16, saving a module as
@@ -322,7 +330,10 @@ def main():
                    help="transformer heads of 32 channels (the width is 32 heads)")
     p.add_argument("--layers", type=int, default=TRANSFORMER_CONFIG["num_layers"])
     p.add_argument("--ffn", type=int, default=TRANSFORMER_CONFIG["ffn_dim"])
-    p.add_argument("--patch", type=int, default=TRANSFORMER_CONFIG["patch_size"][1], help="spatial patch size (1 or 2)")
+    p.add_argument("--patch", type=int, default=TRANSFORMER_CONFIG["patch_size"][1], help="spatial patch size (1, 2 or 4)")
+    p.add_argument("--time-patch", type=int, default=TRANSFORMER_CONFIG["patch_size"][0],
+                   help=f"temporal patch size: 1 (as Wan) or {LATENT_FRAMES} (one token holds every latent frame of its "
+                        "place, so each frame has its own input and output weights; see time_patch_note)")
     p.add_argument("--t-shift", type=float, default=1.0,
                    help="shift of the training timesteps (1: plain logit-normal, as the shipped model)")
     p.add_argument("--anchor-fraction", type=float, default=0.0,
@@ -348,10 +359,12 @@ def main():
         p.error(f"--anchor-fraction {args.anchor_fraction}: expected a number from 0 to 1")
     if not (math.isfinite(args.foreground_weight) and args.foreground_weight > 0):
         p.error(f"--foreground-weight {args.foreground_weight}: expected a finite positive number")
-    if args.patch not in (1, 2):
-        p.error(f"--patch {args.patch}: expected 1 or 2")
+    if args.patch not in (1, 2, 4):
+        p.error(f"--patch {args.patch}: expected 1, 2 or 4")
+    if args.time_patch not in (1, LATENT_FRAMES):
+        p.error(f"--time-patch {args.time_patch}: expected 1 or {LATENT_FRAMES} (it must divide the {LATENT_FRAMES} latent frames)")
     transformer_config = dict(TRANSFORMER_CONFIG, num_attention_heads=args.heads, num_layers=args.layers, ffn_dim=args.ffn,
-                              patch_size=[1, args.patch, args.patch])
+                              patch_size=[args.time_patch, args.patch, args.patch])
     torch.set_num_threads(2)
     torch.use_deterministic_algorithms(True)
     os.makedirs(args.work, exist_ok=True)
