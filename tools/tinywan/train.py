@@ -276,7 +276,11 @@ def foreground_weights(videos, weight):
 
 
 def train_transformer(clips, lat_mean, lat_std, ch_mean, ch_std, config, steps, batch, history, lr, shift,
-                      anchor_fraction, videos=None, foreground_weight=1.0, freeze_text=False):
+                      anchor_fraction, videos=None, foreground_weight=1.0, freeze_text=False, save_every=0,
+                      on_checkpoint=None):
+    """Returns the EMA and the last weights of the transformer and the text encoder. With save_every
+    N, on_checkpoint(step, ema_transformer, ema_text) after every N steps but the last (it gets the
+    live EMA modules: copy before changing them)."""
     torch.manual_seed(3)
     rng = np.random.default_rng(3)
     model = init_transformer(M.WanTransformer3DModel(config))
@@ -312,7 +316,21 @@ def train_transformer(clips, lat_mean, lat_std, ch_mean, ch_std, config, steps, 
         else:
             loss = (weight * (v - (noise - x0)) ** 2).sum() / (weight.expand_as(x0[:, :1]).sum() * x0.shape[1])
         acc = _flux_train.optimizer_step(loss, opt, params, ema_params, step, steps, acc, history, t0, EMA_DECAY)
+        if save_every and (step + 1) % save_every == 0 and step + 1 < steps:
+            on_checkpoint(step + 1, ema_model, ema_text)
     return ema_model.eval(), ema_text.eval(), model.eval(), text.eval()
+
+
+def write_model(out, transformer, text, vae, transformer_config, vae_config):
+    """A tinywan folder in diffusers layout; the decode path of the VAE (post_quant_conv + decoder) is
+    what cubevec runs. The modules are written as they are (bf16_round_ them first)."""
+    save(transformer, os.path.join(out, "transformer"), "diffusion_pytorch_model.safetensors", transformer_config)
+    save(vae.decoder, os.path.join(out, "vae"), "diffusion_pytorch_model.safetensors", vae_config)
+    save(text, os.path.join(out, "text_encoder"), "model.safetensors", TEXT_ENCODER_CONFIG)
+    write_json(os.path.join(out, "scheduler", "scheduler_config.json"), SCHEDULER_CONFIG)
+    write_json(os.path.join(out, "tokenizer", "vocab.json"), dataset.WORD_ID)
+    write_json(os.path.join(out, "tokenizer", "tokenizer_config.json"), TOKENIZER_CONFIG)
+    write_json(os.path.join(out, "generation_defaults.json"), GENERATION_DEFAULTS)
 
 
 def main():
@@ -345,6 +363,9 @@ def main():
     p.add_argument("--encoder", choices=sorted(ENCODERS), default="grouped",
                    help="the VAE's training encoder: grouped (four frames per latent frame, as the shipped "
                         "model) or snapshot (one frame per latent frame; modules.SnapshotEncoder)")
+    p.add_argument("--save-every", type=int, default=0, metavar="N",
+                   help="also write the EMA weights every N transformer steps to OUT/step_N (a tinywan folder each, "
+                        "for probing when the words take hold; 0: only the final model)")
     p.add_argument("--reuse-vae", action="store_true", help="reuse the VAE in --work from an earlier run")
     p.add_argument("--vae-only", action="store_true",
                    help="stop after the VAE and its latent statistics (with --reuse-vae, a later run goes on from there)")
@@ -355,6 +376,8 @@ def main():
     for flag, value in (("--heads", args.heads), ("--layers", args.layers), ("--ffn", args.ffn)):
         if value < 1:
             p.error(f"{flag} {value}: expected a positive integer")
+    if args.save_every < 0:
+        p.error(f"--save-every {args.save_every}: expected 0 (off) or a positive number of steps")
     if not 0.0 <= args.anchor_fraction <= 1.0:
         p.error(f"--anchor-fraction {args.anchor_fraction}: expected a number from 0 to 1")
     if not (math.isfinite(args.foreground_weight) and args.foreground_weight > 0):
@@ -423,23 +446,26 @@ def main():
 
     # 3. transformer + text encoder
     t_tr = time.time()
+
+    def checkpoint(step, ema_transformer, ema_text):
+        copies = [copy.deepcopy(m).eval() for m in (ema_transformer, ema_text)]
+        for m in copies:
+            bf16_round_(m)
+        write_model(os.path.join(args.out, f"step_{step}"), *copies, vae, transformer_config, vae_config)
+        log(f"wrote {os.path.join(args.out, f'step_{step}')}")
+
     transformer, text, raw_transformer, raw_text = train_transformer(
         clips, lat_mean, lat_std, ch_mean, ch_std, transformer_config, args.steps, args.batch, log_doc["transformer"], args.lr,
-        args.t_shift, args.anchor_fraction, videos, args.foreground_weight, args.freeze_text_encoder)
+        args.t_shift, args.anchor_fraction, videos, args.foreground_weight, args.freeze_text_encoder, args.save_every,
+        checkpoint)
     log_doc["transformer_seconds"] = time.time() - t_tr
     torch.save({"transformer": raw_transformer.state_dict(), "text": raw_text.state_dict()}, os.path.join(args.work, "raw.pt"))
     for m in (transformer, text):
         bf16_round_(m)
 
-    # 4. save: the decode path of the VAE (post_quant_conv + decoder) is what cubevec runs.
+    # 4. save
     out = args.out
-    save(transformer, os.path.join(out, "transformer"), "diffusion_pytorch_model.safetensors", transformer_config)
-    save(vae.decoder, os.path.join(out, "vae"), "diffusion_pytorch_model.safetensors", vae_config)
-    save(text, os.path.join(out, "text_encoder"), "model.safetensors", TEXT_ENCODER_CONFIG)
-    write_json(os.path.join(out, "scheduler", "scheduler_config.json"), SCHEDULER_CONFIG)
-    write_json(os.path.join(out, "tokenizer", "vocab.json"), dataset.WORD_ID)
-    write_json(os.path.join(out, "tokenizer", "tokenizer_config.json"), TOKENIZER_CONFIG)
-    write_json(os.path.join(out, "generation_defaults.json"), GENERATION_DEFAULTS)
+    write_model(out, transformer, text, vae, transformer_config, vae_config)
     log_doc["reused_vae_seconds"] = reused_seconds
     log_doc["total_training_seconds"] = time.time() - start + reused_seconds
     log_doc["total_cpu_seconds"] = time.process_time() - cpu_start
