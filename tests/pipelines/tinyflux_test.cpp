@@ -17,6 +17,7 @@
 #include "pipelines/flux_t2i.h"
 #include "pipelines/jpeg.h"
 #include "pipelines/noise.h"
+#include "pipelines/quality.h"
 #include "models/tiny_text_encoder.h"
 #include "tensor/safetensors.h"
 
@@ -57,18 +58,6 @@ Tensor generate(const std::string& prompt, uint64_t seed, int steps = pipelines:
   return m.pipeline.decode(packed, o, device, timings);
 }
 
-// PSNR in dB of two images in the pipeline's [-1, 1] range after diffusers' clamp(x / 2 + 0.5, 0, 1).
-double psnr(const Tensor& a, const Tensor& b) {
-  const auto x = testing::values(a), y = testing::values(b);
-  double mse = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const double p = std::clamp(x[i] / 2 + 0.5, 0.0, 1.0), q = std::clamp(y[i] / 2 + 0.5, 0.0, 1.0);
-    mse += (p - q) * (p - q);
-  }
-  mse /= static_cast<double>(x.size());
-  return mse == 0 ? INFINITY : 10 * std::log10(1.0 / mse);
-}
-
 TEST(TinyFlux, NoiseMatchesTheNumpyReimplementation) {
   const SafetensorsFile& ref = reference();
   const uint64_t check_seed = std::stoull(ref.metadata().at("noise_check_seed"));
@@ -95,7 +84,7 @@ TEST(TinyFlux, PipelineMatchesThePyTorchSampler) {
   const Tensor image = generate(ref.metadata().at("prompt"), std::stoull(ref.metadata().at("seed")), steps);
   const Tensor want = ref.tensor("image");
   ASSERT_EQ(image.shape(), want.shape());
-  const double db = psnr(image, want);
+  const double db = pipelines::compare_pictures(image, want).psnr_db;
   RecordProperty("psnr_db", std::to_string(db));
   std::printf("PSNR of the C++ pipeline against the PyTorch sampler: %.2f dB\n", db);
   EXPECT_GE(db, 40.0);

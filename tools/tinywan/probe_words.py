@@ -39,9 +39,14 @@ SWAPS = {"left": ("right", "left"), "up": ("right", "up"), "growing": ("moving r
 OPPOSITE = {"right": "left", "left": "right", "up": "down", "down": "up"}
 
 
+def fixed_noise():
+    """The probes' pure-noise latent: one 17-frame 64x64 clip, seed 0."""
+    return torch.randn((1, train.Z_DIM, train.LATENT_FRAMES, 8, 8), generator=torch.Generator().manual_seed(0))
+
+
 @torch.no_grad()
 def word_effect(model):
-    noise = torch.randn((1, train.Z_DIM, 5, 8, 8), generator=torch.Generator().manual_seed(0))
+    noise = fixed_noise()
     base = model.encode_prompt(BASE)
     swapped = {k: model.encode_prompt(BASE.replace(a, b)) for k, (a, b) in SWAPS.items()}
     for t in (1.0, 0.9, 0.7):
@@ -102,7 +107,7 @@ def anchor_follow(model, work, encoder, clips_per_direction=2):
 
 @torch.no_grad()
 def reversal(model):
-    noise = torch.randn((1, train.Z_DIM, train.LATENT_FRAMES, 8, 8), generator=torch.Generator().manual_seed(0))
+    noise = fixed_noise()
     for prompt in (BASE, BASE.replace("moving right", "growing")):
         e = model.encode_prompt(prompt)
         for t in (1.0, 0.7, 0.3):

@@ -138,7 +138,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=["video", "reference"])
     p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--prompt", default="a red circle moving right on a blue background")
+    p.add_argument("--prompt", default=REFERENCE_PROMPT)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int)
     p.add_argument("--guidance", type=float)
