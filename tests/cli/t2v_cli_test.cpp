@@ -244,11 +244,14 @@ TEST_F(T2VCli, TinyWanRendersThePromptAtItsDefaults) {
   const auto& first = frames.front().pixels;
   EXPECT_GT(int(first[2]), int(first[0]) + 80) << "corner is not blue";
   // Flags given on the command line win over the model's defaults.
-  const auto shorter = run({"t2v", "--model", kTinyWan, "--prompt", "a red circle moving right", "--frames", "5", "--steps", "2",
-                            "--cfg", "off", "--out", out});
-  ASSERT_EQ(shorter.status, 0) << shorter.err;
-  EXPECT_NE(shorter.err.find("t2v: 5 frames of 64x64 (latent 2 x 8 x 8), 2 steps, cfg off"), std::string::npos) << shorter.err;
-  EXPECT_EQ(cubevec::pipelines::read_avi_info(out).frame_count, 5);
+  const auto smaller = run({"t2v", "--model", kTinyWan, "--prompt", "a red circle moving right", "--width", "32", "--height", "48",
+                            "--steps", "2", "--cfg", "off", "--out", out});
+  ASSERT_EQ(smaller.status, 0) << smaller.err;
+  EXPECT_NE(smaller.err.find("t2v: 17 frames of 32x48 (latent 5 x 6 x 4), 2 steps, cfg off"), std::string::npos) << smaller.err;
+  const cubevec::pipelines::AviInfo smaller_info = cubevec::pipelines::read_avi_info(out);
+  EXPECT_EQ(smaller_info.width, 32);
+  EXPECT_EQ(smaller_info.height, 48);
+  EXPECT_EQ(smaller_info.frame_count, 17);
 }
 
 TEST_F(T2VCli, TinyWanPromptAndDefaultsErrors) {
@@ -261,6 +264,8 @@ TEST_F(T2VCli, TinyWanPromptAndDefaultsErrors) {
       {"", {"--prompt", "a red cat moving left"}, "the prompt has a word this model does not know: 'cat'. It knows these 22 words: a an red"},
       {"", {"--prompt", " ,. "}, "--prompt TEXT is required (' ,. ' has no words)"},
       {"", {"--prompt", "a red circle", "--negative-prompt", "no dogs"}, "--negative-prompt: the prompt has 2 words this model does not know: 'no', 'dogs'"},
+      // One token holds all 5 latent frames of its place (patch (5, 2, 2)): 9 frames are 3 latent frames.
+      {"", {"--prompt", "a red circle", "--frames", "9"}, "--frames 9 gives 3 latent positions, not a multiple of the transformer's patch size 5"},
       {R"({"width": 40})", {"--prompt", "a red circle"}, "generation_defaults.json: 'width' must be a multiple of 16, got 40"},
       {R"({"frames": 8})", {"--prompt", "a red circle"}, "generation_defaults.json: 'frames' must be 1 + 4k, got 8"},
       {R"({"steps": 0})", {"--prompt", "a red circle"}, "generation_defaults.json: 'steps' must be an integer"},

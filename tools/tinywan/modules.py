@@ -58,9 +58,10 @@ def per_frame(net, x):
 class VideoEncoder(nn.Module):
     """[B, 3, 1 + 4k, H, W] -> (mean, logvar) [B, z_dim, 1 + k, H / 8, W / 8].
 
-    (The shipped model's encoder. Commit e08a221 tried a time-stationary one with bounded means:
-    its latents were far better behaved, consecutive latent frames correlating 0.90 against 0.57,
-    but the model trained on them scored worse; see assets/tinywan/MODEL_CARD.md.)
+    (The first version's encoder; the shipped second version was trained with SnapshotEncoder.
+    Commit e08a221 tried a time-stationary one with bounded means: its latents were far better
+    behaved, consecutive latent frames correlating 0.90 against 0.57, but the model trained on them
+    scored worse; see assets/tinywan/MODEL_CARD.md.)
 
     Each frame goes through three stride-2 3x3 convolutions (8x smaller); then, as the Wan VAE
     groups time, the first frame makes the first latent frame on its own and each later group of

@@ -125,7 +125,8 @@ def main():
     p.add_argument("probe", choices=["effect", "anchor", "reversal"])
     p.add_argument("--model", default=os.path.join(os.path.dirname(os.path.dirname(HERE)), "assets", "tinywan"))
     p.add_argument("--work", help="train.py's --work folder (anchor)")
-    p.add_argument("--encoder", choices=sorted(train.ENCODERS), default="grouped", help="the VAE's training encoder (anchor)")
+    p.add_argument("--encoder", choices=sorted(train.ENCODERS), default="snapshot",
+                   help="the VAE's training encoder (anchor; the shipped model's: snapshot)")
     args = p.parse_args()
     if args.probe == "anchor" and not args.work:
         p.error("anchor needs --work (the folder with train.py's cached VAE)")

@@ -19,9 +19,12 @@ weights; threading may change the last bits). Stages:
                   AdamW, warm-up then cosine decay, gradient clipping, an EMA of the weights.
   4. save:        the EMA weights rounded to bf16 and stored as BF16 (the C++ loader widens them to
                   f32), configs, tokenizer, scheduler, training_log.json (losses, wall and CPU time).
-The defaults reproduce the shipped model; --encoder, --heads, --layers, --ffn, --patch, --t-shift,
---anchor-fraction (frame_noise_levels), --foreground-weight (foreground_weights) and
---freeze-text-encoder are for experiments (the model card lists those tried).
+The defaults reproduce the shipped model (the second version, 2026-11-28: snapshot latents, patch
+(5, 2, 2), width 384, shift 3, anchors, the shape weighted 3x; the first version was trained with
+`--encoder grouped --vae-long-steps 800 --heads 4 --ffn 384 --time-patch 1 --steps 4000 --batch 32
+--t-shift 1 --anchor-fraction 0 --foreground-weight 1`). --encoder, --heads, --layers, --ffn,
+--patch, --time-patch, --t-shift, --anchor-fraction (frame_noise_levels), --foreground-weight
+(foreground_weights) and --freeze-text-encoder are for experiments (the model card lists those tried).
 """
 import argparse
 import copy
@@ -71,14 +74,14 @@ TRANSFORMER_CONFIG = {
     "attention_head_dim": 32,
     "cross_attn_norm": True,
     "eps": 1e-06,
-    "ffn_dim": 384,
+    "ffn_dim": 1536,
     "freq_dim": 64,
     "image_dim": None,
     "in_channels": Z_DIM,
-    "num_attention_heads": 4,
+    "num_attention_heads": 12,
     "num_layers": 4,
     "out_channels": Z_DIM,
-    "patch_size": [1, 2, 2],
+    "patch_size": [5, 2, 2],  # one token holds the 5 latent frames of its place (time_patch_note)
     "pos_embed_seq_len": None,
     "qk_norm": "rms_norm_across_heads",
     "rope_max_seq_len": 1024,
@@ -251,7 +254,7 @@ def frame_noise_levels(t, frames, anchor_fraction, rng):
     batch = t.shape[0]
     tt = t.view(batch, 1, 1, 1, 1).repeat(1, 1, frames, 1, 1)
     weight = torch.ones_like(tt)
-    if anchor_fraction > 0:  # no draws at 0: the shipped recipe's random stream stays as it was
+    if anchor_fraction > 0:  # no draws at 0: the first version's random stream stays as it was
         anchored = rng.random(batch) < anchor_fraction
         anchor, scale = rng.integers(frames, size=batch), rng.uniform(0.0, ANCHOR_MAX, size=batch)
         for b in np.nonzero(anchored)[0]:
@@ -312,7 +315,7 @@ def train_transformer(clips, lat_mean, lat_std, ch_mean, ch_std, config, steps, 
         seq, _ = text(ids)
         v = model(xt, t * 1000, seq)
         if anchor_fraction == 0 and foreground_weight == 1.0:
-            loss = F.mse_loss(v, noise - x0)  # the shipped recipe, bit for bit as it was trained
+            loss = F.mse_loss(v, noise - x0)  # the first version's recipe, bit for bit as it was trained
         else:
             loss = (weight * (v - (noise - x0)) ** 2).sum() / (weight.expand_as(x0[:, :1]).sum() * x0.shape[1])
         acc = _flux_train.optimizer_step(loss, opt, params, ema_params, step, steps, acc, history, t0, EMA_DECAY)
@@ -339,10 +342,10 @@ def main():
     p.add_argument("--work", default="/tmp/tinywan-work", help="caches the trained VAE and the last weights")
     p.add_argument("--pool", type=int, default=POOL_SIZE)
     p.add_argument("--vae-steps", type=int, default=1200, help="VAE steps on 9-frame crops")
-    p.add_argument("--vae-long-steps", type=int, default=800, help="VAE steps on whole-length (17-frame) crops")
+    p.add_argument("--vae-long-steps", type=int, default=1200, help="VAE steps on whole-length (17-frame) crops")
     p.add_argument("--vae-batch", type=int, default=8)
-    p.add_argument("--steps", type=int, default=4000, help="transformer steps")
-    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--steps", type=int, default=1500, help="transformer steps")
+    p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--heads", type=int, default=TRANSFORMER_CONFIG["num_attention_heads"],
                    help="transformer heads of 32 channels (the width is 32 heads)")
@@ -352,17 +355,17 @@ def main():
     p.add_argument("--time-patch", type=int, default=TRANSFORMER_CONFIG["patch_size"][0],
                    help=f"temporal patch size: 1 (as Wan) or {LATENT_FRAMES} (one token holds every latent frame of its "
                         "place, so each frame has its own input and output weights; see time_patch_note)")
-    p.add_argument("--t-shift", type=float, default=1.0,
-                   help="shift of the training timesteps (1: plain logit-normal, as the shipped model)")
-    p.add_argument("--anchor-fraction", type=float, default=0.0,
+    p.add_argument("--t-shift", type=float, default=3.0,
+                   help="shift of the training timesteps (1: plain logit-normal, as the first version)")
+    p.add_argument("--anchor-fraction", type=float, default=0.5,
                    help="fraction of training examples with one nearly clean latent frame (frame_noise_levels)")
-    p.add_argument("--foreground-weight", type=float, default=1.0,
+    p.add_argument("--foreground-weight", type=float, default=3.0,
                    help="loss weight of the latent tokens the shape covers (foreground_weights; 1: unweighted)")
     p.add_argument("--freeze-text-encoder", action="store_true",
                    help="keep the text encoder at its random initialization (experiment)")
-    p.add_argument("--encoder", choices=sorted(ENCODERS), default="grouped",
-                   help="the VAE's training encoder: grouped (four frames per latent frame, as the shipped "
-                        "model) or snapshot (one frame per latent frame; modules.SnapshotEncoder)")
+    p.add_argument("--encoder", choices=sorted(ENCODERS), default="snapshot",
+                   help="the VAE's training encoder: snapshot (one frame per latent frame; modules.SnapshotEncoder, "
+                        "the shipped model) or grouped (four frames per latent frame, as the first version)")
     p.add_argument("--save-every", type=int, default=0, metavar="N",
                    help="also write the EMA weights every N transformer steps to OUT/step_N (a tinywan folder each, "
                         "for probing when the words take hold; 0: only the final model)")
