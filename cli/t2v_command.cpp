@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "cli/output_flag.h"
 #include "device/trace.h"
@@ -89,15 +91,35 @@ class FrameWriter {
 };
 
 // The settings the command line leaves out, from the model folder's generation_defaults.json (the
-// shipped tinywan's 64x64 x 17 frames instead of Wan2.1's 832x480 x 81).
-void apply_generation_defaults(T2VFlags& f, const CLI::App& command) {
+// shipped tinywan's 64x64 x 17 frames instead of Wan2.1's 832x480 x 81). Returns the flags it set.
+std::vector<std::string> apply_generation_defaults(T2VFlags& f, const CLI::App& command) {
   const pipelines::GenerationDefaults d = pipelines::GenerationDefaults::load(f.model);
-  const auto unset = [&](const char* flag) { return command.count(flag) == 0; };
-  if (d.width && unset("--width")) f.options.width = *d.width;
-  if (d.height && unset("--height")) f.options.height = *d.height;
-  if (d.frames && unset("--frames")) f.options.frames = *d.frames;
-  if (d.steps && unset("--steps")) f.options.steps = *d.steps;
-  if (d.guidance && unset("--guidance")) f.options.guidance = *d.guidance;
+  std::vector<std::string> applied;
+  const auto take = [&](const char* flag, const auto& value, auto& option) {
+    if (!value || command.count(flag) != 0) return;
+    option = *value;
+    applied.push_back(flag);
+  };
+  take("--width", d.width, f.options.width);
+  take("--height", d.height, f.options.height);
+  take("--frames", d.frames, f.options.frames);
+  take("--steps", d.steps, f.options.steps);
+  take("--guidance", d.guidance, f.options.guidance);
+  return applied;
+}
+
+// The pipeline's request check names flags; a value the defaults file gave is named as the file's.
+void check_request(const pipelines::WanT2VPipeline& pipeline, const T2VFlags& f, bool have_negative,
+                   const std::vector<std::string>& from_defaults) {
+  try {
+    pipeline.check(f.options, have_negative);
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    for (const std::string& flag : from_defaults)
+      if (message.rfind(flag + " ", 0) == 0)
+        throw Error((std::filesystem::path(f.model) / "generation_defaults.json").string() + " sets " + flag + ": " + message);
+    throw;
+  }
 }
 
 int run(T2VFlags f, const CLI::App& command, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache, const StageFlags& stage_flags,
@@ -105,7 +127,7 @@ int run(T2VFlags f, const CLI::App& command, const DeviceFlags& device_flags, co
   OutputBatch outputs;  // every file this run writes lands at its end, or none does
   if (f.model.empty()) throw Error("--model DIR is required (a diffusers Wan directory: transformer/, vae/, scheduler/)");
   if (!f.common.simulate && f.out.empty()) throw Error("--out FILE.avi is required");
-  apply_generation_defaults(f, command);
+  const std::vector<std::string> from_defaults = apply_generation_defaults(f, command);
   const DType dtype = f.common.weight_dtype();
   f.text.dtype = dtype;
   f.text.check_weights = f.common.check_weights && !f.common.simulate;
@@ -135,7 +157,7 @@ int run(T2VFlags f, const CLI::App& command, const DeviceFlags& device_flags, co
   const std::optional<pipelines::PromptEmbeddings>& negative = text.negative;
   const std::string& text_source = text.source;
   const double text_s = pipelines::seconds_since(t0);
-  pipeline.check(f.options, negative.has_value());
+  check_request(pipeline, f, negative.has_value(), from_defaults);
   check_heads(groups, pipeline.transformer().config().num_attention_heads);
   if (f.options.vae_parallel) pipelines::check_row_split(f.options.vae_parallel->size(), f.options.height / 8);
   std::unique_ptr<pipelines::Stage> offload = stage_flags.offload_stage(pipelines::block_modules(pipeline.transformer()), profile.cube_threads);

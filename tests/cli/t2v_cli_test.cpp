@@ -268,6 +268,8 @@ TEST_F(T2VCli, TinyWanPromptAndDefaultsErrors) {
       {"", {"--prompt", "a red circle", "--frames", "9"}, "--frames 9 gives 3 latent positions, not a multiple of the transformer's patch size 5"},
       {R"({"width": 40})", {"--prompt", "a red circle"}, "generation_defaults.json: 'width' must be a multiple of 16, got 40"},
       {R"({"frames": 8})", {"--prompt", "a red circle"}, "generation_defaults.json: 'frames' must be 1 + 4k, got 8"},
+      {R"({"frames": 9})", {"--prompt", "a red circle"},
+       "generation_defaults.json sets --frames: --frames 9 gives 3 latent positions, not a multiple of the transformer's patch size 5"},
       {R"({"steps": 0})", {"--prompt", "a red circle"}, "generation_defaults.json: 'steps' must be an integer"},
       {R"({"guidance": "high"})", {"--prompt", "a red circle"}, "generation_defaults.json: 'guidance' must be"},
       {R"({"fps": 8})", {"--prompt", "a red circle"}, "generation_defaults.json: unknown key 'fps'"},
