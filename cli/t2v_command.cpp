@@ -265,7 +265,7 @@ CommandRunner add_t2v_command(CLI::App& app) {
       ->each([text = &flags->text](const std::string&) { text->max_sequence_length_given = true; });
   command->add_option("--prompt-embeds", flags->text.prompt_embeds,
                       "safetensors with prompt_embeds [1,L,text_dim] (and negative_prompt_embeds for CFG)");
-  command->add_option("--frames", flags->options.frames, "Frames, 1 + 4k (default 81, or the model folder's generation_defaults.json)")->check(in_range(int64_t{1}, int64_t{4097}));
+  command->add_option("--frames", flags->options.frames, "Frames, 1 + 4k, the 1 + k latent frames a multiple of the transformer's temporal patch (default 81, or the model folder's generation_defaults.json)")->check(in_range(int64_t{1}, int64_t{4097}));
   command->add_option("--width", flags->options.width, "Width in pixels, a multiple of 8 x the patch size, 16 for Wan2.1 (default 832, or generation_defaults.json's)")
       ->check(in_range(int64_t{16}, int64_t{8192}));
   command->add_option("--height", flags->options.height, "Height in pixels, a multiple of 8 x the patch size, 16 for Wan2.1 (default 480, or generation_defaults.json's)")
