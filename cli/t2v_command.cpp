@@ -117,7 +117,7 @@ void check_request(const pipelines::WanT2VPipeline& pipeline, const T2VFlags& f,
     const std::string message = e.what();
     for (const std::string& flag : from_defaults)
       if (message.rfind(flag + " ", 0) == 0)
-        throw Error((std::filesystem::path(f.model) / "generation_defaults.json").string() + " sets " + flag + ": " + message);
+        throw Error(pipelines::GenerationDefaults::path(f.model) + " sets " + flag + ": " + message);
     throw;
   }
 }

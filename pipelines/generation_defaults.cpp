@@ -36,11 +36,13 @@ GenerationDefaults GenerationDefaults::from_json(const nlohmann::json& json, con
   return d;
 }
 
+std::string GenerationDefaults::path(const std::string& model_dir) { return model_dir + "/generation_defaults.json"; }
+
 GenerationDefaults GenerationDefaults::load(const std::string& model_dir) {
-  const std::string path = model_dir + "/generation_defaults.json";
+  const std::string file = path(model_dir);
   std::error_code error;
-  if (!std::filesystem::exists(std::filesystem::symlink_status(path, error))) return {};
-  return from_json(read_json_file(path), path);
+  if (!std::filesystem::exists(std::filesystem::symlink_status(file, error))) return {};
+  return from_json(read_json_file(file), file);
 }
 
 }  // namespace cubevec::pipelines

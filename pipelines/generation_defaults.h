@@ -24,8 +24,10 @@ struct GenerationDefaults {
   std::optional<double> guidance;        // [0, 100]
 
   static GenerationDefaults from_json(const nlohmann::json& json, const std::string& source);
-  // model_dir/generation_defaults.json; all empty when there is no such file.
+  // path(model_dir); all empty when there is no such file.
   static GenerationDefaults load(const std::string& model_dir);
+  // model_dir/generation_defaults.json, as errors name it.
+  static std::string path(const std::string& model_dir);
 };
 
 }  // namespace cubevec::pipelines
