@@ -20,7 +20,7 @@ namespace cubevec::cli {
 
 namespace {
 
-struct TuneFlags {
+struct CacheTuneFlags {
   std::string model, method = "both", out, dtype = "f32", variant;
   PromptFlags text;
   double target = 1.6;
@@ -29,7 +29,7 @@ struct TuneFlags {
   uint64_t seed = 0;
 };
 
-int run(const TuneFlags& f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache) {
+int run(const CacheTuneFlags& f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache) {
   if (f.model.empty()) throw Error("--model DIR is required (a diffusers Flux or Wan folder)");
   const DType dtype = parse_dtype(f.dtype);
   if (dtype != DType::f32 && dtype != DType::bf16) throw Error("--dtype must be f32 or bf16, got " + f.dtype);
@@ -81,7 +81,7 @@ int run(const TuneFlags& f, const DeviceFlags& device_flags, const AttentionTune
 
 CommandRunner add_tune_cache_command(CLI::App& app) {
   auto* command = app.add_subcommand("tune-cache", "Search DiTBlockCache / AttentionCache settings for a target speedup (MindIE SD's method)");
-  auto flags = std::make_shared<TuneFlags>();
+  auto flags = std::make_shared<CacheTuneFlags>();
   auto device_flags = add_device_flags(*command);
   auto cache = add_attention_tune_cache_flag(*command);
   command->add_option("--model", flags->model, "Diffusers Flux or Wan model folder");

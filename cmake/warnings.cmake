@@ -13,6 +13,11 @@ function(cubevec_set_warnings target)
   if(CUBEVEC_SANITIZE AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
     target_compile_options(${target} PRIVATE -Wno-null-dereference)
   endif()
+  # GCC warns about a type that uses the anonymous namespace in an #included file, which is right
+  # for a header; a unity build #includes the .cpp files themselves, so every such type warns.
+  if(CMAKE_UNITY_BUILD AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    target_compile_options(${target} PRIVATE -Wno-subobject-linkage)
+  endif()
   if(CUBEVEC_WERROR)
     target_compile_options(${target} PRIVATE -Werror)
   endif()

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "tensor/error.h"
+#include "tensor/shape.h"
 
 namespace cubevec {
 
@@ -41,7 +42,6 @@ double ModelledCost::with_shared_hbm(int ways) const { return std::max(compute_s
 
 double tile_efficiency(const DeviceProfile& profile, const KernelDesc::CubeWork& work) {
   if (profile.cube_tile_m < 1 || work.batches < 1 || work.m < 1) return 1.0;
-  const auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
   const int64_t tile_n = work.n > 0 ? profile.cube_tile_n : 1, n = std::max<int64_t>(work.n, 1);
   const double tiles = static_cast<double>(work.batches) * static_cast<double>(ceil_div(work.m, profile.cube_tile_m)) *
                        static_cast<double>(ceil_div(n, tile_n));

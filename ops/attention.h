@@ -33,6 +33,9 @@ namespace cubevec::ops {
 enum class AttentionLayout { bsnd, bnsd, bsh };
 AttentionLayout parse_attention_layout(std::string_view name);  // "BSND", "BNSD", "BSH" (any case)
 std::string_view attention_layout_name(AttentionLayout layout);  // "BSND", ...
+// The sequence and head dimensions of a 4-D BSND or BNSD tensor (BSH is viewed as BSND).
+inline int64_t seq_dim(AttentionLayout layout) { return layout == AttentionLayout::bnsd ? 2 : 1; }
+inline int64_t head_dim_index(AttentionLayout layout) { return layout == AttentionLayout::bnsd ? 1 : 2; }
 
 enum class AttentionImpl { math, flash, cv_pipelined };
 AttentionImpl parse_attention_impl(std::string_view name);  // "math", "flash", "cv_pipelined"

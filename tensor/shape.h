@@ -24,6 +24,9 @@ Strides contiguous_strides(std::span<const int64_t> shape);
 // `what` names the operation for the error message.
 int64_t wrap_dim(int64_t dim, int64_t rank, const char* what);
 
+// a / b rounded up, for positive b and non-negative a: the number of tiles or blocks covering a.
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 // Resolves one -1 in `shape` so its product equals `numel`; throws naming both shapes otherwise.
 Shape infer_shape(std::span<const int64_t> shape, int64_t numel, std::span<const int64_t> from_shape);
 

@@ -92,6 +92,11 @@ std::string Tensor::describe() const {
          shape_to_string(strides_) + ", offset " + std::to_string(offset_) + (has_storage() ? "" : ", meta") + ")";
 }
 
+std::string Tensor::brief() const {
+  if (!defined_) return "nothing";
+  return std::string(dtype_name(dtype_)) + " " + shape_to_string(shape_);
+}
+
 const void* Tensor::data_ptr() const {
   if (!has_storage())
     throw Error("cannot access the data of " + describe() + ": it has no storage (a meta tensor from simulate mode)");

@@ -54,6 +54,8 @@ class Tensor {
   bool shares_storage_with(const Tensor& other) const { return has_storage() && storage_ == other.storage_; }
   // "Tensor(f32, shape [2, 3], strides [3, 1], offset 0)"
   std::string describe() const;
+  // "f32 [2, 3]", or "nothing" for an undefined tensor: the short form error messages use.
+  std::string brief() const;
 
   // Address of the element at index 0 (offset applied), after the device work that writes the
   // tensor (and, for mutable access, reads it) has finished. Throws on a meta tensor.

@@ -22,10 +22,6 @@ namespace cubevec::ops {
 
 namespace {
 
-std::string brief(const Tensor& t) {
-  return std::string(dtype_name(t.dtype())) + " " + shape_to_string(t.shape());
-}
-
 // q, k, v as 4-D views in BSND or BNSD (BSH viewed as BSND), checked.
 struct Inputs {
   Tensor q, k, v;
@@ -38,8 +34,6 @@ struct Inputs {
   double density = 1.0;  // the kept fraction of the work, for the cost model
 };
 
-int64_t seq_dim(AttentionLayout layout) { return layout == AttentionLayout::bnsd ? 2 : 1; }
-int64_t head_dim_index(AttentionLayout layout) { return layout == AttentionLayout::bnsd ? 1 : 2; }
 
 Inputs check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o,
                     const Stream& stream, const char* op = "attention_forward") {
@@ -47,15 +41,15 @@ Inputs check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Att
   for (const auto& [t, name] : {std::pair{&q, "query"}, {&k, "key"}, {&v, "value"}}) {
     if (!t->defined()) fail(std::string(name) + " is undefined");
     if (t->dtype() != DType::f32 && t->dtype() != DType::bf16)
-      fail(std::string(name) + " must be f32 or bf16, got " + brief(*t));
+      fail(std::string(name) + " must be f32 or bf16, got " + t->brief());
   }
   if (k.dtype() != q.dtype() || v.dtype() != q.dtype())
-    fail("query, key and value must share a dtype, got " + brief(q) + ", " + brief(k) + ", " + brief(v));
+    fail("query, key and value must share a dtype, got " + q.brief() + ", " + k.brief() + ", " + v.brief());
   Inputs in;
   const std::string layout_name(attention_layout_name(o.layout));
   if (o.layout == AttentionLayout::bsh) {
     for (const auto& [t, name] : {std::pair{&q, "query"}, {&k, "key"}, {&v, "value"}})
-      if (t->dim() != 3) fail(std::string(name) + " must be 3-D [B, S, H] for layout BSH, got " + brief(*t));
+      if (t->dim() != 3) fail(std::string(name) + " must be 3-D [B, S, H] for layout BSH, got " + t->brief());
     if (o.num_heads <= 0) fail("layout BSH needs num_heads > 0, got " + std::to_string(o.num_heads));
     if (q.size(2) % o.num_heads != 0)
       fail("query's hidden size " + std::to_string(q.size(2)) + " is not divisible by num_heads " +
@@ -65,14 +59,14 @@ Inputs check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Att
       return t.stride(2) == 1 ? t.reshape(shape) : contiguous(t, stream).reshape(shape);
     };
     if (k.size(2) != q.size(2) || v.size(2) != q.size(2))
-      fail("query, key and value must have the same hidden size, got " + brief(q) + ", " + brief(k) + ", " + brief(v));
+      fail("query, key and value must have the same hidden size, got " + q.brief() + ", " + k.brief() + ", " + v.brief());
     in.q = split(q);
     in.k = split(k);
     in.v = split(v);
     in.layout = AttentionLayout::bsnd;
   } else {
     for (const auto& [t, name] : {std::pair{&q, "query"}, {&k, "key"}, {&v, "value"}})
-      if (t->dim() != 4) fail(std::string(name) + " must be 4-D [" + (o.layout == AttentionLayout::bnsd ? "B, N, S, D" : "B, S, N, D") + "] for layout " + layout_name + ", got " + brief(*t));
+      if (t->dim() != 4) fail(std::string(name) + " must be 4-D [" + (o.layout == AttentionLayout::bnsd ? "B, N, S, D" : "B, S, N, D") + "] for layout " + layout_name + ", got " + t->brief());
     in.q = q;
     in.k = k;
     in.v = v;
@@ -84,12 +78,12 @@ Inputs check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Att
   in.d = in.q.size(3);
   in.sq = in.q.size(s);
   in.sk = in.k.size(s);
-  if (in.k.shape() != in.v.shape()) fail("key and value must have the same shape, got " + brief(k) + " and " + brief(v));
+  if (in.k.shape() != in.v.shape()) fail("key and value must have the same shape, got " + k.brief() + " and " + v.brief());
   if (in.k.size(0) != in.batch || in.k.size(n) != in.heads || in.k.size(3) != in.d)
-    fail("key must match query in batch, heads and head dim (layout " + layout_name + "), got query " + brief(q) +
-         " and key " + brief(k));
-  if (in.d == 0) fail("the head dim must be at least 1, got query " + brief(q));
-  if (in.sk == 0 && in.sq > 0) fail("key and value must hold at least one position, got " + brief(k));
+    fail("key must match query in batch, heads and head dim (layout " + layout_name + "), got query " + q.brief() +
+         " and key " + k.brief());
+  if (in.d == 0) fail("the head dim must be at least 1, got query " + q.brief());
+  if (in.sk == 0 && in.sq > 0) fail("key and value must hold at least one position, got " + k.brief());
   // Kernels read rows with unit stride in the head dim.
   for (Tensor* t : {&in.q, &in.k, &in.v})
     if (t->stride(3) != 1 && t->numel() > 0) *t = contiguous(*t, stream);
@@ -104,12 +98,12 @@ Inputs check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Att
   if (o.mask.defined()) {
     const Tensor& m = o.mask;
     if (m.dtype() != DType::boolean && m.dtype() != DType::f32)
-      fail("attn_mask must be bool (true = attend) or f32 (added to the scaled scores), got " + brief(m));
+      fail("attn_mask must be bool (true = attend) or f32 (added to the scaled scores), got " + m.brief());
     const bool bias = m.dtype() == DType::f32;
     Tensor m4;
     if (m.dim() == 2) {
       if (m.size(0) != in.sq || m.size(1) != in.sk)
-        fail("a 2-D attn_mask must be [Sq, Sk] = [" + std::to_string(in.sq) + ", " + std::to_string(in.sk) + "], got " + brief(m));
+        fail("a 2-D attn_mask must be [Sq, Sk] = [" + std::to_string(in.sq) + ", " + std::to_string(in.sk) + "], got " + m.brief());
       m4 = m.unsqueeze(0).unsqueeze(0);
       in.mask_kind = bias ? AttentionMaskKind::bias_2d : AttentionMaskKind::mask_2d;
     } else if (m.dim() == 4) {
@@ -117,11 +111,11 @@ Inputs check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Att
                       m.size(2) == in.sq && m.size(3) == in.sk;
       if (!ok)
         fail("a 4-D attn_mask must be [B, N, Sq, Sk] = [" + std::to_string(in.batch) + ", " + std::to_string(in.heads) +
-             ", " + std::to_string(in.sq) + ", " + std::to_string(in.sk) + "] (B and N may be 1), got " + brief(m));
+             ", " + std::to_string(in.sq) + ", " + std::to_string(in.sk) + "] (B and N may be 1), got " + m.brief());
       m4 = m;
       in.mask_kind = bias ? AttentionMaskKind::bias_4d : AttentionMaskKind::mask_4d;
     } else {
-      fail("attn_mask must be 2-D [Sq, Sk] or 4-D [B, N, Sq, Sk], got " + brief(m));
+      fail("attn_mask must be 2-D [Sq, Sk] or 4-D [B, N, Sq, Sk], got " + m.brief());
     }
     if (m4.stride(3) != 1 && m4.numel() > 0) m4 = m4.contiguous();
     in.mask = m4;
@@ -382,7 +376,7 @@ Tensor block_sparse_attention(const Tensor& q, const Tensor& k, const Tensor& v,
       (m.size(0) != in.batch && m.size(0) != 1) || (m.size(1) != in.heads && m.size(1) != 1) || m.size(2) != lq || m.size(3) != lk)
     fail("block_mask must be bool or u8 [B, N, ceil(Sq/128), ceil(Sk/128)] = [" + std::to_string(in.batch) + ", " +
          std::to_string(in.heads) + ", " + std::to_string(lq) + ", " + std::to_string(lk) + "] (B and N may be 1), got " +
-         (m.defined() ? brief(m) : std::string("nothing")));
+         (m.defined() ? m.brief() : std::string("nothing")));
   in.block_mask = m.stride(3) == 1 || m.numel() == 0 ? m : m.contiguous();
   in.mask_kind = AttentionMaskKind::block_sparse;
   if (options.density) {
@@ -414,17 +408,17 @@ Tensor attention_forward_varlen(const Tensor& q, const Tensor& k, const Tensor& 
   const char* op = "attention_forward_varlen";
   auto fail = [&](const std::string& what) { throw Error(std::string(op) + ": " + what); };
   for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) {
-    if (!t->defined() || t->dim() != 3) fail(std::string(name) + " must be 3-D [T, N, D], got " + (t->defined() ? brief(*t) : "undefined"));
-    if (t->dtype() != DType::f32 && t->dtype() != DType::bf16) fail(std::string(name) + " must be f32 or bf16, got " + brief(*t));
+    if (!t->defined() || t->dim() != 3) fail(std::string(name) + " must be 3-D [T, N, D], got " + (t->defined() ? t->brief() : "undefined"));
+    if (t->dtype() != DType::f32 && t->dtype() != DType::bf16) fail(std::string(name) + " must be f32 or bf16, got " + t->brief());
   }
-  if (k.dtype() != q.dtype() || v.dtype() != q.dtype()) fail("q, k and v must share a dtype, got " + brief(q) + ", " + brief(k) + ", " + brief(v));
-  if (k.shape() != v.shape()) fail("k and v must have the same shape, got " + brief(k) + " and " + brief(v));
+  if (k.dtype() != q.dtype() || v.dtype() != q.dtype()) fail("q, k and v must share a dtype, got " + q.brief() + ", " + k.brief() + ", " + v.brief());
+  if (k.shape() != v.shape()) fail("k and v must have the same shape, got " + k.brief() + " and " + v.brief());
   if (k.size(1) != q.size(1) || k.size(2) != q.size(2))
-    fail("k must match q in heads and head dim, got q " + brief(q) + " and k " + brief(k));
-  if (q.size(2) == 0) fail("the head dim must be at least 1, got q " + brief(q));
+    fail("k must match q in heads and head dim, got q " + q.brief() + " and k " + k.brief());
+  if (q.size(2) == 0) fail("the head dim must be at least 1, got q " + q.brief());
   auto read_cu = [&](const Tensor& cu, const char* name, int64_t total) {
     if (!cu.defined() || cu.dtype() != DType::i32 || cu.dim() != 1 || cu.size(0) < 2)
-      fail(std::string(name) + " must be int32 [B+1] with B >= 1, got " + (cu.defined() ? brief(cu) : "undefined"));
+      fail(std::string(name) + " must be int32 [B+1] with B >= 1, got " + (cu.defined() ? cu.brief() : "undefined"));
     std::vector<int64_t> values(static_cast<std::size_t>(cu.size(0)));
     for (int64_t i = 0; i < cu.size(0); ++i) values[static_cast<std::size_t>(i)] = cu.at<int32_t>({i});
     if (values.front() != 0) fail(std::string(name) + " must start at 0, got " + std::to_string(values.front()));

@@ -18,18 +18,18 @@ AttentionPartial merge_attention_partials(const AttentionPartial& a, const Atten
   if (layout == AttentionLayout::bsh) fail("layout must be BSND or BNSD, got BSH");
   for (const AttentionPartial* p : {&a, &b}) {
     if (!p->out.defined() || p->out.dim() != 4 || (p->out.dtype() != DType::f32 && p->out.dtype() != DType::bf16))
-      fail("out must be f32 or bf16 4-D, got " + (p->out.defined() ? detail::brief(p->out) : std::string("nothing")));
+      fail("out must be f32 or bf16 4-D, got " + (p->out.defined() ? p->out.brief() : std::string("nothing")));
     if (!p->lse.defined() || p->lse.dtype() != DType::f32 || p->lse.dim() != 3)
-      fail("lse must be f32 [B, N, Sq], got " + (p->lse.defined() ? detail::brief(p->lse) : std::string("nothing")));
+      fail("lse must be f32 [B, N, Sq], got " + (p->lse.defined() ? p->lse.brief() : std::string("nothing")));
   }
   if (a.out.shape() != b.out.shape() || a.out.dtype() != b.out.dtype())
-    fail("the two outs must have one shape and dtype, got " + detail::brief(a.out) + " and " + detail::brief(b.out));
+    fail("the two outs must have one shape and dtype, got " + a.out.brief() + " and " + b.out.brief());
   const bool bnsd = layout == AttentionLayout::bnsd;
   const int64_t batch = a.out.size(0), heads = a.out.size(bnsd ? 1 : 2), sq = a.out.size(bnsd ? 2 : 1), d = a.out.size(3);
   const Shape lse_shape{batch, heads, sq};
   if (a.lse.shape() != lse_shape || b.lse.shape() != lse_shape)
-    fail("lse must be [B, N, Sq] = " + shape_to_string(lse_shape) + " for out " + detail::brief(a.out) + " in layout " +
-         std::string(attention_layout_name(layout)) + ", got " + detail::brief(a.lse) + " and " + detail::brief(b.lse));
+    fail("lse must be [B, N, Sq] = " + shape_to_string(lse_shape) + " for out " + a.out.brief() + " in layout " +
+         std::string(attention_layout_name(layout)) + ", got " + a.lse.brief() + " and " + b.lse.brief());
   const Tensor oa = detail::contiguous_on(a.out, stream), ob = detail::contiguous_on(b.out, stream);
   const Tensor la = detail::contiguous_on(a.lse, stream), lb = detail::contiguous_on(b.lse, stream);
   const DType dtype = oa.dtype();

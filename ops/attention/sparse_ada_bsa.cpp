@@ -21,7 +21,6 @@ constexpr int64_t kGroupsPerBlock = kSparseBlock / kStride;  // 16
 constexpr int64_t kChunkGroups = 32 * kGroupsPerBlock;    // query groups per GEMM
 constexpr double kEps = 1e-5;                             // the kernel's guard offset
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 

@@ -22,11 +22,7 @@ namespace {
 constexpr auto kSparseTypeNames = enum_names<SparseType>(
     "sparse_type", {{SparseType::none, "none"}, {SparseType::rf_v2, "rf_v2"}, {SparseType::ada_bsa, "ada_bsa"}}, /*ignore_case=*/true);
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t seq_dim(AttentionLayout layout) { return layout == AttentionLayout::bnsd ? 2 : 1; }
-int64_t head_dim_index(AttentionLayout layout) { return layout == AttentionLayout::bnsd ? 1 : 2; }
 
-std::string brief(const Tensor& t) { return t.defined() ? std::string(dtype_name(t.dtype())) + " " + shape_to_string(t.shape()) : "nothing"; }
 std::string shape_text(const LatentShape& s) {
   return "(" + std::to_string(s[0]) + ", " + std::to_string(s[1]) + ", " + std::to_string(s[2]) + ")";
 }
@@ -107,12 +103,12 @@ SparseAttentionOptions check_sparse_attention(const Tensor& q, const Tensor& k, 
     fail("input_layout must be BSND or BNSD, got " + std::string(attention_layout_name(o.input_layout)));
   for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) {
     if (!t->defined() || t->dim() != 4)
-      fail(std::string(name) + " must be 4-D [" + (o.input_layout == AttentionLayout::bnsd ? "B, N, S, D" : "B, S, N, D") + "], got " + brief(*t));
-    if (t->dtype() != DType::f32 && t->dtype() != DType::bf16) fail(std::string(name) + " must be f32 or bf16, got " + brief(*t));
+      fail(std::string(name) + " must be 4-D [" + (o.input_layout == AttentionLayout::bnsd ? "B, N, S, D" : "B, S, N, D") + "], got " + t->brief());
+    if (t->dtype() != DType::f32 && t->dtype() != DType::bf16) fail(std::string(name) + " must be f32 or bf16, got " + t->brief());
   }
   const int64_t heads = q.size(head_dim_index(o.input_layout)), s = q.size(seq_dim(o.input_layout));
   if (o.head_num != 0 && o.head_num != heads)
-    fail("head_num " + std::to_string(o.head_num) + " must equal the heads of q, " + std::to_string(heads) + " (" + brief(q) + ")");
+    fail("head_num " + std::to_string(o.head_num) + " must equal the heads of q, " + std::to_string(heads) + " (" + q.brief() + ")");
   o.head_num = heads;
   if (o.block_size != 128) fail("block_size must be 128 (the only block size MindIE SD supports), got " + std::to_string(o.block_size));
   if (!std::isfinite(o.sparsity) || o.sparsity < 0.0 || o.sparsity > 1.0) fail("sparsity must be in [0, 1], got " + number(o.sparsity));
@@ -124,8 +120,8 @@ SparseAttentionOptions check_sparse_attention(const Tensor& q, const Tensor& k, 
     fail("txt_len must be in [0, " + std::to_string(s) + "] (the sequence length), got " + std::to_string(o.txt_len));
   if (o.sparse_type == SparseType::none) return o;
   if (q.shape() != k.shape() || q.shape() != v.shape() || q.dtype() != k.dtype() || q.dtype() != v.dtype())
-    fail("sparse attention is self-attention: q, k and v must have one shape and dtype, got " + brief(q) + ", " + brief(k) + ", " + brief(v));
-  if (q.size(3) == 0) fail("the head dim must be at least 1, got " + brief(q));
+    fail("sparse attention is self-attention: q, k and v must have one shape and dtype, got " + q.brief() + ", " + k.brief() + ", " + v.brief());
+  if (q.size(3) == 0) fail("the head dim must be at least 1, got " + q.brief());
   if (o.sparse_type == SparseType::rf_v2) {
     if (!o.latent_shape_q) fail("rf_v2 needs latent_shape_q (t, h, w), the latent token grid of the S - txt_len image tokens");
     const LatentShape lq = *o.latent_shape_q;
@@ -134,7 +130,7 @@ SparseAttentionOptions check_sparse_attention(const Tensor& q, const Tensor& k, 
     int64_t tokens = 0;
     if (__builtin_mul_overflow(lq[0], lq[1], &tokens) || __builtin_mul_overflow(tokens, lq[2], &tokens))
       fail("latent_shape_q " + shape_text(lq) + " holds more than 2^63 tokens, but the sequence has S - txt_len = " + std::to_string(image));
-    if (q.size(0) == 0) fail("rf_v2 takes every batch's mask from batch 0, so q needs at least one batch, got " + brief(q));
+    if (q.size(0) == 0) fail("rf_v2 takes every batch's mask from batch 0, so q needs at least one batch, got " + q.brief());
     if (tokens != image)
       fail("latent_shape_q " + shape_text(lq) + " holds " + std::to_string(tokens) + " tokens, but the sequence has S - txt_len = " +
            std::to_string(s) + " - " + std::to_string(o.txt_len) + " = " + std::to_string(image));
@@ -251,7 +247,7 @@ Tensor sparse_attention_with_mask(const Tensor& q, const Tensor& k, const Tensor
   const Tensor& km = mask.kernel_mask;
   if (!km.defined() || km.dim() != 4 || (km.size(0) != 1 && km.size(0) != q.size(0)) || km.size(1) != o.head_num || km.size(2) != lk ||
       km.size(3) != lk)
-    throw Error("sparse_attention: the mask " + brief(km) + " was estimated for other shapes than q " + brief(q));
+    throw Error("sparse_attention: the mask " + km.brief() + " was estimated for other shapes than q " + q.brief());
   BlockSparseOptions bs;
   bs.scale = o.scale;
   bs.layout = o.input_layout;

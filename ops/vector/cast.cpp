@@ -131,7 +131,7 @@ Tensor contiguous(const Tensor& x, const Stream& stream) {
 Tensor cast(const Tensor& x, DType to, const Stream& stream) {
   if (!x.defined()) throw Error("cast: x is undefined");
   if (!castable(x.dtype()) || !castable(to))
-    throw Error("cast: converts between f32, bf16 and f16, got " + detail::brief(x) + " to " +
+    throw Error("cast: converts between f32, bf16 and f16, got " + x.brief() + " to " +
                 std::string(dtype_name(to)));
   if (to == x.dtype()) return contiguous(x, stream);
   const Tensor xc = contiguous(x, stream);

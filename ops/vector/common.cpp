@@ -6,15 +6,10 @@
 
 namespace cubevec::ops::detail {
 
-std::string brief(const Tensor& t) {
-  if (!t.defined()) return "an undefined tensor";
-  return std::string(dtype_name(t.dtype())) + " " + shape_to_string(t.shape());
-}
-
 vk::Elem float_elem(const Tensor& t, const char* op, const char* what) {
   if (!t.defined()) throw Error(std::string(op) + ": " + what + " is undefined (expected an f32 or bf16 tensor)");
   if (t.dtype() != DType::f32 && t.dtype() != DType::bf16)
-    throw Error(std::string(op) + ": " + what + " must be f32 or bf16, got " + brief(t));
+    throw Error(std::string(op) + ": " + what + " must be f32 or bf16, got " + t.brief());
   return elem_of(t.dtype());
 }
 
@@ -25,7 +20,7 @@ Tensor f32_param(const Tensor& t, const Shape& shape, const std::string& shape_t
   if (!t.defined()) return t;
   if (t.dtype() != DType::f32 && t.dtype() != DType::bf16 && !(allow_f16 && t.dtype() == DType::f16))
     throw Error(std::string(op) + ": " + what + " must be f32 or bf16" + (allow_f16 ? " (or f16)" : "") + ", got " +
-                brief(t));
+                t.brief());
   if (t.shape() != shape)
     throw Error(std::string(op) + ": " + what + " must have shape " + shape_text + ", got " +
                 shape_to_string(t.shape()));

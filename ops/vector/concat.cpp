@@ -11,7 +11,7 @@ Tensor concat(const std::vector<Tensor>& parts, int64_t dim, const Stream& strea
   if (!first.defined()) throw Error("concat: part 0 is undefined");
   const int64_t rank = first.dim();
   if (dim < 0) dim += rank;
-  if (dim < 0 || dim >= rank) throw Error("concat: dim out of range for " + detail::brief(first));
+  if (dim < 0 || dim >= rank) throw Error("concat: dim out of range for " + first.brief());
   Shape shape = first.shape();
   shape[static_cast<std::size_t>(dim)] = 0;
   std::vector<Tensor> inputs;
@@ -20,8 +20,8 @@ Tensor concat(const std::vector<Tensor>& parts, int64_t dim, const Stream& strea
     bool same = p.defined() && p.dim() == rank && p.dtype() == first.dtype();
     for (int64_t d = 0; same && d < rank; ++d) same = d == dim || p.size(d) == first.size(d);
     if (!same)
-      throw Error("concat: part " + std::to_string(i) + " (" + (p.defined() ? detail::brief(p) : "undefined") +
-                  ") must match part 0 (" + detail::brief(first) + ") in dtype and every dim but " + std::to_string(dim));
+      throw Error("concat: part " + std::to_string(i) + " (" + (p.defined() ? p.brief() : "undefined") +
+                  ") must match part 0 (" + first.brief() + ") in dtype and every dim but " + std::to_string(dim));
     shape[static_cast<std::size_t>(dim)] += p.size(dim);
     inputs.push_back(detail::contiguous_on(p, stream));
   }

@@ -23,7 +23,7 @@ Tensor blend_tile(const Tensor& tile, const Tensor& top, const Tensor& left, int
   require_f32(tile, "blend_tile", "tile");
   require_f32(out, "blend_tile", "out");
   if (tile.dim() != 4 || !tile.is_contiguous() || out.dim() != 4 || !out.is_contiguous())
-    throw Error("blend_tile: tile and out must be contiguous [B, C, H, W], got " + detail::brief(tile) + " and " + detail::brief(out));
+    throw Error("blend_tile: tile and out must be contiguous [B, C, H, W], got " + tile.brief() + " and " + out.brief());
   const int64_t planes = tile.size(0) * tile.size(1), th = tile.size(2), tw = tile.size(3);
   const int64_t bv = top.defined() ? std::min({top.size(2), th, blend}) : 0;
   const int64_t bh = left.defined() ? std::min({left.size(3), tw, blend}) : 0;
@@ -77,13 +77,13 @@ Tensor blend_tile(const Tensor& tile, const Tensor& top, const Tensor& left, int
 Tensor pad_frames_front(const Tensor& x_in, const Tensor& cache_in, int64_t zero_frames, const Stream& stream) {
   require_f32(x_in, "pad_frames_front", "x");
   if (x_in.dim() != 5 || zero_frames < 0)
-    throw Error("pad_frames_front: expected a 5-D x [B, C, T, H, W] and zero_frames >= 0, got " + detail::brief(x_in) + " and " +
+    throw Error("pad_frames_front: expected a 5-D x [B, C, T, H, W] and zero_frames >= 0, got " + x_in.brief() + " and " +
                 std::to_string(zero_frames));
   if (cache_in.defined()) {
     require_f32(cache_in, "pad_frames_front", "cache");
     if (cache_in.dim() != 5 || cache_in.size(0) != x_in.size(0) || cache_in.size(1) != x_in.size(1) ||
         cache_in.size(3) != x_in.size(3) || cache_in.size(4) != x_in.size(4))
-      throw Error("pad_frames_front: cache " + detail::brief(cache_in) + " does not match x " + detail::brief(x_in) + " outside time");
+      throw Error("pad_frames_front: cache " + cache_in.brief() + " does not match x " + x_in.brief() + " outside time");
   }
   const Tensor x = contiguous(x_in, stream);
   const Tensor cache = cache_in.defined() ? contiguous(cache_in, stream) : Tensor();

@@ -35,14 +35,14 @@ Tensor binary(const char* op, const Tensor& a, const Tensor& b, vk::BinaryOp kin
   detail::float_elem(b, op, b_name);
   if (a.dtype() != b.dtype())
     throw Error(std::string(op) + ": " + a_name + " and " + b_name + " must have the same dtype, got " + a_name + " " +
-                detail::brief(a) + " and " + b_name + " " + detail::brief(b));
+                a.brief() + " and " + b_name + " " + b.brief());
   const Shape shape = broadcast_shape(op, a, b);
   Tensor out = stream.device().empty(shape, a.dtype(), stream);
   const detail::CollapsedLayout layout =
       detail::collapse(shape, {broadcast_strides(a, shape), broadcast_strides(b, shape)});
   const auto outer_rank = static_cast<int>(layout.shape.size()) - 1;
   if (outer_rank > vk::kMaxDims)
-    throw Error(std::string(op) + ": the broadcast layout of " + detail::brief(a) + " and " + detail::brief(b) +
+    throw Error(std::string(op) + ": the broadcast layout of " + a.brief() + " and " + b.brief() +
                 " has too many dimensions (at most " + std::to_string(vk::kMaxDims + 1) + " after merging)");
   vk::BinaryArgs args;
   args.type = type;

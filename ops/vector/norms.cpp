@@ -9,7 +9,6 @@ namespace cubevec::ops {
 
 namespace {
 
-using detail::brief;
 
 int64_t last_size(const Tensor& x, const char* op) {
   if (x.dim() == 0) throw Error(std::string(op) + ": x must have at least one dimension, got a scalar");
@@ -116,7 +115,7 @@ LayerNormResult fast_layernorm(const Tensor& x, const Tensor& weight, const Tens
     for (const auto& [t, what] : {std::pair{x, "x"}, std::pair{weight, "weight"}, std::pair{bias, "bias"}})
       if (t.defined() && t.dtype() != DType::f16)
         throw Error(std::string("fast_layernorm: impl_mode fp16 needs f16 x, weight and bias, got ") + what + " " +
-                    brief(t));
+                    t.brief());
     const Tensor w = detail::f32_param(weight, {h}, param_shape, op, "weight", stream, true);
     const Tensor b = detail::f32_param(bias, {h}, param_shape, op, "bias", stream, true);
     const Tensor x32 = cast(x, DType::f32, stream);
@@ -125,7 +124,7 @@ LayerNormResult fast_layernorm(const Tensor& x, const Tensor& weight, const Tens
     return r;
   }
   if (x.dtype() == DType::f16)
-    throw Error("fast_layernorm: x must be f32 or bf16 (f16 needs impl_mode fp16), got " + brief(x));
+    throw Error("fast_layernorm: x must be f32 or bf16 (f16 needs impl_mode fp16), got " + x.brief());
   detail::float_elem(x, op, "x");
   // high_precision and high_performance share one kernel: f32 statistics in two passes over the
   // row, which is in L1, so the precise form costs nothing measurable.
@@ -138,7 +137,7 @@ Tensor layernorm_scale_shift(const Tensor& x, const Tensor& scale, const Tensor&
                              const Tensor& bias, float eps, const Stream& stream) {
   constexpr const char* op = "layernorm_scale_shift";
   detail::float_elem(x, op, "x");
-  if (x.dim() != 3) throw Error("layernorm_scale_shift: x must be [B, S, H], got " + brief(x));
+  if (x.dim() != 3) throw Error("layernorm_scale_shift: x must be [B, S, H], got " + x.brief());
   const int64_t b = x.size(0), s = x.size(1), h = x.size(2);
   const Shape per_batch{b, h}, per_batch3{b, 1, h}, per_token{b, s, h};
   const std::string expected = "[B, H], [B, 1, H] or [B, S, H] = " + shape_to_string(per_batch) + ", " +
@@ -171,7 +170,7 @@ Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight, con
                   const Stream& stream) {
   constexpr const char* op = "group_norm";
   detail::float_elem(x, op, "x");
-  if (x.dim() < 2) throw Error("group_norm: x must be [N, C, *], got " + brief(x));
+  if (x.dim() < 2) throw Error("group_norm: x must be [N, C, *], got " + x.brief());
   const int64_t n = x.size(0), c = x.size(1);
   if (num_groups <= 0 || c % num_groups != 0)
     throw Error("group_norm: num_groups must be positive and divide the channel count C = " + std::to_string(c) +
@@ -210,7 +209,7 @@ Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight, con
 Tensor normalize_channels(const Tensor& x, const Tensor& weight, float scale, float eps, const Stream& stream) {
   constexpr const char* op = "normalize_channels";
   detail::float_elem(x, op, "x");
-  if (x.dim() < 2) throw Error("normalize_channels: x must be [N, C, *], got " + brief(x));
+  if (x.dim() < 2) throw Error("normalize_channels: x must be [N, C, *], got " + x.brief());
   check_eps(eps, op);
   if (!std::isfinite(scale)) throw Error("normalize_channels: scale must be finite, got " + std::to_string(scale));
   const int64_t n = x.size(0), c = x.size(1);

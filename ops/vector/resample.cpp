@@ -32,7 +32,7 @@ void upsample_rows(const T* x, T* out, int64_t w, int64_t scale, int64_t r0, int
 Tensor upsample_nearest2d(const Tensor& x, int64_t scale, const Stream& stream) {
   constexpr const char* op = "upsample_nearest2d";
   const vk::Elem type = detail::float_elem(x, op, "x");
-  if (x.dim() != 4) throw Error("upsample_nearest2d: x must be 4-D [N, C, H, W], got " + detail::brief(x));
+  if (x.dim() != 4) throw Error("upsample_nearest2d: x must be 4-D [N, C, H, W], got " + x.brief());
   if (scale < 1) throw Error("upsample_nearest2d: scale must be a positive integer, got " + std::to_string(scale));
   const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
   const Tensor xc = detail::contiguous_on(x, stream);

@@ -18,7 +18,7 @@ Tensor rotary_position_embedding(const Tensor& x, const Tensor& cos, const Tenso
   detail::float_elem(x, op, "x");
   const char* layout_name = layout == RopeLayout::BSND ? "BSND" : layout == RopeLayout::BNSD ? "BNSD" : "SBND";
   if (x.dim() != 4)
-    throw Error(std::string(op) + ": x must be 4-D in layout " + layout_name + ", got " + detail::brief(x));
+    throw Error(std::string(op) + ": x must be 4-D in layout " + layout_name + ", got " + x.brief());
   int64_t b = 0, s = 0, n = 0;
   const int64_t d = x.size(3);
   switch (layout) {

@@ -5,14 +5,12 @@
 #include <limits>
 
 #include "ops/vector_ops.h"
+#include "pipelines/stages/residual_math.h"
 #include "tensor/half.h"
 
 namespace cubevec::pipelines {
 
 namespace {
-
-Tensor add_if(const Tensor& a, const Tensor& b, const Stream& s) { return a.defined() && b.defined() ? ops::add(a, b, s) : a; }
-Tensor sub_if(const Tensor& a, const Tensor& b, const Stream& s) { return a.defined() && b.defined() ? ops::sub(a, b, s) : Tensor(); }
 
 std::vector<double> host_values(const Tensor& t) {
   const Tensor c = t.contiguous();

@@ -1,15 +1,8 @@
 #include "pipelines/stages/dit_block_cache.h"
 
-#include "ops/vector_ops.h"
+#include "pipelines/stages/residual_math.h"
 
 namespace cubevec::pipelines {
-
-namespace {
-
-Tensor add_if(const Tensor& a, const Tensor& b, const Stream& s) { return a.defined() && b.defined() ? ops::add(a, b, s) : a; }
-Tensor sub_if(const Tensor& a, const Tensor& b, const Stream& s) { return a.defined() && b.defined() ? ops::sub(a, b, s) : Tensor(); }
-
-}  // namespace
 
 DiTBlockCacheStage::DiTBlockCacheStage(CacheConfig config, int steps, int blocks)
     : config_(std::move(config)), block_end_(config_.block_end.value_or(blocks)), bypass_(config_.bypass_reason(steps, blocks)) {}

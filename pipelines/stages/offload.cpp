@@ -7,18 +7,11 @@
 #include "device/cost_model.h"
 #include "device/device.h"
 #include "models/layers.h"
+#include "pipelines/generation.h"
 #include "tensor/caching_allocator.h"
 #include "tensor/error.h"
 
 namespace cubevec::pipelines {
-
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
 
 OffloadStage::OffloadStage(int resident, std::vector<std::string> block_modules, int cube_threads)
     : resident_(resident), modules_(std::move(block_modules)), cube_threads_(cube_threads) {

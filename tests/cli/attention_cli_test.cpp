@@ -6,7 +6,7 @@
 
 #include "cli/run_cubevec.h"
 
-namespace {
+namespace attention_cli_test {  // named after the file: unity batches never mix two files' helpers
 
 using AttentionCli = cubevec_cli_test::CliTest;
 using cubevec_cli_test::read_file;

@@ -5,7 +5,7 @@
 
 #include "cli/run_cubevec.h"
 
-namespace {
+namespace cache_cli_test {  // named after the file: unity batches never mix two files' helpers
 
 using CacheCli = cubevec_cli_test::CliTest;
 using cubevec_cli_test::read_file;
@@ -126,7 +126,7 @@ TEST_F(CacheCli, BadSettingsAreOneLineErrors) {
 
 }  // namespace
 
-namespace {
+namespace cache_cli_test {  // named after the file: unity batches never mix two files' helpers
 
 TEST_F(CacheCli, TuneCachePrintsAConfigThatT2iReads) {
   const std::string chosen = (dir_ / "chosen.json").string();

@@ -3,7 +3,7 @@
 
 #include "cli/run_cubevec.h"
 
-namespace {
+namespace cv_experiment_cli_test {  // named after the file: unity batches never mix two files' helpers
 
 using CvExperimentCli = cubevec_cli_test::CliTest;
 using cubevec_cli_test::read_file;

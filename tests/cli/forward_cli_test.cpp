@@ -10,12 +10,12 @@
 
 #include "common/tensor_testing.h"
 
-namespace {
+namespace forward_cli_test {  // named after the file: unity batches never mix two files' helpers
 
 namespace fs = std::filesystem;
 using ForwardCli = cubevec_cli_test::CliTest;
 
-const fs::path kData = fs::path(CUBEVEC_SOURCE_DIR) / "tests" / "data";
+using cubevec_cli_test::kData;
 
 TEST_F(ForwardCli, DecodesWithAutoencoderKL) {
   const cubevec::SafetensorsFile goldens = cubevec::SafetensorsFile::open((kData / "goldens_flux.safetensors").string());

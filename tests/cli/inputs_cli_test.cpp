@@ -6,13 +6,13 @@
 
 #include "cli/run_cubevec.h"
 
-namespace {
+namespace inputs_cli_test {  // named after the file: unity batches never mix two files' helpers
 
 using InputsCli = cubevec_cli_test::CliTest;
 
-const std::string kTinyFlux = std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinyflux";
+using cubevec_cli_test::kTinyFlux;
 const std::string kFluxConfig = std::string(CUBEVEC_SOURCE_DIR) + "/assets/configs/flux1-dev";
-const std::string kTinyWan = std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinywan";
+using cubevec_cli_test::kTinyWan;
 
 TEST_F(InputsCli, NumbersMustBeFiniteAndUnsignedValuesNonNegative) {
   const std::string out = (dir_ / "x.jpg").string();

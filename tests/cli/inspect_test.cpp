@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace inspect_test {  // named after the file: unity batches never mix two files' helpers
 
 namespace fs = std::filesystem;
 

@@ -13,7 +13,7 @@
 
 #include "common/tensor_testing.h"
 
-namespace {
+namespace memory_cli_test {  // named after the file: unity batches never mix two files' helpers
 
 namespace fs = std::filesystem;
 using MemoryCli = cubevec_cli_test::CliTest;
@@ -21,8 +21,8 @@ using cubevec_cli_test::flux_embeds;
 using cubevec_cli_test::read_file;
 using cubevec_cli_test::wan_embeds;
 
-const std::string kFlux = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/flux_tiny";
-const std::string kWan = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/wan_tiny";
+using cubevec_cli_test::kFlux;
+using cubevec_cli_test::kWan;
 // The estimate's fixed allowance (flash tiles, GEMM packing, size classes): pipelines/memory_estimate.cpp.
 constexpr double kWorkspace = 64.0 * 1024 * 1024;
 

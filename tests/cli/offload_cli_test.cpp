@@ -6,7 +6,7 @@
 #include "cli/run_cubevec.h"
 #include "cli/tiny_prompt_embeds.h"
 
-namespace {
+namespace offload_cli_test {  // named after the file: unity batches never mix two files' helpers
 
 namespace fs = std::filesystem;
 using OffloadCli = cubevec_cli_test::CliTest;
@@ -14,8 +14,8 @@ using cubevec_cli_test::flux_embeds;
 using cubevec_cli_test::read_file;
 using cubevec_cli_test::wan_embeds;
 
-const std::string kFlux = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/flux_tiny";
-const std::string kWan = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/wan_tiny";
+using cubevec_cli_test::kFlux;
+using cubevec_cli_test::kWan;
 
 TEST_F(OffloadCli, T2IWithOffloadWritesTheSameJpeg) {
   const std::string embeds = flux_embeds(dir_);

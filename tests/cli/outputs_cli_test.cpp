@@ -14,16 +14,16 @@
 
 #include "common/tensor_testing.h"
 
-namespace {
+namespace outputs_cli_test {  // named after the file: unity batches never mix two files' helpers
 
 namespace fs = std::filesystem;
 using OutputsCli = cubevec_cli_test::CliTest;
 using cubevec_cli_test::read_file;
 
-const std::string kWan = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/wan_tiny";
-const std::string kTinyFlux = std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinyflux";
+using cubevec_cli_test::kWan;
+using cubevec_cli_test::kTinyFlux;
 
-void write_text(const fs::path& p, const std::string& text) { std::ofstream(p, std::ios::binary) << text; }
+using cubevec_cli_test::write_text;
 
 std::string embeds_file(const fs::path& dir, float poison = 0.0f) {
   cubevec::Tensor e = cubevec::testing::random_tensor({1, 7, 24}, 2, cubevec::DType::f32, 1.0f);
@@ -39,8 +39,8 @@ int entries(const fs::path& dir) { return static_cast<int>(std::distance(fs::dir
 // and returns the exit status (-1 when a signal ended it).
 int interrupt_when(std::vector<std::string> args, const std::string& err_path, const std::string& ready,
                    std::chrono::milliseconds delay = std::chrono::milliseconds(0)) {
-  args.insert(args.begin(), CUBEVEC_BINARY);
-  std::vector<char*> argv;
+  std::string binary = CUBEVEC_BINARY;
+  std::vector<char*> argv = {binary.data()};
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   const pid_t pid = ::fork();

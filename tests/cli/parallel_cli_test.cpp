@@ -18,14 +18,14 @@
 
 #include "common/tensor_testing.h"
 
-namespace {
+namespace parallel_cli_test {  // named after the file: unity batches never mix two files' helpers
 
 namespace fs = std::filesystem;
 using ParallelCli = cubevec_cli_test::CliTest;
 using cubevec_cli_test::Process;
 using cubevec_cli_test::read_file;
 
-const fs::path kData = fs::path(CUBEVEC_SOURCE_DIR) / "tests" / "data";
+using cubevec_cli_test::kData;
 
 // `mpirun -np ranks cubevec args...`; LeakSanitizer is off in the ranks (Open MPI keeps its
 // allocations until exit).

@@ -17,15 +17,15 @@
 
 #include "common/tensor_testing.h"
 
-namespace {
+namespace probe_corpus_test {  // named after the file: unity batches never mix two files' helpers
 
 namespace fs = std::filesystem;
 using ProbeCorpus = cubevec_cli_test::CliTest;
 using cubevec_cli_test::read_file;
 
-const std::string kFlux = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/flux_tiny";
-const std::string kWan = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/wan_tiny";
-const std::string kTinyFlux = std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinyflux";
+using cubevec_cli_test::kFlux;
+using cubevec_cli_test::kWan;
+using cubevec_cli_test::kTinyFlux;
 
 struct Case {
   std::string family;
@@ -44,7 +44,7 @@ fs::path edited_model(const fs::path& scratch, const std::string& model, const s
   return copy;
 }
 
-void write_text(const fs::path& path, const std::string& text) { std::ofstream(path, std::ios::binary | std::ios::trunc) << text; }
+using cubevec_cli_test::write_text;
 
 TEST_F(ProbeCorpus, EveryBadInputIsANamedOneLineError) {
   const fs::path d = dir_;

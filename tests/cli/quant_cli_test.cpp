@@ -15,13 +15,13 @@
 
 #include "common/tensor_testing.h"
 
-namespace {
+namespace quant_cli_test {  // named after the file: unity batches never mix two files' helpers
 
 namespace fs = std::filesystem;
 using QuantCli = cubevec_cli_test::CliTest;
 using cubevec_cli_test::read_file;
 
-const std::string kTinyFlux = std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinyflux";
+using cubevec_cli_test::kTinyFlux;
 const std::string kPrompt = "a large red circle in the center on a blue background";
 
 double psnr(const cubevec::pipelines::RgbImage& a, const cubevec::pipelines::RgbImage& b) {

@@ -20,6 +20,17 @@ namespace cubevec_cli_test {
 
 namespace fs = std::filesystem;
 
+// The model folders the CLI tests run: the shipped tiny models and the random-weight checkpoints.
+inline const std::string kTinyFlux = std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinyflux";
+inline const std::string kTinyWan = std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinywan";
+inline const std::string kFlux = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/flux_tiny";
+inline const std::string kWan = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/wan_tiny";
+inline const fs::path kData = fs::path(CUBEVEC_SOURCE_DIR) / "tests" / "data";
+
+inline void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+}
+
 inline std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream text;

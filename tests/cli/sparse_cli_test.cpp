@@ -11,12 +11,12 @@
 
 #include "common/tensor_testing.h"
 
-namespace {
+namespace sparse_cli_test {  // named after the file: unity batches never mix two files' helpers
 
 namespace fs = std::filesystem;
 using SparseCli = cubevec_cli_test::CliTest;
 
-const std::string kWan = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/wan_tiny";
+using cubevec_cli_test::kWan;
 
 std::string write_qkv(const fs::path& dir, const cubevec::Shape& shape) {
   const std::string path = (dir / "case.safetensors").string();

@@ -13,14 +13,14 @@
 
 #include "common/tensor_testing.h"
 
-namespace {
+namespace t2i_cli_test {  // named after the file: unity batches never mix two files' helpers
 
 using T2ICli = cubevec_cli_test::CliTest;
 using cubevec_cli_test::read_file;
 
-const std::string kModel = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/flux_tiny";
+using cubevec_cli_test::kFlux;
 
-std::string write_embeds(const std::filesystem::path& dir, bool negative, int64_t neg_len = 5) {
+std::string write_flux_embeds(const std::filesystem::path& dir, bool negative, int64_t neg_len = 5) {
   const std::string path = (dir / "embeds.safetensors").string();
   cubevec::NamedTensors t = {{"prompt_embeds", cubevec::testing::random_tensor({1, 5, 40}, 1, cubevec::DType::f32, 1.0f)},
                              {"pooled_prompt_embeds", cubevec::testing::random_tensor({1, 24}, 2, cubevec::DType::f32, 1.0f)}};
@@ -34,7 +34,7 @@ std::string write_embeds(const std::filesystem::path& dir, bool negative, int64_
 
 TEST_F(T2ICli, WritesAJpegWithProgressTableAndJson) {
   const std::string out = (dir_ / "a.jpg").string(), json_path = (dir_ / "a.json").string();
-  const auto r = run({"t2i", "--model", kModel, "--prompt-embeds", write_embeds(dir_, false), "--width", "48", "--height", "32",
+  const auto r = run({"t2i", "--model", kFlux, "--prompt-embeds", write_flux_embeds(dir_, false), "--width", "48", "--height", "32",
                       "--steps", "3", "--seed", "7", "--out", out, "--json", json_path});
   ASSERT_EQ(r.status, 0) << r.err;
   for (const char* line : {"step 1/3", "step 3/3", "ETA", "denoising", "VAE decode", "JPEG encode", "peak memory", "wrote "})
@@ -49,9 +49,9 @@ TEST_F(T2ICli, WritesAJpegWithProgressTableAndJson) {
   EXPECT_GT(report["peak_live_bytes"].get<double>(), 0.0);
   // The same seed gives the same picture; another seed another one.
   const std::string again = (dir_ / "b.jpg").string(), other = (dir_ / "c.jpg").string();
-  ASSERT_EQ(run({"t2i", "--model", kModel, "--prompt-embeds", write_embeds(dir_, false), "--width", "48", "--height", "32",
+  ASSERT_EQ(run({"t2i", "--model", kFlux, "--prompt-embeds", write_flux_embeds(dir_, false), "--width", "48", "--height", "32",
                  "--steps", "3", "--seed", "7", "--out", again}).status, 0);
-  ASSERT_EQ(run({"t2i", "--model", kModel, "--prompt-embeds", write_embeds(dir_, false), "--width", "48", "--height", "32",
+  ASSERT_EQ(run({"t2i", "--model", kFlux, "--prompt-embeds", write_flux_embeds(dir_, false), "--width", "48", "--height", "32",
                  "--steps", "3", "--seed", "8", "--out", other}).status, 0);
   EXPECT_EQ(read_file(out), read_file(again));
   EXPECT_NE(read_file(out), read_file(other));
@@ -60,9 +60,9 @@ TEST_F(T2ICli, WritesAJpegWithProgressTableAndJson) {
 TEST_F(T2ICli, MissingSchedulerIsFluxDevsWithANotice) {
   // diffusers has no default scheduler for a Flux folder; cubevec uses FLUX.1-dev's and says so.
   const std::filesystem::path bare = dir_ / "flux_bare";
-  std::filesystem::copy(kModel, bare, std::filesystem::copy_options::recursive);
+  std::filesystem::copy(kFlux, bare, std::filesystem::copy_options::recursive);
   std::filesystem::remove_all(bare / "scheduler");
-  const auto r = run({"t2i", "--model", bare.string(), "--prompt-embeds", write_embeds(dir_, false), "--width", "32", "--height", "32",
+  const auto r = run({"t2i", "--model", bare.string(), "--prompt-embeds", write_flux_embeds(dir_, false), "--width", "32", "--height", "32",
                       "--steps", "1", "--out", (dir_ / "bare.jpg").string()});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("note: " + bare.string() + " has no scheduler/scheduler_config.json; using FLUX.1-dev's (FlowMatchEulerDiscreteScheduler, "
@@ -73,11 +73,11 @@ TEST_F(T2ICli, MissingSchedulerIsFluxDevsWithANotice) {
 }
 
 TEST_F(T2ICli, FusedAndTwoStreamCfgGiveTheSamePicture) {
-  const std::string embeds = write_embeds(dir_, true);
+  const std::string embeds = write_flux_embeds(dir_, true);
   std::vector<cubevec::pipelines::RgbImage> images;
   for (const char* mode : {"fused", "streams"}) {
     const std::string out = (dir_ / (std::string(mode) + ".jpg")).string();
-    const auto r = run({"t2i", "--model", kModel, "--prompt-embeds", embeds, "--width", "32", "--height", "32", "--steps", "2",
+    const auto r = run({"t2i", "--model", kFlux, "--prompt-embeds", embeds, "--width", "32", "--height", "32", "--steps", "2",
                         "--cfg", mode, "--cfg-scale", "3", "--out", out});
     ASSERT_EQ(r.status, 0) << mode << ": " << r.err;
     images.push_back(cubevec::pipelines::read_jpeg(out));
@@ -87,10 +87,10 @@ TEST_F(T2ICli, FusedAndTwoStreamCfgGiveTheSamePicture) {
     worst = std::max(worst, std::abs(int(images[0].pixels[i]) - int(images[1].pixels[i])));
   EXPECT_LE(worst, 2) << "fused and two-stream CFG compute the same velocities";
   // Negative embeddings of another length work on two streams but not in one batch.
-  const std::string uneven = write_embeds(dir_, true, 7);
-  EXPECT_EQ(run({"t2i", "--model", kModel, "--prompt-embeds", uneven, "--width", "32", "--height", "32", "--steps", "1",
+  const std::string uneven = write_flux_embeds(dir_, true, 7);
+  EXPECT_EQ(run({"t2i", "--model", kFlux, "--prompt-embeds", uneven, "--width", "32", "--height", "32", "--steps", "1",
                  "--cfg", "streams", "--out", (dir_ / "u.jpg").string()}).status, 0);
-  const auto fused = run({"t2i", "--model", kModel, "--prompt-embeds", uneven, "--width", "32", "--height", "32", "--steps", "1",
+  const auto fused = run({"t2i", "--model", kFlux, "--prompt-embeds", uneven, "--width", "32", "--height", "32", "--steps", "1",
                           "--cfg", "fused", "--out", (dir_ / "v.jpg").string()});
   EXPECT_EQ(fused.status, 1);
   EXPECT_NE(fused.err.find("--cfg fused needs prompt and negative prompt embeddings of one length, got 5 and 7"), std::string::npos) << fused.err;
@@ -110,18 +110,18 @@ TEST_F(T2ICli, SimulateReportsModelledStepTime) {
 }
 
 TEST_F(T2ICli, BadInputsAreOneLineErrors) {
-  const std::string embeds = write_embeds(dir_, false), out = (dir_ / "x.jpg").string();
+  const std::string embeds = write_flux_embeds(dir_, false), out = (dir_ / "x.jpg").string();
   const struct {
     std::vector<std::string> args;
     std::string expected;
   } cases[] = {
-      {{"t2i", "--model", kModel, "--out", out}, "has no text_encoder/ to encode --prompt with"},
-      {{"t2i", "--model", kModel, "--prompt-embeds", embeds, "--width", "36", "--out", out}, "width and height must be positive multiples of 8 for this model, got 36x32"},
-      {{"t2i", "--model", kModel, "--prompt-embeds", embeds, "--cfg", "fused", "--out", out}, "needs negative embeddings"},
-      {{"t2i", "--model", kModel, "--prompt-embeds", embeds, "--cfg", "both", "--out", out}, "unknown CFG mode 'both'"},
+      {{"t2i", "--model", kFlux, "--out", out}, "has no text_encoder/ to encode --prompt with"},
+      {{"t2i", "--model", kFlux, "--prompt-embeds", embeds, "--width", "36", "--out", out}, "width and height must be positive multiples of 8 for this model, got 36x32"},
+      {{"t2i", "--model", kFlux, "--prompt-embeds", embeds, "--cfg", "fused", "--out", out}, "needs negative embeddings"},
+      {{"t2i", "--model", kFlux, "--prompt-embeds", embeds, "--cfg", "both", "--out", out}, "unknown CFG mode 'both'"},
       {{"t2i", "--model", "/nonexistent", "--prompt-embeds", embeds, "--out", out}, "not a diffusers Flux model directory"},
-      {{"t2i", "--model", kModel, "--prompt-embeds", kModel + "/vae/config.json", "--out", out}, "config.json"},
-      {{"t2i", "--model", kModel, "--prompt-embeds", embeds}, "--out FILE.jpg is required"},
+      {{"t2i", "--model", kFlux, "--prompt-embeds", kFlux + "/vae/config.json", "--out", out}, "config.json"},
+      {{"t2i", "--model", kFlux, "--prompt-embeds", embeds}, "--out FILE.jpg is required"},
   };
   for (const auto& c : cases) {
     const auto r = run(c.args);
@@ -133,7 +133,7 @@ TEST_F(T2ICli, BadInputsAreOneLineErrors) {
 
 // The shipped tiny model: the README's first command, its text encoder's errors, and true CFG with
 // the empty negative prompt (the caption dropout's unconditional input).
-const std::string kTinyFlux = std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinyflux";
+using cubevec_cli_test::kTinyFlux;
 
 TEST_F(T2ICli, TinyModelRendersThePromptAtItsOwnSize) {
   const std::string out = (dir_ / "tiny.jpg").string();
@@ -183,7 +183,7 @@ TEST_F(T2ICli, MaxSequenceLengthWithTheTinyEncoderIsNoted) {
   EXPECT_EQ(plain.err.find("--max-sequence-length"), std::string::npos) << plain.err;
   EXPECT_EQ(cubevec_cli_test::read_file(with), cubevec_cli_test::read_file(without));
   // Embeddings from a file are already encoded: the same note.
-  const auto embeds = run({"t2i", "--model", kModel, "--prompt-embeds", write_embeds(dir_, false), "--width", "48", "--height", "32",
+  const auto embeds = run({"t2i", "--model", kFlux, "--prompt-embeds", write_flux_embeds(dir_, false), "--width", "48", "--height", "32",
                            "--steps", "1", "--max-sequence-length", "64", "--out", (dir_ / "e.jpg").string()});
   ASSERT_EQ(embeds.status, 0) << embeds.err;
   EXPECT_NE(embeds.err.find("note: --max-sequence-length 64 is not used: the embeddings in"), std::string::npos) << embeds.err;
@@ -219,7 +219,7 @@ TEST_F(T2ICli, ForwardReproducesThePyTorchSample) {
     inputs.push_back({name, goldens.tensor(std::string("transformer.") + name)});
   const std::string in = (dir_ / "in.safetensors").string(), out = (dir_ / "out.safetensors").string();
   cubevec::write_safetensors(in, inputs);
-  const auto r = run({"forward", "--model", kModel, "--inputs", in, "--out", out});
+  const auto r = run({"forward", "--model", kFlux, "--inputs", in, "--out", out});
   ASSERT_EQ(r.status, 0) << r.err;
   const auto got = cubevec::testing::values(cubevec::SafetensorsFile::open(out).tensor("sample"));
   const auto want = cubevec::testing::values(goldens.tensor("transformer.expected"));
@@ -232,7 +232,7 @@ TEST_F(T2ICli, ForwardReproducesThePyTorchSample) {
   EXPECT_LE(worst, 1e-4 * scale);
   // An input name diffusers' forward does not take is an error naming it.
   cubevec::write_safetensors(in, {{"hidden_state", goldens.tensor("transformer.hidden_states")}});
-  const auto bad = run({"forward", "--model", kModel, "--inputs", in, "--out", out});
+  const auto bad = run({"forward", "--model", kFlux, "--inputs", in, "--out", out});
   EXPECT_EQ(bad.status, 1);
   EXPECT_NE(bad.err.find("unknown tensor 'hidden_state'"), std::string::npos) << bad.err;
 }

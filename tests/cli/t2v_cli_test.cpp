@@ -17,15 +17,15 @@
 
 #include "common/tensor_testing.h"
 
-namespace {
+namespace t2v_cli_test {  // named after the file: unity batches never mix two files' helpers
 
 using T2VCli = cubevec_cli_test::CliTest;
 using cubevec_cli_test::read_file;
 
-const std::string kModel = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/wan_tiny";
+using cubevec_cli_test::kWan;
 
 // umT5-like states for the tiny model's 24-wide text input: 7 tokens, the last 2 zero-padded.
-std::string write_embeds(const std::filesystem::path& dir, bool negative, int64_t neg_len = 7) {
+std::string write_wan_embeds(const std::filesystem::path& dir, bool negative, int64_t neg_len = 7) {
   const std::string path = (dir / (negative ? "embeds_cfg.safetensors" : "embeds.safetensors")).string();
   cubevec::Tensor positive = cubevec::testing::random_tensor({1, 7, 24}, 1, cubevec::DType::f32, 1.0f);
   std::fill(positive.mutable_data<float>() + 5 * 24, positive.mutable_data<float>() + 7 * 24, 0.0f);
@@ -44,7 +44,7 @@ std::vector<cubevec::pipelines::RgbImage> frames_of(const std::string& avi) {
 
 TEST_F(T2VCli, WritesAnAviAndFramesWithProgressTableAndJson) {
   const std::string out = (dir_ / "a.avi").string(), json_path = (dir_ / "a.json").string(), frames_dir = (dir_ / "frames").string();
-  const auto r = run({"t2v", "--model", kModel, "--prompt-embeds", write_embeds(dir_, true), "--frames", "9", "--width", "48",
+  const auto r = run({"t2v", "--model", kWan, "--prompt-embeds", write_wan_embeds(dir_, true), "--frames", "9", "--width", "48",
                       "--height", "32", "--steps", "3", "--seed", "7", "--out", out, "--frames-dir", frames_dir, "--json", json_path});
   ASSERT_EQ(r.status, 0) << r.err;
   for (const char* line : {"t2v: 9 frames of 48x32 (latent 3 x 4 x 6), 3 steps, cfg fused", "step 1/3", "step 3/3", "ETA",
@@ -74,18 +74,18 @@ TEST_F(T2VCli, WritesAnAviAndFramesWithProgressTableAndJson) {
   // The same seed gives the same video; another seed another one.
   const std::string again = (dir_ / "b.avi").string(), other = (dir_ / "c.avi").string();
   for (const auto& [path, seed] : {std::pair{again, "7"}, std::pair{other, "8"}})
-    ASSERT_EQ(run({"t2v", "--model", kModel, "--prompt-embeds", write_embeds(dir_, true), "--frames", "9", "--width", "48",
+    ASSERT_EQ(run({"t2v", "--model", kWan, "--prompt-embeds", write_wan_embeds(dir_, true), "--frames", "9", "--width", "48",
                    "--height", "32", "--steps", "3", "--seed", seed, "--out", path}).status, 0);
   EXPECT_EQ(read_file(out), read_file(again));
   EXPECT_NE(read_file(out), read_file(other));
 }
 
 TEST_F(T2VCli, FusedAndTwoStreamCfgGiveTheSameVideo) {
-  const std::string embeds = write_embeds(dir_, true);
+  const std::string embeds = write_wan_embeds(dir_, true);
   std::vector<std::vector<cubevec::pipelines::RgbImage>> videos;
   for (const char* mode : {"fused", "streams"}) {
     const std::string out = (dir_ / (std::string(mode) + ".avi")).string();
-    const auto r = run({"t2v", "--model", kModel, "--prompt-embeds", embeds, "--frames", "5", "--width", "32", "--height", "32",
+    const auto r = run({"t2v", "--model", kWan, "--prompt-embeds", embeds, "--frames", "5", "--width", "32", "--height", "32",
                         "--steps", "2", "--cfg", mode, "--guidance", "4", "--out", out});
     ASSERT_EQ(r.status, 0) << mode << ": " << r.err;
     videos.push_back(frames_of(out));
@@ -102,12 +102,12 @@ TEST_F(T2VCli, FusedAndTwoStreamCfgGiveTheSameVideo) {
 TEST_F(T2VCli, RunsTheSchedulerTheModelShips) {
   // The tiny model with the UniPC config the diffusers Wan2.1 repos ship instead of its Euler one.
   const std::filesystem::path model = dir_ / "wan_unipc";
-  std::filesystem::copy(kModel, model, std::filesystem::copy_options::recursive);
+  std::filesystem::copy(kWan, model, std::filesystem::copy_options::recursive);
   std::filesystem::copy_file(std::string(CUBEVEC_SOURCE_DIR) + "/assets/configs/wan2.1-t2v-14b/scheduler/scheduler_config.json",
                              model / "scheduler" / "scheduler_config.json", std::filesystem::copy_options::overwrite_existing);
-  const std::string embeds = write_embeds(dir_, true);
+  const std::string embeds = write_wan_embeds(dir_, true);
   std::vector<std::string> videos;
-  for (const std::string& m : {model.string(), kModel}) {
+  for (const std::string& m : {model.string(), kWan}) {
     const std::string out = (dir_ / (std::to_string(videos.size()) + ".avi")).string();
     const auto r = run({"t2v", "--model", m, "--prompt-embeds", embeds, "--frames", "5", "--width", "32", "--height", "32",
                         "--steps", "4", "--out", out});
@@ -121,7 +121,7 @@ TEST_F(T2VCli, RunsTheSchedulerTheModelShips) {
   EXPECT_NE(videos[0], videos[1]) << "UniPC and Euler take different steps";
   // Without scheduler/ the run says it uses the Wan2.1 repositories' UniPC, and does.
   const std::filesystem::path bare = dir_ / "wan_bare";
-  std::filesystem::copy(kModel, bare, std::filesystem::copy_options::recursive);
+  std::filesystem::copy(kWan, bare, std::filesystem::copy_options::recursive);
   std::filesystem::remove_all(bare / "scheduler");
   const std::string bare_out = (dir_ / "bare.avi").string();
   const auto defaulted = run({"t2v", "--model", bare.string(), "--prompt-embeds", embeds, "--frames", "5", "--width", "32", "--height",
@@ -157,22 +157,22 @@ TEST_F(T2VCli, SimulateFullSizeWan14B) {
 }
 
 TEST_F(T2VCli, BadInputsAreOneLineErrors) {
-  const std::string embeds = write_embeds(dir_, false), with_negative = write_embeds(dir_, true), out = (dir_ / "x.avi").string();
+  const std::string embeds = write_wan_embeds(dir_, false), with_negative = write_wan_embeds(dir_, true), out = (dir_ / "x.avi").string();
   const struct {
     std::vector<std::string> args;
     std::string expected;
   } cases[] = {
-      {{"t2v", "--model", kModel, "--prompt", "a cat", "--out", out}, "has no text_encoder/ (umT5) to encode --prompt with"},
-      {{"t2v", "--model", kModel, "--prompt-embeds", with_negative, "--frames", "8", "--out", out}, "frames must be 1 + 4k"},
-      {{"t2v", "--model", kModel, "--prompt-embeds", with_negative, "--width", "36", "--out", out},
+      {{"t2v", "--model", kWan, "--prompt", "a cat", "--out", out}, "has no text_encoder/ (umT5) to encode --prompt with"},
+      {{"t2v", "--model", kWan, "--prompt-embeds", with_negative, "--frames", "8", "--out", out}, "frames must be 1 + 4k"},
+      {{"t2v", "--model", kWan, "--prompt-embeds", with_negative, "--width", "36", "--out", out},
        "width and height must be positive multiples of 8"},
-      {{"t2v", "--model", kModel, "--prompt-embeds", with_negative, "--width", "40", "--out", out},
+      {{"t2v", "--model", kWan, "--prompt-embeds", with_negative, "--width", "40", "--out", out},
        "--width 40 gives 5 latent positions, not a multiple of the transformer's patch size 2"},
-      {{"t2v", "--model", kModel, "--prompt-embeds", embeds, "--out", out}, "needs negative_prompt_embeds"},
-      {{"t2v", "--model", kModel, "--prompt-embeds", with_negative, "--cfg", "both", "--out", out}, "unknown CFG mode 'both'"},
+      {{"t2v", "--model", kWan, "--prompt-embeds", embeds, "--out", out}, "needs negative_prompt_embeds"},
+      {{"t2v", "--model", kWan, "--prompt-embeds", with_negative, "--cfg", "both", "--out", out}, "unknown CFG mode 'both'"},
       {{"t2v", "--model", "/nonexistent", "--prompt-embeds", embeds, "--out", out}, "not a diffusers Wan model directory"},
-      {{"t2v", "--model", kModel, "--prompt-embeds", with_negative}, "--out FILE.avi is required"},
-      {{"t2v", "--model", kModel, "--prompt-embeds", with_negative, "--out", "/nonexistent/dir/x.avi", "--frames", "1", "--steps", "1",
+      {{"t2v", "--model", kWan, "--prompt-embeds", with_negative}, "--out FILE.avi is required"},
+      {{"t2v", "--model", kWan, "--prompt-embeds", with_negative, "--out", "/nonexistent/dir/x.avi", "--frames", "1", "--steps", "1",
         "--width", "16", "--height", "16"},
        "/nonexistent/dir/x.avi"},
   };
@@ -183,7 +183,7 @@ TEST_F(T2VCli, BadInputsAreOneLineErrors) {
     EXPECT_NE(r.err.find(c.expected), std::string::npos) << "expected '" << c.expected << "' in: " << r.err;
   }
   // CFG off needs no negative embeddings.
-  EXPECT_EQ(run({"t2v", "--model", kModel, "--prompt-embeds", embeds, "--cfg", "off", "--frames", "1", "--steps", "1", "--width", "16",
+  EXPECT_EQ(run({"t2v", "--model", kWan, "--prompt-embeds", embeds, "--cfg", "off", "--frames", "1", "--steps", "1", "--width", "16",
                  "--height", "16", "--out", out}).status, 0);
 }
 
@@ -194,14 +194,14 @@ TEST_F(T2VCli, ForwardRunsTheWanTransformer) {
   cubevec::write_safetensors(inputs, {{"hidden_states", goldens.tensor("transformer.hidden_states")},
                                       {"timestep", goldens.tensor("transformer.timestep")},
                                       {"encoder_hidden_states", goldens.tensor("transformer.encoder_hidden_states")}});
-  const auto r = run({"forward", "--model", kModel, "--inputs", inputs, "--out", out});
+  const auto r = run({"forward", "--model", kWan, "--inputs", inputs, "--out", out});
   ASSERT_EQ(r.status, 0) << r.err;
   cubevec::testing::expect_close_rel(cubevec::SafetensorsFile::open(out).tensor("sample"), goldens.tensor("transformer.sample"), 1e-4,
                                      "forward sample");
   // A Flux argument name is rejected for a Wan model.
   cubevec::write_safetensors(inputs, {{"hidden_states", goldens.tensor("transformer.hidden_states")},
                                       {"pooled_projections", goldens.tensor("transformer.timestep")}});
-  const auto bad = run({"forward", "--model", kModel, "--inputs", inputs, "--out", out});
+  const auto bad = run({"forward", "--model", kWan, "--inputs", inputs, "--out", out});
   EXPECT_EQ(bad.status, 1);
   EXPECT_NE(bad.err.find("unknown tensor 'pooled_projections' (WanTransformer3DModel.forward takes"), std::string::npos) << bad.err;
 }
@@ -211,9 +211,9 @@ TEST_F(T2VCli, ForwardRunsTheWanTransformer) {
 // The shipped tiny video model (assets/tinywan, trained by tools/tinywan/train.py): the README's
 // video command at the model's own defaults (generation_defaults.json), its text encoder, and the
 // defaults file's errors.
-namespace {
+namespace t2v_cli_test {  // named after the file: unity batches never mix two files' helpers
 
-const std::string kTinyWan = std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinywan";
+using cubevec_cli_test::kTinyWan;
 
 // A copy of the shipped model whose generation_defaults.json holds `text`.
 std::string tiny_wan_with_defaults(const std::filesystem::path& dir, const std::string& text) {
@@ -223,8 +223,6 @@ std::string tiny_wan_with_defaults(const std::filesystem::path& dir, const std::
   std::ofstream(copy / "generation_defaults.json") << text;
   return copy.string();
 }
-
-}  // namespace
 
 TEST_F(T2VCli, TinyWanRendersThePromptAtItsDefaults) {
   const std::string out = (dir_ / "tiny.avi").string();
@@ -291,3 +289,5 @@ TEST_F(T2VCli, TinyWanPromptAndDefaultsErrors) {
     EXPECT_FALSE(std::filesystem::exists(out)) << "no video for an input the run refuses";
   }
 }
+
+}  // namespace t2v_cli_test

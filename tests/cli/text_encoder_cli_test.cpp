@@ -20,32 +20,32 @@
 
 #include "common/tensor_testing.h"
 
-namespace {
+namespace text_encoder_cli_test {  // named after the file: unity batches never mix two files' helpers
 
 namespace fs = std::filesystem;
 using TextEncoderCli = cubevec_cli_test::CliTest;
 using cubevec_cli_test::read_file;
 using cubevec::Tensor;
 
-const std::string kData = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/";
+const std::string kDataDir = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/";
 
 fs::path flux_folder(const fs::path& dir) {
   const fs::path f = dir / "flux";
   fs::create_directories(f);
-  for (const char* part : {"transformer", "vae", "scheduler"}) fs::copy(kData + "flux_tiny/" + part, f / part, fs::copy_options::recursive);
-  fs::copy(kData + "text_encoders/clip", f / "text_encoder", fs::copy_options::recursive);
-  fs::copy(kData + "clip_tokenizer", f / "tokenizer", fs::copy_options::recursive);
-  fs::copy(kData + "text_encoders/t5", f / "text_encoder_2", fs::copy_options::recursive);
-  fs::copy(kData + "t5_tokenizer", f / "tokenizer_2", fs::copy_options::recursive);
+  for (const char* part : {"transformer", "vae", "scheduler"}) fs::copy(kDataDir + "flux_tiny/" + part, f / part, fs::copy_options::recursive);
+  fs::copy(kDataDir + "text_encoders/clip", f / "text_encoder", fs::copy_options::recursive);
+  fs::copy(kDataDir + "clip_tokenizer", f / "tokenizer", fs::copy_options::recursive);
+  fs::copy(kDataDir + "text_encoders/t5", f / "text_encoder_2", fs::copy_options::recursive);
+  fs::copy(kDataDir + "t5_tokenizer", f / "tokenizer_2", fs::copy_options::recursive);
   return f;
 }
 
 fs::path wan_folder(const fs::path& dir) {
   const fs::path w = dir / "wan";
   fs::create_directories(w);
-  for (const char* part : {"transformer", "vae", "scheduler"}) fs::copy(kData + "wan_tiny/" + part, w / part, fs::copy_options::recursive);
-  fs::copy(kData + "text_encoders/umt5", w / "text_encoder", fs::copy_options::recursive);
-  fs::copy(kData + "t5_tokenizer", w / "tokenizer", fs::copy_options::recursive);
+  for (const char* part : {"transformer", "vae", "scheduler"}) fs::copy(kDataDir + "wan_tiny/" + part, w / part, fs::copy_options::recursive);
+  fs::copy(kDataDir + "text_encoders/umt5", w / "text_encoder", fs::copy_options::recursive);
+  fs::copy(kDataDir + "t5_tokenizer", w / "tokenizer", fs::copy_options::recursive);
   return w;
 }
 
@@ -69,7 +69,7 @@ TEST_F(TextEncoderCli, EncodePromptMatchesTheGoldensAndWansZeroing) {
   const auto run_clip = run({"encode-prompt", "--model", flux.string(), "--prompt", "a photo of a cat", "--out", out});
   ASSERT_EQ(run_clip.status, 0) << run_clip.err;
   const cubevec::SafetensorsFile got = cubevec::SafetensorsFile::open(out);
-  const cubevec::SafetensorsFile goldens = cubevec::SafetensorsFile::open(kData + "text_encoders/goldens.safetensors");
+  const cubevec::SafetensorsFile goldens = cubevec::SafetensorsFile::open(kDataDir + "text_encoders/goldens.safetensors");
   EXPECT_EQ(values_of(got, "input_ids_0"), values_of(goldens, "clip_cat.input_ids"));
   for (const auto& [mine, theirs] : {std::pair{"last_hidden_state_0", "clip_cat.last_hidden_state"}, {"pooler_output_0", "clip_cat.pooler_output"}}) {
     const auto a = values_of(got, mine), b = values_of(goldens, theirs);

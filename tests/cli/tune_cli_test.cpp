@@ -9,13 +9,13 @@
 #include "cli/tiny_prompt_embeds.h"
 #include "ops/gemm/tuner.h"
 
-namespace {
+namespace tune_cli_test {  // named after the file: unity batches never mix two files' helpers
 
 namespace fs = std::filesystem;
 using TuneCli = cubevec_cli_test::CliTest;
 using cubevec_cli_test::read_file;
 
-const std::string kFlux = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/flux_tiny";
+using cubevec_cli_test::kFlux;
 
 TEST_F(TuneCli, FillsTheTuningFileWithAProgressBarAndKeepsItOnASecondRun) {
   const std::string file = (dir_ / "tuning.json").string();

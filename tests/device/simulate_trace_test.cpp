@@ -10,7 +10,7 @@
 #include "device_test_util.h"
 
 namespace cubevec {
-namespace {
+namespace simulate_trace_test {  // named after the file: unity batches never mix two files' helpers
 
 using namespace testing_ops;
 

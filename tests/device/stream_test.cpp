@@ -8,7 +8,7 @@
 #include "device_test_util.h"
 
 namespace cubevec {
-namespace {
+namespace stream_test {  // named after the file: unity batches never mix two files' helpers
 
 using namespace testing_ops;
 using namespace std::chrono_literals;

@@ -17,7 +17,7 @@
 #include "tensor/safetensors.h"
 
 namespace cubevec {
-namespace {
+namespace autoencoder_kl_test {  // named after the file: unity batches never mix two files' helpers
 
 using namespace cubevec::testing;
 using models::AutoencoderKLConfig;

@@ -20,7 +20,7 @@
 #include "tensor/strict_json.h"
 
 namespace cubevec {
-namespace {
+namespace autoencoder_kl_wan_test {  // named after the file: unity batches never mix two files' helpers
 
 using namespace cubevec::testing;
 using models::AutoencoderKLWan;

@@ -22,7 +22,7 @@
 #include "common/tensor_testing.h"
 
 namespace cubevec {
-namespace {
+namespace text_encoder_models_test {  // named after the file: unity batches never mix two files' helpers
 
 using namespace cubevec::testing;
 using models::ClipTextModel;

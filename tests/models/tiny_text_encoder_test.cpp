@@ -18,7 +18,7 @@
 #include "common/tensor_testing.h"
 
 namespace cubevec {
-namespace {
+namespace tiny_text_encoder_test {  // named after the file: unity batches never mix two files' helpers
 
 namespace fs = std::filesystem;
 using models::TinyTextEncoder;

@@ -25,7 +25,7 @@
 #include "common/tensor_testing.h"
 
 namespace cubevec {
-namespace {
+namespace wan_golden_test {  // named after the file: unity batches never mix two files' helpers
 
 using namespace cubevec::testing;
 

@@ -18,7 +18,7 @@
 #include "common/tensor_testing.h"
 
 namespace cubevec {
-namespace {
+namespace attention_bias_test {  // named after the file: unity batches never mix two files' helpers
 
 using namespace cubevec::testing;
 using ops::AttentionImpl;

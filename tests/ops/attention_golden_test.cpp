@@ -45,7 +45,7 @@
 #include "common/tensor_testing.h"
 
 namespace cubevec {
-namespace {
+namespace attention_golden_test {  // named after the file: unity batches never mix two files' helpers
 
 using nlohmann::json;
 

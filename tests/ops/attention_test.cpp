@@ -29,7 +29,7 @@
 #include "device/device_test_util.h"
 
 namespace cubevec {
-namespace {
+namespace attention_test {  // named after the file: unity batches never mix two files' helpers
 
 using namespace cubevec::testing;
 using ops::AttentionImpl;

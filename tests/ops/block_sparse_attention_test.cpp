@@ -14,7 +14,7 @@
 #include "common/tensor_testing.h"
 
 namespace cubevec {
-namespace {
+namespace block_sparse_attention_test {  // named after the file: unity batches never mix two files' helpers
 
 using namespace cubevec::testing;
 using ops::AttentionImpl;

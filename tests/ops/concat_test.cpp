@@ -6,7 +6,7 @@
 #include "common/tensor_testing.h"
 
 namespace cubevec {
-namespace {
+namespace concat_test {  // named after the file: unity batches never mix two files' helpers
 
 using namespace cubevec::testing;
 

@@ -10,7 +10,7 @@
 #include "common/tensor_testing.h"
 
 namespace cubevec {
-namespace {
+namespace decoder_kernels_test {  // named after the file: unity batches never mix two files' helpers
 
 using namespace cubevec::testing;
 

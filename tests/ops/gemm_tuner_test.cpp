@@ -15,7 +15,7 @@
 #include "tensor/regular_file.h"
 
 namespace cubevec {
-namespace {
+namespace gemm_tuner_test {  // named after the file: unity batches never mix two files' helpers
 
 namespace g = ops::gemm;
 using testing::TempDir;

@@ -29,7 +29,7 @@
 #include "tensor/safetensors.h"
 
 namespace cubevec {
-namespace {
+namespace golden_test {  // named after the file: unity batches never mix two files' helpers
 
 using nlohmann::json;
 

@@ -17,7 +17,7 @@
 #include "common/vector_isa.h"
 
 namespace cubevec {
-namespace {
+namespace int8_gemm_test {  // named after the file: unity batches never mix two files' helpers
 
 using namespace cubevec::testing;
 using ops::gemm::Int8Isa;

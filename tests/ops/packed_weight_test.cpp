@@ -9,7 +9,7 @@
 #include "common/tensor_testing.h"
 
 namespace cubevec {
-namespace {
+namespace packed_weight_test {  // named after the file: unity batches never mix two files' helpers
 
 using namespace cubevec::testing;
 

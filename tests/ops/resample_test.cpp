@@ -5,7 +5,7 @@
 #include "ops/vector_ops.h"
 
 namespace cubevec {
-namespace {
+namespace resample_test {  // named after the file: unity batches never mix two files' helpers
 
 using namespace cubevec::testing;
 

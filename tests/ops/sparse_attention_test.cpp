@@ -20,7 +20,7 @@
 #include "common/tensor_testing.h"
 
 namespace cubevec {
-namespace {
+namespace sparse_attention_test {  // named after the file: unity batches never mix two files' helpers
 
 using namespace cubevec::testing;
 using ops::AttentionLayout;

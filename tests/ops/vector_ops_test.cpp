@@ -19,7 +19,7 @@
 #include "common/vector_isa.h"
 
 namespace cubevec {
-namespace {
+namespace vector_ops_test {  // named after the file: unity batches never mix two files' helpers
 
 using namespace cubevec::testing;
 

@@ -12,7 +12,7 @@
 #include "parallel/plan.h"
 
 namespace cubevec::parallel {
-namespace {
+namespace collectives_mpi_test {  // named after the file: unity batches never mix two files' helpers
 
 // The value of element `i` of rank `r`'s input in test `salt`.
 float value(int r, int64_t i, int salt) { return static_cast<float>(std::sin(0.37 * static_cast<double>(i) + 1.3 * r + 0.11 * salt)); }

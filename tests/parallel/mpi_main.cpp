@@ -7,7 +7,7 @@
 
 #include "parallel/mpi_runtime.h"
 
-namespace {
+namespace mpi_main {  // named after the file: unity batches never mix two files' helpers
 
 class RankFailurePrinter : public ::testing::EmptyTestEventListener {
  public:
@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
   if (rank != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new RankFailurePrinter(rank));
+    listeners.Append(new mpi_main::RankFailurePrinter(rank));
   }
   const int status = RUN_ALL_TESTS();
   cubevec::parallel::finalize(status);

@@ -16,7 +16,7 @@
 #include "common/tensor_testing.h"
 
 namespace cubevec::pipelines {
-namespace {
+namespace patch_parallel_vae_mpi_test {  // named after the file: unity batches never mix two files' helpers
 
 using cubevec::testing::expect_close_rel;
 using cubevec::testing::random_tensor;

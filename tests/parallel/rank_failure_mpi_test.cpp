@@ -10,7 +10,7 @@
 #include "parallel/mpi_runtime.h"
 
 namespace cubevec::parallel {
-namespace {
+namespace rank_failure_mpi_test {  // named after the file: unity batches never mix two files' helpers
 
 TEST(RankFailure, AFailingRankStopsTheOthersWithItsMessage) {
   if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks";

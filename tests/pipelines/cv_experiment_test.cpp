@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 namespace cubevec {
-namespace {
+namespace cv_experiment_test {  // named after the file: unity batches never mix two files' helpers
 
 TEST(CvExperiment, IntervalArithmetic) {
   EXPECT_DOUBLE_EQ(busy_time({{0, 2}, {1, 3}, {5, 6}}), 4.0);

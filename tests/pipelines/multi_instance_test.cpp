@@ -9,7 +9,7 @@
 #include "ops/vector_ops.h"
 
 namespace cubevec {
-namespace {
+namespace multi_instance_test {  // named after the file: unity batches never mix two files' helpers
 
 std::vector<Tensor> random_inputs(int count, int64_t tokens, int64_t width) {
   std::mt19937 rng(11);

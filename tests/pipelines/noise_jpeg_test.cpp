@@ -12,7 +12,7 @@
 #include "common/tensor_testing.h"
 
 namespace cubevec {
-namespace {
+namespace noise_jpeg_test {  // named after the file: unity batches never mix two files' helpers
 
 using namespace cubevec::testing;
 

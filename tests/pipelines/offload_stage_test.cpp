@@ -23,7 +23,7 @@
 #include "common/tensor_testing.h"
 
 namespace cubevec {
-namespace {
+namespace offload_stage_test {  // named after the file: unity batches never mix two files' helpers
 
 using namespace cubevec::testing;
 

@@ -18,7 +18,7 @@
 #include "common/tensor_testing.h"
 
 namespace cubevec {
-namespace {
+namespace plug_points_test {  // named after the file: unity batches never mix two files' helpers
 
 using namespace cubevec::testing;
 using models::AttentionKind;

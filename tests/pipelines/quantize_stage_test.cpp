@@ -19,7 +19,7 @@
 #include "common/tensor_testing.h"
 
 namespace cubevec {
-namespace {
+namespace quantize_stage_test {  // named after the file: unity batches never mix two files' helpers
 
 using namespace cubevec::testing;
 using quant::Algorithm;

@@ -21,7 +21,7 @@
 #include "common/tensor_testing.h"
 
 namespace cubevec {
-namespace {
+namespace step_cache_test {  // named after the file: unity batches never mix two files' helpers
 
 using namespace cubevec::testing;
 using pipelines::CacheConfig;

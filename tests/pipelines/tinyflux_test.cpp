@@ -24,7 +24,7 @@
 #include "common/tensor_testing.h"
 
 namespace cubevec {
-namespace {
+namespace tinyflux_test {  // named after the file: unity batches never mix two files' helpers
 
 const std::string kModel = std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinyflux";
 const std::string kReference = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/tinyflux_reference.safetensors";

@@ -15,7 +15,7 @@
 #include "tensor/safetensors.h"
 
 namespace cubevec {
-namespace {
+namespace tinywan_test {  // named after the file: unity batches never mix two files' helpers
 
 const std::string kModel = std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinywan";
 const std::string kReference = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/tinywan_reference.safetensors";

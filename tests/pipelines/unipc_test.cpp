@@ -15,7 +15,7 @@
 #include "common/tensor_testing.h"
 
 namespace cubevec {
-namespace {
+namespace unipc_test {  // named after the file: unity batches never mix two files' helpers
 
 using namespace cubevec::testing;
 using nlohmann::json;

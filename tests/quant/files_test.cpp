@@ -16,7 +16,7 @@
 #include "common/tensor_testing.h"
 
 namespace cubevec {
-namespace {
+namespace files_test {  // named after the file: unity batches never mix two files' helpers
 
 using namespace cubevec::testing;
 using quant::Algorithm;

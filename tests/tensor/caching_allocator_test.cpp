@@ -10,7 +10,7 @@
 #include "tensor/error.h"
 
 namespace cubevec {
-namespace {
+namespace caching_allocator_test {  // named after the file: unity batches never mix two files' helpers
 
 // A fence the test opens by hand, standing in for an event recorded on a device stream.
 class ManualFence final : public StreamFence {

@@ -19,7 +19,7 @@
 #include "tensor/half.h"
 
 namespace cubevec {
-namespace {
+namespace checkpoint_test {  // named after the file: unity batches never mix two files' helpers
 
 namespace fs = std::filesystem;
 

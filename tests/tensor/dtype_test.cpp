@@ -4,7 +4,7 @@
 #include "tensor/error.h"
 
 namespace cubevec {
-namespace {
+namespace dtype_test {  // named after the file: unity batches never mix two files' helpers
 
 TEST(DType, SizesAndNames) {
   const std::pair<DType, std::size_t> sizes[] = {{DType::f32, 4}, {DType::f16, 2}, {DType::bf16, 2}, {DType::i8, 1},

@@ -10,7 +10,7 @@
 #include "tensor/error.h"
 #include "tensor/half.h"
 
-namespace {
+namespace finite_check_test {  // named after the file: unity batches never mix two files' helpers
 
 using cubevec::DType;
 using cubevec::Tensor;

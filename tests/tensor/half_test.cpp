@@ -12,7 +12,7 @@
 #include "tensor/half.h"
 
 namespace cubevec {
-namespace {
+namespace half_test {  // named after the file: unity batches never mix two files' helpers
 
 // Value of an IEEE binary16 bit pattern, from the definition.
 double decode_f16(uint16_t h) {

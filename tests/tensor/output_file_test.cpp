@@ -13,7 +13,7 @@
 
 #include "tensor/error.h"
 
-namespace {
+namespace output_file_test {  // named after the file: unity batches never mix two files' helpers
 
 namespace fs = std::filesystem;
 

@@ -17,7 +17,7 @@
 #include "common/tensor_testing.h"
 
 namespace cubevec {
-namespace {
+namespace regular_file_test {  // named after the file: unity batches never mix two files' helpers
 
 using testing::message_of;
 

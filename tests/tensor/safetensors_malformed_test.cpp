@@ -11,7 +11,7 @@
 #include "tensor/safetensors.h"
 
 namespace cubevec {
-namespace {
+namespace safetensors_malformed_test {  // named after the file: unity batches never mix two files' helpers
 
 // 8-byte little-endian length (the JSON's own unless `declared` is given), the JSON, then `data`.
 std::string file_bytes(const std::string& json, const std::string& data = "", std::optional<uint64_t> declared = {}) {

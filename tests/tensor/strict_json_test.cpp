@@ -8,7 +8,7 @@
 #include "common/tensor_testing.h"
 
 namespace cubevec {
-namespace {
+namespace strict_json_test {  // named after the file: unity batches never mix two files' helpers
 
 using testing::message_of;
 

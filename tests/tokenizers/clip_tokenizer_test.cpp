@@ -13,7 +13,7 @@
 #include "tensor/strict_json.h"
 #include "tokenizers/clip_tokenizer.h"
 
-namespace {
+namespace clip_tokenizer_test {  // named after the file: unity batches never mix two files' helpers
 
 namespace fs = std::filesystem;
 using cubevec::tokenizers::ClipTokenizer;

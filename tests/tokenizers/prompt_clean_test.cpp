@@ -9,7 +9,7 @@
 #include "tensor/strict_json.h"
 #include "tokenizers/prompt_clean.h"
 
-namespace {
+namespace prompt_clean_test {  // named after the file: unity batches never mix two files' helpers
 
 TEST(WanPromptClean, MatchesPython) {
   const nlohmann::json goldens = cubevec::read_json_file(std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/prompt_clean_goldens.json");

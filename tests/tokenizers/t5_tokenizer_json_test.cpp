@@ -19,7 +19,7 @@
 #include "tokenizers/t5_tokenizer.h"
 #include "tokenizers/t5_tokenizer_json.h"
 
-namespace {
+namespace t5_tokenizer_json_test {  // named after the file: unity batches never mix two files' helpers
 
 namespace fs = std::filesystem;
 using cubevec::tokenizers::T5Tokenizer;

@@ -14,7 +14,7 @@
 #include "tensor/strict_json.h"
 #include "tokenizers/t5_tokenizer.h"
 
-namespace {
+namespace t5_tokenizer_test {  // named after the file: unity batches never mix two files' helpers
 
 namespace fs = std::filesystem;
 using cubevec::tokenizers::T5Tokenizer;
