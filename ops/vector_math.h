@@ -26,7 +26,9 @@ namespace cubevec::ops::vmath {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
+  // A NaN x gives a NaN p; n must not reach the int conversion as NaN (undefined behaviour).
+  const float whole = n == n ? n : 0.0f;
+  const int32_t bits = (static_cast<int32_t>(whole) + 127) << 23;  // 2^n
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return p * scale;

@@ -1,23 +1,23 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (clang, ASan + UBSan, library instrumented) in build-fuzz and fuzzes
-# copies of their seed corpora for SECONDS each (default 60): the safetensors header parser (with
-# its fast and strict paths compared), the JSON config readers (models, schedulers, timestep
-# policy, device profiles) and the command line's argument parsing (cli_fuzzer). Exits non-zero
-# on any finding; the input is kept in build-fuzz/fuzz-artifacts/.
-# Usage: tests/fuzz/run_fuzz.sh [SECONDS]
+# Builds the libFuzzer targets and fuzzes copies of their seed corpora for SECONDS each (default 60):
+# the safetensors header parser (with its fast and strict paths compared), the JSON config readers
+# (models, schedulers, timestep policy, device profiles) and the command line's argument parsing
+# (cli_fuzzer). The fuzzers live in the clang AddressSanitizer + UBSan tree that also runs the test
+# suite (BUILD_DIR, default build-asan; configured here when it is not yet a fuzzing tree), so CI
+# compiles the library once for both. Exits non-zero on any finding; the input is kept in
+# BUILD_DIR/fuzz-artifacts/.
+# Usage: tests/fuzz/run_fuzz.sh [SECONDS] [BUILD_DIR]
 set -euo pipefail
 
 seconds="${1:-60}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-build="$root/build-fuzz"
+build="${2:-$root/build-asan}"
 artifacts="$build/fuzz-artifacts"
 
-# Only the fuzzer is built; the test and bench targets are configured but never compiled here.
-CC=clang CXX=clang++ cmake -S "$root" -B "$build" -G Ninja \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCUBEVEC_FUZZ=ON -DCUBEVEC_TESTS=ON -DCUBEVEC_BENCH=OFF \
-  -DCUBEVEC_SANITIZE=fuzzer-no-link,address,undefined
-cmake --build "$build" --target safetensors_fuzzer config_fuzzer cli_fuzzer -j 2
+if ! grep -qs '^CUBEVEC_FUZZ:BOOL=ON' "$build/CMakeCache.txt"; then
+  "$root/.ci/configure-sanitizer-tree" "$build" address,undefined -DCUBEVEC_FUZZ=ON
+fi
+cmake --build "$build" --target safetensors_fuzzer config_fuzzer cli_fuzzer
 
 # libFuzzer adds what it finds to the corpus directory: keep the checked-in seeds untouched.
 work="$(mktemp -d)"

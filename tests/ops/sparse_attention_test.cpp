@@ -89,13 +89,13 @@ std::vector<uint8_t> rf_v2_reference_mask(const std::vector<double>& q, const st
   std::vector<uint8_t> mask(static_cast<std::size_t>(l * l));
   for (int64_t i = 0; i < l; ++i) {
     std::vector<double> a(static_cast<std::size_t>(l));
-    double mx = -INFINITY, sum = 0;
+    double mx = -INFINITY;
     for (int64_t j = 0; j < l; ++j) {
       a[static_cast<std::size_t>(j)] = std::inner_product(qp[static_cast<std::size_t>(i)].begin(), qp[static_cast<std::size_t>(i)].end(),
                                                           kp[static_cast<std::size_t>(j)].begin(), 0.0) * scale;
       mx = std::max(mx, a[static_cast<std::size_t>(j)]);
     }
-    for (double& x : a) sum += x = std::exp(x - mx);
+    for (double& x : a) x = std::exp(x - mx);  // the order is all the mask needs: no normalization
     std::vector<double> sorted = a;
     std::sort(sorted.begin(), sorted.end(), std::greater<double>());
     for (int64_t j = 0; j < l; ++j) mask[static_cast<std::size_t>(i * l + j)] = a[static_cast<std::size_t>(j)] >= sorted[static_cast<std::size_t>(keep - 1)];
