@@ -11,6 +11,7 @@
 #include "ops/attention/problem.h"
 #include "ops/gemm/driver.h"
 #include "ops/vector_math.h"
+#include "tensor/shape.h"
 
 namespace cubevec::ops::attn::ada_bsa {
 
