@@ -12,6 +12,7 @@
 #include "pipelines/denoiser.h"
 #include "pipelines/guidance.h"
 #include "pipelines/scheduler.h"
+#include "pipelines/seconds_since.h"
 #include "pipelines/stage.h"
 #include "tensor/tensor.h"
 
@@ -30,10 +31,6 @@ using StepCallback = std::function<void(int, int, double)>;
 // Prints "note: <text>" on stderr the first time this process sees `text` (a model folder is
 // read twice, for the estimate and for the weights: its notices should appear once).
 void print_notice_once(const std::string& text);
-
-inline double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // Times a denoising loop's steps on the wall clock and the device's modelled clock into `timings`
 // and reports each step to `on_step`.

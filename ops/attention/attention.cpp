@@ -376,7 +376,7 @@ Tensor block_sparse_attention(const Tensor& q, const Tensor& k, const Tensor& v,
       (m.size(0) != in.batch && m.size(0) != 1) || (m.size(1) != in.heads && m.size(1) != 1) || m.size(2) != lq || m.size(3) != lk)
     fail("block_mask must be bool or u8 [B, N, ceil(Sq/128), ceil(Sk/128)] = [" + std::to_string(in.batch) + ", " +
          std::to_string(in.heads) + ", " + std::to_string(lq) + ", " + std::to_string(lk) + "] (B and N may be 1), got " +
-         (m.defined() ? m.brief() : std::string("nothing")));
+         m.brief());
   in.block_mask = m.stride(3) == 1 || m.numel() == 0 ? m : m.contiguous();
   in.mask_kind = AttentionMaskKind::block_sparse;
   if (options.density) {

@@ -22,7 +22,6 @@ constexpr int64_t kGroupsPerBlock = kSparseBlock / kStride;  // 16
 constexpr int64_t kChunkGroups = 32 * kGroupsPerBlock;    // query groups per GEMM
 constexpr double kEps = 1e-5;                             // the kernel's guard offset
 
-
 }  // namespace
 
 void block_scores(const float* q, int64_t q_ld, int64_t sq, const float* k, int64_t k_ld, int64_t sk, int64_t d, float scale,

@@ -22,7 +22,6 @@ namespace {
 constexpr auto kSparseTypeNames = enum_names<SparseType>(
     "sparse_type", {{SparseType::none, "none"}, {SparseType::rf_v2, "rf_v2"}, {SparseType::ada_bsa, "ada_bsa"}}, /*ignore_case=*/true);
 
-
 std::string shape_text(const LatentShape& s) {
   return "(" + std::to_string(s[0]) + ", " + std::to_string(s[1]) + ", " + std::to_string(s[2]) + ")";
 }

@@ -13,7 +13,6 @@ namespace {
 
 constexpr int64_t kTile = 8;
 
-
 // Mean of rows [r0, r1) of x (row stride ld, d columns) into out.
 void pool_rows(const float* x, int64_t ld, int64_t r0, int64_t r1, int64_t d, float* out) {
   std::fill(out, out + d, 0.0f);

@@ -26,7 +26,6 @@ Tensor contiguous_on(const Tensor& t, const Stream& stream);
 Tensor f32_param(const Tensor& t, const Shape& shape, const std::string& shape_text, const char* op,
                  const char* what, const Stream& stream, bool allow_f16 = false);
 
-
 inline const void* in_ptr(const Tensor& t) { return t.defined() ? t.unsynchronized_data_ptr() : nullptr; }
 inline void* out_ptr(const Tensor& t) { return t.unsynchronized_data_ptr(); }
 inline const float* f32_ptr(const Tensor& t) { return static_cast<const float*>(in_ptr(t)); }

@@ -9,7 +9,6 @@ namespace cubevec::ops {
 
 namespace {
 
-
 int64_t last_size(const Tensor& x, const char* op) {
   if (x.dim() == 0) throw Error(std::string(op) + ": x must have at least one dimension, got a scalar");
   return x.size(-1);

@@ -51,7 +51,7 @@ Tensor rms_norm_with_sums(const Tensor& x, const Tensor& sums, int64_t count, co
   rows_shape.pop_back();
   if (!sums.defined() || sums.dtype() != DType::f32 || sums.shape() != rows_shape)
     throw Error(std::string(op) + ": sums must be f32 " + shape_to_string(rows_shape) + " (one per row of x " +
-                shape_to_string(x.shape()) + "), got " + (sums.defined() ? sums.brief() : std::string("nothing")));
+                shape_to_string(x.shape()) + "), got " + sums.brief());
   if (count < width) throw Error(std::string(op) + ": count must be at least the row width " + std::to_string(width) + ", got " + std::to_string(count));
   if (!(eps > 0)) throw Error(std::string(op) + ": eps must be positive, got " + std::to_string(eps));
   const Tensor w = detail::f32_param(weight, {width}, "[" + std::to_string(width) + "], the last size of x", op, "weight", stream);

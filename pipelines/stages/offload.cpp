@@ -7,7 +7,7 @@
 #include "device/cost_model.h"
 #include "device/device.h"
 #include "models/layers.h"
-#include "pipelines/generation.h"
+#include "pipelines/seconds_since.h"
 #include "tensor/caching_allocator.h"
 #include "tensor/error.h"
 
