@@ -67,5 +67,6 @@ void text_suite(Context& context);
 void memory_suite(Context& context);
 void parallel_suite(Context& context);  // under mpirun -np 2
 void pipeline_suite(Context& context);
+void api_suite(Context& context);  // the library's load-once against a process per request
 
 }  // namespace cubevec::bench

@@ -20,7 +20,7 @@ int run(int argc, char** argv) {
   const std::map<std::string, Suite> suites = {
       {"launch", launch_suite}, {"cv", cv_suite}, {"instances", instances_suite}, {"gemm", gemm_suite},
       {"vector", vector_suite}, {"attention", attention_suite}, {"blocks", blocks_suite}, {"cache", cache_suite}, {"quant", quant_suite}, {"sparse", sparse_suite}, {"parse", parse_suite},
-      {"vae", vae_suite}, {"text", text_suite}, {"memory", memory_suite}, {"parallel", parallel_suite}, {"pipeline", pipeline_suite}};
+      {"vae", vae_suite}, {"text", text_suite}, {"memory", memory_suite}, {"parallel", parallel_suite}, {"pipeline", pipeline_suite}, {"api", api_suite}};
   std::string names;
   for (const auto& [name, suite] : suites) names += (names.empty() ? "" : ", ") + name;
 

@@ -116,12 +116,12 @@ void gemm_cases(Context& context, Device& device) {
 }
 
 // The Linears of a block quantized with `algorithm` (static ranges: the block inputs' [-4, 4]).
-void quantize_block(models::ParameterTable& table, Algorithm algorithm, const std::shared_ptr<int>& step) {
+void quantize_block(models::ParameterTable& table, Algorithm algorithm) {
   for (const auto& [name, linear] : table.linears()) {
     const std::vector<quant::ActivationRange> ranges =
         algorithm == Algorithm::w8a8 ? std::vector<quant::ActivationRange>{{-4.0f, 4.0f}} : std::vector<quant::ActivationRange>{};
     const quant::QuantTensors t = quant::quantize_layer(linear->weight, linear->bias, algorithm, ranges);
-    pipelines::install_quantized(*linear, quant::make_quantized_linear(algorithm, linear->in, linear->out, t, nullptr, name), step);
+    pipelines::install_quantized(*linear, quant::make_quantized_linear(algorithm, linear->in, linear->out, t, nullptr, name));
   }
 }
 
@@ -135,7 +135,6 @@ void block_cases(Context& context, Device& device) {
   const models::RopeTable i = models::axial_rope(models::flux_image_ids(64, 64), config.axes_dims_rope);
   const models::RopeTable rope{ops::concat({t.cos, i.cos}, 0, s), ops::concat({t.sin, i.sin}, 0, s)};
   const models::FluxBlockInputs shared{silu, rope, {1, 32, 32}};
-  const auto step = std::make_shared<int>(0);
   for (const char* kind : {"double", "single"}) {
     std::map<std::string, double> seconds;
     for (const std::string scheme : {"f32", "W8A16", "W8A8_DYNAMIC", "W8A8"}) {
@@ -146,7 +145,7 @@ void block_cases(Context& context, Device& device) {
       if (is_double) double_block.declare(table, 0, config);
       else single_block.declare(table, 0, config);
       models::make_random_parameters(table, DType::f32, 5, 0.02f);
-      if (scheme != "f32") quantize_block(table, *quant::parse_algorithm(scheme, "bench"), step);
+      if (scheme != "f32") quantize_block(table, *quant::parse_algorithm(scheme, "bench"));
       const auto run = [&] {
         return is_double ? double_block.forward({hidden, context_states}, shared, {}, s).hidden
                          : single_block.forward({hidden, context_states}, shared, {}, s).hidden;

@@ -59,7 +59,7 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
   if (groups.degrees.tp > 1) {
     const std::optional<models::TensorParallelPlan> plan = model->tensor_parallel_plan();
     if (!plan) throw Error("--tp shards a transformer's layers; " + dir + " is a " + model->class_name());
-    stages.add(tensor_parallel_stage(groups, *plan));
+    stages.add(pipelines::tensor_parallel_stage(groups, *plan));
     stages.after_load(model->parameters());
   }
   if (quantize) {
@@ -83,7 +83,7 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
   if (groups.degrees.sequence() > 1) {
     if (model->class_name().find("Transformer") == std::string::npos)
       throw Error("--ulysses and --ring share a transformer's tokens; " + dir + " is a " + model->class_name());
-    stages.add(sequence_parallel_stage(groups));
+    stages.add(pipelines::sequence_parallel_stage(groups));
   }
   const auto t0 = std::chrono::steady_clock::now();
   const models::ForwardContext ctx = stages.context({}, dtype);

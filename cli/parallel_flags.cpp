@@ -2,8 +2,6 @@
 #include "cli/range_flag.h"
 
 #include "parallel/mpi_runtime.h"
-#include "pipelines/stages/sequence_parallel.h"
-#include "pipelines/stages/tensor_parallel.h"
 #include "tensor/error.h"
 
 namespace cubevec::cli {
@@ -35,29 +33,6 @@ std::optional<parallel::Communicator> ParallelFlags::vae_group(const parallel::P
   if (groups.world.size() == 1)
     throw Error("--vae-parallel shares the VAE decode among the ranks of the run, but this run has one: start it with mpirun -np N");
   return groups.world;
-}
-
-void check_heads(const parallel::ParallelGroups& groups, int64_t heads) {
-  const int u = groups.degrees.ulysses, t = groups.degrees.tp;
-  if (heads % (u * t) == 0) return;
-  if (t == 1)
-    throw Error("--ulysses " + std::to_string(u) + " must divide the transformer's " + std::to_string(heads) +
-                " attention heads (each rank attends with heads / U of them)");
-  if (u == 1)
-    throw Error("--tp " + std::to_string(t) + " must divide the transformer's " + std::to_string(heads) +
-                " attention heads (each rank computes heads / T of them)");
-  throw Error("--ulysses " + std::to_string(u) + " x --tp " + std::to_string(t) + " = " + std::to_string(u * t) +
-              " must divide the transformer's " + std::to_string(heads) + " attention heads (each rank attends with heads / (U x T) of them)");
-}
-
-std::unique_ptr<pipelines::Stage> sequence_parallel_stage(const parallel::ParallelGroups& groups) {
-  if (groups.degrees.sequence() == 1) return nullptr;
-  return std::make_unique<pipelines::SequenceParallelStage>(groups.ulysses, groups.ring);
-}
-
-std::unique_ptr<pipelines::Stage> tensor_parallel_stage(const parallel::ParallelGroups& groups, const models::TensorParallelPlan& plan) {
-  if (groups.degrees.tp == 1) return nullptr;
-  return std::make_unique<pipelines::TensorParallelStage>(groups.tp, plan);
 }
 
 std::shared_ptr<ParallelFlags> add_parallel_flags(CLI::App& command, bool cfg_parallel) {

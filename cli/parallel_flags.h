@@ -10,7 +10,7 @@
 #include "models/tensor_parallel_plan.h"
 #include "parallel/plan.h"
 #include "pipelines/guidance.h"
-#include "pipelines/stage.h"
+#include "pipelines/stage_plan.h"
 
 namespace cubevec::cli {
 
@@ -31,14 +31,6 @@ struct ParallelFlags {
   // run with one rank, or in simulate mode (which models the transformer, not the VAE).
   std::optional<parallel::Communicator> vae_group(const parallel::ParallelGroups& groups, bool simulate) const;
 };
-
-// Throws, before any weight loads, unless the Ulysses x tensor-parallel degree divides the
-// transformer's `heads`.
-void check_heads(const parallel::ParallelGroups& groups, int64_t heads);
-// The sequence-parallel stage (Ulysses and ring) for the run, or null when each rank holds every token.
-std::unique_ptr<pipelines::Stage> sequence_parallel_stage(const parallel::ParallelGroups& groups);
-// The tensor-parallel stage cutting the layers of `plan`, or null without --tp.
-std::unique_ptr<pipelines::Stage> tensor_parallel_stage(const parallel::ParallelGroups& groups, const models::TensorParallelPlan& plan);
 
 // `cfg_parallel`: whether the command has CFG branches to spread (t2i, t2v; not forward).
 std::shared_ptr<ParallelFlags> add_parallel_flags(CLI::App& command, bool cfg_parallel);

@@ -11,7 +11,7 @@
 #include "cli/output_flag.h"
 #include "cli/command.h"
 #include "cli/device_flags.h"
-#include "cli/model_runner.h"
+#include "cli/fixed_shape_run.h"
 #include "cli/range_flag.h"
 #include "pipelines/quant_export.h"
 #include "pipelines/prompt_embeds_file.h"
@@ -60,18 +60,16 @@ int run(const QuantizeFlags& f, const DeviceFlags& device_flags) {
   if (dtype != DType::f32 && dtype != DType::bf16) throw Error("--dtype must be f32 or bf16, got " + f.dtype);
   check_outputs(f, *algorithm);
   Device device(device_flags.resolve());
-  const std::unique_ptr<ModelRunner> model = ModelRunner::load(f.model, dtype, f.variant, device);
-  const RunShape shape{f.steps, f.width, f.height, f.frames, f.seed};
-  model->check(shape);
+  FixedShapeRun model(f.model, dtype, f.variant, {f.steps, f.width, f.height, f.frames, f.seed}, device);
 
   // The calibration data: each prompt through the model's text encoder, each embeddings file as is.
   std::vector<std::pair<std::string, models::PromptEmbeddings>> data;
   for (const std::string& prompt : f.prompts) {
-    PromptFlags text;
+    pipelines::PromptRequest text;
     text.prompt = prompt;
-    data.push_back({"prompt \"" + prompt + "\"", model->text(text).positive});
+    data.push_back({"prompt \"" + prompt + "\"", model.text(text).positive});
   }
-  for (const std::string& file : f.embeds) data.push_back({file, pipelines::PromptEmbedsFile::load(file, !model->is_wan()).positive});
+  for (const std::string& file : f.embeds) data.push_back({file, pipelines::PromptEmbedsFile::load(file, !model.video()).positive});
 
   pipelines::QuantExportOptions options;
   options.algorithm = *algorithm;
@@ -81,7 +79,7 @@ int run(const QuantizeFlags& f, const DeviceFlags& device_flags) {
   auto calibration_owner = std::make_unique<pipelines::CalibrationStage>(options);
   pipelines::CalibrationStage& calibration = *calibration_owner;
   stages.add(std::move(calibration_owner));
-  stages.after_load(model->parameters());
+  stages.after_load(model.model().transformer_parameters());
   if (calibration.stats().empty())
     throw Error("--exclude leaves no Linear to quantize (all " + std::to_string(calibration.excluded().size()) + " match)");
   for (const std::string& pattern : f.exclude) {
@@ -100,14 +98,14 @@ int run(const QuantizeFlags& f, const DeviceFlags& device_flags) {
       if (step == steps) std::fprintf(stderr, "  %s\n", data[i].first.c_str());
     };
     try {
-      model->run(data[i].second, shape, stages, on_step);
+      model.run(data[i].second, stages, on_step);
     } catch (...) {
       std::fprintf(stderr, "\n");  // end the progress bar's line: the error gets its own
       throw;
     }
   }
-  calibration.detach(model->parameters());
-  const pipelines::QuantExportResult result = pipelines::export_quantized(model->parameters(), calibration, options, f.steps, f.out);
+  calibration.detach(model.model().transformer_parameters());
+  const pipelines::QuantExportResult result = pipelines::export_quantized(model.model().transformer_parameters(), calibration, options, f.steps, f.out);
 
   std::fprintf(stderr, "\nper-layer cosine of the quantized output against float on calibration rows (worst first):\n");
   for (std::size_t i = 0; i < result.layers.size() && i < static_cast<std::size_t>(f.top); ++i)

@@ -1,6 +1,7 @@
 #include "cli/stage_flags.h"
 #include "cli/range_flag.h"
 
+#include "pipelines/stage_plan.h"
 #include "pipelines/stages/offload.h"
 
 #include "pipelines/stages/quantize.h"
@@ -96,9 +97,12 @@ pipelines::CacheConfig StageFlags::cache_settings() const {
   return c;
 }
 
+bool StageFlags::quant_given() const {
+  return std::any_of(options.begin(), options.end(), [](const CLI::Option* o) { return o->check_name("--quant") && o->count() > 0; });
+}
+
 std::unique_ptr<pipelines::Stage> StageFlags::quantize_stage(bool simulate, int steps) const {
-  const bool given = std::any_of(options.begin(), options.end(), [](const CLI::Option* o) { return o->check_name("--quant") && o->count() > 0; });
-  if (!given) {
+  if (!quant_given()) {
     if (!timestep_policy.empty()) throw Error("--timestep-policy applies with --quant (a W8A8_TIMESTEP description)");
     return nullptr;
   }
@@ -128,30 +132,8 @@ std::unique_ptr<pipelines::Stage> StageFlags::offload_stage(std::vector<std::str
 
 pipelines::StageList StageFlags::build(std::unique_ptr<pipelines::Stage> quantize, const pipelines::CacheConfig& cache_config, int steps,
                                        int blocks, std::unique_ptr<pipelines::SparseAttentionStage> sparse,
-                                       std::unique_ptr<pipelines::Stage> offload,
-                                       std::unique_ptr<pipelines::Stage> sequence_parallel,
-                                       std::unique_ptr<pipelines::Stage> tensor_parallel) {
-  pipelines::StageList stages;
-  if (tensor_parallel) {
-    if (quantize) throw Error("--quant with --tp is not supported yet: the quantized layers would need their shards too");
-    stages.add(std::move(tensor_parallel));  // first: its after_load cuts the weights the others see
-  }
-  if (offload) stages.add(std::move(offload));  // outermost of the block hooks: it sees every block, replayed or not
-  const bool sharded = sequence_parallel != nullptr;
-  if (sequence_parallel) stages.add(std::move(sequence_parallel));
-  if (quantize) stages.add(std::move(quantize));
-  if (auto cache = pipelines::make_cache_stage(cache_config, steps, blocks)) {
-    // A cache decides from what its rank sees; with the tokens shared, ranks could decide apart.
-    if (sharded)
-      throw Error("--cache with --ulysses or --ring is not supported yet: each rank would decide its cache from its own tokens");
-    stages.add(std::move(cache));
-  }
-  if (sparse) {
-    sparse->check_blocks(blocks);
-    sparse->check_steps(steps);
-    stages.add(std::move(sparse));
-  }
-  return stages;
+                                       std::unique_ptr<pipelines::Stage> offload) {
+  return pipelines::build_stage_list(std::move(quantize), cache_config, steps, blocks, std::move(sparse), std::move(offload));
 }
 
 void print_stage_report(const pipelines::StageList& stages) {
@@ -169,21 +151,5 @@ void print_stage_report(const pipelines::StageList& stages) {
   if (!stages.empty()) std::fprintf(stderr, "stages: %s over the run\n", pipelines::StageList::skipped_text(total).c_str());
 }
 
-nlohmann::ordered_json stage_report_json(const pipelines::StageList& stages) {
-  nlohmann::ordered_json list = nlohmann::ordered_json::array();
-  for (std::size_t i = 0; i < stages.stages().size(); ++i) {
-    const auto& stage = stages.stages()[i];
-    list.push_back({{"name", stage->name()}, {"seconds", stages.stage_seconds(i)}, {"summary", stage->summary()}, {"settings", stage->report()}});
-  }
-  nlohmann::ordered_json per_step = nlohmann::ordered_json::array();
-  for (const auto& c : stages.step_counts())
-    per_step.push_back({{"block_calls", c.block_calls},
-                        {"blocks_computed", c.blocks_computed},
-                        {"blocks_skipped", c.block_calls - c.blocks_computed},
-                        {"attention_calls", c.attention_calls},
-                        {"attention_computed", c.attention_computed},
-                        {"attention_skipped", c.attention_calls - c.attention_computed}});
-  return {{"stages", list}, {"step_counts", per_step}};
-}
 
 }  // namespace cubevec::cli

@@ -37,6 +37,7 @@ struct StageFlags {
   int offload = 0;  // --offload R: resident blocks (0: off)
   std::vector<CLI::Option*> options;  // to know which were given
 
+  bool quant_given() const;  // --quant on the command line
   // The cache settings: --cache-config's file, with the flags given on the command line over it.
   // Flags that do not apply to the method are errors.
   pipelines::CacheConfig cache_settings() const;
@@ -48,25 +49,18 @@ struct StageFlags {
   // The offload stage for a model with these block modules (models' block_identity(i).module), or
   // null without --offload; an R outside [1, blocks) is an error naming the flag.
   std::unique_ptr<pipelines::Stage> offload_stage(std::vector<std::string> block_modules, int cube_threads) const;
-  // The stages for a run of `steps` steps over `blocks` blocks (validated; errors name the flag):
-  // offload (outermost: every block passes it), quantization (if any), the step cache, then sparse
-  // attention (a replayed attention skips it).
-  // Sequence parallelism (Ulysses, ring) comes right after the offloader: the attention stages
-  // below it see every token for this rank's heads. Tensor parallelism cuts the weights after load,
-  // before the offloader packs them; quantized layers do not combine with it yet.
+  // The stages for a run of `steps` steps over `blocks` blocks (pipelines/stage_plan.h's order and checks).
   static pipelines::StageList build(std::unique_ptr<pipelines::Stage> quantize, const pipelines::CacheConfig& cache, int steps,
                                     int blocks, std::unique_ptr<pipelines::SparseAttentionStage> sparse = nullptr,
-                                    std::unique_ptr<pipelines::Stage> offload = nullptr,
-                                    std::unique_ptr<pipelines::Stage> sequence_parallel = nullptr,
-                                    std::unique_ptr<pipelines::Stage> tensor_parallel = nullptr);
+                                    std::unique_ptr<pipelines::Stage> offload = nullptr);
 };
 
 std::shared_ptr<StageFlags> add_stage_flags(CLI::App& command);
 
 
-// The stage rows of the run report: each stage's name, host seconds and summary; and the step
-// counts (computed / skipped blocks and attention per step).
+// The stage rows of the run report on stderr: each stage's name, host seconds and summary; and the
+// step counts (computed / skipped blocks and attention per step). The JSON form: pipelines/run_report.h.
 void print_stage_report(const pipelines::StageList& stages);
-nlohmann::ordered_json stage_report_json(const pipelines::StageList& stages);
+
 
 }  // namespace cubevec::cli

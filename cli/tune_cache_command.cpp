@@ -10,7 +10,7 @@
 #include "cli/attention_tune_cache.h"
 #include "cli/command.h"
 #include "cli/device_flags.h"
-#include "cli/model_runner.h"
+#include "cli/fixed_shape_run.h"
 #include "cli/range_flag.h"
 #include "pipelines/cache_tuner.h"
 #include "tensor/error.h"
@@ -22,7 +22,7 @@ namespace {
 
 struct CacheTuneFlags {
   std::string model, method = "both", out, dtype = "f32", variant;
-  PromptFlags text;
+  pipelines::PromptRequest text;
   double target = 1.6;
   int steps = 28, max_trials = 6, step_start = -1, interval = -1;
   int64_t width = 0, height = 0, frames = 5;
@@ -47,12 +47,10 @@ int run(const CacheTuneFlags& f, const DeviceFlags& device_flags, const Attentio
   Device device(device_flags.resolve());
   cache.load(device);
 
-  const std::unique_ptr<ModelRunner> model = ModelRunner::load(f.model, dtype, f.variant, device);
-  const TextConditioning text = model->text(f.text);
-  const RunShape shape{f.steps, f.width, f.height, f.frames, f.seed};
-  model->check(shape);
-  const int blocks = model->blocks();
-  const pipelines::CacheTuneRun generate = [&](pipelines::StageList& stages) { return model->run(text.positive, shape, stages); };
+  const FixedShapeRun model(f.model, dtype, f.variant, {f.steps, f.width, f.height, f.frames, f.seed}, device);
+  const pipelines::TextConditioning text = model.text(f.text);
+  const int blocks = model.model().blocks();
+  const pipelines::CacheTuneRun generate = [&](pipelines::StageList& stages) { return model.run(text.positive, stages); };
   std::fprintf(stderr, "tune-cache: %s, %d steps, %d blocks, target %.2fx; text: %s\n", f.model.c_str(), f.steps, blocks, f.target,
                text.source.c_str());
   const pipelines::CacheTuneResult result = pipelines::tune_cache(generate, f.steps, blocks, options, [](const std::string& what) {

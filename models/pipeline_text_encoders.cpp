@@ -163,6 +163,11 @@ std::string FluxTextEncoder::name() const {
          std::to_string(t5_->config().num_layers) + " layers, " + std::to_string(max_sequence_length_) + " tokens) from " + source_;
 }
 
+void FluxTextEncoder::set_max_sequence_length(int max_sequence_length) {
+  check_max_sequence_length(max_sequence_length);
+  max_sequence_length_ = max_sequence_length;
+}
+
 PromptEmbeddings FluxTextEncoder::encode_as(const std::string& prompt, const std::string& what) {
   const std::vector<int32_t> clip_ids = clip_tokenizer_.encode_padded(prompt, 0, what + " (CLIP)");
   const ClipTextOutput clip = clip_->forward(clip_ids);
@@ -197,6 +202,11 @@ std::unique_ptr<WanTextEncoder> WanTextEncoder::load(const std::string& model_di
 std::string WanTextEncoder::name() const {
   return "UMT5EncoderModel (" + std::to_string(umt5_->config().num_layers) + " layers, " + std::to_string(max_sequence_length_) +
          " tokens) from " + source_;
+}
+
+void WanTextEncoder::set_max_sequence_length(int max_sequence_length) {
+  check_max_sequence_length(max_sequence_length);
+  max_sequence_length_ = max_sequence_length;
 }
 
 PromptEmbeddings WanTextEncoder::encode_as(const std::string& prompt, const std::string& what) {

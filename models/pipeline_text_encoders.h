@@ -65,6 +65,8 @@ class FluxTextEncoder : public TextEncoder {
   PromptEmbeddings encode(const std::string& prompt) override { return encode_as(prompt, "--prompt"); }
   // `what` names the text in errors ("--negative-prompt").
   PromptEmbeddings encode_as(const std::string& prompt, const std::string& what);
+  // T5's padded length for the next prompts (a loaded encoder serves requests of any length).
+  void set_max_sequence_length(int max_sequence_length);
 
   const ClipTextModel& clip() const { return *clip_; }
   const T5EncoderModel& t5() const { return *t5_; }
@@ -89,6 +91,7 @@ class WanTextEncoder : public TextEncoder {
   std::string name() const override;
   PromptEmbeddings encode(const std::string& prompt) override { return encode_as(prompt, "--prompt"); }
   PromptEmbeddings encode_as(const std::string& prompt, const std::string& what);
+  void set_max_sequence_length(int max_sequence_length);  // umT5's padded length for the next prompts
 
   const T5EncoderModel& umt5() const { return *umt5_; }
   const tokenizers::T5Tokenizer& tokenizer() const { return *tokenizer_; }

@@ -12,19 +12,23 @@ namespace cubevec::pipelines {
 
 namespace {
 
-// A quantized scheme behind a Linear: the layer's product, at the step the stage last saw.
+// The step this thread's denoising loop is at. Per thread, not per stage: a loaded pipeline's
+// quantized layers are shared by every request, and each request runs its forwards on its own
+// host thread (the launches, where the step picks the scales, happen there).
+thread_local int t_quant_step = 0;
+
+// A quantized scheme behind a Linear: the layer's product, at the calling thread's step.
 class QuantKernel : public models::LinearKernel {
  public:
-  QuantKernel(std::shared_ptr<const quant::QuantizedLinear> q, std::shared_ptr<int> step) : q_(std::move(q)), step_(std::move(step)) {}
+  explicit QuantKernel(std::shared_ptr<const quant::QuantizedLinear> q) : q_(std::move(q)) {}
   std::string name() const override { return std::string(quant::algorithm_name(q_->algorithm())); }
   Tensor forward(const models::Linear&, const Tensor& x, const Stream& s, const ops::MatmulOptions& epilogue) const override {
-    return q_->forward(x, epilogue, *step_, s);
+    return q_->forward(x, epilogue, t_quant_step, s);
   }
   std::size_t weight_bytes() const override { return q_->weight_bytes(); }
 
  private:
   std::shared_ptr<const quant::QuantizedLinear> q_;
-  std::shared_ptr<int> step_;
 };
 
 std::string mib(std::size_t bytes) {
@@ -114,7 +118,7 @@ void QuantizeStage::after_load(models::ParameterTable& table) {
   // Everything read and checked: swap, and release the float weights of the swapped layers.
   for (auto& [linear, q] : built) {
     if (q->static_steps() > 0) static_rows_[linear->name] = q->static_steps();
-    install_quantized(*linear, q, step_);
+    install_quantized(*linear, q);
     swapped_[linear->name] = std::string(quant::algorithm_name(q->algorithm()));
     quantized_bytes_ += q->weight_bytes();
   }
@@ -123,8 +127,8 @@ void QuantizeStage::after_load(models::ParameterTable& table) {
     if (spec.slot->has_storage()) float_bytes_ += spec.slot->nbytes();
 }
 
-void install_quantized(models::Linear& layer, std::shared_ptr<const quant::QuantizedLinear> scheme, std::shared_ptr<int> step) {
-  layer.kernel = std::make_shared<QuantKernel>(std::move(scheme), std::move(step));
+void install_quantized(models::Linear& layer, std::shared_ptr<const quant::QuantizedLinear> scheme) {
+  layer.kernel = std::make_shared<QuantKernel>(std::move(scheme));
   layer.weight = Tensor::meta(layer.weight.shape(), layer.weight.dtype());
   layer.pack_cache = std::make_shared<models::Linear::PackCache>();
 }
@@ -142,10 +146,10 @@ void QuantizeStage::check_static_rows(int first, int count) const {
 }
 
 void QuantizeStage::begin_run(const RunInfo& run) { check_static_rows(0, run.steps); }
-void QuantizeStage::before_step(const models::StepInfo& step) { *step_ = step.index; }
+void QuantizeStage::before_step(const models::StepInfo& step) { t_quant_step = step.index; }
 void QuantizeStage::set_step(int step) {
   check_static_rows(step, 1);
-  *step_ = step;
+  t_quant_step = step;
 }
 
 std::string QuantizeStage::summary() const {

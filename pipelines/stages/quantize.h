@@ -2,7 +2,8 @@
 // quantizes gets its scheme (quant/schemes.h) as the Linear's kernel, through the layer registry.
 // Everything is read and checked before anything is swapped (nothing is half-applied); the float
 // weights of swapped layers are released. The denoising step reaches timestep-aware layers from
-// the step context (before_step), not from global state.
+// the step context (before_step: the calling thread's step, so requests sharing the layers on
+// different threads each quantize at their own step).
 //   --quant quant_model_description_w8a8_dynamic.json [--timestep-policy POLICY.json]
 // In simulate mode --quant may name an algorithm instead of a file ("W8A8_DYNAMIC"): every Linear
 // of the transformer blocks then gets shape-only int8 weights of that scheme, so the NPU's int8
@@ -50,15 +51,15 @@ class QuantizeStage : public Stage {
   std::optional<quant::Description> description_;
   std::optional<quant::Algorithm> meta_algorithm_;  // simulate with an algorithm name
   std::shared_ptr<const quant::TimestepPolicy> policy_;
-  std::shared_ptr<int> step_ = std::make_shared<int>(0);
   void check_static_rows(int first, int count) const;
   std::map<std::string, std::string> swapped_;  // module -> algorithm
   std::map<std::string, int> static_rows_;      // W8A8_TIMESTEP module -> steps with static scales
   std::size_t quantized_bytes_ = 0, float_bytes_ = 0;
 };
 
-// Makes `layer` run `scheme` (its float weight released), at the step `step` points to: what the
-// stage does for each layer, for tools that quantize layers themselves (benchmarks).
-void install_quantized(models::Linear& layer, std::shared_ptr<const quant::QuantizedLinear> scheme, std::shared_ptr<int> step);
+// Makes `layer` run `scheme` (its float weight released), at the step the calling thread's
+// denoising loop is at (before_step / set_step; 0 before any): what the stage does for each layer,
+// for tools that quantize layers themselves (benchmarks).
+void install_quantized(models::Linear& layer, std::shared_ptr<const quant::QuantizedLinear> scheme);
 
 }  // namespace cubevec::pipelines

@@ -1,0 +1,59 @@
+#include "cli/generation_flags.h"
+
+#include <cstdio>
+
+#include "cli/output_flag.h"
+#include "cli/range_flag.h"
+#include "device/trace.h"
+#include "pipelines/memory_estimate.h"
+#include "tensor/error.h"
+#include "tensor/output_file.h"
+
+namespace cubevec::cli {
+
+DType GenerationFlags::weight_dtype() const {
+  const DType d = parse_dtype(dtype);
+  if (d != DType::f32 && d != DType::bf16) throw Error("--dtype must be f32 or bf16, got " + dtype);
+  return d;
+}
+
+DeviceProfile GenerationFlags::profile(const DeviceFlags& device_flags) const {
+  DeviceFlags resolved = device_flags;
+  if (threads > 0 && resolved.cube_threads <= 0) resolved.cube_threads = threads;
+  return resolved.resolve();
+}
+
+void add_generation_flags(CLI::App& command, GenerationFlags& flags) {
+  command.add_option("--dtype", flags.dtype, "Transformer precision: f32, or bf16 (bf16 weights and activations, f32 accumulation)");
+  command.add_option("--variant", flags.variant, "Read diffusion_pytorch_model.<variant>.safetensors (e.g. fp16, bf16)");
+  command.add_option("--threads", flags.threads, "Cube-unit threads (same as --cube-threads)")->check(in_range(1, 4096));
+  command.add_flag("--simulate", flags.simulate, "Shape-only run on the device profile's modelled clock (reads config files only)");
+  command.add_flag("--check-weights", flags.check_weights, "Check that every loaded weight is finite (one more pass over them)");
+  command
+      .add_option("--memory-limit", flags.memory_limit,
+                  "Refuse a request whose estimated peak memory is above this size (e.g. 16G; default: the memory available)")
+      ->check(CLI::Validator(
+          [](const std::string& text) {
+            try {  // CLI11 wants the message returned: an exception here would end the process
+              pipelines::parse_memory_size(text, "");  // CLI11 puts the flag's name first
+              return std::string();
+            } catch (const Error& e) {
+              return std::string(e.what());
+            }
+          },
+          "SIZE"));
+  command.add_option("--json", flags.json_path, "Write the timings as JSON to this file")->check(output_file_path());
+  command.add_option("--trace", flags.trace_path, "Write a Chrome trace of every kernel to this file")->check(output_file_path());
+}
+
+void write_outputs(const GenerationFlags& flags, const std::string& label, Device& device, const nlohmann::ordered_json& json) {
+  if (!flags.trace_path.empty()) {
+    write_chrome_trace(flags.trace_path, {{label, device.trace().records()}});
+    std::fprintf(stderr, "trace written to %s\n", flags.trace_path.c_str());
+  }
+  if (!flags.json_path.empty()) {
+    write_output_file(flags.json_path, "--json", json.dump(2) + "\n");
+  }
+}
+
+}  // namespace cubevec::cli

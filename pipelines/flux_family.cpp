@@ -1,0 +1,135 @@
+// The Flux family (text to image, FluxTransformer2DModel) behind the library's ModelPipeline:
+// its defaults (the VAE's sample_size, 28 steps, embedded guidance 3.5, true CFG off at scale 4),
+// its text conditioning (CLIP + T5), its checks, memory estimate and report.
+#include <cstdio>
+
+#include "pipelines/flux_t2i.h"
+#include "pipelines/model_family.h"
+#include "pipelines/stages/offload.h"
+#include "tensor/error.h"
+
+namespace cubevec::pipelines {
+
+namespace {
+
+class FluxModelPipeline : public ModelPipeline {
+ public:
+  explicit FluxModelPipeline(FluxT2IPipeline pipeline) : p_(std::move(pipeline)) {}
+
+  std::string family() const override { return "flux"; }
+  std::string task() const override { return "t2i"; }
+  bool video() const override { return false; }
+
+  void load_weights(const std::string& model_dir, DType dtype, const std::string& variant) override {
+    p_ = FluxT2IPipeline::load(model_dir, dtype, variant);
+  }
+
+  Request with_defaults(const Request& request, const std::string&, std::vector<std::string>&) const override {
+    const T2IOptions defaults;
+    Request r = request;
+    // Width and height not given: the model's own size (the VAE's sample_size; 1024 for FLUX.1).
+    if (!r.width) r.width = p_.default_image_size();
+    if (!r.height) r.height = p_.default_image_size();
+    if (!r.num_inference_steps) r.num_inference_steps = defaults.steps;
+    if (!r.guidance_scale) r.guidance_scale = defaults.guidance;
+    if (!r.true_cfg_scale) r.true_cfg_scale = defaults.cfg_scale;
+    if (r.cfg.empty()) r.cfg = "off";
+    return r;
+  }
+
+  CfgMode cfg_mode(const Request& request) const override { return request.cfg.empty() ? CfgMode::off : parse_cfg_mode(request.cfg); }
+  TextInput text_input() const override { return TextInput::of(p_.transformer().config()); }
+
+  TextConditioning one_shot_text(const std::string& model_dir, const Request& request, const TextSettings& settings, bool simulate,
+                                 const Stream& stream) const override {
+    return flux_text(model_dir, request.text, settings, cfg_mode(request) != CfgMode::off, simulate, p_.transformer().config(), stream);
+  }
+
+  void check(const Request& request, const RunContext& run, bool have_negative) const override {
+    if (request.sparse && request.sparse->type == ops::SparseType::rf_v2)
+      throw Error("--sparse rf_v2 keeps the first frame's blocks whole (MindIE SD's RainFusion), and an image is one frame: it would skip "
+                  "nothing; use --sparse ada_bsa for images");
+    if (request.num_frames && *request.num_frames != 1)
+      throw Error("--frames " + std::to_string(*request.num_frames) + ": this is an image model (Flux): leave it out or give 1");
+    p_.check(options(request, run), have_negative);
+  }
+
+  MemoryEstimate estimate_memory(const Request& request, const RunContext& run, int64_t text_tokens, int offload,
+                                 int cube_threads) const override {
+    const T2IOptions o = options(request, run);
+    return pipelines::estimate_memory(p_, o, text_tokens, o.cfg == CfgMode::off ? 1 : 2, offload, cube_threads);
+  }
+
+  int blocks() const override { return p_.transformer().block_count(); }
+  int64_t attention_heads() const override { return p_.transformer().config().num_attention_heads; }
+  std::vector<std::string> block_modules() const override { return pipelines::block_modules(p_.transformer()); }
+  models::TensorParallelPlan tensor_parallel_plan() const override { return p_.transformer().tensor_parallel_plan(); }
+  models::ParameterTable& transformer_parameters() override { return p_.mutable_transformer().mutable_parameters(); }
+  const models::ParameterTable& transformer_parameters() const override { return p_.transformer().parameters(); }
+  const models::ParameterTable* vae_parameters() const override { return p_.vae() ? &p_.vae()->parameters() : nullptr; }
+
+  Tensor denoise(const TextConditioning& text, const Request& request, const RunContext& run, Device& device, const StepCallback& on_step,
+                 T2ITimings& timings, StageList* stages) const override {
+    return p_.denoise(text.positive, text.negative ? &*text.negative : nullptr, options(request, run), device, on_step, timings, stages);
+  }
+
+  void decode(const Tensor& latents, const Request& request, const RunContext& run, Device& device, const DecodedSink& sink,
+              T2ITimings& timings) const override {
+    sink(p_.decode(latents, options(request, run), device, timings));
+  }
+
+  std::vector<std::string> describe(const Request& r, const RunContext& run, const std::string& dtype, const DeviceProfile& profile,
+                                    bool simulate) const override {
+    const models::FluxConfig& mc = p_.transformer().config();
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "%lldx%lld, %d steps, cfg %s, %s, transformer %lld+%lld blocks x %lld wide (%s), profile %s: %d Cube + %d Vector thread(s)%s",
+                  static_cast<long long>(*r.width), static_cast<long long>(*r.height), *r.num_inference_steps, r.cfg.c_str(),
+                  mc.guidance_embeds ? ("guidance " + std::to_string(*r.guidance_scale)).c_str() : "no guidance embedding",
+                  static_cast<long long>(mc.num_layers), static_cast<long long>(mc.num_single_layers), static_cast<long long>(mc.inner_dim()),
+                  dtype.c_str(), profile.name.c_str(), profile.cube_threads, profile.vector_threads, simulate ? ", SIMULATED (modelled times)" : "");
+    std::vector<std::string> lines{line};
+    if (run.vae_parallel && p_.vae()) {
+      const int64_t up = p_.vae()->config().upscale();
+      const int64_t tiles = p_.vae()->tile_count(*r.height / up, *r.width / up);
+      if (tiles == 1)
+        lines.push_back("--vae-parallel: the latent fits in one VAE tile, so every rank decodes it whole (no speedup)");
+      else
+        lines.push_back("--vae-parallel: " + std::to_string(tiles) + " VAE tiles dealt over " + std::to_string(run.vae_parallel->size()) +
+                        " ranks");
+    }
+    return lines;
+  }
+
+  nlohmann::ordered_json report_fields(const Request& r) const override {
+    return {{"width", *r.width}, {"height", *r.height}, {"steps", *r.num_inference_steps}, {"cfg", r.cfg}, {"seed", r.seed}};
+  }
+
+ private:
+  T2IOptions options(const Request& r, const RunContext& run) const {
+    T2IOptions o;
+    o.width = *r.width;
+    o.height = *r.height;
+    o.steps = *r.num_inference_steps;
+    o.guidance = *r.guidance_scale;
+    o.cfg = cfg_mode(r);
+    o.cfg_scale = *r.true_cfg_scale;
+    o.seed = r.seed;
+    o.activations = run.activations;
+    o.cfg_parallel = run.cfg_parallel;
+    o.vae_parallel = run.vae_parallel;
+    return o;
+  }
+
+  FluxT2IPipeline p_;
+};
+
+std::unique_ptr<ModelPipeline> load_flux_meta(const std::string& model_dir, DType dtype) {
+  return std::make_unique<FluxModelPipeline>(FluxT2IPipeline::load_meta(model_dir, dtype));
+}
+
+}  // namespace
+
+ModelFamilyEntry flux_family() { return {"flux", "FluxTransformer2DModel", &load_flux_meta}; }
+
+}  // namespace cubevec::pipelines

@@ -1,0 +1,289 @@
+#include "pipelines/pipeline.h"
+
+#include <chrono>
+
+#include "pipelines/generation_defaults.h"
+#include "pipelines/seconds_since.h"
+#include "pipelines/stages/offload.h"
+#include "pipelines/stages/quantize.h"
+#include "tensor/caching_allocator.h"
+#include "tensor/config_reader.h"
+#include "tensor/finite_check.h"
+#include "tensor/strict_json.h"
+
+namespace cubevec::pipelines {
+
+namespace {
+
+parallel::ParallelGroups one_process() { return parallel::make_simulated_groups(parallel::ParallelDegrees{}, 1); }
+
+// The model's check names flags; a value the folder's generation_defaults.json gave is named as
+// the file's.
+void check_request(const ModelPipeline& model, const Request& request, const RunContext& run, bool have_negative,
+                   const std::vector<std::string>& from_defaults, const std::string& model_dir) {
+  try {
+    model.check(request, run, have_negative);
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    for (const std::string& flag : from_defaults)
+      if (message.rfind(flag + " ", 0) == 0) throw Error(GenerationDefaults::path(model_dir) + " sets " + flag + ": " + message);
+    throw;
+  }
+}
+
+RunContext run_context(const LoadOptions& options) { return {options.dtype, options.cfg_parallel, options.vae_parallel}; }
+
+TextSettings text_settings(const LoadOptions& options) {
+  return {options.dtype, options.check_weights && !options.simulate, options.memory_limit};
+}
+
+// The decoded pixels as RGB8 images: one for an image [1, 3, H, W], one per frame of [1, 3, f, H, W].
+void append_rgb(const Tensor& pixels, std::vector<RgbImage>& images) {
+  if (pixels.dim() == 4) {
+    images.push_back(to_rgb(pixels));
+    return;
+  }
+  for (int64_t i = 0; i < pixels.size(2); ++i) images.push_back(to_rgb(pixels.select(2, i)));
+}
+
+}  // namespace
+
+// --- LoadOptions -------------------------------------------------------------------------------
+
+LoadOptions LoadOptions::from_json(const nlohmann::json& json, const std::string& source) {
+  ConfigReader r(json, source, "load options");
+  LoadOptions o;
+  std::string dtype = "f32";
+  r.text("dtype", dtype, {"f32", "bf16"})
+      .text("variant", o.variant)
+      .boolean("check_weights", o.check_weights)
+      .text("memory_limit", o.memory_limit)
+      .text("quant", o.quant)
+      .text("timestep_policy", o.timestep_policy)
+      .integer("offload", o.offload, 0, 1 << 20)
+      .integer("cube_threads", o.cube_threads, 0, 4096)
+      .integer("vector_threads", o.vector_threads, 0, 4096)
+      .text("device_profile", o.device_profile);
+  r.reject_unknown();
+  o.dtype = parse_dtype(dtype);
+  if (!o.memory_limit.empty()) {
+    try {
+      parse_memory_size(o.memory_limit, "");
+    } catch (const Error& e) {
+      r.fail("memory_limit", std::string("must be a size such as \"24G\": ") + e.what());
+    }
+  }
+  return o;
+}
+
+LoadOptions LoadOptions::parse(const std::string& json_text, const std::string& source) {
+  nlohmann::json json;
+  try {
+    json = json_text.empty() ? nlohmann::json::object() : parse_strict_json(json_text, 8);
+  } catch (const Error& e) {
+    throw Error(source + ": not valid JSON: " + e.what());
+  }
+  return from_json(json, source);
+}
+
+DeviceProfile LoadOptions::resolved_profile() const {
+  if (profile) return *profile;
+  DeviceProfile p = device_profile.empty() ? builtin_cpu_profile() : load_device_profile(device_profile);
+  apply_thread_overrides(p, cube_threads, vector_threads);
+  return p;
+}
+
+// --- PipelinePlan ------------------------------------------------------------------------------
+
+PipelinePlan PipelinePlan::read(const std::string& model_dir, const LoadOptions& options, const std::string& family,
+                                const Request* first_request) {
+  PipelinePlan plan;
+  plan.model_dir_ = model_dir;
+  plan.options_ = options;
+  plan.profile_ = options.resolved_profile();
+  plan.groups_ = options.groups ? *options.groups : one_process();
+  if (options.quant.empty() && !options.timestep_policy.empty())
+    throw Error("--timestep-policy applies with --quant (a W8A8_TIMESTEP description)");
+  plan.model_ = family.empty() ? load_model_pipeline_meta(model_dir, options.dtype) : model_family(family).load_meta(model_dir, options.dtype);
+  // The quantization files are read now, so a bad one fails before any weight loads.
+  if (!options.quant.empty()) {
+    int simulate_steps = options.simulate_quant_steps;
+    if (options.simulate && first_request) {
+      std::vector<std::string> unused;
+      simulate_steps = *plan.model_->with_defaults(*first_request, model_dir, unused).num_inference_steps;
+    }
+    plan.stages_.quantize =
+        std::make_unique<QuantizeStage>(QuantizeOptions{options.quant, options.timestep_policy, options.simulate, simulate_steps});
+  }
+  if (options.offload > 0)
+    plan.stages_.offload = std::make_unique<OffloadStage>(options.offload, plan.model_->block_modules(), plan.profile_.cube_threads);
+  return plan;
+}
+
+Request PipelinePlan::with_defaults(const Request& request) {
+  from_defaults_.clear();
+  return model_->with_defaults(request, model_dir_, from_defaults_);
+}
+
+TextConditioning PipelinePlan::encode_text(const Request& request, const Stream& stream) const {
+  return model_->one_shot_text(model_dir_, request, text_settings(options_), options_.simulate, stream);
+}
+
+void PipelinePlan::check(const Request& request, bool have_negative) const {
+  check_request(*model_, request, run_context(options_), have_negative, from_defaults_, model_dir_);
+  check_heads(groups_, model_->attention_heads());
+  // The request's stages against the run (their settings, and what combines with what).
+  request_stages(stages_, request.cache, request.sparse, *request.num_inference_steps, model_->blocks(), sequence_parallel_stage(groups_));
+}
+
+MemoryEstimate PipelinePlan::require_memory(const Request& request, int64_t text_tokens) const {
+  const MemoryEstimate estimate = model_->estimate_memory(request, run_context(options_), text_tokens, options_.offload, profile_.cube_threads);
+  if (!options_.memory_limit.empty()) {
+    const uint64_t limit = parse_memory_size(options_.memory_limit, "--memory-limit");
+    require_fits(estimate, limit, "--memory-limit " + options_.memory_limit);
+    default_allocator().set_memory_limit(limit);
+  } else if (!options_.simulate) {
+    // A simulated run allocates nothing: only an explicit limit (a device's memory) applies to it.
+    require_fits(estimate, available_memory_bytes(), "the memory available now (give --memory-limit to set another)");
+  }
+  return estimate;
+}
+
+std::unique_ptr<Pipeline> PipelinePlan::load() && {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!options_.simulate) {
+    model_->load_weights(model_dir_, options_.dtype, options_.variant);
+    if (options_.check_weights) {
+      models::require_finite_parameters(model_->transformer_parameters(), model_dir_ + "/transformer");
+      if (const models::ParameterTable* vae = model_->vae_parameters()) models::require_finite_parameters(*vae, model_dir_ + "/vae");
+    }
+  }
+  stages_.tensor_parallel = tensor_parallel_stage(groups_, model_->tensor_parallel_plan());
+  stages_.after_load(model_->transformer_parameters());
+  std::unique_ptr<Pipeline> p(new Pipeline());
+  p->model_dir_ = model_dir_;
+  p->options_ = options_;
+  p->profile_ = profile_;
+  p->groups_ = groups_;
+  p->model_ = std::move(model_);
+  p->stages_ = std::move(stages_);
+  p->load_s_ = seconds_since(t0);
+  return p;
+}
+
+// --- Pipeline ----------------------------------------------------------------------------------
+
+std::unique_ptr<Pipeline> Pipeline::load(const std::string& model_dir, const LoadOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  PipelinePlan plan = PipelinePlan::read(model_dir, options);
+  std::unique_ptr<Pipeline> p = std::move(plan).load();
+  if (!options.simulate) {
+    p->text_device_ = std::make_unique<Device>(p->profile_);
+    p->text_encoders_ = TextEncoders::load(model_dir, p->model_->text_input(), text_settings(options), 512, p->text_device_->default_stream());
+  }
+  p->load_s_ = seconds_since(t0);
+  return p;
+}
+
+Pipeline::~Pipeline() = default;
+
+TextConditioning Pipeline::encode_text(const Request& request, bool cfg, const Stream& stream) const {
+  if (!text_encoders_) return model_->one_shot_text(model_dir_, request, text_settings(options_), options_.simulate, stream);
+  std::lock_guard lock(text_mutex_);
+  TextConditioning text = text_encoders_->encode(request.text, cfg);
+  text_device_->synchronize();
+  return text;
+}
+
+GenerationResult Pipeline::generate(const Request& request, const GenerateHooks& hooks) const {
+  const auto cancelled = [&] { return hooks.cancel && hooks.cancel->load(); };
+  if (cancelled()) throw Cancelled();
+  GenerationResult result;
+  std::vector<std::string> from_defaults;
+  result.request = model_->with_defaults(request, model_dir_, from_defaults);
+  const Request& r = result.request;
+  const RunContext run = run_context(options_);
+  const bool cfg = model_->cfg_mode(r) != CfgMode::off;
+  std::optional<Device> own_device;
+  Device& device = hooks.device ? *hooks.device : own_device.emplace(profile_, DeviceOptions{options_.simulate, options_.trace});
+
+  // The request's own settings first (size, steps, stages), before the text encoders run.
+  check_request(*model_, r, run, /*have_negative=*/true, from_defaults, model_dir_);
+  result.stages = request_stages(stages_, r.cache, r.sparse, *r.num_inference_steps, model_->blocks(), sequence_parallel_stage(groups_));
+  auto t0 = std::chrono::steady_clock::now();
+  const TextConditioning text = hooks.text ? *hooks.text : encode_text(r, cfg, device.default_stream());
+  result.text_s = seconds_since(t0);
+  result.text_source = text.source;
+  check_request(*model_, r, run, text.negative.has_value(), from_defaults, model_dir_);
+  check_heads(groups_, model_->attention_heads());
+  result.memory = model_->estimate_memory(r, run, text.positive.sequence.size(1), options_.offload, profile_.cube_threads);
+  if (!hooks.text && !options_.simulate) {
+    // The weights are in memory already: what must still fit is the request's own working set.
+    const uint64_t working = std::max(result.memory.denoising, result.memory.vae_decode);
+    if (!options_.memory_limit.empty()) {
+      require_fits(result.memory, parse_memory_size(options_.memory_limit, "--memory-limit"), "--memory-limit " + options_.memory_limit);
+    } else if (const uint64_t available = available_memory_bytes(); available > 0 && working > available) {
+      throw Error("this request needs about " + human_bytes(working) + " for its activations, more than the " + human_bytes(available) +
+                  " available now");
+    }
+  }
+
+  // One set of streamed blocks: with offload, requests denoise one at a time.
+  std::unique_lock offload_lock(offload_mutex_, std::defer_lock);
+  if (stages_.offload) offload_lock.lock();
+  if (cancelled()) throw Cancelled();
+  const double flops_before = declared_flops(device);
+  const StepCallback on_step = [&](int step, int steps, double seconds) {
+    if (hooks.on_step) hooks.on_step({step, steps, seconds, &result.timings, &result.stages});
+    if (cancelled()) throw Cancelled();
+  };
+  const Tensor latents = model_->denoise(text, r, run, device, on_step, result.timings, &result.stages);
+  PhasePeaks peaks = PhasePeaks::after_denoising();
+  result.denoising_flops = declared_flops(device) - flops_before;
+  if (offload_lock.owns_lock()) offload_lock.unlock();
+
+  // Rank 0 gets the pixels; with a patch-parallel VAE every rank decodes its share.
+  const bool writer = groups_.world.rank() == 0;
+  if (!options_.simulate && (writer || run.vae_parallel)) {
+    if (cancelled()) throw Cancelled();
+    const std::string what = model_->video() ? "the VAE decode gave non-finite frames (a VAE weight or setting gives NaN or inf)"
+                                             : "the VAE decode gave a non-finite picture (a VAE weight or setting gives NaN or inf)";
+    model_->decode(latents, r, run, device,
+                   [&](const Tensor& pixels) {
+                     if (!writer) return;
+                     require_finite(pixels, what);
+                     if (hooks.on_pixels) hooks.on_pixels(pixels);
+                     else append_rgb(pixels, result.images);
+                   },
+                   result.timings);
+    result.decoded = true;
+  }
+  device.synchronize();
+  result.allocator = peaks.finish();
+  result.phase_peaks = peaks.json();
+
+  std::vector<StageTime> times{{"load", load_s_}, {"text encoding", result.text_s}, {"denoising", result.timings.denoise_s}};
+  if (result.decoded) times.push_back({"VAE decode", result.timings.vae_s});
+  result.report = generation_report(*this, result, times, device);
+  return result;
+}
+
+nlohmann::ordered_json generation_report(const Pipeline& pipeline, const GenerationResult& result, const std::vector<StageTime>& times,
+                                         const Device& device) {
+  const LoadOptions& o = pipeline.options();
+  nlohmann::ordered_json json = {{"model", pipeline.model_dir()}, {"family", pipeline.model().family()}};
+  json.update(pipeline.model().report_fields(result.request));
+  json["dtype"] = std::string(dtype_name(o.dtype));
+  json["simulate"] = o.simulate;
+  json["profile"] = pipeline.profile().name;
+  json["text"] = result.text_source;
+  json.update(timing_json(times, result.timings, result.allocator));
+  json["denoising_flops"] = result.denoising_flops;  // the kernels' declared FLOPs (the bench's GFLOP/s)
+  json.update(stage_report_json(result.stages));
+  if (o.groups && o.groups->world.size() > 1) json["communication"] = communication_json(device);
+  json["memory_estimate"] = memory_estimate_json(result.memory);
+  json["measured_peak_bytes"] = result.phase_peaks;
+  return json;
+}
+
+}  // namespace cubevec::pipelines

@@ -1,0 +1,179 @@
+// The generation library: a model folder loaded once, then any number of requests.
+//
+//   auto pipeline = Pipeline::load("assets/tinyflux", LoadOptions{});
+//   GenerationResult r = pipeline->generate(Request::parse(R"({"prompt": "a red circle"})"));
+//   r.images[0]  // RGB8
+//
+// load() reads the folder (a diffusers folder with or without model_index.json), finds its family
+// through the registry (pipelines/model_family.h), loads the text encoders, the transformer, the
+// VAE and the scheduler config, and applies the load-time stages (quantization, the offload plan,
+// tensor parallelism) once. The GEMM panels are packed on a weight's first use and kept, and the
+// kernel tuners' tables are the process's, so later requests pay neither.
+//
+// A loaded pipeline is immutable: generate() keeps every per-request state (step caches, TaylorSeer
+// history, sparse masks, the timestep policy's step, the noise) in the call, on a device of its
+// own (its own Cube / Vector streams), so two threads may call generate() on one pipeline at once
+// and get the pixels of two sequential calls. Text encoding (one set of encoders) and, with
+// offload, the denoising (one set of streamed blocks) take turns.
+//
+// The one-shot command line uses the same steps through PipelinePlan, in the order that keeps its
+// peak low: configs, request checks and the memory estimate before any weight loads, and the text
+// encoders loaded for the one prompt and freed before the transformer loads.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "device/device.h"
+#include "parallel/plan.h"
+#include "pipelines/jpeg.h"
+#include "pipelines/model_family.h"
+#include "pipelines/request.h"
+#include "pipelines/run_report.h"
+#include "pipelines/stage_plan.h"
+#include "tensor/error.h"
+
+namespace cubevec::pipelines {
+
+// How a model loads (what every request then shares). JSON keys as the fields.
+struct LoadOptions {
+  DType dtype = DType::f32;   // "dtype": "f32" | "bf16": weights and activations (f32 accumulation)
+  std::string variant;        // diffusion_pytorch_model.<variant>.safetensors
+  bool check_weights = false; // every loaded weight must be finite
+  std::string memory_limit;   // refuse what would not fit ("24G"); empty: the memory available
+  std::string quant, timestep_policy;  // MindIE SD quantization description (and its policy)
+  int offload = 0;            // resident blocks under weight streaming (0: every weight resident)
+  int cube_threads = 0, vector_threads = 0;  // 0: the profile's (or CUBEVEC_*_THREADS)
+  std::string device_profile;  // a device profile JSON; empty: the built-in cpu-default
+
+  // Set by the command line only:
+  bool simulate = false;      // shape-only weights on the profile's modelled clock
+  int simulate_quant_steps = 1;  // simulate with W8A8_TIMESTEP: rows of shape-only scales
+  bool trace = false;         // keep a record per kernel launch (Chrome trace)
+  std::optional<parallel::ParallelGroups> groups;  // multi-device (mpirun); none: one process
+  std::optional<parallel::Communicator> cfg_parallel, vae_parallel;
+  std::optional<DeviceProfile> profile;  // beats device_profile and the thread counts
+
+  // {"dtype", "variant", "check_weights", "memory_limit", "quant", "timestep_policy", "offload",
+  //  "cube_threads", "vector_threads", "device_profile"}: unknown keys, wrong types and
+  // out-of-range values are errors naming the key.
+  static LoadOptions from_json(const nlohmann::json& json, const std::string& source = "options");
+  static LoadOptions parse(const std::string& json_text, const std::string& source = "options");
+  DeviceProfile resolved_profile() const;
+};
+
+// A request stopped by its caller (the cancel flag, or a progress callback asking to stop).
+class Cancelled : public Error {
+ public:
+  Cancelled() : Error("the generation was cancelled") {}
+};
+
+struct Progress {
+  int step = 0, steps = 0;   // step just finished, 1-based
+  double seconds = 0;        // that step's wall time
+  const T2ITimings* timings = nullptr;  // so far
+  const StageList* stages = nullptr;    // the request's stages (their per-step counts)
+};
+
+// Everything optional; the command line uses all of them.
+struct GenerateHooks {
+  std::function<void(const Progress&)> on_step;   // after each denoising step
+  const std::atomic<bool>* cancel = nullptr;      // checked before each step and before decoding
+  // Decoded pixels go here as they come (a video's frames a chunk at a time) instead of into the
+  // result's images: a long video then never sits in memory whole.
+  DecodedSink on_pixels;
+  Device* device = nullptr;                   // run on this device (else one made for the call)
+  const TextConditioning* text = nullptr;     // already encoded (the one-shot order)
+};
+
+struct GenerationResult {
+  Request request;                 // with the model's defaults filled in
+  std::vector<RgbImage> images;    // the image, or the video's frames in order (empty with on_pixels)
+  T2ITimings timings;              // denoising and VAE decode
+  double text_s = 0;               // text encoding
+  std::string text_source;
+  StageList stages;                // what each acceleration stage did
+  MemoryEstimate memory;
+  AllocatorStats allocator;        // peaks over the whole call
+  nlohmann::ordered_json phase_peaks;
+  double denoising_flops = 0;      // the kernels' declared FLOPs while denoising
+  bool decoded = false;            // false in simulate mode and on ranks that do not decode
+  nlohmann::ordered_json report;   // all of the above as JSON (the model's fields first)
+};
+
+class Pipeline {
+ public:
+  static std::unique_ptr<Pipeline> load(const std::string& model_dir, const LoadOptions& options = {});
+  ~Pipeline();
+
+  GenerationResult generate(const Request& request, const GenerateHooks& hooks = {}) const;
+
+  const ModelPipeline& model() const { return *model_; }
+  const std::string& model_dir() const { return model_dir_; }
+  const LoadOptions& options() const { return options_; }
+  const DeviceProfile& profile() const { return profile_; }
+  double load_seconds() const { return load_s_; }
+
+ private:
+  friend class PipelinePlan;
+  Pipeline() = default;
+  TextConditioning encode_text(const Request& request, bool cfg, const Stream& stream) const;
+
+  std::string model_dir_;
+  LoadOptions options_;
+  DeviceProfile profile_;
+  parallel::ParallelGroups groups_ = parallel::make_simulated_groups({}, 1);  // one process
+  std::unique_ptr<ModelPipeline> model_;
+  LoadStages stages_;
+  double load_s_ = 0;
+  // The text encoders run on a device of the pipeline's, one request at a time.
+  std::unique_ptr<Device> text_device_;
+  std::unique_ptr<TextEncoders> text_encoders_;
+  mutable std::mutex text_mutex_;
+  mutable std::mutex offload_mutex_;
+};
+
+// The report of one generation as JSON: the model's fields, the load options', `times` (the
+// stages' wall times, in order), the acceleration stages, the memory estimate and the peaks.
+nlohmann::ordered_json generation_report(const Pipeline& pipeline, const GenerationResult& result, const std::vector<StageTime>& times,
+                                         const Device& device);
+
+// A folder's configs read and nothing loaded: the one-shot path's first half.
+class PipelinePlan {
+ public:
+  // Reads the configs (the family from the registry, or `family` when not empty: "flux", "wan")
+  // and the quantization files, so bad ones fail before anything loads. `first_request`: the
+  // request a simulated run is for (its steps size the shape-only W8A8_TIMESTEP scales).
+  static PipelinePlan read(const std::string& model_dir, const LoadOptions& options, const std::string& family = "",
+                           const Request* first_request = nullptr);
+
+  const ModelPipeline& model() const { return *model_; }
+  // The request with the model's defaults.
+  Request with_defaults(const Request& request);
+  // Text conditioning for this one request (encoders loaded and freed here).
+  TextConditioning encode_text(const Request& request, const Stream& stream) const;
+  // The request against the model and the run (errors name the setting, or the defaults file
+  // that set it); then its memory estimate, refused when it cannot fit.
+  void check(const Request& request, bool have_negative) const;
+  MemoryEstimate require_memory(const Request& request, int64_t text_tokens) const;
+  // The weights and the load-time stages: the pipeline, ready for requests.
+  std::unique_ptr<Pipeline> load() &&;
+
+ private:
+  std::string model_dir_;
+  LoadOptions options_;
+  DeviceProfile profile_;
+  parallel::ParallelGroups groups_ = parallel::make_simulated_groups({}, 1);  // one process
+  std::unique_ptr<ModelPipeline> model_;
+  LoadStages stages_;
+  std::vector<std::string> from_defaults_;
+};
+
+}  // namespace cubevec::pipelines

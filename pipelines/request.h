@@ -1,0 +1,56 @@
+// One generation request, the same for every front end (the command line's flags, the C API's
+// JSON, the server, Python). Its JSON keys follow diffusers' pipeline arguments:
+//
+//   {"prompt": "a red circle", "negative_prompt": "", "width": 64, "height": 64,
+//    "num_frames": 17, "num_inference_steps": 20, "guidance_scale": 3.5, "true_cfg_scale": 4.0,
+//    "seed": 7, "max_sequence_length": 512, "prompt_embeds": "embeds.safetensors",
+//    "cfg": "off" | "fused" | "streams",
+//    "cache": "db" or {"cache": "db", "cache-fn": 1, ...} (the --cache-config file's keys),
+//    "sparse": "ada_bsa" or {"type": "ada_bsa", "sparsity": 0.5, "step_start": 0, "blocks": "0-3",
+//               "mask_refresh": 1, "cdf_threshold": 1.0}}
+//
+// Every key is optional but the prompt (or prompt_embeds); what is left out takes the model's
+// default (its size, steps and guidance: pipelines/model_family.h). guidance_scale is what
+// diffusers calls it for each family: Flux's embedded guidance, Wan's CFG scale; Flux's true CFG
+// scale is true_cfg_scale. Unknown keys, wrong types and out-of-range values are errors naming the
+// key, the value and the allowed range.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "pipelines/stages/cache_config.h"
+#include "pipelines/stages/sparse_attention.h"
+#include "pipelines/text_conditioning.h"
+
+namespace cubevec::pipelines {
+
+struct Request {
+  PromptRequest text;  // prompt, negative_prompt, prompt_embeds, max_sequence_length
+  std::optional<int64_t> width, height;
+  std::optional<int64_t> num_frames;  // video models only
+  std::optional<int> num_inference_steps;
+  std::optional<double> guidance_scale;
+  std::optional<double> true_cfg_scale;  // Flux's true CFG
+  std::string cfg;                       // "off", "fused", "streams"; empty: the model's default
+  uint64_t seed = 0;
+  CacheConfig cache;                     // method none: no step cache
+  std::optional<SparseConfig> sparse;
+
+  // `source` names the request in errors ("request"); unknown keys are errors.
+  static Request from_json(const nlohmann::json& json, const std::string& source = "request");
+  // Parses text first: malformed JSON is an error naming `source` and the position.
+  static Request parse(const std::string& json_text, const std::string& source = "request");
+  // The keys set (unset optional ones left out), in the same form from_json reads.
+  nlohmann::ordered_json to_json() const;
+};
+
+// The library's errors name the command line's flags ("--steps must be ..."); a JSON front end
+// shows them in the request's keys ("num_inference_steps must be ..."). The one table of which
+// flag is which key is here.
+std::string in_request_terms(const std::string& message);
+
+}  // namespace cubevec::pipelines

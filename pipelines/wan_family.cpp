@@ -1,0 +1,140 @@
+// The Wan family (text to video, WanTransformer3DModel) behind the library's ModelPipeline: its
+// defaults (the folder's generation_defaults.json, else Wan2.1's 832x480, 81 frames, 50 steps,
+// CFG 5 fused), its text conditioning (umT5), its checks, memory estimate and report.
+#include <cstdio>
+
+#include "pipelines/generation_defaults.h"
+#include "pipelines/model_family.h"
+#include "pipelines/patch_parallel_vae.h"
+#include "pipelines/stages/offload.h"
+#include "pipelines/wan_t2v.h"
+#include "tensor/error.h"
+
+namespace cubevec::pipelines {
+
+namespace {
+
+class WanModelPipeline : public ModelPipeline {
+ public:
+  explicit WanModelPipeline(WanT2VPipeline pipeline) : p_(std::move(pipeline)) {}
+
+  std::string family() const override { return "wan"; }
+  std::string task() const override { return "t2v"; }
+  bool video() const override { return true; }
+
+  void load_weights(const std::string& model_dir, DType dtype, const std::string& variant) override {
+    p_ = WanT2VPipeline::load(model_dir, dtype, variant);
+  }
+
+  // The settings the request leaves out, from the folder's generation_defaults.json (the shipped
+  // tinywan's 64x64 x 17 frames instead of Wan2.1's 832x480 x 81), else Wan2.1's.
+  Request with_defaults(const Request& request, const std::string& model_dir, std::vector<std::string>& from_defaults) const override {
+    const GenerationDefaults d = GenerationDefaults::load(model_dir);
+    const T2VOptions wan21;
+    Request r = request;
+    const auto take = [&](const char* flag, const auto& file_value, auto& field, auto fallback) {
+      if (field) return;
+      if (file_value) {
+        field = *file_value;
+        from_defaults.push_back(flag);
+      } else {
+        field = fallback;
+      }
+    };
+    take("--width", d.width, r.width, wan21.width);
+    take("--height", d.height, r.height, wan21.height);
+    take("--frames", d.frames, r.num_frames, wan21.frames);
+    take("--steps", d.steps, r.num_inference_steps, wan21.steps);
+    take("--guidance", d.guidance, r.guidance_scale, wan21.guidance);
+    if (r.cfg.empty()) r.cfg = std::string(cfg_mode_name(wan21.cfg));
+    return r;
+  }
+
+  CfgMode cfg_mode(const Request& request) const override { return request.cfg.empty() ? CfgMode::fused : parse_cfg_mode(request.cfg); }
+  TextInput text_input() const override { return TextInput::of(p_.transformer().config()); }
+
+  TextConditioning one_shot_text(const std::string& model_dir, const Request& request, const TextSettings& settings, bool simulate,
+                                 const Stream& stream) const override {
+    return wan_text(model_dir, request.text, settings, cfg_mode(request) != CfgMode::off, simulate, p_.transformer().config(), stream);
+  }
+
+  void check(const Request& request, const RunContext& run, bool have_negative) const override {
+    if (request.true_cfg_scale)
+      throw Error("--cfg-scale is Flux's true CFG scale; Wan's CFG scale is --guidance");
+    p_.check(options(request, run), have_negative);
+    if (run.vae_parallel) check_row_split(run.vae_parallel->size(), *request.height / 8);
+  }
+
+  MemoryEstimate estimate_memory(const Request& request, const RunContext& run, int64_t text_tokens, int offload,
+                                 int cube_threads) const override {
+    const T2VOptions o = options(request, run);
+    return pipelines::estimate_memory(p_, o, text_tokens, o.cfg == CfgMode::off ? 1 : 2, offload, cube_threads);
+  }
+
+  int blocks() const override { return p_.transformer().block_count(); }
+  int64_t attention_heads() const override { return p_.transformer().config().num_attention_heads; }
+  std::vector<std::string> block_modules() const override { return pipelines::block_modules(p_.transformer()); }
+  models::TensorParallelPlan tensor_parallel_plan() const override { return p_.transformer().tensor_parallel_plan(); }
+  models::ParameterTable& transformer_parameters() override { return p_.mutable_transformer().mutable_parameters(); }
+  const models::ParameterTable& transformer_parameters() const override { return p_.transformer().parameters(); }
+  const models::ParameterTable* vae_parameters() const override { return p_.vae() ? &p_.vae()->parameters() : nullptr; }
+
+  Tensor denoise(const TextConditioning& text, const Request& request, const RunContext& run, Device& device, const StepCallback& on_step,
+                 T2ITimings& timings, StageList* stages) const override {
+    return p_.denoise(text.positive, text.negative ? &*text.negative : nullptr, options(request, run), device, on_step, timings, stages);
+  }
+
+  void decode(const Tensor& latents, const Request& request, const RunContext& run, Device& device, const DecodedSink& sink,
+              T2ITimings& timings) const override {
+    p_.decode(latents, options(request, run), device, sink, timings);
+  }
+
+  std::vector<std::string> describe(const Request& r, const RunContext& run, const std::string& dtype, const DeviceProfile& profile,
+                                    bool simulate) const override {
+    const T2VOptions o = options(r, run);
+    const models::WanConfig& mc = p_.transformer().config();
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "%lld frames of %lldx%lld (latent %lld x %lld x %lld), %d steps, cfg %s (scale %.2f), transformer %lld blocks x %lld "
+                  "wide (%s), profile %s: %d Cube + %d Vector thread(s)%s",
+                  static_cast<long long>(o.frames), static_cast<long long>(o.width), static_cast<long long>(o.height),
+                  static_cast<long long>(o.latent_frames()), static_cast<long long>(o.height / 8), static_cast<long long>(o.width / 8), o.steps,
+                  r.cfg.c_str(), o.guidance, static_cast<long long>(mc.num_layers), static_cast<long long>(mc.inner_dim()), dtype.c_str(),
+                  profile.name.c_str(), profile.cube_threads, profile.vector_threads, simulate ? ", SIMULATED (modelled times)" : "");
+    return {"scheduler: " + scheduler_name(p_.scheduler_config()), line};
+  }
+
+  nlohmann::ordered_json report_fields(const Request& r) const override {
+    return {{"frames", *r.num_frames}, {"width", *r.width},          {"height", *r.height}, {"steps", *r.num_inference_steps},
+            {"cfg", r.cfg},            {"guidance", *r.guidance_scale}, {"seed", r.seed},
+            {"scheduler", scheduler_name(p_.scheduler_config())}};
+  }
+
+ private:
+  T2VOptions options(const Request& r, const RunContext& run) const {
+    T2VOptions o;
+    o.width = *r.width;
+    o.height = *r.height;
+    o.frames = *r.num_frames;
+    o.steps = *r.num_inference_steps;
+    o.guidance = *r.guidance_scale;
+    o.cfg = cfg_mode(r);
+    o.seed = r.seed;
+    o.activations = run.activations;
+    o.cfg_parallel = run.cfg_parallel;
+    o.vae_parallel = run.vae_parallel;
+    return o;
+  }
+
+  WanT2VPipeline p_;
+};
+
+std::unique_ptr<ModelPipeline> load_wan_meta(const std::string& model_dir, DType dtype) {
+  return std::make_unique<WanModelPipeline>(WanT2VPipeline::load_meta(model_dir, dtype));
+}
+
+}  // namespace
+
+ModelFamilyEntry wan_family() { return {"wan", "WanTransformer3DModel", &load_wan_meta}; }
+
+}  // namespace cubevec::pipelines
