@@ -1,7 +1,9 @@
 // The Flux family (text to image, FluxTransformer2DModel) behind the library's ModelPipeline:
 // its defaults (the VAE's sample_size, 28 steps, embedded guidance 3.5, true CFG off at scale 4),
 // its text conditioning (CLIP + T5), its checks, memory estimate and report.
+#include <algorithm>
 #include <cstdio>
+#include <vector>
 
 #include "pipelines/flux_t2i.h"
 #include "pipelines/model_family.h"
@@ -11,6 +13,58 @@
 namespace cubevec::pipelines {
 
 namespace {
+
+// AutoencoderKL's decode of an h x w latent (tiled above the config's tile size, as the pipeline
+// decodes): the widest activation of a tile times the tensors held at once (a residual block's
+// input, norm, SiLU, conv output and shortcut, and those the kernels launched ahead pin: 10,
+// measured 8 on the tiny VAEs), plus the picture three times over (the decoded tiles, the blend and
+// the result).
+uint64_t autoencoder_kl_bytes(const models::AutoencoderKLConfig& c, int64_t latent_h, int64_t latent_w) {
+  const int64_t tile = c.tile_latent_size() > 0 ? c.tile_latent_size() : std::max(latent_h, latent_w);
+  const int64_t th = std::min(latent_h, tile), tw = std::min(latent_w, tile);
+  std::vector<int64_t> channels(c.block_out_channels.rbegin(), c.block_out_channels.rend());
+  uint64_t largest = 0;
+  int64_t h = th, w = tw;
+  for (std::size_t i = 0; i < channels.size(); ++i) {
+    const int64_t in = i == 0 ? channels[0] : channels[i - 1];
+    largest = std::max(largest, static_cast<uint64_t>(std::max(in, channels[i]) * h * w));
+    if (i + 1 < channels.size()) {  // the upsampler's output keeps this block's width at 2x
+      h *= 2;
+      w *= 2;
+      largest = std::max(largest, static_cast<uint64_t>(channels[i] * h * w));
+    }
+  }
+  const uint64_t picture = static_cast<uint64_t>(c.out_channels * latent_h * latent_w * c.upscale() * c.upscale()) * 4;
+  return 10 * largest * 4 + 3 * picture + kWorkspaceBytes;
+}
+
+// The peak of a Flux request (pipelines/memory_estimate.h says what is counted). `batch`: 2 when
+// CFG runs fused, else 1.
+MemoryEstimate flux_memory(const FluxT2IPipeline& pipeline, const T2IOptions& o, int64_t text_tokens, int batch, int offload,
+                               int cube_threads) {
+  const models::FluxConfig& c = pipeline.transformer().config();
+  MemoryEstimate e;
+  const TransformerBytes transformer = transformer_bytes(pipeline.transformer().parameters(), block_modules(pipeline.transformer()), o.activations, offload,
+                                                          cube_threads);
+  e.weights = transformer.weights;
+  e.packed = transformer.packed;
+  if (pipeline.vae()) e.weights += stored_bytes(pipeline.vae()->parameters(), DType::f32);
+  // A single-stream block at its widest holds, per token, the joint input and its norm (2 D), the
+  // MLP hidden (4 D), q, k, v and the attention output (4 D), their concatenation (5 D) and the
+  // output (D), besides the residual stream (2 D): 18 D. The kernels the host may launch ahead of
+  // the device (device/stream.cpp) pin about as much again, and the allocator rounds to size
+  // classes: measured 39-57 D per token on both tiny models (D = 32 and 128), so 64 D.
+  const int64_t multiple = pipeline.size_multiple();
+  const uint64_t tokens = static_cast<uint64_t>((o.width / multiple) * (o.height / multiple) + text_tokens);
+  const uint64_t rope = tokens * static_cast<uint64_t>(c.attention_head_dim) * 2 * 4;
+  const uint64_t per_token = 64 * static_cast<uint64_t>(c.inner_dim()) * activation_bytes(o.activations);
+  e.denoising = static_cast<uint64_t>(batch) * tokens * per_token + rope + kWorkspaceBytes;
+  if (pipeline.vae()) {
+    const int64_t up = pipeline.vae()->config().upscale();
+    e.vae_decode = autoencoder_kl_bytes(pipeline.vae()->config(), o.height / up, o.width / up);
+  }
+  return e;
+}
 
 class FluxModelPipeline : public ModelPipeline {
  public:
@@ -57,7 +111,7 @@ class FluxModelPipeline : public ModelPipeline {
   MemoryEstimate estimate_memory(const Request& request, const RunContext& run, int64_t text_tokens, int offload,
                                  int cube_threads) const override {
     const T2IOptions o = options(request, run);
-    return pipelines::estimate_memory(p_, o, text_tokens, o.cfg == CfgMode::off ? 1 : 2, offload, cube_threads);
+    return flux_memory(p_, o, text_tokens, o.cfg == CfgMode::off ? 1 : 2, offload, cube_threads);
   }
 
   int blocks() const override { return p_.transformer().block_count(); }

@@ -7,20 +7,13 @@
 #include <set>
 #include <stdexcept>
 
+#include "models/layers.h"
 #include "ops/gemm/tuner.h"
-#include "pipelines/stages/offload.h"
 #include "tensor/caching_allocator.h"
 #include "tensor/error.h"
 
 namespace cubevec::pipelines {
 
-namespace {
-
-// Flash attention's per-thread tiles, the GEMM's packing buffers and the allocator's size-class
-// rounding: a fixed allowance on top of the counted tensors.
-constexpr uint64_t kWorkspace = uint64_t{64} << 20;
-
-// Every parameter as it is stored: matrices and kernels as `dtype`, vectors (and keep_f32 tables) f32.
 uint64_t stored_bytes(const models::ParameterTable& table, DType dtype) {
   uint64_t bytes = 0;
   for (const models::ParameterSpec& spec : table.specs()) {
@@ -30,16 +23,8 @@ uint64_t stored_bytes(const models::ParameterTable& table, DType dtype) {
   return bytes;
 }
 
-// The transformer's weights and packed panels, with --offload R counting the blocks' only for the
-// blocks that can be in memory at once (R resident, R packed ahead, two in flight).
-struct TransformerBytes {
-  uint64_t weights = 0, packed = 0;
-};
-
-template <class Transformer>
-TransformerBytes transformer_bytes(const Transformer& transformer, DType dtype, int offload, int cube_threads) {
-  const auto& table = transformer.parameters();
-  const std::vector<std::string> modules = block_modules(transformer);
+TransformerBytes transformer_bytes(const models::ParameterTable& table, const std::vector<std::string>& modules, DType dtype, int offload,
+                                   int cube_threads) {
   const auto block_of = [&](const std::string& name) {
     for (std::size_t b = 0; b < modules.size(); ++b)
       if (name.compare(0, modules[b].size() + 1, modules[b] + ".") == 0) return static_cast<int>(b);
@@ -76,33 +61,7 @@ TransformerBytes transformer_bytes(const Transformer& transformer, DType dtype, 
   return total;
 }
 
-uint64_t bytes_of(DType activations) { return activations == DType::bf16 ? 2 : 4; }
-
-// AutoencoderKL's decode of an h x w latent (tiled above the config's tile size, as the pipeline
-// decodes): the widest activation of a tile times the tensors held at once (a residual block's
-// input, norm, SiLU, conv output and shortcut, and those the kernels launched ahead pin: 10,
-// measured 8 on the tiny VAEs), plus the picture three times over (the decoded tiles, the blend and
-// the result).
-uint64_t autoencoder_kl_bytes(const models::AutoencoderKLConfig& c, int64_t latent_h, int64_t latent_w) {
-  const int64_t tile = c.tile_latent_size() > 0 ? c.tile_latent_size() : std::max(latent_h, latent_w);
-  const int64_t th = std::min(latent_h, tile), tw = std::min(latent_w, tile);
-  std::vector<int64_t> channels(c.block_out_channels.rbegin(), c.block_out_channels.rend());
-  uint64_t largest = 0;
-  int64_t h = th, w = tw;
-  for (std::size_t i = 0; i < channels.size(); ++i) {
-    const int64_t in = i == 0 ? channels[0] : channels[i - 1];
-    largest = std::max(largest, static_cast<uint64_t>(std::max(in, channels[i]) * h * w));
-    if (i + 1 < channels.size()) {  // the upsampler's output keeps this block's width at 2x
-      h *= 2;
-      w *= 2;
-      largest = std::max(largest, static_cast<uint64_t>(channels[i] * h * w));
-    }
-  }
-  const uint64_t picture = static_cast<uint64_t>(c.out_channels * latent_h * latent_w * c.upscale() * c.upscale()) * 4;
-  return 10 * largest * 4 + 3 * picture + kWorkspace;
-}
-
-}  // namespace
+uint64_t activation_bytes(DType activations) { return activations == DType::bf16 ? 2 : 4; }
 
 std::string MemoryEstimate::describe() const {
   return human_bytes(peak()) + " (weights " + human_bytes(weights) + " + packed GEMM panels " + human_bytes(packed) +
@@ -110,52 +69,7 @@ std::string MemoryEstimate::describe() const {
          " and VAE decode " + human_bytes(vae_decode) + ")";
 }
 
-MemoryEstimate estimate_memory(const FluxT2IPipeline& pipeline, const T2IOptions& o, int64_t text_tokens, int batch, int offload,
-                               int cube_threads) {
-  const models::FluxConfig& c = pipeline.transformer().config();
-  MemoryEstimate e;
-  const TransformerBytes transformer = transformer_bytes(pipeline.transformer(), o.activations, offload, cube_threads);
-  e.weights = transformer.weights;
-  e.packed = transformer.packed;
-  if (pipeline.vae()) e.weights += stored_bytes(pipeline.vae()->parameters(), DType::f32);
-  // A single-stream block at its widest holds, per token, the joint input and its norm (2 D), the
-  // MLP hidden (4 D), q, k, v and the attention output (4 D), their concatenation (5 D) and the
-  // output (D), besides the residual stream (2 D): 18 D. The kernels the host may launch ahead of
-  // the device (device/stream.cpp) pin about as much again, and the allocator rounds to size
-  // classes: measured 39-57 D per token on both tiny models (D = 32 and 128), so 64 D.
-  const int64_t multiple = pipeline.size_multiple();
-  const uint64_t tokens = static_cast<uint64_t>((o.width / multiple) * (o.height / multiple) + text_tokens);
-  const uint64_t rope = tokens * static_cast<uint64_t>(c.attention_head_dim) * 2 * 4;
-  const uint64_t per_token = 64 * static_cast<uint64_t>(c.inner_dim()) * bytes_of(o.activations);
-  e.denoising = static_cast<uint64_t>(batch) * tokens * per_token + rope + kWorkspace;
-  if (pipeline.vae()) {
-    const int64_t up = pipeline.vae()->config().upscale();
-    e.vae_decode = autoencoder_kl_bytes(pipeline.vae()->config(), o.height / up, o.width / up);
-  }
-  return e;
-}
 
-MemoryEstimate estimate_memory(const WanT2VPipeline& pipeline, const T2VOptions& o, int64_t text_tokens, int batch, int offload,
-                               int cube_threads) {
-  const models::WanConfig& c = pipeline.transformer().config();
-  MemoryEstimate e;
-  const TransformerBytes transformer = transformer_bytes(pipeline.transformer(), o.activations, offload, cube_threads);
-  e.weights = transformer.weights;
-  e.packed = transformer.packed;
-  if (pipeline.vae()) e.weights += stored_bytes(pipeline.vae()->parameters(), DType::f32);
-  // A Wan block holds, per video token, the residual stream and its norm (2 D), q, k, v and the
-  // self-attention output (4 D), the cross-attention query and output (2 D), and the FFN hidden
-  // before and after its activation (2 ffn_dim): 8 D + 2 F. The kernels launched ahead of the
-  // device pin about as much again: measured 2.1x that on the tiny model, so 24 D + 4 F.
-  const uint64_t tokens = static_cast<uint64_t>((o.latent_frames() / c.patch_size[0]) * (o.height / 8 / c.patch_size[1]) *
-                                                (o.width / 8 / c.patch_size[2]));
-  const uint64_t per_token = 24 * static_cast<uint64_t>(c.inner_dim()) + 4 * static_cast<uint64_t>(c.ffn_dim);
-  const uint64_t text = static_cast<uint64_t>(text_tokens) * 2 * static_cast<uint64_t>(c.inner_dim());  // cross-attention k, v
-  const uint64_t rope = tokens * static_cast<uint64_t>(c.attention_head_dim) * 2 * 4;
-  e.denoising = static_cast<uint64_t>(batch) * (tokens * per_token + text) * bytes_of(o.activations) + rope + kWorkspace;
-  if (pipeline.vae()) e.vae_decode = static_cast<uint64_t>(pipeline.vae()->estimate_peak_bytes(1, o.height / 8, o.width / 8));
-  return e;
-}
 
 uint64_t available_memory_bytes() {
   uint64_t available = 0;

@@ -1,4 +1,4 @@
-// The peak memory a t2i / t2v request will need, estimated from the config files alone (a meta
+// The peak memory a generation request will need, estimated from the config files alone (a meta
 // pipeline: shapes, no weights) so a request that cannot fit is refused before anything loads:
 //   weights      every parameter at the dtype it is stored in (bf16 matrices, f32 vectors and VAE)
 //   packed       the transformer Linears' GEMM panels (f32, or bf16 for the AMX and AVX512-BF16
@@ -17,9 +17,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
-#include "pipelines/flux_t2i.h"
-#include "pipelines/wan_t2v.h"
+#include "models/parameters.h"
 
 namespace cubevec::pipelines {
 
@@ -30,13 +30,27 @@ struct MemoryEstimate {
   std::string describe() const;
 };
 
-// `text_tokens`: the prompt embeddings' length L; `batch`: 2 when CFG runs fused, else 1.
-// `offload`: --offload's resident block count (0: every weight resident); `cube_threads`: what the
-// GEMM kernels are calibrated for (the packed panels' layout depends on the kernel).
-MemoryEstimate estimate_memory(const FluxT2IPipeline& pipeline, const T2IOptions& options, int64_t text_tokens, int batch,
-                               int offload = 0, int cube_threads = 1);
-MemoryEstimate estimate_memory(const WanT2VPipeline& pipeline, const T2VOptions& options, int64_t text_tokens, int batch,
-                               int offload = 0, int cube_threads = 1);
+// Each family estimates its own requests (ModelPipeline::estimate_memory, in its
+// pipelines/<family>_family.cpp) from these building blocks.
+
+// Flash attention's per-thread tiles, the GEMM's packing buffers and the allocator's size-class
+// rounding: a fixed allowance on top of the counted tensors.
+inline constexpr uint64_t kWorkspaceBytes = uint64_t{64} << 20;
+
+// Every parameter as it is stored: matrices and kernels as `dtype`, vectors (and keep_f32 tables) f32.
+uint64_t stored_bytes(const models::ParameterTable& table, DType dtype);
+
+// A transformer's weights and packed GEMM panels (`block_modules`: its blocks' module names, in
+// order). With offload R (`offload` > 0) the blocks count only for those that can be in memory at
+// once: R resident, R packed ahead, two in flight. `cube_threads`: what the GEMM kernels are
+// calibrated for (the packed panels' layout depends on the kernel).
+struct TransformerBytes {
+  uint64_t weights = 0, packed = 0;
+};
+TransformerBytes transformer_bytes(const models::ParameterTable& table, const std::vector<std::string>& block_modules, DType dtype,
+                                   int offload, int cube_threads);
+
+uint64_t activation_bytes(DType activations);  // 2 for bf16, else 4
 
 // What this process may use: the smaller of MemAvailable (/proc/meminfo) and the cgroup's
 // memory.max minus memory.current, when they are readable; 0 when neither is.
