@@ -1,5 +1,6 @@
 // The benchmark harness: timing with warm-up and repeats, the machine's measured limits, and the
-// result rows every suite reports (printed as a table and written as JSON, see DESIGN.md).
+// result rows every suite reports (printed as a table and written as JSON, see docs/performance.md,
+// "The benchmark driver").
 #pragma once
 
 #include <chrono>

@@ -48,7 +48,7 @@ class OpTimer:
 
 
 # ------------------------------------------------------------------------------------------------
-# Attention and the small tensor helpers (porting-spec 0.4-0.7)
+# Attention and the small tensor helpers (docs/models.md "Shared building blocks")
 # ------------------------------------------------------------------------------------------------
 def _softmax_inplace(x):
     try:
@@ -109,7 +109,7 @@ class Attention:
 
 def apply_rope(x, cos_h, sin_h):
     """Rotate the pairs (x[2j], x[2j+1]) of x [B, H, L, hd] by the angles of cos_h/sin_h [L, hd/2]
-    (porting-spec 0.5), in f32, cast back to x's dtype."""
+    (docs/models.md "Shared building blocks"), in f32, cast back to x's dtype."""
     xf = x.float()
     even, odd = xf[..., 0::2], xf[..., 1::2]
     out = torch.empty_like(xf)

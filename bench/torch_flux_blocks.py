@@ -9,7 +9,7 @@ Run with Debian's torch 1.13 (only /usr/bin/python3 sees it):
 
 --quick shrinks the shapes to hidden 256, heads 2 (head dim 128), img 64, txt 16 (about a second).
 
-The blocks are written from ../shared/reference/porting-spec.md section 1.4 (with 0.4-0.7 and 1.6);
+The blocks are written from docs/models.md, "Flux transformer" (with "Shared building blocks");
 diffusers is not used. Weights are random (normal, std 0.02; the q/k RMSNorm weights are
 1 + N(0, 0.02)), inputs are N(0, 1): hidden [1, img, D], context [1, txt, D], temb [1, D], and the
 Flux RoPE table (axes 16/56/56, text ids zero, image ids (0, row, col) on a near-square grid) as
@@ -81,7 +81,8 @@ attention = Attention(one_buffer=True)
 
 
 # ------------------------------------------------------------------------------------------------
-# Building blocks (porting-spec 0.4-0.7, 1.6); apply_rope, rms_norm, lin and merge_heads are shared.
+# Building blocks (docs/models.md "Shared building blocks", "Flux transformer"); apply_rope,
+# rms_norm, lin and merge_heads are shared.
 # ------------------------------------------------------------------------------------------------
 heads = head_view  # [B, N, D] -> [B, H, N, hd], a transposed view
 
@@ -122,7 +123,8 @@ def layernorm_modulate(x, shift, scale):
 
 
 # ------------------------------------------------------------------------------------------------
-# The two blocks (porting-spec 1.4); parameters are plain tensors in a dict with diffusers' names.
+# The two blocks (docs/models.md "Flux transformer"); parameters are plain tensors in a dict with
+# diffusers' names.
 # ------------------------------------------------------------------------------------------------
 def double_block_params(dim, head_dim, gen):
     linears = [("norm1.linear", dim, 6 * dim), ("norm1_context.linear", dim, 6 * dim)]

@@ -11,13 +11,13 @@ Default shape: D 1536 (12 heads x 128), ffn 8960, batch 1 (one CFG branch), a po
 pixels) and 512 text tokens (umT5's padded length). --quick shrinks it to D 256 (2 heads x 128),
 ffn 512, grid 2 x 4 x 8 = 64 tokens, 16 text tokens (about a second).
 
-The block is written from ../shared/reference/porting-spec.md section 2.3 (with 0.4-0.7 and 2.4);
-diffusers is not used. Weights are random (normal, std 0.02; the q/k RMSNorm and norm2 weights
-1 + N(0, 0.02); scale_shift_table N(0, 1/D) as diffusers initializes it), inputs N(0, 1): hidden
-[1, L, D], context [1, txt, D] (the text_embedder output: the block's cross-attention input),
+The block is written from docs/models.md, "Wan transformer" (with "Shared building blocks" and "Wan
+3-D RoPE"); diffusers is not used. Weights are random (normal, std 0.02; the q/k RMSNorm and norm2
+weights 1 + N(0, 0.02); scale_shift_table N(0, 1/D) as diffusers initializes it), inputs N(0, 1):
+hidden [1, L, D], context [1, txt, D] (the text_embedder output: the block's cross-attention input),
 timestep_proj [1, 6, D] (time_proj's output, computed once per step outside the blocks, so it is not
-timed here). RoPE is Wan's 3-D table (t/h/w = 44/42/42 for head dim 128; h = w = 2 floor(hd / 6)) on the
-grid, as f32 per-pair angle tables.
+timed here). RoPE is Wan's 3-D table (t/h/w = 44/42/42 for head dim 128; h = w = 2 floor(hd / 6)) on
+the grid, as f32 per-pair angle tables.
 
 Precision follows diffusers' bf16 run: the modulation (scale_shift_table + timestep_proj), the three
 LayerNorms with their modulation, the gated residual adds and the RoPE rotation are computed in f32 and
@@ -85,7 +85,7 @@ attention = Attention(one_buffer=False)
 
 
 # ------------------------------------------------------------------------------------------------
-# Building blocks (porting-spec 0.4-0.7, 2.4)
+# Building blocks (docs/models.md "Shared building blocks", "Wan 3-D RoPE")
 # ------------------------------------------------------------------------------------------------
 def wan_rope_halves(frames, height, width, head_dim):
     """Per-pair angle tables cos, sin [L, hd/2] (f32, computed in float64) for the token grid, tokens
@@ -115,7 +115,8 @@ def heads(x, num_heads):
 
 
 # ------------------------------------------------------------------------------------------------
-# The block (porting-spec 2.3); parameters are plain tensors in a dict with diffusers' names.
+# The block (docs/models.md "Wan transformer"); parameters are plain tensors in a dict with
+# diffusers' names.
 # ------------------------------------------------------------------------------------------------
 def block_params(dim, ffn, gen):
     linears = [(f"{attn}.{proj}", dim, dim) for attn in ["attn1", "attn2"]

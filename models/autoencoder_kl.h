@@ -1,5 +1,5 @@
 // diffusers' AutoencoderKL, decoder path only (the Flux VAE and any config.json of that class),
-// written from ../shared/reference/porting-spec.md section 3.1. Weights keep diffusers' names
+// written from docs/models.md, "AutoencoderKL decoder". Weights keep diffusers' names
 // (`decoder.up_blocks.2.resnets.0.conv_shortcut.weight`, `post_quant_conv.weight`, ...); each block
 // is a plain sequence of fused-op calls (group_norm, activation, conv2d, linear, attention_forward,
 // upsample_nearest2d, add).

@@ -1,5 +1,5 @@
 // diffusers' AutoencoderKLWan (the Wan2.1 video VAE), decoder path only, written from
-// ../shared/reference/porting-spec.md section 3.2. Weights keep diffusers' names
+// docs/models.md, "AutoencoderKLWan decoder". Weights keep diffusers' names
 // (`decoder.up_blocks.1.upsamplers.0.time_conv.weight`, `post_quant_conv.weight`, ...); each block
 // is a plain sequence of op calls (normalize_channels, activation, conv3d, conv2d, matmul,
 // attention_forward, upsample_nearest2d, add).
@@ -18,8 +18,9 @@
 //  * one chunk's working set: about 6 activations of 4 frames x d x H x W x 4 B (613 MB at
 //    832 x 480) at the full-resolution residual blocks (the host waits for the device after each
 //    conv step, see FeatureCache), plus the GEMM's packing workspace.
-// estimate_peak_bytes() adds these up (7.5 GB at 832 x 480; measured allocator peak 7.14 GB,
-// tests/models/autoencoder_kl_wan_test.cpp, DISABLED_MeasureWan21WidthsAt832x480).
+// estimate_peak_bytes() adds these up (7.5 GB at 832 x 480, printed by FeatureCacheAtWan21Size in
+// tests/models/autoencoder_kl_wan_test.cpp; a one-off decode at those widths peaked at 7.14 GB);
+// MemoryIsBoundedByOneChunk in the same file checks the bound at a third of the width.
 #pragma once
 
 #include <array>
@@ -76,7 +77,7 @@ struct AutoencoderKLWanConfig {
   static AutoencoderKLWanConfig from_json(const nlohmann::json& json, const std::string& source);
   static AutoencoderKLWanConfig load(const std::string& config_path);
   // Wan2.1's VAE (diffusers' defaults): base_dim 96, z_dim 16, dim_mult [1, 2, 4, 4], 2 res blocks,
-  // temperal_downsample [false, true, true], the 16 latents_mean / latents_std of the spec.
+  // temperal_downsample [false, true, true], the 16 latents_mean / latents_std of Wan2.1's VAE config.
   static AutoencoderKLWanConfig wan21();
 };
 

@@ -1,5 +1,5 @@
 // diffusers' FluxTransformer2DModel (FLUX.1-dev / -schnell and any config.json of that class),
-// written from ../shared/reference/porting-spec.md section 1. Every block is a plain sequence of
+// written from docs/models.md, "Flux transformer". Every block is a plain sequence of
 // fused-op calls; the checkpoint key is beside each weight where it is declared (flux_transformer.cpp).
 // The forward runs through the plug points of models/forward_context.h: every block through the
 // block hook (flat index: the num_layers double blocks, then the num_single_layers single blocks),
@@ -147,7 +147,8 @@ class FluxTransformer2DModel {
   RopeCache rope_cache_;
 };
 
-// 2x2 latent packing (porting-spec 1.7): [B, C, H, W] -> [B, (H/2)(W/2), 4C], and back.
+// 2x2 latent packing (docs/models.md "Flux latent packing"): [B, C, H, W] -> [B, (H/2)(W/2), 4C],
+// and back.
 Tensor pack_latents(const Tensor& latents, const Stream& stream);
 Tensor unpack_latents(const Tensor& packed, int64_t height, int64_t width, const Stream& stream);
 // img_ids [(H/2)(W/2), 3]: (0, row, col) for a latent of height x width.

@@ -1,5 +1,5 @@
 // diffusers' WanTransformer3DModel (Wan2.1 text-to-video, 1.3B and 14B, and any config.json of that
-// class without the image branch), written from ../shared/reference/porting-spec.md section 2.
+// class without the image branch), written from docs/models.md, "Wan transformer".
 // Each block is a plain sequence of the fused ops Flux uses (layernorm_scale_shift, linear with
 // fused epilogues, rms_norm, interleaved RoPE, attention_forward); the checkpoint key is beside
 // each weight where it is declared (wan_transformer.cpp).

@@ -1,4 +1,4 @@
-// Attention with MindIE SD's semantics (../shared/reference/mindie-sd.md, section A1).
+// Attention with MindIE SD's semantics (docs/ops.md, "MindIE SD's attention_forward").
 //
 //   out = softmax(scale * q k^T + bias) v,   bias = 0 where the mask is true (attend), -inf where false
 //                                            (or the f32 mask itself, see AttentionOptions::mask)
@@ -12,9 +12,9 @@
 //                  kernels, any head dim padded only inside the kernel).
 //   cv_pipelined:  the same tiles split across the units: QK^T and PV on the Cube unit, scale /
 //                  mask / online softmax on the Vector unit, handed over through bounded
-//                  double-buffered queues (Ascend's TQue pattern, ../shared/reference/engine-anchors.md
-//                  section 5). If the Vector unit is busy elsewhere the Cube side does the softmax
-//                  itself, so the pair can never deadlock.
+//                  double-buffered queues (Ascend's TQue pattern, docs/device.md, "Ascend's AI
+//                  Core, as the device imitates it"). If the Vector unit is busy elsewhere the
+//                  Cube side does the softmax itself, so the pair can never deadlock.
 // A row whose mask is false everywhere has no defined softmax: every implementation returns NaN
 // for it, as MindIE's math path does.
 #pragma once

@@ -1,4 +1,4 @@
-// MindIE SD's sparse_attention (../shared/reference/mindie-sd.md A1; read against
+// MindIE SD's sparse_attention (docs/ops.md, "MindIE SD's sparse_attention"; read against
 // mindiesd/layers/flash_attn/sparse_flash_attn*.py and csrc/ops/sparse_block_estimate): a block
 // mask estimated from q and k picks the 128 x 128 blocks the block-sparse flash kernel
 // (ops::block_sparse_attention) computes.

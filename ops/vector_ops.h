@@ -1,4 +1,4 @@
-// Vector kernels with MindIE SD's semantics (../shared/reference/mindie-sd.md, section A2).
+// Vector kernels with MindIE SD's semantics (docs/ops.md, "MindIE SD's vector layers").
 // Every op runs on the Vector unit of `stream`'s device, threaded over rows with the unit's
 // threads. Inputs may have any strides (an op copies to a contiguous layout on the Vector unit
 // when it must). Float inputs are f32 or bf16; the result has the input's dtype; arithmetic is in

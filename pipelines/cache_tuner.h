@@ -1,7 +1,7 @@
-// Cache tuning as MindIE SD documents it (docs/*/features/cache.md; ../shared/reference/mindie-sd.md
-// A4): from a target speedup, the least caching that can reach it; candidate settings around that;
-// each candidate run and compared with the uncached output; the one with the smallest MSE whose
-// measured speedup reaches the target wins.
+// Cache tuning as MindIE SD documents it (its docs/*/features/cache.md; docs/stages.md, "Cache
+// tuning as MindIE SD documents it"): from a target speedup, the least caching that can reach it;
+// candidate settings around that; each candidate run and compared with the uncached output; the
+// one with the smallest MSE whose measured speedup reaches the target wins.
 //   dit-block: the replayed steps follow --cache-step-start / --cache-interval; the span length is
 //     the fewest blocks whose skipping reaches the target (block 0 is always computed); every span
 //     of that length (and one longer) is ranked by a cheap proxy from one recorded uncached run (how

@@ -1,4 +1,4 @@
-// diffusers' FlowMatchEulerDiscreteScheduler (../shared/reference/porting-spec.md section 4), with
+// diffusers' FlowMatchEulerDiscreteScheduler (docs/models.md, "FlowMatch Euler scheduler"), with
 // its arithmetic reproduced step for step (float64 where diffusers' numpy code is float64,
 // float32 where it is float32) so sigmas and timesteps match diffusers' to the last bit, and
 // Flux's `calculate_shift` (mu from the image sequence length).

@@ -17,7 +17,8 @@ namespace {
 
 Tensor filled(int64_t n, float value) { return Tensor::from_vector(std::vector<float>(static_cast<std::size_t>(n), value), {n}); }
 
-// The scheduler when the model directory has none: FLUX.1-dev's (porting-spec 4).
+// The scheduler when the model directory has none: FLUX.1-dev's (docs/models.md, "FlowMatch Euler
+// scheduler").
 FlowMatchConfig scheduler_of(const std::string& model_dir) {
   const std::string path = model_dir + "/scheduler/scheduler_config.json";
   if (std::filesystem::exists(path)) return FlowMatchConfig::load(path);
@@ -136,7 +137,7 @@ Tensor FluxT2IPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddi
   const Stream main = device.default_stream();
   const int64_t upscale = multiple / 2, lh = o.height / upscale, lw = o.width / upscale;
   const int64_t channels = c.in_channels / 4, tokens = (lh / 2) * (lw / 2);
-  // Noise as (1, C, H, W), then packed (porting-spec 1.7).
+  // Noise as (1, C, H, W), then packed (docs/models.md "Flux latent packing").
   if (o.initial_noise.defined() && o.initial_noise.shape() != Shape{1, channels, lh, lw})
     throw Error("initial noise must be " + shape_to_string(Shape{1, channels, lh, lw}) + " for a " + std::to_string(o.width) + "x" +
                 std::to_string(o.height) + " image, got " + shape_to_string(o.initial_noise.shape()));
@@ -167,7 +168,7 @@ Tensor FluxT2IPipeline::decode(const Tensor& packed, const T2IOptions& o, Device
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t upscale = vae_->config().upscale();
   const Tensor latents = models::unpack_latents(packed, o.height / upscale, o.width / upscale, main);
-  // z = latents / scaling_factor + shift_factor (porting-spec 1.8).
+  // z = latents / scaling_factor + shift_factor (docs/models.md "FluxPipeline").
   const auto& vc = vae_->config();
   const Tensor z = ops::add(ops::div(latents, filled(1, static_cast<float>(vc.scaling_factor)), main),
                             filled(1, static_cast<float>(vc.shift_factor)), main);

@@ -1,5 +1,6 @@
-// Text-to-image with a Flux transformer and its VAE (porting-spec 1.7, 1.8): seeded noise, 2x2
-// packing, the FlowMatch Euler loop with Flux's dynamic shift, guidance embedding for
+// Text-to-image with a Flux transformer and its VAE (docs/models.md "Flux latent packing",
+// "FluxPipeline"): seeded noise, 2x2 packing, the FlowMatch Euler loop with Flux's dynamic shift,
+// guidance embedding for
 // guidance-distilled models, true CFG as one fused batch or on two overlapping streams, and the
 // VAE decode (tiled for large images).
 #pragma once

@@ -7,7 +7,7 @@
 // cos(2 pi u2), z_{2p+1} = r sin(2 pi u2), computed in double and rounded to f32. So the values
 // depend only on (seed, index): the same seed gives the same image on any thread count, and a
 // larger tensor extends a smaller one. It is not torch's generator: matching a PyTorch seed is out
-// of scope (porting-spec 1.7); parity runs feed the same noise to both.
+// of scope (docs/models.md "Flux latent packing"); parity runs feed the same noise to both.
 #pragma once
 
 #include <cstdint>

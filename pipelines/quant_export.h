@@ -1,7 +1,8 @@
 // The quantization exporter behind `cubevec quantize`: calibration runs of the float model record
 // every Linear's input range (per tensor, and per denoising step for W8A8_TIMESTEP), then the
 // int8 weights, scales and biases are computed as msModelSlim computes them
-// (calculate_int_qparam; ../shared/reference/mindie-sd.md A3) and written as MindIE SD's files:
+// (calculate_int_qparam; docs/stages.md, "msModelSlim's quantization parameters") and written as
+// MindIE SD's files:
 //   weights      symmetric per output channel: s = max(|W_o|) / 127, W_q = clamp(rint(W / s), -128, 127)
 //   activations  (static) asymmetric per tensor over the calibration data: min <= 0 <= max,
 //                scale = max(max / 255 - min / 255, eps), offset = rint(-min / scale) - 128

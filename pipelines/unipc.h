@@ -1,7 +1,7 @@
 // diffusers' UniPCMultistepScheduler as the diffusers-format Wan2.1 repos ship it
 // (scheduler/scheduler_config.json: flow_prediction, use_flow_sigmas, flow_shift, solver_order 2,
 // bh2, predict_x0, lower_order_final, final_sigmas_type "zero"): the flow-matching sigma grid
-// (../shared/reference/porting-spec.md section 2.6) and the multistep UniP predictor / UniC
+// (docs/models.md, "UniPC's sigma grid") and the multistep UniP predictor / UniC
 // corrector. The grid is computed in float64 as diffusers' numpy code does, so sigmas and the
 // truncated integer timesteps equal diffusers'; the step works on f32 tensors with float32
 // scalar coefficients, as diffusers' torch code does. tests/reference/make_unipc_reference.py

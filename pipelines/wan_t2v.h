@@ -1,9 +1,9 @@
-// Text-to-video with a Wan2.1 transformer and its causal 3-D VAE (porting-spec 2.6): seeded noise
-// [1, 16, 1 + (F - 1) / 4, H / 8, W / 8], the FlowMatch Euler loop with Wan's shift (the raw
-// timestep t = sigma x 1000 goes to the model), real CFG v = v_u + g (v_c - v_u) as one fused batch
-// or on two overlapping streams, and the frame-by-frame VAE decode with the latents un-normalized
-// per channel. The scheduler is the model's: UniPCMultistepScheduler (what the diffusers Wan2.1
-// repos ship) or FlowMatchEulerDiscreteScheduler with a shift.
+// Text-to-video with a Wan2.1 transformer and its causal 3-D VAE (docs/models.md "WanPipeline"):
+// seeded noise [1, 16, 1 + (F - 1) / 4, H / 8, W / 8], the FlowMatch Euler loop with Wan's shift
+// (the raw timestep t = sigma x 1000 goes to the model), real CFG v = v_u + g (v_c - v_u) as one
+// fused batch or on two overlapping streams, and the frame-by-frame VAE decode with the latents
+// un-normalized per channel. The scheduler is the model's: UniPCMultistepScheduler (what the
+// diffusers Wan2.1 repos ship) or FlowMatchEulerDiscreteScheduler with a shift.
 #pragma once
 
 #include <functional>

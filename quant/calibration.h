@@ -1,6 +1,6 @@
-// The quantization parameters msModelSlim computes (calculate_int_qparam; see
-// ../shared/reference/mindie-sd.md A3), from a float Linear and the activation ranges calibration
-// observed:
+// The quantization parameters msModelSlim computes (calculate_int_qparam; see docs/stages.md,
+// "msModelSlim's quantization parameters"), from a float Linear and the activation ranges
+// calibration observed:
 //   weights      symmetric per output channel: s = max(|W_o| / 127, eps), W_q = clamp(rint(W / s), -128, 127)
 //   activations  asymmetric per tensor: min <= 0 <= max, scale = max(max / 255 - min / 255, eps),
 //                offset = rint(-min / scale) - 128

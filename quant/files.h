@@ -1,4 +1,5 @@
-// MindIE SD's quantization files (the format msModelSlim writes, ../shared/reference/mindie-sd.md A3):
+// MindIE SD's quantization files (the format msModelSlim writes; docs/stages.md, "MindIE SD's
+// quantization files and schemes"):
 //   quant_model_description_{algo}[_{rank}].json   a flat map: "model_quant_type": "<ALGO>", then one
 //       entry per tensor name ("<module>.weight": "W8A8", "<module>.bias": "FLOAT", ...);
 //   quant_model_weight_{algo}[_{rank}].safetensors beside it, with the quantized layers' tensors

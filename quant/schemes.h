@@ -1,5 +1,6 @@
 // MindIE SD's quantized Linear schemes with its arithmetic (mindiesd/quantization/layer.py, read
-// with the CANN operators it calls; the details in ../shared/reference/mindie-sd.md A3):
+// with the CANN operators it calls; the details in docs/stages.md, "MindIE SD's quantization files
+// and schemes"):
 //   W8A16          y = x (W_int8 * weight_scale[o])^T + bias           (float activations)
 //   W8A8_DYNAMIC   s_m = max|x_m| / 127, q = rint(x / s_m);   y = (q W^T) * weight_scale[o] * s_m + bias
 //   W8A8 (static)  q = clamp(rint(x / input_scale + input_offset), -128, 127);

@@ -1,6 +1,6 @@
 // The safetensors file format: dtype names and the header parser that validates a whole file
 // image before any tensor byte is touched (the rules of the reference Rust reader, plus duplicate
-// names, which it lets through). See ../shared/reference/porting-spec.md section 6.
+// names, which it lets through). See docs/robustness.md, "The safetensors rules".
 #pragma once
 
 #include <cstdint>

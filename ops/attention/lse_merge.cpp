@@ -1,6 +1,6 @@
 // merge_attention_partials: two softmax results over disjoint key sets combined by their
-// log-sum-exps (ring attention's merge, ../shared/reference/mindie-sd.md A6), in f32 on the Vector
-// unit; the out rows are read and written in the partials' dtype.
+// log-sum-exps (ring attention's merge, docs/parallel.md, "Ring attention's log-sum-exp merge"), in
+// f32 on the Vector unit; the out rows are read and written in the partials' dtype.
 #include <algorithm>
 #include <cmath>
 #include <limits>

@@ -1,7 +1,8 @@
 // GEMM calibration: which variant (bf16 kernel, L2 blocking share) runs fastest on this machine, per
 // kernel family, ISA, shape class and thread count. The first GEMM of a kind measures each variant
 // on a representative problem (a few milliseconds each) and keeps the fastest, as the attention
-// autotuner does; the choices persist in the tuning file (ops/gemm/tuning_file.h) so later runs and
+// autotuner does; the choices persist in the tuning file (read_tuning_section / write_tuning_section
+// below, the default path in GemmTuner::load_default_once) so later runs and
 // other processes skip the measurement and make the same choice.
 //
 // A choice that changes the summation (another bf16 kernel) beats the preferred one (AMX, then

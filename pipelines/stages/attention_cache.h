@@ -1,4 +1,4 @@
-// MindIE SD's AttentionCache as a stage (../shared/reference/mindie-sd.md A4, read against
+// MindIE SD's AttentionCache as a stage (docs/stages.md, "MindIE SD's CacheConfig"; read against
 // mindiesd/cache_agent/attention_cache.py): the output of every self / joint attention module is
 // kept, and at step s with step_start < s <= step_end and (s - step_start) % step_interval != 0 the
 // kept output is returned instead of computing (projections and kernel both skipped). Outputs are

@@ -2,9 +2,9 @@
 // (without the dashes), validated against the run (steps, blocks) with errors that name the key
 // and the allowed range.
 //
-//   attention, dit-block: MindIE SD's CacheConfig (../shared/reference/mindie-sd.md A4):
+//   attention, dit-block: MindIE SD's CacheConfig (docs/stages.md, "MindIE SD's CacheConfig"):
 //     cache-step-start, cache-interval, cache-step-end, cache-block-start, cache-block-end;
-//   db: cache-dit's DBCache (FBCache is F1B0), mindie-sd.md (e):
+//   db: cache-dit's DBCache (FBCache is F1B0; docs/stages.md, "cache-dit's DBCache and TaylorSeer"):
 //     cache-fn, cache-bn, cache-threshold, cache-warmup, cache-max-cached, cache-max-continuous,
 //     and taylorseer (order 1 or 2; 0 off).
 #pragma once

@@ -1,7 +1,8 @@
-// cache-dit's DBCache (dual block cache; FBCache is its F1B0 case) as a stage (../shared/reference/
-// mindie-sd.md (e), read against cache_dit/caching/cache_contexts/cache_manager.py). Per step and CFG
-// branch: the first Fn blocks are computed and their residual R_F (hidden after block Fn-1 minus
-// hidden entering block 0) is compared with the one of the last fully computed step,
+// cache-dit's DBCache (dual block cache; FBCache is its F1B0 case) as a stage (docs/stages.md,
+// "cache-dit's DBCache and TaylorSeer"; read against
+// cache_dit/caching/cache_contexts/cache_manager.py). Per step and CFG branch: the first Fn blocks
+// are computed and their residual R_F (hidden after block Fn-1 minus hidden entering block 0) is
+// compared with the one of the last fully computed step,
 // diff = mean|R_F_prev - R_F| / mean|R_F_prev|. When diff < threshold (and the step is past the
 // warm-up, within --cache-max-cached and --cache-max-continuous), the middle blocks [Fn, N - Bn) are
 // skipped: their residual R_M, kept from the last computed step (or extrapolated by TaylorSeer), is

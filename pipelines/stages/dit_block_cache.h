@@ -1,4 +1,4 @@
-// MindIE SD's DiTBlockCache as a stage (../shared/reference/mindie-sd.md A4, read against
+// MindIE SD's DiTBlockCache as a stage (docs/stages.md, "MindIE SD's CacheConfig"; read against
 // mindiesd/cache_agent/dit_block_cache.py). Steps s >= step_start with (s - step_start) %
 // step_interval == 0 compute every block and keep, for the span [block_start, block_end), the state
 // entering block_start and the residual (output of block_end - 1 minus that input, for the image

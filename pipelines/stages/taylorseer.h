@@ -1,4 +1,4 @@
-// cache-dit's TaylorSeer calibrator (../shared/reference/mindie-sd.md (e), read against
+// cache-dit's TaylorSeer calibrator (docs/stages.md, "cache-dit's DBCache and TaylorSeer"; read against
 // cache_dit/caching/cache_contexts/calibrators/taylorseer.py): on a computed step t the value Y is
 // recorded with its divided differences dY_0 = Y, dY_{i+1} = (dY_i - dY_i^prev) / window (window =
 // steps since the last computed step; differences only from step 2 on, as cache-dit's

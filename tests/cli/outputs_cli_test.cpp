@@ -1,7 +1,8 @@
-// What a run may do to files (DESIGN.md "Command line"): an output that cubevec would have to
-// destroy (symlink, FIFO, read-only file) or cannot write is refused before any work; a run that
-// fails or is interrupted leaves the previous output byte for byte and no temporary; an output may
-// not be one of the inputs; non-finite inputs are errors naming the tensor.
+// What a run may do to files (docs/robustness.md, "The command-line contract"): an output that
+// cubevec would have to destroy (symlink, FIFO, read-only file) or cannot write is refused before
+// any work; a run that fails or is interrupted leaves the previous output byte for byte and no
+// temporary; an output may not be one of the inputs; non-finite inputs are errors naming the
+// tensor.
 #include <signal.h>
 
 #include <chrono>

@@ -30,7 +30,8 @@ void check_header(const cubevec::SafetensorsHeader& header, const uint8_t* data,
   for (const cubevec::SafetensorsEntry& e : header.entries) {
     require(e.dtype != nullptr);
     require(e.begin == expected_begin && e.begin <= e.end && e.end <= data_bytes);
-    // In the spec's order (elements, then bits): a zero dimension may follow a huge one.
+    // In the reference reader's order (elements, then bits; docs/robustness.md, "The safetensors
+    // rules"): a zero dimension may follow a huge one.
     uint64_t elements = 1, bits = 0;
     for (uint64_t dim : e.shape) require(!__builtin_mul_overflow(elements, dim, &elements));
     require(!__builtin_mul_overflow(elements, uint64_t{e.dtype->bits}, &bits));

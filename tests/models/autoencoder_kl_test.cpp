@@ -654,9 +654,9 @@ TEST(LoadParameters, WithoutPrefixesEveryUndeclaredTensorIsUnexpected) {
 
 // --- parity with the PyTorch goldens -----------------------------------------------------------------
 
-// tests/reference/make_flux_reference.py: the decoder of porting-spec 3.1 in float64 torch on
-// bf16-representable weights (flux_tiny/vae: Flux-like, 16 latent channels, no post_quant_conv;
-// flux_tiny/vae_postquant: SD-like, with post_quant_conv), results rounded to f32.
+// tests/reference/make_flux_reference.py: the decoder of docs/models.md, "AutoencoderKL decoder", in
+// float64 torch on bf16-representable weights (flux_tiny/vae: Flux-like, 16 latent channels, no
+// post_quant_conv; flux_tiny/vae_postquant: SD-like, with post_quant_conv), results rounded to f32.
 TEST(AutoencoderKLGolden, DecodeMatchesPyTorch) {
   const std::string data = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/";
   const SafetensorsFile goldens = SafetensorsFile::open(data + "goldens_flux.safetensors");

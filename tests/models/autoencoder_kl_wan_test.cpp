@@ -1,8 +1,9 @@
 // AutoencoderKLWan (the Wan2.1 VAE decoder): config parsing and its errors, diffusers weight names,
-// the causal conv and its feature cache against a direct loop, the upsample3d first-frame rule,
-// the whole decoder against a plain double-precision whole-sequence decode written here from
-// porting-spec 3.2, chunked (frame-by-frame) == whole-sequence decode, frame counts, the loader,
-// memory bounded by one chunk, simulate mode at full size, and parity with the PyTorch goldens.
+// the causal conv and its feature cache against a direct loop, the upsample3d first-frame rule, the
+// whole decoder against a plain double-precision whole-sequence decode written here from
+// docs/models.md "AutoencoderKLWan decoder", chunked (frame-by-frame) == whole-sequence decode,
+// frame counts, the loader, memory bounded by one chunk, simulate mode at full size, and parity
+// with the PyTorch goldens.
 #include "models/autoencoder_kl_wan.h"
 
 #include <gtest/gtest.h>
@@ -28,7 +29,7 @@ using models::AutoencoderKLWanConfig;
 using models::WanDecodeOptions;
 namespace wan_vae = models::wan_vae;
 
-// --- plain-loop reference (whole-sequence semantics of porting-spec 3.2) ----------------------------
+// --- plain-loop reference (whole-sequence semantics of docs/models.md "AutoencoderKLWan decoder") ---
 
 // An NCTHW video in double.
 struct Vid {
@@ -404,7 +405,7 @@ TEST(AutoencoderKLWan, DeclaresDiffusersNamesAndShapes) {
   const AutoencoderKLWan vae(AutoencoderKLWanConfig::wan21());
   std::map<std::string, Shape> specs;
   for (const auto& s : vae.parameters().specs()) specs[s.name] = s.shape;
-  // porting-spec 3.2's table.
+  // The decoder's weights (docs/models.md, "AutoencoderKLWan decoder"; diffusers' names).
   const std::map<std::string, Shape> expected = {
       {"post_quant_conv.weight", {16, 16, 1, 1, 1}},
       {"post_quant_conv.bias", {16}},
@@ -802,9 +803,9 @@ TEST(AutoencoderKLWan, SimulatesWan21At832x480) {
 
 // --- parity with the PyTorch goldens -----------------------------------------------------------------
 
-// tests/reference/make_wan_reference.py: AutoencoderKLWan's decoder (porting-spec 3.2) in float64
-// torch on bf16-representable weights (wan_tiny/vae), checked there against diffusers' frame-by-
-// frame cached decode; results rounded to f32.
+// tests/reference/make_wan_reference.py: AutoencoderKLWan's decoder (docs/models.md, "AutoencoderKLWan
+// decoder") in float64 torch on bf16-representable weights (wan_tiny/vae), checked there against
+// diffusers' frame-by-frame cached decode; results rounded to f32.
 TEST(AutoencoderKLWanGolden, DecodeMatchesPyTorch) {
   const SafetensorsFile goldens = SafetensorsFile::open(data_dir() + "goldens_wan.safetensors");
   const auto meta = nlohmann::json::parse(goldens.metadata().at("vae"));

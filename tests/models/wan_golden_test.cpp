@@ -1,10 +1,10 @@
 // The Wan2.1 transformer port against PyTorch goldens (tests/data/goldens_wan.safetensors and the
 // tiny diffusers checkpoint tests/data/wan_tiny/transformer, written by
-// tests/reference/make_wan_reference.py from porting-spec section 2): the 3-D RoPE table, the time
-// and text embeddings, each block, the whole transformer at batch 2 (two timesteps, one prompt
-// zero-padded), in f32 and with bf16 weights; the Euler schedule with Wan's shift; a 3-step
-// WanT2VPipeline run from the reference's noise (CFG fused, streams and off, the latents and the video
-// its FrameSink receives); plus config and input errors.
+// tests/reference/make_wan_reference.py from docs/models.md, "Wan transformer"): the 3-D RoPE
+// table, the time and text embeddings, each block, the whole transformer at batch 2 (two timesteps,
+// one prompt zero-padded), in f32 and with bf16 weights; the Euler schedule with Wan's shift; a
+// 3-step WanT2VPipeline run from the reference's noise (CFG fused, streams and off, the latents and
+// the video its FrameSink receives); plus config and input errors.
 //
 // Tolerance (the issue's): max |got - expected| <= 1e-4 * max |expected| in f32; tables 1e-6
 // absolute. bf16 weights: 2e-2 of the scale (the weights themselves are rounded to 8 bits).
@@ -113,9 +113,10 @@ TEST(WanGolden, EulerSchedulerWithWansDoubleShift) {
   expect_close_rel(timesteps, golden("scheduler.timesteps"), 0, "timesteps", 1e-4);  // within an f32 ulp of 1000
 }
 
-// The reference's pipeline case (spec 2.6 + 4): the tiny model directory with its Euler scheduler
-// (shift 3), the golden noise as initial_noise, 3 steps, CFG 4.0; the latents after the loop and the
-// video collected through the FrameSink (un-normalized per channel, decoded frame by frame, clamped).
+// The reference's pipeline case (docs/models.md "WanPipeline", "FlowMatch Euler scheduler"): the
+// tiny model directory with its Euler scheduler (shift 3), the golden noise as initial_noise, 3
+// steps, CFG 4.0; the latents after the loop and the video collected through the FrameSink
+// (un-normalized per channel, decoded frame by frame, clamped).
 struct PipelineRun {
   Tensor latents, video;
   int step_calls = 0, sink_calls = 0;

@@ -1,5 +1,5 @@
 // MindIE SD's sparse_attention against references written here from its description
-// (../shared/reference/mindie-sd.md A1 and the rf_v2 / ada_bsa sources): rf_v2's reorder as an
+// (docs/ops.md, "MindIE SD's sparse_attention", and the rf_v2 / ada_bsa sources): rf_v2's reorder as an
 // exact permutation given by a closed formula (aligned and remainder shapes, MindIE's test shapes),
 // its pooled block mask against a double-precision reference, ada_bsa's block scores against the
 // formula and its row selection against "the smallest set reaching the CDF threshold", both

@@ -1,7 +1,7 @@
 // MindIE SD's quantized Linear schemes against plain references written from their formulas
-// (mindie-sd.md A3, quant_spec): W8A16, W8A8_DYNAMIC, W8A8 static with quant_bias / deq_scale,
-// W8A8_TIMESTEP switching by the step policy, SmoothQuant's mul_scale, and the fused epilogue;
-// plus the timestep policy file and the checks on each layer's tensors.
+// (docs/stages.md, "MindIE SD's quantization files and schemes"): W8A16, W8A8_DYNAMIC, W8A8 static
+// with quant_bias / deq_scale, W8A8_TIMESTEP switching by the step policy, SmoothQuant's mul_scale,
+// and the fused epilogue; plus the timestep policy file and the checks on each layer's tensors.
 #include <gtest/gtest.h>
 
 #include <cmath>

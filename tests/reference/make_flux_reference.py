@@ -5,9 +5,10 @@ Run with Debian's torch (1.13), which only /usr/bin/python3 sees:
 
     /usr/bin/python3 tests/reference/make_flux_reference.py [OUTPUT_DIR]   # default tests/data
 
-Everything here is written from ../shared/reference/porting-spec.md (sections 0, 1, 3.1, 4) in plain
-torch; diffusers is not used. Modules and parameters carry diffusers' names, so a state_dict() is a
-diffusers checkpoint. It writes, under OUTPUT_DIR:
+Everything here is written from docs/models.md, "The math the ports follow" (its Flux,
+AutoencoderKL and FlowMatch sections, with the shared building blocks; the quoted section names below
+are that page's) in plain torch; diffusers is not used. Modules and parameters carry diffusers'
+names, so a state_dict() is a diffusers checkpoint. It writes, under OUTPUT_DIR:
 
   flux_tiny/transformer/            config.json + diffusion_pytorch_model.safetensors (F32), guidance_embeds
   flux_tiny/transformer_bf16/       the same checkpoint stored as BF16 (every weight of the tiny models is
@@ -30,12 +31,12 @@ Numerics of the goldens:
     BF16 for transformer_bf16). Inputs are f32.
   * The models run in float64 on those values and the results are rounded to f32 once.
   * Two places follow an f32 diffusers run instead, because diffusers fixes their precision:
-      - the timestep / guidance sinusoid (porting-spec 0.1, 1.4): t' = f32(t * 1000); the frequency
-        table f_j = f32(exp(f32(f32(-ln 10000) * j) / 128)) with a correctly rounded exp (torch's
-        own f32 exp differs by 1 ulp in 15 of the 128 entries); the argument a_j = f32(t' * f_j).
-        cos and sin of those f32 arguments are then taken in float64.
-      - the RoPE table (porting-spec 0.4, 1.6): computed in float64 from f32 ids, rounded to f32;
-        the rotation then uses the f32 table (in float64).
+      - the timestep / guidance sinusoid ("Shared building blocks", "Flux transformer"):
+        t' = f32(t * 1000); the frequency table f_j = f32(exp(f32(f32(-ln 10000) * j) / 128)) with a
+        correctly rounded exp (torch's own f32 exp differs by 1 ulp in 15 of the 128 entries); the
+        argument a_j = f32(t' * f_j). cos and sin of those f32 arguments are then taken in float64.
+      - the RoPE table ("Shared building blocks", "Flux transformer"): computed in float64 from f32 ids,
+        rounded to f32; the rotation then uses the f32 table (in float64).
   * The pipeline case follows FluxPipeline with an f32 model: the scheduler's f32 timesteps t are
     passed as f32(t / 1000) (so the model sees f32(f32(t / 1000) * 1000)); the Euler update uses the
     f32 difference sigma_{i+1} - sigma_i, but the latents stay float64 between steps.
@@ -68,7 +69,7 @@ GENERATOR = "tests/reference/make_flux_reference.py"
 
 
 # =============================================================================================
-# Shared building blocks (porting-spec section 0)
+# Shared building blocks
 # =============================================================================================
 def sinusoid_arguments(values, half=128):
     """Timesteps(2 half (256 for Flux), flip_sin_to_cos=True, downscale_freq_shift=0) up to the cos/sin:
@@ -102,7 +103,7 @@ def flux_rope(ids, axes_dims):
 
 
 def apply_rope(x, cos, sin):
-    """Interleaved-pair rotation of x [B, L, H, hd] by cos/sin [L, hd] (porting-spec 0.5)."""
+    """Interleaved-pair rotation of x [B, L, H, hd] by cos/sin [L, hd] ("Shared building blocks")."""
     pairs = x.reshape(*x.shape[:-1], -1, 2)
     real, imag = pairs[..., 0], pairs[..., 1]
     rotated = torch.stack([-imag, real], dim=-1).flatten(-2)
@@ -190,10 +191,10 @@ class PixArtAlphaTextProjection(nn.Module):
 
 
 # =============================================================================================
-# FluxTransformer2DModel (porting-spec section 1)
+# FluxTransformer2DModel ("Flux transformer")
 # =============================================================================================
 class CombinedTimestepTextProjEmbeddings(nn.Module):
-    """time_text_embed: timestep_embedder [+ guidance_embedder] + text_embedder (porting-spec 1.4.2)."""
+    """time_text_embed: timestep_embedder [+ guidance_embedder] + text_embedder ("Flux transformer")."""
 
     def __init__(self, dim, pooled_projection_dim, guidance):
         super().__init__()
@@ -385,7 +386,7 @@ class FluxTransformer2DModel(nn.Module):
 
 
 # =============================================================================================
-# Latent packing (porting-spec 1.7) and Flux's calculate_shift (1.8)
+# Latent packing ("Flux latent packing") and Flux's calculate_shift ("FluxPipeline")
 # =============================================================================================
 def pack_latents(latents):
     """[B, C, H, W] -> [B, (H/2)(W/2), 4C], channel = c*4 + dy*2 + dx, token = (y/2)(W/2) + x/2."""
@@ -417,7 +418,7 @@ def calculate_shift(image_seq_len, base_seq_len=256, max_seq_len=4096, base_shif
 
 
 # =============================================================================================
-# AutoencoderKL decoder (porting-spec 3.1)
+# AutoencoderKL decoder
 # =============================================================================================
 class ResnetBlock2D(nn.Module):
     """Pre-norm resnet, GroupNorm eps 1e-6, temb None, 1x1 conv_shortcut when in != out."""
@@ -547,7 +548,7 @@ class AutoencoderKLDecoder(nn.Module):
 
 
 # =============================================================================================
-# FlowMatchEulerDiscreteScheduler (porting-spec section 4), numpy as the scheduler does it
+# FlowMatchEulerDiscreteScheduler ("FlowMatch Euler scheduler"), numpy as the scheduler does it
 # =============================================================================================
 class FlowMatchEulerDiscreteScheduler:
     def __init__(self, num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=False, base_shift=0.5,

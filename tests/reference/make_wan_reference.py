@@ -5,9 +5,10 @@ Run with Debian's torch (1.13), which only /usr/bin/python3 sees:
 
     /usr/bin/python3 tests/reference/make_wan_reference.py [OUTPUT_DIR]   # default tests/data
 
-Everything here is written from ../shared/reference/porting-spec.md (sections 0, 2, 3.2 and 4) in plain
-torch; diffusers is not used (nor installed). Modules and parameters carry diffusers' names, so a
-state_dict() is a diffusers checkpoint. It writes, under OUTPUT_DIR:
+Everything here is written from docs/models.md, "The math the ports follow" (its Wan,
+AutoencoderKLWan and FlowMatch sections, with the shared building blocks; the quoted section names
+below are that page's) in plain torch; diffusers is not used (nor installed). Modules and parameters
+carry diffusers' names, so a state_dict() is a diffusers checkpoint. It writes, under OUTPUT_DIR:
 
   wan_tiny/transformer/          config.json + diffusion_pytorch_model.safetensors (F32): a
                                  WanTransformer3DModel with 2 heads of 16 (D = 32, RoPE axes t/h/w = 8/4/4),
@@ -27,8 +28,8 @@ state_dict() is a diffusers checkpoint. It writes, under OUTPUT_DIR:
       scheduler.{sigmas [11], timesteps [10]}   set_timesteps(10), no sigmas, no mu (Wan's Euler path)
       pipeline.{noise [1,4,3,4,6], prompt_embeds [1,7,24] (last 2 rows zero), negative_prompt_embeds [1,7,24],
                latents and latents_cfg_off [1,4,3,4,6], video [1,3,9,32,48]} and pipeline.intermediate.*:
-               WanPipeline (spec 2.6) with the Euler scheduler (spec 4), 3 steps, CFG 4.0 (and CFG off),
-               un-normalize per channel, decode, clamp
+               WanPipeline ("WanPipeline") with the Euler scheduler ("FlowMatch Euler scheduler"), 3 steps,
+               CFG 4.0 (and CFG off), un-normalize per channel, decode, clamp
 
 Golden file layout (as make_flux_reference.py): tensors "<case>.<name>"; __metadata__ maps each case to a
 JSON object (op, weights directory, shapes, note); keys starting with "_" describe the file.
@@ -38,26 +39,28 @@ Numerics (as make_flux_reference.py):
     checkpoint loaded as bf16 holds exactly the same values). Inputs are f32.
   * The models run in float64 on those values and the results are rounded to f32 once.
   * Two places follow an f32 diffusers run instead, because diffusers fixes their precision:
-      - the timestep sinusoid (spec 0.1, freq_dim channels, half = freq_dim / 2): the frequencies
-        f_j = f32(exp(f32(f32(-ln 10000) * j) / half)) with a correctly rounded exp, the arguments
+      - the timestep sinusoid ("Shared building blocks"; freq_dim channels, half = freq_dim / 2): the
+        frequencies f_j = f32(exp(f32(f32(-ln 10000) * j) / half)) with a correctly rounded exp, the arguments
         a_j = f32(t * f_j) for the raw f32 timestep t (Wan does not divide by 1000); cos and sin of those
         f32 arguments are then taken in float64.
-      - the RoPE tables (spec 0.4, 2.4): float64, rounded to f32; the rotation uses the f32 table.
+      - the RoPE tables ("Shared building blocks", "Wan 3-D RoPE"): float64, rounded to f32; the rotation
+        uses the f32 table.
   * The scheduler values are numpy float32 exactly as diffusers computes them (the class is shared with
     make_flux_reference.py, which checks it against other cases).
   * The pipeline case follows an f32 WanPipeline run: the float64 velocities are combined by CFG in
     float64 and rounded to f32 once, the Euler update is f32 (make_flux_reference.euler_step: f32(x +
     f32(f32(dt) * v))), so the latents are f32 between steps; the model gets the raw f32 timestep.
 
-Where this script goes beyond the spec, and the source fact used (diffusers, read for facts only):
-  * Decoder up-block channels (spec 3.2 gives only the base-96 table): WanDecoder3d builds
+Where this script goes beyond those sections, and the source fact used (diffusers, read for facts only):
+  * Decoder up-block channels ("AutoencoderKLWan decoder" gives only the base-96 widths): WanDecoder3d builds
     dims = [base * m for m in [dim_mult[-1]] + dim_mult[::-1]] and, for up block i > 0 (Wan2.1, not
     is_residual), in_dim = dims[i] // 2 (the previous block's resample conv halves the channels), out_dim =
     dims[i + 1]; block i upsamples unless it is the last, with "upsample3d" where
     temperal_downsample[::-1][i] is true. Every resample conv maps C -> C // 2; time_conv maps C -> 2C.
     Base 4: dims [16, 16, 16, 8, 4]; up_blocks.0 16->16 (3d), .1 8->16 with conv_shortcut (3d),
     .2 8->8 (2d), .3 4->4 (none).
-  * Where the decoder's feature cache lives (spec 3.2 says only "per conv, last two input frames"): diffusers
+  * Where the decoder's feature cache lives ("AutoencoderKLWan decoder" says only that each causal conv keeps
+    the last two frames of its input): diffusers
     caches the input of every causal conv with temporal kernel 3 (conv_in, each resnet's conv1 / conv2,
     conv_out, time_conv), the 2 last frames of (previous cache ++ this chunk), and prepends it, shrinking the
     front zero padding by its length. The 1x1x1 convs (conv_shortcut, post_quant_conv) are not cached; the
@@ -70,16 +73,16 @@ Where this script goes beyond the spec, and the source fact used (diffusers, rea
     decoder_base_dim, z_dim, dim_mult, num_res_blocks, attn_scales, temperal_downsample, dropout,
     latents_mean, latents_std, is_residual, in_channels, out_channels, patch_size, scale_factor_temporal,
     scale_factor_spatial). decoder_base_dim (null: the decoder uses base_dim) and in/out_channels are newer
-    than the spec's diffusers commit; a loader should accept both older and newer files.
+    than the diffusers these facts were first read from; a loader should accept both older and newer files.
   * The encoder-only tensors' shapes: encoder.conv_in is WanCausalConv3d(3, base_dim, 3) and quant_conv is
     WanCausalConv3d(2 z_dim, 2 z_dim, 1).
-  * RoPE axis split for attention_head_dim 16: the spec's rule (h = w = 2 floor(hd / 6), t = the rest)
+  * RoPE axis split for attention_head_dim 16: the rule of "Wan 3-D RoPE" (h = w = 2 floor(hd / 6), t = the rest)
     gives 8/4/4, which is what this script (and the brief) use. diffusers builds its table with that rule
     but its forward() then splits the concatenated table with [hd - 2 floor(hd/3), floor(hd/3),
     floor(hd/3)], which is [6, 5, 5] for hd = 16 (the two rules agree for the real hd = 128: 44/42/42).
     So a diffusers run of this tiny config would mix axes in two pairs; the script reports by how much
-    the sample would move (see "diffusers_rope_split" in its output). The goldens follow the spec.
-  * The output head: shift, scale = rows of (scale_shift_table + temb), no SiLU on temb (spec 2.3 step 5,
+    the sample would move (see "diffusers_rope_split" in its output). The goldens follow "Wan 3-D RoPE".
+  * The output head: shift, scale = rows of (scale_shift_table + temb), no SiLU on temb ("Wan transformer", output,
     and the original Wan head). One newer diffusers version moves this into norm_out = AdaLayerNorm with a
     load-time conversion of scale_shift_table; that is not what the checkpoints store, and not followed here.
 Seeds are fixed, so the output is deterministic (same torch and numpy versions, same bytes).
@@ -95,9 +98,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from safetensors_io import read_safetensors
-# Shared with the Flux reference: the building blocks of porting-spec section 0 (the timestep sinusoid,
-# the 1-D RoPE table, attention, the norms, the feed-forward and embedding modules), the scheduler's
-# numpy float32 arithmetic (section 4), and the weight, file and golden helpers.
+# Shared with the Flux reference: the "Shared building blocks" (the timestep sinusoid, the 1-D RoPE
+# table, attention, the norms, the feed-forward and embedding modules), the scheduler's numpy float32
+# arithmetic ("FlowMatch Euler scheduler"), and the weight, file and golden helpers.
 from make_flux_reference import (FeedForward, FlowMatchEulerDiscreteScheduler, Goldens, PixArtAlphaTextProjection,
                                  RMSNorm, TimestepEmbedding, bf16_representable, euler_step, layer_norm, max_abs,
                                  print_model_files, print_report, rope_1d, save_tensors, sdpa, timestep_sinusoid,
@@ -114,7 +117,7 @@ ROPE_THETA = 10000.0
 
 
 # =============================================================================================
-# Shared building blocks (porting-spec section 0): the rest are make_flux_reference.py's
+# Shared building blocks (the rest are make_flux_reference.py's)
 # =============================================================================================
 def rope_axis_table(dim, num_positions):
     """get_1d_rotary_pos_embed(dim, positions 0..n-1, theta 10000, use_real, repeat_interleave_real):
@@ -124,8 +127,8 @@ def rope_axis_table(dim, num_positions):
 
 def apply_rope(x, cos, sin):
     """Rotate the pairs (x[2j], x[2j+1]) of x [B, L, H, hd] by the per-token tables cos/sin [L, hd]
-    (porting-spec 0.5). Like Wan, cos is read at the even and sin at the odd positions (the same values
-    in a well-formed table; see the docstring on diffusers' split for hd = 16)."""
+    ("Shared building blocks"). Like Wan, cos is read at the even and sin at the odd positions (the same
+    values in a well-formed table; see the docstring on diffusers' split for hd = 16)."""
     c = cos.to(x.dtype)[None, :, None, 0::2]
     s = sin.to(x.dtype)[None, :, None, 1::2]
     even, odd = x[..., 0::2], x[..., 1::2]
@@ -133,10 +136,10 @@ def apply_rope(x, cos, sin):
 
 
 # =============================================================================================
-# WanTransformer3DModel (porting-spec section 2)
+# WanTransformer3DModel ("Wan transformer")
 # =============================================================================================
 def wan_rope_axes(head_dim):
-    """(t, h, w) sizes of the head dim (spec 2.4): h = w = 2 floor(hd / 6), t = the rest."""
+    """(t, h, w) sizes of the head dim ("Wan 3-D RoPE"): h = w = 2 floor(hd / 6), t = the rest."""
     hw = 2 * (head_dim // 6)
     return head_dim - 2 * hw, hw, hw
 
@@ -297,7 +300,7 @@ def unpatchify(y, grid, patch):
 
 
 # =============================================================================================
-# AutoencoderKLWan decoder (porting-spec 3.2), two ways: the whole sequence at once, and one latent frame
+# AutoencoderKLWan decoder, two ways: the whole sequence at once, and one latent frame
 # at a time with diffusers' per-conv feature cache. Every module takes `cache`: None for the whole
 # sequence, a ChunkCache for the chunked decode.
 # =============================================================================================
@@ -411,8 +414,9 @@ class WanResample(nn.Module):
         return y.reshape(b, t, y.shape[1], 2 * h, 2 * w).permute(0, 2, 1, 3, 4)
 
     def temporal_upsample(self, x):
-        """Whole sequence (spec 3.2): frame 0 passes unchanged; frames 1.. go through time_conv as a causal
-        sequence of their own (2 zero frames in front, frame 0 never used as context) and each becomes two."""
+        """Whole sequence ("AutoencoderKLWan decoder"): frame 0 passes unchanged; frames 1.. go through
+        time_conv as a causal sequence of their own (2 zero frames in front, frame 0 never used as
+        context) and each becomes two."""
         first, rest = x[:, :, :1], x[:, :, 1:]
         if rest.shape[2] == 0:
             return first
@@ -514,7 +518,7 @@ class AutoencoderKLWanDecoder(nn.Module):
         self.decoder = WanDecoder3d(cfg)
 
     def decode_whole(self, z, record=None):
-        """The whole-sequence equivalent of spec 3.2."""
+        """The whole-sequence equivalent of "AutoencoderKLWan decoder"."""
         rec = record if record is not None else {}
         x = self.post_quant_conv(z)
         rec["post_quant_conv"] = x
@@ -597,7 +601,8 @@ SCHEDULER_CONFIG = {
 
 
 def expected_transformer_shapes(cfg):
-    """Parameter names and shapes of spec 2.2 (T2V, cross_attn_norm), to check the module tree against."""
+    """Parameter names and shapes of the T2V transformer with cross_attn_norm ("Wan transformer"), to check
+    the module tree against."""
     d, ffn = cfg["num_attention_heads"] * cfg["attention_head_dim"], cfg["ffn_dim"]
     out = cfg["out_channels"] * math.prod(cfg["patch_size"])
     shapes = {"patch_embedding.weight": [d, cfg["in_channels"], *cfg["patch_size"]], "patch_embedding.bias": [d],
@@ -798,7 +803,7 @@ PIPELINE_GUIDANCE = 4.0
 
 
 def pipeline_case(model, vae, vae_cfg, g, report):
-    """WanPipeline (spec 2.6) with the tiny model's FlowMatch Euler scheduler (spec 4, shift 3): the given
+    """WanPipeline ("WanPipeline") with the tiny model's FlowMatch Euler scheduler (shift 3): the given
     noise as the f32 latents, set_timesteps(N) without sigmas or mu, per step the raw f32 timestep t_i to
     the model, real CFG v = v_u + g (v_c - v_u), Euler x' = f32(x) + f32(sigma_{i+1} - sigma_i) * v in f32
     (the latents are f32 between steps, as an f32 run); then z = latents / (1 / std) + mean per channel
@@ -811,7 +816,7 @@ def pipeline_case(model, vae, vae_cfg, g, report):
 
     noise = randn((1, cfg["in_channels"], 3, 4, 6))
     prompt = randn((1, 7, cfg["text_dim"]))
-    prompt[:, 5:] = 0.0  # a 5-token prompt zero-filled to 7 (spec 2.6)
+    prompt[:, 5:] = 0.0  # a 5-token prompt zero-filled to 7 ("WanPipeline")
     negative = randn((1, 7, cfg["text_dim"]))
     sched = FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG)
     sigmas, timesteps = sched.set_timesteps(PIPELINE_STEPS)  # Wan: no sigmas, no mu

@@ -2,8 +2,8 @@
 parameter names, so every state_dict() is a checkpoint cubevec loads as is.
 
   * FluxTransformer2DModel, the AutoencoderKL decoder, latent (un)packing, calculate_shift and the
-    FlowMatch scheduler come from tests/reference/make_flux_reference.py (written from the porting
-    spec and checked against cubevec's port to 1e-4), imported here.
+    FlowMatch scheduler come from tests/reference/make_flux_reference.py (written from docs/models.md
+    and checked against cubevec's port to 1e-4), imported here.
   * AutoencoderKL adds the encoder half (diffusers' Encoder: conv_in, DownEncoderBlock2D blocks with
     a stride-2 Downsample2D after all but the last, mid block, GroupNorm + SiLU + conv_out to
     2 x latent_channels, the DiagonalGaussian split into mean and log-variance) for training.

@@ -7,7 +7,7 @@ semantic evaluation.
     /usr/bin/python3 tools/tinyflux/sample.py eval      [--model assets/tinyflux] [--steps 28] [--seeds 4]
     /usr/bin/python3 tools/tinyflux/sample.py image     --prompt "a red circle on a blue background" [--seed 0] --out x.png
 
-Sampling as the C++ pipeline does it (pipelines/flux_t2i.cpp, porting-spec 1.8):
+Sampling as the C++ pipeline does it (pipelines/flux_t2i.cpp, docs/models.md "FluxPipeline"):
   * noise [1, C, H/4, W/4] from cubevec_noise(): pipelines/noise.h's generator (SplitMix64 +
     Box-Muller, the pair p = i / 2 of element i) reimplemented in numpy, then packed 2x2;
   * sigmas: FlowMatchEulerDiscreteScheduler (tests/reference) with FluxPipeline's

@@ -4,7 +4,7 @@
     /usr/bin/python3 tools/tinywan/sample.py video --prompt "a red circle moving right on a blue background" [--seed 0] --out x.png
     /usr/bin/python3 tools/tinywan/sample.py reference   # tests/data/tinywan_reference.safetensors
 
-Sampling as the C++ pipeline does it (pipelines/wan_t2v.cpp, porting-spec 2.6):
+Sampling as the C++ pipeline does it (pipelines/wan_t2v.cpp, docs/models.md "WanPipeline"):
   * noise [1, z_dim, 1 + (F - 1) / 4, H / 8, W / 8] from cubevec_noise() (pipelines/noise.h in numpy,
     tools/tinyflux/sample.py);
   * sigmas and timesteps: FlowMatchEulerDiscreteScheduler.set_timesteps(N) without sigmas or mu
