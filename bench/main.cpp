@@ -10,7 +10,7 @@
 #include "bench/harness.h"
 #include "ops/gemm/cpu_caches.h"
 #include "parallel/mpi_runtime.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 using namespace cubevec::bench;
 

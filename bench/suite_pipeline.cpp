@@ -25,7 +25,7 @@
 
 #include "bench/harness.h"
 #include "bench/torch_baseline.h"
-#include "tensor/strict_json.h"
+#include "base/strict_json.h"
 
 namespace cubevec::bench {
 

@@ -110,7 +110,7 @@ CUBEVEC_EXPORT const unsigned char* cubevec_result_rgb(const cubevec_result* res
   if (width) *width = 0;
   if (height) *height = 0;
   if (!result || index < 0 || index >= static_cast<int>(result->result.images.size())) return nullptr;
-  const cubevec::pipelines::RgbImage& image = result->result.images[static_cast<std::size_t>(index)];
+  const cubevec::media::RgbImage& image = result->result.images[static_cast<std::size_t>(index)];
   if (width) *width = image.width;
   if (height) *height = image.height;
   return image.pixels.data();

@@ -16,7 +16,7 @@
 #include "cli/device_flags.h"
 #include "cli/range_flag.h"
 #include "tensor/half.h"
-#include "tensor/output_file.h"
+#include "base/output_file.h"
 
 namespace cubevec::cli {
 

@@ -4,7 +4,7 @@
 
 #include "ops/attention_tuner.h"
 #include "ops/gemm/tuner.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::cli {
 

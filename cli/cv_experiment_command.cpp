@@ -9,7 +9,7 @@
 #include "cli/device_flags.h"
 #include "cli/range_flag.h"
 #include "pipelines/cv_experiment.h"
-#include "tensor/output_file.h"
+#include "base/output_file.h"
 
 namespace cubevec::cli {
 

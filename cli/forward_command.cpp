@@ -19,7 +19,7 @@
 #include "models/model_registry.h"
 #include "ops/vector_ops.h"
 #include "pipelines/stages/quantize.h"
-#include "tensor/error.h"
+#include "base/error.h"
 #include "tensor/finite_check.h"
 #include "tensor/safetensors.h"
 

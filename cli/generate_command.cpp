@@ -24,12 +24,12 @@
 #include "cli/range_flag.h"
 #include "cli/run_printing.h"
 #include "cli/stage_flags.h"
-#include "pipelines/avi.h"
-#include "pipelines/jpeg.h"
+#include "media/avi.h"
+#include "media/jpeg.h"
 #include "pipelines/pipeline.h"
 #include "pipelines/seconds_since.h"
-#include "tensor/error.h"
-#include "tensor/output_file.h"
+#include "base/error.h"
+#include "base/output_file.h"
 
 namespace cubevec::cli {
 
@@ -67,8 +67,8 @@ class FrameWriter {
   void operator()(const Tensor& frames) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < frames.size(2); ++i) {
-      const pipelines::RgbImage image = pipelines::to_rgb(frames.select(2, i));
-      const std::vector<uint8_t> jpeg = pipelines::encode_jpeg(image, quality_, avi_.path());
+      const media::RgbImage image = media::to_rgb(frames.select(2, i));
+      const std::vector<uint8_t> jpeg = media::encode_jpeg(image, quality_, avi_.path());
       avi_.add_frame(jpeg);
       if (!dir_.empty()) {
         char name[32];
@@ -91,7 +91,7 @@ class FrameWriter {
   double encode_seconds() const { return encode_s_; }
 
  private:
-  pipelines::MjpegAviWriter avi_;
+  media::MjpegAviWriter avi_;
   std::string dir_;
   std::vector<std::unique_ptr<OutputFile>> frames_;
   int quality_;
@@ -178,7 +178,7 @@ int run(GenerateFlags f, const CLI::App& command, const DeviceFlags& device_flag
       return;
     }
     const auto start = std::chrono::steady_clock::now();
-    pipelines::write_jpeg(f.out, pipelines::to_rgb(pixels));
+    media::write_jpeg(f.out, media::to_rgb(pixels));
     jpeg_s = pipelines::seconds_since(start);
   };
   pipelines::GenerationResult result = pipeline->generate(request, hooks);

@@ -6,8 +6,8 @@
 #include "cli/range_flag.h"
 #include "device/trace.h"
 #include "pipelines/memory_estimate.h"
-#include "tensor/error.h"
-#include "tensor/output_file.h"
+#include "base/error.h"
+#include "base/output_file.h"
 
 namespace cubevec::cli {
 

@@ -6,7 +6,7 @@
 #include "cli/output_flag.h"
 #include "cli/command.h"
 #include "tensor/checkpoint.h"
-#include "tensor/output_file.h"
+#include "base/output_file.h"
 
 namespace cubevec::cli {
 

@@ -11,8 +11,8 @@
 #include "cli/command_line.h"
 #include "cli/error_line.h"
 #include "parallel/mpi_runtime.h"
-#include "tensor/error.h"
-#include "tensor/interrupt.h"
+#include "base/error.h"
+#include "base/interrupt.h"
 
 using cubevec::cli::one_line;
 

@@ -1,12 +1,12 @@
 // The check every output flag (--out FILE, --json, --trace) carries, run by CLI11 while parsing:
 // a path that cubevec could not write, or would have to destroy (a symlink, FIFO, directory,
-// device or read-only file), is refused before any work starts (tensor/output_file.h). Outputs
+// device or read-only file), is refused before any work starts (base/output_file.h). Outputs
 // against inputs: cli/output_overlap.h.
 #pragma once
 
 #include <CLI/CLI.hpp>
 
-#include "tensor/output_file.h"
+#include "base/output_file.h"
 
 namespace cubevec::cli {
 

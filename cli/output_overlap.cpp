@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::cli {
 

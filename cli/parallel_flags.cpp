@@ -2,7 +2,7 @@
 #include "cli/range_flag.h"
 
 #include "parallel/mpi_runtime.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::cli {
 

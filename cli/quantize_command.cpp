@@ -15,8 +15,8 @@
 #include "cli/range_flag.h"
 #include "pipelines/quant_export.h"
 #include "pipelines/prompt_embeds_file.h"
-#include "tensor/error.h"
-#include "tensor/output_file.h"
+#include "base/error.h"
+#include "base/output_file.h"
 
 namespace cubevec::cli {
 

@@ -12,7 +12,7 @@
 #include "cli/device_flags.h"
 #include "cli/range_flag.h"
 #include "ops/sparse_attention.h"
-#include "tensor/error.h"
+#include "base/error.h"
 #include "tensor/finite_check.h"
 #include "tensor/safetensors.h"
 

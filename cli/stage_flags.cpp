@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <tuple>
 
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::cli {
 

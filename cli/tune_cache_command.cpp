@@ -13,8 +13,8 @@
 #include "cli/fixed_shape_run.h"
 #include "cli/range_flag.h"
 #include "pipelines/cache_tuner.h"
-#include "tensor/error.h"
-#include "tensor/output_file.h"
+#include "base/error.h"
+#include "base/output_file.h"
 
 namespace cubevec::cli {
 

@@ -11,9 +11,9 @@
 #include "cli/command.h"
 #include "cli/device_flags.h"
 #include "ops/gemm/tuner.h"
-#include "tensor/error.h"
-#include "tensor/interrupt.h"
-#include "tensor/output_file.h"
+#include "base/error.h"
+#include "base/interrupt.h"
+#include "base/output_file.h"
 
 namespace cubevec::cli {
 

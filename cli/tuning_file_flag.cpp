@@ -4,7 +4,7 @@
 #include <sys/stat.h>
 
 #include "ops/gemm/tuner.h"
-#include "tensor/output_file.h"
+#include "base/output_file.h"
 
 namespace cubevec::cli {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "tensor/error.h"
+#include "base/error.h"
 #include "tensor/shape.h"
 
 namespace cubevec {

@@ -8,9 +8,9 @@
 #include <sstream>
 #include <thread>
 
-#include "tensor/error.h"
-#include "tensor/regular_file.h"
-#include "tensor/strict_json.h"
+#include "base/error.h"
+#include "base/regular_file.h"
+#include "base/strict_json.h"
 
 namespace cubevec {
 

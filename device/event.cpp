@@ -1,7 +1,7 @@
 #include "device/event.h"
 
 #include "device/spin_wait.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec {
 

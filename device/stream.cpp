@@ -3,8 +3,8 @@
 #include "device/cost_model.h"
 #include "device/device.h"
 #include "device/stream_state.h"
-#include "tensor/error.h"
-#include "tensor/interrupt.h"
+#include "base/error.h"
+#include "base/interrupt.h"
 
 namespace cubevec {
 

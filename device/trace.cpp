@@ -4,8 +4,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "tensor/error.h"
-#include "tensor/output_file.h"
+#include "base/error.h"
+#include "base/output_file.h"
 
 namespace cubevec {
 

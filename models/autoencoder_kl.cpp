@@ -12,9 +12,9 @@
 #include "models/component.h"
 #include "ops/attention.h"
 #include "ops/vector_ops.h"
-#include "tensor/error.h"
-#include "tensor/config_reader.h"
-#include "tensor/strict_json.h"
+#include "base/error.h"
+#include "base/config_reader.h"
+#include "base/strict_json.h"
 
 namespace cubevec::models {
 

@@ -11,10 +11,10 @@
 #include "ops/attention.h"
 #include "ops/conv.h"
 #include "ops/vector_ops.h"
-#include "tensor/error.h"
-#include "tensor/config_reader.h"
+#include "base/error.h"
+#include "base/config_reader.h"
 #include "tensor/finite_check.h"
-#include "tensor/strict_json.h"
+#include "base/strict_json.h"
 
 namespace cubevec::models {
 

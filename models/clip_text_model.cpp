@@ -4,8 +4,8 @@
 #include "models/transformers_config.h"
 #include "ops/attention.h"
 #include "ops/vector_ops.h"
-#include "tensor/error.h"
-#include "tensor/strict_json.h"
+#include "base/error.h"
+#include "base/strict_json.h"
 
 namespace cubevec::models {
 

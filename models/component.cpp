@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <vector>
 
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::models {
 

@@ -6,10 +6,10 @@
 #include "models/component.h"
 #include "models/dit_ops.h"
 #include "models/input_checks.h"
-#include "tensor/error.h"
+#include "base/error.h"
 #include "tensor/half.h"
-#include "tensor/config_reader.h"
-#include "tensor/strict_json.h"
+#include "base/config_reader.h"
+#include "base/strict_json.h"
 
 namespace cubevec::models {
 

@@ -2,7 +2,7 @@
 
 #include "ops/attention.h"
 #include "ops/vector_ops.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::models {
 

@@ -21,7 +21,7 @@
 
 #include "device/stream.h"
 #include "models/shared_embeddings.h"
-#include "tensor/enum_names.h"
+#include "base/enum_names.h"
 #include "tensor/tensor.h"
 
 namespace cubevec::models {

@@ -7,8 +7,8 @@
 #include "models/flux_transformer.h"
 #include "models/input_checks.h"
 #include "models/wan_transformer.h"
-#include "tensor/error.h"
-#include "tensor/strict_json.h"
+#include "base/error.h"
+#include "base/strict_json.h"
 
 namespace cubevec::models {
 

@@ -5,7 +5,7 @@
 #include <set>
 #include <sstream>
 
-#include "tensor/error.h"
+#include "base/error.h"
 #include "tensor/finite_check.h"
 #include "tensor/half.h"
 

@@ -5,10 +5,10 @@
 #include <filesystem>
 
 #include "models/component.h"
-#include "tensor/config_reader.h"
-#include "tensor/error.h"
-#include "tensor/regular_file.h"
-#include "tensor/strict_json.h"
+#include "base/config_reader.h"
+#include "base/error.h"
+#include "base/regular_file.h"
+#include "base/strict_json.h"
 #include "tokenizers/prompt_clean.h"
 
 namespace cubevec::models {

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "tensor/error.h"
+#include "base/error.h"
 #include "tensor/half.h"
 
 namespace cubevec::models {

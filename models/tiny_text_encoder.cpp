@@ -9,9 +9,9 @@
 #include "ops/attention.h"
 #include "ops/vector_ops.h"
 #include "tensor/checkpoint.h"
-#include "tensor/config_reader.h"
-#include "tensor/error.h"
-#include "tensor/strict_json.h"
+#include "base/config_reader.h"
+#include "base/error.h"
+#include "base/strict_json.h"
 
 namespace cubevec::models {
 

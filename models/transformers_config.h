@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "tensor/config_reader.h"
+#include "base/config_reader.h"
 #include "tensor/tensor.h"
 
 namespace cubevec::models {

@@ -6,9 +6,9 @@
 #include "models/dit_ops.h"
 #include "models/input_checks.h"
 #include "ops/conv.h"
-#include "tensor/error.h"
-#include "tensor/config_reader.h"
-#include "tensor/strict_json.h"
+#include "base/error.h"
+#include "base/config_reader.h"
+#include "base/strict_json.h"
 
 namespace cubevec::models {
 

@@ -7,7 +7,7 @@
 #include <mutex>
 #include <tbb/parallel_for.h>
 
-#include "tensor/enum_names.h"
+#include "base/enum_names.h"
 #include "tensor/half.h"
 
 namespace cubevec::ops {

@@ -3,8 +3,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "tensor/enum_names.h"
-#include "tensor/error.h"
+#include "base/enum_names.h"
+#include "base/error.h"
 
 namespace cubevec::ops {
 

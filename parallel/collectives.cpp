@@ -5,7 +5,7 @@
 
 #include "device/device.h"
 #include "ops/vector_ops.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::parallel {
 

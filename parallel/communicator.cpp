@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "parallel/mpi_runtime.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::parallel {
 

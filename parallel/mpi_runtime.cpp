@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::parallel {
 

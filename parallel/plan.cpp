@@ -1,7 +1,7 @@
 #include "parallel/plan.h"
 
 #include "parallel/mpi_runtime.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::parallel {
 

@@ -9,7 +9,7 @@
 #include "ops/vector_ops.h"
 #include "pipelines/stages/attention_cache.h"
 #include "pipelines/stages/dit_block_cache.h"
-#include "tensor/error.h"
+#include "base/error.h"
 #include "tensor/half.h"
 
 namespace cubevec::pipelines {

@@ -6,7 +6,7 @@
 
 #include "ops/gemm.h"
 #include "ops/vector_ops.h"
-#include "tensor/enum_names.h"
+#include "base/enum_names.h"
 
 namespace cubevec {
 

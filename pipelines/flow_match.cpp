@@ -4,9 +4,9 @@
 #include <cstdio>
 
 #include "ops/vector_ops.h"
-#include "tensor/config_reader.h"
-#include "tensor/error.h"
-#include "tensor/strict_json.h"
+#include "base/config_reader.h"
+#include "base/error.h"
+#include "base/strict_json.h"
 
 namespace cubevec::pipelines {
 

@@ -8,7 +8,7 @@
 #include "pipelines/flux_t2i.h"
 #include "pipelines/model_family.h"
 #include "pipelines/stages/offload.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::pipelines {
 

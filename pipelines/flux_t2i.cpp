@@ -8,7 +8,7 @@
 #include "ops/vector_ops.h"
 #include "pipelines/noise.h"
 #include "pipelines/patch_parallel_vae.h"
-#include "tensor/error.h"
+#include "base/error.h"
 #include "tensor/half.h"
 
 namespace cubevec::pipelines {

@@ -5,9 +5,9 @@
 #include <set>
 
 #include "ops/vector_ops.h"
-#include "tensor/error.h"
+#include "base/error.h"
 #include "tensor/finite_check.h"
-#include "tensor/interrupt.h"
+#include "base/interrupt.h"
 
 namespace cubevec::pipelines {
 

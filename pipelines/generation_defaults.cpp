@@ -2,8 +2,8 @@
 
 #include <filesystem>
 
-#include "tensor/config_reader.h"
-#include "tensor/strict_json.h"
+#include "base/config_reader.h"
+#include "base/strict_json.h"
 
 namespace cubevec::pipelines {
 

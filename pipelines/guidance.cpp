@@ -4,7 +4,7 @@
 
 #include "ops/vector_ops.h"
 #include "parallel/collectives.h"
-#include "tensor/enum_names.h"
+#include "base/enum_names.h"
 
 namespace cubevec::pipelines {
 

@@ -10,7 +10,7 @@
 #include "models/layers.h"
 #include "ops/gemm/tuner.h"
 #include "tensor/caching_allocator.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::pipelines {
 

@@ -2,8 +2,8 @@
 
 #include <filesystem>
 
-#include "tensor/error.h"
-#include "tensor/strict_json.h"
+#include "base/error.h"
+#include "base/strict_json.h"
 
 namespace cubevec::pipelines {
 

@@ -2,7 +2,7 @@
 
 #include "ops/vector_ops.h"
 #include "parallel/collectives.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::pipelines {
 

@@ -7,9 +7,9 @@
 #include "pipelines/stages/offload.h"
 #include "pipelines/stages/quantize.h"
 #include "tensor/caching_allocator.h"
-#include "tensor/config_reader.h"
+#include "base/config_reader.h"
 #include "tensor/finite_check.h"
-#include "tensor/strict_json.h"
+#include "base/strict_json.h"
 
 namespace cubevec::pipelines {
 
@@ -38,12 +38,12 @@ TextSettings text_settings(const LoadOptions& options) {
 }
 
 // The decoded pixels as RGB8 images: one for an image [1, 3, H, W], one per frame of [1, 3, f, H, W].
-void append_rgb(const Tensor& pixels, std::vector<RgbImage>& images) {
+void append_rgb(const Tensor& pixels, std::vector<media::RgbImage>& images) {
   if (pixels.dim() == 4) {
-    images.push_back(to_rgb(pixels));
+    images.push_back(media::to_rgb(pixels));
     return;
   }
-  for (int64_t i = 0; i < pixels.size(2); ++i) images.push_back(to_rgb(pixels.select(2, i)));
+  for (int64_t i = 0; i < pixels.size(2); ++i) images.push_back(media::to_rgb(pixels.select(2, i)));
 }
 
 }  // namespace

@@ -33,12 +33,12 @@
 
 #include "device/device.h"
 #include "parallel/plan.h"
-#include "pipelines/jpeg.h"
+#include "media/jpeg.h"
 #include "pipelines/model_family.h"
 #include "pipelines/request.h"
 #include "pipelines/run_report.h"
 #include "pipelines/stage_plan.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::pipelines {
 
@@ -95,7 +95,7 @@ struct GenerateHooks {
 
 struct GenerationResult {
   Request request;                 // with the model's defaults filled in
-  std::vector<RgbImage> images;    // the image, or the video's frames in order (empty with on_pixels)
+  std::vector<media::RgbImage> images;  // the image, or the video's frames in order (empty with on_pixels)
   T2ITimings timings;              // denoising and VAE decode
   double text_s = 0;               // text encoding
   std::string text_source;

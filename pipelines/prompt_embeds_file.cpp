@@ -1,6 +1,6 @@
 #include "pipelines/prompt_embeds_file.h"
 
-#include "tensor/error.h"
+#include "base/error.h"
 #include "tensor/finite_check.h"
 #include "tensor/safetensors.h"
 

@@ -5,7 +5,7 @@
 #include <limits>
 
 #include "ops/vector_ops.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::pipelines {
 

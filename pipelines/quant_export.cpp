@@ -8,7 +8,7 @@
 #include "ops/vector_ops.h"
 #include "quant/calibration.h"
 #include "quant/schemes.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::pipelines {
 

@@ -3,7 +3,7 @@
 #include <chrono>
 #include <cstdio>
 
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::pipelines {
 

@@ -2,7 +2,7 @@
 
 #include "pipelines/stages/sequence_parallel.h"
 #include "pipelines/stages/tensor_parallel.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::pipelines {
 

@@ -9,7 +9,7 @@
 #include "pipelines/prompt_embeds_file.h"
 #include "tensor/caching_allocator.h"
 #include "tensor/finite_check.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::pipelines {
 

@@ -8,7 +8,7 @@
 #include "pipelines/patch_parallel_vae.h"
 #include "pipelines/stages/offload.h"
 #include "pipelines/wan_t2v.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::pipelines {
 

@@ -8,8 +8,8 @@
 #include "ops/vector_ops.h"
 #include "pipelines/noise.h"
 #include "pipelines/patch_parallel_vae.h"
-#include "tensor/error.h"
-#include "tensor/strict_json.h"
+#include "base/error.h"
+#include "base/strict_json.h"
 
 namespace cubevec::pipelines {
 

@@ -4,8 +4,8 @@
 #include <array>
 #include <cctype>
 
-#include "tensor/enum_names.h"
-#include "tensor/error.h"
+#include "base/enum_names.h"
+#include "base/error.h"
 
 namespace cubevec::quant {
 

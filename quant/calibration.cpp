@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "tensor/error.h"
+#include "base/error.h"
 #include "tensor/half.h"
 
 namespace cubevec::quant {

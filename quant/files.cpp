@@ -8,10 +8,10 @@
 #include <fstream>
 #include <set>
 
-#include "tensor/error.h"
+#include "base/error.h"
 #include "tensor/half.h"
-#include "tensor/strict_json.h"
-#include "tensor/output_file.h"
+#include "base/strict_json.h"
+#include "base/output_file.h"
 
 namespace cubevec::quant {
 

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "ops/vector_ops.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::quant {
 

@@ -1,8 +1,8 @@
 #include "quant/timestep_policy.h"
 
-#include "tensor/config_reader.h"
-#include "tensor/error.h"
-#include "tensor/strict_json.h"
+#include "base/config_reader.h"
+#include "base/error.h"
+#include "base/strict_json.h"
 
 namespace cubevec::quant {
 

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec {
 

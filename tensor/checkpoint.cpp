@@ -4,8 +4,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "tensor/regular_file.h"
-#include "tensor/strict_json.h"
+#include "base/regular_file.h"
+#include "base/strict_json.h"
 
 namespace cubevec {
 

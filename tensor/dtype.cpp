@@ -1,6 +1,6 @@
 #include "tensor/dtype.h"
 
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec {
 

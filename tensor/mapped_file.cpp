@@ -8,8 +8,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "tensor/error.h"
-#include "tensor/regular_file.h"
+#include "base/error.h"
+#include "base/regular_file.h"
 
 namespace cubevec {
 

@@ -6,7 +6,7 @@
 #include <map>
 #include <utility>
 
-#include "tensor/strict_json.h"
+#include "base/strict_json.h"
 
 namespace cubevec {
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "tensor/dtype.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec {
 

@@ -1,6 +1,6 @@
 #include "tensor/shape.h"
 
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec {
 

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec {
 

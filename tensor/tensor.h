@@ -14,7 +14,7 @@
 
 #include "tensor/caching_allocator.h"
 #include "tensor/dtype.h"
-#include "tensor/error.h"
+#include "base/error.h"
 #include "tensor/shape.h"
 #include "tensor/storage.h"
 

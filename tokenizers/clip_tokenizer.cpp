@@ -4,9 +4,9 @@
 #include <filesystem>
 #include <limits>
 
-#include "tensor/error.h"
-#include "tensor/regular_file.h"
-#include "tensor/strict_json.h"
+#include "base/error.h"
+#include "base/regular_file.h"
+#include "base/strict_json.h"
 #include "tokenizers/unicode_text.h"
 
 namespace cubevec::tokenizers {

@@ -5,9 +5,9 @@
 #include <filesystem>
 #include <system_error>
 
-#include "tensor/error.h"
-#include "tensor/regular_file.h"
-#include "tensor/strict_json.h"
+#include "base/error.h"
+#include "base/regular_file.h"
+#include "base/strict_json.h"
 #include "tokenizers/t5_tokenizer_json.h"
 #include "tokenizers/unicode_text.h"
 

@@ -9,8 +9,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "tensor/error.h"
-#include "tensor/strict_json.h"
+#include "base/error.h"
+#include "base/strict_json.h"
 #include "tokenizers/sentencepiece_proto.h"
 
 namespace cubevec::tokenizers {

@@ -5,7 +5,7 @@
 #include <unicode/unistr.h>
 #include <unicode/locid.h>
 
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::tokenizers {
 

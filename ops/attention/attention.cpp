@@ -15,8 +15,8 @@
 #include "ops/attention/problem.h"
 #include "ops/attention_tuner.h"
 #include "ops/vector_ops.h"
-#include "tensor/enum_names.h"
-#include "tensor/error.h"
+#include "base/enum_names.h"
+#include "base/error.h"
 
 namespace cubevec::ops {
 

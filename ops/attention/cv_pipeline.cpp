@@ -14,7 +14,7 @@
 
 #include "device/spin_wait.h"
 #include "ops/attention/flash_tiles.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::ops::attn {
 

@@ -7,7 +7,7 @@
 
 #include "ops/gemm/driver.h"
 #include "tensor/caching_allocator.h"
-#include "tensor/error.h"
+#include "base/error.h"
 #include "tensor/half.h"
 
 namespace cubevec::ops::attn {

@@ -7,7 +7,7 @@
 
 #include "ops/attention.h"
 #include "ops/vector/common.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::ops {
 

@@ -11,8 +11,8 @@
 #include "ops/attention/problem.h"
 #include "ops/attention/sparse_ada_bsa.h"
 #include "ops/attention/sparse_rf_v2.h"
-#include "tensor/enum_names.h"
-#include "tensor/error.h"
+#include "base/enum_names.h"
+#include "base/error.h"
 #include "tensor/half.h"
 
 namespace cubevec::ops {

@@ -5,10 +5,10 @@
 
 #include "ops/attention_tuner.h"
 #include "ops/gemm/driver.h"
-#include "tensor/enum_names.h"
-#include "tensor/output_file.h"
-#include "tensor/regular_file.h"
-#include "tensor/strict_json.h"
+#include "base/enum_names.h"
+#include "base/output_file.h"
+#include "base/regular_file.h"
+#include "base/strict_json.h"
 
 namespace cubevec::ops {
 

@@ -15,7 +15,7 @@
 #include "ops/gemm/microkernel_bf16.h"
 #include "ops/gemm/tuner.h"
 #include "tensor/caching_allocator.h"
-#include "tensor/error.h"
+#include "base/error.h"
 #include "tensor/half.h"
 
 namespace cubevec::ops::gemm {

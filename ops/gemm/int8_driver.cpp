@@ -8,8 +8,8 @@
 #include "ops/gemm/int8.h"
 #include "ops/gemm/tuner.h"
 #include "tensor/caching_allocator.h"
-#include "tensor/enum_names.h"
-#include "tensor/error.h"
+#include "base/enum_names.h"
+#include "base/error.h"
 
 namespace cubevec::ops::gemm {
 

@@ -10,12 +10,12 @@
 #include <filesystem>
 #include <random>
 
-#include "tensor/enum_names.h"
-#include "tensor/error.h"
+#include "base/enum_names.h"
+#include "base/error.h"
 #include "tensor/half.h"
-#include "tensor/output_file.h"
-#include "tensor/regular_file.h"
-#include "tensor/strict_json.h"
+#include "base/output_file.h"
+#include "base/regular_file.h"
+#include "base/strict_json.h"
 
 namespace cubevec::ops::gemm {
 

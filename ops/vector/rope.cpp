@@ -2,7 +2,7 @@
 #include <cctype>
 
 #include "ops/vector/common.h"
-#include "tensor/enum_names.h"
+#include "base/enum_names.h"
 
 namespace cubevec::ops {
 

@@ -7,9 +7,9 @@
 #include "pipelines/stages/attention_cache.h"
 #include "pipelines/stages/db_cache.h"
 #include "pipelines/stages/dit_block_cache.h"
-#include "tensor/config_reader.h"
-#include "tensor/enum_names.h"
-#include "tensor/strict_json.h"
+#include "base/config_reader.h"
+#include "base/enum_names.h"
+#include "base/strict_json.h"
 
 namespace cubevec::pipelines {
 

@@ -9,7 +9,7 @@
 #include "models/layers.h"
 #include "pipelines/seconds_since.h"
 #include "tensor/caching_allocator.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::pipelines {
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "models/layers.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::pipelines {
 

@@ -5,7 +5,7 @@
 #include "ops/attention.h"
 #include "ops/vector_ops.h"
 #include "parallel/collectives.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::pipelines {
 

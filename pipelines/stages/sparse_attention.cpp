@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::pipelines {
 

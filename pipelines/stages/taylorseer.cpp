@@ -1,7 +1,7 @@
 #include "pipelines/stages/taylorseer.h"
 
 #include "ops/vector_ops.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::pipelines {
 

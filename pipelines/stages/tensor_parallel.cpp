@@ -8,7 +8,7 @@
 #include "models/layers.h"
 #include "ops/vector_ops.h"
 #include "parallel/collectives.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec::pipelines {
 

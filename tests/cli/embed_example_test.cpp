@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "cli/run_cubevec.h"
-#include "pipelines/jpeg.h"
+#include "media/jpeg.h"
 
 namespace embed_example_test {
 
@@ -13,10 +13,10 @@ using namespace cubevec_cli_test;
 const char* const kReadmePrompt = "a large red circle in the center on a blue background";
 
 // A binary PPM (P6, maxval 255) as RGB.
-cubevec::pipelines::RgbImage read_ppm(const std::string& path) {
+cubevec::media::RgbImage read_ppm(const std::string& path) {
   const std::string bytes = read_file(path);
   int width = 0, height = 0, maxval = 0, consumed = 0;
-  cubevec::pipelines::RgbImage image;
+  cubevec::media::RgbImage image;
   if (std::sscanf(bytes.c_str(), "P6 %d %d %d%n", &width, &height, &maxval, &consumed) != 3 || maxval != 255) return image;
   const std::size_t size = static_cast<std::size_t>(width) * static_cast<std::size_t>(height) * 3;
   if (bytes.size() != static_cast<std::size_t>(consumed) + 1 + size) return image;
@@ -35,10 +35,10 @@ TEST_F(EmbedExample, RendersTheReadmePromptWithTheCommandsPixels) {
   EXPECT_NE(embed.err.find("step 28/28"), std::string::npos) << embed.err;
   const auto t2i = run({"t2i", "--model", kTinyFlux, "--prompt", kReadmePrompt, "--out", jpg});
   ASSERT_EQ(t2i.status, 0) << t2i.err;
-  const cubevec::pipelines::RgbImage image = read_ppm(ppm);
+  const cubevec::media::RgbImage image = read_ppm(ppm);
   ASSERT_EQ(image.width, 64);
   ASSERT_EQ(image.height, 64);
-  const std::vector<uint8_t> encoded = cubevec::pipelines::encode_jpeg(image, 92);
+  const std::vector<uint8_t> encoded = cubevec::media::encode_jpeg(image, 92);
   EXPECT_EQ(std::string(encoded.begin(), encoded.end()), read_file(jpg));
 }
 

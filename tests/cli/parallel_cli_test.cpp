@@ -12,8 +12,8 @@
 #include "cli/tiny_prompt_embeds.h"
 #include "models/flux_transformer.h"
 #include "models/parameters.h"
-#include "pipelines/avi.h"
-#include "pipelines/jpeg.h"
+#include "media/avi.h"
+#include "media/jpeg.h"
 #include "tensor/safetensors.h"
 
 #include "common/tensor_testing.h"
@@ -69,7 +69,7 @@ int count_comm_kernels(const std::string& trace, const std::string& prefix) {
 }
 
 // The largest difference between two pictures, in JPEG levels (256 for different sizes).
-int worst_level_difference(const cubevec::pipelines::RgbImage& a, const cubevec::pipelines::RgbImage& b) {
+int worst_level_difference(const cubevec::media::RgbImage& a, const cubevec::media::RgbImage& b) {
   if (a.pixels.size() != b.pixels.size()) return 256;
   int worst = 0;
   for (std::size_t i = 0; i < a.pixels.size(); ++i) worst = std::max(worst, std::abs(int(a.pixels[i]) - int(b.pixels[i])));
@@ -206,9 +206,9 @@ TEST_F(ParallelCli, CfgParallelAndUlyssesDrawTheOneDevicePicture) {
   const auto tp = run_mpi(4, with({"--cfg-parallel", "2", "--tp", "2"}, "tp.jpg"), dir_);
   ASSERT_EQ(tp.status, 0) << tp.err;
   EXPECT_NE(tp.err.find("tensor parallel x2"), std::string::npos) << tp.err;
-  const cubevec::pipelines::RgbImage want = cubevec::pipelines::read_jpeg((dir_ / "one.jpg").string());
+  const cubevec::media::RgbImage want = cubevec::media::read_jpeg((dir_ / "one.jpg").string());
   for (const char* out : {"cfg.jpg", "both.jpg", "ring.jpg", "tp.jpg"}) {
-    EXPECT_LE(worst_level_difference(cubevec::pipelines::read_jpeg((dir_ / out).string()), want), 2) << out;
+    EXPECT_LE(worst_level_difference(cubevec::media::read_jpeg((dir_ / out).string()), want), 2) << out;
   }
   // CFG parallel needs CFG on.
   std::vector<std::string> off = with({"--cfg-parallel", "2"}, "off.jpg");
@@ -300,7 +300,7 @@ TEST_F(ParallelCli, VaeParallelDecodesThePictureAndVideoOfOneDecoder) {
     ASSERT_EQ(b.status, 0) << b.err;
     EXPECT_NE(b.err.find("t2i: --vae-parallel: 6 VAE tiles dealt over " + std::to_string(ranks) + " ranks"), std::string::npos) << b.err;
     EXPECT_EQ(count_comm_kernels(trace, "all_gather vae.tile"), 6 * 4) << "measured and modelled, by unit and by stream";
-    EXPECT_LE(worst_level_difference(cubevec::pipelines::read_jpeg(shared), cubevec::pipelines::read_jpeg(plain)), 1) << ranks;
+    EXPECT_LE(worst_level_difference(cubevec::media::read_jpeg(shared), cubevec::media::read_jpeg(plain)), 1) << ranks;
   }
   // Wan: 9 frames of 48 x 32 are 3 latent frames of 4 x 6: bands of 2 rows (2 ranks) or 1 (4 ranks).
   const std::vector<std::string> t2v = {"t2v", "--model", (kData / "wan_tiny").string(), "--prompt-embeds", cubevec_cli_test::wan_embeds(dir_),
@@ -314,11 +314,11 @@ TEST_F(ParallelCli, VaeParallelDecodesThePictureAndVideoOfOneDecoder) {
     EXPECT_GT(count_comm_kernels(trace, "send_recv vae.halo"), 0);
     // Per chunk, the mid block's attention and the frames; measured and modelled, by unit and by stream.
     EXPECT_EQ(count_comm_kernels(trace, "all_gather vae.rows"), (3 + 3) * 4);
-    const auto want = cubevec::pipelines::read_avi_info(plain), got = cubevec::pipelines::read_avi_info(shared);
+    const auto want = cubevec::media::read_avi_info(plain), got = cubevec::media::read_avi_info(shared);
     ASSERT_EQ(got.frames.size(), want.frames.size());
     for (std::size_t i = 0; i < got.frames.size(); ++i)
-      EXPECT_LE(worst_level_difference(cubevec::pipelines::decode_jpeg(cubevec::pipelines::read_avi_frame(shared, got.frames[i])),
-                                       cubevec::pipelines::decode_jpeg(cubevec::pipelines::read_avi_frame(plain, want.frames[i]))),
+      EXPECT_LE(worst_level_difference(cubevec::media::decode_jpeg(cubevec::media::read_avi_frame(shared, got.frames[i])),
+                                       cubevec::media::decode_jpeg(cubevec::media::read_avi_frame(plain, want.frames[i]))),
                 1)
           << ranks << " ranks, frame " << i;
   }

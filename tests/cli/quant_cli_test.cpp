@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/run_cubevec.h"
-#include "pipelines/jpeg.h"
+#include "media/jpeg.h"
 #include "tensor/safetensors.h"
 
 #include "common/tensor_testing.h"
@@ -24,7 +24,7 @@ using cubevec_cli_test::read_file;
 using cubevec_cli_test::kTinyFlux;
 const std::string kPrompt = "a large red circle in the center on a blue background";
 
-double psnr(const cubevec::pipelines::RgbImage& a, const cubevec::pipelines::RgbImage& b) {
+double psnr(const cubevec::media::RgbImage& a, const cubevec::media::RgbImage& b) {
   double sum = 0;
   for (std::size_t i = 0; i < a.pixels.size(); ++i) {
     const double d = static_cast<double>(a.pixels[i]) - static_cast<double>(b.pixels[i]);
@@ -66,7 +66,7 @@ TEST_F(QuantCli, QuantizeThenRenderWithTheFiles) {
   const auto r = run({"t2i", "--model", kTinyFlux, "--prompt", kPrompt, "--quant", out + "/quant_model_description_w8a8.json", "--out", quant_jpg});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("quantize W8A8"), std::string::npos) << r.err;
-  const double db = psnr(cubevec::pipelines::read_jpeg(float_jpg), cubevec::pipelines::read_jpeg(quant_jpg));
+  const double db = psnr(cubevec::media::read_jpeg(float_jpg), cubevec::media::read_jpeg(quant_jpg));
   std::printf("[ tinyflux W8A8 via the CLI ] PSNR against float %.1f dB\n", db);
   EXPECT_GE(db, 30.0);
   EXPECT_LT(db, INFINITY);  // quantization changed something

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/run_cubevec.h"
-#include "pipelines/jpeg.h"
+#include "media/jpeg.h"
 #include "tensor/safetensors.h"
 
 #include "common/tensor_testing.h"
@@ -39,7 +39,7 @@ TEST_F(T2ICli, WritesAJpegWithProgressTableAndJson) {
   ASSERT_EQ(r.status, 0) << r.err;
   for (const char* line : {"step 1/3", "step 3/3", "ETA", "denoising", "VAE decode", "JPEG encode", "peak memory", "wrote "})
     EXPECT_NE(r.err.find(line), std::string::npos) << line << " missing:\n" << r.err;
-  const cubevec::pipelines::RgbImage image = cubevec::pipelines::read_jpeg(out);
+  const cubevec::media::RgbImage image = cubevec::media::read_jpeg(out);
   EXPECT_EQ(image.width, 48);
   EXPECT_EQ(image.height, 32);
   const auto report = nlohmann::json::parse(read_file(json_path));
@@ -74,13 +74,13 @@ TEST_F(T2ICli, MissingSchedulerIsFluxDevsWithANotice) {
 
 TEST_F(T2ICli, FusedAndTwoStreamCfgGiveTheSamePicture) {
   const std::string embeds = write_flux_embeds(dir_, true);
-  std::vector<cubevec::pipelines::RgbImage> images;
+  std::vector<cubevec::media::RgbImage> images;
   for (const char* mode : {"fused", "streams"}) {
     const std::string out = (dir_ / (std::string(mode) + ".jpg")).string();
     const auto r = run({"t2i", "--model", kFlux, "--prompt-embeds", embeds, "--width", "32", "--height", "32", "--steps", "2",
                         "--cfg", mode, "--cfg-scale", "3", "--out", out});
     ASSERT_EQ(r.status, 0) << mode << ": " << r.err;
-    images.push_back(cubevec::pipelines::read_jpeg(out));
+    images.push_back(cubevec::media::read_jpeg(out));
   }
   int worst = 0;
   for (std::size_t i = 0; i < images[0].pixels.size(); ++i)
@@ -141,7 +141,7 @@ TEST_F(T2ICli, TinyModelRendersThePromptAtItsOwnSize) {
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("t2i: text: tiny text encoder"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("t2i: 64x64, 28 steps"), std::string::npos) << r.err;
-  const cubevec::pipelines::RgbImage image = cubevec::pipelines::read_jpeg(out);
+  const cubevec::media::RgbImage image = cubevec::media::read_jpeg(out);
   ASSERT_EQ(image.width, 64);
   ASSERT_EQ(image.height, 64);
   // A blue corner and a red center (tinyflux_test checks colors exactly; this is the JPEG).
@@ -151,13 +151,13 @@ TEST_F(T2ICli, TinyModelRendersThePromptAtItsOwnSize) {
 }
 
 TEST_F(T2ICli, TinyModelCfgWithTheEmptyNegativePrompt) {
-  std::vector<cubevec::pipelines::RgbImage> images;
+  std::vector<cubevec::media::RgbImage> images;
   for (const char* mode : {"fused", "streams"}) {
     const std::string out = (dir_ / (std::string(mode) + ".jpg")).string();
     const auto r = run({"t2i", "--model", kTinyFlux, "--prompt", "a small green square on the left", "--cfg", mode, "--cfg-scale",
                         "2", "--steps", "8", "--out", out});
     ASSERT_EQ(r.status, 0) << mode << ": " << r.err;
-    images.push_back(cubevec::pipelines::read_jpeg(out));
+    images.push_back(cubevec::media::read_jpeg(out));
   }
   int worst = 0;
   for (std::size_t i = 0; i < images[0].pixels.size(); ++i)

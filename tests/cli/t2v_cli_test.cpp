@@ -11,8 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/run_cubevec.h"
-#include "pipelines/avi.h"
-#include "pipelines/jpeg.h"
+#include "media/avi.h"
+#include "media/jpeg.h"
 #include "tensor/safetensors.h"
 
 #include "common/tensor_testing.h"
@@ -35,10 +35,10 @@ std::string write_wan_embeds(const std::filesystem::path& dir, bool negative, in
   return path;
 }
 
-std::vector<cubevec::pipelines::RgbImage> frames_of(const std::string& avi) {
-  const cubevec::pipelines::AviInfo info = cubevec::pipelines::read_avi_info(avi);
-  std::vector<cubevec::pipelines::RgbImage> frames;
-  for (const auto& frame : info.frames) frames.push_back(cubevec::pipelines::decode_jpeg(cubevec::pipelines::read_avi_frame(avi, frame)));
+std::vector<cubevec::media::RgbImage> frames_of(const std::string& avi) {
+  const cubevec::media::AviInfo info = cubevec::media::read_avi_info(avi);
+  std::vector<cubevec::media::RgbImage> frames;
+  for (const auto& frame : info.frames) frames.push_back(cubevec::media::decode_jpeg(cubevec::media::read_avi_frame(avi, frame)));
   return frames;
 }
 
@@ -51,7 +51,7 @@ TEST_F(T2VCli, WritesAnAviAndFramesWithProgressTableAndJson) {
                            "decoded 1 frame(s)", "decoded 9 frame(s)", "denoising", "VAE decode", "JPEG + AVI", "peak memory",
                            "wrote "})
     EXPECT_NE(r.err.find(line), std::string::npos) << line << " missing:\n" << r.err;
-  const cubevec::pipelines::AviInfo info = cubevec::pipelines::read_avi_info(out);
+  const cubevec::media::AviInfo info = cubevec::media::read_avi_info(out);
   EXPECT_EQ(info.width, 48);
   EXPECT_EQ(info.height, 32);
   EXPECT_EQ(info.frame_count, 9);
@@ -64,7 +64,7 @@ TEST_F(T2VCli, WritesAnAviAndFramesWithProgressTableAndJson) {
     // The folder holds the same JPEGs.
     char name[32];
     std::snprintf(name, sizeof name, "/frame_%05zu.jpg", i);
-    EXPECT_EQ(cubevec::pipelines::read_jpeg(frames_dir + name).pixels, frames[i].pixels) << name;
+    EXPECT_EQ(cubevec::media::read_jpeg(frames_dir + name).pixels, frames[i].pixels) << name;
   }
   const auto report = nlohmann::json::parse(read_file(json_path));
   EXPECT_EQ(report["frames"], 9);
@@ -82,7 +82,7 @@ TEST_F(T2VCli, WritesAnAviAndFramesWithProgressTableAndJson) {
 
 TEST_F(T2VCli, FusedAndTwoStreamCfgGiveTheSameVideo) {
   const std::string embeds = write_wan_embeds(dir_, true);
-  std::vector<std::vector<cubevec::pipelines::RgbImage>> videos;
+  std::vector<std::vector<cubevec::media::RgbImage>> videos;
   for (const char* mode : {"fused", "streams"}) {
     const std::string out = (dir_ / (std::string(mode) + ".avi")).string();
     const auto r = run({"t2v", "--model", kWan, "--prompt-embeds", embeds, "--frames", "5", "--width", "32", "--height", "32",
@@ -230,7 +230,7 @@ TEST_F(T2VCli, TinyWanRendersThePromptAtItsDefaults) {
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("t2v: text: tiny text encoder"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("t2v: 17 frames of 64x64 (latent 5 x 8 x 8), 30 steps, cfg fused (scale 5.00)"), std::string::npos) << r.err;
-  const cubevec::pipelines::AviInfo info = cubevec::pipelines::read_avi_info(out);
+  const cubevec::media::AviInfo info = cubevec::media::read_avi_info(out);
   EXPECT_EQ(info.width, 64);
   EXPECT_EQ(info.height, 64);
   EXPECT_EQ(info.frame_count, 17);
@@ -246,7 +246,7 @@ TEST_F(T2VCli, TinyWanRendersThePromptAtItsDefaults) {
                             "--steps", "2", "--cfg", "off", "--out", out});
   ASSERT_EQ(smaller.status, 0) << smaller.err;
   EXPECT_NE(smaller.err.find("t2v: 17 frames of 32x48 (latent 5 x 6 x 4), 2 steps, cfg off"), std::string::npos) << smaller.err;
-  const cubevec::pipelines::AviInfo smaller_info = cubevec::pipelines::read_avi_info(out);
+  const cubevec::media::AviInfo smaller_info = cubevec::media::read_avi_info(out);
   EXPECT_EQ(smaller_info.width, 32);
   EXPECT_EQ(smaller_info.height, 48);
   EXPECT_EQ(smaller_info.frame_count, 17);

@@ -5,7 +5,7 @@
 
 #include <cstdlib>
 
-#include "tensor/error.h"
+#include "base/error.h"
 
 #include "common/tensor_testing.h"
 

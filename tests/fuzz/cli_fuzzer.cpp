@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "cli/command_line.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   std::vector<std::string> args{"cubevec"};

@@ -18,8 +18,8 @@
 #include "pipelines/generation_defaults.h"
 #include "pipelines/unipc.h"
 #include "quant/timestep_policy.h"
-#include "tensor/error.h"
-#include "tensor/strict_json.h"
+#include "base/error.h"
+#include "base/strict_json.h"
 
 namespace {
 

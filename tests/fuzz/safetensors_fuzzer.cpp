@@ -8,9 +8,9 @@
 #include <string>
 #include <string_view>
 
-#include "tensor/error.h"
+#include "base/error.h"
 #include "tensor/safetensors_format.h"
-#include "tensor/strict_json.h"
+#include "base/strict_json.h"
 
 namespace {
 

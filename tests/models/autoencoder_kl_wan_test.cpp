@@ -18,7 +18,7 @@
 #include "common/tensor_testing.h"
 #include "ops/vector_ops.h"
 #include "tensor/safetensors.h"
-#include "tensor/strict_json.h"
+#include "base/strict_json.h"
 
 namespace cubevec {
 namespace autoencoder_kl_wan_test {  // named after the file: unity batches never mix two files' helpers

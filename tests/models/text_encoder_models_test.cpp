@@ -14,9 +14,9 @@
 #include "models/clip_text_model.h"
 #include "models/t5_encoder.h"
 #include "ops/op_stream.h"
-#include "tensor/error.h"
+#include "base/error.h"
 #include "tensor/safetensors.h"
-#include "tensor/strict_json.h"
+#include "base/strict_json.h"
 
 #include "common/temp_dir.h"
 #include "common/tensor_testing.h"

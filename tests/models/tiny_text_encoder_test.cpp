@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/tiny_text_encoder.h"
-#include "tensor/error.h"
+#include "base/error.h"
 #include "tensor/safetensors.h"
 
 #include "common/tensor_testing.h"

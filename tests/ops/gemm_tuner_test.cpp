@@ -11,8 +11,8 @@
 #include <sys/stat.h>
 
 #include "common/temp_dir.h"
-#include "tensor/error.h"
-#include "tensor/regular_file.h"
+#include "base/error.h"
+#include "base/regular_file.h"
 
 namespace cubevec {
 namespace gemm_tuner_test {  // named after the file: unity batches never mix two files' helpers

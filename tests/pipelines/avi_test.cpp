@@ -11,8 +11,8 @@
 #include <fstream>
 #include <numbers>
 
-#include "pipelines/avi.h"
-#include "pipelines/jpeg.h"
+#include "media/avi.h"
+#include "media/jpeg.h"
 
 #include "common/tensor_testing.h"
 
@@ -20,8 +20,8 @@ namespace cubevec {
 namespace avi_test {  // named after the file: unity batches never mix two files' helpers
 
 using namespace cubevec::testing;
-using pipelines::MjpegAviWriter;
-using pipelines::RgbImage;
+using media::MjpegAviWriter;
+using media::RgbImage;
 
 constexpr int kWidth = 48, kHeight = 40;  // 40 is not a multiple of the 16-row MCU
 
@@ -87,7 +87,7 @@ std::vector<std::vector<uint8_t>> write_sample(const std::string& path, int n) {
   MjpegAviWriter writer(path, kWidth, kHeight, 16);
   for (int t = 0; t < n; ++t) {
     const RgbImage image = frame_image(t);
-    jpegs.push_back(t + 1 < n ? pipelines::encode_jpeg(image, 85) : odd_sized(pipelines::encode_jpeg(image, 85)));
+    jpegs.push_back(t + 1 < n ? media::encode_jpeg(image, 85) : odd_sized(media::encode_jpeg(image, 85)));
     if (t + 1 < n)
       writer.add_frame(image, 85);
     else
@@ -102,7 +102,7 @@ TEST(AviWriter, FramesReadBackAndDecodeToTheImages) {
   const std::string path = temp_path("frames.avi");
   const int n = 6;
   write_sample(path, n);
-  const pipelines::AviInfo info = pipelines::read_avi_info(path);
+  const media::AviInfo info = media::read_avi_info(path);
   EXPECT_EQ(info.width, kWidth);
   EXPECT_EQ(info.height, kHeight);
   EXPECT_EQ(info.rate, 16u);
@@ -111,7 +111,7 @@ TEST(AviWriter, FramesReadBackAndDecodeToTheImages) {
   ASSERT_EQ(info.frame_count, n);
   ASSERT_EQ(info.frames.size(), static_cast<std::size_t>(n));
   for (int t = 0; t < n; ++t) {
-    const RgbImage back = pipelines::decode_jpeg(pipelines::read_avi_frame(path, info.frames[static_cast<std::size_t>(t)]));
+    const RgbImage back = media::decode_jpeg(media::read_avi_frame(path, info.frames[static_cast<std::size_t>(t)]));
     ASSERT_EQ(back.width, kWidth);
     ASSERT_EQ(back.height, kHeight);
     const double own = mean_abs_error(back, frame_image(t));
@@ -219,7 +219,7 @@ TEST(AviWriter, FrameRateIsARationalInLowestTerms) {
   EXPECT_EQ(u32_at(b, 32), 33367u) << "round(1e6 * 1001 / 30000)";
   EXPECT_EQ(u32_at(b, 128), 1001u);
   EXPECT_EQ(u32_at(b, 132), 30000u);
-  const pipelines::AviInfo info = pipelines::read_avi_info(path);
+  const media::AviInfo info = media::read_avi_info(path);
   EXPECT_NEAR(info.fps, 29.97, 0.001);
   EXPECT_EQ(info.frame_count, 1);
   std::filesystem::remove(path);
@@ -238,7 +238,7 @@ TEST(AviWriter, AnUnfinishedWriterLeavesTheOldFileAndNoTemporary) {
     abandoned.add_frame(frame_image(0));
   }
   EXPECT_EQ(file_bytes(path), before) << "the finished video from before is untouched";
-  EXPECT_EQ(pipelines::read_avi_info(path).frame_count, 3);
+  EXPECT_EQ(media::read_avi_info(path).frame_count, 3);
   int entries = 0;
   for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(path).parent_path()))
     entries += e.path().filename().string().find("unfinished.avi") != std::string::npos;
@@ -247,13 +247,13 @@ TEST(AviWriter, AnUnfinishedWriterLeavesTheOldFileAndNoTemporary) {
     MjpegAviWriter empty(path, kWidth, kHeight, 8);
     empty.finish();
   }
-  EXPECT_EQ(pipelines::read_avi_info(path).frame_count, 0) << "an empty video is still a valid file";
+  EXPECT_EQ(media::read_avi_info(path).frame_count, 0) << "an empty video is still a valid file";
   std::filesystem::remove(path);
 }
 
 TEST(AviWriter, StaysUnderItsSizeLimit) {
   const std::string path = temp_path("limit.avi");
-  const std::vector<uint8_t> jpeg = pipelines::encode_jpeg(frame_image(0), 85);
+  const std::vector<uint8_t> jpeg = media::encode_jpeg(frame_image(0), 85);
   const uint64_t per_frame = 8 + jpeg.size() + jpeg.size() % 2 + 16;  // chunk + pad + index entry
   const uint64_t limit = 224 + 8 + 3 * per_frame;
   MjpegAviWriter writer(path, kWidth, kHeight, 16, 1, limit);
@@ -263,9 +263,9 @@ TEST(AviWriter, StaysUnderItsSizeLimit) {
   EXPECT_NE(message.find("over its limit of " + std::to_string(limit)), std::string::npos) << message;
   writer.finish();
   EXPECT_EQ(std::filesystem::file_size(path), limit);
-  EXPECT_EQ(pipelines::read_avi_info(path).frame_count, 3);
+  EXPECT_EQ(media::read_avi_info(path).frame_count, 3);
   EXPECT_NE(message_of([&] { MjpegAviWriter(path, 16, 16, 16, 1, uint64_t{1} << 32); }).find("size limit"), std::string::npos);
-  EXPECT_EQ(pipelines::kAviClassicLimit, uint64_t{1} << 30);
+  EXPECT_EQ(media::kAviClassicLimit, uint64_t{1} << 30);
   std::filesystem::remove(path);
 }
 
@@ -283,7 +283,7 @@ TEST(AviWriter, ArgumentErrorsNameTheFile) {
   error([&] { MjpegAviWriter("/nonexistent-dir/x.avi", 16, 16, 16); }, "/nonexistent-dir/x.avi: the directory /nonexistent-dir does not exist");
 
   MjpegAviWriter writer(path, kWidth, kHeight, 16);
-  error([&] { writer.add_frame(pipelines::encode_jpeg(frame_image(0, 16, 16), 85)); },
+  error([&] { writer.add_frame(media::encode_jpeg(frame_image(0, 16, 16), 85)); },
         path + ": frame 0 is 16x16, but the video is 48x40");
   error([&] { writer.add_frame(frame_image(0, 16, 16)); }, path + ": frame 0 is 16x16, but the video is 48x40");
   error([&] { writer.add_frame(std::vector<uint8_t>{'h', 'e', 'l', 'l', 'o'}); }, path + ": frame 0: not a JPEG file");
@@ -294,21 +294,21 @@ TEST(AviWriter, ArgumentErrorsNameTheFile) {
   writer.finish();
   writer.finish();  // a second finish does nothing
   error([&] { writer.add_frame(frame_image(1)); }, path + ": cannot add a frame after finish()");
-  EXPECT_EQ(pipelines::read_avi_info(path).frame_count, 1);
+  EXPECT_EQ(media::read_avi_info(path).frame_count, 1);
   std::filesystem::remove(path);
 }
 
 TEST(AviJpeg, InMemoryEncodeDecodeAndHeaderSize) {
   const RgbImage image = frame_image(2);
-  const std::vector<uint8_t> jpeg = pipelines::encode_jpeg(image, 95);
-  const pipelines::JpegSize size = pipelines::jpeg_size(jpeg.data(), jpeg.size());
+  const std::vector<uint8_t> jpeg = media::encode_jpeg(image, 95);
+  const media::JpegSize size = media::jpeg_size(jpeg.data(), jpeg.size());
   EXPECT_EQ(size.width, kWidth);
   EXPECT_EQ(size.height, kHeight);
-  EXPECT_LT(mean_abs_error(pipelines::decode_jpeg(jpeg), image), 1.5);
-  EXPECT_LT(mean_abs_error(pipelines::decode_jpeg(odd_sized(jpeg)), image), 1.5) << "a comment segment changes nothing";
+  EXPECT_LT(mean_abs_error(media::decode_jpeg(jpeg), image), 1.5);
+  EXPECT_LT(mean_abs_error(media::decode_jpeg(odd_sized(jpeg)), image), 1.5) << "a comment segment changes nothing";
   const std::vector<uint8_t> junk{1, 2, 3};
-  EXPECT_NE(message_of([&] { pipelines::decode_jpeg(junk, "frame 7"); }).find("frame 7: not a JPEG file"), std::string::npos);
-  EXPECT_NE(message_of([&] { pipelines::encode_jpeg(RgbImage{}, 85, "frame 2"); }).find("frame 2: cannot write an empty"),
+  EXPECT_NE(message_of([&] { media::decode_jpeg(junk, "frame 7"); }).find("frame 7: not a JPEG file"), std::string::npos);
+  EXPECT_NE(message_of([&] { media::encode_jpeg(RgbImage{}, 85, "frame 2"); }).find("frame 2: cannot write an empty"),
             std::string::npos);
 }
 
@@ -317,13 +317,13 @@ TEST(AviReader, MalformedFilesGiveClearErrors) {
   const int n = 3;
   write_sample(good_path, n);
   const std::vector<uint8_t> good = file_bytes(good_path);
-  ASSERT_EQ(pipelines::read_avi_info(good_path).frame_count, n);
+  ASSERT_EQ(media::read_avi_info(good_path).frame_count, n);
   const std::size_t idx1 = good.size() - 8 - 16 * n;  // the index ends the file
   ASSERT_EQ(cc_at(good, idx1), "idx1");
 
   auto expect_error = [&](const std::vector<uint8_t>& bytes, const std::string& want) {
     write_file(path, bytes);
-    const std::string message = message_of([&] { pipelines::read_avi_info(path); });
+    const std::string message = message_of([&] { media::read_avi_info(path); });
     EXPECT_EQ(message.rfind(path + ": ", 0), 0u) << "names the file: " << message;
     EXPECT_NE(message.find(want), std::string::npos) << "got: " << message;
   };
@@ -333,7 +333,7 @@ TEST(AviReader, MalformedFilesGiveClearErrors) {
     return b;
   };
 
-  EXPECT_NE(message_of([&] { pipelines::read_avi_info(temp_path("missing.avi")); }).find("missing.avi: cannot be read"),
+  EXPECT_NE(message_of([&] { media::read_avi_info(temp_path("missing.avi")); }).find("missing.avi: cannot be read"),
             std::string::npos);
   expect_error({'R', 'I', 'F', 'F', 0, 0}, "too short for an AVI file (6 bytes)");
   expect_error(std::vector<uint8_t>(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(good.size() / 2)),

@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "pipelines/jpeg.h"
+#include "media/jpeg.h"
 #include "pipelines/noise.h"
 
 #include "common/tensor_testing.h"
@@ -49,7 +49,7 @@ TEST(Jpeg, WrittenFileDecodesToTheImage) {
       for (int64_t x = 0; x < w; ++x)
         v[static_cast<std::size_t>((c * h + y) * w + x)] = -1.2f + 2.4f * static_cast<float>(x + y + 10 * c) / static_cast<float>(w + h + 20);
   const Tensor image = Tensor::from_vector(v, {1, 3, h, w});
-  const pipelines::RgbImage rgb = pipelines::to_rgb(image);
+  const media::RgbImage rgb = media::to_rgb(image);
   ASSERT_EQ(rgb.width, w);
   ASSERT_EQ(rgb.height, h);
   for (int64_t y = 0; y < h; ++y)
@@ -58,22 +58,22 @@ TEST(Jpeg, WrittenFileDecodesToTheImage) {
         const double want = std::round(std::clamp(v[static_cast<std::size_t>((c * h + y) * w + x)] * 0.5 + 0.5, 0.0, 1.0) * 255.0);
         ASSERT_EQ(rgb.pixels[static_cast<std::size_t>((y * w + x) * 3 + c)], want) << x << "," << y << "," << c;
       }
-  pipelines::write_jpeg(path, rgb, 95);
-  const pipelines::RgbImage back = pipelines::read_jpeg(path);
+  media::write_jpeg(path, rgb, 95);
+  const media::RgbImage back = media::read_jpeg(path);
   ASSERT_EQ(back.width, w);
   ASSERT_EQ(back.height, h);
   double max_err = 0;
   for (std::size_t i = 0; i < back.pixels.size(); ++i) max_err = std::max(max_err, std::fabs(double(back.pixels[i]) - rgb.pixels[i]));
   EXPECT_LE(max_err, 8.0) << "quality 95 on a smooth gradient";
   std::filesystem::remove(path);
-  EXPECT_NE(message_of([&] { pipelines::write_jpeg(path, rgb, 0); }).find("quality must be in 1..100"), std::string::npos);
-  EXPECT_NE(message_of([&] { pipelines::to_rgb(Tensor::from_vector(v, {3, h, w})); }).find("expected an image [1, 3, H, W]"),
+  EXPECT_NE(message_of([&] { media::write_jpeg(path, rgb, 0); }).find("quality must be in 1..100"), std::string::npos);
+  EXPECT_NE(message_of([&] { media::to_rgb(Tensor::from_vector(v, {3, h, w})); }).find("expected an image [1, 3, H, W]"),
             std::string::npos);
-  EXPECT_NE(message_of([&] { pipelines::write_jpeg("/nonexistent-dir/x.jpg", rgb); }).find("/nonexistent-dir/x.jpg"),
+  EXPECT_NE(message_of([&] { media::write_jpeg("/nonexistent-dir/x.jpg", rgb); }).find("/nonexistent-dir/x.jpg"),
             std::string::npos);
   const std::string not_jpeg = path + ".txt";
   std::ofstream(not_jpeg) << "hello";
-  EXPECT_NE(message_of([&] { pipelines::read_jpeg(not_jpeg); }).find("not a JPEG file"), std::string::npos);
+  EXPECT_NE(message_of([&] { media::read_jpeg(not_jpeg); }).find("not a JPEG file"), std::string::npos);
   std::filesystem::remove(not_jpeg);
 }
 

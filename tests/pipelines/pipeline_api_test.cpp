@@ -18,6 +18,8 @@ namespace pipeline_api_test {
 
 using namespace cubevec;
 using namespace cubevec::pipelines;
+using cubevec::media::RgbImage;
+using cubevec::media::to_rgb;
 namespace fs = std::filesystem;
 
 const std::string kTinyFlux = std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinyflux";

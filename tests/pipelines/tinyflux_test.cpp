@@ -15,7 +15,7 @@
 #include <map>
 
 #include "pipelines/flux_t2i.h"
-#include "pipelines/jpeg.h"
+#include "media/jpeg.h"
 #include "pipelines/noise.h"
 #include "pipelines/quality.h"
 #include "models/tiny_text_encoder.h"
@@ -115,7 +115,7 @@ std::string nearest(const uint8_t* p) {
 // Dominant colors, robustly: the background is the majority nearest palette color of the pixels
 // within 2 of the border; the shape is the majority nearest palette color of the pixels farther than
 // 60 (RGB distance) from the background's palette color. (dataset.dominant_colors in Python.)
-std::pair<std::string, std::string> dominant_colors(const pipelines::RgbImage& im) {
+std::pair<std::string, std::string> dominant_colors(const media::RgbImage& im) {
   std::map<std::string, int> border, shape;
   for (int y = 0; y < im.height; ++y)
     for (int x = 0; x < im.width; ++x)
@@ -153,7 +153,7 @@ TEST(TinyFlux, PicturesHaveThePromptsColors) {
   };
   for (const auto& c : cases)
     for (uint64_t seed : {0u, 1u}) {
-      const pipelines::RgbImage im = pipelines::to_rgb(generate(c.prompt, seed));
+      const media::RgbImage im = media::to_rgb(generate(c.prompt, seed));
       const auto [background, shape] = dominant_colors(im);
       EXPECT_EQ(background, c.background) << "'" << c.prompt << "' seed " << seed;
       EXPECT_EQ(shape, c.shape) << "'" << c.prompt << "' seed " << seed;

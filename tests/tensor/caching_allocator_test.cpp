@@ -7,7 +7,7 @@
 #include <random>
 #include <thread>
 
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec {
 namespace caching_allocator_test {  // named after the file: unity batches never mix two files' helpers

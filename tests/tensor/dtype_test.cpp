@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "tensor/dtype.h"
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec {
 namespace dtype_test {  // named after the file: unity batches never mix two files' helpers

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <limits>
 
-#include "tensor/error.h"
+#include "base/error.h"
 #include "tensor/half.h"
 
 namespace finite_check_test {  // named after the file: unity batches never mix two files' helpers

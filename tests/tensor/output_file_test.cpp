@@ -1,6 +1,6 @@
 // OutputFile: outputs appear only on commit, never through a symlink or over a special file, and
 // an abandoned or failed write leaves the old file byte for byte with no temporary beside it.
-#include "tensor/output_file.h"
+#include "base/output_file.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -11,7 +11,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace output_file_test {  // named after the file: unity batches never mix two files' helpers
 

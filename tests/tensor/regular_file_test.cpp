@@ -9,9 +9,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "tensor/regular_file.h"
+#include "base/regular_file.h"
 #include "tensor/safetensors.h"
-#include "tensor/strict_json.h"
+#include "base/strict_json.h"
 
 #include "common/temp_dir.h"
 #include "common/tensor_testing.h"

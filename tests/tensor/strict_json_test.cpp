@@ -3,7 +3,7 @@
 // values around it do not shift the path it reports.
 #include <gtest/gtest.h>
 
-#include "tensor/strict_json.h"
+#include "base/strict_json.h"
 
 #include "common/tensor_testing.h"
 

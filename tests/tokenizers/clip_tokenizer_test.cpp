@@ -9,8 +9,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "tensor/error.h"
-#include "tensor/strict_json.h"
+#include "base/error.h"
+#include "base/strict_json.h"
 #include "tokenizers/clip_tokenizer.h"
 
 namespace clip_tokenizer_test {  // named after the file: unity batches never mix two files' helpers

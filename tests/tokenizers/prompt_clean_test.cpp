@@ -5,8 +5,8 @@
 // \s does not.
 #include <gtest/gtest.h>
 
-#include "tensor/error.h"
-#include "tensor/strict_json.h"
+#include "base/error.h"
+#include "base/strict_json.h"
 #include "tokenizers/prompt_clean.h"
 
 namespace prompt_clean_test {  // named after the file: unity batches never mix two files' helpers

@@ -14,8 +14,8 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
-#include "tensor/error.h"
-#include "tensor/strict_json.h"
+#include "base/error.h"
+#include "base/strict_json.h"
 #include "tokenizers/t5_tokenizer.h"
 #include "tokenizers/t5_tokenizer_json.h"
 

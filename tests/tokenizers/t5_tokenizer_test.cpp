@@ -10,8 +10,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "tensor/error.h"
-#include "tensor/strict_json.h"
+#include "base/error.h"
+#include "base/strict_json.h"
 #include "tokenizers/t5_tokenizer.h"
 
 namespace t5_tokenizer_test {  // named after the file: unity batches never mix two files' helpers

@@ -22,16 +22,16 @@
 #include <string>
 #include <vector>
 
-#include "pipelines/jpeg.h"
-#include "tensor/output_file.h"
+#include "media/jpeg.h"
+#include "base/output_file.h"
 
-namespace cubevec::pipelines {
+namespace cubevec::media {
 
 // The size a classic (AVI 1.0, non-OpenDML) file must stay under to play everywhere.
 inline constexpr uint64_t kAviClassicLimit = uint64_t{1} << 30;
 
 // Writes an MJPEG AVI of width x height frames at fps_num / fps_den frames per second.
-// The video is written to a temporary beside `path` (tensor/output_file.h), starting with a
+// The video is written to a temporary beside `path` (base/output_file.h), starting with a
 // header of zero frames; add_frame() appends each JPEG straight to it (only 16 bytes of index a
 // frame stay in memory); finish() writes the idx1 index, patches the frame counts and RIFF/LIST
 // sizes and renames the finished file over `path`.
@@ -101,4 +101,4 @@ AviInfo read_avi_info(const std::string& path);
 // The JPEG bytes of one frame from read_avi_info.
 std::vector<uint8_t> read_avi_frame(const std::string& path, const AviFrame& frame);
 
-}  // namespace cubevec::pipelines
+}  // namespace cubevec::media

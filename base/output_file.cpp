@@ -1,4 +1,4 @@
-#include "tensor/output_file.h"
+#include "base/output_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -13,7 +13,7 @@
 #include <set>
 #include <vector>
 
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec {
 

@@ -1,4 +1,4 @@
-#include "pipelines/jpeg.h"
+#include "media/jpeg.h"
 
 #include <turbojpeg.h>
 
@@ -9,11 +9,11 @@
 #include <memory>
 #include <sstream>
 
-#include "tensor/error.h"
-#include "tensor/output_file.h"
-#include "tensor/regular_file.h"
+#include "base/error.h"
+#include "base/output_file.h"
+#include "base/regular_file.h"
 
-namespace cubevec::pipelines {
+namespace cubevec::media {
 
 namespace {
 
@@ -101,4 +101,4 @@ RgbImage read_jpeg(const std::string& path) {
   return decode_jpeg(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), path);
 }
 
-}  // namespace cubevec::pipelines
+}  // namespace cubevec::media

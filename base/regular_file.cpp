@@ -1,4 +1,4 @@
-#include "tensor/regular_file.h"
+#include "base/regular_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec {
 

@@ -1,4 +1,4 @@
-#include "pipelines/avi.h"
+#include "media/avi.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -9,9 +9,9 @@
 #include <numeric>
 #include <optional>
 
-#include "tensor/error.h"
+#include "base/error.h"
 
-namespace cubevec::pipelines {
+namespace cubevec::media {
 
 namespace {
 
@@ -331,4 +331,4 @@ std::vector<uint8_t> read_avi_frame(const std::string& path, const AviFrame& fra
   return bytes;
 }
 
-}  // namespace cubevec::pipelines
+}  // namespace cubevec::media

@@ -1,6 +1,6 @@
-#include "tensor/strict_json.h"
+#include "base/strict_json.h"
 
-#include "tensor/regular_file.h"
+#include "base/regular_file.h"
 
 #include <unordered_set>
 #include <vector>

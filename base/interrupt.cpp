@@ -1,4 +1,4 @@
-#include "tensor/interrupt.h"
+#include "base/interrupt.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -10,7 +10,7 @@
 #include <string>
 #include <thread>
 
-#include "tensor/output_file.h"
+#include "base/output_file.h"
 
 namespace cubevec {
 

@@ -1,4 +1,4 @@
-#include "tensor/error.h"
+#include "base/error.h"
 
 #include <charconv>
 

@@ -57,7 +57,7 @@ class OutputFile {
 };
 
 // Removes every temporary not yet committed or discarded; async cleanup for a run that is being
-// ended without unwinding (tensor/interrupt.h's watchdog). Safe to call from any thread.
+// ended without unwinding (base/interrupt.h's watchdog). Safe to call from any thread.
 void remove_live_temporaries() noexcept;
 
 // The whole file at once: check, temporary, write, commit.

@@ -1,11 +1,11 @@
-#include "tensor/config_reader.h"
+#include "base/config_reader.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec {
 

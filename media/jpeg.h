@@ -7,7 +7,7 @@
 
 #include "tensor/tensor.h"
 
-namespace cubevec::pipelines {
+namespace cubevec::media {
 
 struct RgbImage {
   int width = 0, height = 0;
@@ -38,4 +38,4 @@ struct JpegSize {
 // Width and height from a JPEG's header, without decoding the image.
 JpegSize jpeg_size(const uint8_t* data, std::size_t size, const std::string& what = "JPEG data");
 
-}  // namespace cubevec::pipelines
+}  // namespace cubevec::media

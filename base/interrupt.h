@@ -1,13 +1,13 @@
 // Stopping a run on SIGINT / SIGTERM / SIGHUP / SIGPIPE without leaving anything behind: the
 // handler only records the signal; the device checks it before each kernel launch
 // (device/stream.cpp) and the denoising loop before each step, and throw Interrupted. Unwinding
-// removes every uncommitted output temporary (tensor/output_file.h) and the command exits 128 +
+// removes every uncommitted output temporary (base/output_file.h) and the command exits 128 +
 // the signal (130, 143, ...) with a message. A run inside one long kernel (a huge convolution) is
 // ended by a watchdog thread 3 s after the signal, or at a second signal: it removes the
 // temporaries itself and exits with the same status.
 #pragma once
 
-#include "tensor/error.h"
+#include "base/error.h"
 
 namespace cubevec {
 
