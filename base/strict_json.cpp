@@ -9,6 +9,14 @@ namespace cubevec {
 
 namespace {
 
+// nlohmann's message without its "[json.exception.parse_error.101] " tag: the reader wants the
+// position and the reason, not the library's catalogue number.
+std::string without_library_tag(const std::string& message) {
+  if (message.rfind("[json.exception.", 0) == 0)
+    if (const std::size_t end = message.find("] "); end != std::string::npos) return message.substr(end + 2);
+  return message;
+}
+
 // A first, validating pass over the SAX events: bounded nesting and no repeated key. (nlohmann's
 // parse callback cannot do this in linear time: after every nested object it rescans the parent
 // object, so a header of 40,000 tensors took half a minute.) It also knows where each value
@@ -45,14 +53,14 @@ class StrictChecks : public nlohmann::json_sax<nlohmann::json> {
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
     std::string where;
     if (e.id == 406 && !levels_.empty()) where = " (the value of '" + value_path() + "')";  // number overflow
-    throw StrictJsonError(StrictJsonError::Kind::Syntax, 0, std::string("not valid JSON: ") + e.what() + where);
+    throw StrictJsonError(StrictJsonError::Kind::Syntax, 0, "not valid JSON: " + without_library_tag(e.what()) + where);
   }
 
  private:
   struct Level {
     bool array = false;
-    std::string key;                      // an object's latest key
-    std::size_t values = 0;               // an array's elements so far
+    std::string key;                       // an object's latest key
+    std::size_t values = 0;                // an array's elements so far
     std::unordered_set<std::string> keys;  // an object's keys so far
   };
   bool value() {
@@ -61,7 +69,8 @@ class StrictChecks : public nlohmann::json_sax<nlohmann::json> {
   }
   void open_container(bool array) {
     if (depth_ > max_depth_)
-      throw StrictJsonError(StrictJsonError::Kind::TooDeep, depth_, "JSON nests deeper than the " + std::to_string(max_depth_) + " levels expected");
+      throw StrictJsonError(StrictJsonError::Kind::TooDeep, depth_,
+                            "JSON nests deeper than the " + std::to_string(max_depth_) + " levels expected");
     ++depth_;
     levels_.push_back({array, {}, 0, {}});
   }
@@ -76,10 +85,8 @@ class StrictChecks : public nlohmann::json_sax<nlohmann::json> {
     for (std::size_t i = 0; i < levels_.size(); ++i) {
       const Level& level = levels_[i];
       const bool innermost = i + 1 == levels_.size();
-      if (level.array)
-        path += "[" + std::to_string(innermost ? level.values : level.values - 1) + "]";
-      else
-        path += (path.empty() ? "" : ".") + level.key;
+      if (level.array) path += "[" + std::to_string(innermost ? level.values : level.values - 1) + "]";
+      else path += (path.empty() ? "" : ".") + level.key;
     }
     return path;
   }
@@ -99,7 +106,7 @@ nlohmann::json parse_strict_json(std::string_view text, int max_depth) {
   try {
     return nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::exception& e) {  // the first pass has seen every syntax error
-    throw StrictJsonError(StrictJsonError::Kind::Syntax, 0, std::string("not valid JSON: ") + e.what());
+    throw StrictJsonError(StrictJsonError::Kind::Syntax, 0, "not valid JSON: " + without_library_tag(e.what()));
   }
 }
 

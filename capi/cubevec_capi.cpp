@@ -2,9 +2,11 @@
 // throws and hands it back as an error string in the request's terms (pipelines/request.h).
 #include "cubevec.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <new>
 #include <string>
@@ -31,8 +33,33 @@ char* copy_string(const std::string& text) {
   return s;
 }
 
+// Errors go to C callers and language bindings: valid UTF-8 (a byte that does not start or continue
+// a character becomes '?'; a message echoing a bad input may have been cut inside one), and at most
+// kMaxError bytes (a message may quote the whole input).
+constexpr std::size_t kMaxError = 4096;
+
+std::string valid_utf8(const std::string& text) {
+  std::string out;
+  out.reserve(std::min(text.size(), kMaxError + 3));
+  for (std::size_t i = 0; i < text.size() && out.size() < kMaxError;) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const std::size_t length = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = length > 0 && i + length <= text.size();
+    for (std::size_t k = 1; ok && k < length; ++k) ok = (static_cast<unsigned char>(text[i + k]) >> 6) == 0x2;
+    if (ok) {
+      out.append(text, i, length);
+      i += length;
+    } else {
+      out += '?';
+      ++i;
+    }
+  }
+  if (out.size() >= kMaxError) out += "...";
+  return out;
+}
+
 void set_error(char** error, const std::string& message) {
-  if (error) *error = copy_string(message);
+  if (error) *error = copy_string(valid_utf8(message));
 }
 
 // Runs `f`, turning any exception into NULL and an error.
@@ -45,6 +72,8 @@ auto guarded(char** error, F&& f) -> decltype(f()) {
     throw;
   } catch (const std::bad_alloc&) {
     set_error(error, "out of memory");
+  } catch (const std::filesystem::filesystem_error& e) {
+    set_error(error, e.path1().string() + ": " + e.code().message());
   } catch (const std::exception& e) {
     set_error(error, cubevec::pipelines::in_request_terms(e.what()));
   } catch (...) {

@@ -16,8 +16,11 @@
  *
  * Errors: a function that fails returns NULL (or -1) and, when `error` is not NULL, sets *error to
  * a message naming the key or file at fault, to be freed with cubevec_string_free. No C++
- * exception ever crosses this interface. A pipeline may be used by several threads at once; a
- * result belongs to the caller. */
+ * exception ever crosses this interface; errors are valid UTF-8 of at most about 4 KiB.
+ *
+ * Threads: a pipeline may be used by several threads at once (text encoding, and denoising with
+ * offload, take turns); a result belongs to the caller. A pipeline's device threads do not survive
+ * fork(): a child process must load its own. */
 #ifndef CUBEVEC_H
 #define CUBEVEC_H
 

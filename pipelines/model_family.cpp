@@ -20,10 +20,13 @@ const ModelFamilyEntry& model_family(const std::string& name) {
 }
 
 std::unique_ptr<ModelPipeline> load_model_pipeline_meta(const std::string& model_dir, DType dtype) {
-  if (!std::filesystem::is_directory(model_dir))
-    throw Error(model_dir + ": no such model folder (expected a diffusers folder: transformer/, vae/, scheduler/, text encoders)");
-  if (!std::filesystem::exists(model_dir + "/transformer/config.json"))
-    throw Error(model_dir + ": not a diffusers model folder (expected transformer/config.json, vae/ and scheduler/)");
+  std::error_code error;  // a symlink loop or an unreadable folder is a message, not an exception
+  if (!std::filesystem::is_directory(model_dir, error))
+    throw Error(model_dir + ": " + (error && error != std::errc::no_such_file_or_directory ? error.message() : "no such model folder") +
+                " (expected a diffusers folder: transformer/, vae/, scheduler/, text encoders)");
+  if (!std::filesystem::exists(model_dir + "/transformer/config.json", error))
+    throw Error(model_dir + ": not a diffusers model folder (expected transformer/config.json, vae/ and scheduler/)" +
+                (error ? " (" + error.message() + ")" : std::string()));
   const std::string config_path = model_dir + "/transformer/config.json";
   const nlohmann::json config = read_json_file(config_path);
   const std::string class_name = config.is_object() && config.contains("_class_name") && config["_class_name"].is_string()

@@ -31,6 +31,10 @@ void check_request(const ModelPipeline& model, const Request& request, const Run
   }
 }
 
+// The pipeline whose streamed blocks this thread holds (a progress callback calling generate() on
+// the same pipeline would wait for itself).
+thread_local const Pipeline* t_offloading = nullptr;
+
 RunContext run_context(const LoadOptions& options) { return {options.dtype, options.cfg_parallel, options.vae_parallel}; }
 
 TextSettings text_settings(const LoadOptions& options) {
@@ -80,8 +84,8 @@ LoadOptions LoadOptions::parse(const std::string& json_text, const std::string& 
   nlohmann::json json;
   try {
     json = json_text.empty() ? nlohmann::json::object() : parse_strict_json(json_text, 8);
-  } catch (const Error& e) {
-    throw Error(source + ": not valid JSON: " + e.what());
+  } catch (const StrictJsonError& e) {
+    throw Error(source + ": " + (e.kind() == StrictJsonError::Kind::Syntax ? "" : "not valid JSON: ") + e.what());
   }
   return from_json(json, source);
 }
@@ -104,7 +108,8 @@ PipelinePlan PipelinePlan::read(const std::string& model_dir, const LoadOptions&
   plan.groups_ = options.groups ? *options.groups : one_process();
   if (options.quant.empty() && !options.timestep_policy.empty())
     throw Error("--timestep-policy applies with --quant (a W8A8_TIMESTEP description)");
-  plan.model_ = family.empty() ? load_model_pipeline_meta(model_dir, options.dtype) : model_family(family).load_meta(model_dir, options.dtype);
+  plan.model_ =
+      family.empty() ? load_model_pipeline_meta(model_dir, options.dtype) : model_family(family).load_meta(model_dir, options.dtype);
   // The quantization files are read now, so a bad one fails before any weight loads.
   if (!options.quant.empty()) {
     int simulate_steps = options.simulate_quant_steps;
@@ -137,7 +142,8 @@ void PipelinePlan::check(const Request& request, bool have_negative) const {
 }
 
 MemoryEstimate PipelinePlan::require_memory(const Request& request, int64_t text_tokens) const {
-  const MemoryEstimate estimate = model_->estimate_memory(request, run_context(options_), text_tokens, options_.offload, profile_.cube_threads);
+  const MemoryEstimate estimate =
+      model_->estimate_memory(request, run_context(options_), text_tokens, options_.offload, profile_.cube_threads);
   if (!options_.memory_limit.empty()) {
     const uint64_t limit = parse_memory_size(options_.memory_limit, "--memory-limit");
     require_fits(estimate, limit, "--memory-limit " + options_.memory_limit);
@@ -179,7 +185,8 @@ std::unique_ptr<Pipeline> Pipeline::load(const std::string& model_dir, const Loa
   std::unique_ptr<Pipeline> p = std::move(plan).load();
   if (!options.simulate) {
     p->text_device_ = std::make_unique<Device>(p->profile_);
-    p->text_encoders_ = TextEncoders::load(model_dir, p->model_->text_input(), text_settings(options), 512, p->text_device_->default_stream());
+    p->text_encoders_ =
+        TextEncoders::load(model_dir, p->model_->text_input(), text_settings(options), 512, p->text_device_->default_stream());
   }
   p->load_s_ = seconds_since(t0);
   return p;
@@ -230,7 +237,18 @@ GenerationResult Pipeline::generate(const Request& request, const GenerateHooks&
 
   // One set of streamed blocks: with offload, requests denoise one at a time.
   std::unique_lock offload_lock(offload_mutex_, std::defer_lock);
-  if (stages_.offload) offload_lock.lock();
+  if (stages_.offload) {
+    if (t_offloading == this)
+      throw Error(
+          "generate() was called from inside a request of the same pipeline, which streams its weights (offload): its blocks "
+          "are in use until that request returns; call it from another thread, or after the request");
+    offload_lock.lock();
+  }
+  struct Holding {
+    const Pipeline* previous;
+    ~Holding() { t_offloading = previous; }
+  } holding{t_offloading};
+  if (stages_.offload) t_offloading = this;
   if (cancelled()) throw Cancelled();
   const double flops_before = declared_flops(device);
   const StepCallback on_step = [&](int step, int steps, double seconds) {
@@ -240,7 +258,10 @@ GenerationResult Pipeline::generate(const Request& request, const GenerateHooks&
   const Tensor latents = model_->denoise(text, r, run, device, on_step, result.timings, &result.stages);
   PhasePeaks peaks = PhasePeaks::after_denoising();
   result.denoising_flops = declared_flops(device) - flops_before;
-  if (offload_lock.owns_lock()) offload_lock.unlock();
+  if (offload_lock.owns_lock()) {
+    offload_lock.unlock();
+    t_offloading = holding.previous;
+  }
 
   // Rank 0 gets the pixels; with a patch-parallel VAE every rank decodes its share.
   const bool writer = groups_.world.rank() == 0;
@@ -248,14 +269,15 @@ GenerationResult Pipeline::generate(const Request& request, const GenerateHooks&
     if (cancelled()) throw Cancelled();
     const std::string what = model_->video() ? "the VAE decode gave non-finite frames (a VAE weight or setting gives NaN or inf)"
                                              : "the VAE decode gave a non-finite picture (a VAE weight or setting gives NaN or inf)";
-    model_->decode(latents, r, run, device,
-                   [&](const Tensor& pixels) {
-                     if (!writer) return;
-                     require_finite(pixels, what);
-                     if (hooks.on_pixels) hooks.on_pixels(pixels);
-                     else append_rgb(pixels, result.images);
-                   },
-                   result.timings);
+    model_->decode(
+        latents, r, run, device,
+        [&](const Tensor& pixels) {
+          if (!writer) return;
+          require_finite(pixels, what);
+          if (hooks.on_pixels) hooks.on_pixels(pixels);
+          else append_rgb(pixels, result.images);
+        },
+        result.timings);
     result.decoded = true;
   }
   device.synchronize();

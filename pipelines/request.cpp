@@ -24,14 +24,14 @@ constexpr int64_t kMaxSeed = INT64_MAX;
 SparseConfig sparse_from_json(const nlohmann::json& json, const std::string& source) {
   SparseConfig c;
   if (json.is_string()) {
-    std::string type = json.get<std::string>();
+    const std::string type = json.get<std::string>();
+    if (type != "rf_v2" && type != "ada_bsa") throw Error(source + ": 'sparse' must be rf_v2 or ada_bsa (or an object of sparse settings)");
     c.type = ops::parse_sparse_type(type);
-    if (c.type == ops::SparseType::none) throw Error(source + ": 'sparse' \"none\": leave the key out for dense attention");
     return c;
   }
   ConfigReader r(json, source + ": 'sparse'", "sparse attention settings");
   std::string type, blocks;
-  r.require({"type"});
+  if (!r.has("type")) r.fail("type", "is required: rf_v2 or ada_bsa");
   r.text("type", type, {"rf_v2", "ada_bsa"})
       .number_in("sparsity", c.sparsity, 0.0, 1.0)
       .integer("step_start", c.step_start, 0, kMaxSteps)
@@ -47,10 +47,8 @@ SparseConfig sparse_from_json(const nlohmann::json& json, const std::string& sou
 }
 
 nlohmann::ordered_json sparse_to_json(const SparseConfig& c) {
-  nlohmann::ordered_json j{{"type", ops::sparse_type_name(c.type)},
-                           {"sparsity", c.sparsity},
-                           {"step_start", c.step_start},
-                           {"mask_refresh", c.mask_refresh}};
+  nlohmann::ordered_json j{
+      {"type", ops::sparse_type_name(c.type)}, {"sparsity", c.sparsity}, {"step_start", c.step_start}, {"mask_refresh", c.mask_refresh}};
   if (c.block_first != 0 || c.block_last != -1)
     j["blocks"] = std::to_string(c.block_first) + "-" + (c.block_last < 0 ? std::string("end") : std::to_string(c.block_last));
   if (c.type == ops::SparseType::ada_bsa) j["cdf_threshold"] = c.cdf_threshold;
@@ -100,16 +98,19 @@ Request Request::from_json(const nlohmann::json& json, const std::string& source
     }
   }
   if (const nlohmann::json& sparse = r.raw("sparse"); !sparse.is_null()) {
-    if (!sparse.is_string() && !sparse.is_object()) r.fail("sparse", "must be rf_v2, ada_bsa or an object of sparse settings, got " + sparse.dump());
-    try {
-      q.sparse = sparse_from_json(sparse, source);
-    } catch (const Error& e) {
-      if (sparse.is_string()) r.fail("sparse", "must be rf_v2 or ada_bsa, got " + sparse.dump());
-      throw;
-    }
+    if (!sparse.is_string() && !sparse.is_object())
+      r.fail("sparse", "must be rf_v2, ada_bsa or an object of sparse settings, got " + sparse.dump());
+    q.sparse = sparse_from_json(sparse, source);
   }
   r.reject_unknown();
   if (q.text.prompt.empty() && q.text.prompt_embeds.empty()) r.fail("prompt", "is required (a string), or prompt_embeds (a file)");
+  if (!q.text.prompt.empty() && !q.text.prompt_embeds.empty())
+    r.fail("prompt_embeds", "and 'prompt' are both given: pass the text or its embeddings, not both");
+  // C strings end at a NUL: a prompt holding one would be encoded (and reported) cut short.
+  const std::pair<const char*, const std::string*> texts[] = {
+      {"prompt", &q.text.prompt}, {"negative_prompt", &q.text.negative_prompt}, {"prompt_embeds", &q.text.prompt_embeds}};
+  for (const auto& [key, text] : texts)
+    if (text->find('\0') != std::string::npos) r.fail(key, "holds a NUL character (\\u0000), which no text may hold");
   return q;
 }
 
@@ -117,8 +118,8 @@ Request Request::parse(const std::string& json_text, const std::string& source) 
   nlohmann::json json;
   try {
     json = parse_strict_json(json_text, 8);
-  } catch (const Error& e) {
-    throw Error(source + ": not valid JSON: " + e.what());
+  } catch (const StrictJsonError& e) {
+    throw Error(source + ": " + (e.kind() == StrictJsonError::Kind::Syntax ? "" : "not valid JSON: ") + e.what());
   }
   return from_json(json, source);
 }
@@ -186,6 +187,9 @@ std::string in_request_terms(const std::string& message) {
         {"--memory-limit", "memory_limit"},
         {"--check-weights", "check_weights"},
         {"--threads", "threads"},
+        {"--cube-threads", "cube_threads"},
+        {"--vector-threads", "vector_threads"},
+        {"--device-profile", "device_profile"},
     };
     std::sort(t.begin(), t.end(), [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
     return t;
@@ -197,8 +201,8 @@ std::string in_request_terms(const std::string& message) {
     if (message.compare(i, 2, "--") == 0) {
       for (const auto& [flag, key] : kTable) {
         const std::size_t end = i + flag.size();
-        const bool whole = end == message.size() || !(std::isalnum(static_cast<unsigned char>(message[end])) || message[end] == '-' ||
-                                                      message[end] == '_');
+        const bool whole = end == message.size() ||
+                           !(std::isalnum(static_cast<unsigned char>(message[end])) || message[end] == '-' || message[end] == '_');
         if (message.compare(i, flag.size(), flag) == 0 && whole) {
           out += key;
           i = end;

@@ -3,6 +3,7 @@
 // these under AddressSanitizer too).
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -36,7 +37,8 @@ struct Pipeline {
 std::vector<unsigned char> pixels(const cubevec_result* r, int index) {
   int w = 0, h = 0;
   const unsigned char* rgb = cubevec_result_rgb(r, index, &w, &h);
-  return rgb ? std::vector<unsigned char>(rgb, rgb + static_cast<std::size_t>(w) * static_cast<std::size_t>(h) * 3) : std::vector<unsigned char>();
+  return rgb ? std::vector<unsigned char>(rgb, rgb + static_cast<std::size_t>(w) * static_cast<std::size_t>(h) * 3)
+             : std::vector<unsigned char>();
 }
 
 TEST(CApi, GeneratesTheLibrarysPixelsAndReport) {
@@ -64,8 +66,8 @@ TEST(CApi, AVideoIsOneImagePerFrame) {
   Pipeline wan(kTinyWan);
   ASSERT_NE(wan.p, nullptr);
   char* error = nullptr;
-  cubevec_result* r = cubevec_generate(wan.p, R"({"prompt": "a red circle moving right", "num_frames": 17, "num_inference_steps": 3})", nullptr,
-                                       nullptr, &error);
+  cubevec_result* r = cubevec_generate(wan.p, R"({"prompt": "a red circle moving right", "num_frames": 17, "num_inference_steps": 3})",
+                                       nullptr, nullptr, &error);
   ASSERT_NE(r, nullptr) << take(error);
   EXPECT_EQ(cubevec_result_count(r), 17);
   EXPECT_FALSE(pixels(r, 16).empty());
@@ -137,9 +139,76 @@ TEST(CApi, BadRequestsGiveErrorsNamingTheKey) {
   // The library's flag names come back as the request's keys.
   EXPECT_NE(generate_error(flux.p, R"({"prompt": "   "})").find("prompt TEXT is required"), std::string::npos);
   EXPECT_EQ(generate_error(flux.p, R"({"prompt": "   "})").find("--prompt"), std::string::npos);
-  EXPECT_NE(generate_error(flux.p, R"({"prompt": "x", "prompt_embeds": "/nonexistent/e.safetensors"})").find("/nonexistent/e.safetensors"),
+  EXPECT_NE(generate_error(flux.p, R"({"prompt_embeds": "/nonexistent/e.safetensors"})").find("/nonexistent/e.safetensors"),
             std::string::npos);
   EXPECT_EQ(cubevec_generate(flux.p, "{}", nullptr, nullptr, nullptr), nullptr);  // no error pointer
+}
+
+// Whether `text` is well-formed UTF-8.
+bool valid_utf8(const std::string& text) {
+  for (std::size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (n == 0 || i + n > text.size()) return false;
+    for (std::size_t k = 1; k < n; ++k)
+      if ((static_cast<unsigned char>(text[i + k]) >> 6) != 0x2) return false;
+    i += n;
+  }
+  return true;
+}
+
+TEST(CApi, ErrorsAreShortValidUtf8AndNameThePath) {
+  Pipeline flux(kTinyFlux);
+  ASSERT_NE(flux.p, nullptr);
+  char* error = nullptr;
+  std::string wide;  // 30 three-byte characters: the reader cuts the echoed value inside one
+  for (int i = 0; i < 30; ++i) wide += "\xe7\xba\xa2";
+  EXPECT_EQ(cubevec_generate(flux.p, (R"({"prompt": "x", "cfg": ")" + wide + R"("})").c_str(), nullptr, nullptr, &error), nullptr);
+  const std::string cut = take(error);
+  EXPECT_NE(cut.find("'cfg'"), std::string::npos) << cut;
+  EXPECT_TRUE(valid_utf8(cut)) << cut;
+  const std::string long_key = R"({"prompt": "x", ")" + std::string(100000, 'k') + R"(": 1})";
+  EXPECT_EQ(cubevec_generate(flux.p, long_key.c_str(), nullptr, nullptr, &error), nullptr);
+  EXPECT_LT(take(error).size(), 4200u);
+  // A symlink loop is the path and the system's reason, not a C++ library message.
+  const std::string loop = testing::TempDir() + "/cubevec_capi_loop";
+  std::filesystem::remove(loop);
+  std::filesystem::create_symlink(loop, loop);
+  EXPECT_EQ(cubevec_pipeline_load(loop.c_str(), nullptr, &error), nullptr);
+  const std::string message = take(error);
+  EXPECT_NE(message.find(loop + ": Too many levels of symbolic links"), std::string::npos) << message;
+  EXPECT_EQ(message.find("filesystem error"), std::string::npos) << message;
+  std::filesystem::remove(loop);
+}
+
+struct Reentry {
+  cubevec_pipeline* pipeline = nullptr;
+  std::string inner_error;
+  bool inner_returned_null = false;
+};
+
+int generate_again(void* user, int step, int) {
+  auto* r = static_cast<Reentry*>(user);
+  if (step != 1) return 0;
+  char* error = nullptr;
+  cubevec_result* inner = cubevec_generate(r->pipeline, kRequest, nullptr, nullptr, &error);
+  r->inner_returned_null = inner == nullptr;
+  r->inner_error = take(error);
+  cubevec_result_free(inner);
+  return 0;
+}
+
+TEST(CApi, AProgressCallbackCallingGenerateOnAnOffloadedPipelineGetsAnErrorNotADeadlock) {
+  Pipeline offloaded(kTinyFlux, R"({"offload": 1})");
+  ASSERT_NE(offloaded.p, nullptr);
+  Reentry reentry;
+  reentry.pipeline = offloaded.p;
+  char* error = nullptr;
+  cubevec_result* outer = cubevec_generate(offloaded.p, kRequest, generate_again, &reentry, &error);
+  ASSERT_NE(outer, nullptr) << take(error);
+  EXPECT_TRUE(reentry.inner_returned_null);
+  EXPECT_NE(reentry.inner_error.find("streams its weights (offload)"), std::string::npos) << reentry.inner_error;
+  cubevec_result_free(outer);
 }
 
 TEST(CApi, ResultFunctionsTakeNullAndBadIndices) {

@@ -78,7 +78,7 @@ TEST(PipelineApi, WanCallsOneAfterTheOtherAndAtOnceGiveTheSameFrames) {
   const std::unique_ptr<Pipeline> pipeline = Pipeline::load(kTinyWan);
   EXPECT_EQ(pipeline->model().family(), "wan");
   const GenerationResult r = pipeline->generate(wan_request());
-  EXPECT_EQ(r.images.size(), 17u);  // one per frame
+  EXPECT_EQ(r.images.size(), 17u);   // one per frame
   EXPECT_EQ(r.images[0].width, 64);  // generation_defaults.json's size
   expect_sequential_and_concurrent_agree(*pipeline, wan_request());
 }
@@ -157,7 +157,8 @@ TEST_F(PipelineStages, EveryStageOnTwiceInARowAndAtOnceGivesTheSameResult) {
   std::ofstream(options.timestep_policy) << R"({"default": "dynamic", "static": [0, 2, 4]})";
   const std::unique_ptr<Pipeline> pipeline = Pipeline::load(kTinyFlux, options);
   Request request = flux_request();
-  request.cache = CacheConfig::from_json(nlohmann::json::parse(R"({"cache": "dit-block", "cache-step-start": 1, "cache-interval": 2})"), "test");
+  request.cache =
+      CacheConfig::from_json(nlohmann::json::parse(R"({"cache": "dit-block", "cache-step-start": 1, "cache-interval": 2})"), "test");
   request.sparse = SparseConfig{};
   request.sparse->type = ops::SparseType::ada_bsa;
   request.width = request.height = 128;
@@ -189,13 +190,16 @@ TEST(PipelineApi, LoadErrorsNameTheFolder) {
 
 TEST(PipelineApi, RequestErrorsComeBeforeAnyWork) {
   const std::unique_ptr<Pipeline> pipeline = Pipeline::load(kTinyFlux);
-  EXPECT_NE(message_of([&] { pipeline->generate(Request::parse(R"({"prompt": "a red circle", "width": 70})")); })
-                .find("width and height must be positive multiples of"),
+  EXPECT_NE(message_of([&] {
+              pipeline->generate(Request::parse(R"({"prompt": "a red circle", "width": 70})"));
+            }).find("width and height must be positive multiples of"),
             std::string::npos);
-  EXPECT_NE(message_of([&] { pipeline->generate(Request::parse(R"({"prompt": "a red circle", "num_frames": 5})")); })
-                .find("this is an image model"),
+  EXPECT_NE(message_of([&] {
+              pipeline->generate(Request::parse(R"({"prompt": "a red circle", "num_frames": 5})"));
+            }).find("this is an image model"),
             std::string::npos);
-  EXPECT_NE(message_of([&] { pipeline->generate(Request::parse(R"({"prompt": "   "})")); }).find("--prompt TEXT is required"), std::string::npos);
+  EXPECT_NE(message_of([&] { pipeline->generate(Request::parse(R"({"prompt": "   "})")); }).find("--prompt TEXT is required"),
+            std::string::npos);
 }
 
 TEST(Request, JsonErrorsNameTheKeyAndTheValue) {
@@ -215,6 +219,15 @@ TEST(Request, JsonErrorsNameTheKeyAndTheValue) {
   EXPECT_NE(error(R"({"prompt": "x",})").find("request: not valid JSON"), std::string::npos);
   EXPECT_NE(error(R"({"prompt": "x", "prompt": "y"})").find("request: not valid JSON"), std::string::npos);
   EXPECT_NE(error(R"([1, 2])").find("request"), std::string::npos);
+  EXPECT_NE(error(R"({"prompt": "x", "prompt_embeds": "e.safetensors"})").find("'prompt_embeds' and 'prompt' are both given"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"prompt": "a red\u0000 circle"})").find("'prompt' holds a NUL character"), std::string::npos);
+  EXPECT_NE(error(R"({"prompt": "x", "sparse": "ADA_BSA"})").find("'sparse' must be rf_v2 or ada_bsa"), std::string::npos);
+  EXPECT_NE(error(R"({"prompt": "x", "sparse": {"type": null}})").find("'type' is required"), std::string::npos);
+  // The parser's own catalogue tags stay out of the message, and it says "not valid JSON" once.
+  const std::string syntax = error("{");
+  EXPECT_EQ(syntax.find("json.exception"), std::string::npos) << syntax;
+  EXPECT_EQ(syntax.find("not valid JSON: not valid JSON"), std::string::npos) << syntax;
 }
 
 TEST(Request, JsonRoundTrips) {
