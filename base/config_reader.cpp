@@ -57,9 +57,7 @@ const nlohmann::json& ConfigReader::raw(const std::string& key) {
   return v ? *v : null_value;
 }
 
-void ConfigReader::fail(const std::string& key, const std::string& message) const {
-  throw Error(source_ + ": '" + key + "' " + message);
-}
+void ConfigReader::fail(const std::string& key, const std::string& message) const { throw Error(source_ + ": '" + key + "' " + message); }
 
 ConfigReader& ConfigReader::integer(const std::string& key, int64_t& out, int64_t min, int64_t max) {
   const nlohmann::json* v = value_of(key);
@@ -130,8 +128,7 @@ ConfigReader& ConfigReader::text(const std::string& key, std::string& out, std::
   return *this;
 }
 
-ConfigReader& ConfigReader::integers(const std::string& key, std::vector<int64_t>& out, int64_t min, std::size_t size,
-                                     int64_t max) {
+ConfigReader& ConfigReader::integers(const std::string& key, std::vector<int64_t>& out, int64_t min, std::size_t size, int64_t max) {
   const nlohmann::json* v = value_of(key);
   if (!v) return *this;
   const std::string what = size > 0 ? "a list of " + std::to_string(size) + " integers " + range_text(min, max)

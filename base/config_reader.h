@@ -42,15 +42,14 @@ class ConfigReader {
   // the type and range, else an Error naming the source, the key, what was expected and the value.
   ConfigReader& integer(const std::string& key, int64_t& out, int64_t min, int64_t max = kMaxConfigInt);
   ConfigReader& integer(const std::string& key, int& out, int64_t min, int64_t max = kMaxConfigInt);
-  ConfigReader& number(const std::string& key, double& out);            // any finite number
-  ConfigReader& positive_number(const std::string& key, double& out);   // finite and > 0
+  ConfigReader& number(const std::string& key, double& out);                             // any finite number
+  ConfigReader& positive_number(const std::string& key, double& out);                    // finite and > 0
   ConfigReader& number_in(const std::string& key, double& out, double min, double max);  // finite, in [min, max]
   ConfigReader& boolean(const std::string& key, bool& out);
   // A string; when `allowed` is not empty, one of those.
   ConfigReader& text(const std::string& key, std::string& out, std::initializer_list<std::string_view> allowed = {});
   // A non-empty list of integers (`size` > 0: exactly that many).
-  ConfigReader& integers(const std::string& key, std::vector<int64_t>& out, int64_t min, std::size_t size = 0,
-                         int64_t max = kMaxConfigInt);
+  ConfigReader& integers(const std::string& key, std::vector<int64_t>& out, int64_t min, std::size_t size = 0, int64_t max = kMaxConfigInt);
   // Lists of any length.
   ConfigReader& numbers(const std::string& key, std::vector<double>& out);  // finite numbers
   ConfigReader& booleans(const std::string& key, std::vector<bool>& out);

@@ -62,8 +62,7 @@ class EnumNames {
 
 // Deduces N: `inline constexpr auto kNames = enum_names<E>("what", {{{E::a, "a"}, {E::b, "b"}}});`
 template <class E, std::size_t N>
-constexpr EnumNames<E, N> enum_names(std::string_view what, const std::pair<E, std::string_view> (&entries)[N],
-                                     bool ignore_case = false) {
+constexpr EnumNames<E, N> enum_names(std::string_view what, const std::pair<E, std::string_view> (&entries)[N], bool ignore_case = false) {
   std::array<std::pair<E, std::string_view>, N> table{};
   for (std::size_t i = 0; i < N; ++i) table[i] = entries[i];
   return EnumNames<E, N>(what, table, ignore_case);

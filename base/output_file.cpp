@@ -127,9 +127,7 @@ void OutputFile::fail(const std::string& action, int error) {
   throw Error(what_ + " " + path_ + ": " + action + ": " + std::strerror(error) + " (the file was not changed)");
 }
 
-void OutputFile::write(const void* data, std::size_t bytes) {
-  write_at(size_, data, bytes);
-}
+void OutputFile::write(const void* data, std::size_t bytes) { write_at(size_, data, bytes); }
 
 void OutputFile::write_at(uint64_t offset, const void* data, std::size_t bytes) {
   if (fd_ < 0) throw Error(what_ + " " + path_ + ": write after the file was " + (committed_ ? "committed" : "closed or discarded"));
@@ -148,7 +146,8 @@ void OutputFile::write_at(uint64_t offset, const void* data, std::size_t bytes) 
 
 void OutputFile::close() {
   if (fd_ < 0) {
-    if (committed_ || temporary_.empty()) throw Error(what_ + " " + path_ + ": close after the file was " + (committed_ ? "committed" : "discarded"));
+    if (committed_ || temporary_.empty())
+      throw Error(what_ + " " + path_ + ": close after the file was " + (committed_ ? "committed" : "discarded"));
     return;
   }
   if (::fsync(fd_) != 0 && errno != EINVAL) fail("cannot write", errno);

@@ -89,7 +89,8 @@ std::string ensure_flux_dev_shaped(const std::string& dir_text) {
   for (const char* component : {"transformer", "vae", "scheduler"}) {
     fs::create_directories(dir / component);
     for (const auto& file : fs::directory_iterator(configs / component))
-      if (file.path().extension() == ".json") fs::copy_file(file.path(), dir / component / file.path().filename(), fs::copy_options::overwrite_existing);
+      if (file.path().extension() == ".json")
+        fs::copy_file(file.path(), dir / component / file.path().filename(), fs::copy_options::overwrite_existing);
   }
   const pipelines::FluxT2IPipeline meta = pipelines::FluxT2IPipeline::load_meta(configs.string(), DType::bf16);
   write_component(meta.transformer().parameters(), DType::bf16, dir / "transformer", std::size_t{5} << 30, 1);

@@ -29,8 +29,8 @@ Timing time_runs(const std::function<void()>& body, int runs, int warmup) {
 }
 
 void Context::add(Result r) {
-  std::fprintf(stderr, "%-10s %-34s %-22s %-5s %11.3f %11.3f %11.3f", r.suite.c_str(), r.case_name.c_str(),
-               r.impl.c_str(), r.dtype.c_str(), r.timing.median_s * 1e3, r.timing.min_s * 1e3, r.timing.max_s * 1e3);
+  std::fprintf(stderr, "%-10s %-34s %-22s %-5s %11.3f %11.3f %11.3f", r.suite.c_str(), r.case_name.c_str(), r.impl.c_str(), r.dtype.c_str(),
+               r.timing.median_s * 1e3, r.timing.min_s * 1e3, r.timing.max_s * 1e3);
   // Integer products are operations, not floating-point ones.
   if (r.gflops > 0) std::fprintf(stderr, "  %9.1f %s", r.gflops, r.dtype == "i8" ? "GOP/s  " : "GFLOP/s");
   if (r.gbps > 0) std::fprintf(stderr, "  %9.2f GB/s", r.gbps);

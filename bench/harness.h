@@ -21,12 +21,12 @@ Timing time_runs(const std::function<void()>& body, int runs, int warmup = 1);
 Timing summarize(std::vector<double> seconds);
 
 struct Machine {
-  std::string isa;               // "avx512f" or "avx2"
-  int threads = 1;               // threads used for the "all cores" figures
-  double fma_peak_gflops = 0;    // f32 FMA peak, all threads
-  double fma_peak_1t_gflops = 0;  // one thread
-  double triad_gbps = 0;         // STREAM-style triad bandwidth, all threads
-  double vnni_peak_gops = 0;     // AVX512-VNNI int8 peak (2 ops per product), all threads; 0 without it
+  std::string isa;                  // "avx512f" or "avx2"
+  int threads = 1;                  // threads used for the "all cores" figures
+  double fma_peak_gflops = 0;       // f32 FMA peak, all threads
+  double fma_peak_1t_gflops = 0;    // one thread
+  double triad_gbps = 0;            // STREAM-style triad bandwidth, all threads
+  double vnni_peak_gops = 0;        // AVX512-VNNI int8 peak (2 ops per product), all threads; 0 without it
   double bf16_dot_peak_gflops = 0;  // AVX512-BF16 vdpbf16ps peak, all threads; 0 without it
   double amx_peak_gflops = 0;       // AMX-BF16 tdpbf16ps peak, all threads; 0 without it
 };

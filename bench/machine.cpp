@@ -92,7 +92,8 @@ double peak_rate(int threads, long iterations, double ops_per_iteration, Loop lo
     std::vector<std::thread> pool;
     std::vector<double> sink(static_cast<std::size_t>(threads));
     const auto start = std::chrono::steady_clock::now();
-    for (int t = 0; t < threads; ++t) pool.emplace_back([&, t] { sink[static_cast<std::size_t>(t)] = static_cast<double>(loop(iterations)); });
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] { sink[static_cast<std::size_t>(t)] = static_cast<double>(loop(iterations)); });
     for (auto& th : pool) th.join();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     best = std::max(best, ops_per_iteration * static_cast<double>(iterations) * threads / s / 1e9);

@@ -17,10 +17,12 @@ using namespace cubevec::bench;
 namespace {
 
 int run(int argc, char** argv) {
-  const std::map<std::string, Suite> suites = {
-      {"launch", launch_suite}, {"cv", cv_suite}, {"instances", instances_suite}, {"gemm", gemm_suite},
-      {"vector", vector_suite}, {"attention", attention_suite}, {"blocks", blocks_suite}, {"cache", cache_suite}, {"quant", quant_suite}, {"sparse", sparse_suite}, {"parse", parse_suite},
-      {"vae", vae_suite}, {"text", text_suite}, {"memory", memory_suite}, {"parallel", parallel_suite}, {"pipeline", pipeline_suite}, {"api", api_suite}};
+  const std::map<std::string, Suite> suites = {{"launch", launch_suite},     {"cv", cv_suite},         {"instances", instances_suite},
+                                               {"gemm", gemm_suite},         {"vector", vector_suite}, {"attention", attention_suite},
+                                               {"blocks", blocks_suite},     {"cache", cache_suite},   {"quant", quant_suite},
+                                               {"sparse", sparse_suite},     {"parse", parse_suite},   {"vae", vae_suite},
+                                               {"text", text_suite},         {"memory", memory_suite}, {"parallel", parallel_suite},
+                                               {"pipeline", pipeline_suite}, {"api", api_suite}};
   std::string names;
   for (const auto& [name, suite] : suites) names += (names.empty() ? "" : ", ") + name;
 
@@ -57,14 +59,15 @@ int run(int argc, char** argv) {
     const Machine& m = context.machine;
     if (printer)
       std::fprintf(stderr,
-                 "machine: %s, %d threads: FMA peak %.1f GFLOP/s (%.1f on one thread), triad %.1f GB/s, VNNI int8 peak %.1f GOP/s, "
-                 "bf16 dot peak %.1f GFLOP/s, AMX-BF16 peak %.1f GFLOP/s (0: absent)\n",
-                 m.isa.c_str(), m.threads, m.fma_peak_gflops, m.fma_peak_1t_gflops, m.triad_gbps, m.vnni_peak_gops,
-                 m.bf16_dot_peak_gflops, m.amx_peak_gflops);
-    if (printer) std::fprintf(stderr, "cpu: %s; caches %s\n\n", cubevec::ops::gemm::cpu_model_name().c_str(), cubevec::ops::gemm::this_cpu_caches().text().c_str());
+                   "machine: %s, %d threads: FMA peak %.1f GFLOP/s (%.1f on one thread), triad %.1f GB/s, VNNI int8 peak %.1f GOP/s, "
+                   "bf16 dot peak %.1f GFLOP/s, AMX-BF16 peak %.1f GFLOP/s (0: absent)\n",
+                   m.isa.c_str(), m.threads, m.fma_peak_gflops, m.fma_peak_1t_gflops, m.triad_gbps, m.vnni_peak_gops,
+                   m.bf16_dot_peak_gflops, m.amx_peak_gflops);
     if (printer)
-      std::fprintf(stderr, "%-10s %-34s %-22s %-5s %11s %11s %11s\n", "suite", "case", "impl", "dtype", "median ms",
-                 "min ms", "max ms");
+      std::fprintf(stderr, "cpu: %s; caches %s\n\n", cubevec::ops::gemm::cpu_model_name().c_str(),
+                   cubevec::ops::gemm::this_cpu_caches().text().c_str());
+    if (printer)
+      std::fprintf(stderr, "%-10s %-34s %-22s %-5s %11s %11s %11s\n", "suite", "case", "impl", "dtype", "median ms", "min ms", "max ms");
     for (const std::string& name : chosen) suites.at(name)(context);
 
     if (!json_path.empty() && cubevec::parallel::world_rank() == 0) {
@@ -81,10 +84,17 @@ int run(int argc, char** argv) {
                          {"caches", cubevec::ops::gemm::this_cpu_caches().text()}};
       json["results"] = nlohmann::json::array();
       for (const Result& r : context.results) {
-        nlohmann::ordered_json row = {{"suite", r.suite},          {"case", r.case_name},     {"impl", r.impl},
-                                      {"dtype", r.dtype},          {"median_s", r.timing.median_s},
-                                      {"min_s", r.timing.min_s},   {"max_s", r.timing.max_s}, {"runs", r.timing.runs},
-                                      {"gflops", r.gflops},        {"gbps", r.gbps},          {"peak_fraction", r.peak_fraction}};
+        nlohmann::ordered_json row = {{"suite", r.suite},
+                                      {"case", r.case_name},
+                                      {"impl", r.impl},
+                                      {"dtype", r.dtype},
+                                      {"median_s", r.timing.median_s},
+                                      {"min_s", r.timing.min_s},
+                                      {"max_s", r.timing.max_s},
+                                      {"runs", r.timing.runs},
+                                      {"gflops", r.gflops},
+                                      {"gbps", r.gbps},
+                                      {"peak_fraction", r.peak_fraction}};
         for (const auto& [key, value] : r.extra) row[key] = value;
         json["results"].push_back(row);
       }

@@ -52,8 +52,7 @@ void api_suite(Context& context) {
     double flops = 0;
     pipeline->generate(request);  // warm-up: packing, tuning, the page cache
     std::vector<double> library;
-    for (int i = 0; i < context.repeats; ++i)
-      library.push_back(seconds_of([&] { flops = pipeline->generate(request).denoising_flops; }));
+    for (int i = 0; i < context.repeats; ++i) library.push_back(seconds_of([&] { flops = pipeline->generate(request).denoising_flops; }));
 
     const std::string command = std::string("'") + CUBEVEC_BINARY + "' " + m.command + " --model '" + folder + "' --prompt '" + m.prompt +
                                 "' --out '" + (dir / m.out).string() + "' 2>/dev/null";

@@ -62,8 +62,8 @@ void attention_suite(Context& context) {
       const Tensor q = random_bsnd(s.batch, s.sq, s.heads, s.d, dtype, 1);
       const Tensor k = random_bsnd(s.batch, s.sk, s.heads, s.d, dtype, 2);
       const Tensor v = random_bsnd(s.batch, s.sk, s.heads, s.d, dtype, 3);
-      const double flops = 4.0 * static_cast<double>(s.batch * s.heads) * static_cast<double>(s.sq) *
-                           static_cast<double>(s.sk) * static_cast<double>(s.d);
+      const double flops =
+          4.0 * static_cast<double>(s.batch * s.heads) * static_cast<double>(s.sq) * static_cast<double>(s.sk) * static_cast<double>(s.d);
       const int runs = flops > 5e10 ? std::max(3, context.repeats / 2) : context.repeats;
       std::map<std::string, double> median;
       auto report = [&](const std::string& impl, const Timing& t, bool one_thread) {
@@ -89,11 +89,16 @@ void attention_suite(Context& context) {
         o.kernel_layout = ops::AttentionLayout::bsnd;
         return o;
       };
-      report("flash-2t", time_runs([&] { ops::attention_forward(q, k, v, manual(ops::AttentionImpl::flash), stream_two).data_ptr(); }, runs), false);
-      report("flash-1t", time_runs([&] { ops::attention_forward(q, k, v, manual(ops::AttentionImpl::flash), stream_split).data_ptr(); }, runs), true);
-      report("cv_pipelined", time_runs([&] { ops::attention_forward(q, k, v, manual(ops::AttentionImpl::cv_pipelined), stream_split).data_ptr(); }, runs), false);
+      report("flash-2t",
+             time_runs([&] { ops::attention_forward(q, k, v, manual(ops::AttentionImpl::flash), stream_two).data_ptr(); }, runs), false);
+      report("flash-1t",
+             time_runs([&] { ops::attention_forward(q, k, v, manual(ops::AttentionImpl::flash), stream_split).data_ptr(); }, runs), true);
+      report("cv_pipelined",
+             time_runs([&] { ops::attention_forward(q, k, v, manual(ops::AttentionImpl::cv_pipelined), stream_split).data_ptr(); }, runs),
+             false);
       if (s.sq <= 1280 && s.sk <= 1280)
-        report("math", time_runs([&] { ops::attention_forward(q, k, v, manual(ops::AttentionImpl::math), stream_two).data_ptr(); }, runs), false);
+        report("math", time_runs([&] { ops::attention_forward(q, k, v, manual(ops::AttentionImpl::math), stream_two).data_ptr(); }, runs),
+               false);
       // The autotuner: the first call tunes (untimed warm-up), the timed calls reuse its pick.
       ops::AttentionOptions runtime;
       const Timing t = time_runs([&] { ops::attention_forward(q, k, v, runtime, stream_two).data_ptr(); }, runs);

@@ -92,9 +92,16 @@ void wan_block(Context& context, Device& device, const nlohmann::json& torch) {
     models::make_random_parameters(table, precision.weights, 7, 0.02f);
     const models::ForwardContext ctx{.activations = precision.activations};
     const models::WanBlockInputs shared{ops::cast(context_states, precision.activations, s),
-                                        ops::cast(timestep_proj, precision.activations, s), rope, {kWanFrames, kWanHeight, kWanWidth}};
+                                        ops::cast(timestep_proj, precision.activations, s),
+                                        rope,
+                                        {kWanFrames, kWanHeight, kWanWidth}};
     const Tensor h = ops::cast(hidden, precision.activations, s);
-    const TracedRun run = measure_traced(device, [&] { return block.forward({h, {}}, shared, ctx, s).hidden; }, context.repeats);
+    const TracedRun run = measure_traced(
+        device,
+        [&] {
+          return block.forward({h, {}}, shared, ctx, s).hidden;
+        },
+        context.repeats);
     report(context, "wan 4680+512 x1536", "wan", precision.name, run, torch);
   }
 }
@@ -105,8 +112,7 @@ void blocks_suite(Context& context) {
   const int threads = context.machine.threads;
   const nlohmann::json torch = run_torch("torch_flux_blocks.py", threads, std::max(2, context.repeats / 2));
   const nlohmann::json torch_wan = run_torch("torch_wan_blocks.py", threads, std::max(2, context.repeats / 2));
-  if (torch.is_null() || torch_wan.is_null())
-    std::fprintf(stderr, "note: a PyTorch baseline did not run (needs Debian's python3-torch)\n");
+  if (torch.is_null() || torch_wan.is_null()) std::fprintf(stderr, "note: a PyTorch baseline did not run (needs Debian's python3-torch)\n");
 
   DeviceProfile profile = builtin_cpu_profile();
   profile.cube_threads = threads;
@@ -139,8 +145,10 @@ void blocks_suite(Context& context) {
     const models::ForwardContext ctx{.activations = act};
     const models::FluxBlockInputs shared{ops::cast(silu, act, s), rope, {1, 32, 32}};
     const models::BlockState state{ops::cast(hidden, act, s), ops::cast(context_states, act, s)};
-    const TracedRun runs[2] = {measure_traced(device, [&] { return double_block.forward(state, shared, ctx, s).hidden; }, context.repeats),
-                              measure_traced(device, [&] { return single_block.forward(state, shared, ctx, s).hidden; }, context.repeats)};
+    const TracedRun runs[2] = {measure_traced(
+                                   device, [&] { return double_block.forward(state, shared, ctx, s).hidden; }, context.repeats),
+                               measure_traced(
+                                   device, [&] { return single_block.forward(state, shared, ctx, s).hidden; }, context.repeats)};
     const char* names[2] = {"double", "single"};
     for (int b = 0; b < 2; ++b)
       report(context, std::string("flux ") + names[b] + " 1024+256 x3072", names[b], precision.name, runs[b], torch);

@@ -18,7 +18,6 @@
 #include "pipelines/stages/cache_config.h"
 #include "pipelines/wan_t2v.h"
 
-
 namespace cubevec::bench {
 
 namespace {
@@ -98,14 +97,22 @@ void tinyflux(Context& context, Device& device) {
   o.width = o.height = pipeline.default_image_size();
   o.steps = steps;
   const std::vector<CacheConfig> settings = {
-      mindie(CacheMethod::attention, 5, 2),       mindie(CacheMethod::attention, 3, 3),
-      mindie(CacheMethod::attention, 2, 4),       mindie(CacheMethod::dit_block, 5, 2, 1, blocks),
-      mindie(CacheMethod::dit_block, 4, 3, 1, blocks), mindie(CacheMethod::dit_block, 3, 4, 1, blocks),
-      mindie(CacheMethod::dit_block, 2, 5, 1, blocks), mindie(CacheMethod::dit_block, 2, 6, 1, blocks),
-      mindie(CacheMethod::dit_block, 2, 8, 1, blocks), mindie(CacheMethod::dit_block, 3, 3, 2, blocks),
-      db(1, 0, 0.05, 4),                          db(1, 0, 0.1, 4),
-      db(1, 0, 0.2, 4),                           db(1, 0, 0.3, 3),
-      db(1, 0, 0.2, 4, 1),                        db(1, 0, 0.3, 3, 2),
+      mindie(CacheMethod::attention, 5, 2),
+      mindie(CacheMethod::attention, 3, 3),
+      mindie(CacheMethod::attention, 2, 4),
+      mindie(CacheMethod::dit_block, 5, 2, 1, blocks),
+      mindie(CacheMethod::dit_block, 4, 3, 1, blocks),
+      mindie(CacheMethod::dit_block, 3, 4, 1, blocks),
+      mindie(CacheMethod::dit_block, 2, 5, 1, blocks),
+      mindie(CacheMethod::dit_block, 2, 6, 1, blocks),
+      mindie(CacheMethod::dit_block, 2, 8, 1, blocks),
+      mindie(CacheMethod::dit_block, 3, 3, 2, blocks),
+      db(1, 0, 0.05, 4),
+      db(1, 0, 0.1, 4),
+      db(1, 0, 0.2, 4),
+      db(1, 0, 0.3, 3),
+      db(1, 0, 0.2, 4, 1),
+      db(1, 0, 0.3, 3, 2),
   };
   run_settings(context, "tinyflux", settings, steps, blocks, [&](pipelines::StageList& stages) {
     pipelines::T2ITimings timings;
@@ -126,15 +133,19 @@ void tinywan(Context& context, Device& device) {
   models::make_random_parameters(inputs, DType::f32, 3, 1.0f);
   const models::PromptEmbeddings prompt{text, {}};
   const std::vector<CacheConfig> settings = {
-      mindie(CacheMethod::attention, 20, 2, 0, {}, 47), mindie(CacheMethod::attention, 10, 3),
-      mindie(CacheMethod::dit_block, 10, 2, 1, blocks), mindie(CacheMethod::dit_block, 10, 3, 1, blocks),
-      db(1, 0, 0.1, 8),                                 db(1, 0, 0.2, 8, 2),
+      mindie(CacheMethod::attention, 20, 2, 0, {}, 47),
+      mindie(CacheMethod::attention, 10, 3),
+      mindie(CacheMethod::dit_block, 10, 2, 1, blocks),
+      mindie(CacheMethod::dit_block, 10, 3, 1, blocks),
+      db(1, 0, 0.1, 8),
+      db(1, 0, 0.2, 8, 2),
   };
   run_settings(context, "tiny wan", settings, steps, blocks, [&](pipelines::StageList& stages) {
     pipelines::T2ITimings timings;
     const Tensor latents = pipeline.denoise(prompt, nullptr, o, device, {}, timings, &stages);
     std::vector<Tensor> chunks;
-    pipeline.decode(latents, o, device, [&](const Tensor& frames) { chunks.push_back(frames); }, timings);
+    pipeline.decode(
+        latents, o, device, [&](const Tensor& frames) { chunks.push_back(frames); }, timings);
     return std::make_pair(ops::concat(chunks, 2, device.default_stream()), timings.denoise_s);
   });
 }

@@ -9,8 +9,8 @@ namespace cubevec::bench {
 void cv_suite(Context& context) {
   const CvWorkload workload;
   const DeviceProfile npu = load_device_profile(CUBEVEC_SOURCE_DIR "/assets/devices/ascend-910b.json");
-  const std::string case_name = std::to_string(workload.chunks) + "x(" + std::to_string(workload.m) + "x" +
-                                std::to_string(workload.n) + "x" + std::to_string(workload.k) + ")";
+  const std::string case_name = std::to_string(workload.chunks) + "x(" + std::to_string(workload.m) + "x" + std::to_string(workload.n) +
+                                "x" + std::to_string(workload.k) + ")";
   std::vector<CvResult> results;
   double serial_npu_modelled = 0;
   for (CvMode mode : kAllCvModes) {

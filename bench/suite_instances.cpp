@@ -27,8 +27,8 @@ void instances_suite(Context& context) {
       std::vector<double> walls;
       run_instances(device, model, inputs, concurrent);  // warm-up
       for (int r = 0; r < context.repeats; ++r) walls.push_back(run_instances(device, model, inputs, concurrent).wall_s);
-      Result row{"instances", std::to_string(instances) + "x mlp" + std::to_string(layers) + " " + std::to_string(tokens) +
-                                  "x" + std::to_string(width),
+      Result row{"instances",
+                 std::to_string(instances) + "x mlp" + std::to_string(layers) + " " + std::to_string(tokens) + "x" + std::to_string(width),
                  concurrent ? "concurrent" : "one-after-another"};
       row.timing = summarize(walls);
       row.gflops = flops_per_instance * instances / row.timing.median_s / 1e9;

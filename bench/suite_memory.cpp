@@ -66,9 +66,16 @@ void memory_suite(Context& context) {
   for (int resident : {0, 2, 4}) {
     const std::string json = scratch + "/run.json";
     fs::remove(json);
-    const std::vector<std::string> args = {cubevec, "t2i", "--model", dir, "--prompt-embeds", embeds, "--width", "256", "--height", "256",
-                                           "--steps", "1", "--dtype", "bf16", "--offload", std::to_string(resident), "--out",
-                                           scratch + "/out.jpg", "--json", json};
+    const std::vector<std::string> args = {cubevec,           "t2i",
+                                           "--model",         dir,
+                                           "--prompt-embeds", embeds,
+                                           "--width",         "256",
+                                           "--height",        "256",
+                                           "--steps",         "1",
+                                           "--dtype",         "bf16",
+                                           "--offload",       std::to_string(resident),
+                                           "--out",           scratch + "/out.jpg",
+                                           "--json",          json};
     std::fprintf(stderr, "memory: cubevec t2i ... --offload %d\n", resident);
     const ChildRun run = run_child(args, scratch + "/stderr.txt");
     Result r{"memory", "flux-dev-shaped 256x256 1 step bf16", "offload " + std::to_string(resident)};

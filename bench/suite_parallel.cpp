@@ -123,16 +123,18 @@ void parallel_suite(Context& context) {
   if (reporter) peak_gflops = measure_machine().fma_peak_gflops;
   world.barrier("bench.parallel.machine.done");
   if (reporter) {
-    std::fprintf(stderr, "parallel: rank 0 may run on %d core(s) (FMA peak %.1f GFLOP/s measured alone); the one-process baseline uses "
-                 "%d Cube + %d Vector thread(s), each rank 1 + 1\n", cores, peak_gflops, cores, cores);
+    std::fprintf(stderr,
+                 "parallel: rank 0 may run on %d core(s) (FMA peak %.1f GFLOP/s measured alone); the one-process baseline uses "
+                 "%d Cube + %d Vector thread(s), each rank 1 + 1\n",
+                 cores, peak_gflops, cores, cores);
     if (cores < 2)
       std::fprintf(stderr, "parallel: mpirun bound this rank to one core, so the baseline cannot use two: start it with --bind-to none\n");
   }
 
   // Tinyflux at 256 x 256, 2 steps, from one prompt (with CFG for the CFG-parallel case).
   const std::string dir = std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinyflux";
-  const std::vector<FluxCase> cases = {{"ulysses x2", {.ulysses = 2}}, {"ring x2", {.ring = 2}}, {"tp x2", {.tp = 2}},
-                                       {"cfg-parallel x2", {.cfg = 2}}};
+  const std::vector<FluxCase> cases = {
+      {"ulysses x2", {.ulysses = 2}}, {"ring x2", {.ring = 2}}, {"tp x2", {.tp = 2}}, {"cfg-parallel x2", {.cfg = 2}}};
   for (const FluxCase& c : cases) {
     // Loaded again for the 2-rank run: tensor parallel cuts the weights, which must not have been
     // packed for the Cube unit yet.
@@ -166,7 +168,9 @@ void parallel_suite(Context& context) {
       if (c.degrees.cfg == 2) o.cfg_parallel = groups.cfg;
       shared = measure(world, device, context.repeats, false, denoise(device, &stages));
     }
-    if (reporter) report(context, peak_gflops, "tinyflux 256x256 2 steps" + std::string(c.degrees.cfg == 2 ? " cfg" : ""), cores, c.name, alone, shared);
+    if (reporter)
+      report(context, peak_gflops, "tinyflux 256x256 2 steps" + std::string(c.degrees.cfg == 2 ? " cfg" : ""), cores, c.name, alone,
+             shared);
   }
 
   // The patch-parallel Wan VAE: base width 32, 3 latent frames of 32 x 32 (9 frames of 256 x 256).

@@ -39,7 +39,8 @@ void parse_suite(Context& context) {
   for (const int64_t n : {int64_t{10000}, int64_t{100000}, int64_t{1000000}}) {
     const std::vector<std::byte> file = header_file(n);
     std::size_t entries = 0;
-    const Timing t = time_runs([&] { entries = parse_safetensors(file, "bench.safetensors").entries.size(); }, n >= 1000000 ? 2 : 3, n >= 1000000 ? 0 : 1);
+    const Timing t = time_runs([&] { entries = parse_safetensors(file, "bench.safetensors").entries.size(); }, n >= 1000000 ? 2 : 3,
+                               n >= 1000000 ? 0 : 1);
     Result r{"parse", "safetensors header, " + std::to_string(n) + " tensors", "parse_safetensors"};
     r.timing = t;
     r.gbps = static_cast<double>(file.size()) / t.median_s / 1e9;
@@ -49,17 +50,19 @@ void parse_suite(Context& context) {
     context.add(r);
   }
   const int layers = 10000;
-  const char* parameters[] = {"attn1.to_q.weight", "attn1.to_q.bias", "attn1.to_k.weight", "attn1.to_k.bias", "attn1.to_v.weight", "attn1.to_v.bias",
-                              "attn1.to_out.0.weight", "attn1.to_out.0.bias", "ffn.net.0.proj.weight", "ffn.net.0.proj.bias", "ffn.net.2.weight",
-                              "ffn.net.2.bias"};
+  const char* parameters[] = {"attn1.to_q.weight",     "attn1.to_q.bias",     "attn1.to_k.weight",     "attn1.to_k.bias",
+                              "attn1.to_v.weight",     "attn1.to_v.bias",     "attn1.to_out.0.weight", "attn1.to_out.0.bias",
+                              "ffn.net.0.proj.weight", "ffn.net.0.proj.bias", "ffn.net.2.weight",      "ffn.net.2.bias"};
   std::vector<Tensor> slots(static_cast<std::size_t>(layers) * std::size(parameters));
-  const Timing t = time_runs([&] {
-    models::ParameterTable table;
-    std::size_t slot = 0;
-    for (int l = 0; l < layers; ++l)
-      for (const char* p : parameters) table.add("blocks." + std::to_string(l) + "." + p, {4, 4}, &slots[slot++]);
-    models::make_meta_parameters(table, DType::f32);
-  }, 3);
+  const Timing t = time_runs(
+      [&] {
+        models::ParameterTable table;
+        std::size_t slot = 0;
+        for (int l = 0; l < layers; ++l)
+          for (const char* p : parameters) table.add("blocks." + std::to_string(l) + "." + p, {4, 4}, &slots[slot++]);
+        models::make_meta_parameters(table, DType::f32);
+      },
+      3);
   Result r{"parse", "declare 10000 layers x 12 parameters", "ParameterTable"};
   r.timing = t;
   r.extra["us_per_parameter"] = t.median_s / static_cast<double>(slots.size()) * 1e6;

@@ -44,8 +44,8 @@ Tensor random_matrix(int64_t rows, int64_t cols, unsigned seed, float scale = 1.
 
 // Every int8 variant the calibration weighs on this shape, on the Cube unit's thread count, with the
 // rate the calibration measured for it on its class's problem.
-void int8_variant_rows(Context& context, const Device& device, const ops::QuantizedActivations& qa, const quant::QuantTensors& q, const std::string& name,
-                       double ops_count, int runs) {
+void int8_variant_rows(Context& context, const Device& device, const ops::QuantizedActivations& qa, const quant::QuantTensors& q,
+                       const std::string& name, double ops_count, int runs) {
   namespace g = ops::gemm;
   const int threads = device.profile().cube_threads;
   tbb::task_arena arena(threads);
@@ -219,7 +219,8 @@ void tinyflux_cases(Context& context, Device& device) {
     }
     Result row{"quant", "tinyflux 28 steps 64x64", scheme == "W8A8_TIMESTEP" ? "W8A8_TIMESTEP static" : scheme};
     row.timing = summarize(denoise_s);
-    if (scheme == "f32") reference_picture = picture, reference_s = row.timing.median_s, row.extra["weight_mb"] = static_cast<double>(weight_bytes) / 1e6;
+    if (scheme == "f32")
+      reference_picture = picture, reference_s = row.timing.median_s, row.extra["weight_mb"] = static_cast<double>(weight_bytes) / 1e6;
     else {
       const pipelines::Quality q = pipelines::compare_pictures(picture, reference_picture);
       row.extra["psnr_db"] = std::isfinite(q.psnr_db) ? q.psnr_db : 999.0;

@@ -40,7 +40,8 @@ Tensor random_bnsd(int64_t heads, int64_t s, int64_t d, unsigned seed) {
 }
 
 double kept_of(const ops::SparseMask& m) {
-  return m.stats->ready && m.stats->total > 0 ? static_cast<double>(m.stats->kept) / static_cast<double>(m.stats->total) : m.expected_density;
+  return m.stats->ready && m.stats->total > 0 ? static_cast<double>(m.stats->kept) / static_cast<double>(m.stats->total)
+                                              : m.expected_density;
 }
 
 void kernel_cases(Context& context, Device& device, const ops::LatentShape& latent, int64_t heads) {
@@ -69,15 +70,18 @@ void kernel_cases(Context& context, Device& device, const ops::LatentShape& late
       o.latent_shape_q = latent;
       o.input_layout = ops::AttentionLayout::bnsd;
       ops::SparseMask mask;
-      const Timing estimate = time_runs([&] {
-        mask = ops::estimate_sparse_mask(q, k, o, stream);
-        stream.synchronize();
-      }, runs);
+      const Timing estimate = time_runs(
+          [&] {
+            mask = ops::estimate_sparse_mask(q, k, o, stream);
+            stream.synchronize();
+          },
+          runs);
       // The kernel's own block mask picks the implementation once (runtime tuning), untimed.
       ops::sparse_attention_with_mask(q, k, v, mask, o, stream).data_ptr();
       const Timing sparse = time_runs([&] { ops::sparse_attention_with_mask(q, k, v, mask, o, stream).data_ptr(); }, runs);
       const double kept = kept_of(mask);
-      Result row{"sparse", "kernel " + shape + " sparsity " + std::to_string(sparsity).substr(0, 3), std::string(ops::sparse_type_name(type))};
+      Result row{"sparse", "kernel " + shape + " sparsity " + std::to_string(sparsity).substr(0, 3),
+                 std::string(ops::sparse_type_name(type))};
       row.timing = sparse;
       row.gflops = kept * dense_flops / sparse.median_s / 1e9;
       row.peak_fraction = row.gflops / context.machine.fma_peak_gflops;
@@ -132,7 +136,8 @@ void quality_cases(Context& context, Device& device) {
     pipelines::T2ITimings timings;
     const Tensor latents = pipeline.denoise(prompt, nullptr, o, device, {}, timings, stages);
     std::vector<Tensor> chunks;
-    pipeline.decode(latents, o, device, [&](const Tensor& frames) { chunks.push_back(frames); }, timings);
+    pipeline.decode(
+        latents, o, device, [&](const Tensor& frames) { chunks.push_back(frames); }, timings);
     return std::make_pair(ops::concat(chunks, 2, device.default_stream()), timings.denoise_s);
   };
   pipelines::StageList capture_list;
@@ -170,7 +175,8 @@ void quality_cases(Context& context, Device& device) {
       const std::vector<double> kept = stage.kept_fraction_per_step();
       double kept_mean = 0;
       for (double x : kept) kept_mean += x / static_cast<double>(kept.size());
-      Result row{"sparse", "tiny wan 2560 tokens sparsity " + std::to_string(sparsity).substr(0, 3), std::string(ops::sparse_type_name(type))};
+      Result row{"sparse", "tiny wan 2560 tokens sparsity " + std::to_string(sparsity).substr(0, 3),
+                 std::string(ops::sparse_type_name(type))};
       row.timing = summarize({seconds});
       row.extra["cosine_worst"] = worst;
       row.extra["cosine_mean"] = capture.captured.empty() ? 1.0 : sum / static_cast<double>(capture.captured.size());

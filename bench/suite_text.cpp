@@ -33,8 +33,8 @@ namespace {
 constexpr int64_t kT5Tokens = 512, kClipTokens = 77, kT5XxlLayers = 24;
 
 struct Layer {
-  std::string name;       // "t5" or "clip", as the PyTorch script names them
-  std::string label;      // the row's case text
+  std::string name;   // "t5" or "clip", as the PyTorch script names them
+  std::string label;  // the row's case text
   double gflop = 0;
   std::function<TracedRun(DType weights, Device& device, int repeats)> time;
 };
@@ -50,7 +50,8 @@ TracedRun time_t5(DType weights, Device& device, int repeats) {
   c.vocab_size = 1024, c.d_model = 4096, c.d_kv = 64, c.d_ff = 10240, c.num_heads = 64, c.num_layers = 1;
   const auto model = models::T5EncoderModel::with_random_weights(c, weights, device.default_stream(), 3);
   const std::vector<int32_t> ids = some_ids(kT5Tokens, 1024);
-  return measure_traced(device, [&] { return model->forward(ids); }, repeats);
+  return measure_traced(
+      device, [&] { return model->forward(ids); }, repeats);
 }
 
 TracedRun time_clip(DType weights, Device& device, int repeats) {
@@ -59,7 +60,8 @@ TracedRun time_clip(DType weights, Device& device, int repeats) {
   c.max_position_embeddings = kClipTokens, c.eos_token_id = 2;
   const auto model = models::ClipTextModel::with_random_weights(c, weights, device.default_stream(), 4);
   const std::vector<int32_t> ids = some_ids(kClipTokens, 1024);
-  return measure_traced(device, [&] { return model->forward(ids).last_hidden_state; }, repeats);
+  return measure_traced(
+      device, [&] { return model->forward(ids).last_hidden_state; }, repeats);
 }
 
 const nlohmann::json* torch_row(const nlohmann::json& torch, const std::string& block, const std::string& dtype) {
@@ -76,7 +78,8 @@ void layers(Context& context, const nlohmann::json& torch) {
   Device device(profile, {.trace = true});
   const double t5_gflop = (2.0 * kT5Tokens * (4.0 * 4096 * 4096 + 3.0 * 4096 * 10240) + 4.0 * kT5Tokens * kT5Tokens * 4096) / 1e9;
   const double clip_gflop = (2.0 * kClipTokens * (4.0 * 768 * 768 + 2.0 * 768 * 3072) + 4.0 * kClipTokens * kClipTokens * 768) / 1e9;
-  const Layer cases[] = {{"t5", "T5-XXL layer 512 tok x4096", t5_gflop, time_t5}, {"clip", "CLIP-L layer 77 tok x768", clip_gflop, time_clip}};
+  const Layer cases[] = {{"t5", "T5-XXL layer 512 tok x4096", t5_gflop, time_t5},
+                         {"clip", "CLIP-L layer 77 tok x768", clip_gflop, time_clip}};
   for (const Layer& layer : cases) {
     double best_cubevec = 0, best_torch = 0;
     for (const auto& [dtype_name, weights] : {std::pair{"f32", DType::f32}, {"bf16-weights", DType::bf16}}) {
@@ -126,9 +129,10 @@ void layers(Context& context, const nlohmann::json& torch) {
 
 // Prompts of 8 to 60 words from a fixed word list: distinct, so no cache sees the same text twice.
 std::vector<std::string> prompts(int count) {
-  const char* words[] = {"a", "photo", "of", "the", "cat", "sitting", "on", "red", "chair", "in", "sunlight", "with", "mountains",
-                         "behind", "it", "watercolor", "painting", "highly", "detailed", "4k", "cinematic", "lighting", "old", "city",
-                         "street", "at", "night", "rain", "neon", "signs", "reflections", "portrait", "woman", "smiling", "café"};
+  const char* words[] = {"a",        "photo",    "of",        "the",         "cat",      "sitting", "on",         "red",      "chair",
+                         "in",       "sunlight", "with",      "mountains",   "behind",   "it",      "watercolor", "painting", "highly",
+                         "detailed", "4k",       "cinematic", "lighting",    "old",      "city",    "street",     "at",       "night",
+                         "rain",     "neon",     "signs",     "reflections", "portrait", "woman",   "smiling",    "café"};
   const std::size_t n = sizeof(words) / sizeof(words[0]);
   std::vector<std::string> out;
   for (int p = 0; p < count; ++p) {
@@ -153,7 +157,11 @@ void tokenizers_throughput(Context& context) {
   for (const auto& c : cases) {
     Result r{"text", c.label, "cubevec"};
     r.dtype = "-";
-    r.timing = time_runs([&] { for (const std::string& s : texts) c.encode(s); }, context.repeats);
+    r.timing = time_runs(
+        [&] {
+          for (const std::string& s : texts) c.encode(s);
+        },
+        context.repeats);
     r.extra["prompts_per_s"] = static_cast<double>(texts.size()) / r.timing.median_s;
     context.add(r);
   }

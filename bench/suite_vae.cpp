@@ -41,14 +41,17 @@ void vae_suite(Context& context) {
     const std::size_t before = alloc.stats().live_bytes;
     auto last = std::chrono::steady_clock::now();
     int chunk = 0;
-    vae.decode_frames(z, [&](const Tensor& frames) {
-      frames.data_ptr();  // waits for the chunk
-      const auto now = std::chrono::steady_clock::now();
-      const double seconds = std::chrono::duration<double>(now - last).count();
-      if (chunk++ == 0) first_s = seconds;
-      else chunk_s.push_back(seconds);
-      last = now;
-    }, {}, s);
+    vae.decode_frames(
+        z,
+        [&](const Tensor& frames) {
+          frames.data_ptr();  // waits for the chunk
+          const auto now = std::chrono::steady_clock::now();
+          const double seconds = std::chrono::duration<double>(now - last).count();
+          if (chunk++ == 0) first_s = seconds;
+          else chunk_s.push_back(seconds);
+          last = now;
+        },
+        {}, s);
     device.synchronize();
     peak = std::max(peak, alloc.stats().peak_live_bytes - before);
     flops = 0;

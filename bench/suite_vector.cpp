@@ -54,7 +54,8 @@ void vector_suite(Context& context) {
     const Tensor x_nchw = x.view({1, 512, kTokens * kHeads * kHeadDim / 512});
     const DType other = dtype == DType::f32 ? DType::bf16 : DType::f32;
     const Tensor out_like = x;
-    const Tensor weight_x = dtype == DType::f32 ? weight : ops::cast(weight, dtype, stream);  // every op's output has x's size and dtype (cast excepted)
+    const Tensor weight_x =
+        dtype == DType::f32 ? weight : ops::cast(weight, dtype, stream);  // every op's output has x's size and dtype (cast excepted)
 
     struct Case {
       std::string name;
@@ -64,19 +65,16 @@ void vector_suite(Context& context) {
     const double io = bytes({x, out_like});
     std::vector<Case> cases = {
         {"rms_norm", [&] { return ops::rms_norm(x, weight, 1e-6f, stream); }, io + bytes({weight})},
-        {"fast_layernorm",
-         [&] { return ops::fast_layernorm(x, weight, bias, 1e-5f, ops::LayerNormImpl::high_precision, stream).out; },
+        {"fast_layernorm", [&] { return ops::fast_layernorm(x, weight, bias, 1e-5f, ops::LayerNormImpl::high_precision, stream).out; },
          io + bytes({weight, bias}) + 2.0 * 4.0 * kTokens * kHeads},
-        {"layernorm_scale_shift[1,4608,3072]",
-         [&] { return ops::layernorm_scale_shift(x_bsh, scale, shift, {}, {}, 1e-6f, stream); },
+        {"layernorm_scale_shift[1,4608,3072]", [&] { return ops::layernorm_scale_shift(x_bsh, scale, shift, {}, {}, 1e-6f, stream); },
          io + bytes({scale, shift})},
         {"rope_half_BSND",
          [&] { return ops::rotary_position_embedding(x_bsnd, cos, sin, ops::RotatedMode::rotated_half, ops::RopeLayout::BSND, stream); },
          io + bytes({cos, sin})},
         {"rope_interleaved_BSND",
          [&] {
-           return ops::rotary_position_embedding(x_bsnd, cos, sin, ops::RotatedMode::rotated_interleaved,
-                                                 ops::RopeLayout::BSND, stream);
+           return ops::rotary_position_embedding(x_bsnd, cos, sin, ops::RotatedMode::rotated_interleaved, ops::RopeLayout::BSND, stream);
          },
          io + bytes({cos, sin})},
         {"softmax", [&] { return ops::softmax(x, stream); }, io},

@@ -26,8 +26,7 @@ void AttentionTuneCacheFlag::load(const Device& device) const {
     try {
       const nlohmann::json section = ops::gemm::read_tuning_section(file, "attention");
       if (section.is_null()) return;
-      const std::size_t others =
-          ops::AttentionTuner::global().add_section(section, ops::attention_tune_fingerprint(device), *foreign_);
+      const std::size_t others = ops::AttentionTuner::global().add_section(section, ops::attention_tune_fingerprint(device), *foreign_);
       if (others > 0)
         std::fprintf(stderr, "note: tuning file %s: %zu attention entr%s tuned for other thread counts or CPUs kept aside\n", file.c_str(),
                      others, others == 1 ? "y" : "ies");
@@ -52,7 +51,8 @@ void AttentionTuneCacheFlag::save(const Device& device) const {
     const std::string file = tuning_file();
     if (file.empty() || *unusable_) return;
     try {
-      ops::gemm::write_tuning_section(file, "attention", ops::AttentionTuner::global().section(ops::attention_tune_fingerprint(device), *foreign_));
+      ops::gemm::write_tuning_section(file, "attention",
+                                      ops::AttentionTuner::global().section(ops::attention_tune_fingerprint(device), *foreign_));
     } catch (const Error& e) {
       std::fprintf(stderr, "warning: the attention picks were not saved: %s\n", e.what());
     }

@@ -27,9 +27,9 @@ int run(const CvFlags& flags, const DeviceFlags& device_flags) {
   std::fprintf(stderr,
                "cv-experiment: %d chunks; Cube: GEMM %lldx%lldx%lld (MxNxK); Vector: rms_norm, gelu-tanh, softmax on "
                "[%lld, %lld]\nprofile %s (%s): %d Cube thread(s), %d Vector thread(s); median of %d runs\n\n",
-               w.chunks, static_cast<long long>(w.m), static_cast<long long>(w.n), static_cast<long long>(w.k),
-               static_cast<long long>(w.m), static_cast<long long>(w.n), profile.name.c_str(), profile.source.c_str(),
-               profile.cube_threads, profile.vector_threads, flags.repeats);
+               w.chunks, static_cast<long long>(w.m), static_cast<long long>(w.n), static_cast<long long>(w.k), static_cast<long long>(w.m),
+               static_cast<long long>(w.n), profile.name.c_str(), profile.source.c_str(), profile.cube_threads, profile.vector_threads,
+               flags.repeats);
 
   std::vector<CvResult> results;
   for (CvMode mode : kAllCvModes) {
@@ -40,8 +40,8 @@ int run(const CvFlags& flags, const DeviceFlags& device_flags) {
   }
 
   const double serial_wall = results[0].wall_s, serial_modelled = results[0].modelled_s;
-  std::fprintf(stderr, "\n%-11s %9s %9s %9s %8s %8s %12s %9s\n", "mode", "wall ms", "cube ms", "vector ms", "overlap",
-               "speedup", "modelled ms", "modelled");
+  std::fprintf(stderr, "\n%-11s %9s %9s %9s %8s %8s %12s %9s\n", "mode", "wall ms", "cube ms", "vector ms", "overlap", "speedup",
+               "modelled ms", "modelled");
   std::fprintf(stderr, "%-11s %9s %9s %9s %8s %8s %12s %9s\n", "", "", "busy", "busy", "", "(wall)", "NPU", "speedup");
   nlohmann::ordered_json json = {{"workload", {{"chunks", w.chunks}, {"m", w.m}, {"n", w.n}, {"k", w.k}}},
                                  {"profile", profile.name},
@@ -49,8 +49,8 @@ int run(const CvFlags& flags, const DeviceFlags& device_flags) {
                                  {"modes", nlohmann::json::array()}};
   for (const CvResult& r : results) {
     std::fprintf(stderr, "%-11s %9.2f %9.2f %9.2f %7.0f%% %7.2fx %12.3f %8.2fx\n", std::string(cv_mode_name(r.mode)).c_str(),
-                 r.wall_s * 1e3, r.cube_busy_s * 1e3, r.vector_busy_s * 1e3, r.overlap_fraction * 100,
-                 serial_wall / r.wall_s, r.modelled_s * 1e3, serial_modelled / r.modelled_s);
+                 r.wall_s * 1e3, r.cube_busy_s * 1e3, r.vector_busy_s * 1e3, r.overlap_fraction * 100, serial_wall / r.wall_s,
+                 r.modelled_s * 1e3, serial_modelled / r.modelled_s);
     json["modes"].push_back({{"mode", cv_mode_name(r.mode)},
                              {"wall_s", r.wall_s},
                              {"walls_s", r.walls_s},

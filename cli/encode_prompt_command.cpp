@@ -70,8 +70,9 @@ int run(const EncodePromptFlags& f, const DeviceFlags& device_flags) {
   std::string described;
   const models::EncoderConfigKind kind = models::encoder_config_kind(dir + "/config.json");
   if (kind == models::EncoderConfigKind::tiny)
-    throw Error(dir + ": the shipped CubevecTinyTextEncoder is not a transformers encoder (encode-prompt runs CLIPTextModel, "
-                      "T5EncoderModel and UMT5EncoderModel)");
+    throw Error(dir +
+                ": the shipped CubevecTinyTextEncoder is not a transformers encoder (encode-prompt runs CLIPTextModel, "
+                "T5EncoderModel and UMT5EncoderModel)");
   if (kind == models::EncoderConfigKind::clip) {
     if (f.pipeline == "wan") throw Error(dir + " is a CLIP text encoder; Wan has none (--pipeline wan is for its umT5 encoder)");
     if (f.max_length == 1) throw Error("--max-length must be at least 2 for CLIP (<|startoftext|> and <|endoftext|>), got 1");
@@ -110,7 +111,8 @@ int run(const EncodePromptFlags& f, const DeviceFlags& device_flags) {
     described = model->class_name();
   }
   for (const auto& [name, tensor] : out)
-    if (tensor.dtype() == DType::f32) require_finite(tensor, described + ": output '" + name + "' (a weight gives NaN or inf); nothing was written");
+    if (tensor.dtype() == DType::f32)
+      require_finite(tensor, described + ": output '" + name + "' (a weight gives NaN or inf); nothing was written");
   write_safetensors(f.out, out, {{"encoder", f.encoder}, {"class", described}, {"pipeline", f.pipeline.empty() ? "none" : f.pipeline}});
   std::fprintf(stderr, "encode-prompt: %s (%s weights) on %zu prompt(s), written to %s\n", described.c_str(), dtype_name(weights).data(),
                f.prompts.size(), f.out.c_str());
@@ -125,7 +127,8 @@ CommandRunner add_encode_prompt_command(CLI::App& app) {
                                      "hidden states to compare with transformers");
   auto flags = std::make_shared<EncodePromptFlags>();
   auto device_flags = add_device_flags(*command);
-  command->add_option("--model", flags->model, "A diffusers folder (text_encoder/ + tokenizer/, text_encoder_2/ + tokenizer_2/)")->required();
+  command->add_option("--model", flags->model, "A diffusers folder (text_encoder/ + tokenizer/, text_encoder_2/ + tokenizer_2/)")
+      ->required();
   command->add_option("--encoder", flags->encoder, "text_encoder (default; tokenizer/) or text_encoder_2 (tokenizer_2/)");
   command->add_option("--prompt", flags->prompts, "A prompt (repeat for more; output tensors are numbered from 0)")->required();
   command->add_option("--max-length", flags->max_length, "Tokens to pad to (default: CLIP's model_max_length, 512 for T5)")

@@ -94,7 +94,9 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
   const bool writer = groups.world.rank() == 0;  // rank 0 writes; every rank reports
   if (writer) write_safetensors(f.out, {{"sample", sample}});
   const Tensor& first = inputs.count(names.front()) ? inputs.at(names.front()) : Tensor();
-  const std::string who = groups.world.size() > 1 ? " (rank " + std::to_string(groups.world.rank()) + " of " + std::to_string(groups.world.size()) + ", " + groups.degrees.describe() + ")" : "";
+  const std::string who = groups.world.size() > 1 ? " (rank " + std::to_string(groups.world.rank()) + " of " +
+                                                        std::to_string(groups.world.size()) + ", " + groups.degrees.describe() + ")"
+                                                  : "";
   std::fprintf(stderr, "forward%s: %s %s -> sample %s in %.3f s%s\n", who.c_str(), model->class_name().c_str(),
                first.defined() ? shape_to_string(first.shape()).c_str() : "", shape_to_string(sample.shape()).c_str(), seconds,
                writer ? (", written to " + f.out).c_str() : "");
@@ -106,9 +108,10 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
 }  // namespace
 
 CommandRunner add_forward_command(CLI::App& app) {
-  auto* command = app.add_subcommand("forward",
-                                     "One model forward (Flux / Wan transformer, AutoencoderKL / AutoencoderKLWan decode) on diffusers-named "
-                                     "input tensors; writes `sample`");
+  auto* command =
+      app.add_subcommand("forward",
+                         "One model forward (Flux / Wan transformer, AutoencoderKL / AutoencoderKLWan decode) on diffusers-named "
+                         "input tensors; writes `sample`");
   auto flags = std::make_shared<ForwardFlags>();
   auto device_flags = add_device_flags(*command);
   auto cache = add_attention_tune_cache_flag(*command);
@@ -122,7 +125,8 @@ CommandRunner add_forward_command(CLI::App& app) {
   command->add_option("--variant", flags->variant, "Read diffusion_pytorch_model.<variant>.safetensors");
   command->add_flag("--check-weights,!--no-check-weights", flags->check_weights,
                     "Check that every weight is finite before the forward (default: on)");
-  auto* quant = command->add_option("--quant", flags->quant, "MindIE SD quant description (quant_model_description_*.json; its weight file beside it)");
+  auto* quant = command->add_option("--quant", flags->quant,
+                                    "MindIE SD quant description (quant_model_description_*.json; its weight file beside it)");
   command->add_option("--timestep-policy", flags->timestep_policy,
                       "W8A8_TIMESTEP: JSON {\"default\": \"dynamic\", \"static\": [steps...]}");
   auto* step_index = command->add_option("--step-index", flags->step_index, "Denoising step a W8A8_TIMESTEP model runs at (default 0)");

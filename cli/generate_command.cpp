@@ -122,7 +122,8 @@ int run(GenerateFlags f, const CLI::App& command, const DeviceFlags& device_flag
   OutputBatch outputs;  // every file this run writes lands at its end, or none does
   const bool image = f.task == Task::t2i;
   if (f.model.empty())
-    throw Error(std::string("--model DIR is required (a diffusers ") + (image ? "Flux" : "Wan") + " directory: transformer/, vae/, scheduler/)");
+    throw Error(std::string("--model DIR is required (a diffusers ") + (image ? "Flux" : "Wan") +
+                " directory: transformer/, vae/, scheduler/)");
   if (!f.common.simulate && f.out.empty()) throw Error(image ? "--out FILE.jpg is required" : "--out FILE.avi is required");
   pipelines::Request request = request_of(f, command, stage_flags);
   pipelines::LoadOptions load;
@@ -199,8 +200,7 @@ int run(GenerateFlags f, const CLI::App& command, const DeviceFlags& device_flag
   if (writer)
     std::fprintf(stderr, "wrote %s (%d frames at %d fps)%s%s\n", f.out.c_str(), writer->frame_count(), f.fps,
                  f.frames_dir.empty() ? "" : " and the frames to ", f.frames_dir.c_str());
-  else if (image && result.decoded && writer_rank)
-    std::fprintf(stderr, "wrote %s\n", f.out.c_str());
+  else if (image && result.decoded && writer_rank) std::fprintf(stderr, "wrote %s\n", f.out.c_str());
 
   nlohmann::ordered_json json = pipelines::generation_report(*pipeline, result, stages, device);
   json["out"] = f.out;
@@ -236,26 +236,38 @@ CommandRunner add_generate_command(CLI::App& app, Task task) {
     command->add_option("--height", f.height, "Image height in pixels (default: the VAE's sample_size)")
         ->check(in_range(int64_t{16}, int64_t{16384}));
     command->add_option("--steps", f.steps, "Denoising steps (default 28)")->check(in_range(1, 1000));
-    command->add_option("--guidance", f.guidance, "Embedded guidance scale (guidance-distilled models; default 3.5)")->check(in_range(0.0, 100.0));
+    command->add_option("--guidance", f.guidance, "Embedded guidance scale (guidance-distilled models; default 3.5)")
+        ->check(in_range(0.0, 100.0));
     command->add_option("--cfg", f.cfg, "True CFG: off, fused (one batch of 2) or streams (two overlapping streams)");
     command->add_option("--cfg-scale", f.cfg_scale, "True CFG scale (default 4)")->check(in_range(0.0, 100.0));
     command->add_option("--seed", f.seed, "Noise seed");
     command->add_option("--out", f.out, "Output JPEG file")->check(output_file_path());
   } else {
     command->add_option("--model", f.model, "Diffusers Wan model directory (transformer/, vae/, scheduler/)");
-    command->add_option("--prompt", f.text.prompt, "The prompt (encoded by the folder's text_encoder/ + tokenizer/: umT5, or the shipped tiny model's own)");
+    command->add_option("--prompt", f.text.prompt,
+                        "The prompt (encoded by the folder's text_encoder/ + tokenizer/: umT5, or the shipped tiny model's own)");
     command->add_option("--negative-prompt", f.text.negative_prompt, "The negative prompt for CFG (default: the empty prompt)");
     command->add_option("--max-sequence-length", f.text.max_sequence_length, "umT5 tokens the prompt is padded to (default 512)")
         ->check(in_range(1, 4096))
         ->each([text = &f.text](const std::string&) { text->max_sequence_length_given = true; });
-    command->add_option("--prompt-embeds", f.text.prompt_embeds, "safetensors with prompt_embeds [1,L,text_dim] (and negative_prompt_embeds for CFG)");
-    command->add_option("--frames", f.frames, "Frames, 1 + 4k, the 1 + k latent frames a multiple of the transformer's temporal patch (default 81, or the model folder's generation_defaults.json)")->check(in_range(int64_t{1}, int64_t{4097}));
-    command->add_option("--width", f.width, "Width in pixels, a multiple of 8 x the patch size, 16 for Wan2.1 (default 832, or generation_defaults.json's)")
+    command->add_option("--prompt-embeds", f.text.prompt_embeds,
+                        "safetensors with prompt_embeds [1,L,text_dim] (and negative_prompt_embeds for CFG)");
+    command
+        ->add_option("--frames", f.frames,
+                     "Frames, 1 + 4k, the 1 + k latent frames a multiple of the transformer's temporal patch (default 81, or the model "
+                     "folder's generation_defaults.json)")
+        ->check(in_range(int64_t{1}, int64_t{4097}));
+    command
+        ->add_option("--width", f.width,
+                     "Width in pixels, a multiple of 8 x the patch size, 16 for Wan2.1 (default 832, or generation_defaults.json's)")
         ->check(in_range(int64_t{16}, int64_t{8192}));
-    command->add_option("--height", f.height, "Height in pixels, a multiple of 8 x the patch size, 16 for Wan2.1 (default 480, or generation_defaults.json's)")
+    command
+        ->add_option("--height", f.height,
+                     "Height in pixels, a multiple of 8 x the patch size, 16 for Wan2.1 (default 480, or generation_defaults.json's)")
         ->check(in_range(int64_t{16}, int64_t{8192}));
     command->add_option("--steps", f.steps, "Denoising steps (default 50, or generation_defaults.json's)")->check(in_range(1, 1000));
-    command->add_option("--guidance", f.guidance, "CFG scale: v = v_u + g (v_c - v_u) (default 5, or generation_defaults.json's)")->check(in_range(0.0, 100.0));
+    command->add_option("--guidance", f.guidance, "CFG scale: v = v_u + g (v_c - v_u) (default 5, or generation_defaults.json's)")
+        ->check(in_range(0.0, 100.0));
     command->add_option("--cfg", f.cfg, "CFG: fused (one batch of 2, default), streams (two overlapping streams) or off");
     command->add_option("--seed", f.seed, "Noise seed");
     command->add_option("--out", f.out, "Output MJPEG AVI file")->check(output_file_path());

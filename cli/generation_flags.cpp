@@ -34,7 +34,7 @@ void add_generation_flags(CLI::App& command, GenerationFlags& flags) {
                   "Refuse a request whose estimated peak memory is above this size (e.g. 16G; default: the memory available)")
       ->check(CLI::Validator(
           [](const std::string& text) {
-            try {  // CLI11 wants the message returned: an exception here would end the process
+            try {                                      // CLI11 wants the message returned: an exception here would end the process
               pipelines::parse_memory_size(text, "");  // CLI11 puts the flag's name first
               return std::string();
             } catch (const Error& e) {

@@ -60,8 +60,8 @@ void print_table(const std::vector<Row>& rows, bool with_shard) {
   widen(header);
   for (const Row& r : rows) widen(r);
   const auto print = [&](const Row& r) {
-    std::printf("%-*s  %-*s  %-*s  %*s  %*s", int(w[0]), r.name.c_str(), int(w[1]), r.dtype.c_str(), int(w[2]),
-                r.shape.c_str(), int(w[3]), r.bytes.c_str(), int(w[4]), r.offset.c_str());
+    std::printf("%-*s  %-*s  %-*s  %*s  %*s", int(w[0]), r.name.c_str(), int(w[1]), r.dtype.c_str(), int(w[2]), r.shape.c_str(), int(w[3]),
+                r.bytes.c_str(), int(w[4]), r.offset.c_str());
     if (with_shard) std::printf("  %s", r.shard.c_str());
     std::printf("\n");
   };
@@ -79,9 +79,8 @@ int run_inspect(const std::string& path, const std::string& json_path) {
 
   std::printf("%s\n", path.c_str());
   for (const SafetensorsFile& shard : checkpoint.shards()) {
-    std::printf("  %s: %s bytes, header %s bytes, %zu tensors\n", file_name(shard.path()).c_str(),
-                with_commas(shard.file_size()).c_str(), with_commas(shard.header_length()).c_str(),
-                shard.entries().size());
+    std::printf("  %s: %s bytes, header %s bytes, %zu tensors\n", file_name(shard.path()).c_str(), with_commas(shard.file_size()).c_str(),
+                with_commas(shard.header_length()).c_str(), shard.entries().size());
     for (const auto& [key, value] : shard.metadata())
       std::printf("    metadata %s = %s\n", printable(key).c_str(), printable(value).c_str());
     json["shards"].push_back({{"file", shard.path()},
@@ -108,9 +107,8 @@ int run_inspect(const std::string& path, const std::string& json_path) {
   print_table(rows, sharded);
   std::string dtypes;
   for (const auto& [dtype, count] : count_by_dtype) dtypes += (dtypes.empty() ? "" : ", ") + dtype + " " + std::to_string(count);
-  std::printf("\ntotal: %zu tensors (%s), %s elements, %s bytes of tensor data\n", rows.size(),
-              dtypes.empty() ? "none" : dtypes.c_str(), with_commas(total_elements).c_str(),
-              with_commas(total_bytes).c_str());
+  std::printf("\ntotal: %zu tensors (%s), %s elements, %s bytes of tensor data\n", rows.size(), dtypes.empty() ? "none" : dtypes.c_str(),
+              with_commas(total_elements).c_str(), with_commas(total_bytes).c_str());
   json["total_tensors"] = rows.size();
   json["total_elements"] = total_elements;
   json["total_bytes"] = total_bytes;
@@ -124,8 +122,7 @@ int run_inspect(const std::string& path, const std::string& json_path) {
 }  // namespace
 
 CommandRunner add_inspect_command(CLI::App& app) {
-  auto* command = app.add_subcommand(
-      "inspect", "Validate a safetensors file, sharded index or checkpoint directory and list its tensors");
+  auto* command = app.add_subcommand("inspect", "Validate a safetensors file, sharded index or checkpoint directory and list its tensors");
   auto path = std::make_shared<std::string>();
   auto json_path = std::make_shared<std::string>();
   command->add_option("path", *path, "A .safetensors file, a .safetensors.index.json, or a directory")->required();

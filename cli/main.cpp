@@ -47,8 +47,9 @@ int run(int argc, char** argv) {
     report(e.path1().string() + ": " + e.code().message());
     return 1;
   } catch (const std::bad_alloc&) {
-    report("out of memory: the request needs more memory than this machine gives (use a smaller size, fewer frames or "
-           "--simulate with smaller settings)");
+    report(
+        "out of memory: the request needs more memory than this machine gives (use a smaller size, fewer frames or "
+        "--simulate with smaller settings)");
     return 1;
   } catch (const std::exception& e) {
     report(std::string("internal error: ") + e.what());

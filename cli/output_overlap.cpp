@@ -47,7 +47,7 @@ void check_outputs_against_inputs(const CLI::App& command) {
     for (const std::string& value : option->results()) {
       if (value.empty()) continue;
       if (flag == "--out" && command.get_name() == "quantize") continue;  // an output folder (quantize checks its files)
-      std::error_code ec;  // a value that cannot be a path (too long, ...) is no input file
+      std::error_code ec;                                                 // a value that cannot be a path (too long, ...) is no input file
       if (is_output(command, flag)) outputs.push_back({flag, value});
       else if (!is_text(flag) && fs::exists(fs::symlink_status(value, ec))) inputs.push_back({flag, value});
     }

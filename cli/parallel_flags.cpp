@@ -7,8 +7,7 @@
 namespace cubevec::cli {
 
 parallel::ParallelGroups ParallelFlags::resolve(bool simulate) const {
-  if (!(comm_timeout_s > 0))
-    throw Error("--comm-timeout must be a positive number of seconds, got " + number_for_message(comm_timeout_s));
+  if (!(comm_timeout_s > 0)) throw Error("--comm-timeout must be a positive number of seconds, got " + number_for_message(comm_timeout_s));
   parallel::set_collective_timeout(comm_timeout_s);
   if (ranks != 0 && !simulate)
     throw Error("--ranks models that many cards in one process and needs --simulate; a real run takes its ranks from mpirun -np");
@@ -17,7 +16,7 @@ parallel::ParallelGroups ParallelFlags::resolve(bool simulate) const {
 }
 
 parallel::ParallelGroups ParallelFlags::resolve_generation(bool simulate, pipelines::CfgMode cfg,
-                                                          std::optional<parallel::Communicator>& cfg_parallel) const {
+                                                           std::optional<parallel::Communicator>& cfg_parallel) const {
   parallel::ParallelGroups groups = resolve(simulate);
   if (groups.degrees.cfg == 2) {
     if (cfg == pipelines::CfgMode::off)

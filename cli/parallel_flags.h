@@ -17,7 +17,7 @@ namespace cubevec::cli {
 struct ParallelFlags {
   parallel::ParallelDegrees degrees;
   double comm_timeout_s = 600;
-  int ranks = 0;  // --ranks N: cards modelled in one process (simulate mode only); 0: not given
+  int ranks = 0;              // --ranks N: cards modelled in one process (simulate mode only); 0: not given
   bool vae_parallel = false;  // --vae-parallel: every rank shares the VAE decode (t2i, t2v)
 
   // Checks the flags against the ranks mpirun started (or, simulated, --ranks) before any work and

@@ -53,7 +53,8 @@ int run(const QuantizeFlags& f, const DeviceFlags& device_flags) {
   if (f.out.empty()) throw Error("--out DIR is required (the folder for the quant description and weight files)");
   if (f.algo.empty()) throw Error("--algo is required: W8A16, W8A8_DYNAMIC, W8A8 or W8A8_TIMESTEP");
   const std::optional<quant::Algorithm> algorithm = quant::parse_algorithm(f.algo, "--algo");
-  if (!algorithm) throw Error("--algo " + f.algo + ": MindIE SD has that algorithm, but cubevec exports W8A16, W8A8_DYNAMIC, W8A8, W8A8_TIMESTEP");
+  if (!algorithm)
+    throw Error("--algo " + f.algo + ": MindIE SD has that algorithm, but cubevec exports W8A16, W8A8_DYNAMIC, W8A8, W8A8_TIMESTEP");
   if (f.prompts.empty() && f.embeds.empty())
     throw Error("calibration needs data: give --prompt TEXT (one or more) or --calibration-embeds FILE (one or more)");
   const DType dtype = parse_dtype(f.dtype);
@@ -93,7 +94,8 @@ int run(const QuantizeFlags& f, const DeviceFlags& device_flags) {
     const auto on_step = [&](int step, int steps, double) {
       // A progress bar per calibration input.
       const int width = 30, filled = width * step / steps;
-      std::fprintf(stderr, "\rcalibrating %zu/%zu [%s%s] step %d/%d", i + 1, data.size(), std::string(static_cast<std::size_t>(filled), '#').c_str(),
+      std::fprintf(stderr, "\rcalibrating %zu/%zu [%s%s] step %d/%d", i + 1, data.size(),
+                   std::string(static_cast<std::size_t>(filled), '#').c_str(),
                    std::string(static_cast<std::size_t>(width - filled), '.').c_str(), step, steps);
       if (step == steps) std::fprintf(stderr, "  %s\n", data[i].first.c_str());
     };
@@ -105,7 +107,8 @@ int run(const QuantizeFlags& f, const DeviceFlags& device_flags) {
     }
   }
   calibration.detach(model.model().transformer_parameters());
-  const pipelines::QuantExportResult result = pipelines::export_quantized(model.model().transformer_parameters(), calibration, options, f.steps, f.out);
+  const pipelines::QuantExportResult result =
+      pipelines::export_quantized(model.model().transformer_parameters(), calibration, options, f.steps, f.out);
 
   std::fprintf(stderr, "\nper-layer cosine of the quantized output against float on calibration rows (worst first):\n");
   for (std::size_t i = 0; i < result.layers.size() && i < static_cast<std::size_t>(f.top); ++i)
@@ -113,14 +116,19 @@ int run(const QuantizeFlags& f, const DeviceFlags& device_flags) {
   if (!result.layers.empty())
     std::fprintf(stderr, "  ... %zu layers, worst %.6f, best %.6f\n", result.layers.size(), result.layers.front().cosine,
                  result.layers.back().cosine);
-  std::fprintf(stderr, "wrote %s and %s (int8 layers %.2f MiB, float %.2f MiB)\n", result.description_path.c_str(), result.weight_path.c_str(),
-               static_cast<double>(result.int8_bytes) / (1 << 20), static_cast<double>(result.float_bytes) / (1 << 20));
+  std::fprintf(stderr, "wrote %s and %s (int8 layers %.2f MiB, float %.2f MiB)\n", result.description_path.c_str(),
+               result.weight_path.c_str(), static_cast<double>(result.int8_bytes) / (1 << 20),
+               static_cast<double>(result.float_bytes) / (1 << 20));
   if (!f.json_path.empty()) {
     nlohmann::ordered_json layers = nlohmann::ordered_json::array();
     for (const auto& l : result.layers) layers.push_back({{"module", l.module}, {"cosine", l.cosine}});
-    const nlohmann::ordered_json json = {{"model", f.model},          {"algorithm", f.algo},          {"steps", f.steps},
-                                         {"description", result.description_path}, {"weights", result.weight_path},
-                                         {"excluded", result.excluded}, {"layers", layers}};
+    const nlohmann::ordered_json json = {{"model", f.model},
+                                         {"algorithm", f.algo},
+                                         {"steps", f.steps},
+                                         {"description", result.description_path},
+                                         {"weights", result.weight_path},
+                                         {"excluded", result.excluded},
+                                         {"layers", layers}};
     write_output_file(f.json_path, "--json", json.dump(2) + "\n");
   }
   return 0;
@@ -129,7 +137,8 @@ int run(const QuantizeFlags& f, const DeviceFlags& device_flags) {
 }  // namespace
 
 CommandRunner add_quantize_command(CLI::App& app) {
-  auto* command = app.add_subcommand("quantize", "Export MindIE SD quantization files (W8A16, W8A8_DYNAMIC, W8A8, W8A8_TIMESTEP) from a float model");
+  auto* command =
+      app.add_subcommand("quantize", "Export MindIE SD quantization files (W8A16, W8A8_DYNAMIC, W8A8, W8A8_TIMESTEP) from a float model");
   auto flags = std::make_shared<QuantizeFlags>();
   auto device_flags = add_device_flags(*command);
   command->add_option("--model", flags->model, "Diffusers Flux or Wan folder (float weights)");
@@ -138,7 +147,8 @@ CommandRunner add_quantize_command(CLI::App& app) {
   command->add_option("--calibration-embeds", flags->embeds, "Calibration prompt embeddings (a --prompt-embeds file; repeat for more)");
   command->add_option("--steps", flags->steps, "Denoising steps per calibration run (W8A8_TIMESTEP: one row of scales per step)")
       ->check(in_range(1, 1000));
-  command->add_option("--width", flags->width, "Calibration width (default: the model's size; 64 for Wan)")->check(in_range(int64_t{16}, int64_t{4096}));
+  command->add_option("--width", flags->width, "Calibration width (default: the model's size; 64 for Wan)")
+      ->check(in_range(int64_t{16}, int64_t{4096}));
   command->add_option("--height", flags->height, "Calibration height")->check(in_range(int64_t{16}, int64_t{4096}));
   command->add_option("--frames", flags->frames, "Wan: frames, 1 + 4k (default 5)")->check(in_range(int64_t{1}, int64_t{1025}));
   command->add_option("--seed", flags->seed, "Noise seed of the calibration runs");

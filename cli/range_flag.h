@@ -26,8 +26,8 @@ std::string range_bound_text(T value) {
 template <class T>
 CLI::Validator in_range(T lo, T hi) {
   static_assert(std::is_arithmetic_v<T>);
-  const std::string expected = std::string(std::is_integral_v<T> ? "an integer" : "a finite number") + " from " +
-                               range_bound_text(lo) + " to " + range_bound_text(hi);
+  const std::string expected = std::string(std::is_integral_v<T> ? "an integer" : "a finite number") + " from " + range_bound_text(lo) +
+                               " to " + range_bound_text(hi);
   return CLI::Validator(
       [lo, hi, expected](std::string& value) -> std::string {
         T parsed{};

@@ -28,9 +28,9 @@ void print_stage_table(const std::vector<pipelines::StageTime>& stages, const pi
   std::fprintf(stderr, "\n%-28s %10s\n", "stage", "seconds");
   for (const pipelines::StageTime& stage : stages) {
     if (stage.name == "denoising")
-      std::fprintf(stderr, "%-28s %10.3f   (%.3f s/step mean over %d steps)\n", "denoising", stage.seconds, pipelines::mean(timings.step_s), steps);
-    else
-      std::fprintf(stderr, "%-28s %10.3f\n", stage.name.c_str(), stage.seconds);
+      std::fprintf(stderr, "%-28s %10.3f   (%.3f s/step mean over %d steps)\n", "denoising", stage.seconds, pipelines::mean(timings.step_s),
+                   steps);
+    else std::fprintf(stderr, "%-28s %10.3f\n", stage.name.c_str(), stage.seconds);
   }
   std::fprintf(stderr, "%-28s %10.3f   (%.3f s/step on the %s profile's modelled clock)\n", "modelled denoising",
                timings.modelled_denoise_s, pipelines::mean(timings.modelled_step_s), profile.c_str());

@@ -34,7 +34,8 @@ ops::LatentShape parse_latent_shape(const std::string& text) {
   for (int i = 0; i < 3; ++i) {
     const std::size_t comma = text.find(',', start);
     const std::string part = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (part.empty() || part.size() > 18 || part.find_first_not_of("0123456789") != std::string::npos || (i < 2) != (comma != std::string::npos))
+    if (part.empty() || part.size() > 18 || part.find_first_not_of("0123456789") != std::string::npos ||
+        (i < 2) != (comma != std::string::npos))
       throw Error("--latent-shape must be T,H,W (three positive integers below 10^18), got '" + text + "'");
     s[static_cast<std::size_t>(i)] = std::stoll(part);
     start = comma + 1;
@@ -103,8 +104,9 @@ int run(const SparseFlags& f, const CLI::App& command, const DeviceFlags& device
 }  // namespace
 
 CommandRunner add_sparse_attention_command(CLI::App& app) {
-  auto* command = app.add_subcommand("sparse-attention", "MindIE SD's sparse_attention (rf_v2, ada_bsa) on q, k, v from a file; writes out and "
-                                                         "kept_blocks for comparison with MindIE SD");
+  auto* command = app.add_subcommand("sparse-attention",
+                                     "MindIE SD's sparse_attention (rf_v2, ada_bsa) on q, k, v from a file; writes out and "
+                                     "kept_blocks for comparison with MindIE SD");
   auto flags = std::make_shared<SparseFlags>();
   auto device_flags = add_device_flags(*command);
   command->add_option("--inputs", flags->inputs, "safetensors with q, k, v (self-attention: one shape)");
@@ -114,7 +116,11 @@ CommandRunner add_sparse_attention_command(CLI::App& app) {
   command->add_option("--txt-len", flags->txt_len, "rf_v2: the first N tokens are text");
   command->add_option("--latent-shape", flags->latent_shape, "rf_v2: T,H,W of the image tokens (T * H * W = S - txt-len)");
   command->add_option("--keep-sink", flags->keep_sink, "ada_bsa: force the first key block (0 or 1, default 1)")->check(in_range(0, 1));
-  command->add_option("--keep-recent", flags->keep_recent, "ada_bsa: keep_recent (0 or 1, default 1; non-causal attention always keeps the last key block, as MindIE's kernel, so it changes nothing here)")->check(in_range(0, 1));
+  command
+      ->add_option("--keep-recent", flags->keep_recent,
+                   "ada_bsa: keep_recent (0 or 1, default 1; non-causal attention always keeps the last key block, as MindIE's kernel, so "
+                   "it changes nothing here)")
+      ->check(in_range(0, 1));
   command->add_option("--cdf-threshold", flags->cdf_threshold, "ada_bsa: CDF threshold, (0, 1] (default 1)");
   command->add_option("--layout", flags->layout, "BNSD (default) or BSND");
   command->add_option("--head-num", flags->head_num, "Heads (must equal q's)");

@@ -18,8 +18,8 @@ namespace {
 
 const char* const kMindieFlags[] = {"--cache-step-start", "--cache-interval", "--cache-step-end", "--cache-block-start",
                                     "--cache-block-end"};
-const char* const kDbFlags[] = {"--cache-fn",        "--cache-bn",           "--cache-threshold", "--cache-warmup",
-                                "--cache-max-cached", "--cache-max-continuous", "--taylorseer"};
+const char* const kDbFlags[] = {
+    "--cache-fn", "--cache-bn", "--cache-threshold", "--cache-warmup", "--cache-max-cached", "--cache-max-continuous", "--taylorseer"};
 
 }  // namespace
 
@@ -27,10 +27,12 @@ std::shared_ptr<StageFlags> add_stage_flags(CLI::App& command) {
   auto f = std::make_shared<StageFlags>();
   auto& v = f->values;
   auto add = [&](const char* name, auto& target, const char* help) { f->options.push_back(command.add_option(name, target, help)); };
-  add("--quant", f->quant, "MindIE SD quant description (quant_model_description_*.json; its weight file beside it); in --simulate "
+  add("--quant", f->quant,
+      "MindIE SD quant description (quant_model_description_*.json; its weight file beside it); in --simulate "
       "also an algorithm name (W8A16, W8A8, W8A8_DYNAMIC, W8A8_TIMESTEP)");
   add("--timestep-policy", f->timestep_policy, "W8A8_TIMESTEP: JSON {\"default\": \"dynamic\", \"static\": [steps...]}");
-  add("--cache", f->cache, "Step cache: none, attention (MindIE AttentionCache), dit-block (MindIE DiTBlockCache), db (cache-dit DBCache/FBCache)");
+  add("--cache", f->cache,
+      "Step cache: none, attention (MindIE AttentionCache), dit-block (MindIE DiTBlockCache), db (cache-dit DBCache/FBCache)");
   add("--cache-config", f->cache_config, "JSON file with the cache settings (the flags' names without the dashes as keys)");
   add("--cache-step-start", v.step_start, "attention / dit-block: first step that may use the cache (default 0)");
   add("--cache-interval", v.step_interval, "attention / dit-block: compute every N steps from the start (default 1: bypass)");
@@ -120,7 +122,8 @@ std::unique_ptr<pipelines::SparseAttentionStage> StageFlags::sparse_stage() cons
       if (given(name)) throw Error(std::string(name) + " applies with --sparse rf_v2|ada_bsa");
     return nullptr;
   }
-  if (given("--sparse-cdf-threshold") && c.type != ops::SparseType::ada_bsa) throw Error("--sparse-cdf-threshold applies with --sparse ada_bsa");
+  if (given("--sparse-cdf-threshold") && c.type != ops::SparseType::ada_bsa)
+    throw Error("--sparse-cdf-threshold applies with --sparse ada_bsa");
   if (!sparse_blocks.empty()) std::tie(c.block_first, c.block_last) = pipelines::SparseConfig::parse_blocks(sparse_blocks);
   return std::make_unique<pipelines::SparseAttentionStage>(c);
 }
@@ -150,6 +153,5 @@ void print_stage_report(const pipelines::StageList& stages) {
   }
   if (!stages.empty()) std::fprintf(stderr, "stages: %s over the run\n", pipelines::StageList::skipped_text(total).c_str());
 }
-
 
 }  // namespace cubevec::cli

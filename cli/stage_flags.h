@@ -30,11 +30,11 @@ namespace cubevec::cli {
 struct StageFlags {
   std::string quant, timestep_policy;
   std::string cache = "none", cache_config;
-  pipelines::CacheConfig values;  // the flags' values (defaults where not given)
+  pipelines::CacheConfig values;    // the flags' values (defaults where not given)
   int step_end = 0, block_end = 0;  // --cache-step-end, --cache-block-end when given
   std::string sparse = "none", sparse_blocks;
   pipelines::SparseConfig sparse_values;
-  int offload = 0;  // --offload R: resident blocks (0: off)
+  int offload = 0;                    // --offload R: resident blocks (0: off)
   std::vector<CLI::Option*> options;  // to know which were given
 
   bool quant_given() const;  // --quant on the command line
@@ -50,17 +50,15 @@ struct StageFlags {
   // null without --offload; an R outside [1, blocks) is an error naming the flag.
   std::unique_ptr<pipelines::Stage> offload_stage(std::vector<std::string> block_modules, int cube_threads) const;
   // The stages for a run of `steps` steps over `blocks` blocks (pipelines/stage_plan.h's order and checks).
-  static pipelines::StageList build(std::unique_ptr<pipelines::Stage> quantize, const pipelines::CacheConfig& cache, int steps,
-                                    int blocks, std::unique_ptr<pipelines::SparseAttentionStage> sparse = nullptr,
+  static pipelines::StageList build(std::unique_ptr<pipelines::Stage> quantize, const pipelines::CacheConfig& cache, int steps, int blocks,
+                                    std::unique_ptr<pipelines::SparseAttentionStage> sparse = nullptr,
                                     std::unique_ptr<pipelines::Stage> offload = nullptr);
 };
 
 std::shared_ptr<StageFlags> add_stage_flags(CLI::App& command);
 
-
 // The stage rows of the run report on stderr: each stage's name, host seconds and summary; and the
 // step counts (computed / skipped blocks and attention per step). The JSON form: pipelines/run_report.h.
 void print_stage_report(const pipelines::StageList& stages);
-
 
 }  // namespace cubevec::cli

@@ -41,7 +41,8 @@ int run(const CacheTuneFlags& f, const DeviceFlags& device_flags, const Attentio
   else if (f.method != "both") throw Error("--method must be dit-block, attention or both, got '" + f.method + "'");
   if (f.step_start >= 0) options.step_start = f.step_start;
   if (f.interval >= 0) {
-    if (f.interval < 2) throw Error("--cache-interval must be at least 2 for tuning (1 computes every step), got " + std::to_string(f.interval));
+    if (f.interval < 2)
+      throw Error("--cache-interval must be at least 2 for tuning (1 computes every step), got " + std::to_string(f.interval));
     options.interval = f.interval;
   }
   Device device(device_flags.resolve());
@@ -53,18 +54,18 @@ int run(const CacheTuneFlags& f, const DeviceFlags& device_flags, const Attentio
   const pipelines::CacheTuneRun generate = [&](pipelines::StageList& stages) { return model.run(text.positive, stages); };
   std::fprintf(stderr, "tune-cache: %s, %d steps, %d blocks, target %.2fx; text: %s\n", f.model.c_str(), f.steps, blocks, f.target,
                text.source.c_str());
-  const pipelines::CacheTuneResult result = pipelines::tune_cache(generate, f.steps, blocks, options, [](const std::string& what) {
-    std::fprintf(stderr, "running: %s\n", what.c_str());
-  });
+  const pipelines::CacheTuneResult result = pipelines::tune_cache(
+      generate, f.steps, blocks, options, [](const std::string& what) { std::fprintf(stderr, "running: %s\n", what.c_str()); });
   std::fprintf(stderr, "\nreference (no cache): %.3f s of denoising\n%-44s %9s %8s %12s %12s\n", result.reference_seconds, "candidate",
                "seconds", "speedup", "MSE", "proxy");
   for (const auto& t : result.trials)
-    std::fprintf(stderr, "%-44s %9.3f %7.2fx %12.4g %12.4g%s\n", t.config.describe().c_str(), t.seconds, t.speedup,
-                 t.mse, t.proxy, t.reaches_target ? "" : "  (below target)");
+    std::fprintf(stderr, "%-44s %9.3f %7.2fx %12.4g %12.4g%s\n", t.config.describe().c_str(), t.seconds, t.speedup, t.mse, t.proxy,
+                 t.reaches_target ? "" : "  (below target)");
   for (const auto& note : result.notes) std::fprintf(stderr, "note: %s\n", note.c_str());
   cache.save(device);
   if (!result.chosen)
-    throw Error("no setting reached " + std::to_string(f.target).substr(0, 4) + "x on this run (see the trials above); try a lower "
+    throw Error("no setting reached " + std::to_string(f.target).substr(0, 4) +
+                "x on this run (see the trials above); try a lower "
                 "--target-speedup, more --steps or another --cache-step-start / --cache-interval");
   const std::string json = result.chosen->config.to_json().dump(2);
   std::printf("%s\n", json.c_str());
@@ -78,7 +79,8 @@ int run(const CacheTuneFlags& f, const DeviceFlags& device_flags, const Attentio
 }  // namespace
 
 CommandRunner add_tune_cache_command(CLI::App& app) {
-  auto* command = app.add_subcommand("tune-cache", "Search DiTBlockCache / AttentionCache settings for a target speedup (MindIE SD's method)");
+  auto* command =
+      app.add_subcommand("tune-cache", "Search DiTBlockCache / AttentionCache settings for a target speedup (MindIE SD's method)");
   auto flags = std::make_shared<CacheTuneFlags>();
   auto device_flags = add_device_flags(*command);
   auto cache = add_attention_tune_cache_flag(*command);
@@ -91,7 +93,8 @@ CommandRunner add_tune_cache_command(CLI::App& app) {
   command->add_option("--target-speedup", flags->target, "Denoising speedup to reach (default 1.6)");
   command->add_option("--method", flags->method, "dit-block, attention or both (default)");
   command->add_option("--steps", flags->steps, "Denoising steps (default 28)")->check(in_range(2, 1000));
-  command->add_option("--width", flags->width, "Width (default: the model's size; 64 for Wan)")->check(in_range(int64_t{16}, int64_t{4096}));
+  command->add_option("--width", flags->width, "Width (default: the model's size; 64 for Wan)")
+      ->check(in_range(int64_t{16}, int64_t{4096}));
   command->add_option("--height", flags->height, "Height")->check(in_range(int64_t{16}, int64_t{4096}));
   command->add_option("--frames", flags->frames, "Wan: frames, 1 + 4k (default 5)")->check(in_range(int64_t{1}, int64_t{1025}));
   command->add_option("--seed", flags->seed, "Noise seed");

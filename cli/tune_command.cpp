@@ -80,7 +80,8 @@ int run_tune(const TuneFlags& f, const DeviceFlags& device_flags) {
         try {
           entry = g::calibrate(key, g::this_cpu_caches(), [&](const g::VariantRate& r) {
             char rate[64];
-            std::snprintf(rate, sizeof rate, "%s %.0f G%s/s", r.variant.name().c_str(), r.gflops, family == g::GemmFamily::int8 ? "OP" : "FLOP");
+            std::snprintf(rate, sizeof rate, "%s %.0f G%s/s", r.variant.name().c_str(), r.gflops,
+                          family == g::GemmFamily::int8 ? "OP" : "FLOP");
             print_bar(key, ++done, total, rate);
           });
         } catch (...) {

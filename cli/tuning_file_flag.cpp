@@ -14,8 +14,9 @@ std::shared_ptr<std::string> add_tuning_file_flag(CLI::App& command) {
       .add_option("--tune-cache", *path,
                   "Tuning file to read and update: the GEMM calibration and the attention picks (default: "
                   "$XDG_CACHE_HOME/cubevec/tuning.json, else ~/.cache/cubevec/tuning.json)")
-      ->check(CLI::Validator([](const std::string& value) { return value.empty() ? std::string("expected a file path, got an empty string") : std::string(); },
-                             "PATH"));
+      ->check(CLI::Validator(
+          [](const std::string& value) { return value.empty() ? std::string("expected a file path, got an empty string") : std::string(); },
+          "PATH"));
   return path;
 }
 
@@ -28,7 +29,9 @@ void use_tuning_file(const std::string& path) {
   if (!read_only) check_output_path(path, "--tune-cache");
   const std::string warning = ops::gemm::GemmTuner::global().set_file(path, true);
   if (!warning.empty()) std::fprintf(stderr, "warning: %s\n", warning.c_str());
-  if (read_only) std::fprintf(stderr, "note: --tune-cache %s is read-only: its entries are used, and nothing measured in this run is saved\n", path.c_str());
+  if (read_only)
+    std::fprintf(stderr, "note: --tune-cache %s is read-only: its entries are used, and nothing measured in this run is saved\n",
+                 path.c_str());
 }
 
 }  // namespace cubevec::cli

@@ -42,7 +42,7 @@ struct DeviceOptions {
 struct DeviceStats {
   uint64_t kernels = 0;
   std::array<double, kUnitCount> modelled_busy_s{};  // per unit: the sum of modelled kernel times
-  double modelled_makespan_s = 0;           // when the last modelled kernel ends
+  double modelled_makespan_s = 0;                    // when the last modelled kernel ends
   std::array<uint64_t, kUnitCount> kernels_per_unit{};
   std::array<double, kUnitCount> bytes_per_unit{};   // the kernels' declared bytes (comm: over the busiest link)
   std::array<double, kUnitCount> flops_per_unit{};   // the kernels' declared flops

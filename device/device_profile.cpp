@@ -90,8 +90,8 @@ double DeviceProfile::peak_tflops(bool cube, DType dtype) const {
   const auto& table = cube ? cube_tflops : vector_tflops;
   const auto it = table.find(dtype);
   if (it == table.end())
-    throw Error("device profile '" + name + "' (" + source + ") has no " + (cube ? "cube" : "vector") +
-                "_tflops figure for " + std::string(dtype_name(dtype)));
+    throw Error("device profile '" + name + "' (" + source + ") has no " + (cube ? "cube" : "vector") + "_tflops figure for " +
+                std::string(dtype_name(dtype)));
   return it->second;
 }
 
@@ -155,9 +155,7 @@ DeviceProfile parse_device_profile(const std::string& json_text, const std::stri
   return p;
 }
 
-DeviceProfile load_device_profile(const std::string& path) {
-  return parse_device_profile(read_regular_file(path), path);
-}
+DeviceProfile load_device_profile(const std::string& path) { return parse_device_profile(read_regular_file(path), path); }
 
 DeviceProfile builtin_cpu_profile() {
   DeviceProfile p;
@@ -191,8 +189,9 @@ void apply_thread_overrides(DeviceProfile& profile, int cube_threads, int vector
   const int limit = max_unit_threads();
   for (const auto& [count, origin] : {std::pair{profile.cube_threads, &cube_origin}, {profile.vector_threads, &vector_origin}})
     if (count > limit)
-      throw Error(*origin + " " + std::to_string(count) + " is above this machine's limit of " + std::to_string(limit) + " threads a unit (16 x its " +
-                  std::to_string(std::max(1u, std::thread::hardware_concurrency())) + " hardware threads); more only add scheduling cost");
+      throw Error(*origin + " " + std::to_string(count) + " is above this machine's limit of " + std::to_string(limit) +
+                  " threads a unit (16 x its " + std::to_string(std::max(1u, std::thread::hardware_concurrency())) +
+                  " hardware threads); more only add scheduling cost");
 }
 
 int max_unit_threads() { return 16 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }

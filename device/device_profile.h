@@ -15,18 +15,18 @@ struct DeviceProfile {
   std::string source;  // the file it came from, or "built-in"
 
   // This CPU.
-  int cube_threads = 1;     // threads of the Cube unit's arena
-  int vector_threads = 1;   // threads of the Vector unit's arena
-  bool pin_units = false;   // pin each unit's threads to their own cores
+  int cube_threads = 1;    // threads of the Cube unit's arena
+  int vector_threads = 1;  // threads of the Vector unit's arena
+  bool pin_units = false;  // pin each unit's threads to their own cores
 
   // The modelled NPU.
-  int ai_cores = 1;                        // Cube cores (AIC)
-  int vector_cores = 1;                    // Vector cores (AIV)
-  std::map<DType, double> cube_tflops;     // Cube peak by compute dtype
-  std::map<DType, double> vector_tflops;   // Vector peak by compute dtype
-  double hbm_gbps = 1;                     // device-memory bandwidth
-  double l2_mib = 0;                       // L2 cache size (reported; the simple cost model ignores it)
-  double launch_overhead_us = 0;           // added to every kernel
+  int ai_cores = 1;                       // Cube cores (AIC)
+  int vector_cores = 1;                   // Vector cores (AIV)
+  std::map<DType, double> cube_tflops;    // Cube peak by compute dtype
+  std::map<DType, double> vector_tflops;  // Vector peak by compute dtype
+  double hbm_gbps = 1;                    // device-memory bandwidth
+  double l2_mib = 0;                      // L2 cache size (reported; the simple cost model ignores it)
+  double launch_overhead_us = 0;          // added to every kernel
 
   // Its links (the optional "links" object): what communication kernels cost. A profile without
   // them can run communication for real but not model it.
@@ -38,12 +38,12 @@ struct DeviceProfile {
   // How kernels reach those peaks (the optional "kernels" object; without it every kernel runs at
   // its unit's peak, as the simple model). See device/cost_model.h.
   bool has_kernel_model = false;
-  double cube_efficiency = 1;       // a GEMM's fraction of the Cube peak, before tile and wave losses
-  double attention_efficiency = 1;  // the same for attention's Cube work
-  double vector_efficiency = 1;     // a Vector kernel's fraction of the Vector peak
+  double cube_efficiency = 1;            // a GEMM's fraction of the Cube peak, before tile and wave losses
+  double attention_efficiency = 1;       // the same for attention's Cube work
+  double vector_efficiency = 1;          // a Vector kernel's fraction of the Vector peak
   int cube_tile_m = 0, cube_tile_n = 0;  // one AI core's output tile (0: no quantization)
-  double attention_vector_ops = 0;  // Vector operations per attention score (the online softmax)
-  double host_issue_us = 0;         // host time to issue one kernel to a stream (eager launch)
+  double attention_vector_ops = 0;       // Vector operations per attention score (the online softmax)
+  double host_issue_us = 0;              // host time to issue one kernel to a stream (eager launch)
 
   // Peak of `unit` for `dtype`; throws naming the profile when it has no figure for that dtype.
   double peak_tflops(bool cube, DType dtype) const;

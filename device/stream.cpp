@@ -44,8 +44,7 @@ StreamTag Stream::id() const { return state_->id; }
 const std::string& Stream::label() const { return state_->label; }
 Device& Stream::device() const { return state_->device; }
 
-void Stream::launch(const KernelDesc& kernel, const std::vector<Tensor>& reads, const std::vector<Tensor>& writes,
-                    KernelBody body) const {
+void Stream::launch(const KernelDesc& kernel, const std::vector<Tensor>& reads, const std::vector<Tensor>& writes, KernelBody body) const {
   throw_if_interrupted();  // Ctrl-C stops the run after the kernel that is running
   StreamState& s = *state_;
   Device& device = s.device;
@@ -80,8 +79,7 @@ void Stream::launch(const KernelDesc& kernel, const std::vector<Tensor>& reads, 
     task.name = kernel.name;
     task.unit = kernel.unit;
     task.body = std::move(body);
-    if (device.tracing())
-      task.record = device.trace().add({kernel, s.id, s.label, start_s, s.modelled_clock_s});
+    if (device.tracing()) task.record = device.trace().add({kernel, s.id, s.label, start_s, s.modelled_clock_s});
     for (const Tensor& t : reads)
       if (t.storage()) t.storage()->record_read(task.event);
     for (const Tensor& t : writes)

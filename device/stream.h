@@ -29,8 +29,7 @@ class Stream {
   // and keeps the tensors' storage alive until it has run. When the stream has 32 kernels queued,
   // the host waits here until 16 remain (not inside a kernel), so the tensors pinned by queued
   // work stay about a block's worth.
-  void launch(const KernelDesc& kernel, const std::vector<Tensor>& reads, const std::vector<Tensor>& writes,
-              KernelBody body) const;
+  void launch(const KernelDesc& kernel, const std::vector<Tensor>& reads, const std::vector<Tensor>& writes, KernelBody body) const;
   // An event reached once the work launched so far has run.
   Event record() const;
   // Work launched after this waits for `event` (recorded on any stream of the same device).

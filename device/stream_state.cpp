@@ -28,9 +28,7 @@ void StreamState::pump() {
       queue_.pop_front();
     }
     switch (task.kind) {
-      case StreamTask::Kind::record:
-        task.event->complete(failure());
-        continue;
+      case StreamTask::Kind::record: task.event->complete(failure()); continue;
       case StreamTask::Kind::wait: {
         if (task.event->passed()) {
           absorb(*task.event);
@@ -68,8 +66,8 @@ void StreamState::run_kernel(StreamTask& task) {
     try {
       task.body();
     } catch (const std::exception& e) {
-      error = "kernel '" + task.name + "' on the " + std::string(unit_name(task.unit)) + " unit, stream " +
-              std::to_string(id) + ", failed: " + e.what();
+      error = "kernel '" + task.name + "' on the " + std::string(unit_name(task.unit)) + " unit, stream " + std::to_string(id) +
+              ", failed: " + e.what();
     } catch (...) {
       error = "kernel '" + task.name + "' on stream " + std::to_string(id) + " failed with a non-standard exception";
     }

@@ -24,7 +24,7 @@ struct StreamTask {
   Unit unit = Unit::vector;
   KernelBody body;
   std::vector<std::shared_ptr<Storage>> keep_alive;  // storages the kernel touches
-  KernelRecord* record = nullptr;                   // trace record, if tracing
+  KernelRecord* record = nullptr;                    // trace record, if tracing
 };
 
 class StreamState : public std::enable_shared_from_this<StreamState> {

@@ -56,13 +56,21 @@ void write_chrome_trace(const std::string& path, const std::vector<TraceSection>
     std::map<StreamTag, std::string> streams;
     for (const KernelRecord& r : section.records) {
       streams[r.stream] = r.stream_label;
-      const nlohmann::json args = {{"unit", unit_name(r.desc.unit)}, {"stream", r.stream},
-                                   {"flops", r.desc.flops},         {"bytes", r.desc.bytes},
+      const nlohmann::json args = {{"unit", unit_name(r.desc.unit)},
+                                   {"stream", r.stream},
+                                   {"flops", r.desc.flops},
+                                   {"bytes", r.desc.bytes},
                                    {"dtype", dtype_name(r.desc.dtype)},
                                    {"modelled_us", (r.modelled_end_s - r.modelled_start_s) * 1e6}};
       const auto slice = [&](int pid, uint64_t tid, double start_s, double end_s) {
-        events.push_back({{"ph", "X"}, {"name", r.desc.name}, {"cat", unit_name(r.desc.unit)}, {"pid", pid},
-                          {"tid", tid}, {"ts", start_s * 1e6}, {"dur", (end_s - start_s) * 1e6}, {"args", args}});
+        events.push_back({{"ph", "X"},
+                          {"name", r.desc.name},
+                          {"cat", unit_name(r.desc.unit)},
+                          {"pid", pid},
+                          {"tid", tid},
+                          {"ts", start_s * 1e6},
+                          {"dur", (end_s - start_s) * 1e6},
+                          {"args", args}});
       };
       const uint64_t unit_tid = static_cast<uint64_t>(r.desc.unit) + 1;
       if (r.ran) {

@@ -30,8 +30,7 @@ void ensure_tbb_workers(int extra_workers) {
   static int total = 1;  // the main thread
   std::lock_guard lock(mutex);
   total += extra_workers;
-  control = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism,
-                                                  static_cast<std::size_t>(total));
+  control = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(total));
 }
 
 }  // namespace
@@ -39,9 +38,7 @@ void ensure_tbb_workers(int extra_workers) {
 // Pins TBB workers as they join the arena (the dispatcher pins itself).
 class UnitExecutor::Pinner final : public tbb::task_scheduler_observer {
  public:
-  Pinner(tbb::task_arena& arena, std::vector<int> cores) : tbb::task_scheduler_observer(arena), cores_(std::move(cores)) {
-    observe(true);
-  }
+  Pinner(tbb::task_arena& arena, std::vector<int> cores) : tbb::task_scheduler_observer(arena), cores_(std::move(cores)) { observe(true); }
   ~Pinner() override { observe(false); }
   void on_scheduler_entry(bool) override { pin_current_thread(cores_); }
 

@@ -36,9 +36,7 @@ struct Bytes {
   }
 };
 
-uint32_t le32(const uint8_t* p) {
-  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
-}
+uint32_t le32(const uint8_t* p) { return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24; }
 
 // A fourcc as text for messages, non-printable bytes as '?'.
 std::string printable(const uint8_t* p) {
@@ -53,12 +51,10 @@ std::string printable(const uint8_t* p) {
 // ---------------------------------------------------------------------------------------------
 // Writer
 
-MjpegAviWriter::MjpegAviWriter(const std::string& path, int width, int height, int fps_num, int fps_den,
-                               uint64_t max_file_bytes)
+MjpegAviWriter::MjpegAviWriter(const std::string& path, int width, int height, int fps_num, int fps_den, uint64_t max_file_bytes)
     : path_(path), width_(width), height_(height), fps_num_(fps_num), fps_den_(fps_den), max_file_bytes_(max_file_bytes) {
   if (width <= 0 || height <= 0 || width > kMaxSide || height > kMaxSide)
-    throw Error(path + ": AVI frame size must be 1..65500 on each side, got " + std::to_string(width) + "x" +
-                std::to_string(height));
+    throw Error(path + ": AVI frame size must be 1..65500 on each side, got " + std::to_string(width) + "x" + std::to_string(height));
   if (fps_num <= 0 || fps_den <= 0)
     throw Error(path + ": AVI frame rate must be positive, got " + std::to_string(fps_num) + "/" + std::to_string(fps_den));
   if (max_file_bytes > 0xFFFFFFFFu || max_file_bytes < kHeaderSize + 8)
@@ -211,8 +207,8 @@ class AviReader {
     read(pos, b, 8, "a chunk header");
     Chunk c{printable(b), pos, le32(b + 4)};
     if (c.end() > parent_end)
-      fail("chunk '" + c.id + "' at offset " + std::to_string(pos) + " declares " + std::to_string(c.size) +
-           " bytes, past the end of " + parent + " at offset " + std::to_string(parent_end));
+      fail("chunk '" + c.id + "' at offset " + std::to_string(pos) + " declares " + std::to_string(c.size) + " bytes, past the end of " +
+           parent + " at offset " + std::to_string(parent_end));
     return c;
   }
   // The chunks in [begin, end) (a RIFF or LIST body); odd sizes are followed by a pad byte.
@@ -250,8 +246,8 @@ AviInfo read_avi_info(const std::string& path) {
     r.fail("not an AVI file: the RIFF form is '" + form + "', expected 'AVI '");
   const uint64_t riff_end = 8 + uint64_t{r.u32(4, "the RIFF size")};
   if (riff_end > r.size())
-    r.fail("truncated: the RIFF chunk ends at offset " + std::to_string(riff_end) + ", but the file has " +
-           std::to_string(r.size()) + " bytes");
+    r.fail("truncated: the RIFF chunk ends at offset " + std::to_string(riff_end) + ", but the file has " + std::to_string(r.size()) +
+           " bytes");
 
   const auto top = r.children(12, riff_end, "the RIFF chunk");
   const auto hdrl = r.find(top, "LIST", "hdrl");
@@ -284,10 +280,9 @@ AviInfo read_avi_info(const std::string& path) {
   const auto bi_height = static_cast<int32_t>(r.u32(strf->data() + 8, "strf"));
   if (width == 0 || height == 0 || width > 65535 || height > 65535 || bi_width != static_cast<int64_t>(width) ||
       std::llabs(bi_height) != static_cast<int64_t>(height))
-    r.fail("bad frame size: avih says " + std::to_string(width) + "x" + std::to_string(height) + ", strf says " +
-           std::to_string(bi_width) + "x" + std::to_string(bi_height));
-  if (scale == 0 || rate == 0)
-    r.fail("bad frame rate: strh rate/scale is " + std::to_string(rate) + "/" + std::to_string(scale));
+    r.fail("bad frame size: avih says " + std::to_string(width) + "x" + std::to_string(height) + ", strf says " + std::to_string(bi_width) +
+           "x" + std::to_string(bi_height));
+  if (scale == 0 || rate == 0) r.fail("bad frame rate: strh rate/scale is " + std::to_string(rate) + "/" + std::to_string(scale));
 
   int movi_frames = 0;
   for (const auto& c : r.children(movi->data() + 4, movi->end(), "LIST 'movi'")) movi_frames += is_video_chunk(c.id);
@@ -308,8 +303,8 @@ AviInfo read_avi_info(const std::string& path) {
     uint8_t h[8];
     r.read(pos, h, 8, "a chunk header");
     if (printable(h) != id || le32(h + 4) != size)
-      r.fail("index entry " + std::to_string(i) + " points at offset " + std::to_string(pos) + ", where the chunk is '" +
-             printable(h) + "' of " + std::to_string(le32(h + 4)) + " bytes, not '" + id + "' of " + std::to_string(size));
+      r.fail("index entry " + std::to_string(i) + " points at offset " + std::to_string(pos) + ", where the chunk is '" + printable(h) +
+             "' of " + std::to_string(le32(h + 4)) + " bytes, not '" + id + "' of " + std::to_string(size));
     info.frames.push_back({pos + 8, size});
   }
   if (avih_frames != strh_frames || strh_frames != info.frames.size() || info.frames.size() != static_cast<std::size_t>(movi_frames))

@@ -44,8 +44,7 @@ class MjpegAviWriter {
  public:
   // `max_file_bytes` bounds the whole file (index included); a frame that would pass it is
   // rejected with an error. The default is the classic 1 GiB limit.
-  MjpegAviWriter(const std::string& path, int width, int height, int fps_num, int fps_den = 1,
-                 uint64_t max_file_bytes = kAviClassicLimit);
+  MjpegAviWriter(const std::string& path, int width, int height, int fps_num, int fps_den = 1, uint64_t max_file_bytes = kAviClassicLimit);
   ~MjpegAviWriter();
   MjpegAviWriter(const MjpegAviWriter&) = delete;
   MjpegAviWriter& operator=(const MjpegAviWriter&) = delete;

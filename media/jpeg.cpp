@@ -59,8 +59,8 @@ std::vector<uint8_t> encode_jpeg(const RgbImage& image, int quality, const std::
   unsigned char* buffer = nullptr;
   unsigned long size = 0;
   const int subsampling = quality >= 90 ? TJSAMP_444 : TJSAMP_420;
-  if (tjCompress2(tj.handle, image.pixels.data(), image.width, 0, image.height, TJPF_RGB, &buffer, &size, subsampling,
-                  quality, TJFLAG_ACCURATEDCT) != 0) {
+  if (tjCompress2(tj.handle, image.pixels.data(), image.width, 0, image.height, TJPF_RGB, &buffer, &size, subsampling, quality,
+                  TJFLAG_ACCURATEDCT) != 0) {
     const std::string why = tjGetErrorStr2(tj.handle);
     tjFree(buffer);
     throw Error(what + ": JPEG encoding failed: " + why);

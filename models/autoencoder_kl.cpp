@@ -32,17 +32,14 @@ void validate(const AutoencoderKLConfig& c, const std::string& source) {
   positive(c.latent_channels, "latent_channels");
   positive(c.norm_num_groups, "norm_num_groups");
   positive(c.sample_size, "sample_size");
-  if (c.layers_per_block < 0)
-    throw Error(source + ": 'layers_per_block' must be >= 0, got " + std::to_string(c.layers_per_block));
+  if (c.layers_per_block < 0) throw Error(source + ": 'layers_per_block' must be >= 0, got " + std::to_string(c.layers_per_block));
   if (c.block_out_channels.empty() || c.block_out_channels.size() > 16)
-    throw Error(source + ": 'block_out_channels' must list 1 to 16 channel counts, got " +
-                std::to_string(c.block_out_channels.size()));
+    throw Error(source + ": 'block_out_channels' must list 1 to 16 channel counts, got " + std::to_string(c.block_out_channels.size()));
   for (int64_t ch : c.block_out_channels)
     if (ch < 1 || ch % c.norm_num_groups != 0)
       throw Error(source + ": every 'block_out_channels' entry must be a positive multiple of norm_num_groups " +
                   std::to_string(c.norm_num_groups) + " (GroupNorm), got " + std::to_string(ch));
-  if (c.act_fn != "silu")
-    throw Error(source + ": 'act_fn' '" + c.act_fn + "' is not supported (the decoder supports \"silu\")");
+  if (c.act_fn != "silu") throw Error(source + ": 'act_fn' '" + c.act_fn + "' is not supported (the decoder supports \"silu\")");
   // Latents are divided by it: a tiny factor (1e-308) turns them into infinities.
   if (!std::isfinite(c.scaling_factor) || !(std::fabs(c.scaling_factor) >= 1e-6 && std::fabs(c.scaling_factor) <= 1e6))
     throw Error(source + ": 'scaling_factor' must be a finite number of magnitude in [1e-6, 1e6], got " +
@@ -146,8 +143,7 @@ Tensor GroupNorm::operator()(const Tensor& x, const Stream& stream, bool silu) c
   return silu ? ops::activation(y, ops::Activation::silu, stream) : y;
 }
 
-void ResnetBlock2D::declare(ParameterTable& table, const std::string& prefix, int64_t in, int64_t out,
-                            int64_t groups) {
+void ResnetBlock2D::declare(ParameterTable& table, const std::string& prefix, int64_t in, int64_t out, int64_t groups) {
   norm1.declare(table, prefix + ".norm1", in, groups);
   conv1.declare(table, prefix + ".conv1", in, out, 3, 1, 1);
   norm2.declare(table, prefix + ".norm2", out, groups);
@@ -187,12 +183,9 @@ void Upsample2D::declare(ParameterTable& table, const std::string& prefix, int64
   conv.declare(table, prefix + ".conv", channels, channels, 3, 1, 1);
 }
 
-Tensor Upsample2D::operator()(const Tensor& x, const Stream& stream) const {
-  return conv(ops::upsample_nearest2d(x, 2, stream), stream);
-}
+Tensor Upsample2D::operator()(const Tensor& x, const Stream& stream) const { return conv(ops::upsample_nearest2d(x, 2, stream), stream); }
 
-void MidBlock::declare(ParameterTable& table, const std::string& prefix, int64_t channels, int64_t groups,
-                       bool add_attention) {
+void MidBlock::declare(ParameterTable& table, const std::string& prefix, int64_t channels, int64_t groups, bool add_attention) {
   resnet0.declare(table, prefix + ".resnets.0", channels, channels, groups);
   has_attention = add_attention;
   if (has_attention) attention.declare(table, prefix + ".attentions.0", channels, groups);
@@ -205,8 +198,8 @@ Tensor MidBlock::operator()(const Tensor& x, const Stream& stream) const {
   return resnet1(h, stream);
 }
 
-void UpDecoderBlock::declare(ParameterTable& table, const std::string& prefix, int64_t in, int64_t out,
-                             int64_t num_resnets, bool add_upsample, int64_t groups) {
+void UpDecoderBlock::declare(ParameterTable& table, const std::string& prefix, int64_t in, int64_t out, int64_t num_resnets,
+                             bool add_upsample, int64_t groups) {
   resnets.resize(static_cast<std::size_t>(num_resnets));
   for (std::size_t j = 0; j < resnets.size(); ++j)
     resnets[j].declare(table, prefix + ".resnets." + std::to_string(j), j == 0 ? in : out, out, groups);
@@ -222,15 +215,14 @@ Tensor UpDecoderBlock::operator()(const Tensor& x, const Stream& stream) const {
 
 // --- tiling -------------------------------------------------------------------------------------
 
-
 Tensor decode_in_tiles(const Tensor& z, int64_t tile, int64_t overlap, int64_t upscale,
                        const std::function<Tensor(const Tensor&)>& decode_tile, const Stream& stream) {
   if (!z.defined() || z.dim() != 4 || z.size(2) < 1 || z.size(3) < 1)
     throw Error("decode_in_tiles: z must be [B, C, H, W] with H, W >= 1, got " +
                 (z.defined() ? shape_to_string(z.shape()) : std::string("an undefined tensor")));
   if (tile < 1 || overlap < 0 || overlap >= tile)
-    throw Error("decode_in_tiles: need a tile size >= 1 and 0 <= overlap < tile, got tile " + std::to_string(tile) +
-                " and overlap " + std::to_string(overlap));
+    throw Error("decode_in_tiles: need a tile size >= 1 and 0 <= overlap < tile, got tile " + std::to_string(tile) + " and overlap " +
+                std::to_string(overlap));
   if (upscale < 1) throw Error("decode_in_tiles: upscale must be >= 1, got " + std::to_string(upscale));
   if (!decode_tile) throw Error("decode_in_tiles: no tile decoder given");
   const int64_t batch = z.size(0), height = z.size(2), width = z.size(3), step = tile - overlap;
@@ -252,8 +244,8 @@ Tensor decode_in_tiles(const Tensor& z, int64_t tile, int64_t overlap, int64_t u
       if (!decoded.is_contiguous()) decoded = ops::contiguous(decoded, stream);
       if (!out.defined()) out = stream.device().empty({batch, channels, upscale * height, upscale * width}, DType::f32, stream);
       const std::size_t col = current.size();
-      current.push_back(ops::blend_tile(decoded, i > 0 ? above[col] : Tensor(), col > 0 ? current[col - 1] : Tensor(), blend,
-                                   out, upscale * i, upscale * j, keep, stream));
+      current.push_back(ops::blend_tile(decoded, i > 0 ? above[col] : Tensor(), col > 0 ? current[col - 1] : Tensor(), blend, out,
+                                        upscale * i, upscale * j, keep, stream));
     }
     above.swap(current);
   }
@@ -280,8 +272,8 @@ AutoencoderKLDecoder::AutoencoderKLDecoder(AutoencoderKLConfig config)
   int64_t previous = channels.back();
   for (std::size_t i = 0; i < n; ++i) {
     const int64_t out = channels[n - 1 - i];
-    m.up_blocks[i].declare(table_, "decoder.up_blocks." + std::to_string(i), previous, out,
-                           config_.layers_per_block + 1, i + 1 < n, groups);
+    m.up_blocks[i].declare(table_, "decoder.up_blocks." + std::to_string(i), previous, out, config_.layers_per_block + 1, i + 1 < n,
+                           groups);
     previous = out;
   }
   m.conv_norm_out.declare(table_, "decoder.conv_norm_out", channels.front(), groups);
@@ -289,10 +281,9 @@ AutoencoderKLDecoder::AutoencoderKLDecoder(AutoencoderKLConfig config)
 }
 
 Tensor AutoencoderKLDecoder::decode(const Tensor& z, const Stream& stream) const {
-  if (!z.defined() || z.dim() != 4 || z.size(1) != config_.latent_channels ||
-      (z.dtype() != DType::f32 && z.dtype() != DType::bf16))
-    throw Error("AutoencoderKL decode: z must be an f32 or bf16 latent [B, " + std::to_string(config_.latent_channels) +
-                ", h, w], got " + (z.defined() ? z.describe() : std::string("an undefined tensor")));
+  if (!z.defined() || z.dim() != 4 || z.size(1) != config_.latent_channels || (z.dtype() != DType::f32 && z.dtype() != DType::bf16))
+    throw Error("AutoencoderKL decode: z must be an f32 or bf16 latent [B, " + std::to_string(config_.latent_channels) + ", h, w], got " +
+                (z.defined() ? z.describe() : std::string("an undefined tensor")));
   const vae::DecoderModules& m = *modules_;
   Tensor x = z.dtype() == DType::f32 ? z : ops::cast(z, DType::f32, stream);
   if (m.has_post_quant_conv) x = m.post_quant_conv(x, stream);
@@ -315,18 +306,17 @@ Tensor AutoencoderKLDecoder::decode_tiled(const Tensor& z, const TileOptions& op
                 std::to_string(options.tile_latent_size));
   const int64_t tile = options.tile_latent_size > 0 ? options.tile_latent_size : config_.tile_latent_size();
   if (tile < 1)
-    throw Error("AutoencoderKL decode_tiled: the config's tile size, sample_size " +
-                std::to_string(config_.sample_size) + " / upscale " + std::to_string(config_.upscale()) +
-                ", is 0 latent pixels; give TileOptions::tile_latent_size");
+    throw Error("AutoencoderKL decode_tiled: the config's tile size, sample_size " + std::to_string(config_.sample_size) + " / upscale " +
+                std::to_string(config_.upscale()) + ", is 0 latent pixels; give TileOptions::tile_latent_size");
   const int64_t overlap = options.overlap_latent >= 0 ? options.overlap_latent : default_overlap(tile);
   if (options.overlap_latent < -1 || overlap >= tile)
-    throw Error("AutoencoderKL decode_tiled: the overlap must be in [0, tile size " + std::to_string(tile) +
-                ") latent pixels, got " + std::to_string(options.overlap_latent));
+    throw Error("AutoencoderKL decode_tiled: the overlap must be in [0, tile size " + std::to_string(tile) + ") latent pixels, got " +
+                std::to_string(options.overlap_latent));
   // As diffusers: a latent that fits in one tile is decoded whole (and a malformed z gets decode's message).
   if (!z.defined() || z.dim() != 4 || (z.size(2) <= tile && z.size(3) <= tile)) return decode(z, stream);
   if (!options.sharing || options.sharing->ranks() == 1)
-    return vae::decode_in_tiles(z, tile, overlap, config_.upscale(), [&](const Tensor& t) { return decode(t, stream); },
-                                stream);
+    return vae::decode_in_tiles(
+        z, tile, overlap, config_.upscale(), [&](const Tensor& t) { return decode(t, stream); }, stream);
   // Patch parallel: this rank decodes its tiles (in decode_in_tiles' row-major order) first, then
   // decode_in_tiles blends every rank's tiles as they are shared.
   const TileSharing& sharing = *options.sharing;

@@ -110,8 +110,8 @@ struct UpDecoderBlock {
   Upsample2D upsampler;  // `upsamplers.0`
   bool has_upsampler = false;
 
-  void declare(ParameterTable& table, const std::string& prefix, int64_t in, int64_t out, int64_t num_resnets,
-               bool add_upsample, int64_t groups);
+  void declare(ParameterTable& table, const std::string& prefix, int64_t in, int64_t out, int64_t num_resnets, bool add_upsample,
+               int64_t groups);
   Tensor operator()(const Tensor& x, const Stream& stream) const;
 };
 
@@ -119,8 +119,8 @@ struct UpDecoderBlock {
 struct DecoderModules {
   Conv2d post_quant_conv;  // `post_quant_conv` (1x1), when the config uses it
   bool has_post_quant_conv = false;
-  Conv2d conv_in;          // `decoder.conv_in`
-  MidBlock mid_block;      // `decoder.mid_block`
+  Conv2d conv_in;                         // `decoder.conv_in`
+  MidBlock mid_block;                     // `decoder.mid_block`
   std::vector<UpDecoderBlock> up_blocks;  // `decoder.up_blocks.i`
   GroupNorm conv_norm_out;                // `decoder.conv_norm_out`, then SiLU
   Conv2d conv_out;                        // `decoder.conv_out`
@@ -167,8 +167,7 @@ class AutoencoderKLDecoder {
   Tensor decode(const Tensor& z, const Stream& stream = ops::default_op_stream()) const;
   // diffusers' decode with tiling enabled: a latent no larger than one tile in both dims is decoded
   // whole (exactly decode()); a larger one goes through vae::decode_in_tiles with this decoder.
-  Tensor decode_tiled(const Tensor& z, const TileOptions& options = {},
-                      const Stream& stream = ops::default_op_stream()) const;
+  Tensor decode_tiled(const Tensor& z, const TileOptions& options = {}, const Stream& stream = ops::default_op_stream()) const;
   // The tiles decode_tiled cuts a latent of h x w into with the default options (1: decoded whole).
   int64_t tile_count(int64_t latent_h, int64_t latent_w) const;
 

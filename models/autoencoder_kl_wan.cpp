@@ -34,8 +34,7 @@ void validate(const AutoencoderKLWanConfig& c, const std::string& source) {
   positive(c.in_channels, "in_channels");
   positive(c.out_channels, "out_channels");
   if (c.decoder_base_dim < 0)
-    throw Error(source + ": 'decoder_base_dim' must be >= 1 (or 0 / null for base_dim), got " +
-                std::to_string(c.decoder_base_dim));
+    throw Error(source + ": 'decoder_base_dim' must be >= 1 (or 0 / null for base_dim), got " + std::to_string(c.decoder_base_dim));
   if (c.num_res_blocks < 0 || c.num_res_blocks > 64)
     throw Error(source + ": 'num_res_blocks' must be in [0, 64], got " + std::to_string(c.num_res_blocks));
   if (c.dim_mult.empty() || c.dim_mult.size() > 8)
@@ -48,14 +47,12 @@ void validate(const AutoencoderKLWanConfig& c, const std::string& source) {
   }
   for (std::size_t i = 0; i + 1 < c.dim_mult.size(); ++i)
     if (c.decoder_dim() * c.dim_mult[c.dim_mult.size() - 1 - i] < 2)
-      throw Error(source + ": up block " + std::to_string(i) +
-                  " upsamples and halves its width, which needs at least 2 channels, got " +
+      throw Error(source + ": up block " + std::to_string(i) + " upsamples and halves its width, which needs at least 2 channels, got " +
                   std::to_string(c.decoder_dim() * c.dim_mult[c.dim_mult.size() - 1 - i]));
   if (c.temperal_downsample.size() + 1 != c.dim_mult.size())
     throw Error(source + ": 'temperal_downsample' must have len(dim_mult) - 1 = " + std::to_string(c.dim_mult.size() - 1) +
                 " entries, got " + std::to_string(c.temperal_downsample.size()));
-  if (!(c.dropout >= 0.0 && c.dropout <= 1.0))
-    throw Error(source + ": 'dropout' must be in [0, 1], got " + std::to_string(c.dropout));
+  if (!(c.dropout >= 0.0 && c.dropout <= 1.0)) throw Error(source + ": 'dropout' must be in [0, 1], got " + std::to_string(c.dropout));
   for (const auto& [list, key] : {std::pair{&c.latents_mean, "latents_mean"}, std::pair{&c.latents_std, "latents_std"}})
     if (static_cast<int64_t>(list->size()) != c.z_dim)
       throw Error(source + ": '" + key + "' must list z_dim = " + std::to_string(c.z_dim) + " numbers, got " +
@@ -135,7 +132,6 @@ Tensor as_f32(const Tensor& t, const Stream& stream) {
   return !t.defined() || t.dtype() == DType::f32 ? t : ops::cast(t, DType::f32, stream);
 }
 
-
 void check_5d(const Tensor& x, int64_t channels, const char* what) {
   if (!x.defined() || x.dim() != 5 || x.size(1) != channels || x.dtype() != DType::f32)
     throw Error(std::string(what) + ": expected f32 [B, " + std::to_string(channels) + ", T, H, W], got " +
@@ -172,8 +168,8 @@ Tensor CausalConv3d::convolve(const Tensor& x, const Tensor& cache, int64_t row_
   if (cache.defined()) {
     check_5d(cache, in, "WanCausalConv3d cache");
     if (tc > context() || cache.size(0) != x.size(0) || cache.size(3) != x.size(3) || cache.size(4) != x.size(4))
-      throw Error("WanCausalConv3d: the cache must be [B, C, t <= " + std::to_string(context()) +
-                  ", H, W] matching the input " + shape_to_string(x.shape()) + ", got " + shape_to_string(cache.shape()));
+      throw Error("WanCausalConv3d: the cache must be [B, C, t <= " + std::to_string(context()) + ", H, W] matching the input " +
+                  shape_to_string(x.shape()) + ", got " + shape_to_string(cache.shape()));
   }
   ops::Conv3dOptions options;
   options.padding = {0, row_padding, padding[2]};
@@ -254,13 +250,12 @@ Tensor AttentionBlock::operator()(const Tensor& x_in, const Stream& stream, cons
   const int64_t b = x.size(0), c = channels, t = x.size(2), hw = x.size(3) * x.size(4);
   const int64_t all_hw = all.size(3) * all.size(4), first = rows ? rows->band(x.size(3)).first * x.size(4) : 0;
   // Each frame's positions as tokens: [B T HW, C], rows in (b, t, h, w) order.
-  const Tensor tokens =
-      ops::contiguous(norm(all, stream).reshape({b, c, t * all_hw}).transpose(1, 2), stream).reshape({b * t * all_hw, c});
+  const Tensor tokens = ops::contiguous(norm(all, stream).reshape({b, c, t * all_hw}).transpose(1, 2), stream).reshape({b * t * all_hw, c});
   ops::MatmulOptions qkv_options;
   qkv_options.bias = as_f32(qkv_bias, stream);
   qkv_options.b_is_weight = true;
-  const Tensor qkv = ops::matmul(tokens, as_f32(qkv_weight, stream).reshape({3 * c, c}), qkv_options, stream)
-                         .reshape({b * t, all_hw, 3 * c});
+  const Tensor qkv =
+      ops::matmul(tokens, as_f32(qkv_weight, stream).reshape({3 * c, c}), qkv_options, stream).reshape({b * t, all_hw, 3 * c});
   // One head of width C in BSND, one sequence per frame; the default scale is C^-0.5.
   const auto head = [&](int64_t i) { return qkv.narrow(2, i * c, c).unsqueeze(2); };
   const Tensor q = rows ? head(0).narrow(1, first, hw) : head(0);
@@ -268,13 +263,12 @@ Tensor AttentionBlock::operator()(const Tensor& x_in, const Stream& stream, cons
   ops::MatmulOptions proj_options;
   proj_options.bias = as_f32(proj_bias, stream);
   proj_options.b_is_weight = true;
-  const Tensor o = ops::matmul(a.reshape({b * t * hw, c}), as_f32(proj_weight, stream).reshape({c, c}), proj_options,
-                               stream);
+  const Tensor o = ops::matmul(a.reshape({b * t * hw, c}), as_f32(proj_weight, stream).reshape({c, c}), proj_options, stream);
   return ops::add(x.reshape({b, c, t * hw}), o.reshape({b, t * hw, c}).transpose(1, 2), stream).reshape(x.shape());
 }
 
-void Resample::declare(ParameterTable& table, const std::string& prefix, int64_t channels, Mode resample_mode,
-                       int& slots, int& upsamplers) {
+void Resample::declare(ParameterTable& table, const std::string& prefix, int64_t channels, Mode resample_mode, int& slots,
+                       int& upsamplers) {
   mode = resample_mode;
   resample.declare(table, prefix + ".resample.1", channels, channels / 2, 3, 1, 1);
   if (mode == Mode::upsample3d) {
@@ -312,9 +306,9 @@ Tensor Resample::operator()(const Tensor& x, FeatureCache& cache, const Stream& 
   for (const Tensor& f : frames) {
     const Tensor up = ops::upsample_nearest2d(f, 2, stream);
     // Patch parallel: the upsampled band with its halo rows, convolved without row padding.
-    const Tensor frame = cache.rows ? resample.with_padding(cache.rows->with_halo(up, resample.padding, stream), 0,
-                                                            resample.padding, stream)
-                                    : resample(up, stream);
+    const Tensor frame = cache.rows
+                             ? resample.with_padding(cache.rows->with_halo(up, resample.padding, stream), 0, resample.padding, stream)
+                             : resample(up, stream);
     out.push_back(frame.unsqueeze(2));
     cache.pace(stream);
   }
@@ -334,15 +328,15 @@ Tensor MidBlock::operator()(Tensor x, FeatureCache& cache, const Stream& stream)
   return resnet1(x, cache, stream);
 }
 
-void UpBlock::declare(ParameterTable& table, const std::string& prefix, int64_t in, int64_t out, int64_t num_resnets,
-                      bool upsample, bool temporal, int& slots, int& upsamplers) {
+void UpBlock::declare(ParameterTable& table, const std::string& prefix, int64_t in, int64_t out, int64_t num_resnets, bool upsample,
+                      bool temporal, int& slots, int& upsamplers) {
   resnets.resize(static_cast<std::size_t>(num_resnets));
   for (std::size_t j = 0; j < resnets.size(); ++j)
     resnets[j].declare(table, prefix + ".resnets." + std::to_string(j), j == 0 ? in : out, out, slots);
   has_upsampler = upsample;
   if (has_upsampler)
-    upsampler.declare(table, prefix + ".upsamplers.0", out,
-                      temporal ? Resample::Mode::upsample3d : Resample::Mode::upsample2d, slots, upsamplers);
+    upsampler.declare(table, prefix + ".upsamplers.0", out, temporal ? Resample::Mode::upsample3d : Resample::Mode::upsample2d, slots,
+                      upsamplers);
 }
 
 Tensor UpBlock::operator()(Tensor x, FeatureCache& cache, const Stream& stream) const {
@@ -383,8 +377,8 @@ AutoencoderKLWan::AutoencoderKLWan(AutoencoderKLWanConfig config)
   for (std::size_t i = 0; i < n; ++i) {
     const int64_t in = i == 0 ? dims[0] : dims[i] / 2;
     const bool upsample = i + 1 < n;
-    m.up_blocks[i].declare(table_, "decoder.up_blocks." + std::to_string(i), in, dims[i + 1],
-                           config_.num_res_blocks + 1, upsample, upsample && temporal[i], slots, upsamplers);
+    m.up_blocks[i].declare(table_, "decoder.up_blocks." + std::to_string(i), in, dims[i + 1], config_.num_res_blocks + 1, upsample,
+                           upsample && temporal[i], slots, upsamplers);
   }
   m.norm_out.declare(table_, "decoder.norm_out", dims.back(), false);
   m.conv_out.declare(table_, "decoder.conv_out", dims.back(), config_.out_channels, {3, 3, 3}, {1, 1, 1}, slots);
@@ -394,8 +388,8 @@ Tensor AutoencoderKLWan::unnormalize(const Tensor& latents, const Stream& stream
   const int64_t zc = config_.z_dim;
   if (!latents.defined() || latents.dim() != 5 || latents.size(1) != zc ||
       (latents.dtype() != DType::f32 && latents.dtype() != DType::bf16))
-    throw Error("AutoencoderKLWan unnormalize: latents must be f32 or bf16 [B, " + std::to_string(zc) +
-                ", T, h, w], got " + (latents.defined() ? latents.describe() : std::string("an undefined tensor")));
+    throw Error("AutoencoderKLWan unnormalize: latents must be f32 or bf16 [B, " + std::to_string(zc) + ", T, h, w], got " +
+                (latents.defined() ? latents.describe() : std::string("an undefined tensor")));
   // As WanPipeline in f32: latents / (1 / std) + mean, std and mean rounded to f32 first.
   std::vector<float> inv_std(static_cast<std::size_t>(zc)), mean(static_cast<std::size_t>(zc));
   for (std::size_t i = 0; i < inv_std.size(); ++i) {
@@ -413,8 +407,7 @@ wan_vae::FeatureCache AutoencoderKLWan::make_feature_cache() const {
 
 Tensor AutoencoderKLWan::decode_chunk(const Tensor& z, wan_vae::FeatureCache& cache, const Stream& stream) const {
   const wan_vae::DecoderModules& m = *modules_;
-  if (static_cast<int>(cache.frames.size()) != m.cache_slots ||
-      static_cast<int>(cache.started.size()) != m.temporal_upsamplers)
+  if (static_cast<int>(cache.frames.size()) != m.cache_slots || static_cast<int>(cache.started.size()) != m.temporal_upsamplers)
     throw Error("AutoencoderKLWan decode_chunk: the feature cache was not made by this decoder's make_feature_cache()");
   Tensor x = m.post_quant_conv(z, cache, stream);
   x = m.conv_in(x, cache, stream);
@@ -456,7 +449,8 @@ void AutoencoderKLWan::decode_frames(const Tensor& z, const std::function<void(c
 
 Tensor AutoencoderKLWan::decode(const Tensor& z, const WanDecodeOptions& options, const Stream& stream) const {
   std::vector<Tensor> chunks;
-  decode_frames(z, [&](const Tensor& frames) { chunks.push_back(frames); }, options, stream);
+  decode_frames(
+      z, [&](const Tensor& frames) { chunks.push_back(frames); }, options, stream);
   return chunks.size() == 1 ? chunks.front() : ops::concat(chunks, 2, stream);
 }
 

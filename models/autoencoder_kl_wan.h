@@ -47,8 +47,8 @@ struct AutoencoderKLWanConfig {
   // diffusers' spelling; the decoder upsamples in time where the reversed list says so.
   std::vector<bool> temperal_downsample{false, true, true};
   double dropout = 0.0;  // inactive at inference
-  std::vector<double> latents_mean{-0.7571, -0.7089, -0.9113, 0.1075,  -0.1745, 0.9653, -0.1517, 1.5508,
-                                   0.4134,  -0.0715, 0.5517,  -0.3632, -0.1922, -0.9497, 0.2503, -0.2921};
+  std::vector<double> latents_mean{-0.7571, -0.7089, -0.9113, 0.1075,  -0.1745, 0.9653,  -0.1517, 1.5508,
+                                   0.4134,  -0.0715, 0.5517,  -0.3632, -0.1922, -0.9497, 0.2503,  -0.2921};
   std::vector<double> latents_std{2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
                                   3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160};
   int64_t in_channels = 3;  // the encoder's
@@ -100,8 +100,7 @@ struct FeatureCache {
   std::vector<bool> started;
   bool pacing = true;
   const RowSplit* rows = nullptr;  // null: one device holds every row
-  FeatureCache(int slots, int upsamplers)
-      : frames(static_cast<std::size_t>(slots)), started(static_cast<std::size_t>(upsamplers), false) {}
+  FeatureCache(int slots, int upsamplers) : frames(static_cast<std::size_t>(slots)), started(static_cast<std::size_t>(upsamplers), false) {}
   // Bytes held by the cached frames.
   int64_t bytes() const;
   // Waits for the work queued on `stream` so far (when pacing).
@@ -117,7 +116,7 @@ struct CausalConv3d {
   Tensor weight, bias;
   int64_t in = 0, out = 0;
   std::array<int64_t, 3> kernel{1, 1, 1}, padding{0, 0, 0};  // (t, h, w)
-  int slot = -1;  // feature-cache slot when p_t > 0
+  int slot = -1;                                             // feature-cache slot when p_t > 0
 
   // Declares `<name>.weight` and `<name>.bias`; takes the next cache slot (counted in `slots`)
   // when the conv has time padding.
@@ -178,12 +177,11 @@ struct AttentionBlock {
 struct Resample {
   enum class Mode { upsample2d, upsample3d };
   Mode mode = Mode::upsample2d;
-  Conv2d resample;      // `resample.1`
-  CausalConv3d time_conv;  // upsample3d only
+  Conv2d resample;            // `resample.1`
+  CausalConv3d time_conv;     // upsample3d only
   int first_chunk_slot = -1;  // upsample3d: index into FeatureCache::started
 
-  void declare(ParameterTable& table, const std::string& prefix, int64_t channels, Mode resample_mode, int& slots,
-               int& upsamplers);
+  void declare(ParameterTable& table, const std::string& prefix, int64_t channels, Mode resample_mode, int& slots, int& upsamplers);
   Tensor operator()(const Tensor& x, FeatureCache& cache, const Stream& stream) const;  // -> [B, C/2, T', 2H, 2W]
 };
 
@@ -201,16 +199,16 @@ struct UpBlock {
   std::vector<ResidualBlock> resnets;
   Resample upsampler;
   bool has_upsampler = false;
-  void declare(ParameterTable& table, const std::string& prefix, int64_t in, int64_t out, int64_t num_resnets,
-               bool upsample, bool temporal, int& slots, int& upsamplers);
+  void declare(ParameterTable& table, const std::string& prefix, int64_t in, int64_t out, int64_t num_resnets, bool upsample, bool temporal,
+               int& slots, int& upsamplers);
   Tensor operator()(Tensor x, FeatureCache& cache, const Stream& stream) const;  // x by value, as MidBlock's
 };
 
 // Every module of the decoder path, named as the checkpoint names them.
 struct DecoderModules {
-  CausalConv3d post_quant_conv;  // `post_quant_conv` (1x1x1, z_dim -> z_dim)
-  CausalConv3d conv_in;          // `decoder.conv_in`
-  MidBlock mid_block;            // `decoder.mid_block`
+  CausalConv3d post_quant_conv;    // `post_quant_conv` (1x1x1, z_dim -> z_dim)
+  CausalConv3d conv_in;            // `decoder.conv_in`
+  MidBlock mid_block;              // `decoder.mid_block`
   std::vector<UpBlock> up_blocks;  // `decoder.up_blocks.i`
   RMSNorm norm_out;                // `decoder.norm_out`, then SiLU
   CausalConv3d conv_out;           // `decoder.conv_out`
@@ -250,17 +248,15 @@ class AutoencoderKLWan {
   // chunk's video frames in order, f32 [B, out_channels, f, 8h, 8w] (with one latent frame per
   // chunk: f = 1 for the first chunk, 4 after). Memory is bounded by one chunk: the host waits
   // for the device step by step (see FeatureCache).
-  void decode_frames(const Tensor& z, const std::function<void(const Tensor& frames)>& sink,
-                     const WanDecodeOptions& options = {}, const Stream& stream = ops::default_op_stream()) const;
+  void decode_frames(const Tensor& z, const std::function<void(const Tensor& frames)>& sink, const WanDecodeOptions& options = {},
+                     const Stream& stream = ops::default_op_stream()) const;
   // The whole video [B, out_channels, 1 + 4 (T - 1), 8h, 8w] f32: decode_frames' chunks concatenated.
-  Tensor decode(const Tensor& z, const WanDecodeOptions& options = {},
-                const Stream& stream = ops::default_op_stream()) const;
+  Tensor decode(const Tensor& z, const WanDecodeOptions& options = {}, const Stream& stream = ops::default_op_stream()) const;
 
   // The pieces of decode_frames: a fresh feature cache, and one chunk z [B, z_dim, t, h, w] (f32,
   // the frames after those already decoded with `cache`) to its video frames, unclamped.
   wan_vae::FeatureCache make_feature_cache() const;
-  Tensor decode_chunk(const Tensor& z, wan_vae::FeatureCache& cache,
-                      const Stream& stream = ops::default_op_stream()) const;
+  Tensor decode_chunk(const Tensor& z, wan_vae::FeatureCache& cache, const Stream& stream = ops::default_op_stream()) const;
 
   // Bytes the feature caches hold between chunks for a latent of `batch` x h x w (exact, f32, from
   // the third latent frame on).

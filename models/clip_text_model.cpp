@@ -25,14 +25,17 @@ ClipTextConfig ClipTextConfig::from_json(const nlohmann::json& json, const std::
   if (c.eos_token_id >= c.vocab_size)
     r.fail("eos_token_id", std::to_string(c.eos_token_id) + " is not below vocab_size " + std::to_string(c.vocab_size));
   if (c.hidden_size % c.num_attention_heads != 0)
-    r.fail("hidden_size", std::to_string(c.hidden_size) + " is not a multiple of num_attention_heads " + std::to_string(c.num_attention_heads));
+    r.fail("hidden_size",
+           std::to_string(c.hidden_size) + " is not a multiple of num_attention_heads " + std::to_string(c.num_attention_heads));
   return c;
 }
 
 ClipTextConfig ClipTextConfig::load(const std::string& path) { return from_json(read_json_file(path), path); }
 
 ClipTextModel::ClipTextModel(std::string source, ClipTextConfig config, Stream stream)
-    : source_(std::move(source)), config_(std::move(config)), stream_(std::move(stream)),
+    : source_(std::move(source)),
+      config_(std::move(config)),
+      stream_(std::move(stream)),
       layers_(static_cast<std::size_t>(config_.num_hidden_layers)) {
   const ClipTextConfig& c = config_;
   const int64_t e = c.hidden_size;
@@ -112,7 +115,8 @@ ClipTextOutput ClipTextModel::forward(const std::vector<int32_t>& ids) const {
   attention.num_heads = c.num_attention_heads;
   attention.mask = causal;
   const auto eps = static_cast<float>(c.layer_norm_eps);
-  const ops::Activation act = c.hidden_act == "gelu" ? ops::Activation::gelu : ops::Activation::gelu_fast;  // gelu_fast = x sigmoid(1.702 x)
+  const ops::Activation act =
+      c.hidden_act == "gelu" ? ops::Activation::gelu : ops::Activation::gelu_fast;  // gelu_fast = x sigmoid(1.702 x)
   for (const Layer& l : layers_) {
     const Tensor h = ops::fast_layernorm(x, l.ln1_weight.value, l.ln1_bias.value, eps, ops::LayerNormImpl::high_precision, stream_).out;
     const Tensor a = ops::attention_forward(l.q(h, stream_), l.k(h, stream_), l.v(h, stream_), attention, stream_);

@@ -54,8 +54,7 @@ class ClipTextModel {
   // dir/config.json and dir's "model" weights; `dtype` f32 or bf16 (matrices stored so).
   static std::unique_ptr<ClipTextModel> load(const std::string& dir, DType dtype, const Stream& stream);
   // Shape-only weights (simulate mode, benchmarks) or random ones (benchmarks): no checkpoint.
-  static std::unique_ptr<ClipTextModel> with_random_weights(const ClipTextConfig& config, DType dtype, const Stream& stream,
-                                                            uint64_t seed);
+  static std::unique_ptr<ClipTextModel> with_random_weights(const ClipTextConfig& config, DType dtype, const Stream& stream, uint64_t seed);
   static std::unique_ptr<ClipTextModel> with_meta_weights(const ClipTextConfig& config, DType dtype, const Stream& stream);
 
   // ids: 1 to max_position_embeddings token ids below vocab_size (else an Error).

@@ -26,8 +26,7 @@ inline Tensor gated_add(const Tensor& h, const Tensor& gate, const Tensor& y, co
 
 // h + gate * linear(x), fused into the GEMM's epilogue when the gate is one vector (B = 1): summed
 // in f32 and rounded once to x's dtype.
-inline Tensor gated_linear(const Linear& linear, const Tensor& x, const Tensor& h, const Tensor& gate,
-                           const Stream& stream) {
+inline Tensor gated_linear(const Linear& linear, const Tensor& x, const Tensor& h, const Tensor& gate, const Stream& stream) {
   if (gate.size(0) == 1 && h.is_contiguous() && h.dtype() == x.dtype())
     return linear(x, stream, {.residual = h, .gate = ops::cast(gate.reshape({gate.size(1)}), DType::f32, stream)});
   return gated_add(h, gate, linear(x, stream), stream);
@@ -35,14 +34,11 @@ inline Tensor gated_linear(const Linear& linear, const Tensor& x, const Tensor& 
 
 // Interleaved RoPE on [B, S, heads, head_dim] with a [S, head_dim] table.
 inline Tensor rope(const Tensor& x, const RopeTable& table, const Stream& stream) {
-  return ops::rotary_position_embedding(x, table.cos, table.sin, ops::RotatedMode::rotated_interleaved,
-                                        ops::RopeLayout::BSND, stream);
+  return ops::rotary_position_embedding(x, table.cos, table.sin, ops::RotatedMode::rotated_interleaved, ops::RopeLayout::BSND, stream);
 }
 
 // [B, S, heads * head_dim] viewed as [B, S, heads, head_dim]. The heads are counted from x, not the
 // config: under tensor parallelism a rank's projections hold only its share of them.
-inline Tensor split_heads(const Tensor& x, int64_t head_dim) {
-  return x.reshape({x.size(0), x.size(1), x.size(2) / head_dim, head_dim});
-}
+inline Tensor split_heads(const Tensor& x, int64_t head_dim) { return x.reshape({x.size(0), x.size(1), x.size(2) / head_dim, head_dim}); }
 
 }  // namespace cubevec::models::dit

@@ -44,8 +44,8 @@ Tensor joint_tokens(const Tensor& text, const Tensor& image, const Stream& s) {
                         text.stride(0) == (text.size(1) + image.size(1)) * text.stride(1) &&
                         image.offset() == text.offset() + text.size(1) * text.stride(1);
   if (!adjacent) return ops::concat({text, image}, 1, s);
-  return Tensor::from_storage(text.storage(), {text.size(0), text.size(1) + image.size(1), text.size(2)}, text.strides(),
-                              text.offset(), text.dtype());
+  return Tensor::from_storage(text.storage(), {text.size(0), text.size(1) + image.size(1), text.size(2)}, text.strides(), text.offset(),
+                              text.dtype());
 }
 
 // [B, S, D] -> per-head RMS-normed [B, S, heads, head_dim].
@@ -81,8 +81,8 @@ FluxConfig FluxConfig::from_json(const nlohmann::json& json, const std::string& 
     rope_dims += d;
   }
   if (rope_dims != c.attention_head_dim)
-    r.fail("axes_dims_rope", "must sum to attention_head_dim " + std::to_string(c.attention_head_dim) + ", sums to " +
-                                 std::to_string(rope_dims));
+    r.fail("axes_dims_rope",
+           "must sum to attention_head_dim " + std::to_string(c.attention_head_dim) + ", sums to " + std::to_string(rope_dims));
   return c;
 }
 
@@ -128,8 +128,7 @@ void FluxDoubleBlock::declare(ParameterTable& t, int block_index, const FluxConf
   ff_context_out.declare(t, p + "ff_context.net.2", 4 * d, d);
 }
 
-BlockState FluxDoubleBlock::forward(const BlockState& in, const FluxBlockInputs& shared, const ForwardContext& ctx,
-                                    const Stream& s) const {
+BlockState FluxDoubleBlock::forward(const BlockState& in, const FluxBlockInputs& shared, const ForwardContext& ctx, const Stream& s) const {
   const Tensor &h = in.hidden, &c = in.encoder;
   // Modulation, order shift, scale, gate (attention), then shift, scale, gate (MLP).
   const Tensor mod = norm1(shared.silu_temb, s), cmod = norm1_context(shared.silu_temb, s);
@@ -138,14 +137,17 @@ BlockState FluxDoubleBlock::forward(const BlockState& in, const FluxBlockInputs&
   const int64_t txt = c.size(1), img = h.size(1);
   // Joint attention over [text; image] with RoPE on q and k.
   const AttentionIdentity id{index, blocks, AttentionKind::joint, txt, shared.grid, prefix + ".attn"};
-  const Tensor o = ctx.attend(id, [&] {
-    const Tensor q = ops::concat({heads_rms(add_q(cn, s), norm_added_q, head_dim, s),
-                                  heads_rms(to_q(xn, s), norm_q, head_dim, s)}, 1, s);
-    const Tensor k = ops::concat({heads_rms(add_k(cn, s), norm_added_k, head_dim, s),
-                                  heads_rms(to_k(xn, s), norm_k, head_dim, s)}, 1, s);
-    const Tensor v = ops::concat({dit::split_heads(add_v(cn, s), head_dim), dit::split_heads(to_v(xn, s), head_dim)}, 1, s);
-    return AttentionQkv{rope(q, shared.rope, s), rope(k, shared.rope, s), v};
-  }, s);
+  const Tensor o = ctx.attend(
+      id,
+      [&] {
+        const Tensor q =
+            ops::concat({heads_rms(add_q(cn, s), norm_added_q, head_dim, s), heads_rms(to_q(xn, s), norm_q, head_dim, s)}, 1, s);
+        const Tensor k =
+            ops::concat({heads_rms(add_k(cn, s), norm_added_k, head_dim, s), heads_rms(to_k(xn, s), norm_k, head_dim, s)}, 1, s);
+        const Tensor v = ops::concat({dit::split_heads(add_v(cn, s), head_dim), dit::split_heads(to_v(xn, s), head_dim)}, 1, s);
+        return AttentionQkv{rope(q, shared.rope, s), rope(k, shared.rope, s), v};
+      },
+      s);
   // Image stream: attention output, then the MLP, each added through its gate.
   Tensor h2 = gated_linear(to_out, o.narrow(1, txt, img), h, chunk(mod, 6, 2), s);
   const Tensor hn = ops::layernorm_scale_shift(h2, chunk(mod, 6, 4), chunk(mod, 6, 3), {}, {}, 1e-6f, s);
@@ -153,8 +155,7 @@ BlockState FluxDoubleBlock::forward(const BlockState& in, const FluxBlockInputs&
   // Text stream, the same with its own weights.
   Tensor c2 = gated_linear(to_add_out, o.narrow(1, 0, txt), c, chunk(cmod, 6, 2), s);
   const Tensor cn2 = ops::layernorm_scale_shift(c2, chunk(cmod, 6, 4), chunk(cmod, 6, 3), {}, {}, 1e-6f, s);
-  c2 = gated_linear(ff_context_out, ff_context_in(cn2, s, {.activation = ops::GemmActivation::gelu_tanh}), c2,
-                    chunk(cmod, 6, 5), s);
+  c2 = gated_linear(ff_context_out, ff_context_in(cn2, s, {.activation = ops::GemmActivation::gelu_tanh}), c2, chunk(cmod, 6, 5), s);
   return {h2, c2};
 }
 
@@ -175,19 +176,20 @@ void FluxSingleBlock::declare(ParameterTable& t, int single_index, const FluxCon
   norm_k.declare(t, p + "attn.norm_k.weight", hd);
 }
 
-BlockState FluxSingleBlock::forward(const BlockState& in, const FluxBlockInputs& shared, const ForwardContext& ctx,
-                                    const Stream& s) const {
+BlockState FluxSingleBlock::forward(const BlockState& in, const FluxBlockInputs& shared, const ForwardContext& ctx, const Stream& s) const {
   const int64_t txt = in.encoder.size(1), img = in.hidden.size(1);
   const Tensor x = joint_tokens(in.encoder, in.hidden, s);  // [text; image]
-  const Tensor mod = norm(shared.silu_temb, s);  // shift, scale, gate
+  const Tensor mod = norm(shared.silu_temb, s);             // shift, scale, gate
   const Tensor xn = ops::layernorm_scale_shift(x, chunk(mod, 3, 1), chunk(mod, 3, 0), {}, {}, 1e-6f, s);
   const Tensor mlp = proj_mlp(xn, s, {.activation = ops::GemmActivation::gelu_tanh});
   const AttentionIdentity id{index, blocks, AttentionKind::joint, txt, shared.grid, prefix + ".attn"};
-  const Tensor a = ctx.attend(id, [&] {
-    return AttentionQkv{rope(heads_rms(to_q(xn, s), norm_q, head_dim, s), shared.rope, s),
-                        rope(heads_rms(to_k(xn, s), norm_k, head_dim, s), shared.rope, s),
-                        dit::split_heads(to_v(xn, s), head_dim)};
-  }, s);
+  const Tensor a = ctx.attend(
+      id,
+      [&] {
+        return AttentionQkv{rope(heads_rms(to_q(xn, s), norm_q, head_dim, s), shared.rope, s),
+                            rope(heads_rms(to_k(xn, s), norm_k, head_dim, s), shared.rope, s), dit::split_heads(to_v(xn, s), head_dim)};
+      },
+      s);
   // proj_out over [attention; MLP] channels (attention's first).
   const Tensor out = gated_linear(proj_out, ops::concat({a, mlp}, 2, s), x, chunk(mod, 3, 2), s);
   return {out.narrow(1, txt, img), out.narrow(1, 0, txt)};
@@ -222,8 +224,8 @@ std::unique_ptr<FluxTransformer2DModel> FluxTransformer2DModel::load(const std::
   return model;
 }
 
-Tensor FluxTransformer2DModel::time_text_embedding(const Tensor& timestep, const Tensor& guidance, const Tensor& pooled,
-                                                   const Stream& s, DType act) const {
+Tensor FluxTransformer2DModel::time_text_embedding(const Tensor& timestep, const Tensor& guidance, const Tensor& pooled, const Stream& s,
+                                                   DType act) const {
   const auto silu = ops::MatmulOptions{.activation = ops::GemmActivation::silu};
   auto embed = [&](const Linear& l1, const Linear& l2, const Tensor& x) { return l2(l1(x, s, silu), s); };
   // The model multiplies sigma (and the guidance scale) by 1000 before the sinusoid: in f32, or, in
@@ -269,7 +271,8 @@ FluxPrologue FluxTransformer2DModel::prologue(const FluxInputs& in, const Forwar
   require(in.hidden_states, "hidden_states", {-1, -1, c.in_channels});
   const int64_t batch = in.hidden_states.size(0), img = in.hidden_states.size(1);
   if (batch < 1 || img < 1)
-    throw Error("flux forward: hidden_states " + shape_to_string(in.hidden_states.shape()) + " must hold at least one sample and one image token");
+    throw Error("flux forward: hidden_states " + shape_to_string(in.hidden_states.shape()) +
+                " must hold at least one sample and one image token");
   const std::string from_hidden = "the batch from hidden_states " + shape_to_string(in.hidden_states.shape());
   require(in.encoder_hidden_states, "encoder_hidden_states", {batch, -1, c.joint_attention_dim}, from_hidden);
   const int64_t txt = in.encoder_hidden_states.size(1);
@@ -278,11 +281,13 @@ FluxPrologue FluxTransformer2DModel::prologue(const FluxInputs& in, const Forwar
   // diffusers takes the first row of 3-d ids (deprecated): so does cubevec.
   const Tensor img_ids = in.img_ids.dim() == 3 && in.img_ids.size(0) > 0 ? in.img_ids.select(0, 0) : in.img_ids;
   const Tensor txt_ids = in.txt_ids.dim() == 3 && in.txt_ids.size(0) > 0 ? in.txt_ids.select(0, 0) : in.txt_ids;
-  require(img_ids, "img_ids", {img, 3}, "one row per image token of hidden_states " + shape_to_string(in.hidden_states.shape()), &in.img_ids);
+  require(img_ids, "img_ids", {img, 3}, "one row per image token of hidden_states " + shape_to_string(in.hidden_states.shape()),
+          &in.img_ids);
   require(txt_ids, "txt_ids", {txt, 3},
           "one row per text token of encoder_hidden_states " + shape_to_string(in.encoder_hidden_states.shape()), &in.txt_ids);
   if (c.guidance_embeds) require(in.guidance, "guidance", {batch}, from_hidden);
-  else if (in.guidance.defined()) throw Error("flux forward: guidance given, but this model has no guidance embedder (guidance_embeds false)");
+  else if (in.guidance.defined())
+    throw Error("flux forward: guidance given, but this model has no guidance embedder (guidance_embeds false)");
 
   const DType act = ctx.activations;
   FluxPrologue p;
@@ -306,8 +311,9 @@ BlockIdentity FluxTransformer2DModel::block_identity(int index) const {
   const auto doubles = static_cast<int>(double_blocks_.size());
   if (index < 0 || index >= block_count())
     throw Error("flux: block " + std::to_string(index) + " is out of range (the model has " + std::to_string(block_count()) + ")");
-  return {index, block_count(), index < doubles ? double_blocks_[static_cast<std::size_t>(index)].prefix
-                                                : single_blocks_[static_cast<std::size_t>(index - doubles)].prefix};
+  return {index, block_count(),
+          index < doubles ? double_blocks_[static_cast<std::size_t>(index)].prefix
+                          : single_blocks_[static_cast<std::size_t>(index - doubles)].prefix};
 }
 
 BlockState FluxTransformer2DModel::block(int index, const BlockState& in, const FluxBlockInputs& shared, const ForwardContext& ctx,
@@ -322,8 +328,8 @@ TensorParallelPlan FluxTransformer2DModel::tensor_parallel_plan() const {
   plan.heads = config_.num_attention_heads;
   const int64_t d = config_.inner_dim();
   for (const FluxDoubleBlock& b : double_blocks_) {
-    for (const char* m : {"attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj",
-                          "ff.net.0.proj", "ff_context.net.0.proj"})
+    for (const char* m : {"attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "ff.net.0.proj",
+                          "ff_context.net.0.proj"})
       plan.column.push_back(b.prefix + "." + m);
     for (const char* m : {"attn.to_out.0", "attn.to_add_out", "ff.net.2", "ff_context.net.2"}) plan.row.push_back({b.prefix + "." + m, {}});
   }
@@ -346,7 +352,8 @@ Tensor FluxTransformer2DModel::forward(const FluxInputs& in, const Stream& s, co
   BlockState state = p.state;
   ctx.split_sequence(state, p.shared.rope, state.encoder.size(1), s);
   for (int i = 0; i < block_count(); ++i)
-    state = ctx.run_block(block_identity(i), state, [&](const BlockState& x) { return block(i, x, p.shared, ctx, s); }, s);
+    state = ctx.run_block(
+        block_identity(i), state, [&](const BlockState& x) { return block(i, x, p.shared, ctx, s); }, s);
   ctx.join_sequence(state, s);
   return epilogue(state, p, s);
 }
@@ -363,8 +370,8 @@ Tensor pack_latents(const Tensor& x, const Stream& s) {
 
 Tensor unpack_latents(const Tensor& p, int64_t height, int64_t width, const Stream& s) {
   if (p.dim() != 3 || height % 2 != 0 || width % 2 != 0 || p.size(1) != (height / 2) * (width / 2) || p.size(2) % 4 != 0)
-    throw Error("unpack_latents: expected [B, " + std::to_string((height / 2) * (width / 2)) + ", 4C] for a " +
-                std::to_string(height) + "x" + std::to_string(width) + " latent, got " + shape_to_string(p.shape()));
+    throw Error("unpack_latents: expected [B, " + std::to_string((height / 2) * (width / 2)) + ", 4C] for a " + std::to_string(height) +
+                "x" + std::to_string(width) + " latent, got " + shape_to_string(p.shape()));
   const int64_t b = p.size(0), ch = p.size(2) / 4;
   const Tensor v = p.reshape({b, height / 2, width / 2, ch, 2, 2}).permute({0, 3, 1, 4, 2, 5});
   return ops::contiguous(v, s).reshape({b, ch, height, width});

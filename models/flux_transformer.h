@@ -24,8 +24,8 @@ struct FluxConfig {
   int64_t patch_size = 1;
   int64_t in_channels = 64;
   int64_t out_channels = 64;
-  int64_t num_layers = 19;          // double-stream blocks
-  int64_t num_single_layers = 38;   // single-stream blocks
+  int64_t num_layers = 19;         // double-stream blocks
+  int64_t num_single_layers = 38;  // single-stream blocks
   int64_t attention_head_dim = 128;
   int64_t num_attention_heads = 24;
   int64_t joint_attention_dim = 4096;
@@ -63,10 +63,10 @@ struct FluxBlockInputs {
 // Double-stream block (FluxTransformerBlock) under `transformer_blocks.N.`: state.hidden is the
 // image stream [B, N_img, D], state.encoder the text stream [B, L_txt, D].
 struct FluxDoubleBlock {
-  Linear norm1, norm1_context;                 // norm1.linear, norm1_context.linear: D -> 6D
+  Linear norm1, norm1_context;                   // norm1.linear, norm1_context.linear: D -> 6D
   Linear to_q, to_k, to_v, add_q, add_k, add_v;  // attn.to_q ..., attn.add_q_proj ...
   Vector1d norm_q, norm_k, norm_added_q, norm_added_k;
-  Linear to_out, to_add_out;                   // attn.to_out.0, attn.to_add_out
+  Linear to_out, to_add_out;                            // attn.to_out.0, attn.to_add_out
   Linear ff_in, ff_out, ff_context_in, ff_context_out;  // ff.net.0.proj, ff.net.2, ff_context...
   int64_t head_dim = 0;
   int index = 0, blocks = 0;  // flat index among all blocks, and their count
@@ -95,7 +95,7 @@ struct FluxSingleBlock {
 struct FluxPrologue {
   BlockState state;  // x_embedder(hidden_states), context_embedder(encoder_hidden_states)
   FluxBlockInputs shared;
-  Tensor temb;       // [B, D]: timestep + guidance + pooled-text embeddings
+  Tensor temb;  // [B, D]: timestep + guidance + pooled-text embeddings
 };
 
 class FluxTransformer2DModel {
@@ -106,8 +106,7 @@ class FluxTransformer2DModel {
 
   // A diffusers transformer directory (see models/component.h for which weight file is read);
   // weights converted to `dtype` (f32 or bf16) at load.
-  static std::unique_ptr<FluxTransformer2DModel> load(const std::string& dir, DType dtype = DType::f32,
-                                                      const std::string& variant = "");
+  static std::unique_ptr<FluxTransformer2DModel> load(const std::string& dir, DType dtype = DType::f32, const std::string& variant = "");
 
   const FluxConfig& config() const { return config_; }
   const ParameterTable& parameters() const { return table_; }
@@ -124,8 +123,7 @@ class FluxTransformer2DModel {
   TensorParallelPlan tensor_parallel_plan() const;
   BlockIdentity block_identity(int index) const;
   // Block `index` (double blocks first, then single blocks), without the hook.
-  BlockState block(int index, const BlockState& in, const FluxBlockInputs& shared, const ForwardContext& ctx,
-                   const Stream& stream) const;
+  BlockState block(int index, const BlockState& in, const FluxBlockInputs& shared, const ForwardContext& ctx, const Stream& stream) const;
   Tensor epilogue(const BlockState& state, const FluxPrologue& prologue, const Stream& stream) const;
 
   // temb [B, D] = timestep + guidance + pooled-text embeddings, in `activations`.

@@ -33,25 +33,25 @@ inline constexpr auto kCfgBranchNames =
     enum_names<CfgBranch>("CFG branch", {{CfgBranch::cond, "cond"}, {CfgBranch::uncond, "uncond"}, {CfgBranch::both, "both"}});
 
 struct StepInfo {
-  int index = 0;        // denoising step, from 0
-  int count = 1;        // steps in the run
-  float timestep = 0;   // the scheduler's timestep (0..1000)
-  float sigma = 0;      // the scheduler's sigma at this step
+  int index = 0;       // denoising step, from 0
+  int count = 1;       // steps in the run
+  float timestep = 0;  // the scheduler's timestep (0..1000)
+  float sigma = 0;     // the scheduler's sigma at this step
   CfgBranch branch = CfgBranch::cond;
 };
 
 enum class AttentionKind { self, cross, joint };  // joint: [text; image] tokens attend together (Flux)
-inline constexpr auto kAttentionKindNames =
-    enum_names<AttentionKind>("attention kind", {{AttentionKind::self, "self"}, {AttentionKind::cross, "cross"}, {AttentionKind::joint, "joint"}});
+inline constexpr auto kAttentionKindNames = enum_names<AttentionKind>(
+    "attention kind", {{AttentionKind::self, "self"}, {AttentionKind::cross, "cross"}, {AttentionKind::joint, "joint"}});
 
 // Who is attending: enough for a stage to choose per layer and to know the token layout.
 struct AttentionIdentity {
-  int block = 0;                       // flat block index (Flux: double blocks, then single blocks)
-  int blocks = 0;                      // blocks in the model
+  int block = 0;   // flat block index (Flux: double blocks, then single blocks)
+  int blocks = 0;  // blocks in the model
   AttentionKind kind = AttentionKind::self;
-  int64_t text_len = 0;                // joint: the first text_len query/key tokens are text; cross: the key length
+  int64_t text_len = 0;                  // joint: the first text_len query/key tokens are text; cross: the key length
   std::array<int64_t, 3> grid{1, 1, 1};  // latent token grid (t, h, w) of the image / video tokens
-  std::string module;                  // diffusers module name, e.g. "transformer_blocks.3.attn"
+  std::string module;                    // diffusers module name, e.g. "transformer_blocks.3.attn"
 };
 
 // q [B, Sq, heads, head_dim] and k, v [B, Sk, heads, head_dim] (BSND), RoPE applied.
@@ -68,8 +68,7 @@ using AttentionProjection = std::function<AttentionQkv()>;
 class AttentionPolicy {
  public:
   virtual ~AttentionPolicy() = default;
-  virtual Tensor attend(const StepInfo& step, const AttentionIdentity& id, const AttentionProjection& project,
-                        const Stream& stream) = 0;
+  virtual Tensor attend(const StepInfo& step, const AttentionIdentity& id, const AttentionProjection& project, const Stream& stream) = 0;
 };
 
 // What the default policy runs: ops::attention_forward (runtime-tuned) on BSND q, k, v.
@@ -83,8 +82,8 @@ struct BlockState {
 };
 
 struct BlockIdentity {
-  int index = 0;   // flat block index
-  int count = 0;   // blocks in the model
+  int index = 0;       // flat block index
+  int count = 0;       // blocks in the model
   std::string module;  // "transformer_blocks.3", "single_transformer_blocks.0", "blocks.7"
 };
 using BlockCompute = std::function<BlockState(const BlockState&)>;

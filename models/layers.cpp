@@ -5,8 +5,8 @@
 
 namespace cubevec::models {
 
-void Linear::declare(ParameterTable& table, const std::string& module_name, int64_t in_features, int64_t out_features,
-                     bool has_bias, bool keep_f32) {
+void Linear::declare(ParameterTable& table, const std::string& module_name, int64_t in_features, int64_t out_features, bool has_bias,
+                     bool keep_f32) {
   in = in_features;
   out = out_features;
   name = module_name;
@@ -17,8 +17,7 @@ void Linear::declare(ParameterTable& table, const std::string& module_name, int6
 
 Tensor Linear::operator()(const Tensor& x, const Stream& stream, ops::MatmulOptions epilogue) const {
   if (!kernel) return float_forward(x, stream, std::move(epilogue));
-  if (x.size(-1) != in)
-    throw Error(name + ": expected inputs [..., " + std::to_string(in) + "], got " + shape_to_string(x.shape()));
+  if (x.size(-1) != in) throw Error(name + ": expected inputs [..., " + std::to_string(in) + "], got " + shape_to_string(x.shape()));
   Shape rows_shape = x.shape();
   rows_shape.back() = out;
   const Tensor x2 = (x.is_contiguous() ? x : ops::contiguous(x, stream)).reshape({x.numel() / in, in});
@@ -28,8 +27,7 @@ Tensor Linear::operator()(const Tensor& x, const Stream& stream, ops::MatmulOpti
 }
 
 Tensor Linear::float_forward(const Tensor& x, const Stream& stream, ops::MatmulOptions epilogue) const {
-  if (x.size(-1) != in)
-    throw Error(name + ": expected inputs [..., " + std::to_string(in) + "], got " + shape_to_string(x.shape()));
+  if (x.size(-1) != in) throw Error(name + ": expected inputs [..., " + std::to_string(in) + "], got " + shape_to_string(x.shape()));
   Shape rows_shape = x.shape();
   rows_shape.back() = out;
   // A strided x (a slice of a joint sequence) is made contiguous on the device, not on the host.
@@ -80,8 +78,8 @@ std::size_t Linear::release_weight_pages() const {
   return weight.storage()->release_file_pages(static_cast<std::size_t>(weight.offset()) * weight.itemsize(), weight.nbytes());
 }
 
-void Conv2d::declare(ParameterTable& table, const std::string& name, int64_t in_channels, int64_t out_channels,
-                     int64_t kernel_size, int64_t conv_stride, int64_t conv_padding, bool has_bias) {
+void Conv2d::declare(ParameterTable& table, const std::string& name, int64_t in_channels, int64_t out_channels, int64_t kernel_size,
+                     int64_t conv_stride, int64_t conv_padding, bool has_bias) {
   in = in_channels;
   out = out_channels;
   kernel = kernel_size;
@@ -94,9 +92,7 @@ void Conv2d::declare(ParameterTable& table, const std::string& name, int64_t in_
 Tensor Conv2d::operator()(const Tensor& x, const Stream& stream) const { return with_padding(x, padding, padding, stream); }
 
 Tensor Conv2d::with_padding(const Tensor& x, int64_t pad_rows, int64_t pad_cols, const Stream& stream) const {
-  const auto f32 = [&](const Tensor& t) {
-    return !t.defined() || t.dtype() == DType::f32 ? t : ops::cast(t, DType::f32, stream);
-  };
+  const auto f32 = [&](const Tensor& t) { return !t.defined() || t.dtype() == DType::f32 ? t : ops::cast(t, DType::f32, stream); };
   ops::Conv2dOptions options;
   options.stride = {stride, stride};
   options.padding = {pad_rows, pad_cols};

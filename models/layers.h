@@ -32,8 +32,8 @@ struct Linear {
   // Declares `<name>.weight` [out, in] and, with has_bias, `<name>.bias` [out], and registers the
   // layer as `name`. keep_f32: the weight stays f32 when the model is loaded in bf16 (diffusers'
   // _keep_in_fp32_modules).
-  void declare(ParameterTable& table, const std::string& name, int64_t in_features, int64_t out_features,
-               bool has_bias = true, bool keep_f32 = false);
+  void declare(ParameterTable& table, const std::string& name, int64_t in_features, int64_t out_features, bool has_bias = true,
+               bool keep_f32 = false);
   // x [..., in] -> [..., out] in x's dtype. `epilogue` may add an activation, a residual and a gate
   // (its bias, b_is_weight, compute and out fields are set here).
   Tensor operator()(const Tensor& x, const Stream& stream, ops::MatmulOptions epilogue = {}) const;
@@ -89,8 +89,8 @@ struct Conv2d {
   int64_t in = 0, out = 0, kernel = 1, stride = 1, padding = 0;
 
   // Declares `<name>.weight` [out, in, k, k] and, with has_bias, `<name>.bias` [out].
-  void declare(ParameterTable& table, const std::string& name, int64_t in_channels, int64_t out_channels,
-               int64_t kernel_size, int64_t conv_stride = 1, int64_t conv_padding = 0, bool has_bias = true);
+  void declare(ParameterTable& table, const std::string& name, int64_t in_channels, int64_t out_channels, int64_t kernel_size,
+               int64_t conv_stride = 1, int64_t conv_padding = 0, bool has_bias = true);
   Tensor operator()(const Tensor& x, const Stream& stream) const;
   // The same with `pad_rows` / `pad_cols` zeros around x instead of `padding` on both.
   Tensor with_padding(const Tensor& x, int64_t pad_rows, int64_t pad_cols, const Stream& stream) const;

@@ -135,7 +135,8 @@ std::unique_ptr<ForwardModel> load_forward_model(const std::string& dir, const F
   // Flux transformer configs written without _class_name (as the tiny test checkpoints) are Flux's.
   std::string name = "FluxTransformer2DModel";
   if (config.contains("_class_name")) {
-    if (!config["_class_name"].is_string()) throw Error(config_path + ": '_class_name' must be a string, got " + config["_class_name"].dump());
+    if (!config["_class_name"].is_string())
+      throw Error(config_path + ": '_class_name' must be a string, got " + config["_class_name"].dump());
     name = config["_class_name"].get<std::string>();
   }
   const auto it = registry().find(name);

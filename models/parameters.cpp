@@ -35,9 +35,7 @@ void check_dtype(DType dtype, const char* what) {
 
 // bf16 storage applies to matrices and kernels; biases and norm weights (1-D) stay f32, as the
 // GEMM epilogue and the vector ops take them.
-DType storage_dtype(const ParameterSpec& spec, DType dtype) {
-  return spec.shape.size() >= 2 && !spec.keep_f32 ? dtype : DType::f32;
-}
+DType storage_dtype(const ParameterSpec& spec, DType dtype) { return spec.shape.size() >= 2 && !spec.keep_f32 ? dtype : DType::f32; }
 
 }  // namespace
 
@@ -80,8 +78,7 @@ void load_parameters(const ParameterTable& table, const Checkpoint& checkpoint, 
   load_parameters(table, checkpoint, dtype, LoadOptions{});
 }
 
-void load_parameters(const ParameterTable& table, const Checkpoint& checkpoint, DType dtype,
-                     const LoadOptions& options) {
+void load_parameters(const ParameterTable& table, const Checkpoint& checkpoint, DType dtype, const LoadOptions& options) {
   check_dtype(dtype, "load_parameters");
   std::vector<std::string> missing, misshaped, bad_dtype, unexpected;
   std::set<std::string> declared;
@@ -111,8 +108,7 @@ void load_parameters(const ParameterTable& table, const Checkpoint& checkpoint, 
     if (!declared.count(name) && reported(name)) unexpected.push_back(name);
   if (!missing.empty() || !misshaped.empty() || !bad_dtype.empty() || !unexpected.empty()) {
     std::ostringstream msg;
-    msg << "checkpoint " << checkpoint.path() << " does not match the model (" << table.specs().size()
-        << " parameters expected):";
+    msg << "checkpoint " << checkpoint.path() << " does not match the model (" << table.specs().size() << " parameters expected):";
     auto list = [&](const char* title, const std::vector<std::string>& items) {
       if (items.empty()) return;
       msg << "\n  " << items.size() << " " << title << ":";
@@ -126,8 +122,7 @@ void load_parameters(const ParameterTable& table, const Checkpoint& checkpoint, 
     list("unexpected", unexpected);
     throw Error(msg.str());
   }
-  for (const auto& spec : table.specs())
-    *spec.slot = converted(checkpoint.tensor(spec.name), storage_dtype(spec, dtype));
+  for (const auto& spec : table.specs()) *spec.slot = converted(checkpoint.tensor(spec.name), storage_dtype(spec, dtype));
 }
 
 void make_meta_parameters(const ParameterTable& table, DType dtype) {

@@ -65,8 +65,7 @@ struct LoadOptions {
   std::vector<std::string> unexpected_prefixes{};
   std::vector<std::string> ignored_names{};  // never reported (a buffer such as CLIP's position_ids)
 };
-void load_parameters(const ParameterTable& table, const Checkpoint& checkpoint, DType dtype,
-                     const LoadOptions& options);
+void load_parameters(const ParameterTable& table, const Checkpoint& checkpoint, DType dtype, const LoadOptions& options);
 
 // Shape-only parameters for simulate mode.
 void make_meta_parameters(const ParameterTable& table, DType dtype);

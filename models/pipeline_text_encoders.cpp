@@ -38,8 +38,9 @@ EncoderConfigKind encoder_config_kind(const std::string& config_path) {
       if (name.rfind("UMT5", 0) == 0) return EncoderConfigKind::umt5;
       if (name.rfind("T5", 0) == 0 || name.rfind("MT5", 0) == 0) return EncoderConfigKind::t5;
     }
-  throw Error(config_path + ": not a text encoder cubevec runs (expected model_type clip_text_model, t5 or umt5, architectures "
-                            "CLIPTextModel, T5EncoderModel or UMT5EncoderModel, or the shipped CubevecTinyTextEncoder); its model_type is '" +
+  throw Error(config_path +
+              ": not a text encoder cubevec runs (expected model_type clip_text_model, t5 or umt5, architectures "
+              "CLIPTextModel, T5EncoderModel or UMT5EncoderModel, or the shipped CubevecTinyTextEncoder); its model_type is '" +
               type + "'");
 }
 
@@ -52,8 +53,9 @@ TextEncoderKind text_encoder_kind(const std::string& model_dir) {
     case EncoderConfigKind::umt5: return TextEncoderKind::umt5;
     case EncoderConfigKind::t5: break;
   }
-  throw Error(path + ": a T5EncoderModel is Flux's text_encoder_2, not a text_encoder (expected CLIPTextModel (Flux) or "
-                     "UMT5EncoderModel (Wan))");
+  throw Error(path +
+              ": a T5EncoderModel is Flux's text_encoder_2, not a text_encoder (expected CLIPTextModel (Flux) or "
+              "UMT5EncoderModel (Wan))");
 }
 
 void check_text_component_classes(const std::string& model_dir) {
@@ -173,7 +175,7 @@ PromptEmbeddings FluxTextEncoder::encode_as(const std::string& prompt, const std
   const ClipTextOutput clip = clip_->forward(clip_ids);
   const tokenizers::PaddedIds t5_ids = t5_tokenizer_->encode_padded(prompt, max_sequence_length_, what + " (T5)");
   Tensor sequence = t5_->forward(t5_ids.ids);  // FluxPipeline passes no mask
-  sequence.data_ptr();                          // finished before the caller hands it to another device
+  sequence.data_ptr();                         // finished before the caller hands it to another device
   clip.pooler_output.data_ptr();
   return {sequence, clip.pooler_output};
 }

@@ -86,8 +86,7 @@ class FluxTextEncoder : public TextEncoder {
 class WanTextEncoder : public TextEncoder {
  public:
   static void check_max_sequence_length(int max_sequence_length);  // 1 to 4096, else an Error
-  static std::unique_ptr<WanTextEncoder> load(const std::string& model_dir, DType run_dtype, int max_sequence_length,
-                                              const Stream& stream);
+  static std::unique_ptr<WanTextEncoder> load(const std::string& model_dir, DType run_dtype, int max_sequence_length, const Stream& stream);
   std::string name() const override;
   PromptEmbeddings encode(const std::string& prompt) override { return encode_as(prompt, "--prompt"); }
   PromptEmbeddings encode_as(const std::string& prompt, const std::string& what);

@@ -17,8 +17,9 @@ namespace cubevec::models {
 
 T5EncoderConfig T5EncoderConfig::from_json(const nlohmann::json& json, const std::string& source) {
   ConfigReader r(json, source, "T5EncoderModel");
-  expect_transformers_architecture(r, {"T5EncoderModel", "T5ForConditionalGeneration", "T5Model", "UMT5EncoderModel",
-                                       "UMT5ForConditionalGeneration", "UMT5Model", "MT5EncoderModel"},
+  expect_transformers_architecture(r,
+                                   {"T5EncoderModel", "T5ForConditionalGeneration", "T5Model", "UMT5EncoderModel",
+                                    "UMT5ForConditionalGeneration", "UMT5Model", "MT5EncoderModel"},
                                    {"t5", "umt5", "mt5"});
   T5EncoderConfig c;
   std::string model_type = "t5";
@@ -44,10 +45,12 @@ T5EncoderConfig T5EncoderConfig::from_json(const nlohmann::json& json, const std
   std::string act = c.gated ? "gelu_new" : "relu";
   r.text("dense_act_fn", act, {"gelu_new", "relu"});
   if (act != (c.gated ? "gelu_new" : "relu"))
-    r.fail("dense_act_fn", "'" + act + "' does not match feed_forward_proj '" + ffn + "' (expected '" + (c.gated ? "gelu_new" : "relu") + "')");
+    r.fail("dense_act_fn",
+           "'" + act + "' does not match feed_forward_proj '" + ffn + "' (expected '" + (c.gated ? "gelu_new" : "relu") + "')");
   bool gated_act = c.gated;
   r.boolean("is_gated_act", gated_act);
-  if (gated_act != c.gated) r.fail("is_gated_act", std::string(gated_act ? "true" : "false") + " does not match feed_forward_proj '" + ffn + "'");
+  if (gated_act != c.gated)
+    r.fail("is_gated_act", std::string(gated_act ? "true" : "false") + " does not match feed_forward_proj '" + ffn + "'");
   if (c.relative_attention_max_distance <= c.relative_attention_num_buckets / 4)
     r.fail("relative_attention_max_distance", std::to_string(c.relative_attention_max_distance) +
                                                   " must exceed a quarter of relative_attention_num_buckets (" +
@@ -72,7 +75,9 @@ int64_t t5_relative_position_bucket(int64_t relative_position, int64_t num_bucke
 }
 
 T5EncoderModel::T5EncoderModel(std::string source, T5EncoderConfig config, Stream stream, std::string embedding_name)
-    : source_(std::move(source)), config_(std::move(config)), stream_(std::move(stream)),
+    : source_(std::move(source)),
+      config_(std::move(config)),
+      stream_(std::move(stream)),
       layers_(static_cast<std::size_t>(config_.num_layers)) {
   const T5EncoderConfig& c = config_;
   const int64_t d = c.d_model, inner = c.inner_dim();
@@ -134,7 +139,8 @@ Tensor T5EncoderModel::position_bias(const Layer& layer, int64_t length, const s
   const float* weights = table.data<float>();  // kept f32 (declared keep_f32)
   std::vector<int64_t> bucket(static_cast<std::size_t>(2 * length - 1));
   for (int64_t r = -(length - 1); r < length; ++r)
-    bucket[static_cast<std::size_t>(r + length - 1)] = t5_relative_position_bucket(r, c.relative_attention_num_buckets, c.relative_attention_max_distance);
+    bucket[static_cast<std::size_t>(r + length - 1)] =
+        t5_relative_position_bucket(r, c.relative_attention_num_buckets, c.relative_attention_max_distance);
   Tensor bias = Tensor::empty({1, c.num_heads, length, length}, DType::f32);
   float* out = bias.mutable_data<float>();
   const float lowest = std::numeric_limits<float>::lowest();
@@ -159,7 +165,8 @@ Tensor T5EncoderModel::forward(const std::vector<int32_t>& ids, const std::vecto
   const auto length = static_cast<int64_t>(ids.size());
   if (length < 1) throw Error(source_ + ": no token ids to encode");
   if (!attention_mask.empty() && attention_mask.size() != ids.size())
-    throw Error(source_ + ": attention_mask has " + std::to_string(attention_mask.size()) + " values for " + std::to_string(length) + " ids");
+    throw Error(source_ + ": attention_mask has " + std::to_string(attention_mask.size()) + " values for " + std::to_string(length) +
+                " ids");
   for (int32_t m : attention_mask)
     if (m != 0 && m != 1) throw Error(source_ + ": attention_mask values must be 0 or 1, got " + std::to_string(m));
   Tensor x = !embedding_.has_storage() ? Tensor::meta({1, length, c.d_model}, DType::f32) : embedding_rows(embedding_, ids, source_);
@@ -175,8 +182,9 @@ Tensor T5EncoderModel::forward(const std::vector<int32_t>& ids, const std::vecto
     const Tensor h = ops::rms_norm(x, l.ln0.value, eps, stream_);
     x = l.o(ops::attention_forward(l.q(h, stream_), l.k(h, stream_), l.v(h, stream_), attention, stream_), stream_, {.residual = x});
     const Tensor h2 = ops::rms_norm(x, l.ln1.value, eps, stream_);
-    const Tensor inner = c.gated ? ops::mul(l.wi_0(h2, stream_, {.activation = ops::GemmActivation::gelu_tanh}), l.wi_1(h2, stream_), stream_)
-                                 : ops::activation(l.wi_0(h2, stream_), ops::Activation::relu, stream_);
+    const Tensor inner = c.gated
+                             ? ops::mul(l.wi_0(h2, stream_, {.activation = ops::GemmActivation::gelu_tanh}), l.wi_1(h2, stream_), stream_)
+                             : ops::activation(l.wi_0(h2, stream_), ops::Activation::relu, stream_);
     x = l.wo(inner, stream_, {.residual = x});
   }
   return ops::rms_norm(x, final_norm_.value, eps, stream_);

@@ -40,7 +40,7 @@ struct T5EncoderConfig {
   int64_t relative_attention_num_buckets = 32;
   int64_t relative_attention_max_distance = 128;
   double layer_norm_epsilon = 1e-6;
-  bool gated = true;                 // feed_forward_proj "gated-gelu" (true) or "relu" (false)
+  bool gated = true;  // feed_forward_proj "gated-gelu" (true) or "relu" (false)
 
   // architectures T5EncoderModel / T5ForConditionalGeneration (model_type t5) or UMT5EncoderModel
   // (umt5); transformers' defaults for absent keys.

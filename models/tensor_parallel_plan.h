@@ -15,7 +15,7 @@
 namespace cubevec::models {
 
 struct TensorParallelPlan {
-  int64_t heads = 0;  // attention heads of every layer (T must divide them)
+  int64_t heads = 0;                // attention heads of every layer (T must divide them)
   std::vector<std::string> column;  // Linear module names
   struct RowLinear {
     std::string module;

@@ -27,8 +27,7 @@ class TextEncoder {
 // A TextEncoder that returns fixed embeddings whatever the prompt (the file's).
 class FixedTextEncoder : public TextEncoder {
  public:
-  FixedTextEncoder(std::string source, PromptEmbeddings embeddings)
-      : source_(std::move(source)), embeddings_(std::move(embeddings)) {}
+  FixedTextEncoder(std::string source, PromptEmbeddings embeddings) : source_(std::move(source)), embeddings_(std::move(embeddings)) {}
   std::string name() const override { return "embeddings from " + source_; }
   PromptEmbeddings encode(const std::string&) override { return embeddings_; }
 

@@ -33,10 +33,11 @@ TinyTextEncoderConfig TinyTextEncoderConfig::from_json(const nlohmann::json& jso
       .positive_number("layer_norm_eps", c.layer_norm_eps)
       .text("hidden_act", hidden_act, {"gelu_tanh"});
   r.reject_unknown();
-  r.require({"vocab_size", "max_position_embeddings", "hidden_size", "num_hidden_layers", "num_attention_heads",
-             "intermediate_size", "pad_token_id", "pooled_projection_dim"});
+  r.require({"vocab_size", "max_position_embeddings", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+             "pad_token_id", "pooled_projection_dim"});
   if (c.hidden_size % c.num_attention_heads != 0)
-    r.fail("hidden_size", std::to_string(c.hidden_size) + " is not a multiple of num_attention_heads " + std::to_string(c.num_attention_heads));
+    r.fail("hidden_size",
+           std::to_string(c.hidden_size) + " is not a multiple of num_attention_heads " + std::to_string(c.num_attention_heads));
   if (c.pad_token_id >= c.vocab_size)
     r.fail("pad_token_id", std::to_string(c.pad_token_id) + " is not below vocab_size " + std::to_string(c.vocab_size));
   return c;
@@ -70,7 +71,10 @@ WordTokenizer WordTokenizer::load(const std::string& dir) {
   ConfigReader r(config, config_path, "word tokenizer");
   std::string pad;
   r.require({"model_max_length", "pad_token"});
-  r.integer("model_max_length", t.max_length_, 1).text("pad_token", pad).text("separators", t.separators_).boolean("do_lower_case", t.lower_case_);
+  r.integer("model_max_length", t.max_length_, 1)
+      .text("pad_token", pad)
+      .text("separators", t.separators_)
+      .boolean("do_lower_case", t.lower_case_);
   if (!t.ids_.count(pad)) r.fail("pad_token", "'" + pad + "' is not in vocab.json");
   t.pad_id_ = t.ids_.at(pad);
   return t;
@@ -115,8 +119,7 @@ std::vector<int32_t> WordTokenizer::encode(const std::string& prompt) const {
     if (it == ids_.end() || it->second == pad_id_) {
       if (!seen.insert(words[i]).second) continue;
       ++unknown_count;
-      if (unknown.size() < kListed)
-        unknown.push_back(words[i].size() > kShownChars ? words[i].substr(0, kShownChars) + "..." : words[i]);
+      if (unknown.size() < kListed) unknown.push_back(words[i].size() > kShownChars ? words[i].substr(0, kShownChars) + "..." : words[i]);
     } else if (i < ids.size()) {
       ids[i] = it->second;
     }
@@ -126,7 +129,8 @@ std::vector<int32_t> WordTokenizer::encode(const std::string& prompt) const {
     for (const std::string& w : unknown) list += (list.empty() ? "'" : ", '") + w + "'";
     if (unknown_count > unknown.size()) list += " and " + std::to_string(unknown_count - unknown.size()) + " more";
     throw Error("the prompt has " + std::string(unknown_count == 1 ? "a word" : std::to_string(unknown_count) + " words") +
-                " this model does not know: " + list + ". It knows these " + std::to_string(words_.size() - 1) + " words: " + known_words());
+                " this model does not know: " + list + ". It knows these " + std::to_string(words_.size() - 1) +
+                " words: " + known_words());
   }
   if (static_cast<int64_t>(words.size()) > max_length_)
     throw Error("the prompt has " + std::to_string(words.size()) + " words; this model's tokenizer (" + source_ + ") takes at most " +
@@ -165,9 +169,7 @@ TinyTextEncoder::TinyTextEncoder(std::string source, TinyTextEncoderConfig confi
   pooled_projection_.declare(table_, "pooled_projection", e, c.pooled_projection_dim);
 }
 
-bool TinyTextEncoder::present(const std::string& model_dir) {
-  return std::filesystem::exists(model_dir + "/text_encoder/config.json");
-}
+bool TinyTextEncoder::present(const std::string& model_dir) { return std::filesystem::exists(model_dir + "/text_encoder/config.json"); }
 
 std::unique_ptr<TinyTextEncoder> TinyTextEncoder::load(const std::string& model_dir, std::optional<Stream> stream) {
   const std::string dir = model_dir + "/text_encoder";
@@ -203,9 +205,9 @@ PromptEmbeddings TinyTextEncoder::encode_ids(const std::vector<int32_t>& ids) co
   for (int64_t l = 0; l < length; ++l) {
     const int32_t id = ids[static_cast<std::size_t>(l)];
     if (id < 0 || id >= c.vocab_size)
-      throw Error("tiny text encoder: token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
-    for (int64_t j = 0; j < e; ++j)
-      x0[static_cast<std::size_t>(l * e + j)] = tok[id * e + j] + pos[l * e + j];
+      throw Error("tiny text encoder: token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(c.vocab_size) +
+                  ")");
+    for (int64_t j = 0; j < e; ++j) x0[static_cast<std::size_t>(l * e + j)] = tok[id * e + j] + pos[l * e + j];
   }
   const auto eps = static_cast<float>(c.layer_norm_eps);
   Tensor x = Tensor::from_vector(x0, {1, length, e});
@@ -219,7 +221,8 @@ PromptEmbeddings TinyTextEncoder::encode_ids(const std::vector<int32_t>& ids) co
     const Tensor h2 = ops::fast_layernorm(x, l.ln2_weight.value, l.ln2_bias.value, eps, ops::LayerNormImpl::high_precision, stream_).out;
     x = l.fc2(l.fc1(h2, stream_, {.activation = ops::GemmActivation::gelu_tanh}), stream_, {.residual = x});
   }
-  const Tensor sequence = ops::fast_layernorm(x, final_weight_.value, final_bias_.value, eps, ops::LayerNormImpl::high_precision, stream_).out;
+  const Tensor sequence =
+      ops::fast_layernorm(x, final_weight_.value, final_bias_.value, eps, ops::LayerNormImpl::high_precision, stream_).out;
   // Mean of the non-pad rows (on the host: L x E values).
   const float* s = sequence.data<float>();
   std::vector<double> sum(static_cast<std::size_t>(e), 0.0);
@@ -231,7 +234,8 @@ PromptEmbeddings TinyTextEncoder::encode_ids(const std::vector<int32_t>& ids) co
   }
   std::vector<float> mean(static_cast<std::size_t>(e), 0.0f);
   if (kept > 0)
-    for (int64_t j = 0; j < e; ++j) mean[static_cast<std::size_t>(j)] = static_cast<float>(sum[static_cast<std::size_t>(j)] / static_cast<double>(kept));
+    for (int64_t j = 0; j < e; ++j)
+      mean[static_cast<std::size_t>(j)] = static_cast<float>(sum[static_cast<std::size_t>(j)] / static_cast<double>(kept));
   Tensor pooled = pooled_projection_(Tensor::from_vector(mean, {1, e}), stream_);
   pooled.data_ptr();  // finished before the caller hands it to another device
   return {sequence, pooled};

@@ -51,13 +51,14 @@ WanConfig WanConfig::from_json(const nlohmann::json& json, const std::string& so
       .positive_number("eps", c.eps)
       .integer("rope_max_seq_len", c.rope_max_seq_len, 1);
   if (r.contains("qk_norm") && r.raw("qk_norm").is_null())
-    r.fail("qk_norm", "is null (no query/key norm), which cubevec's WanTransformer3DModel does not run; it supports \"rms_norm_across_heads\"");
+    r.fail("qk_norm",
+           "is null (no query/key norm), which cubevec's WanTransformer3DModel does not run; it supports \"rms_norm_across_heads\"");
   // The image-to-video branch: cubevec's model is the text-to-video one, which has these null.
   for (const char* key : {"image_dim", "added_kv_proj_dim", "pos_embed_seq_len"})
     if (r.has(key))
-      r.fail(key, "is " + r.raw(key).dump() + "; cubevec's WanTransformer3DModel is the text-to-video model, which has it null (no image branch)");
-    else
-      r.ignore({key});
+      r.fail(key, "is " + r.raw(key).dump() +
+                      "; cubevec's WanTransformer3DModel is the text-to-video model, which has it null (no image branch)");
+    else r.ignore({key});
   r.reject_unknown();
   for (std::size_t i = 0; i < 3; ++i) c.patch_size[i] = patch[i];
   if (c.out_channels == 0) c.out_channels = c.in_channels;
@@ -84,8 +85,8 @@ WanConfig WanConfig::wan21_14b() { return WanConfig{}; }  // diffusers' code def
 RopeTable wan_rope(int64_t frames, int64_t height, int64_t width, const WanConfig& config) {
   const int64_t limit = config.rope_max_seq_len;
   if (frames > limit || height > limit || width > limit)
-    throw Error("wan_rope: the patch grid " + std::to_string(frames) + "x" + std::to_string(height) + "x" +
-                std::to_string(width) + " exceeds rope_max_seq_len " + std::to_string(limit) + " on an axis");
+    throw Error("wan_rope: the patch grid " + std::to_string(frames) + "x" + std::to_string(height) + "x" + std::to_string(width) +
+                " exceeds rope_max_seq_len " + std::to_string(limit) + " on an axis");
   // Token (f, i, j) in (t, h, w) row-major order; the per-axis frequencies are Flux's formula.
   std::vector<float> ids;
   ids.reserve(static_cast<std::size_t>(frames * height * width * 3));
@@ -136,21 +137,28 @@ BlockState WanBlock::forward(const BlockState& in, const WanBlockInputs& shared,
   // Self-attention: q and k RMS-normed over all D channels (before the head split), RoPE, no mask.
   const Tensor xn = ops::layernorm_scale_shift(h, row(mod, 1), row(mod, 0), {}, {}, eps, s);
   const AttentionIdentity self_id{index, blocks, AttentionKind::self, 0, shared.grid, prefix + ".attn1"};
-  const Tensor o = ctx.attend(self_id, [&] {
-    const Tensor q = ctx.rms_norm_across_heads(to_q(xn, s), norm_q.value, eps, s);
-    const Tensor k = ctx.rms_norm_across_heads(to_k(xn, s), norm_k.value, eps, s);
-    return AttentionQkv{rope(split_heads(q, head_dim), shared.rope, s), rope(split_heads(k, head_dim), shared.rope, s),
-                        split_heads(to_v(xn, s), head_dim)};
-  }, s);
+  const Tensor o = ctx.attend(
+      self_id,
+      [&] {
+        const Tensor q = ctx.rms_norm_across_heads(to_q(xn, s), norm_q.value, eps, s);
+        const Tensor k = ctx.rms_norm_across_heads(to_k(xn, s), norm_k.value, eps, s);
+        return AttentionQkv{rope(split_heads(q, head_dim), shared.rope, s), rope(split_heads(k, head_dim), shared.rope, s),
+                            split_heads(to_v(xn, s), head_dim)};
+      },
+      s);
   Tensor h2 = gated_linear(to_out, o, h, row(mod, 2), s);
   // Cross-attention to the text: affine LayerNorm, no RoPE, no mask, no gate.
-  const Tensor cn = cross_attn_norm ? ops::fast_layernorm(h2, norm2_weight.value, norm2_bias.value, eps, ops::LayerNormImpl::high_precision, s).out : h2;
+  const Tensor cn =
+      cross_attn_norm ? ops::fast_layernorm(h2, norm2_weight.value, norm2_bias.value, eps, ops::LayerNormImpl::high_precision, s).out : h2;
   const AttentionIdentity cross_id{index, blocks, AttentionKind::cross, shared.context.size(1), shared.grid, prefix + ".attn2"};
-  const Tensor co = ctx.attend(cross_id, [&] {
-    return AttentionQkv{split_heads(ctx.rms_norm_across_heads(cross_q(cn, s), cross_norm_q.value, eps, s), head_dim),
-                        split_heads(ctx.rms_norm_across_heads(cross_k(shared.context, s), cross_norm_k.value, eps, s), head_dim),
-                        split_heads(cross_v(shared.context, s), head_dim)};
-  }, s);
+  const Tensor co = ctx.attend(
+      cross_id,
+      [&] {
+        return AttentionQkv{split_heads(ctx.rms_norm_across_heads(cross_q(cn, s), cross_norm_q.value, eps, s), head_dim),
+                            split_heads(ctx.rms_norm_across_heads(cross_k(shared.context, s), cross_norm_k.value, eps, s), head_dim),
+                            split_heads(cross_v(shared.context, s), head_dim)};
+      },
+      s);
   h2 = cross_out(co, s, {.residual = h2});
   // Feed-forward: GELU-tanh MLP through the FFN's gate.
   const Tensor fn = ops::layernorm_scale_shift(h2, row(mod, 4), row(mod, 3), {}, {}, eps, s);
@@ -186,10 +194,8 @@ std::unique_ptr<WanTransformer3DModel> WanTransformer3DModel::load(const std::st
 std::pair<Tensor, Tensor> WanTransformer3DModel::time_embedding(const Tensor& timestep, const Stream& s, DType act) const {
   // The raw timestep (0..1000) goes into the sinusoid, unscaled; the embedder runs in f32 and its
   // output is cast to the activation dtype before time_proj (diffusers' type_as).
-  const Tensor temb = ops::cast(time_2_(time_1_(timestep_sinusoid(timestep, config_.freq_dim, 1.0f), s,
-                                                {.activation = ops::GemmActivation::silu}),
-                                        s),
-                                act, s);
+  const Tensor temb = ops::cast(
+      time_2_(time_1_(timestep_sinusoid(timestep, config_.freq_dim, 1.0f), s, {.activation = ops::GemmActivation::silu}), s), act, s);
   const Tensor proj = time_proj_(ops::activation(temb, ops::Activation::silu, s), s);
   return {temb, proj.reshape({proj.size(0), 6, config_.inner_dim()})};
 }
@@ -272,8 +278,8 @@ WanPrologue WanTransformer3DModel::prologue(const WanInputs& in, const ForwardCo
   out.frames = frames, out.height = height, out.width = width;
   const int64_t tp = frames / p[0], hp = height / p[1], wp = width / p[2];
   out.shared.grid = {tp, hp, wp};
-  out.shared.rope = rope_cache_.get({static_cast<float>(tp), static_cast<float>(hp), static_cast<float>(wp)},
-                                    [&] { return wan_rope(tp, hp, wp, c); });
+  out.shared.rope =
+      rope_cache_.get({static_cast<float>(tp), static_cast<float>(hp), static_cast<float>(wp)}, [&] { return wan_rope(tp, hp, wp, c); });
   std::tie(out.temb, out.shared.timestep_proj) = time_embedding(in.timestep, s, act);
   out.shared.context = text_embedding(text, s, act);
   out.state.hidden = patch_embed(x, s, act);
@@ -300,7 +306,8 @@ Tensor WanTransformer3DModel::forward(const WanInputs& in, const Stream& s, cons
   BlockState state = p.state;
   ctx.split_sequence(state, p.shared.rope, 0, s);
   for (int i = 0; i < block_count(); ++i)
-    state = ctx.run_block(block_identity(i), state, [&](const BlockState& x) { return block(i, x, p.shared, ctx, s); }, s);
+    state = ctx.run_block(
+        block_identity(i), state, [&](const BlockState& x) { return block(i, x, p.shared, ctx, s); }, s);
   ctx.join_sequence(state, s);
   return epilogue(state, p, s);
 }

@@ -59,9 +59,9 @@ RopeTable wan_rope(int64_t frames, int64_t height, int64_t width, const WanConfi
 
 // What every block of one forward shares.
 struct WanBlockInputs {
-  Tensor context;        // the projected text [B, L_txt, D]
-  Tensor timestep_proj;  // [B, 6, D]
-  RopeTable rope;        // [T' H' W', head_dim]
+  Tensor context;                        // the projected text [B, L_txt, D]
+  Tensor timestep_proj;                  // [B, 6, D]
+  RopeTable rope;                        // [T' H' W', head_dim]
   std::array<int64_t, 3> grid{1, 1, 1};  // the patch grid (T', H', W')
 };
 
@@ -69,13 +69,13 @@ struct WanBlockInputs {
 // feed-forward; modulated by scale_shift_table + the timestep projection. Both attentions go
 // through ctx's attention policy (`blocks.N.attn1`, self; `blocks.N.attn2`, cross).
 struct WanBlock {
-  Tensor scale_shift_table;  // [1, 6, D]: shift, scale, gate (self-attention), shift, scale, gate (FFN)
-  Linear to_q, to_k, to_v, to_out;          // attn1.to_q ..., attn1.to_out.0
-  Vector1d norm_q, norm_k;                  // attn1.norm_q, norm_k: RMSNorm over all D channels
-  Vector1d norm2_weight, norm2_bias;        // norm2: the cross-attention's affine LayerNorm
+  Tensor scale_shift_table;                     // [1, 6, D]: shift, scale, gate (self-attention), shift, scale, gate (FFN)
+  Linear to_q, to_k, to_v, to_out;              // attn1.to_q ..., attn1.to_out.0
+  Vector1d norm_q, norm_k;                      // attn1.norm_q, norm_k: RMSNorm over all D channels
+  Vector1d norm2_weight, norm2_bias;            // norm2: the cross-attention's affine LayerNorm
   Linear cross_q, cross_k, cross_v, cross_out;  // attn2.*
   Vector1d cross_norm_q, cross_norm_k;
-  Linear ffn_in, ffn_out;                   // ffn.net.0.proj, ffn.net.2
+  Linear ffn_in, ffn_out;  // ffn.net.0.proj, ffn.net.2
   int64_t head_dim = 0;
   float eps = 1e-6f;
   bool cross_attn_norm = true;
@@ -90,7 +90,7 @@ struct WanBlock {
 struct WanPrologue {
   BlockState state;  // the patch-embedded video tokens [B, L, D]
   WanBlockInputs shared;
-  Tensor temb;       // [B, D] (the head's modulation input)
+  Tensor temb;                                // [B, D] (the head's modulation input)
   int64_t frames = 0, height = 0, width = 0;  // latent size
 };
 
@@ -118,8 +118,7 @@ class WanTransformer3DModel {
   // The blocks' attention and FFN Linears and the q / k RMSNorm weights over all heads.
   TensorParallelPlan tensor_parallel_plan() const;
   BlockIdentity block_identity(int index) const;
-  BlockState block(int index, const BlockState& in, const WanBlockInputs& shared, const ForwardContext& ctx,
-                   const Stream& stream) const;
+  BlockState block(int index, const BlockState& in, const WanBlockInputs& shared, const ForwardContext& ctx, const Stream& stream) const;
   Tensor epilogue(const BlockState& state, const WanPrologue& prologue, const Stream& stream) const;
 
   // The pieces of the prologue:
@@ -127,10 +126,9 @@ class WanTransformer3DModel {
   // temb in f32 and cast to `activations` as diffusers does (its time embedder stays f32).
   std::pair<Tensor, Tensor> time_embedding(const Tensor& timestep, const Stream& stream, DType activations = DType::f32) const;
   Tensor text_embedding(const Tensor& encoder_hidden_states, const Stream& stream, DType activations = DType::f32) const;  // [B, L_txt, D]
-  Tensor patch_embed(const Tensor& hidden_states, const Stream& stream, DType activations = DType::f32) const;          // [B, L, D]
+  Tensor patch_embed(const Tensor& hidden_states, const Stream& stream, DType activations = DType::f32) const;             // [B, L, D]
   // The output head and unpatchify: h [B, L, D], temb [B, D] -> [B, out_channels, T, H, W].
-  Tensor head(const Tensor& h, const Tensor& temb, int64_t frames, int64_t height, int64_t width,
-              const Stream& stream) const;
+  Tensor head(const Tensor& h, const Tensor& temb, int64_t frames, int64_t height, int64_t width, const Stream& stream) const;
   const RopeCache& rope_cache() const { return rope_cache_; }
 
  private:

@@ -31,7 +31,7 @@ namespace cubevec::ops {
 // How q, k, v (and the result) are laid out: BSND [B, S, N, D] (MindIE's head_first=false), BNSD
 // [B, N, S, D] (head_first=true), BSH [B, S, N*D] (needs AttentionOptions::num_heads).
 enum class AttentionLayout { bsnd, bnsd, bsh };
-AttentionLayout parse_attention_layout(std::string_view name);  // "BSND", "BNSD", "BSH" (any case)
+AttentionLayout parse_attention_layout(std::string_view name);   // "BSND", "BNSD", "BSH" (any case)
 std::string_view attention_layout_name(AttentionLayout layout);  // "BSND", ...
 // The sequence and head dimensions of a 4-D BSND or BNSD tensor (BSH is viewed as BSND).
 inline int64_t seq_dim(AttentionLayout layout) { return layout == AttentionLayout::bnsd ? 2 : 1; }
@@ -93,8 +93,8 @@ AttentionPartial merge_attention_partials(const AttentionPartial& a, const Atten
 // that keeps nothing gives zero rows (MindIE's kernel for a count of 0). An all-true mask gives
 // bit for bit the flash result. q, k, v as attention_forward (BSND or BNSD, f32 or bf16).
 struct BlockSparseOptions {
-  std::optional<double> scale{};  // default D^-0.5
-  AttentionLayout layout = AttentionLayout::bsnd;  // bsnd or bnsd
+  std::optional<double> scale{};                          // default D^-0.5
+  AttentionLayout layout = AttentionLayout::bsnd;         // bsnd or bnsd
   AttentionOptMode opt_mode = AttentionOptMode::runtime;  // tuned between flash and cv_pipelined, BSND and BNSD
   AttentionImpl op_type = AttentionImpl::flash;           // manual: flash or cv_pipelined
   AttentionLayout kernel_layout = AttentionLayout::bnsd;  // manual
@@ -116,8 +116,7 @@ struct VarlenOptions {
   bool causal = false;
   AttentionImpl impl = AttentionImpl::flash;  // any implementation; math is the reference
 };
-Tensor attention_forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q,
-                                const Tensor& cu_seqlens_k, const VarlenOptions& options = {},
-                                const Stream& stream = default_op_stream());
+Tensor attention_forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                                const VarlenOptions& options = {}, const Stream& stream = default_op_stream());
 
 }  // namespace cubevec::ops

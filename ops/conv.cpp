@@ -39,8 +39,8 @@ Geometry<D> check(const char* op, const Tensor& x, const Tensor& w, const Tensor
   const char* wlayout = D == 2 ? "[O, C, kh, kw]" : "[O, C, kt, kh, kw]";
   if (x.dim() != D + 2) throw Error(std::string(op) + ": x must be " + layout + ", got " + shape_to_string(x.shape()));
   if (w.dim() != D + 2 || w.size(1) != x.size(1))
-    throw Error(std::string(op) + ": weight must be " + wlayout + " with C = " + std::to_string(x.size(1)) +
-                " (groups = 1), got " + shape_to_string(w.shape()));
+    throw Error(std::string(op) + ": weight must be " + wlayout + " with C = " + std::to_string(x.size(1)) + " (groups = 1), got " +
+                shape_to_string(w.shape()));
   Geometry<D> g;
   g.n = x.size(0), g.c = x.size(1), g.o = w.size(0);
   if (bias.defined()) {
@@ -126,8 +126,7 @@ void im2col(const float* image, const Geometry<D>& g, const ConvOptions<D>& o, i
 }
 
 template <int D>
-Tensor conv(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias, const ConvOptions<D>& o,
-            const Stream& stream) {
+Tensor conv(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias, const ConvOptions<D>& o, const Stream& stream) {
   const Geometry<D> g = check(op, x, w, bias, o);
   Shape out_shape = {g.n, g.o};
   for (int64_t s : g.out) out_shape.push_back(s);

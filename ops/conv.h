@@ -13,7 +13,7 @@ namespace cubevec::ops {
 template <int D>
 struct ConvOptions {
   std::array<int64_t, D> stride;
-  std::array<int64_t, D> padding;   // zeros on both sides of each spatial dim
+  std::array<int64_t, D> padding;  // zeros on both sides of each spatial dim
   std::array<int64_t, D> dilation;
   GemmBackend backend = GemmBackend::cubevec;
   // The dtype the modelled NPU runs it in (the activations'), for the cost model; the CPU computes in f32.

@@ -41,10 +41,9 @@ void split_rows(int64_t m, RowsFn rows_fn) {
 
 void gemm_openblas(const gemm::Problem& p) {
   split_rows(p.m, [&](int64_t row, int64_t rows) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, p.trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(rows),
-                static_cast<int>(p.n), static_cast<int>(p.k), 1.0f, static_cast<const float*>(p.a) + row * p.lda,
-                static_cast<int>(p.lda), static_cast<const float*>(p.b), static_cast<int>(p.ldb), 0.0f,
-                p.c + row * p.ldc, static_cast<int>(p.ldc));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, p.trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(rows), static_cast<int>(p.n),
+                static_cast<int>(p.k), 1.0f, static_cast<const float*>(p.a) + row * p.lda, static_cast<int>(p.lda),
+                static_cast<const float*>(p.b), static_cast<int>(p.ldb), 0.0f, p.c + row * p.ldc, static_cast<int>(p.ldc));
   });
 }
 
@@ -64,17 +63,16 @@ void gemm_eigen(const gemm::Problem& p) {
 void check_vector(const Tensor& t, int64_t n, const char* what) {
   require_contiguous_f32(t, "matmul", what);
   if (t.shape() != Shape{n})
-    throw Error(std::string("matmul: ") + what + " must have shape [" + std::to_string(n) + "], got " +
-                shape_to_string(t.shape()));
+    throw Error(std::string("matmul: ") + what + " must have shape [" + std::to_string(n) + "], got " + shape_to_string(t.shape()));
 }
 
 }  // namespace
 
 namespace {
 constexpr auto kBackendNames = enum_names<GemmBackend>("GEMM backend", {{GemmBackend::cubevec, "cubevec"},
-                                                                         {GemmBackend::openblas, "openblas"},
-                                                                         {GemmBackend::eigen, "eigen"},
-                                                                         {GemmBackend::reference, "reference"}});
+                                                                        {GemmBackend::openblas, "openblas"},
+                                                                        {GemmBackend::eigen, "eigen"},
+                                                                        {GemmBackend::reference, "reference"}});
 }  // namespace
 
 GemmBackend parse_gemm_backend(std::string_view name) { return kBackendNames.parse(name); }
@@ -98,16 +96,14 @@ void gemm_reference(const gemm::Problem& p) {
     for (int64_t j = 0; j < p.n; ++j) {
       double sum = ep.bias ? ep.bias[j] : 0.0;
       for (int64_t q = 0; q < p.k; ++q)
-        sum += element(p.a, p.a_type, i * p.lda + q) *
-               element(p.b, p.b_type, p.trans_b ? j * p.ldb + q : q * p.ldb + j);
+        sum += element(p.a, p.a_type, i * p.lda + q) * element(p.b, p.b_type, p.trans_b ? j * p.ldb + q : q * p.ldb + j);
       if (ep.activation == gemm::Activation::gelu_tanh)
         sum = 0.5 * sum * (1.0 + std::tanh(0.7978845608028654 * (sum + 0.044715 * sum * sum * sum)));
-      else if (ep.activation == gemm::Activation::silu)
-        sum = sum / (1.0 + std::exp(-sum));
+      else if (ep.activation == gemm::Activation::silu) sum = sum / (1.0 + std::exp(-sum));
       if (ep.residual) {
         const int64_t r = i * ep.ld_residual + j;
-        const double res = ep.residual_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(ep.residual)[r])
-                                            : static_cast<const float*>(ep.residual)[r];
+        const double res =
+            ep.residual_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(ep.residual)[r]) : static_cast<const float*>(ep.residual)[r];
         sum = res + (ep.gate ? ep.gate[j] : 1.0) * sum;
       }
       p.c[i * p.ldc + j] = static_cast<float>(sum);
@@ -122,8 +118,8 @@ void require_matrix_operand(const Tensor& t, const char* op, const char* what, G
   if (!t.is_contiguous() || (t.dtype() != DType::f32 && t.dtype() != DType::bf16))
     throw Error(std::string(op) + ": " + what + " must be a contiguous f32 or bf16 tensor, got " + t.describe());
   if (t.dtype() == DType::bf16 && backend != GemmBackend::cubevec && backend != GemmBackend::reference)
-    throw Error(std::string(op) + ": the " + std::string(gemm_backend_name(backend)) +
-                " backend takes f32 inputs only; " + what + " is bf16 (use the cubevec or reference backend)");
+    throw Error(std::string(op) + ": the " + std::string(gemm_backend_name(backend)) + " backend takes f32 inputs only; " + what +
+                " is bf16 (use the cubevec or reference backend)");
 }
 
 gemm::Element element_of(const Tensor& t) {
@@ -171,9 +167,7 @@ void run_gemm(gemm::Problem& p, GemmBackend backend, int threads) {
   }
 }
 
-const float* f32_ptr(const Tensor& t) {
-  return t.defined() ? reinterpret_cast<const float*>(t.unsynchronized_data_ptr()) : nullptr;
-}
+const float* f32_ptr(const Tensor& t) { return t.defined() ? reinterpret_cast<const float*>(t.unsynchronized_data_ptr()) : nullptr; }
 
 // The epilogue of one GEMM whose C (f32) starts at element `c_offset` of the call's result: the
 // residual at the same offset; with a bf16 result, C is an f32 scratch and the values go to `out`.
@@ -215,7 +209,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& o, const St
   require_matrix_operand(a, "matmul", "A", o.backend);
   if (b.defined() && b.dtype() == DType::i8) {
     if (!o.b_is_weight || !b.is_contiguous() || b.dim() != 2 || (o.backend != GemmBackend::cubevec && o.backend != GemmBackend::reference))
-      throw Error("matmul: an i8 B must be a contiguous weight [N, K] (b_is_weight) on the cubevec or reference backend, got " + b.describe());
+      throw Error("matmul: an i8 B must be a contiguous weight [N, K] (b_is_weight) on the cubevec or reference backend, got " +
+                  b.describe());
     if (!o.b_scale.defined()) throw Error("matmul: an i8 weight needs b_scale, its per-channel scale [N]");
     check_vector(o.b_scale, b.size(0), "b_scale");
   } else {
@@ -224,12 +219,10 @@ Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& o, const St
   }
   const int64_t k_of_b = b.dim() == 2 ? (o.b_is_weight ? b.size(1) : b.size(0)) : -1;
   if (a.dim() != 2 || b.dim() != 2 || a.size(1) != k_of_b)
-    throw Error(std::string("matmul: expected A [M, K] and ") + (o.b_is_weight ? "a weight [N, K]" : "B [K, N]") +
-                ", got A " + shape_to_string(a.shape()) + " and " + (o.b_is_weight ? "weight " : "B ") +
-                shape_to_string(b.shape()));
+    throw Error(std::string("matmul: expected A [M, K] and ") + (o.b_is_weight ? "a weight [N, K]" : "B [K, N]") + ", got A " +
+                shape_to_string(a.shape()) + " and " + (o.b_is_weight ? "weight " : "B ") + shape_to_string(b.shape()));
   const int64_t m = a.size(0), k = a.size(1), n = o.b_is_weight ? b.size(0) : b.size(1);
-  if (o.packed_weight && (o.backend != GemmBackend::cubevec || !o.b_is_weight || o.packed_weight->n != n ||
-                          o.packed_weight->k != k ||
+  if (o.packed_weight && (o.backend != GemmBackend::cubevec || !o.b_is_weight || o.packed_weight->n != n || o.packed_weight->k != k ||
                           o.packed_weight->compute != (o.compute == DType::bf16 ? gemm::Element::bf16 : gemm::Element::f32)))
     throw Error("matmul: packed_weight was made for another weight, compute dtype or backend");
   std::vector<Tensor> reads = epilogue_reads(o, {m, n}, n, "matmul");
@@ -240,7 +233,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& o, const St
   const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   const double bytes = static_cast<double>(a.nbytes() + b.nbytes() + c.nbytes() + (o.residual.defined() ? o.residual.nbytes() : 0));
   if (o.backend == GemmBackend::openblas) make_openblas_single_threaded();
-  const std::string name = "matmul_" + std::string(gemm_backend_name(o.backend)) + (o.compute == DType::bf16 ? "_bf16" : "") + (b.dtype() == DType::i8 ? "_w8" : "");
+  const std::string name = "matmul_" + std::string(gemm_backend_name(o.backend)) + (o.compute == DType::bf16 ? "_bf16" : "") +
+                           (b.dtype() == DType::i8 ? "_w8" : "");
   KernelDesc desc{name, Unit::cube, flops, bytes, o.compute};
   desc.cube_work = {1, m, n};
   stream.launch(desc, reads, {c}, [a, b, c, o, m, n, k] {
@@ -262,7 +256,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& o, const St
 
 std::shared_ptr<const gemm::PackedB> pack_weight(const Tensor& weight, DType compute, int threads) {
   if (!weight.defined() || weight.dim() != 2 || (weight.dtype() != DType::f32 && weight.dtype() != DType::bf16))
-    throw Error("pack_weight: expected an f32 or bf16 weight [N, K], got " + (weight.defined() ? weight.describe() : std::string("undefined")));
+    throw Error("pack_weight: expected an f32 or bf16 weight [N, K], got " +
+                (weight.defined() ? weight.describe() : std::string("undefined")));
   const Tensor w = weight.contiguous();
   gemm::Problem p;
   p.n = w.size(0);
@@ -282,8 +277,8 @@ Tensor bmm(const Tensor& a, const Tensor& b, const MatmulOptions& o, const Strea
   const int64_t k_of_b = (b.dim() == 2 || b.dim() == 3) ? (o.b_is_weight ? b.size(-1) : b.size(-2)) : -1;
   if (a.dim() != 3 || !(shared_b || b.dim() == 3) || a.size(2) != k_of_b || (!shared_b && b.size(0) != a.size(0)))
     throw Error(std::string("bmm: expected A [Bt, M, K] and ") + (o.b_is_weight ? "a weight" : "B") +
-                (o.b_is_weight ? " [Bt, N, K] or [N, K]" : " [Bt, K, N] or [K, N]") + ", got A " +
-                shape_to_string(a.shape()) + " and " + shape_to_string(b.shape()));
+                (o.b_is_weight ? " [Bt, N, K] or [N, K]" : " [Bt, K, N] or [K, N]") + ", got A " + shape_to_string(a.shape()) + " and " +
+                shape_to_string(b.shape()));
   const int64_t batches = a.size(0), m = a.size(1), k = a.size(2), n = o.b_is_weight ? b.size(-2) : b.size(-1);
   std::vector<Tensor> reads = epilogue_reads(o, {batches, m, n}, n, "bmm");
   reads.push_back(a);

@@ -23,11 +23,11 @@ std::string_view gemm_backend_name(GemmBackend backend);
 using GemmActivation = gemm::Activation;
 
 struct MatmulOptions {
-  Tensor bias{};                    // [N]
+  Tensor bias{};  // [N]
   GemmActivation activation = GemmActivation::none;
-  Tensor residual{};                // [M, N], f32 or bf16
-  Tensor gate{};                    // [N]; needs residual
-  bool b_is_weight = false;         // b is W [N, K] and C = A W^T (PyTorch's Linear layout)
+  Tensor residual{};         // [M, N], f32 or bf16
+  Tensor gate{};             // [N]; needs residual
+  bool b_is_weight = false;  // b is W [N, K] and C = A W^T (PyTorch's Linear layout)
   // f32, or bf16: inputs rounded to bf16, products summed in f32 (cubevec and reference backends).
   DType compute = DType::f32;
   GemmBackend backend = GemmBackend::cubevec;
@@ -48,13 +48,11 @@ std::shared_ptr<const gemm::PackedB> pack_weight(const Tensor& weight, DType com
 // A contiguous [M, K]; B contiguous [K, N] (or [N, K] with b_is_weight); each f32 or bf16 (bf16
 // inputs need the cubevec or reference backend), or B an i8 weight with options.b_scale. The result is [M, N] of dtype options.out. Runs on
 // the Cube unit of `stream`'s device.
-Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& options = {},
-              const Stream& stream = default_op_stream());
+Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& options = {}, const Stream& stream = default_op_stream());
 
 // Batched: a [Bt, M, K] with b [Bt, K, N] (or one b [K, N] shared by every batch) -> [Bt, M, N].
 // Epilogue tensors (bias, gate: [N]; residual: [Bt, M, N]) apply to every batch.
-Tensor bmm(const Tensor& a, const Tensor& b, const MatmulOptions& options = {},
-           const Stream& stream = default_op_stream());
+Tensor bmm(const Tensor& a, const Tensor& b, const MatmulOptions& options = {}, const Stream& stream = default_op_stream());
 
 // PyTorch's Linear: x [..., K], weight [N, K], bias [N] -> [..., N] in x's dtype.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, const Stream& stream = default_op_stream());

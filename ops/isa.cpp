@@ -11,8 +11,8 @@ namespace cubevec::ops {
 bool isa_supported(Isa isa) {
   switch (isa) {
     case Isa::avx512:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
     case Isa::avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case Isa::portable: return true;
   }
@@ -33,9 +33,7 @@ Isa select_isa(const char* env_name) {
     if (!isa_supported(isa)) throw Error(std::string(env_name) + "=" + env + ": this CPU does not support that ISA");
     return isa;
   }
-  static const Isa widest = isa_supported(Isa::avx512) ? Isa::avx512
-                            : isa_supported(Isa::avx2) ? Isa::avx2
-                                                       : Isa::portable;
+  static const Isa widest = isa_supported(Isa::avx512) ? Isa::avx512 : isa_supported(Isa::avx2) ? Isa::avx2 : Isa::portable;
   return widest;
 }
 

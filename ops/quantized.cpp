@@ -14,8 +14,8 @@ namespace {
 void check_vector(const Tensor& t, int64_t n, DType dtype, const char* what) {
   if (!t.defined()) return;
   if (t.dtype() != dtype || !t.is_contiguous() || t.shape() != Shape{n})
-    throw Error(std::string("matmul_int8: ") + what + " must be a contiguous " + std::string(dtype_name(dtype)) + " [" +
-                std::to_string(n) + "], got " + t.describe());
+    throw Error(std::string("matmul_int8: ") + what + " must be a contiguous " + std::string(dtype_name(dtype)) + " [" + std::to_string(n) +
+                "], got " + t.describe());
 }
 
 }  // namespace
@@ -30,7 +30,8 @@ QuantizedActivations quantize_activations(const Tensor& x, int64_t k_padded, con
   if (!q.dynamic && (!(q.scale > 0) || !std::isfinite(q.scale) || !std::isfinite(q.offset)))
     throw Error("quantize_activations: the static scale must be positive and finite and the offset finite, got scale " +
                 std::to_string(q.scale) + ", offset " + std::to_string(q.offset));
-  const Tensor mul = q.mul_scale.defined() ? detail::f32_param(q.mul_scale, {k}, "[K]", "quantize_activations", "mul_scale", stream) : Tensor();
+  const Tensor mul =
+      q.mul_scale.defined() ? detail::f32_param(q.mul_scale, {k}, "[K]", "quantize_activations", "mul_scale", stream) : Tensor();
   const Tensor xc = detail::contiguous_on(x, stream);
   QuantizedActivations out;
   out.k = k;
@@ -43,15 +44,16 @@ QuantizedActivations quantize_activations(const Tensor& x, int64_t k_padded, con
   vk::QuantizeArgs args;
   args.type = detail::elem_of(xc.dtype());
   args.width = k, args.padded = k_padded, args.dynamic = q.dynamic, args.scale = q.scale, args.offset = q.offset;
-  stream.launch({q.dynamic ? "quantize_per_token" : "quantize_static", Unit::vector, 4.0 * static_cast<double>(xc.numel()), bytes, DType::f32},
-                reads, {out.data, out.row_scale}, [xc, mul, out, args, kernels] {
-                  vk::QuantizeArgs a = args;
-                  a.x = xc.unsynchronized_data_ptr();
-                  a.mul_scale = detail::f32_ptr(mul);
-                  a.out = reinterpret_cast<uint8_t*>(out.data.unsynchronized_data_ptr());
-                  a.row_scale = reinterpret_cast<float*>(out.row_scale.unsynchronized_data_ptr());
-                  detail::parallel_chunks(out.data.size(0), a.width, [&](int64_t r0, int64_t r1) { kernels->quantize(a, r0, r1); });
-                });
+  stream.launch(
+      {q.dynamic ? "quantize_per_token" : "quantize_static", Unit::vector, 4.0 * static_cast<double>(xc.numel()), bytes, DType::f32}, reads,
+      {out.data, out.row_scale}, [xc, mul, out, args, kernels] {
+        vk::QuantizeArgs a = args;
+        a.x = xc.unsynchronized_data_ptr();
+        a.mul_scale = detail::f32_ptr(mul);
+        a.out = reinterpret_cast<uint8_t*>(out.data.unsynchronized_data_ptr());
+        a.row_scale = reinterpret_cast<float*>(out.row_scale.unsynchronized_data_ptr());
+        detail::parallel_chunks(out.data.size(0), a.width, [&](int64_t r0, int64_t r1) { kernels->quantize(a, r0, r1); });
+      });
   return out;
 }
 
@@ -94,7 +96,8 @@ Tensor matmul_int8(const QuantizedActivations& a, const PackedInt8Weight& w, con
     p.a = reinterpret_cast<const uint8_t*>(a.data.unsynchronized_data_ptr());
     p.lda = a.data.size(1);
     p.b = w.get();
-    float* scratch = c.dtype() == DType::f32 ? nullptr : static_cast<float*>(default_allocator().allocate(static_cast<std::size_t>(m * n) * 4));
+    float* scratch =
+        c.dtype() == DType::f32 ? nullptr : static_cast<float*>(default_allocator().allocate(static_cast<std::size_t>(m * n) * 4));
     p.c = scratch ? scratch : reinterpret_cast<float*>(c.unsynchronized_data_ptr());
     p.ldc = n;
     auto& ep = p.epilogue;

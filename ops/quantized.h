@@ -19,9 +19,9 @@ struct QuantizedActivations {
 };
 
 struct ActivationQuant {
-  bool dynamic = true;       // per-token symmetric (max|x| / 127), else static per-tensor:
+  bool dynamic = true;          // per-token symmetric (max|x| / 127), else static per-tensor:
   float scale = 1, offset = 0;  // q = clamp(rint(x / scale + offset), -128, 127)
-  Tensor mul_scale{};        // [K] f32: SmoothQuant's x * mul_scale before quantizing, or undefined
+  Tensor mul_scale{};           // [K] f32: SmoothQuant's x * mul_scale before quantizing, or undefined
 };
 
 // x [M, K] (or [..., K]: flattened rows) f32 or bf16, any strides -> quantized rows padded to
@@ -39,8 +39,8 @@ struct Int8MatmulOptions {
   Tensor col_scale{};  // f32 [N] (per-channel weight scale, or static W8A8's deq_scale)
   Tensor bias{};       // f32 [N], added after scaling
   GemmActivation activation = GemmActivation::none;
-  Tensor residual{};   // [M, N] f32 or bf16
-  Tensor gate{};       // f32 [N]; needs residual
+  Tensor residual{};  // [M, N] f32 or bf16
+  Tensor gate{};      // f32 [N]; needs residual
   DType out = DType::f32;
 };
 

@@ -40,16 +40,16 @@ using LatentShape = std::array<int64_t, 3>;  // (t, h, w) latent tokens of the i
 
 struct SparseAttentionOptions {
   SparseType sparse_type = SparseType::none;
-  double sparsity = 0.0;  // [0, 1]; 0 is dense attention through the sparse path
-  int64_t txt_len = 0;    // the first txt_len tokens are text (rf_v2)
+  double sparsity = 0.0;                                      // [0, 1]; 0 is dense attention through the sparse path
+  int64_t txt_len = 0;                                        // the first txt_len tokens are text (rf_v2)
   std::optional<LatentShape> latent_shape_q, latent_shape_k;  // rf_v2: (t, h, w) with t * h * w = S - txt_len
-  bool keep_sink = true, keep_recent = true;  // ada_bsa
-  double cdf_threshold = 1.0;                 // ada_bsa: (0, 1]; 1 disables the CDF cut
-  AttentionLayout input_layout = AttentionLayout::bnsd;  // BNSD or BSND, as MindIE's default
-  std::optional<double> scale{};  // default D^-0.5
-  int64_t head_num = 0;           // must equal q's heads when given (0: q's)
-  int inner_precise = 0;          // MindIE's NPU precision mode, 0..4: accepted, no effect here (f32 sums)
-  int64_t block_size = 128;       // the only size MindIE supports
+  bool keep_sink = true, keep_recent = true;                  // ada_bsa
+  double cdf_threshold = 1.0;                                 // ada_bsa: (0, 1]; 1 disables the CDF cut
+  AttentionLayout input_layout = AttentionLayout::bnsd;       // BNSD or BSND, as MindIE's default
+  std::optional<double> scale{};                              // default D^-0.5
+  int64_t head_num = 0;                                       // must equal q's heads when given (0: q's)
+  int inner_precise = 0;                                      // MindIE's NPU precision mode, 0..4: accepted, no effect here (f32 sums)
+  int64_t block_size = 128;                                   // the only size MindIE supports
 };
 
 // What the estimation found, filled when its kernel has run (not in simulate mode).
@@ -63,7 +63,7 @@ struct SparseMask {
   // u8 [B, N, Lq, Lk] (rf_v2: [1, N, L, L] over the pooled blocks of the reordered sequence, batch
   // 0's mask for every batch; ada_bsa: per batch). Undefined for none.
   Tensor kept_blocks;
-  Tensor kernel_mask;  // what the block-sparse kernel walks (rf_v2: the first ceil(S/128) pooled blocks)
+  Tensor kernel_mask;             // what the block-sparse kernel walks (rf_v2: the first ceil(S/128) pooled blocks)
   double expected_density = 1.0;  // the kept fraction the cost model assumes (from the shapes)
   std::shared_ptr<SparseMaskStats> stats = std::make_shared<SparseMaskStats>();
   // rf_v2 when the image length is not a multiple of 128 and there is text: MindIE's pooled

@@ -33,23 +33,21 @@ struct LayerNormResult {
 };
 // LayerNorm over the last dim: (x - mean) * rstd * weight + bias; weight, bias [H] or undefined.
 LayerNormResult fast_layernorm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f,
-                               LayerNormImpl impl_mode = LayerNormImpl::high_precision,
-                               const Stream& stream = default_op_stream());
+                               LayerNormImpl impl_mode = LayerNormImpl::high_precision, const Stream& stream = default_op_stream());
 
 // AdaLN: out = LayerNorm(x) * (1 + scale) + shift, x [B, S, H]; scale and shift [B, H], [B, 1, H]
 // or [B, S, H]; weight, bias [H] or undefined (no affine).
-Tensor layernorm_scale_shift(const Tensor& x, const Tensor& scale, const Tensor& shift, const Tensor& weight = {},
-                             const Tensor& bias = {}, float eps = 1e-6f, const Stream& stream = default_op_stream());
+Tensor layernorm_scale_shift(const Tensor& x, const Tensor& scale, const Tensor& shift, const Tensor& weight = {}, const Tensor& bias = {},
+                             float eps = 1e-6f, const Stream& stream = default_op_stream());
 
 enum class RotatedMode { rotated_half, rotated_interleaved };
-enum class RopeLayout { BSND, BNSD, SBND };  // MindIE: head_first=false is BSND, true is BNSD
+enum class RopeLayout { BSND, BNSD, SBND };             // MindIE: head_first=false is BSND, true is BNSD
 RotatedMode parse_rotated_mode(std::string_view name);  // "rotated_half", "rotated_interleaved"
 // out = x * cos + rot(x) * sin. x is 4-D in `layout`; cos and sin are full-width [S, D], or 4-D
 // [1, S, 1, D] (BSND), [1, 1, S, D] (BNSD), [S, 1, 1, D] (SBND). rotated_half: rot([x1 | x2]) =
 // [-x2 | x1]; rotated_interleaved: rot(x)[2i] = -x[2i+1], rot(x)[2i+1] = x[2i].
-Tensor rotary_position_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin,
-                                 RotatedMode mode = RotatedMode::rotated_half, RopeLayout layout = RopeLayout::BSND,
-                                 const Stream& stream = default_op_stream());
+Tensor rotary_position_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin, RotatedMode mode = RotatedMode::rotated_half,
+                                 RopeLayout layout = RopeLayout::BSND, const Stream& stream = default_op_stream());
 
 enum class Activation { relu, silu, mish, gelu, gelu_tanh, gelu_fast };
 // MindIE's get_activation_layer names, case-insensitive: "swish" and "silu", "mish", "gelu"
@@ -64,8 +62,8 @@ Tensor softmax(const Tensor& x, const Stream& stream = default_op_stream());
 
 // torch.nn.functional.group_norm: x [N, C, *], C divisible by num_groups; weight, bias [C] or
 // undefined.
-Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight = {}, const Tensor& bias = {},
-                  float eps = 1e-5f, const Stream& stream = default_op_stream());
+Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight = {}, const Tensor& bias = {}, float eps = 1e-5f,
+                  const Stream& stream = default_op_stream());
 
 // torch.nn.functional.normalize(x, p=2, dim=1, eps) * scale * weight over the channels of a
 // channel-first x [N, C, *] (Wan's RMS_norm with scale sqrt(C)): y[n, c, s] = x[n, c, s] /
@@ -106,7 +104,7 @@ Tensor pad_frames_front(const Tensor& x, const Tensor& cache, int64_t zero_frame
 // upper neighbour `top` over its first `blend` rows and then with its left neighbour `left` over its
 // first `blend` columns (either may be undefined), as blend_v and blend_h do, returns the blended
 // tile, and copies its first `keep` rows and columns into `out` [B, C, H, W] at (y0, x0).
-Tensor blend_tile(const Tensor& tile, const Tensor& top, const Tensor& left, int64_t blend, const Tensor& out, int64_t y0,
-                  int64_t x0, int64_t keep, const Stream& stream = default_op_stream());
+Tensor blend_tile(const Tensor& tile, const Tensor& top, const Tensor& left, int64_t blend, const Tensor& out, int64_t y0, int64_t x0,
+                  int64_t keep, const Stream& stream = default_op_stream());
 
 }  // namespace cubevec::ops

@@ -99,10 +99,9 @@ Tensor all_gather(const Tensor& x, int64_t dim, const Communicator& comm, const 
   const std::string what = "all_gather '" + label + "' " + signature(x, {d}) + " dim " + std::to_string(d);
   // Modelled on a full mesh: every block crosses one link, all links at once.
   const double link_bytes = comm.size() > 1 ? static_cast<double>(*std::max_element(bytes.begin(), bytes.end())) : 0.0;
-  stream.launch({"all_gather " + label, Unit::comm, 0.0, link_bytes, x.dtype()}, {xc}, {gathered},
-                [xc, gathered, bytes, what, comm] {
-                  comm.all_gather(xc.unsynchronized_data_ptr(), gathered.unsynchronized_data_ptr(), bytes, what);
-                });
+  stream.launch({"all_gather " + label, Unit::comm, 0.0, link_bytes, x.dtype()}, {xc}, {gathered}, [xc, gathered, bytes, what, comm] {
+    comm.all_gather(xc.unsynchronized_data_ptr(), gathered.unsynchronized_data_ptr(), bytes, what);
+  });
   return join_blocks(gathered, shapes, d, stream);
 }
 
@@ -126,7 +125,7 @@ Tensor all_to_all(const Tensor& x, int64_t scatter_dim, int64_t gather_dim, cons
     send_bytes.push_back(bytes_of(part.shape(), x.dtype()));
     if (part.numel() > 0) outgoing.push_back(ops::contiguous(part, stream).view({part.numel()}));
   }
-  const Tensor send = outgoing.empty()      ? stream.device().empty({0}, x.dtype(), stream)
+  const Tensor send = outgoing.empty()       ? stream.device().empty({0}, x.dtype(), stream)
                       : outgoing.size() == 1 ? outgoing.front()
                                              : ops::concat(outgoing, 0, stream);
   // What comes from member j: its part for this rank, of its own size along gather_dim.
@@ -139,8 +138,8 @@ Tensor all_to_all(const Tensor& x, int64_t scatter_dim, int64_t gather_dim, cons
     total += shape_numel(shapes.back());
   }
   Tensor received = stream.device().empty({total}, x.dtype(), stream);
-  const std::string what = "all_to_all '" + label + "' " + signature(x, {sd, gd}) + " scatter " + std::to_string(sd) +
-                           " gather " + std::to_string(gd);
+  const std::string what =
+      "all_to_all '" + label + "' " + signature(x, {sd, gd}) + " scatter " + std::to_string(sd) + " gather " + std::to_string(gd);
   double link_bytes = 0;
   for (int j = 0; j < members; ++j)
     if (j != comm.rank())
@@ -148,8 +147,7 @@ Tensor all_to_all(const Tensor& x, int64_t scatter_dim, int64_t gather_dim, cons
                              static_cast<double>(recv_bytes[static_cast<std::size_t>(j)])});
   stream.launch({"all_to_all " + label, Unit::comm, 0.0, link_bytes, x.dtype()}, {send}, {received},
                 [send, received, send_bytes, recv_bytes, what, comm] {
-                  comm.all_to_all(send.unsynchronized_data_ptr(), send_bytes, received.unsynchronized_data_ptr(), recv_bytes,
-                                  what);
+                  comm.all_to_all(send.unsynchronized_data_ptr(), send_bytes, received.unsynchronized_data_ptr(), recv_bytes, what);
                 });
   return join_blocks(received, shapes, gd, stream);
 }
@@ -182,8 +180,7 @@ Tensor send_recv(const Tensor& x, int dest, int source, const Shape& shape, cons
   const double link_bytes = static_cast<double>(std::max(send_bytes, recv_bytes));
   stream.launch({"send_recv " + label, Unit::comm, 0.0, comm.size() > 1 ? link_bytes : 0.0, x.dtype()}, {xc}, {out},
                 [xc, out, dest, source, send_bytes, recv_bytes, what, comm] {
-                  comm.send_recv(xc.unsynchronized_data_ptr(), send_bytes, dest, out.unsynchronized_data_ptr(), recv_bytes,
-                                 source, what);
+                  comm.send_recv(xc.unsynchronized_data_ptr(), send_bytes, dest, out.unsynchronized_data_ptr(), recv_bytes, source, what);
                 });
   return out;
 }

@@ -66,16 +66,13 @@ struct Communicator::State {
     if (owned && comm != MPI_COMM_NULL && mpi_running()) MPI_Comm_free(&comm);
   }
 
-  std::string describe() const {
-    return "communicator '" + name + "' (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
-  }
+  std::string describe() const { return "communicator '" + name + "' (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")"; }
 
   // Without MPI there is nobody to talk to: only a one-rank communicator can do its operations
   // (as local copies); a simulated one has no data to move.
   bool local(const std::string& what) const {
     if (comm != MPI_COMM_NULL) return false;
-    if (simulated || size > 1)
-      throw Error(what + " on " + describe() + ": a simulated communicator models transfers but moves no data");
+    if (simulated || size > 1) throw Error(what + " on " + describe() + ": a simulated communicator models transfers but moves no data");
     return true;
   }
 
@@ -104,8 +101,7 @@ struct Communicator::State {
       } else if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout) {
         std::vector<int> missing;
         for (std::size_t i = 0; i < requests.size(); ++i)
-          if (requests[i] != MPI_REQUEST_NULL && peer_of[i] >= 0 &&
-              std::find(missing.begin(), missing.end(), peer_of[i]) == missing.end())
+          if (requests[i] != MPI_REQUEST_NULL && peer_of[i] >= 0 && std::find(missing.begin(), missing.end(), peer_of[i]) == missing.end())
             missing.push_back(peer_of[i]);
         std::sort(missing.begin(), missing.end());
         failure = what + " on " + describe() + ": " +
@@ -142,8 +138,7 @@ struct Communicator::State {
 
   // The arrival check with `peers`; `bytes_to[i]` is what this rank sends peers[i]. Returns what
   // each peer says it sends here.
-  std::vector<uint64_t> handshake(const std::vector<int>& peers, const std::vector<uint64_t>& bytes_to,
-                                  const std::string& what) {
+  std::vector<uint64_t> handshake(const std::vector<int>& peers, const std::vector<uint64_t>& bytes_to, const std::string& what) {
     refuse_if_broken(what);
     const std::size_t n = peers.size();
     std::vector<Arrival> out(n), in(n);
@@ -165,9 +160,9 @@ struct Communicator::State {
       in[i].what[kWhatLength - 1] = '\0';
       if (in[i].sequence != out[i].sequence || std::strncmp(in[i].what, out[i].what, kWhatLength) != 0) {
         broken = "ranks disagree";
-        throw Error("ranks disagree on " + describe() + ": this rank is at operation #" + std::to_string(out[i].sequence) +
-                    " '" + out[i].what + "', rank " + std::to_string(peers[i]) + " at #" + std::to_string(in[i].sequence) +
-                    " '" + in[i].what + "'");
+        throw Error("ranks disagree on " + describe() + ": this rank is at operation #" + std::to_string(out[i].sequence) + " '" +
+                    out[i].what + "', rank " + std::to_string(peers[i]) + " at #" + std::to_string(in[i].sequence) + " '" + in[i].what +
+                    "'");
       }
       bytes_from[i] = in[i].bytes;
     }
@@ -267,13 +262,12 @@ namespace {
 void require_counts(const std::vector<std::size_t>& counts, int size, const char* which, const std::string& what,
                     const std::string& where) {
   if (counts.size() != static_cast<std::size_t>(size))
-    throw Error(what + " on " + where + ": " + std::to_string(counts.size()) + " " + which + " counts for " +
-                std::to_string(size) + " members");
+    throw Error(what + " on " + where + ": " + std::to_string(counts.size()) + " " + which + " counts for " + std::to_string(size) +
+                " members");
 }
 
 // Byte counts as MPI's int counts and displacements.
-void to_mpi(const std::vector<std::size_t>& counts, std::vector<int>& mpi_counts, std::vector<int>& displs,
-            const std::string& what) {
+void to_mpi(const std::vector<std::size_t>& counts, std::vector<int>& mpi_counts, std::vector<int>& displs, const std::string& what) {
   mpi_counts.resize(counts.size());
   displs.resize(counts.size());
   std::size_t total = 0;
@@ -301,14 +295,14 @@ void Communicator::all_gather(const void* in, void* out, const std::vector<std::
   for (std::size_t i = 0; i < peers.size(); ++i)
     if (from[i] != bytes[static_cast<std::size_t>(peers[i])]) {
       s.broken = "byte counts differ";
-      throw Error(what + " on " + s.describe() + ": rank " + std::to_string(peers[i]) + " contributes " +
-                  std::to_string(from[i]) + " bytes, this rank expects " + std::to_string(bytes[static_cast<std::size_t>(peers[i])]));
+      throw Error(what + " on " + s.describe() + ": rank " + std::to_string(peers[i]) + " contributes " + std::to_string(from[i]) +
+                  " bytes, this rank expects " + std::to_string(bytes[static_cast<std::size_t>(peers[i])]));
     }
   std::vector<int> counts, displs;
   to_mpi(bytes, counts, displs, what);
   std::vector<MPI_Request> request(1, MPI_REQUEST_NULL);
-  check(MPI_Iallgatherv(in, counts[static_cast<std::size_t>(s.rank)], MPI_BYTE, out, counts.data(), displs.data(), MPI_BYTE,
-                        s.comm, &request[0]),
+  check(MPI_Iallgatherv(in, counts[static_cast<std::size_t>(s.rank)], MPI_BYTE, out, counts.data(), displs.data(), MPI_BYTE, s.comm,
+                        &request[0]),
         "MPI_Iallgatherv", what);
   s.wait(request, {-1}, what, false);
 }
@@ -341,8 +335,7 @@ void Communicator::all_to_all(const void* in, const std::vector<std::size_t>& se
   to_mpi(send_bytes, scounts, sdispls, what);
   to_mpi(recv_bytes, rcounts, rdispls, what);
   std::vector<MPI_Request> request(1, MPI_REQUEST_NULL);
-  check(MPI_Ialltoallv(in, scounts.data(), sdispls.data(), MPI_BYTE, out, rcounts.data(), rdispls.data(), MPI_BYTE, s.comm,
-                       &request[0]),
+  check(MPI_Ialltoallv(in, scounts.data(), sdispls.data(), MPI_BYTE, out, rcounts.data(), rdispls.data(), MPI_BYTE, s.comm, &request[0]),
         "MPI_Ialltoallv", what);
   s.wait(request, {-1}, what, false);
 }
@@ -357,12 +350,11 @@ void Communicator::all_reduce_sum(float* data, std::size_t count, const std::str
   for (std::size_t i = 0; i < peers.size(); ++i)
     if (from[i] != bytes) {
       s.broken = "element counts differ";
-      throw Error(what + " on " + s.describe() + ": rank " + std::to_string(peers[i]) + " sums " +
-                  std::to_string(from[i] / sizeof(float)) + " elements, this rank " + std::to_string(count));
+      throw Error(what + " on " + s.describe() + ": rank " + std::to_string(peers[i]) + " sums " + std::to_string(from[i] / sizeof(float)) +
+                  " elements, this rank " + std::to_string(count));
     }
   std::vector<MPI_Request> request(1, MPI_REQUEST_NULL);
-  check(MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(count, what), MPI_FLOAT, MPI_SUM, s.comm, &request[0]), "MPI_Iallreduce",
-        what);
+  check(MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(count, what), MPI_FLOAT, MPI_SUM, s.comm, &request[0]), "MPI_Iallreduce", what);
   s.wait(request, {-1}, what, false);
 }
 

@@ -45,8 +45,8 @@ class Communicator {
   void all_gather(const void* in, void* out, const std::vector<std::size_t>& bytes, const std::string& what) const;
   // `send_bytes[j]` bytes of `in` (laid out in rank order) go to member j; `out` gets
   // `recv_bytes[j]` from each member j, in rank order (checked against what j sends).
-  void all_to_all(const void* in, const std::vector<std::size_t>& send_bytes, void* out,
-                  const std::vector<std::size_t>& recv_bytes, const std::string& what) const;
+  void all_to_all(const void* in, const std::vector<std::size_t>& send_bytes, void* out, const std::vector<std::size_t>& recv_bytes,
+                  const std::string& what) const;
   // Element-wise sum over the members, in place.
   void all_reduce_sum(float* data, std::size_t count, const std::string& what) const;
   // Sends `send_bytes` to member `dest` while receiving from member `source` into `recv` (a ring

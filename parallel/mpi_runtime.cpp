@@ -57,8 +57,7 @@ void ensure_mpi() {
   MPI_Initialized(&initialized);
   if (!initialized) {
     int provided = 0;
-    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
-      throw Error("MPI_Init_thread failed");
+    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) throw Error("MPI_Init_thread failed");
     if (provided < MPI_THREAD_MULTIPLE)
       throw Error("this MPI library does not support MPI_THREAD_MULTIPLE, which cubevec's communication unit needs");
   }

@@ -15,10 +15,8 @@ namespace {
 void check_degrees(const ParallelDegrees& degrees) {
   if (degrees.ulysses < 1 || degrees.ulysses > 4096)
     throw Error("--ulysses must be from 1 to 4096 ranks, got " + std::to_string(degrees.ulysses));
-  if (degrees.ring < 1 || degrees.ring > 4096)
-    throw Error("--ring must be from 1 to 4096 ranks, got " + std::to_string(degrees.ring));
-  if (degrees.tp < 1 || degrees.tp > 4096)
-    throw Error("--tp must be from 1 to 4096 ranks, got " + std::to_string(degrees.tp));
+  if (degrees.ring < 1 || degrees.ring > 4096) throw Error("--ring must be from 1 to 4096 ranks, got " + std::to_string(degrees.ring));
+  if (degrees.tp < 1 || degrees.tp > 4096) throw Error("--tp must be from 1 to 4096 ranks, got " + std::to_string(degrees.tp));
   if (static_cast<int64_t>(degrees.ulysses) * degrees.ring * degrees.tp > 4096)
     throw Error("--ulysses x --ring x --tp must be at most 4096 ranks, got " + std::to_string(degrees.ulysses) + " x " +
                 std::to_string(degrees.ring) + " x " + std::to_string(degrees.tp));
@@ -62,9 +60,13 @@ ParallelGroups make_parallel_groups(const ParallelDegrees& degrees) {
 ParallelGroups make_simulated_groups(const ParallelDegrees& degrees, int ranks) {
   check_degrees(degrees);
   if (degrees.ranks() != ranks)
-    throw Error(ranks_needed(degrees) + ", but --ranks is " + std::to_string(ranks) + "; the product of the degrees must be the rank count");
-  return {degrees, Communicator::simulated("world", ranks), Communicator::simulated("ulysses", degrees.ulysses),
-          Communicator::simulated("ring", degrees.ring), Communicator::simulated("cfg", degrees.cfg),
+    throw Error(ranks_needed(degrees) + ", but --ranks is " + std::to_string(ranks) +
+                "; the product of the degrees must be the rank count");
+  return {degrees,
+          Communicator::simulated("world", ranks),
+          Communicator::simulated("ulysses", degrees.ulysses),
+          Communicator::simulated("ring", degrees.ring),
+          Communicator::simulated("cfg", degrees.cfg),
           Communicator::simulated("tp", degrees.tp)};
 }
 

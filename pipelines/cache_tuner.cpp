@@ -67,8 +67,8 @@ double span_proxy(const StateRecorder& rec, const DiTBlockCacheStage& schedule, 
   return total;
 }
 
-CacheTrial run_trial(const CacheTuneRun& run, const CacheConfig& config, int steps, int blocks, const Tensor& reference,
-                     double reference_s, double target) {
+CacheTrial run_trial(const CacheTuneRun& run, const CacheConfig& config, int steps, int blocks, const Tensor& reference, double reference_s,
+                     double target) {
   StageList stages;
   stages.add(make_cache_stage(config, steps, blocks));
   const auto [out, seconds] = run(stages);
@@ -130,9 +130,9 @@ CacheTuneResult tune_cache(const CacheTuneRun& run, int steps, int blocks, const
       const double needed = static_cast<double>(steps) * blocks * (1.0 - 1.0 / o.target_speedup);
       const int min_span = replays > 0 ? static_cast<int>(std::ceil(needed / replays)) : blocks;
       if (min_span > blocks - 1) {
-        result.notes.push_back("dit-block: replaying " + std::to_string(replays) + " of " + std::to_string(steps) +
-                               " steps (step start " + std::to_string(base.step_start) + ", interval " + std::to_string(base.step_interval) +
-                               ") cannot skip the " + std::to_string(static_cast<long long>(std::ceil(needed))) +
+        result.notes.push_back("dit-block: replaying " + std::to_string(replays) + " of " + std::to_string(steps) + " steps (step start " +
+                               std::to_string(base.step_start) + ", interval " + std::to_string(base.step_interval) + ") cannot skip the " +
+                               std::to_string(static_cast<long long>(std::ceil(needed))) +
                                " block computations the target needs with block 0 computed");
         continue;
       }
@@ -163,13 +163,14 @@ CacheTuneResult tune_cache(const CacheTuneRun& run, int steps, int blocks, const
       StageList probe;
       probe.add(make_cache_stage(all, steps, blocks));
       const double probe_s = run(probe).second;
-      const double share = std::clamp((result.reference_seconds - probe_s) / result.reference_seconds * steps / std::max(1, steps - 1),
-                                      0.0, 1.0);
+      const double share =
+          std::clamp((result.reference_seconds - probe_s) / result.reference_seconds * steps / std::max(1, steps - 1), 0.0, 1.0);
       const double needed_fraction = (1.0 - 1.0 / o.target_speedup) / std::max(share, 1e-9);
       if (needed_fraction > static_cast<double>(steps - 1) / steps) {
         char text[200];
-        std::snprintf(text, sizeof text, "attention: the attention modules take %.0f%% of a step here, so replaying them cannot reach %.2fx",
-                      100.0 * share, o.target_speedup);
+        std::snprintf(text, sizeof text,
+                      "attention: the attention modules take %.0f%% of a step here, so replaying them cannot reach %.2fx", 100.0 * share,
+                      o.target_speedup);
         result.notes.push_back(text);
         continue;
       }
@@ -196,7 +197,8 @@ CacheTuneResult tune_cache(const CacheTuneRun& run, int steps, int blocks, const
       const std::size_t keep = std::min<std::size_t>(candidates.size(), static_cast<std::size_t>(o.max_trials));
       for (std::size_t i = 0; i < keep; ++i) {
         const CacheConfig& c = candidates[i].second;
-        say("attention steps " + std::to_string(c.step_start) + ".." + std::to_string(*c.step_end) + " every " + std::to_string(c.step_interval));
+        say("attention steps " + std::to_string(c.step_start) + ".." + std::to_string(*c.step_end) + " every " +
+            std::to_string(c.step_interval));
         result.trials.push_back(run_trial(run, c, steps, blocks, reference, result.reference_seconds, o.target_speedup));
       }
     }

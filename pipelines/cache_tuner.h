@@ -32,10 +32,10 @@ struct CacheTuneOptions {
 
 struct CacheTrial {
   CacheConfig config;
-  double seconds = 0;   // denoising
-  double speedup = 0;   // reference seconds / seconds
-  double mse = 0;       // of the final latents against the uncached run
-  double proxy = 0;     // dit-block's ranking proxy (0 where none)
+  double seconds = 0;  // denoising
+  double speedup = 0;  // reference seconds / seconds
+  double mse = 0;      // of the final latents against the uncached run
+  double proxy = 0;    // dit-block's ranking proxy (0 where none)
   bool reaches_target = false;
 };
 

@@ -35,8 +35,8 @@ Tensor random_matrix(int64_t rows, int64_t cols, unsigned seed) {
 }  // namespace
 
 std::string_view cv_mode_name(CvMode mode) {
-  static constexpr auto kNames = enum_names<CvMode>(
-      "CV mode", {{CvMode::serialized, "serialized"}, {CvMode::overlapped, "overlapped"}, {CvMode::pinned, "pinned"}});
+  static constexpr auto kNames =
+      enum_names<CvMode>("CV mode", {{CvMode::serialized, "serialized"}, {CvMode::overlapped, "overlapped"}, {CvMode::pinned, "pinned"}});
   return kNames.name(mode);
 }
 
@@ -59,8 +59,7 @@ double overlap_time(Intervals a, Intervals b) {
 }
 
 CvResult run_cv_experiment(const CvWorkload& w, CvMode mode, const DeviceProfile& base_profile, int repeats) {
-  if (w.chunks < 1 || w.m < 1 || w.n < 1 || w.k < 1)
-    throw Error("cv-experiment: chunks, M, N and K must all be at least 1");
+  if (w.chunks < 1 || w.m < 1 || w.n < 1 || w.k < 1) throw Error("cv-experiment: chunks, M, N and K must all be at least 1");
   if (repeats < 1) throw Error("cv-experiment: repeats must be at least 1, got " + std::to_string(repeats));
   DeviceProfile profile = base_profile;
   profile.pin_units = mode == CvMode::pinned;

@@ -27,14 +27,14 @@ std::string_view cv_mode_name(CvMode mode);
 
 struct CvResult {
   CvMode mode;
-  double wall_s = 0;              // host: first launch to synchronize, median over the repeats
-  double cube_busy_s = 0;         // union of the Cube kernels' real intervals (median run)
+  double wall_s = 0;       // host: first launch to synchronize, median over the repeats
+  double cube_busy_s = 0;  // union of the Cube kernels' real intervals (median run)
   double vector_busy_s = 0;
-  double overlap_fraction = 0;    // time both units were busy / wall time
-  double modelled_s = 0;          // the modelled NPU's end-to-end time
-  std::vector<double> walls_s;    // every timed repeat
+  double overlap_fraction = 0;        // time both units were busy / wall time
+  double modelled_s = 0;              // the modelled NPU's end-to-end time
+  std::vector<double> walls_s;        // every timed repeat
   std::vector<KernelRecord> records;  // trace of the median run
-  std::vector<float> checksum;    // per chunk: sum of Z_i (the same in every mode)
+  std::vector<float> checksum;        // per chunk: sum of Z_i (the same in every mode)
 };
 
 // Runs `repeats` timed runs (after one warm-up) in `mode` on a device made from `profile`.

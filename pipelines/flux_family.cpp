@@ -41,11 +41,11 @@ uint64_t autoencoder_kl_bytes(const models::AutoencoderKLConfig& c, int64_t late
 // The peak of a Flux request (pipelines/memory_estimate.h says what is counted). `batch`: 2 when
 // CFG runs fused, else 1.
 MemoryEstimate flux_memory(const FluxT2IPipeline& pipeline, const T2IOptions& o, int64_t text_tokens, int batch, int offload,
-                               int cube_threads) {
+                           int cube_threads) {
   const models::FluxConfig& c = pipeline.transformer().config();
   MemoryEstimate e;
-  const TransformerBytes transformer = transformer_bytes(pipeline.transformer().parameters(), block_modules(pipeline.transformer()), o.activations, offload,
-                                                          cube_threads);
+  const TransformerBytes transformer =
+      transformer_bytes(pipeline.transformer().parameters(), block_modules(pipeline.transformer()), o.activations, offload, cube_threads);
   e.weights = transformer.weights;
   e.packed = transformer.packed;
   if (pipeline.vae()) e.weights += stored_bytes(pipeline.vae()->parameters(), DType::f32);
@@ -101,8 +101,9 @@ class FluxModelPipeline : public ModelPipeline {
 
   void check(const Request& request, const RunContext& run, bool have_negative) const override {
     if (request.sparse && request.sparse->type == ops::SparseType::rf_v2)
-      throw Error("--sparse rf_v2 keeps the first frame's blocks whole (MindIE SD's RainFusion), and an image is one frame: it would skip "
-                  "nothing; use --sparse ada_bsa for images");
+      throw Error(
+          "--sparse rf_v2 keeps the first frame's blocks whole (MindIE SD's RainFusion), and an image is one frame: it would skip "
+          "nothing; use --sparse ada_bsa for images");
     if (request.num_frames && *request.num_frames != 1)
       throw Error("--frames " + std::to_string(*request.num_frames) + ": this is an image model (Flux): leave it out or give 1");
     p_.check(options(request, run), have_negative);
@@ -136,18 +137,18 @@ class FluxModelPipeline : public ModelPipeline {
                                     bool simulate) const override {
     const models::FluxConfig& mc = p_.transformer().config();
     char line[512];
-    std::snprintf(line, sizeof line,
-                  "%lldx%lld, %d steps, cfg %s, %s, transformer %lld+%lld blocks x %lld wide (%s), profile %s: %d Cube + %d Vector thread(s)%s",
-                  static_cast<long long>(*r.width), static_cast<long long>(*r.height), *r.num_inference_steps, r.cfg.c_str(),
-                  mc.guidance_embeds ? ("guidance " + std::to_string(*r.guidance_scale)).c_str() : "no guidance embedding",
-                  static_cast<long long>(mc.num_layers), static_cast<long long>(mc.num_single_layers), static_cast<long long>(mc.inner_dim()),
-                  dtype.c_str(), profile.name.c_str(), profile.cube_threads, profile.vector_threads, simulate ? ", SIMULATED (modelled times)" : "");
+    std::snprintf(
+        line, sizeof line,
+        "%lldx%lld, %d steps, cfg %s, %s, transformer %lld+%lld blocks x %lld wide (%s), profile %s: %d Cube + %d Vector thread(s)%s",
+        static_cast<long long>(*r.width), static_cast<long long>(*r.height), *r.num_inference_steps, r.cfg.c_str(),
+        mc.guidance_embeds ? ("guidance " + std::to_string(*r.guidance_scale)).c_str() : "no guidance embedding",
+        static_cast<long long>(mc.num_layers), static_cast<long long>(mc.num_single_layers), static_cast<long long>(mc.inner_dim()),
+        dtype.c_str(), profile.name.c_str(), profile.cube_threads, profile.vector_threads, simulate ? ", SIMULATED (modelled times)" : "");
     std::vector<std::string> lines{line};
     if (run.vae_parallel && p_.vae()) {
       const int64_t up = p_.vae()->config().upscale();
       const int64_t tiles = p_.vae()->tile_count(*r.height / up, *r.width / up);
-      if (tiles == 1)
-        lines.push_back("--vae-parallel: the latent fits in one VAE tile, so every rank decodes it whole (no speedup)");
+      if (tiles == 1) lines.push_back("--vae-parallel: the latent fits in one VAE tile, so every rank decodes it whole (no speedup)");
       else
         lines.push_back("--vae-parallel: " + std::to_string(tiles) + " VAE tiles dealt over " + std::to_string(run.vae_parallel->size()) +
                         " ranks");

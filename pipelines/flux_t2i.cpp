@@ -22,7 +22,8 @@ Tensor filled(int64_t n, float value) { return Tensor::from_vector(std::vector<f
 FlowMatchConfig scheduler_of(const std::string& model_dir) {
   const std::string path = model_dir + "/scheduler/scheduler_config.json";
   if (std::filesystem::exists(path)) return FlowMatchConfig::load(path);
-  print_notice_once(model_dir + " has no scheduler/scheduler_config.json; using FLUX.1-dev's (FlowMatchEulerDiscreteScheduler, "
+  print_notice_once(model_dir +
+                    " has no scheduler/scheduler_config.json; using FLUX.1-dev's (FlowMatchEulerDiscreteScheduler, "
                     "shift 3, dynamic shifting)");
   FlowMatchConfig c;
   c.shift = 3.0;
@@ -131,8 +132,8 @@ Tensor FluxT2IPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddi
                   shape_to_string(e->pooled.shape()));
   }
   if (o.cfg == CfgMode::fused && !o.cfg_parallel && neg->sequence.size(1) != pos.sequence.size(1))
-    throw Error("--cfg fused needs prompt and negative prompt embeddings of one length, got " +
-                std::to_string(pos.sequence.size(1)) + " and " + std::to_string(neg->sequence.size(1)) + " (use --cfg streams)");
+    throw Error("--cfg fused needs prompt and negative prompt embeddings of one length, got " + std::to_string(pos.sequence.size(1)) +
+                " and " + std::to_string(neg->sequence.size(1)) + " (use --cfg streams)");
 
   const Stream main = device.default_stream();
   const int64_t upscale = multiple / 2, lh = o.height / upscale, lw = o.width / upscale;
@@ -141,7 +142,8 @@ Tensor FluxT2IPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddi
   if (o.initial_noise.defined() && o.initial_noise.shape() != Shape{1, channels, lh, lw})
     throw Error("initial noise must be " + shape_to_string(Shape{1, channels, lh, lw}) + " for a " + std::to_string(o.width) + "x" +
                 std::to_string(o.height) + " image, got " + shape_to_string(o.initial_noise.shape()));
-  const Tensor noise = models::pack_latents(o.initial_noise.defined() ? o.initial_noise : gaussian_noise({1, channels, lh, lw}, o.seed), main);
+  const Tensor noise =
+      models::pack_latents(o.initial_noise.defined() ? o.initial_noise : gaussian_noise({1, channels, lh, lw}, o.seed), main);
   FlowMatchEulerScheduler scheduler(scheduler_);
   scheduler.set_flux_timesteps(o.steps, tokens);
 
@@ -158,8 +160,8 @@ Tensor FluxT2IPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddi
   const std::unique_ptr<Guidance> guidance =
       o.cfg_parallel ? make_cfg_parallel_guidance(o.cfg_scale, *o.cfg_parallel) : make_guidance(o.cfg, o.cfg_scale, "t2i.uncond");
   StageList none;
-  return run_denoising_loop(denoiser, scheduler, *guidance, stages ? *stages : none, noise,
-                            {o.activations, transformer_->block_count()}, device, on_step, timings);
+  return run_denoising_loop(denoiser, scheduler, *guidance, stages ? *stages : none, noise, {o.activations, transformer_->block_count()},
+                            device, on_step, timings);
 }
 
 Tensor FluxT2IPipeline::decode(const Tensor& packed, const T2IOptions& o, Device& device, T2ITimings& timings) const {

@@ -22,7 +22,7 @@ namespace cubevec::pipelines {
 struct T2IOptions {
   int64_t width = 1024, height = 1024;  // multiples of 2 x the VAE's upscale (16 for Flux)
   int steps = 28;
-  double guidance = 3.5;   // embedded guidance scale (guidance-distilled models only)
+  double guidance = 3.5;  // embedded guidance scale (guidance-distilled models only)
   CfgMode cfg = CfgMode::off;
   // CFG parallel: the branches on the 2 ranks of this group (pipelines/guidance.h); cfg must be on.
   std::optional<parallel::Communicator> cfg_parallel;
@@ -39,8 +39,8 @@ struct T2IOptions {
 
 class FluxT2IPipeline {
  public:
-  FluxT2IPipeline(std::unique_ptr<models::FluxTransformer2DModel> transformer,
-                  std::unique_ptr<models::AutoencoderKLDecoder> vae, FlowMatchConfig scheduler);
+  FluxT2IPipeline(std::unique_ptr<models::FluxTransformer2DModel> transformer, std::unique_ptr<models::AutoencoderKLDecoder> vae,
+                  FlowMatchConfig scheduler);
 
   // A diffusers model directory: transformer/, vae/, scheduler/ (scheduler_config.json; FLUX.1-dev's
   // settings when absent). The transformer's matrices are stored as `dtype`; the VAE is f32.
@@ -66,8 +66,8 @@ class FluxT2IPipeline {
   // Denoises from seeded noise to packed latents [1, N_img, in_channels] (f32) on `device`, with the
   // stages' plug points in every forward (none when `stages` is null). `negative` is needed iff
   // options.cfg is not off. Throws for options the model cannot honour.
-  Tensor denoise(const PromptEmbeddings& positive, const PromptEmbeddings* negative, const T2IOptions& options,
-                 Device& device, const StepCallback& on_step, T2ITimings& timings, StageList* stages = nullptr) const;
+  Tensor denoise(const PromptEmbeddings& positive, const PromptEmbeddings* negative, const T2IOptions& options, Device& device,
+                 const StepCallback& on_step, T2ITimings& timings, StageList* stages = nullptr) const;
   // Packed latents -> image [1, 3, H, W] (unclamped, about [-1, 1]).
   Tensor decode(const Tensor& packed, const T2IOptions& options, Device& device, T2ITimings& timings) const;
 

@@ -12,7 +12,10 @@
 namespace cubevec::pipelines {
 
 DenoiseTimer::DenoiseTimer(Device& device, T2ITimings& timings, StepCallback on_step)
-    : device_(device), timings_(timings), on_step_(std::move(on_step)), start_(std::chrono::steady_clock::now()),
+    : device_(device),
+      timings_(timings),
+      on_step_(std::move(on_step)),
+      start_(std::chrono::steady_clock::now()),
       modelled_start_(device.stats().modelled_makespan_s) {}
 
 void DenoiseTimer::begin_step() {
@@ -38,9 +41,8 @@ Tensor round_to(const Tensor& x, DType dtype, const Stream& stream) {
   return ops::cast(ops::cast(x, dtype, stream), DType::f32, stream);
 }
 
-Tensor run_denoising_loop(Denoiser& denoiser, Scheduler& scheduler, Guidance& guidance, StageList& stages,
-                          const Tensor& initial_latents, const LoopOptions& options, Device& device, const StepCallback& on_step,
-                          T2ITimings& timings) {
+Tensor run_denoising_loop(Denoiser& denoiser, Scheduler& scheduler, Guidance& guidance, StageList& stages, const Tensor& initial_latents,
+                          const LoopOptions& options, Device& device, const StepCallback& on_step, T2ITimings& timings) {
   models::check_activation_dtype(options.activations);
   const Stream main = device.default_stream();
   const int steps = scheduler.steps();

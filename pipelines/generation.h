@@ -58,9 +58,8 @@ struct LoopOptions {
   DType activations = DType::f32;
   int blocks = 0;  // the transformer's blocks per forward (for the stages)
 };
-Tensor run_denoising_loop(Denoiser& denoiser, Scheduler& scheduler, Guidance& guidance, StageList& stages,
-                          const Tensor& initial_latents, const LoopOptions& options, Device& device, const StepCallback& on_step,
-                          T2ITimings& timings);
+Tensor run_denoising_loop(Denoiser& denoiser, Scheduler& scheduler, Guidance& guidance, StageList& stages, const Tensor& initial_latents,
+                          const LoopOptions& options, Device& device, const StepCallback& on_step, T2ITimings& timings);
 
 // `x` (f32) with its values rounded to `dtype` (f32: unchanged; bf16: to nearest even).
 Tensor round_to(const Tensor& x, DType dtype, const Stream& stream);

@@ -44,8 +44,8 @@ TransformerBytes transformer_bytes(const models::ParameterTable& table, const st
   }
   for (const auto& [name, linear] : table.linears()) {
     const bool bf16 = dtype == DType::bf16 && !kept_f32.count(name + ".weight");
-    const uint64_t bytes = ops::gemm::packed_b_bytes(linear->out, linear->in, bf16 ? ops::gemm::Element::bf16 : ops::gemm::Element::f32, isa,
-                                                     bf16 ? path : ops::gemm::Bf16Path::f32);
+    const uint64_t bytes = ops::gemm::packed_b_bytes(linear->out, linear->in, bf16 ? ops::gemm::Element::bf16 : ops::gemm::Element::f32,
+                                                     isa, bf16 ? path : ops::gemm::Bf16Path::f32);
     const int block = block_of(name);
     (block < 0 ? outside : blocks[static_cast<std::size_t>(block)]).packed += bytes;
   }
@@ -55,7 +55,8 @@ TransformerBytes transformer_bytes(const models::ParameterTable& table, const st
     return total;
   }
   // The largest blocks stand in for the ones in memory at once.
-  std::sort(blocks.begin(), blocks.end(), [](const TransformerBytes& x, const TransformerBytes& y) { return x.weights + x.packed > y.weights + y.packed; });
+  std::sort(blocks.begin(), blocks.end(),
+            [](const TransformerBytes& x, const TransformerBytes& y) { return x.weights + x.packed > y.weights + y.packed; });
   const std::size_t window = std::min<std::size_t>(blocks.size(), 2 * static_cast<std::size_t>(offload) + 2);
   for (std::size_t i = 0; i < window; ++i) total.weights += blocks[i].weights, total.packed += blocks[i].packed;
   return total;
@@ -65,11 +66,8 @@ uint64_t activation_bytes(DType activations) { return activations == DType::bf16
 
 std::string MemoryEstimate::describe() const {
   return human_bytes(peak()) + " (weights " + human_bytes(weights) + " + packed GEMM panels " + human_bytes(packed) +
-         " + the larger of denoising " + human_bytes(denoising) +
-         " and VAE decode " + human_bytes(vae_decode) + ")";
+         " + the larger of denoising " + human_bytes(denoising) + " and VAE decode " + human_bytes(vae_decode) + ")";
 }
-
-
 
 uint64_t available_memory_bytes() {
   uint64_t available = 0;
@@ -92,7 +90,8 @@ uint64_t available_memory_bytes() {
 
 uint64_t parse_memory_size(const std::string& text, const std::string& flag) {
   const auto fail = [&] {
-    throw Error((flag.empty() ? "" : flag + " ") + "'" + text + "': expected a size in bytes with an optional K, M, G or T suffix (powers of 1024), e.g. 24G or 512MiB");
+    throw Error((flag.empty() ? "" : flag + " ") + "'" + text +
+                "': expected a size in bytes with an optional K, M, G or T suffix (powers of 1024), e.g. 24G or 512MiB");
   };
   // Decimal digits with at most one point, then the suffix: no sign, "inf", hex or exponents.
   const std::size_t number_end = std::min(text.find_first_not_of("0123456789."), text.size());

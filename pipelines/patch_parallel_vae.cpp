@@ -95,8 +95,7 @@ Tensor PatchParallelTiles::share(const Tensor& decoded, int64_t index, int owner
   if (owner == comm_.rank()) {
     if (!decoded.defined() || decoded.shape() != shape)
       throw Error("patch-parallel VAE: tile " + std::to_string(index) + " decoded to " +
-                  (decoded.defined() ? shape_to_string(decoded.shape()) : std::string("nothing")) + ", expected " +
-                  shape_to_string(shape));
+                  (decoded.defined() ? shape_to_string(decoded.shape()) : std::string("nothing")) + ", expected " + shape_to_string(shape));
     mine = decoded;
   } else {
     Shape none = shape;

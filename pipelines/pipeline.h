@@ -44,19 +44,19 @@ namespace cubevec::pipelines {
 
 // How a model loads (what every request then shares). JSON keys as the fields.
 struct LoadOptions {
-  DType dtype = DType::f32;   // "dtype": "f32" | "bf16": weights and activations (f32 accumulation)
-  std::string variant;        // diffusion_pytorch_model.<variant>.safetensors
-  bool check_weights = false; // every loaded weight must be finite
-  std::string memory_limit;   // refuse what would not fit ("24G"); empty: the memory available
-  std::string quant, timestep_policy;  // MindIE SD quantization description (and its policy)
-  int offload = 0;            // resident blocks under weight streaming (0: every weight resident)
+  DType dtype = DType::f32;                  // "dtype": "f32" | "bf16": weights and activations (f32 accumulation)
+  std::string variant;                       // diffusion_pytorch_model.<variant>.safetensors
+  bool check_weights = false;                // every loaded weight must be finite
+  std::string memory_limit;                  // refuse what would not fit ("24G"); empty: the memory available
+  std::string quant, timestep_policy;        // MindIE SD quantization description (and its policy)
+  int offload = 0;                           // resident blocks under weight streaming (0: every weight resident)
   int cube_threads = 0, vector_threads = 0;  // 0: the profile's (or CUBEVEC_*_THREADS)
-  std::string device_profile;  // a device profile JSON; empty: the built-in cpu-default
+  std::string device_profile;                // a device profile JSON; empty: the built-in cpu-default
 
   // Set by the command line only:
-  bool simulate = false;      // shape-only weights on the profile's modelled clock
-  int simulate_quant_steps = 1;  // simulate with W8A8_TIMESTEP: rows of shape-only scales
-  bool trace = false;         // keep a record per kernel launch (Chrome trace)
+  bool simulate = false;                           // shape-only weights on the profile's modelled clock
+  int simulate_quant_steps = 1;                    // simulate with W8A8_TIMESTEP: rows of shape-only scales
+  bool trace = false;                              // keep a record per kernel launch (Chrome trace)
   std::optional<parallel::ParallelGroups> groups;  // multi-device (mpirun); none: one process
   std::optional<parallel::Communicator> cfg_parallel, vae_parallel;
   std::optional<DeviceProfile> profile;  // beats device_profile and the thread counts
@@ -76,36 +76,36 @@ class Cancelled : public Error {
 };
 
 struct Progress {
-  int step = 0, steps = 0;   // step just finished, 1-based
-  double seconds = 0;        // that step's wall time
+  int step = 0, steps = 0;              // step just finished, 1-based
+  double seconds = 0;                   // that step's wall time
   const T2ITimings* timings = nullptr;  // so far
   const StageList* stages = nullptr;    // the request's stages (their per-step counts)
 };
 
 // Everything optional; the command line uses all of them.
 struct GenerateHooks {
-  std::function<void(const Progress&)> on_step;   // after each denoising step
-  const std::atomic<bool>* cancel = nullptr;      // checked before each step and before decoding
+  std::function<void(const Progress&)> on_step;  // after each denoising step
+  const std::atomic<bool>* cancel = nullptr;     // checked before each step and before decoding
   // Decoded pixels go here as they come (a video's frames a chunk at a time) instead of into the
   // result's images: a long video then never sits in memory whole.
   DecodedSink on_pixels;
-  Device* device = nullptr;                   // run on this device (else one made for the call)
-  const TextConditioning* text = nullptr;     // already encoded (the one-shot order)
+  Device* device = nullptr;                // run on this device (else one made for the call)
+  const TextConditioning* text = nullptr;  // already encoded (the one-shot order)
 };
 
 struct GenerationResult {
-  Request request;                 // with the model's defaults filled in
+  Request request;                      // with the model's defaults filled in
   std::vector<media::RgbImage> images;  // the image, or the video's frames in order (empty with on_pixels)
-  T2ITimings timings;              // denoising and VAE decode
-  double text_s = 0;               // text encoding
+  T2ITimings timings;                   // denoising and VAE decode
+  double text_s = 0;                    // text encoding
   std::string text_source;
-  StageList stages;                // what each acceleration stage did
+  StageList stages;  // what each acceleration stage did
   MemoryEstimate memory;
-  AllocatorStats allocator;        // peaks over the whole call
+  AllocatorStats allocator;  // peaks over the whole call
   nlohmann::ordered_json phase_peaks;
-  double denoising_flops = 0;      // the kernels' declared FLOPs while denoising
-  bool decoded = false;            // false in simulate mode and on ranks that do not decode
-  nlohmann::ordered_json report;   // all of the above as JSON (the model's fields first)
+  double denoising_flops = 0;     // the kernels' declared FLOPs while denoising
+  bool decoded = false;           // false in simulate mode and on ranks that do not decode
+  nlohmann::ordered_json report;  // all of the above as JSON (the model's fields first)
 };
 
 class Pipeline {

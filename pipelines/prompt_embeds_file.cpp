@@ -16,10 +16,11 @@ PromptEmbedsFile PromptEmbedsFile::load(const std::string& path, bool with_poole
         throw Error(path + ": '" + name + "' must be f32, bf16 or f16, got " + std::string(dtype_name(t.dtype())));
       if (t.dim() == rank_without_batch) t = t.unsqueeze(0);
       if (t.dim() != rank_without_batch + 1 || t.size(0) != 1)
-        throw Error(path + ": '" + name + "' must be " + (rank_without_batch == 2 ? "[1, L, D] (or [L, D])" : "[1, P] (or [P])") + ", got " +
-                    shape_to_string(t.shape()));
+        throw Error(path + ": '" + name + "' must be " + (rank_without_batch == 2 ? "[1, L, D] (or [L, D])" : "[1, P] (or [P])") +
+                    ", got " + shape_to_string(t.shape()));
       for (int64_t d = 1; d < t.dim(); ++d)
-        if (t.size(d) == 0) throw Error(path + ": '" + name + "' " + shape_to_string(t.shape()) + " is empty (it needs at least one token and width)");
+        if (t.size(d) == 0)
+          throw Error(path + ": '" + name + "' " + shape_to_string(t.shape()) + " is empty (it needs at least one token and width)");
       require_finite(t, path + ": '" + std::string(name) + "'");
       return t;
     }

@@ -77,7 +77,8 @@ void CalibrationStage::Range::add(float lo, float hi) {
 void CalibrationStage::after_load(models::ParameterTable& table) {
   for (const auto& [module_name, linear] : table.linears()) {
     const std::string& name = module_name;  // clang cannot capture a structured binding
-    const bool excluded = std::any_of(options_.exclude.begin(), options_.exclude.end(), [&](const std::string& p) { return glob_match(p, name); });
+    const bool excluded =
+        std::any_of(options_.exclude.begin(), options_.exclude.end(), [&](const std::string& p) { return glob_match(p, name); });
     if (excluded) {
       excluded_.push_back(name);
       continue;

@@ -47,7 +47,7 @@ class CalibrationStage : public Stage {
   struct LayerStats {
     Range all;
     std::map<int, Range> by_step;
-    Tensor sample;      // f32 [rows, in]: calibration rows from the last forward
+    Tensor sample;  // f32 [rows, in]: calibration rows from the last forward
     int sample_step = 0;
   };
   const std::map<std::string, std::shared_ptr<LayerStats>>& stats() const { return stats_; }

@@ -37,7 +37,7 @@ struct Request {
   std::optional<double> true_cfg_scale;  // Flux's true CFG
   std::string cfg;                       // "off", "fused", "streams"; empty: the model's default
   uint64_t seed = 0;
-  CacheConfig cache;                     // method none: no step cache
+  CacheConfig cache;  // method none: no step cache
   std::optional<SparseConfig> sparse;
 
   // `source` names the request in errors ("request"); unknown keys are errors.

@@ -65,8 +65,7 @@ double declared_flops(const Device& device) {
   return total;
 }
 
-nlohmann::ordered_json timing_json(const std::vector<StageTime>& stages, const T2ITimings& timings,
-                                   const AllocatorStats& memory) {
+nlohmann::ordered_json timing_json(const std::vector<StageTime>& stages, const T2ITimings& timings, const AllocatorStats& memory) {
   nlohmann::ordered_json stage_json = nlohmann::ordered_json::object();
   for (const StageTime& stage : stages) {
     std::string key = stage.name;
@@ -88,7 +87,8 @@ nlohmann::ordered_json stage_report_json(const StageList& stages) {
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
   for (std::size_t i = 0; i < stages.stages().size(); ++i) {
     const auto& stage = stages.stages()[i];
-    list.push_back({{"name", stage->name()}, {"seconds", stages.stage_seconds(i)}, {"summary", stage->summary()}, {"settings", stage->report()}});
+    list.push_back(
+        {{"name", stage->name()}, {"seconds", stages.stage_seconds(i)}, {"summary", stage->summary()}, {"settings", stage->report()}});
   }
   nlohmann::ordered_json per_step = nlohmann::ordered_json::array();
   for (const auto& c : stages.step_counts())

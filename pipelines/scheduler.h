@@ -13,7 +13,7 @@ namespace cubevec::pipelines {
 class Scheduler {
  public:
   virtual ~Scheduler() = default;
-  virtual std::string name() const = 0;                 // "FlowMatch Euler (shift 3)", ...
+  virtual std::string name() const = 0;                     // "FlowMatch Euler (shift 3)", ...
   virtual const std::vector<float>& timesteps() const = 0;  // one per step, 0..1000
   virtual const std::vector<float>& sigmas() const = 0;     // steps + 1, ending at 0
   int steps() const { return static_cast<int>(timesteps().size()); }

@@ -122,8 +122,8 @@ models::BlockState StageList::run_from(std::size_t i, const models::StepInfo& st
 
 std::string StageList::skipped_text(const StepCounts& c) {
   char text[160];
-  std::snprintf(text, sizeof text, "skipped %d of %d block and %d of %d attention computations",
-                c.block_calls - c.blocks_computed, c.block_calls, c.attention_calls - c.attention_computed, c.attention_calls);
+  std::snprintf(text, sizeof text, "skipped %d of %d block and %d of %d attention computations", c.block_calls - c.blocks_computed,
+                c.block_calls, c.attention_calls - c.attention_computed, c.attention_calls);
   return text;
 }
 

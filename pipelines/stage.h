@@ -20,9 +20,9 @@ namespace cubevec::pipelines {
 // What a stage learns of the run before the first step.
 struct RunInfo {
   int steps = 0;
-  int blocks = 0;  // transformer blocks per forward
+  int blocks = 0;                           // transformer blocks per forward
   std::vector<models::CfgBranch> branches;  // the branches the guidance's forwards carry
-  bool simulate = false;  // shape-only run: nothing can be decided from data
+  bool simulate = false;                    // shape-only run: nothing can be decided from data
 };
 
 using AttendNext = std::function<Tensor(const models::AttentionProjection&)>;
@@ -50,8 +50,8 @@ class Stage {
 
   // Block plug point: `compute` runs the stages below and finally the block.
   virtual bool uses_blocks() const { return false; }
-  virtual models::BlockState run_block(const models::StepInfo& /*step*/, const models::BlockIdentity& /*id*/,
-                                       const models::BlockState& in, const models::BlockCompute& compute, const Stream& /*stream*/) {
+  virtual models::BlockState run_block(const models::StepInfo& /*step*/, const models::BlockIdentity& /*id*/, const models::BlockState& in,
+                                       const models::BlockCompute& compute, const Stream& /*stream*/) {
     return compute(in);
   }
 
@@ -98,8 +98,8 @@ class StageList : public models::AttentionPolicy, public models::BlockHook {
  private:
   Tensor attend_from(std::size_t i, const models::StepInfo& step, const models::AttentionIdentity& id,
                      const models::AttentionProjection& project, const Stream& stream);
-  models::BlockState run_from(std::size_t i, const models::StepInfo& step, const models::BlockIdentity& id,
-                              const models::BlockState& in, const models::BlockCompute& compute, const Stream& stream);
+  models::BlockState run_from(std::size_t i, const models::StepInfo& step, const models::BlockIdentity& id, const models::BlockState& in,
+                              const models::BlockCompute& compute, const Stream& stream);
   StepCounts& current();
 
   std::vector<std::unique_ptr<Stage>> stages_;

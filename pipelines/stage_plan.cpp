@@ -36,17 +36,13 @@ class LentStage : public Stage {
   Stage& s_;
 };
 
-std::unique_ptr<Stage> lend(const std::unique_ptr<Stage>& stage) {
-  return stage ? std::make_unique<LentStage>(*stage) : nullptr;
-}
+std::unique_ptr<Stage> lend(const std::unique_ptr<Stage>& stage) { return stage ? std::make_unique<LentStage>(*stage) : nullptr; }
 
 }  // namespace
 
-StageList build_stage_list(std::unique_ptr<Stage> quantize, const CacheConfig& cache_config, int steps,
-                                       int blocks, std::unique_ptr<SparseAttentionStage> sparse,
-                                       std::unique_ptr<Stage> offload,
-                                       std::unique_ptr<Stage> sequence_parallel,
-                                       std::unique_ptr<Stage> tensor_parallel) {
+StageList build_stage_list(std::unique_ptr<Stage> quantize, const CacheConfig& cache_config, int steps, int blocks,
+                           std::unique_ptr<SparseAttentionStage> sparse, std::unique_ptr<Stage> offload,
+                           std::unique_ptr<Stage> sequence_parallel, std::unique_ptr<Stage> tensor_parallel) {
   StageList stages;
   if (tensor_parallel) {
     if (quantize) throw Error("--quant with --tp is not supported yet: the quantized layers would need their shards too");
@@ -58,8 +54,7 @@ StageList build_stage_list(std::unique_ptr<Stage> quantize, const CacheConfig& c
   if (quantize) stages.add(std::move(quantize));
   if (auto cache = make_cache_stage(cache_config, steps, blocks)) {
     // A cache decides from what its rank sees; with the tokens shared, ranks could decide apart.
-    if (sharded)
-      throw Error("--cache with --ulysses or --ring is not supported yet: each rank would decide its cache from its own tokens");
+    if (sharded) throw Error("--cache with --ulysses or --ring is not supported yet: each rank would decide its cache from its own tokens");
     stages.add(std::move(cache));
   }
   if (sparse) {
@@ -93,7 +88,8 @@ void check_heads(const parallel::ParallelGroups& groups, int64_t heads) {
     throw Error("--tp " + std::to_string(t) + " must divide the transformer's " + std::to_string(heads) +
                 " attention heads (each rank computes heads / T of them)");
   throw Error("--ulysses " + std::to_string(u) + " x --tp " + std::to_string(t) + " = " + std::to_string(u * t) +
-              " must divide the transformer's " + std::to_string(heads) + " attention heads (each rank attends with heads / (U x T) of them)");
+              " must divide the transformer's " + std::to_string(heads) +
+              " attention heads (each rank attends with heads / (U x T) of them)");
 }
 
 std::unique_ptr<Stage> sequence_parallel_stage(const parallel::ParallelGroups& groups) {

@@ -100,8 +100,8 @@ TextConditioning tiny_text(models::TinyTextEncoder& encoder, const PromptRequest
   t.positive = tiny_prompt(encoder, f.prompt);
   if (cfg) t.negative = tiny_encode(encoder, f.negative_prompt, "--negative-prompt");
   note_unused_negative(f, cfg);
-  note_unused_max_sequence_length(f, "this model's text encoder pads every prompt to its own " +
-                                         std::to_string(encoder.tokenizer().max_length()) + " tokens");
+  note_unused_max_sequence_length(
+      f, "this model's text encoder pads every prompt to its own " + std::to_string(encoder.tokenizer().max_length()) + " tokens");
   t.source = encoder.name();
   return t;
 }
@@ -132,7 +132,8 @@ TextConditioning shape_only_embeddings(const PromptRequest& f, const TextInput& 
 
 std::string width_mismatch(const std::string& dir, int64_t width, const std::string& what, const std::string& transformer_key,
                            int64_t expected) {
-  return dir + " is " + std::to_string(width) + " wide" + what + " but the transformer's " + transformer_key + " is " + std::to_string(expected);
+  return dir + " is " + std::to_string(width) + " wide" + what + " but the transformer's " + transformer_key + " is " +
+         std::to_string(expected);
 }
 
 }  // namespace
@@ -155,7 +156,8 @@ std::unique_ptr<TextEncoders> TextEncoders::load(const std::string& model_dir, c
     if (kind == models::TextEncoderKind::clip_t5) {
       models::FluxTextEncoder::check_max_sequence_length(max_sequence_length);
       models::TextEncodingMemory need = models::estimate_text_encoding_memory(model_dir + "/text_encoder", s.dtype, 77);
-      const models::TextEncodingMemory t5 = models::estimate_text_encoding_memory(model_dir + "/text_encoder_2", s.dtype, max_sequence_length);
+      const models::TextEncodingMemory t5 =
+          models::estimate_text_encoding_memory(model_dir + "/text_encoder_2", s.dtype, max_sequence_length);
       need.weights += t5.weights;
       need.activations = std::max(need.activations, t5.activations);
       require_text_memory(need, s, "CLIP and T5");
@@ -183,12 +185,14 @@ std::unique_ptr<TextEncoders> TextEncoders::load(const std::string& model_dir, c
     e->wan_ = models::WanTextEncoder::load(model_dir, s.dtype, max_sequence_length, stream);
     if (s.check_weights) models::require_finite_parameters(e->wan_->umt5().parameters(), model_dir + "/text_encoder");
     if (e->wan_->umt5().config().d_model != input.sequence_width)
-      throw Error(width_mismatch(model_dir + "/text_encoder", e->wan_->umt5().config().d_model, " (d_model)", "text_dim", input.sequence_width));
+      throw Error(
+          width_mismatch(model_dir + "/text_encoder", e->wan_->umt5().config().d_model, " (d_model)", "text_dim", input.sequence_width));
   } else if (kind == models::TextEncoderKind::tiny) {
     // The shipped assets/tinywan's own encoder: its sequence output is Wan's encoder_hidden_states.
     e->tiny_ = models::TinyTextEncoder::load(model_dir, stream);
     if (e->tiny_->config().hidden_size != input.sequence_width)
-      throw Error(width_mismatch(model_dir + "/text_encoder", e->tiny_->config().hidden_size, " (hidden_size)", "text_dim", input.sequence_width));
+      throw Error(
+          width_mismatch(model_dir + "/text_encoder", e->tiny_->config().hidden_size, " (hidden_size)", "text_dim", input.sequence_width));
   } else if (kind == models::TextEncoderKind::clip_t5) {
     throw Error(model_dir + "/text_encoder is not Wan's umT5 encoder: pass --prompt-embeds FILE with prompt_embeds [1, L, " +
                 std::to_string(input.sequence_width) + "] (and negative_prompt_embeds for CFG)");
@@ -224,7 +228,8 @@ TextConditioning TextEncoders::encode(const PromptRequest& f, bool cfg) {
       if (t.negative) t.negative->pooled = Tensor{};
     }
   } else if (flux) {
-    throw Error(dir_ + " has no text_encoder/ to encode --prompt with: pass --prompt-embeds FILE, or use a folder with text_encoder/ + "
+    throw Error(dir_ +
+                " has no text_encoder/ to encode --prompt with: pass --prompt-embeds FILE, or use a folder with text_encoder/ + "
                 "tokenizer/ (CLIP) and text_encoder_2/ + tokenizer_2/ (T5)");
   } else {
     throw Error(dir_ + " has no text_encoder/ (umT5) to encode --prompt with: pass --prompt-embeds FILE with prompt_embeds [1, L, " +
@@ -244,9 +249,10 @@ TextConditioning one_shot_text(const std::string& model_dir, const PromptRequest
     // No encoder is loaded for a file of embeddings.
     TextConditioning t = embeddings_from_file(f, input);
     if (cfg && !t.negative)
-      throw Error(input.family == TextInput::Family::flux
-                      ? "CFG needs negative embeddings: negative_prompt_embeds and negative_pooled_prompt_embeds in the --prompt-embeds file"
-                      : "CFG needs negative_prompt_embeds in the --prompt-embeds file (or --cfg off)");
+      throw Error(
+          input.family == TextInput::Family::flux
+              ? "CFG needs negative embeddings: negative_prompt_embeds and negative_pooled_prompt_embeds in the --prompt-embeds file"
+              : "CFG needs negative_prompt_embeds in the --prompt-embeds file (or --cfg off)");
     return t;
   }
   if (simulate) return shape_only_embeddings(f, input);

@@ -31,7 +31,7 @@ namespace cubevec::pipelines {
 // The text half of a request.
 struct PromptRequest {
   std::string prompt, negative_prompt, prompt_embeds;
-  int max_sequence_length = 512;  // T5 / umT5 tokens
+  int max_sequence_length = 512;           // T5 / umT5 tokens
   bool max_sequence_length_given = false;  // asked for (a note when it cannot apply)
 };
 
@@ -85,7 +85,7 @@ class TextEncoders {
 // otherwise).
 TextConditioning flux_text(const std::string& model_dir, const PromptRequest& request, const TextSettings& settings, bool cfg,
                            bool simulate, const models::FluxConfig& config, const Stream& stream);
-TextConditioning wan_text(const std::string& model_dir, const PromptRequest& request, const TextSettings& settings, bool cfg,
-                          bool simulate, const models::WanConfig& config, const Stream& stream);
+TextConditioning wan_text(const std::string& model_dir, const PromptRequest& request, const TextSettings& settings, bool cfg, bool simulate,
+                          const models::WanConfig& config, const Stream& stream);
 
 }  // namespace cubevec::pipelines

@@ -52,10 +52,9 @@ UniPCConfig UniPCConfig::from_json(const nlohmann::json& json, const std::string
   std::string prediction = "epsilon";
   r.text("prediction_type", prediction);
   if (prediction != "flow_prediction")
-    unsupported("prediction_type", "\"" + prediction + "\"" + (r.has("prediction_type") ? "" : " (diffusers' default)") +
-                                       " (only \"flow_prediction\" is)");
-  if (!flag("use_flow_sigmas", false))
-    unsupported("use_flow_sigmas", r.has("use_flow_sigmas") ? "false" : "false (diffusers' default)");
+    unsupported("prediction_type",
+                "\"" + prediction + "\"" + (r.has("prediction_type") ? "" : " (diffusers' default)") + " (only \"flow_prediction\" is)");
+  if (!flag("use_flow_sigmas", false)) unsupported("use_flow_sigmas", r.has("use_flow_sigmas") ? "false" : "false (diffusers' default)");
 
   if (!flag("predict_x0", true)) unsupported("predict_x0", "false");
   std::string solver = "bh2";
@@ -71,8 +70,7 @@ UniPCConfig UniPCConfig::from_json(const nlohmann::json& json, const std::string
   for (const char* key : {"thresholding", "use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "use_dynamic_shifting"})
     if (flag(key, false)) unsupported(key, "true");
   double shift_terminal = 0.0;
-  if (r.has("shift_terminal") && (r.number("shift_terminal", shift_terminal), shift_terminal != 0.0))
-    unsupported("shift_terminal", "set");
+  if (r.has("shift_terminal") && (r.number("shift_terminal", shift_terminal), shift_terminal != 0.0)) unsupported("shift_terminal", "set");
   if (r.has("disable_corrector")) {
     const nlohmann::json& d = r.raw("disable_corrector");
     if (!d.is_array()) r.fail("disable_corrector", "must be a list of step indices, got " + d.dump());

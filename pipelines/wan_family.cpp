@@ -17,11 +17,11 @@ namespace {
 // The peak of a Wan request (pipelines/memory_estimate.h says what is counted). `batch`: 2 when
 // CFG runs fused, else 1.
 MemoryEstimate wan_memory(const WanT2VPipeline& pipeline, const T2VOptions& o, int64_t text_tokens, int batch, int offload,
-                               int cube_threads) {
+                          int cube_threads) {
   const models::WanConfig& c = pipeline.transformer().config();
   MemoryEstimate e;
-  const TransformerBytes transformer = transformer_bytes(pipeline.transformer().parameters(), block_modules(pipeline.transformer()), o.activations, offload,
-                                                          cube_threads);
+  const TransformerBytes transformer =
+      transformer_bytes(pipeline.transformer().parameters(), block_modules(pipeline.transformer()), o.activations, offload, cube_threads);
   e.weights = transformer.weights;
   e.packed = transformer.packed;
   if (pipeline.vae()) e.weights += stored_bytes(pipeline.vae()->parameters(), DType::f32);
@@ -29,8 +29,8 @@ MemoryEstimate wan_memory(const WanT2VPipeline& pipeline, const T2VOptions& o, i
   // self-attention output (4 D), the cross-attention query and output (2 D), and the FFN hidden
   // before and after its activation (2 ffn_dim): 8 D + 2 F. The kernels launched ahead of the
   // device pin about as much again: measured 2.1x that on the tiny model, so 24 D + 4 F.
-  const uint64_t tokens = static_cast<uint64_t>((o.latent_frames() / c.patch_size[0]) * (o.height / 8 / c.patch_size[1]) *
-                                                (o.width / 8 / c.patch_size[2]));
+  const uint64_t tokens =
+      static_cast<uint64_t>((o.latent_frames() / c.patch_size[0]) * (o.height / 8 / c.patch_size[1]) * (o.width / 8 / c.patch_size[2]));
   const uint64_t per_token = 24 * static_cast<uint64_t>(c.inner_dim()) + 4 * static_cast<uint64_t>(c.ffn_dim);
   const uint64_t text = static_cast<uint64_t>(text_tokens) * 2 * static_cast<uint64_t>(c.inner_dim());  // cross-attention k, v
   const uint64_t rope = tokens * static_cast<uint64_t>(c.attention_head_dim) * 2 * 4;
@@ -84,8 +84,7 @@ class WanModelPipeline : public ModelPipeline {
   }
 
   void check(const Request& request, const RunContext& run, bool have_negative) const override {
-    if (request.true_cfg_scale)
-      throw Error("--cfg-scale is Flux's true CFG scale; Wan's CFG scale is --guidance");
+    if (request.true_cfg_scale) throw Error("--cfg-scale is Flux's true CFG scale; Wan's CFG scale is --guidance");
     p_.check(options(request, run), have_negative);
     if (run.vae_parallel) check_row_split(run.vae_parallel->size(), *request.height / 8);
   }
@@ -123,15 +122,21 @@ class WanModelPipeline : public ModelPipeline {
                   "%lld frames of %lldx%lld (latent %lld x %lld x %lld), %d steps, cfg %s (scale %.2f), transformer %lld blocks x %lld "
                   "wide (%s), profile %s: %d Cube + %d Vector thread(s)%s",
                   static_cast<long long>(o.frames), static_cast<long long>(o.width), static_cast<long long>(o.height),
-                  static_cast<long long>(o.latent_frames()), static_cast<long long>(o.height / 8), static_cast<long long>(o.width / 8), o.steps,
-                  r.cfg.c_str(), o.guidance, static_cast<long long>(mc.num_layers), static_cast<long long>(mc.inner_dim()), dtype.c_str(),
-                  profile.name.c_str(), profile.cube_threads, profile.vector_threads, simulate ? ", SIMULATED (modelled times)" : "");
+                  static_cast<long long>(o.latent_frames()), static_cast<long long>(o.height / 8), static_cast<long long>(o.width / 8),
+                  o.steps, r.cfg.c_str(), o.guidance, static_cast<long long>(mc.num_layers), static_cast<long long>(mc.inner_dim()),
+                  dtype.c_str(), profile.name.c_str(), profile.cube_threads, profile.vector_threads,
+                  simulate ? ", SIMULATED (modelled times)" : "");
     return {"scheduler: " + scheduler_name(p_.scheduler_config()), line};
   }
 
   nlohmann::ordered_json report_fields(const Request& r) const override {
-    return {{"frames", *r.num_frames}, {"width", *r.width},          {"height", *r.height}, {"steps", *r.num_inference_steps},
-            {"cfg", r.cfg},            {"guidance", *r.guidance_scale}, {"seed", r.seed},
+    return {{"frames", *r.num_frames},
+            {"width", *r.width},
+            {"height", *r.height},
+            {"steps", *r.num_inference_steps},
+            {"cfg", r.cfg},
+            {"guidance", *r.guidance_scale},
+            {"seed", r.seed},
             {"scheduler", scheduler_name(p_.scheduler_config())}};
   }
 

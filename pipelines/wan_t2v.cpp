@@ -22,7 +22,8 @@ Tensor filled(int64_t n, float value) { return Tensor::from_vector(std::vector<f
 WanSchedulerConfig scheduler_of(const std::string& model_dir) {
   const std::string path = model_dir + "/scheduler/scheduler_config.json";
   if (!std::filesystem::exists(path)) {
-    print_notice_once(model_dir + " has no scheduler/scheduler_config.json; using the Wan2.1 480p repositories' "
+    print_notice_once(model_dir +
+                      " has no scheduler/scheduler_config.json; using the Wan2.1 480p repositories' "
                       "(UniPCMultistepScheduler, flow shift 3)");
     UniPCConfig c;
     c.flow_shift = 3.0;
@@ -75,8 +76,8 @@ std::unique_ptr<Scheduler> make_scheduler(const WanSchedulerConfig& config, int 
   return scheduler;
 }
 
-WanT2VPipeline::WanT2VPipeline(std::unique_ptr<models::WanTransformer3DModel> transformer,
-                               std::unique_ptr<models::AutoencoderKLWan> vae, WanSchedulerConfig scheduler)
+WanT2VPipeline::WanT2VPipeline(std::unique_ptr<models::WanTransformer3DModel> transformer, std::unique_ptr<models::AutoencoderKLWan> vae,
+                               WanSchedulerConfig scheduler)
     : transformer_(std::move(transformer)), vae_(std::move(vae)), scheduler_(std::move(scheduler)) {
   if (vae_ && vae_->config().z_dim != transformer_->config().in_channels)
     throw Error("the VAE's " + std::to_string(vae_->config().z_dim) + " latent channels (z_dim) do not match the transformer's " +
@@ -108,8 +109,8 @@ WanT2VPipeline WanT2VPipeline::load_meta(const std::string& dir, DType dtype) {
 void WanT2VPipeline::check(const T2VOptions& o, bool have_negative) const {
   // Multiples of 8 for the VAE here; the loop below adds the transformer's own patch size.
   if (o.width <= 0 || o.height <= 0 || o.width % 8 != 0 || o.height % 8 != 0)
-    throw Error("width and height must be positive multiples of 8 (the VAE's scale), got " +
-                std::to_string(o.width) + "x" + std::to_string(o.height));
+    throw Error("width and height must be positive multiples of 8 (the VAE's scale), got " + std::to_string(o.width) + "x" +
+                std::to_string(o.height));
   if (o.frames < 1 || (o.frames - 1) % 4 != 0)
     throw Error("frames must be 1 + 4k (1, 5, ..., 81: the VAE makes 4 frames of each latent frame after the first), got " +
                 std::to_string(o.frames));
@@ -144,8 +145,8 @@ Tensor WanT2VPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddin
       throw Error("the prompt embeddings must be [1, L, " + std::to_string(c.text_dim) + "] for this transformer, got " +
                   shape_to_string(e->sequence.shape()));
   if (o.cfg == CfgMode::fused && !o.cfg_parallel && neg->sequence.size(1) != pos.sequence.size(1))
-    throw Error("--cfg fused needs prompt and negative prompt embeddings of one length, got " +
-                std::to_string(pos.sequence.size(1)) + " and " + std::to_string(neg->sequence.size(1)) + " (use --cfg streams)");
+    throw Error("--cfg fused needs prompt and negative prompt embeddings of one length, got " + std::to_string(pos.sequence.size(1)) +
+                " and " + std::to_string(neg->sequence.size(1)) + " (use --cfg streams)");
 
   const Stream main = device.default_stream();
   const Shape shape{1, c.in_channels, o.latent_frames(), o.height / 8, o.width / 8};
@@ -158,12 +159,11 @@ Tensor WanT2VPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddin
   const std::unique_ptr<Guidance> guidance =
       o.cfg_parallel ? make_cfg_parallel_guidance(o.guidance, *o.cfg_parallel) : make_guidance(o.cfg, o.guidance, "t2v.uncond");
   StageList none;
-  return run_denoising_loop(denoiser, *scheduler, *guidance, stages ? *stages : none, noise,
-                            {o.activations, transformer_->block_count()}, device, on_step, timings);
+  return run_denoising_loop(denoiser, *scheduler, *guidance, stages ? *stages : none, noise, {o.activations, transformer_->block_count()},
+                            device, on_step, timings);
 }
 
-void WanT2VPipeline::decode(const Tensor& latents, const T2VOptions& o, Device& device, const FrameSink& sink,
-                            T2ITimings& timings) const {
+void WanT2VPipeline::decode(const Tensor& latents, const T2VOptions& o, Device& device, const FrameSink& sink, T2ITimings& timings) const {
   if (!vae_) throw Error("this model has no VAE (vae/config.json) to decode with");
   const Stream main = device.default_stream();
   const auto t0 = std::chrono::steady_clock::now();

@@ -25,15 +25,15 @@ struct T2VOptions {
   int64_t width = 832, height = 480;  // multiples of 8 x the transformer's spatial patch
   int64_t frames = 81;                // 1 + 4k
   int steps = 50;
-  double guidance = 5.0;              // CFG scale; CFG runs when cfg is not off
+  double guidance = 5.0;  // CFG scale; CFG runs when cfg is not off
   CfgMode cfg = CfgMode::fused;
   // CFG parallel: the branches on the 2 ranks of this group (pipelines/guidance.h); cfg must be on.
   std::optional<parallel::Communicator> cfg_parallel;
   // Patch-parallel VAE: the ranks of this group share the decode's rows (pipelines/patch_parallel_vae.h).
   std::optional<parallel::Communicator> vae_parallel;
   uint64_t seed = 0;
-  Tensor initial_noise{};             // [1, C, T_lat, H/8, W/8] instead of the seeded noise (parity runs)
-  DType activations = DType::f32;     // the transformer's activations: f32 or bf16
+  Tensor initial_noise{};          // [1, C, T_lat, H/8, W/8] instead of the seeded noise (parity runs)
+  DType activations = DType::f32;  // the transformer's activations: f32 or bf16
 
   int64_t latent_frames() const { return (frames - 1) / 4 + 1; }
 };
@@ -49,8 +49,8 @@ using FrameSink = std::function<void(const Tensor& frames)>;
 
 class WanT2VPipeline {
  public:
-  WanT2VPipeline(std::unique_ptr<models::WanTransformer3DModel> transformer,
-                 std::unique_ptr<models::AutoencoderKLWan> vae, WanSchedulerConfig scheduler);
+  WanT2VPipeline(std::unique_ptr<models::WanTransformer3DModel> transformer, std::unique_ptr<models::AutoencoderKLWan> vae,
+                 WanSchedulerConfig scheduler);
 
   // A diffusers Wan directory: transformer/, vae/, scheduler/ (scheduler_config.json: UniPC or
   // FlowMatch Euler; UniPC with flow shift 3 when absent, as the Wan2.1 480p repos). The
@@ -69,8 +69,8 @@ class WanT2VPipeline {
 
   // Seeded noise -> latents [1, C, T_lat, H/8, W/8] (f32) on `device`, with the stages' plug points in
   // every forward (none when `stages` is null). `negative` is needed iff options.cfg is not off.
-  Tensor denoise(const PromptEmbeddings& positive, const PromptEmbeddings* negative, const T2VOptions& options,
-                 Device& device, const StepCallback& on_step, T2ITimings& timings, StageList* stages = nullptr) const;
+  Tensor denoise(const PromptEmbeddings& positive, const PromptEmbeddings* negative, const T2VOptions& options, Device& device,
+                 const StepCallback& on_step, T2ITimings& timings, StageList* stages = nullptr) const;
   // Latents -> frames through `sink` (1 + 4 (T_lat - 1) frames), one latent frame at a time.
   // With options.vae_parallel every rank of that group decodes its band and every sink gets whole frames.
   void decode(const Tensor& latents, const T2VOptions& options, Device& device, const FrameSink& sink, T2ITimings& timings) const;

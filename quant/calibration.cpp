@@ -57,7 +57,8 @@ QuantTensors quantize_layer(const Tensor& weight, const Tensor& bias, Algorithm 
   if (algorithm != Algorithm::w8a8 && algorithm != Algorithm::w8a8_timestep) return t;
   const bool stacked = algorithm == Algorithm::w8a8_timestep;
   if (ranges.empty() || (!stacked && ranges.size() != 1))
-    throw Error("quantize_layer: " + std::string(algorithm_name(algorithm)) + " needs " + (stacked ? "one activation range per step" : "one activation range"));
+    throw Error("quantize_layer: " + std::string(algorithm_name(algorithm)) + " needs " +
+                (stacked ? "one activation range per step" : "one activation range"));
   const auto rows = static_cast<int64_t>(ranges.size());
   std::vector<float> scales, offsets, deq;
   std::vector<int32_t> qbias;

@@ -19,8 +19,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::array<std::string, 10> kSuffixes = {".weight",      ".weight_scale", ".weight_offset", ".input_scale", ".input_offset",
-                                               ".deq_scale",   ".quant_bias",   ".bias",          ".fa_q.scale",  ".quant_type"};
+const std::array<std::string, 10> kSuffixes = {".weight",    ".weight_scale", ".weight_offset", ".input_scale", ".input_offset",
+                                               ".deq_scale", ".quant_bias",   ".bias",          ".fa_q.scale",  ".quant_type"};
 
 std::string upper(std::string s) {
   for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -52,8 +52,9 @@ Tensor as_f32(const Tensor& t, const Shape& shape, bool allow_i64_bits, const st
         std::memcpy(&v[i], &bits, 4);
       }
       break;
-    default: throw Error(what + " must be f32, bf16 or f16" + std::string(allow_i64_bits ? " (or i64 bit patterns)" : "") + ", got " +
-                         std::string(dtype_name(c.dtype())));
+    default:
+      throw Error(what + " must be f32, bf16 or f16" + std::string(allow_i64_bits ? " (or i64 bit patterns)" : "") + ", got " +
+                  std::string(dtype_name(c.dtype())));
   }
   return Tensor::from_vector(v, shape);
 }
@@ -73,7 +74,8 @@ Description Description::load(const std::string& path) {
   d.model_quant_type = json["model_quant_type"].get<std::string>();
   // MindIE SD reads this one without upper-casing: it must be an algorithm name exactly.
   if (!is_mindie_algorithm(d.model_quant_type) || upper(d.model_quant_type) != d.model_quant_type)
-    throw Error(path + ": 'model_quant_type' \"" + d.model_quant_type + "\" is not one of MindIE SD's algorithm names (exact case, e.g. \"W8A8\")");
+    throw Error(path + ": 'model_quant_type' \"" + d.model_quant_type +
+                "\" is not one of MindIE SD's algorithm names (exact case, e.g. \"W8A8\")");
   for (const auto& [key, value] : json.items()) {
     if (key == "model_quant_type") continue;
     // A tensor's entry must say FLOAT or an algorithm; other keys (metadata) are not read.
@@ -144,7 +146,8 @@ QuantTensors read_layer_tensors(const SafetensorsFile& weights, const std::strin
   QuantTensors t;
   t.weight = get(".weight", true);
   if (t.weight.dtype() != DType::i8 || t.weight.dim() != 2)
-    throw Error(what(".weight") + " must be i8 [out, in], got " + std::string(dtype_name(t.weight.dtype())) + " " + shape_to_string(t.weight.shape()));
+    throw Error(what(".weight") + " must be i8 [out, in], got " + std::string(dtype_name(t.weight.dtype())) + " " +
+                shape_to_string(t.weight.shape()));
   const int64_t out = t.weight.size(0), in = t.weight.size(1);
   if (weights.contains(module + ".div.mul_scale"))
     t.mul_scale = as_f32(weights.tensor(module + ".div.mul_scale"), {in}, false, file + ": '" + module + ".div.mul_scale'");

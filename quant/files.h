@@ -25,8 +25,8 @@ namespace cubevec::quant {
 
 struct Description {
   std::string path;
-  std::string model_quant_type;                   // as written (exact case)
-  std::map<std::string, std::string> entries;     // every string-valued key (model_quant_type aside)
+  std::string model_quant_type;                // as written (exact case)
+  std::map<std::string, std::string> entries;  // every string-valued key (model_quant_type aside)
 
   static Description load(const std::string& path);
   // The weight file MindIE SD opens: quant_model_weight_{lower(model_quant_type)}[_{rank}].safetensors

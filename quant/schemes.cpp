@@ -10,7 +10,8 @@ namespace cubevec::quant {
 namespace {
 
 void require(const Tensor& t, DType dtype, const Shape& shape, const std::string& what, const char* name) {
-  if (!t.defined()) throw Error(what + ": missing '" + name + "' (expected " + std::string(dtype_name(dtype)) + " " + shape_to_string(shape) + ")");
+  if (!t.defined())
+    throw Error(what + ": missing '" + name + "' (expected " + std::string(dtype_name(dtype)) + " " + shape_to_string(shape) + ")");
   if (t.dtype() != dtype || t.shape() != shape)
     throw Error(what + ": '" + name + "' must be " + std::string(dtype_name(dtype)) + " " + shape_to_string(shape) + ", got " +
                 std::string(dtype_name(t.dtype())) + " " + shape_to_string(t.shape()));
@@ -34,7 +35,8 @@ void require_finite_positive(const Tensor& t, const std::string& what, const cha
   const float* p = c.data<float>();
   for (int64_t i = 0; i < c.numel(); ++i)
     if (!std::isfinite(p[i]) || !(p[i] > 0))
-      throw Error(what + ": '" + name + "' must hold positive finite numbers, element " + std::to_string(i) + " is " + std::to_string(p[i]));
+      throw Error(what + ": '" + name + "' must hold positive finite numbers, element " + std::to_string(i) + " is " +
+                  std::to_string(p[i]));
 }
 
 ops::Int8MatmulOptions int8_epilogue(const ops::MatmulOptions& e) {
@@ -48,7 +50,8 @@ ops::Int8MatmulOptions int8_epilogue(const ops::MatmulOptions& e) {
 
 class W8A16 : public QuantizedLinear {
  public:
-  W8A16(int64_t in, int64_t out, const QuantTensors& t) : QuantizedLinear(in, out), weight_(t.weight), scale_(t.weight_scale), bias_(t.bias) {}
+  W8A16(int64_t in, int64_t out, const QuantTensors& t)
+      : QuantizedLinear(in, out), weight_(t.weight), scale_(t.weight_scale), bias_(t.bias) {}
   Algorithm algorithm() const override { return Algorithm::w8a16; }
   Tensor forward(const Tensor& x, const ops::MatmulOptions& e, int, const Stream& s) const override {
     ops::MatmulOptions o = e;
@@ -141,7 +144,10 @@ class W8A8Static : public QuantizedLinear {
 class W8A8Timestep : public QuantizedLinear {
  public:
   W8A8Timestep(int64_t in, int64_t out, const QuantTensors& t, std::shared_ptr<const TimestepPolicy> policy, std::string what)
-      : QuantizedLinear(in, out), dynamic_{pack(t.weight), t.weight_scale, t.bias, t.mul_scale}, policy_(std::move(policy)), what_(std::move(what)) {
+      : QuantizedLinear(in, out),
+        dynamic_{pack(t.weight), t.weight_scale, t.bias, t.mul_scale},
+        policy_(std::move(policy)),
+        what_(std::move(what)) {
     for (int64_t i = 0; i < t.input_scale.size(0); ++i) rows_.push_back(static_row(t, i, true));
   }
   Algorithm algorithm() const override { return Algorithm::w8a8_timestep; }
@@ -172,8 +178,9 @@ std::unique_ptr<QuantizedLinear> make_quantized_linear(Algorithm algorithm, int6
                                                        std::shared_ptr<const TimestepPolicy> policy, const std::string& what) {
   require(t.weight, DType::i8, {out, in}, what, "weight");
   if (t.mul_scale.defined() && algorithm == Algorithm::w8a16)
-    throw Error(what + ": a W8A16 layer with a SmoothQuant div.mul_scale: MindIE SD's weight-only layer never applies it, so the "
-                       "weights were smoothed for nothing and the output would be wrong");
+    throw Error(what +
+                ": a W8A16 layer with a SmoothQuant div.mul_scale: MindIE SD's weight-only layer never applies it, so the "
+                "weights were smoothed for nothing and the output would be wrong");
   if (t.mul_scale.defined()) {
     require(t.mul_scale, DType::f32, {in}, what, "div.mul_scale");
     require_finite_positive(t.mul_scale, what, "div.mul_scale");
@@ -200,7 +207,8 @@ std::unique_ptr<QuantizedLinear> make_quantized_linear(Algorithm algorithm, int6
       for (int64_t i = 0; i < c.numel(); ++i) {
         const float v = c.data<float>()[i];
         if (!(v >= -128 && v <= 127) || v != std::rint(v))
-          throw Error(what + ": 'input_offset' must hold integers in [-128, 127], element " + std::to_string(i) + " is " + std::to_string(v));
+          throw Error(what + ": 'input_offset' must hold integers in [-128, 127], element " + std::to_string(i) + " is " +
+                      std::to_string(v));
       }
     }
   }

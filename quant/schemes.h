@@ -33,7 +33,7 @@ class QuantizedLinear {
   // activation, residual and gate fused (its bias, b_is_weight and compute fields are ignored).
   // `step`: the denoising step (timestep-aware schemes), from 0.
   virtual Tensor forward(const Tensor& x, const ops::MatmulOptions& epilogue, int step, const Stream& stream) const = 0;
-  virtual std::size_t weight_bytes() const = 0;  // int8 data, scales and biases held
+  virtual std::size_t weight_bytes() const = 0;   // int8 data, scales and biases held
   virtual int static_steps() const { return 0; }  // W8A8_TIMESTEP: the steps with static scales
 
  protected:

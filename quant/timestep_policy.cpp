@@ -33,8 +33,8 @@ TimestepPolicy TimestepPolicy::from_json(const nlohmann::json& json, const std::
       if (item.is_number_integer() && item.get<int64_t>() >= 0 && item.get<int64_t>() < (1 << 20)) {
         first = last = item.get<int>();
       } else if (item.is_object() && item.size() == 2 && item.contains("from") && item.contains("to") && item["from"].is_number_integer() &&
-                 item["to"].is_number_integer() && item["from"].get<int64_t>() >= 0 && item["to"].get<int64_t>() >= item["from"].get<int64_t>() &&
-                 item["to"].get<int64_t>() < (1 << 20)) {
+                 item["to"].is_number_integer() && item["from"].get<int64_t>() >= 0 &&
+                 item["to"].get<int64_t>() >= item["from"].get<int64_t>() && item["to"].get<int64_t>() < (1 << 20)) {
         first = item["from"].get<int>(), last = item["to"].get<int>();
       } else {
         r.fail(key, "entries must be step indices >= 0 or {\"from\": a, \"to\": b} with 0 <= a <= b, got " + item.dump());

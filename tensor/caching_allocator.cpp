@@ -12,9 +12,7 @@ namespace {
 
 // A cached block may serve a request of up to 25% less than its size: enough slack to reuse
 // blocks across nearby classes, little enough to bound the waste.
-bool close_enough(std::size_t block_size, std::size_t request_class) {
-  return block_size <= request_class + request_class / 4;
-}
+bool close_enough(std::size_t block_size, std::size_t request_class) { return block_size <= request_class + request_class / 4; }
 
 }  // namespace
 
@@ -32,10 +30,9 @@ std::string human_bytes(std::size_t bytes) {
 }
 
 std::string format_stats(const AllocatorStats& s) {
-  return "live " + human_bytes(s.live_bytes) + " in " + std::to_string(s.live_blocks) + " blocks, cached " +
-         human_bytes(s.cached_bytes) + " in " + std::to_string(s.cached_blocks) + " blocks, peak live " +
-         human_bytes(s.peak_live_bytes) + ", peak reserved " + human_bytes(s.peak_reserved_bytes) + ", " +
-         std::to_string(s.hits) + " cache hits, " + std::to_string(s.misses) + " misses";
+  return "live " + human_bytes(s.live_bytes) + " in " + std::to_string(s.live_blocks) + " blocks, cached " + human_bytes(s.cached_bytes) +
+         " in " + std::to_string(s.cached_blocks) + " blocks, peak live " + human_bytes(s.peak_live_bytes) + ", peak reserved " +
+         human_bytes(s.peak_reserved_bytes) + ", " + std::to_string(s.hits) + " cache hits, " + std::to_string(s.misses) + " misses";
 }
 
 CachingAllocator::CachingAllocator(std::size_t memory_limit) : memory_limit_(memory_limit) {}
@@ -94,11 +91,10 @@ void* CachingAllocator::allocate_from_os(std::size_t size, std::size_t requested
     ptr = std::aligned_alloc(kAllocationAlignment, size);
   }
   if (!ptr) {
-    const std::string why = over_limit() ? "it would exceed the memory limit of " + human_bytes(memory_limit_)
-                                         : "the operating system refused it";
-    throw OutOfMemoryError("out of memory: cannot allocate " + human_bytes(requested) + " (" +
-                           std::to_string(requested) + " bytes, size class " + std::to_string(size) +
-                           " bytes): " + why + "; allocator: " + format_stats(stats_));
+    const std::string why =
+        over_limit() ? "it would exceed the memory limit of " + human_bytes(memory_limit_) : "the operating system refused it";
+    throw OutOfMemoryError("out of memory: cannot allocate " + human_bytes(requested) + " (" + std::to_string(requested) +
+                           " bytes, size class " + std::to_string(size) + " bytes): " + why + "; allocator: " + format_stats(stats_));
   }
   stats_.misses += 1;
   stats_.os_allocations += 1;

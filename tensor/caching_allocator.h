@@ -20,8 +20,8 @@ struct AllocatorStats {
   std::size_t cached_bytes = 0;     // bytes in freed blocks kept for reuse (fenced ones included)
   std::size_t reserved_bytes = 0;   // live + cached: what the allocator holds from the OS
   std::size_t peak_reserved_bytes = 0;
-  uint64_t hits = 0;          // requests served from the cache
-  uint64_t misses = 0;        // requests that had to ask the OS
+  uint64_t hits = 0;    // requests served from the cache
+  uint64_t misses = 0;  // requests that had to ask the OS
   uint64_t os_allocations = 0;
   uint64_t os_frees = 0;
   std::size_t live_blocks = 0;
@@ -67,7 +67,7 @@ class CachingAllocator final : public Allocator {
   std::size_t memory_limit_;
   AllocatorStats stats_;
   std::map<std::size_t, std::vector<CachedBlock>> cache_;  // size class -> free blocks
-  std::unordered_map<void*, std::size_t> live_;  // block -> its size
+  std::unordered_map<void*, std::size_t> live_;            // block -> its size
 };
 
 // The process-wide allocator that tensors use unless given another.

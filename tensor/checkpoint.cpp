@@ -27,8 +27,8 @@ std::string only_file_ending_with(const fs::path& dir, std::string_view suffix) 
     const std::string name = item.path().filename().string();
     if (!item.is_regular_file() || !ends_with(name, suffix)) continue;
     if (!found.empty())
-      throw Error(dir.string() + ": holds several *" + std::string(suffix) + " files (" + fs::path(found).filename().string() +
-                  ", " + name + "); name the one to load");
+      throw Error(dir.string() + ": holds several *" + std::string(suffix) + " files (" + fs::path(found).filename().string() + ", " +
+                  name + "); name the one to load");
     found = item.path().string();
   }
   return found;

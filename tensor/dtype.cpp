@@ -41,8 +41,6 @@ DType parse_dtype(std::string_view name) {
   throw Error("unknown dtype '" + std::string(name) + "' (expected one of: " + known + ")");
 }
 
-bool is_floating(DType dtype) {
-  return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16;
-}
+bool is_floating(DType dtype) { return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16; }
 
 }  // namespace cubevec

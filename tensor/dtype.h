@@ -10,8 +10,7 @@ namespace cubevec {
 
 enum class DType : uint8_t { f32, f16, bf16, i8, u8, i32, i64, boolean };
 
-inline constexpr DType kAllDTypes[] = {DType::f32, DType::f16, DType::bf16, DType::i8,
-                                       DType::u8,  DType::i32, DType::i64,  DType::boolean};
+inline constexpr DType kAllDTypes[] = {DType::f32, DType::f16, DType::bf16, DType::i8, DType::u8, DType::i32, DType::i64, DType::boolean};
 
 // Bytes per element.
 std::size_t dtype_size(DType dtype);
@@ -28,11 +27,29 @@ bool is_floating(DType dtype);
 // have no mapping here: their DType is always given explicitly.
 template <class T>
 constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::f32; }
-template <> constexpr DType dtype_of<int8_t>() { return DType::i8; }
-template <> constexpr DType dtype_of<uint8_t>() { return DType::u8; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
-template <> constexpr DType dtype_of<int64_t>() { return DType::i64; }
-template <> constexpr DType dtype_of<bool>() { return DType::boolean; }
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::f32;
+}
+template <>
+constexpr DType dtype_of<int8_t>() {
+  return DType::i8;
+}
+template <>
+constexpr DType dtype_of<uint8_t>() {
+  return DType::u8;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::i32;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::i64;
+}
+template <>
+constexpr DType dtype_of<bool>() {
+  return DType::boolean;
+}
 
 }  // namespace cubevec

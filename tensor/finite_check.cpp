@@ -33,14 +33,10 @@ std::optional<int64_t> first_non_finite(const Tensor& t) {
   const Tensor c = t.contiguous();
   const int64_t n = c.numel();
   switch (c.dtype()) {
-    case DType::f32:
-      return scan(static_cast<const float*>(c.data_ptr()), n, [](float x) { return x; });
-    case DType::bf16:
-      return scan(static_cast<const uint16_t*>(c.data_ptr()), n, bf16_to_f32);
-    case DType::f16:
-      return scan(static_cast<const uint16_t*>(c.data_ptr()), n, f16_to_f32);
-    default:
-      return std::nullopt;
+    case DType::f32: return scan(static_cast<const float*>(c.data_ptr()), n, [](float x) { return x; });
+    case DType::bf16: return scan(static_cast<const uint16_t*>(c.data_ptr()), n, bf16_to_f32);
+    case DType::f16: return scan(static_cast<const uint16_t*>(c.data_ptr()), n, f16_to_f32);
+    default: return std::nullopt;
   }
 }
 
@@ -52,7 +48,10 @@ void require_finite(const Tensor& t, const std::string& what) {
   if (c.dtype() == DType::f32) value = static_cast<const float*>(c.data_ptr())[*bad];
   else if (c.dtype() == DType::bf16) value = bf16_to_f32(static_cast<const uint16_t*>(c.data_ptr())[*bad]);
   else value = f16_to_f32(static_cast<const uint16_t*>(c.data_ptr())[*bad]);
-  throw Error(what + ": element " + index_text(c.shape(), *bad) + " is " + (std::isnan(value) ? "nan" : value > 0 ? "inf" : "-inf") +
+  throw Error(what + ": element " + index_text(c.shape(), *bad) + " is " +
+              (std::isnan(value) ? "nan"
+               : value > 0       ? "inf"
+                                 : "-inf") +
               " (expected finite values)");
 }
 

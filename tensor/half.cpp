@@ -10,10 +10,10 @@ uint16_t f32_to_f16(float value) {
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t abs = x & 0x7fffffffu;
   if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((abs >> 13) & 0x3ffu));  // NaN
-  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520: rounds to inf
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);                          // >= 65520: rounds to inf
   const uint32_t exponent = abs >> 23;
   uint32_t quotient, remainder, halfway;
-  if (exponent < 113) {  // below 2^-14: a half subnormal (or zero); the unit is 2^-24
+  if (exponent < 113) {                                      // below 2^-14: a half subnormal (or zero); the unit is 2^-24
     if (exponent < 102) return static_cast<uint16_t>(sign);  // below 2^-25: rounds to zero
     const uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
     const uint32_t shift = 126 - exponent;  // 14..24

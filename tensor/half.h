@@ -15,7 +15,7 @@ float f16_to_f32(uint16_t bits);
 inline uint16_t f32_to_bf16(float value) {
   const uint32_t x = std::bit_cast<uint32_t>(value);
   if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x0040u);  // quiet NaN
-  const uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);  // ties to even
+  const uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);                                    // ties to even
   return static_cast<uint16_t>((x + rounding) >> 16);
 }
 

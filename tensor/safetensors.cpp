@@ -66,9 +66,8 @@ void write_safetensors(OutputFile& out, const NamedTensors& tensors, const std::
   uint64_t offset = 0;
   for (const auto* item : order) {
     const Tensor& t = item->second;
-    header[item->first] = {{"dtype", safetensors_dtype_name(t.dtype())},
-                           {"shape", t.shape()},
-                           {"data_offsets", {offset, offset + t.nbytes()}}};
+    header[item->first] = {
+        {"dtype", safetensors_dtype_name(t.dtype())}, {"shape", t.shape()}, {"data_offsets", {offset, offset + t.nbytes()}}};
     offset += t.nbytes();
   }
   std::string text = header.dump();
@@ -84,8 +83,7 @@ void write_safetensors(OutputFile& out, const NamedTensors& tensors, const std::
   }
 }
 
-void write_safetensors(const std::string& path, const NamedTensors& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+void write_safetensors(const std::string& path, const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
   OutputFile out(path, "safetensors output");
   write_safetensors(out, tensors, metadata);
   out.commit();

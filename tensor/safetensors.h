@@ -43,8 +43,7 @@ using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 // Writes tensors (any strides) in the reference writer's layout: higher dtype rank first, then by name,
 // header padded with spaces to a multiple of 8. Written to a temporary file, then renamed
 // (base/output_file.h): a failure leaves an existing file at `path` as it was.
-void write_safetensors(const std::string& path, const NamedTensors& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+void write_safetensors(const std::string& path, const NamedTensors& tensors, const std::map<std::string, std::string>& metadata = {});
 // The same into an open output; the caller commits it (several files replaced together).
 void write_safetensors(OutputFile& out, const NamedTensors& tensors, const std::map<std::string, std::string>& metadata = {});
 

@@ -14,13 +14,27 @@ namespace {
 
 // In the format's declaration order, which is also increasing alignment rank.
 constexpr SafetensorsDtype kDtypes[] = {
-    {"BOOL", 8, DType::boolean}, {"F4", 4, std::nullopt},        {"F6_E2M3", 6, std::nullopt},
-    {"F6_E3M2", 6, std::nullopt}, {"U8", 8, DType::u8},           {"I8", 8, DType::i8},
-    {"F8_E5M2", 8, std::nullopt}, {"F8_E4M3", 8, std::nullopt},   {"F8_E8M0", 8, std::nullopt},
-    {"F8_E4M3FNUZ", 8, std::nullopt}, {"F8_E5M2FNUZ", 8, std::nullopt}, {"I16", 16, std::nullopt},
-    {"U16", 16, std::nullopt},    {"F16", 16, DType::f16},        {"BF16", 16, DType::bf16},
-    {"I32", 32, DType::i32},      {"U32", 32, std::nullopt},      {"F32", 32, DType::f32},
-    {"C64", 64, std::nullopt},    {"F64", 64, std::nullopt},      {"I64", 64, DType::i64},
+    {"BOOL", 8, DType::boolean},
+    {"F4", 4, std::nullopt},
+    {"F6_E2M3", 6, std::nullopt},
+    {"F6_E3M2", 6, std::nullopt},
+    {"U8", 8, DType::u8},
+    {"I8", 8, DType::i8},
+    {"F8_E5M2", 8, std::nullopt},
+    {"F8_E4M3", 8, std::nullopt},
+    {"F8_E8M0", 8, std::nullopt},
+    {"F8_E4M3FNUZ", 8, std::nullopt},
+    {"F8_E5M2FNUZ", 8, std::nullopt},
+    {"I16", 16, std::nullopt},
+    {"U16", 16, std::nullopt},
+    {"F16", 16, DType::f16},
+    {"BF16", 16, DType::bf16},
+    {"I32", 32, DType::i32},
+    {"U32", 32, std::nullopt},
+    {"F32", 32, DType::f32},
+    {"C64", 64, std::nullopt},
+    {"F64", 64, std::nullopt},
+    {"I64", 64, DType::i64},
     {"U64", 64, std::nullopt},
 };
 
@@ -36,11 +50,23 @@ bool is_valid_utf8(std::span<const std::byte> bytes) {
     const auto b0 = static_cast<uint8_t>(bytes[i]);
     std::size_t length;
     uint32_t code, min_code;
-    if (b0 < 0x80) { ++i; continue; }
-    if ((b0 & 0xe0) == 0xc0) { length = 2; code = b0 & 0x1fu; min_code = 0x80; }
-    else if ((b0 & 0xf0) == 0xe0) { length = 3; code = b0 & 0x0fu; min_code = 0x800; }
-    else if ((b0 & 0xf8) == 0xf0) { length = 4; code = b0 & 0x07u; min_code = 0x10000; }
-    else return false;
+    if (b0 < 0x80) {
+      ++i;
+      continue;
+    }
+    if ((b0 & 0xe0) == 0xc0) {
+      length = 2;
+      code = b0 & 0x1fu;
+      min_code = 0x80;
+    } else if ((b0 & 0xf0) == 0xe0) {
+      length = 3;
+      code = b0 & 0x0fu;
+      min_code = 0x800;
+    } else if ((b0 & 0xf8) == 0xf0) {
+      length = 4;
+      code = b0 & 0x07u;
+      min_code = 0x10000;
+    } else return false;
     if (bytes.size() - i < length) return false;
     for (std::size_t k = 1; k < length; ++k) {
       const auto b = static_cast<uint8_t>(bytes[i + k]);
@@ -56,11 +82,8 @@ bool is_valid_utf8(std::span<const std::byte> bytes) {
 std::string type_of(const nlohmann::json& value) { return value.type_name(); }
 
 SafetensorsEntry parse_entry(const std::string& name, const nlohmann::json& value, const std::string& file) {
-  const auto fail = [&](SafetensorsRule rule, const std::string& detail) {
-    return SafetensorsError(file, name, rule, detail);
-  };
-  if (!value.is_object())
-    throw fail(SafetensorsRule::InvalidEntry, "entry is a JSON " + type_of(value) + ", expected an object");
+  const auto fail = [&](SafetensorsRule rule, const std::string& detail) { return SafetensorsError(file, name, rule, detail); };
+  if (!value.is_object()) throw fail(SafetensorsRule::InvalidEntry, "entry is a JSON " + type_of(value) + ", expected an object");
   for (const char* field : {"dtype", "shape", "data_offsets"})
     if (!value.contains(field)) throw fail(SafetensorsRule::InvalidEntry, std::string("missing field '") + field + "'");
 
@@ -72,21 +95,19 @@ SafetensorsEntry parse_entry(const std::string& name, const nlohmann::json& valu
   if (!entry.dtype) {
     std::string known;
     for (const auto& d : kDtypes) known += (known.empty() ? "" : ", ") + std::string(d.name);
-    throw fail(SafetensorsRule::UnknownDtype, "unknown dtype " + quote_name(dtype.get_ref<const std::string&>()) +
-                                                  " (expected one of: " + known + ")");
+    throw fail(SafetensorsRule::UnknownDtype,
+               "unknown dtype " + quote_name(dtype.get_ref<const std::string&>()) + " (expected one of: " + known + ")");
   }
   const auto& shape = value["shape"];
   if (!shape.is_array()) throw fail(SafetensorsRule::InvalidShape, "shape is a JSON " + type_of(shape) + ", expected an array");
   for (const auto& size : shape) {
     if (!size.is_number_unsigned())
-      throw fail(SafetensorsRule::InvalidShape, "shape " + shape.dump() + " holds " + size.dump() +
-                                                    ", expected non-negative integers");
+      throw fail(SafetensorsRule::InvalidShape, "shape " + shape.dump() + " holds " + size.dump() + ", expected non-negative integers");
     entry.shape.push_back(size.get<uint64_t>());
   }
   const auto& offsets = value["data_offsets"];
   if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned())
-    throw fail(SafetensorsRule::InvalidOffsets,
-               "data_offsets is " + offsets.dump() + ", expected [BEGIN, END] with non-negative integers");
+    throw fail(SafetensorsRule::InvalidOffsets, "data_offsets is " + offsets.dump() + ", expected [BEGIN, END] with non-negative integers");
   entry.begin = offsets[0].get<uint64_t>();
   entry.end = offsets[1].get<uint64_t>();
   return entry;
@@ -97,9 +118,7 @@ void check_spans(std::vector<SafetensorsEntry>& entries, const std::string& file
             [](const auto& a, const auto& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
   uint64_t expected_begin = 0;
   for (const auto& e : entries) {
-    const auto fail = [&](SafetensorsRule rule, const std::string& detail) {
-      return SafetensorsError(file, e.name, rule, detail);
-    };
+    const auto fail = [&](SafetensorsRule rule, const std::string& detail) { return SafetensorsError(file, e.name, rule, detail); };
     const std::string span = "[" + std::to_string(e.begin) + ", " + std::to_string(e.end) + ")";
     if (e.begin != expected_begin)
       throw fail(SafetensorsRule::InvalidOffset,
@@ -119,13 +138,12 @@ void check_spans(std::vector<SafetensorsEntry>& entries, const std::string& file
       if (size != 0 && (size > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(reach, static_cast<int64_t>(size), &reach)))
         throw fail(SafetensorsRule::ValidationOverflow, "its sizes multiply beyond int64 (cubevec addresses tensors with int64 strides)");
     if (bits % 8 != 0)
-      throw fail(SafetensorsRule::MisalignedSlice, std::to_string(elements) + " elements of " +
-                                                       std::string(e.dtype->name) + " do not fill whole bytes");
+      throw fail(SafetensorsRule::MisalignedSlice,
+                 std::to_string(elements) + " elements of " + std::string(e.dtype->name) + " do not fill whole bytes");
     if (e.end - e.begin != bits / 8)
-      throw fail(SafetensorsRule::TensorInvalidInfo,
-                 "data_offsets " + span + " span " + std::to_string(e.end - e.begin) + " bytes, but " +
-                     std::to_string(elements) + " elements of " + std::string(e.dtype->name) + " need " +
-                     std::to_string(bits / 8));
+      throw fail(SafetensorsRule::TensorInvalidInfo, "data_offsets " + span + " span " + std::to_string(e.end - e.begin) + " bytes, but " +
+                                                         std::to_string(elements) + " elements of " + std::string(e.dtype->name) +
+                                                         " need " + std::to_string(bits / 8));
     expected_begin = e.end;
   }
 }
@@ -206,7 +224,20 @@ class FastHeader : public nlohmann::json_sax<nlohmann::json> {
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
 
  private:
-  enum class State { start, top, top_value, entry, dtype_value, shape_value, shape, offsets_value, offsets, metadata, metadata_value, done };
+  enum class State {
+    start,
+    top,
+    top_value,
+    entry,
+    dtype_value,
+    shape_value,
+    shape,
+    offsets_value,
+    offsets,
+    metadata,
+    metadata_value,
+    done
+  };
   bool in_metadata_key() const { return state_ == State::top_value && name_ == "__metadata__"; }
   bool first_metadata() { return !std::exchange(metadata_seen_, true); }  // a second one is a repeated name
   State state_ = State::start;
@@ -241,8 +272,8 @@ std::string_view rule_name(SafetensorsRule rule) {
 }
 
 SafetensorsError::SafetensorsError(std::string file, std::string tensor, SafetensorsRule rule, const std::string& detail)
-    : Error(file + ": " + (tensor.empty() ? "" : "tensor " + quote_name(tensor) + ": ") + detail + " [" +
-            std::string(rule_name(rule)) + "]"),
+    : Error(file + ": " + (tensor.empty() ? "" : "tensor " + quote_name(tensor) + ": ") + detail + " [" + std::string(rule_name(rule)) +
+            "]"),
       file_(std::move(file)),
       tensor_(std::move(tensor)),
       rule_(rule) {}
@@ -305,28 +336,26 @@ void read_entries_strict(std::string_view json_text, const std::string& file_nam
       throw fail(SafetensorsRule::InvalidMetadata, "__metadata__ is a JSON " + type_of(value) + ", expected an object");
     for (const auto& [key, text_value] : value.items()) {
       if (!text_value.is_string())
-        throw fail(SafetensorsRule::InvalidMetadata, "__metadata__ key " + quote_name(key) + " holds a JSON " +
-                                                         type_of(text_value) + ", expected a string");
+        throw fail(SafetensorsRule::InvalidMetadata,
+                   "__metadata__ key " + quote_name(key) + " holds a JSON " + type_of(text_value) + ", expected a string");
       header.metadata[key] = text_value.get<std::string>();
     }
   }
 }
 
 SafetensorsHeader parse_header(std::span<const std::byte> file, const std::string& file_name, bool try_fast) {
-  const auto fail = [&](SafetensorsRule rule, const std::string& detail) {
-    return SafetensorsError(file_name, "", rule, detail);
-  };
+  const auto fail = [&](SafetensorsRule rule, const std::string& detail) { return SafetensorsError(file_name, "", rule, detail); };
   if (file.size() < 8)
     throw fail(SafetensorsRule::HeaderTooSmall,
                "file is " + std::to_string(file.size()) + " bytes, too short for the 8-byte header length");
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(file[i]);  // little-endian
   if (n > kMaxSafetensorsHeader)
-    throw fail(SafetensorsRule::HeaderTooLarge, "header length " + std::to_string(n) + " exceeds the format's limit of " +
-                                                    std::to_string(kMaxSafetensorsHeader) + " bytes");
+    throw fail(SafetensorsRule::HeaderTooLarge,
+               "header length " + std::to_string(n) + " exceeds the format's limit of " + std::to_string(kMaxSafetensorsHeader) + " bytes");
   if (n > file.size() - 8)
-    throw fail(SafetensorsRule::InvalidHeaderLength, "header length " + std::to_string(n) + " runs past the end of the " +
-                                                         std::to_string(file.size()) + "-byte file");
+    throw fail(SafetensorsRule::InvalidHeaderLength,
+               "header length " + std::to_string(n) + " runs past the end of the " + std::to_string(file.size()) + "-byte file");
   const auto text = file.subspan(8, n);
   if (!is_valid_utf8(text)) throw fail(SafetensorsRule::InvalidUtf8, "header is not valid UTF-8");
 
@@ -338,9 +367,8 @@ SafetensorsHeader parse_header(std::span<const std::byte> file, const std::strin
   check_spans(header.entries, file_name);
   const uint64_t data_bytes = header.entries.empty() ? 0 : header.entries.back().end;
   if (data_bytes != file.size() - header.data_start)
-    throw fail(SafetensorsRule::IncompleteBuffer,
-               "the tensors cover " + std::to_string(data_bytes) + " data bytes but the file holds " +
-                   std::to_string(file.size() - header.data_start) + " after the header");
+    throw fail(SafetensorsRule::IncompleteBuffer, "the tensors cover " + std::to_string(data_bytes) + " data bytes but the file holds " +
+                                                      std::to_string(file.size() - header.data_start) + " after the header");
   return header;
 }
 

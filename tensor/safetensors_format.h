@@ -18,22 +18,22 @@ namespace cubevec {
 
 // Which rule a malformed file broke; names follow the reference reader's errors.
 enum class SafetensorsRule {
-  HeaderTooSmall,        // fewer than 8 bytes
-  HeaderTooLarge,        // header length above 100,000,000
-  InvalidHeaderLength,   // header runs past the end of the file
-  InvalidUtf8,           // header bytes are not UTF-8
-  InvalidJson,           // not JSON, or not a JSON object
-  InvalidMetadata,       // __metadata__ is not a string -> string object
-  InvalidEntry,          // entry is not an object, or lacks dtype / shape / data_offsets
-  UnknownDtype,          // dtype string not in the format's list
-  InvalidShape,          // shape is not an array of non-negative integers
-  InvalidOffsets,        // data_offsets is not two non-negative integers
-  DuplicateName,         // the same tensor name twice
-  InvalidOffset,         // spans not sorted and contiguous from 0 (gap, overlap, end < begin)
-  ValidationOverflow,    // element count or bit count overflows
-  MisalignedSlice,       // bit count not a multiple of 8 (F4, F6)
-  TensorInvalidInfo,     // byte span differs from shape x dtype size
-  IncompleteBuffer,      // data section length differs from the spans' total
+  HeaderTooSmall,       // fewer than 8 bytes
+  HeaderTooLarge,       // header length above 100,000,000
+  InvalidHeaderLength,  // header runs past the end of the file
+  InvalidUtf8,          // header bytes are not UTF-8
+  InvalidJson,          // not JSON, or not a JSON object
+  InvalidMetadata,      // __metadata__ is not a string -> string object
+  InvalidEntry,         // entry is not an object, or lacks dtype / shape / data_offsets
+  UnknownDtype,         // dtype string not in the format's list
+  InvalidShape,         // shape is not an array of non-negative integers
+  InvalidOffsets,       // data_offsets is not two non-negative integers
+  DuplicateName,        // the same tensor name twice
+  InvalidOffset,        // spans not sorted and contiguous from 0 (gap, overlap, end < begin)
+  ValidationOverflow,   // element count or bit count overflows
+  MisalignedSlice,      // bit count not a multiple of 8 (F4, F6)
+  TensorInvalidInfo,    // byte span differs from shape x dtype size
+  IncompleteBuffer,     // data section length differs from the spans' total
 };
 
 std::string_view rule_name(SafetensorsRule rule);

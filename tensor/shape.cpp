@@ -33,8 +33,8 @@ Strides contiguous_strides(std::span<const int64_t> shape) {
 int64_t wrap_dim(int64_t dim, int64_t rank, const char* what) {
   const int64_t wrapped = dim < 0 ? dim + rank : dim;
   if (wrapped < 0 || wrapped >= rank)
-    throw Error(std::string(what) + ": dimension " + std::to_string(dim) + " is out of range for a tensor of rank " +
-                std::to_string(rank) + " (expected " + std::to_string(-rank) + " .. " + std::to_string(rank - 1) + ")");
+    throw Error(std::string(what) + ": dimension " + std::to_string(dim) + " is out of range for a tensor of rank " + std::to_string(rank) +
+                " (expected " + std::to_string(-rank) + " .. " + std::to_string(rank - 1) + ")");
   return wrapped;
 }
 
@@ -52,8 +52,8 @@ Shape infer_shape(std::span<const int64_t> shape, int64_t numel, std::span<const
       throw Error("shape " + shape_to_string(shape) + ": the element count overflows int64");
     }
   }
-  const std::string mismatch = "cannot view a tensor of shape " + shape_to_string(from_shape) + " (" +
-                               std::to_string(numel) + " elements) as shape " + shape_to_string(shape);
+  const std::string mismatch = "cannot view a tensor of shape " + shape_to_string(from_shape) + " (" + std::to_string(numel) +
+                               " elements) as shape " + shape_to_string(shape);
   if (infer_at >= 0) {
     if (known == 0) throw Error(mismatch + ": the size of -1 is ambiguous next to a zero size");
     if (numel % known != 0) throw Error(mismatch + ": " + std::to_string(numel) + " is not divisible by " + std::to_string(known));

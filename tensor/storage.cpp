@@ -18,8 +18,8 @@ std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Allocator& alloca
   return storage;
 }
 
-std::shared_ptr<Storage> Storage::borrow(const void* data, std::size_t nbytes, std::shared_ptr<const void> owner,
-                                         bool read_only, bool file_mapped) {
+std::shared_ptr<Storage> Storage::borrow(const void* data, std::size_t nbytes, std::shared_ptr<const void> owner, bool read_only,
+                                         bool file_mapped) {
   std::shared_ptr<Storage> storage(new Storage());
   // const_cast is confined here: writable borrowed memory is only ever reached via mutable_data().
   storage->data_ = static_cast<std::byte*>(const_cast<void*>(data));

@@ -20,8 +20,8 @@ class Storage {
   // Borrowed bytes; `owner` keeps them valid. Read-only storages refuse mutable access.
   // `file_mapped`: the bytes are a read-only private mapping of a file (never written), whose
   // pages the OS can drop and read back (release_file_pages).
-  static std::shared_ptr<Storage> borrow(const void* data, std::size_t nbytes, std::shared_ptr<const void> owner,
-                                         bool read_only, bool file_mapped = false);
+  static std::shared_ptr<Storage> borrow(const void* data, std::size_t nbytes, std::shared_ptr<const void> owner, bool read_only,
+                                         bool file_mapped = false);
 
   // No bytes at all: the storage of a meta tensor (simulate mode). It still tracks device uses, so
   // simulated work is ordered exactly as real work would be.

@@ -13,8 +13,7 @@ int64_t extent_in_elements(const Shape& shape, const Strides& strides, int64_t o
     if (shape[i] == 0) return 0;
     int64_t reach;
     if (__builtin_mul_overflow(shape[i] - 1, strides[i], &reach) || __builtin_add_overflow(last, reach, &last))
-      throw Error("tensor layout overflows int64: shape " + shape_to_string(shape) + ", strides " +
-                  shape_to_string(strides));
+      throw Error("tensor layout overflows int64: shape " + shape_to_string(shape) + ", strides " + shape_to_string(strides));
   }
   return last + 1;
 }
@@ -52,10 +51,9 @@ Tensor Tensor::meta(Shape shape, DType dtype) {
   return Tensor(Storage::meta(nbytes), std::move(shape), std::move(strides), 0, dtype);
 }
 
-Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, Shape shape, Strides strides, int64_t offset,
-                            DType dtype) {
-  const std::string layout = "shape " + shape_to_string(shape) + ", strides " + shape_to_string(strides) +
-                             ", offset " + std::to_string(offset);
+Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, Shape shape, Strides strides, int64_t offset, DType dtype) {
+  const std::string layout =
+      "shape " + shape_to_string(shape) + ", strides " + shape_to_string(strides) + ", offset " + std::to_string(offset);
   if (!storage) throw Error("Tensor::from_storage: no storage given for " + layout);
   if (strides.size() != shape.size()) throw Error("Tensor::from_storage: rank of strides differs from rank of " + layout);
   shape_numel(shape);
@@ -88,8 +86,8 @@ bool Tensor::is_contiguous() const {
 
 std::string Tensor::describe() const {
   if (!defined_) return "Tensor(undefined)";
-  return "Tensor(" + std::string(dtype_name(dtype_)) + ", shape " + shape_to_string(shape_) + ", strides " +
-         shape_to_string(strides_) + ", offset " + std::to_string(offset_) + (has_storage() ? "" : ", meta") + ")";
+  return "Tensor(" + std::string(dtype_name(dtype_)) + ", shape " + shape_to_string(shape_) + ", strides " + shape_to_string(strides_) +
+         ", offset " + std::to_string(offset_) + (has_storage() ? "" : ", meta") + ")";
 }
 
 std::string Tensor::brief() const {
@@ -98,8 +96,7 @@ std::string Tensor::brief() const {
 }
 
 const void* Tensor::data_ptr() const {
-  if (!has_storage())
-    throw Error("cannot access the data of " + describe() + ": it has no storage (a meta tensor from simulate mode)");
+  if (!has_storage()) throw Error("cannot access the data of " + describe() + ": it has no storage (a meta tensor from simulate mode)");
   return storage_->data() + offset_ * static_cast<int64_t>(itemsize());
 }
 
@@ -114,8 +111,7 @@ void* Tensor::mutable_data_ptr() {
 }
 
 void Tensor::throw_type_mismatch(std::string_view requested) const {
-  throw Error("tensor of dtype " + std::string(dtype_name(dtype_)) + " accessed as " + std::string(requested) +
-              ": " + describe());
+  throw Error("tensor of dtype " + std::string(dtype_name(dtype_)) + " accessed as " + std::string(requested) + ": " + describe());
 }
 
 std::size_t Tensor::element_byte_offset(const std::vector<int64_t>& index) const {
@@ -125,8 +121,7 @@ std::size_t Tensor::element_byte_offset(const std::vector<int64_t>& index) const
                 std::to_string(shape_.size()) + " for " + describe());
   int64_t element = offset_;
   for (std::size_t i = 0; i < index.size(); ++i) {
-    if (index[i] < 0 || index[i] >= shape_[i])
-      throw Error("index " + shape_to_string(index) + " is out of bounds for " + describe());
+    if (index[i] < 0 || index[i] >= shape_[i]) throw Error("index " + shape_to_string(index) + " is out of bounds for " + describe());
     element += index[i] * strides_[i];
   }
   return static_cast<std::size_t>(element) * itemsize();

@@ -24,14 +24,12 @@ class Tensor {
  public:
   Tensor() = default;  // undefined: defined() is false
 
-  static Tensor empty(Shape shape, DType dtype, Allocator& allocator = default_allocator(),
-                      StreamTag stream = kHostStream);
+  static Tensor empty(Shape shape, DType dtype, Allocator& allocator = default_allocator(), StreamTag stream = kHostStream);
   static Tensor zeros(Shape shape, DType dtype, Allocator& allocator = default_allocator());
   // Shape and dtype without storage: ops compute shapes and costs, no data (simulate mode).
   static Tensor meta(Shape shape, DType dtype);
   // A view of existing storage; throws if the view reaches outside the storage.
-  static Tensor from_storage(std::shared_ptr<Storage> storage, Shape shape, Strides strides, int64_t offset,
-                             DType dtype);
+  static Tensor from_storage(std::shared_ptr<Storage> storage, Shape shape, Strides strides, int64_t offset, DType dtype);
   // A new contiguous tensor holding a copy of `values`.
   template <class T>
   static Tensor from_vector(const std::vector<T>& values, Shape shape);
@@ -83,8 +81,8 @@ class Tensor {
   Tensor unsqueeze(int64_t dim) const;
   Tensor squeeze(int64_t dim) const;
 
-  Tensor contiguous() const;  // *this when already contiguous
-  Tensor clone() const;       // always a new contiguous copy
+  Tensor contiguous() const;             // *this when already contiguous
+  Tensor clone() const;                  // always a new contiguous copy
   void copy_from(const Tensor& source);  // same shape and dtype, any strides
 
  private:
@@ -117,8 +115,7 @@ std::string_view element_type_name() {
 template <class T>
 Tensor Tensor::from_vector(const std::vector<T>& values, Shape shape) {
   if (shape_numel(shape) != static_cast<int64_t>(values.size()))
-    throw Error("Tensor::from_vector: " + std::to_string(values.size()) + " values do not fill shape " +
-                shape_to_string(shape));
+    throw Error("Tensor::from_vector: " + std::to_string(values.size()) + " values do not fill shape " + shape_to_string(shape));
   Tensor tensor = empty(std::move(shape), dtype_of<T>());
   T* out = tensor.mutable_data<T>();
   for (std::size_t i = 0; i < values.size(); ++i) out[i] = values[i];

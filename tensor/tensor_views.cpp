@@ -19,8 +19,7 @@ std::optional<Strides> view_strides(const Shape& old_shape, const Strides& old_s
   int64_t new_numel = 1;
   for (int64_t old_dim = static_cast<int64_t>(old_shape.size()) - 1; old_dim >= 0; --old_dim) {
     run_numel *= old_shape[old_dim];
-    const bool run_ends = old_dim == 0 || (old_shape[old_dim - 1] != 1 &&
-                                           old_strides[old_dim - 1] != run_numel * run_base_stride);
+    const bool run_ends = old_dim == 0 || (old_shape[old_dim - 1] != 1 && old_strides[old_dim - 1] != run_numel * run_base_stride);
     if (!run_ends) continue;
     while (new_dim >= 0 && (new_numel < run_numel || new_shape[new_dim] == 1)) {
       new_strides[new_dim] = new_numel * run_base_stride;
@@ -93,9 +92,8 @@ Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
 Tensor Tensor::narrow(int64_t dim, int64_t start, int64_t length) const {
   const int64_t d = wrap_dim(dim, this->dim(), "narrow");
   if (start < 0 || length < 0 || start > shape_[d] - length)
-    throw Error("narrow: start " + std::to_string(start) + " and length " + std::to_string(length) +
-                " do not fit dimension " + std::to_string(d) + " of size " + std::to_string(shape_[d]) + " in shape " +
-                shape_to_string(shape_));
+    throw Error("narrow: start " + std::to_string(start) + " and length " + std::to_string(length) + " do not fit dimension " +
+                std::to_string(d) + " of size " + std::to_string(shape_[d]) + " in shape " + shape_to_string(shape_));
   Shape shape = shape_;
   shape[d] = length;
   return with_layout(std::move(shape), strides_, offset_ + start * strides_[d]);
@@ -108,8 +106,8 @@ Tensor Tensor::slice(int64_t dim, int64_t start, int64_t end, int64_t step) cons
   const int64_t last = end < 0 ? end + size : end;
   if (step <= 0) throw Error("slice: step must be positive, got " + std::to_string(step));
   if (first < 0 || last > size || first > last)
-    throw Error("slice: [" + std::to_string(start) + ", " + std::to_string(end) + ") is out of range for dimension " +
-                std::to_string(d) + " of size " + std::to_string(size) + " in shape " + shape_to_string(shape_));
+    throw Error("slice: [" + std::to_string(start) + ", " + std::to_string(end) + ") is out of range for dimension " + std::to_string(d) +
+                " of size " + std::to_string(size) + " in shape " + shape_to_string(shape_));
   Shape shape = shape_;
   Strides strides = strides_;
   shape[d] = (last - first + step - 1) / step;
@@ -121,8 +119,8 @@ Tensor Tensor::select(int64_t dim, int64_t index) const {
   const int64_t d = wrap_dim(dim, this->dim(), "select");
   const int64_t i = index < 0 ? index + shape_[d] : index;
   if (i < 0 || i >= shape_[d])
-    throw Error("select: index " + std::to_string(index) + " is out of range for dimension " + std::to_string(d) +
-                " of size " + std::to_string(shape_[d]) + " in shape " + shape_to_string(shape_));
+    throw Error("select: index " + std::to_string(index) + " is out of range for dimension " + std::to_string(d) + " of size " +
+                std::to_string(shape_[d]) + " in shape " + shape_to_string(shape_));
   Shape shape = shape_;
   Strides strides = strides_;
   shape.erase(shape.begin() + d);
@@ -152,8 +150,8 @@ Tensor Tensor::expand(const Shape& shape) const {
       out_shape[i] = want;
       out_strides[i] = 0;
     } else {
-      throw Error(what + ": dimension " + std::to_string(i) + " has size " + std::to_string(have) +
-                  ", which is neither 1 nor " + std::to_string(want));
+      throw Error(what + ": dimension " + std::to_string(i) + " has size " + std::to_string(have) + ", which is neither 1 nor " +
+                  std::to_string(want));
     }
   }
   return with_layout(std::move(out_shape), std::move(out_strides), offset_);

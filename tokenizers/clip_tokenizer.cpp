@@ -141,7 +141,8 @@ ClipTokenizer ClipTokenizer::load(const std::string& dir) {
     if (t.merge_ranks_.size() == 48894) break;
     const std::size_t space = line.find(' ');
     if (space == std::string::npos || space == 0 || space + 1 == line.size() || line.find(' ', space + 1) != std::string::npos)
-      throw Error(merges_path + ": line " + std::to_string(line_number) + " must be two symbols separated by one space, got '" + line + "'");
+      throw Error(merges_path + ": line " + std::to_string(line_number) + " must be two symbols separated by one space, got '" + line +
+                  "'");
     const std::string joined = line.substr(0, space) + line.substr(space + 1);
     if (!t.vocab_.count(joined))
       throw Error(merges_path + ": line " + std::to_string(line_number) + " merges into '" + joined + "', which vocab.json does not have");
@@ -226,8 +227,8 @@ std::vector<int32_t> ClipTokenizer::encode(const std::string& prompt, const std:
 
 std::vector<int32_t> ClipTokenizer::encode_padded(const std::string& prompt, int max_length, const std::string& what) const {
   if (max_length == 0) max_length = model_max_length_;
-  if (max_length < 2) throw Error(what + ": the maximum length must be at least 2 (<|startoftext|> and <|endoftext|>), got " +
-                                  std::to_string(max_length));
+  if (max_length < 2)
+    throw Error(what + ": the maximum length must be at least 2 (<|startoftext|> and <|endoftext|>), got " + std::to_string(max_length));
   std::vector<int32_t> content = encode(prompt, what);
   if (content.size() > static_cast<std::size_t>(max_length - 2)) content.resize(static_cast<std::size_t>(max_length - 2));
   std::vector<int32_t> ids{bos_id_};

@@ -30,8 +30,8 @@ const char* named_reference(std::string_view name) {
 
 // Python's str.isspace() (strip) and the regex module's \s (whitespace_clean) differ on U+001C-001F.
 bool python_isspace(char32_t c) {
-  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
+         c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 bool regex_space(char32_t c) { return python_isspace(c) && !(c >= 0x1C && c <= 0x1F); }
 
@@ -86,8 +86,8 @@ std::u32string unescape(const std::u32string& s) {
     }
     // A name: 1 to 32 characters other than \t \n \f space < & # ;, then an optional ';'.
     std::size_t e = at;
-    while (e < s.size() && e - at < 32 && s[e] != U'\t' && s[e] != U'\n' && s[e] != U'\f' && s[e] != U' ' && s[e] != U'<' &&
-           s[e] != U'&' && s[e] != U'#' && s[e] != U';')
+    while (e < s.size() && e - at < 32 && s[e] != U'\t' && s[e] != U'\n' && s[e] != U'\f' && s[e] != U' ' && s[e] != U'<' && s[e] != U'&' &&
+           s[e] != U'#' && s[e] != U';')
       ++e;
     if (e == at) {
       out.push_back(s[i++]);

@@ -55,7 +55,7 @@ std::string serialize_unigram_model(const UnigramModelSpec& spec) {
     put_bytes(out, 1, piece);  // ModelProto.pieces
   }
   std::string trainer;
-  put_int32(trainer, 3, 1);  // model_type: UNIGRAM
+  put_int32(trainer, 3, 1);                                         // model_type: UNIGRAM
   put_int32(trainer, 4, static_cast<int32_t>(spec.pieces.size()));  // vocab_size (informational)
   put_bool(trainer, 35, spec.byte_fallback);
   put_int32(trainer, 40, spec.unk_id);

@@ -59,7 +59,8 @@ T5Tokenizer T5Tokenizer::load(const std::string& dir) {
   }
   const auto id_of = [&](const char* piece) {
     const int id = t.sp_->PieceToId(piece);
-    if (t.sp_->IdToPiece(id) != piece) throw Error(model + ": has no '" + std::string(piece) + "' piece (a T5 vocabulary has </s>, <pad> and <unk>)");
+    if (t.sp_->IdToPiece(id) != piece)
+      throw Error(model + ": has no '" + std::string(piece) + "' piece (a T5 vocabulary has </s>, <pad> and <unk>)");
     return static_cast<int32_t>(id);
   };
   t.eos_id_ = id_of("</s>");
@@ -71,7 +72,8 @@ T5Tokenizer T5Tokenizer::load(const std::string& dir) {
 int T5Tokenizer::vocab_size() const {
   int extra_not_pieces = 0;
   for (int n = 0; n < extra_ids_; ++n)
-    if (sp_->IdToPiece(sp_->PieceToId("<extra_id_" + std::to_string(n) + ">")) != "<extra_id_" + std::to_string(n) + ">") ++extra_not_pieces;
+    if (sp_->IdToPiece(sp_->PieceToId("<extra_id_" + std::to_string(n) + ">")) != "<extra_id_" + std::to_string(n) + ">")
+      ++extra_not_pieces;
   return sp_->GetPieceSize() + extra_not_pieces;
 }
 
@@ -119,7 +121,8 @@ std::vector<int32_t> T5Tokenizer::encode(const std::string& prompt, const std::s
     std::string before = prompt.substr(start, open - start);
     // <extra_id_N> is added with lstrip and rstrip: the whitespace around it goes with it.
     if (is_extra) before.erase(before.find_last_not_of(" \t\n\r") + 1);
-    if (strip_left) before.erase(0, before.find_first_not_of(" \t\n\r") == std::string::npos ? before.size() : before.find_first_not_of(" \t\n\r"));
+    if (strip_left)
+      before.erase(0, before.find_first_not_of(" \t\n\r") == std::string::npos ? before.size() : before.find_first_not_of(" \t\n\r"));
     if (!before.empty()) encode_piece(before);
     ids.push_back(special);
     strip_left = is_extra;

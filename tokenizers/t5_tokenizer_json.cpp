@@ -114,8 +114,8 @@ class Reader {
       optional_bool(n, "strip_right", true, "the Strip normalizer");
     } else if (type == "Replace") {
       const json* pattern = n.contains("pattern") ? &n["pattern"] : nullptr;
-      const bool spaces = pattern && pattern->is_object() && pattern->size() == 1 && pattern->contains("Regex") &&
-                          (*pattern)["Regex"] == " {2,}";
+      const bool spaces =
+          pattern && pattern->is_object() && pattern->size() == 1 && pattern->contains("Regex") && (*pattern)["Regex"] == " {2,}";
       const bool content = n.contains("content") && (n["content"] == kSpace || n["content"] == " ");
       if (!spaces || !content)
         fail("the Replace normalizer " + brief(n) + " is not T5's (pattern {\"Regex\": \" {2,}\"}, content \"" + kSpace + "\" or \" \")");
@@ -222,8 +222,10 @@ std::string sentencepiece_model_from_tokenizer_json(const std::string& path) {
   if (!root.contains("model")) r.fail("has no 'model'");
   const json& model = root["model"];
   const std::string model_type = r.type_of(model, "'model'");
-  if (model_type != "Unigram") r.fail("the model is " + model_type + ", not Unigram (a T5 / umT5 tokenizer.json holds a SentencePiece Unigram model)");
-  if (!model.contains("vocab") || !model["vocab"].is_array() || model["vocab"].empty()) r.fail("the Unigram model has no 'vocab' list of [piece, score]");
+  if (model_type != "Unigram")
+    r.fail("the model is " + model_type + ", not Unigram (a T5 / umT5 tokenizer.json holds a SentencePiece Unigram model)");
+  if (!model.contains("vocab") || !model["vocab"].is_array() || model["vocab"].empty())
+    r.fail("the Unigram model has no 'vocab' list of [piece, score]");
   const json& vocab = model["vocab"];
   if (vocab.size() > static_cast<std::size_t>(std::numeric_limits<int32_t>::max()))
     r.fail("the vocabulary has more pieces than an int32 id holds");
@@ -248,8 +250,8 @@ std::string sentencepiece_model_from_tokenizer_json(const std::string& path) {
     spec.pieces.push_back({piece, static_cast<float>(value), Type::Normal});
   }
   if (!model.contains("unk_id") || !model["unk_id"].is_number_unsigned() || model["unk_id"].get<uint64_t>() >= vocab.size())
-    r.fail("the Unigram model's unk_id " + (model.contains("unk_id") ? brief(model["unk_id"]) : std::string("(missing)")) + " is not an id of its " +
-           std::to_string(vocab.size()) + "-piece vocabulary");
+    r.fail("the Unigram model's unk_id " + (model.contains("unk_id") ? brief(model["unk_id"]) : std::string("(missing)")) +
+           " is not an id of its " + std::to_string(vocab.size()) + "-piece vocabulary");
   spec.unk_id = static_cast<int32_t>(model["unk_id"].get<uint64_t>());
   spec.byte_fallback = r.optional_bool(model, "byte_fallback", false, "the Unigram model");
 
@@ -265,7 +267,8 @@ std::string sentencepiece_model_from_tokenizer_json(const std::string& path) {
         r.fail("an added token is not an object with an integer 'id' and a non-empty 'content': " + brief(token));
       tokens.push_back(&token);
     }
-    std::stable_sort(tokens.begin(), tokens.end(), [](const json* a, const json* b) { return (*a)["id"].get<uint64_t>() < (*b)["id"].get<uint64_t>(); });
+    std::stable_sort(tokens.begin(), tokens.end(),
+                     [](const json* a, const json* b) { return (*a)["id"].get<uint64_t>() < (*b)["id"].get<uint64_t>(); });
     for (const json* token : tokens) {
       const std::string& content = (*token)["content"].get_ref<const std::string&>();
       const uint64_t id = (*token)["id"].get<uint64_t>();
@@ -273,11 +276,12 @@ std::string sentencepiece_model_from_tokenizer_json(const std::string& path) {
       const auto found = ids.find(content);
       if (found != ids.end()) {
         if (static_cast<uint64_t>(found->second) != id)
-          r.fail("the added token " + quote_piece(content) + " has id " + std::to_string(id) + " but is vocabulary piece " + std::to_string(found->second));
+          r.fail("the added token " + quote_piece(content) + " has id " + std::to_string(id) + " but is vocabulary piece " +
+                 std::to_string(found->second));
       } else {
         if (id != spec.pieces.size())
-          r.fail("the added token " + quote_piece(content) + " has id " + std::to_string(id) + ", neither a vocabulary piece nor the next id (" +
-                 std::to_string(spec.pieces.size()) + ")");
+          r.fail("the added token " + quote_piece(content) + " has id " + std::to_string(id) +
+                 ", neither a vocabulary piece nor the next id (" + std::to_string(spec.pieces.size()) + ")");
         if (spec.pieces.size() >= static_cast<std::size_t>(std::numeric_limits<int32_t>::max())) r.fail("too many added tokens");
         ids.emplace(content, static_cast<int32_t>(id));
         spec.pieces.push_back({content, 0.0f, Type::Normal});

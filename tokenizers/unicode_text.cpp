@@ -32,9 +32,7 @@ int8_t category(char32_t c) { return u_charType(static_cast<UChar32>(c)); }
 std::u32string decode_utf8(std::string_view text, const std::string& what) {
   std::u32string out;
   out.reserve(text.size());
-  const auto bad = [&](std::size_t at) {
-    return Error(what + ": invalid UTF-8 at byte " + std::to_string(at) + " (expected UTF-8 text)");
-  };
+  const auto bad = [&](std::size_t at) { return Error(what + ": invalid UTF-8 at byte " + std::to_string(at) + " (expected UTF-8 text)"); };
   for (std::size_t i = 0; i < text.size();) {
     const auto b0 = static_cast<unsigned char>(text[i]);
     int extra = 0;
@@ -108,9 +106,8 @@ bool is_space_separator(char32_t c) { return category(c) == U_SPACE_SEPARATOR; }
 bool is_python_space(char32_t c) { return c == U' ' || c == 0x2028 || c == 0x2029 || is_space_separator(c); }
 
 bool is_cjk_ideograph(char32_t c) {
-  return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) ||
-         (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B820 && c <= 0x2CEAF) ||
-         (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
+  return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) || (c >= 0x2A700 && c <= 0x2B73F) ||
+         (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B820 && c <= 0x2CEAF) || (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
 }
 
 }  // namespace cubevec::tokenizers

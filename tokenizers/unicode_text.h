@@ -16,9 +16,9 @@ std::string encode_utf8(std::u32string_view text);
 std::u32string nfc(std::u32string_view text);
 std::u32string to_lower(std::u32string_view text);
 
-bool is_letter(char32_t c);   // L*
-bool is_number(char32_t c);   // N*
-bool is_other(char32_t c);    // C* (control, format, private use, surrogate, unassigned)
+bool is_letter(char32_t c);           // L*
+bool is_number(char32_t c);           // N*
+bool is_other(char32_t c);            // C* (control, format, private use, surrogate, unassigned)
 bool is_space_separator(char32_t c);  // Zs
 // Python's str.isspace() for the characters that survive CLIP's cleaning: ' ', Zs, U+2028, U+2029.
 bool is_python_space(char32_t c);

@@ -34,14 +34,12 @@ struct Inputs {
   double density = 1.0;  // the kept fraction of the work, for the cost model
 };
 
-
-Inputs check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o,
-                    const Stream& stream, const char* op = "attention_forward") {
+Inputs check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o, const Stream& stream,
+                    const char* op = "attention_forward") {
   auto fail = [&](const std::string& what) { throw Error(std::string(op) + ": " + what); };
   for (const auto& [t, name] : {std::pair{&q, "query"}, {&k, "key"}, {&v, "value"}}) {
     if (!t->defined()) fail(std::string(name) + " is undefined");
-    if (t->dtype() != DType::f32 && t->dtype() != DType::bf16)
-      fail(std::string(name) + " must be f32 or bf16, got " + t->brief());
+    if (t->dtype() != DType::f32 && t->dtype() != DType::bf16) fail(std::string(name) + " must be f32 or bf16, got " + t->brief());
   }
   if (k.dtype() != q.dtype() || v.dtype() != q.dtype())
     fail("query, key and value must share a dtype, got " + q.brief() + ", " + k.brief() + ", " + v.brief());
@@ -52,8 +50,7 @@ Inputs check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Att
       if (t->dim() != 3) fail(std::string(name) + " must be 3-D [B, S, H] for layout BSH, got " + t->brief());
     if (o.num_heads <= 0) fail("layout BSH needs num_heads > 0, got " + std::to_string(o.num_heads));
     if (q.size(2) % o.num_heads != 0)
-      fail("query's hidden size " + std::to_string(q.size(2)) + " is not divisible by num_heads " +
-           std::to_string(o.num_heads));
+      fail("query's hidden size " + std::to_string(q.size(2)) + " is not divisible by num_heads " + std::to_string(o.num_heads));
     auto split = [&](const Tensor& t) {
       const Shape shape{t.size(0), t.size(1), o.num_heads, t.size(2) / o.num_heads};
       return t.stride(2) == 1 ? t.reshape(shape) : contiguous(t, stream).reshape(shape);
@@ -66,7 +63,9 @@ Inputs check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Att
     in.layout = AttentionLayout::bsnd;
   } else {
     for (const auto& [t, name] : {std::pair{&q, "query"}, {&k, "key"}, {&v, "value"}})
-      if (t->dim() != 4) fail(std::string(name) + " must be 4-D [" + (o.layout == AttentionLayout::bnsd ? "B, N, S, D" : "B, S, N, D") + "] for layout " + layout_name + ", got " + t->brief());
+      if (t->dim() != 4)
+        fail(std::string(name) + " must be 4-D [" + (o.layout == AttentionLayout::bnsd ? "B, N, S, D" : "B, S, N, D") + "] for layout " +
+             layout_name + ", got " + t->brief());
     in.q = q;
     in.k = k;
     in.v = v;
@@ -80,8 +79,8 @@ Inputs check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Att
   in.sk = in.k.size(s);
   if (in.k.shape() != in.v.shape()) fail("key and value must have the same shape, got " + k.brief() + " and " + v.brief());
   if (in.k.size(0) != in.batch || in.k.size(n) != in.heads || in.k.size(3) != in.d)
-    fail("key must match query in batch, heads and head dim (layout " + layout_name + "), got query " + q.brief() +
-         " and key " + k.brief());
+    fail("key must match query in batch, heads and head dim (layout " + layout_name + "), got query " + q.brief() + " and key " +
+         k.brief());
   if (in.d == 0) fail("the head dim must be at least 1, got query " + q.brief());
   if (in.sk == 0 && in.sq > 0) fail("key and value must hold at least one position, got " + k.brief());
   // Kernels read rows with unit stride in the head dim.
@@ -107,11 +106,11 @@ Inputs check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Att
       m4 = m.unsqueeze(0).unsqueeze(0);
       in.mask_kind = bias ? AttentionMaskKind::bias_2d : AttentionMaskKind::mask_2d;
     } else if (m.dim() == 4) {
-      const bool ok = (m.size(0) == in.batch || m.size(0) == 1) && (m.size(1) == in.heads || m.size(1) == 1) &&
-                      m.size(2) == in.sq && m.size(3) == in.sk;
+      const bool ok = (m.size(0) == in.batch || m.size(0) == 1) && (m.size(1) == in.heads || m.size(1) == 1) && m.size(2) == in.sq &&
+                      m.size(3) == in.sk;
       if (!ok)
-        fail("a 4-D attn_mask must be [B, N, Sq, Sk] = [" + std::to_string(in.batch) + ", " + std::to_string(in.heads) +
-             ", " + std::to_string(in.sq) + ", " + std::to_string(in.sk) + "] (B and N may be 1), got " + m.brief());
+        fail("a 4-D attn_mask must be [B, N, Sq, Sk] = [" + std::to_string(in.batch) + ", " + std::to_string(in.heads) + ", " +
+             std::to_string(in.sq) + ", " + std::to_string(in.sk) + "] (B and N may be 1), got " + m.brief());
       m4 = m;
       in.mask_kind = bias ? AttentionMaskKind::bias_4d : AttentionMaskKind::mask_4d;
     } else {
@@ -124,18 +123,15 @@ Inputs check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Att
 }
 
 // The per-head problems of 4-D q, k, v, out in `layout` (bsnd or bnsd), all with unit stride in D.
-attn::AttentionBatch make_batch(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                const Tensor& mask, const Tensor& block_mask, const Tensor& lse, AttentionLayout layout,
-                                float scale) {
+attn::AttentionBatch make_batch(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& mask,
+                                const Tensor& block_mask, const Tensor& lse, AttentionLayout layout, float scale) {
   attn::AttentionBatch batch;
   batch.d = q.size(3);
   batch.dtype = q.dtype();
   batch.scale = scale;
   const int64_t s = seq_dim(layout), n = head_dim_index(layout);
   const int64_t item = static_cast<int64_t>(q.itemsize());
-  auto at = [&](const Tensor& t, int64_t b, int64_t h) {
-    return t.unsynchronized_data_ptr() + (b * t.stride(0) + h * t.stride(n)) * item;
-  };
+  auto at = [&](const Tensor& t, int64_t b, int64_t h) { return t.unsynchronized_data_ptr() + (b * t.stride(0) + h * t.stride(n)) * item; };
   for (int64_t b = 0; b < q.size(0); ++b) {
     for (int64_t h = 0; h < q.size(n); ++h) {
       attn::HeadProblem p;
@@ -162,8 +158,8 @@ attn::AttentionBatch make_batch(const Tensor& q, const Tensor& k, const Tensor& 
       }
       if (block_mask.defined()) {
         const int64_t mb = block_mask.size(0) == 1 ? 0 : b, mh = block_mask.size(1) == 1 ? 0 : h;
-        p.block_keep = reinterpret_cast<const uint8_t*>(block_mask.unsynchronized_data_ptr()) + mb * block_mask.stride(0) +
-                       mh * block_mask.stride(1);
+        p.block_keep =
+            reinterpret_cast<const uint8_t*>(block_mask.unsynchronized_data_ptr()) + mb * block_mask.stride(0) + mh * block_mask.stride(1);
         p.block_ld = block_mask.stride(2);
       }
       if (lse.defined()) p.lse = reinterpret_cast<float*>(lse.unsynchronized_data_ptr()) + (b * q.size(n) + h) * p.sq;
@@ -179,16 +175,15 @@ KernelDesc cube_desc(const Inputs& in, double flops, bool materialized) {
   double bytes = static_cast<double>(dtype_size(in.q.dtype())) * elems * static_cast<double>(2 * in.sq + 2 * in.sk);
   if (materialized) bytes += 3.0 * 4.0 * static_cast<double>(in.batch * in.heads) * static_cast<double>(in.sq * in.sk);
   KernelDesc desc{"", Unit::cube, flops, bytes, in.q.dtype()};  // priced at the activation dtype
-  desc.cube_work = {in.batch * in.heads, in.sq, 0};                // tiled by query blocks
+  desc.cube_work = {in.batch * in.heads, in.sq, 0};             // tiled by query blocks
   return desc;
 }
 
 // Launches `impl` on the heads batch_of() builds (called inside the kernel, when the tensors are
 // ready). `cube` carries the Cube kernel's cost; `scores` counts the score elements (the Vector
 // half's work in the CV pipeline). Kernels are named "<prefix>_<impl>".
-void launch_batch(AttentionImpl impl, const std::string& prefix, const std::function<attn::AttentionBatch()>& batch_of,
-                  KernelDesc cube, double scores, const std::vector<Tensor>& reads, const std::vector<Tensor>& outs,
-                  const Stream& stream) {
+void launch_batch(AttentionImpl impl, const std::string& prefix, const std::function<attn::AttentionBatch()>& batch_of, KernelDesc cube,
+                  double scores, const std::vector<Tensor>& reads, const std::vector<Tensor>& outs, const Stream& stream) {
   // The modelled NPU runs attention as one mixed kernel: its softmax on the Vector cores.
   cube.scores = scores;
   switch (impl) {
@@ -227,8 +222,7 @@ void launch_batch(AttentionImpl impl, const std::string& prefix, const std::func
 
 // Runs `impl` with q, k, v handed over in `kernel_layout`; returns the result in in.layout. With
 // `lse` (f32 [B, N, Sq], contiguous) the kernel also writes each row's log-sum-exp there.
-Tensor run_impl(const Inputs& in, AttentionImpl impl, AttentionLayout kernel_layout, const Stream& stream,
-                const Tensor& lse = {}) {
+Tensor run_impl(const Inputs& in, AttentionImpl impl, AttentionLayout kernel_layout, const Stream& stream, const Tensor& lse = {}) {
   if (kernel_layout == AttentionLayout::bsh) kernel_layout = AttentionLayout::bsnd;
   const bool transposed = kernel_layout != in.layout;
   auto to_kernel = [&](const Tensor& t) { return transposed ? contiguous(t.permute({0, 2, 1, 3}), stream) : t; };
@@ -295,8 +289,7 @@ constexpr auto kLayoutNames = enum_names<AttentionLayout>(
     "attention layout", {{AttentionLayout::bsnd, "BSND"}, {AttentionLayout::bnsd, "BNSD"}, {AttentionLayout::bsh, "BSH"}},
     /*ignore_case=*/true);
 constexpr auto kImplNames = enum_names<AttentionImpl>(
-    "attention op_type",
-    {{AttentionImpl::math, "math"}, {AttentionImpl::flash, "flash"}, {AttentionImpl::cv_pipelined, "cv_pipelined"}},
+    "attention op_type", {{AttentionImpl::math, "math"}, {AttentionImpl::flash, "flash"}, {AttentionImpl::cv_pipelined, "cv_pipelined"}},
     /*ignore_case=*/true);
 constexpr auto kOptModeNames = enum_names<AttentionOptMode>(
     "attention opt_mode",
@@ -322,21 +315,18 @@ AttentionTuneChoice automatic_choice(const Inputs& in, AttentionOptMode mode, At
   return choice;
 }
 
-Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
-                         const Stream& stream) {
+Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options, const Stream& stream) {
   const Inputs in = check_inputs(q, k, v, options, stream);
   AttentionTuneChoice choice;
   switch (options.opt_mode) {
     case AttentionOptMode::manual:
       if (options.kernel_layout == AttentionLayout::bsh && options.layout != AttentionLayout::bsh)
-        throw Error("attention_forward: kernel_layout BSH needs BSH input (layout " +
-                    std::string(attention_layout_name(options.layout)) + " given)");
+        throw Error("attention_forward: kernel_layout BSH needs BSH input (layout " + std::string(attention_layout_name(options.layout)) +
+                    " given)");
       choice = {options.op_type, options.kernel_layout, 0.0};
       break;
     case AttentionOptMode::static_table:
-    case AttentionOptMode::runtime:
-      choice = automatic_choice(in, options.opt_mode, options.layout, stream);
-      break;
+    case AttentionOptMode::runtime: choice = automatic_choice(in, options.opt_mode, options.layout, stream); break;
   }
   Tensor out = run_impl(in, choice.op_type, choice.kernel_layout, stream);
   return options.layout == AttentionLayout::bsh ? out.reshape(q.shape()) : out;
@@ -349,7 +339,8 @@ AttentionPartial attention_forward_with_lse(const Tensor& q, const Tensor& k, co
   const Inputs in = check_inputs(q, k, v, options, stream, op);
   AttentionTuneChoice choice;
   if (options.opt_mode == AttentionOptMode::manual) {
-    if (options.op_type == AttentionImpl::math) throw Error(std::string(op) + ": op_type must be flash or cv_pipelined (the math path has no log-sum-exp)");
+    if (options.op_type == AttentionImpl::math)
+      throw Error(std::string(op) + ": op_type must be flash or cv_pipelined (the math path has no log-sum-exp)");
     if (options.kernel_layout == AttentionLayout::bsh) throw Error(std::string(op) + ": kernel_layout must be BSND or BNSD");
     choice = {options.op_type, options.kernel_layout, 0.0};
   } else {
@@ -375,8 +366,7 @@ Tensor block_sparse_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   if (!m.defined() || (m.dtype() != DType::boolean && m.dtype() != DType::u8) || m.dim() != 4 ||
       (m.size(0) != in.batch && m.size(0) != 1) || (m.size(1) != in.heads && m.size(1) != 1) || m.size(2) != lq || m.size(3) != lk)
     fail("block_mask must be bool or u8 [B, N, ceil(Sq/128), ceil(Sk/128)] = [" + std::to_string(in.batch) + ", " +
-         std::to_string(in.heads) + ", " + std::to_string(lq) + ", " + std::to_string(lk) + "] (B and N may be 1), got " +
-         m.brief());
+         std::to_string(in.heads) + ", " + std::to_string(lq) + ", " + std::to_string(lk) + "] (B and N may be 1), got " + m.brief());
   in.block_mask = m.stride(3) == 1 || m.numel() == 0 ? m : m.contiguous();
   in.mask_kind = AttentionMaskKind::block_sparse;
   if (options.density) {
@@ -396,22 +386,22 @@ Tensor block_sparse_attention(const Tensor& q, const Tensor& k, const Tensor& v,
       choice = {options.op_type, options.kernel_layout, 0.0};
       break;
     case AttentionOptMode::static_table:
-    case AttentionOptMode::runtime:
-      choice = automatic_choice(in, options.opt_mode, options.layout, stream);
-      break;
+    case AttentionOptMode::runtime: choice = automatic_choice(in, options.opt_mode, options.layout, stream); break;
   }
   return run_impl(in, choice.op_type, choice.kernel_layout, stream);
 }
 
-Tensor attention_forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q,
-                                const Tensor& cu_seqlens_k, const VarlenOptions& options, const Stream& stream) {
+Tensor attention_forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+                                const VarlenOptions& options, const Stream& stream) {
   const char* op = "attention_forward_varlen";
   auto fail = [&](const std::string& what) { throw Error(std::string(op) + ": " + what); };
   for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) {
-    if (!t->defined() || t->dim() != 3) fail(std::string(name) + " must be 3-D [T, N, D], got " + (t->defined() ? t->brief() : "undefined"));
+    if (!t->defined() || t->dim() != 3)
+      fail(std::string(name) + " must be 3-D [T, N, D], got " + (t->defined() ? t->brief() : "undefined"));
     if (t->dtype() != DType::f32 && t->dtype() != DType::bf16) fail(std::string(name) + " must be f32 or bf16, got " + t->brief());
   }
-  if (k.dtype() != q.dtype() || v.dtype() != q.dtype()) fail("q, k and v must share a dtype, got " + q.brief() + ", " + k.brief() + ", " + v.brief());
+  if (k.dtype() != q.dtype() || v.dtype() != q.dtype())
+    fail("q, k and v must share a dtype, got " + q.brief() + ", " + k.brief() + ", " + v.brief());
   if (k.shape() != v.shape()) fail("k and v must have the same shape, got " + k.brief() + " and " + v.brief());
   if (k.size(1) != q.size(1) || k.size(2) != q.size(2))
     fail("k must match q in heads and head dim, got q " + q.brief() + " and k " + k.brief());
@@ -424,8 +414,8 @@ Tensor attention_forward_varlen(const Tensor& q, const Tensor& k, const Tensor& 
     if (values.front() != 0) fail(std::string(name) + " must start at 0, got " + std::to_string(values.front()));
     for (std::size_t i = 1; i < values.size(); ++i)
       if (values[i] < values[i - 1])
-        fail(std::string(name) + " must be non-decreasing, but entry " + std::to_string(i) + " (" +
-             std::to_string(values[i]) + ") is below entry " + std::to_string(i - 1) + " (" + std::to_string(values[i - 1]) + ")");
+        fail(std::string(name) + " must be non-decreasing, but entry " + std::to_string(i) + " (" + std::to_string(values[i]) +
+             ") is below entry " + std::to_string(i - 1) + " (" + std::to_string(values[i - 1]) + ")");
     if (values.back() != total)
       fail(std::string(name) + " must end at the token count " + std::to_string(total) + ", got " + std::to_string(values.back()));
     return values;
@@ -477,14 +467,12 @@ Tensor attention_forward_varlen(const Tensor& q, const Tensor& k, const Tensor& 
   };
   double flops = 0;
   for (std::size_t b = 0; b + 1 < cu_q.size(); ++b)
-    flops += 4.0 * static_cast<double>((cu_q[b + 1] - cu_q[b]) * (cu_k[b + 1] - cu_k[b])) *
-             static_cast<double>(q.size(1) * q.size(2));
+    flops += 4.0 * static_cast<double>((cu_q[b + 1] - cu_q[b]) * (cu_k[b + 1] - cu_k[b])) * static_cast<double>(q.size(1) * q.size(2));
   const double bytes = static_cast<double>(qc.nbytes() + kc.nbytes() + vc.nbytes() + out.nbytes());
   double scores = 0;
   for (std::size_t b = 0; b + 1 < cu_q.size(); ++b)
     scores += static_cast<double>((cu_q[b + 1] - cu_q[b]) * (cu_k[b + 1] - cu_k[b])) * static_cast<double>(q.size(1));
-  launch_batch(options.impl, "attention_varlen", batch_of, {"", Unit::cube, flops, bytes, DType::f32}, scores,
-               {qc, kc, vc}, {out}, stream);
+  launch_batch(options.impl, "attention_varlen", batch_of, {"", Unit::cube, flops, bytes, DType::f32}, scores, {qc, kc, vc}, {out}, stream);
   return out;
 }
 

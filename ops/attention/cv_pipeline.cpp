@@ -137,8 +137,8 @@ struct CvPipeline::Lane {
       const int64_t q0 = tile.q0 + p * mr;
       if (q0 >= head.sq) break;
       if (!panel_sees(*g, head, q0, tile.kb)) continue;
-      softmax_step(*g, head, batch->scale, q0, tile.kb, slot.s.data() + p * mr * kBlockKeys, m.data() + p * mr,
-                   l.data() + p * mr, slot.alpha.data() + p * mr);
+      softmax_step(*g, head, batch->scale, q0, tile.kb, slot.s.data() + p * mr * kBlockKeys, m.data() + p * mr, l.data() + p * mr,
+                   slot.alpha.data() + p * mr);
     }
     if (tile.last) {
       std::copy(m.begin(), m.end(), slot.final_m.begin());
@@ -151,8 +151,7 @@ struct CvPipeline::Lane {
     const auto have_p = [&] { return done.load(std::memory_order_acquire) > t; };
     while (!have_p()) {
       int64_t expected = t;
-      if (!vector_joined.load(std::memory_order_acquire) &&
-          claimed.compare_exchange_strong(expected, t + 1, std::memory_order_acq_rel)) {
+      if (!vector_joined.load(std::memory_order_acquire) && claimed.compare_exchange_strong(expected, t + 1, std::memory_order_acq_rel)) {
         softmax(t);
         done.store(t + 1, std::memory_order_release);
         return;
@@ -284,8 +283,8 @@ CvPipeline::CvPipeline(AttentionBatch batch, int lanes) : batch_(std::move(batch
     const HeadProblem& head = batch_.heads[static_cast<std::size_t>(job.head)];
     QBlockState probe(*geometry_);
     probe.q0 = job.q0;
-    probe.panels = static_cast<int>(std::min<int64_t>(kPanelsPerBlock, (head.sq - job.q0 + geometry_->kernels->mr - 1) /
-                                                                           geometry_->kernels->mr));
+    probe.panels =
+        static_cast<int>(std::min<int64_t>(kPanelsPerBlock, (head.sq - job.q0 + geometry_->kernels->mr - 1) / geometry_->kernels->mr));
     const std::size_t first = ln.tiles.size();
     for (int64_t kb = 0; kb < FlashGeometry::key_blocks(head.sk); ++kb) {
       bool any = false;
@@ -312,9 +311,12 @@ CvPipeline::~CvPipeline() = default;
 
 // One task per lane (simple_partitioner: lanes are few and long, nothing to gain from splitting).
 void CvPipeline::run_cube() {
-  tbb::parallel_for(tbb::blocked_range<int>(0, lane_count_, 1), [&](const tbb::blocked_range<int>& range) {
-    for (int i = range.begin(); i < range.end(); ++i) run_cube_lane(i);
-  }, tbb::simple_partitioner());
+  tbb::parallel_for(
+      tbb::blocked_range<int>(0, lane_count_, 1),
+      [&](const tbb::blocked_range<int>& range) {
+        for (int i = range.begin(); i < range.end(); ++i) run_cube_lane(i);
+      },
+      tbb::simple_partitioner());
   const CvPipelineStats s = stats();
   g_last_tiles.store(s.tiles);
   g_last_vector_tiles.store(s.vector_tiles);
@@ -334,9 +336,12 @@ void CvPipeline::run_cube_lane(int i) {
 }
 
 void CvPipeline::run_vector() {
-  tbb::parallel_for(tbb::blocked_range<int>(0, lane_count_, 1), [&](const tbb::blocked_range<int>& range) {
-    for (int i = range.begin(); i < range.end(); ++i) lanes_[static_cast<std::size_t>(i)].run_vector();
-  }, tbb::simple_partitioner());
+  tbb::parallel_for(
+      tbb::blocked_range<int>(0, lane_count_, 1),
+      [&](const tbb::blocked_range<int>& range) {
+        for (int i = range.begin(); i < range.end(); ++i) lanes_[static_cast<std::size_t>(i)].run_vector();
+      },
+      tbb::simple_partitioner());
 }
 
 CvPipelineStats CvPipeline::stats() const {

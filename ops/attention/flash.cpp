@@ -19,8 +19,8 @@ int64_t pack_budget_floats() {
   return budget;
 }
 
-void run_q_block(const FlashGeometry& g, const AttentionBatch& batch, const HeadProblem& head, const PackedKV& kv,
-                 int64_t q0, QBlockState& st, float* s) {
+void run_q_block(const FlashGeometry& g, const AttentionBatch& batch, const HeadProblem& head, const PackedKV& kv, int64_t q0,
+                 QBlockState& st, float* s) {
   begin_q_block(g, head, batch.dtype, q0, st);
   const int64_t mr = g.kernels->mr;
   for (int64_t kb = 0; kb < FlashGeometry::key_blocks(head.sk); ++kb) {

@@ -19,13 +19,11 @@ namespace {
 TileKernels make_kernels(Isa isa) {
   switch (isa) {
     case Isa::avx512:
-      return {gemm::kMrAvx512, gemm::kNrAvx512, gemm::microkernel_avx512, 32, 16, pv_avx512_w32, pv_avx512_w16,
-              softmax_tile_avx512};
-    case Isa::avx2:
-      return {gemm::kMrAvx2, gemm::kNrAvx2, gemm::microkernel_avx2, 16, 8, pv_avx2_w16, pv_avx2_w8, softmax_tile_avx2};
+      return {gemm::kMrAvx512, gemm::kNrAvx512, gemm::microkernel_avx512, 32, 16, pv_avx512_w32, pv_avx512_w16, softmax_tile_avx512};
+    case Isa::avx2: return {gemm::kMrAvx2, gemm::kNrAvx2, gemm::microkernel_avx2, 16, 8, pv_avx2_w16, pv_avx2_w8, softmax_tile_avx2};
     case Isa::portable:
-      return {gemm::kMrPortable, gemm::kNrPortable, gemm::microkernel_portable, 16, 8, pv_portable_w16, pv_portable_w8,
-              softmax_tile_portable};
+      return {gemm::kMrPortable, gemm::kNrPortable, gemm::microkernel_portable, 16, 8,
+              pv_portable_w16,   pv_portable_w8,    softmax_tile_portable};
   }
   throw Error("attention: invalid ISA");
 }
@@ -42,8 +40,7 @@ void load_row(const void* base, int64_t ld, int64_t row, int64_t d, DType dtype,
 }  // namespace
 
 const TileKernels& tile_kernels(Isa isa) {
-  static const TileKernels avx512 = make_kernels(Isa::avx512), avx2 = make_kernels(Isa::avx2),
-                           portable = make_kernels(Isa::portable);
+  static const TileKernels avx512 = make_kernels(Isa::avx512), avx2 = make_kernels(Isa::avx2), portable = make_kernels(Isa::portable);
   if (!isa_supported(isa)) throw Error("attention: this CPU cannot run the " + std::string(isa_name(isa)) + " kernels");
   return isa == Isa::avx512 ? avx512 : isa == Isa::avx2 ? avx2 : portable;
 }
@@ -74,8 +71,7 @@ int64_t FlashGeometry::packed_k_floats(int64_t sk) const {
   return (sk + nr - 1) / nr * nr * d;
 }
 
-void pack_kv_blocks(const FlashGeometry& g, const HeadProblem& head, DType dtype, int64_t kb_begin, int64_t kb_end,
-                    const PackedKV& out) {
+void pack_kv_blocks(const FlashGeometry& g, const HeadProblem& head, DType dtype, int64_t kb_begin, int64_t kb_end, const PackedKV& out) {
   const int64_t d = g.d, nr = g.kernels->nr;
   std::vector<float> row(static_cast<std::size_t>(g.dp), 0.0f);
   for (int64_t kb = kb_begin; kb < kb_end; ++kb) {
@@ -95,8 +91,7 @@ void pack_kv_blocks(const FlashGeometry& g, const HeadProblem& head, DType dtype
     for (int64_t j = 0; j < keys; ++j) {
       load_row(head.v, head.v_ld, key0 + j, d, dtype, row.data());
       for (const ColumnPanel& cp : g.columns)
-        std::memcpy(block + cp.col0 * kBlockKeys + j * cp.width, row.data() + cp.col0,
-                    static_cast<std::size_t>(cp.width) * sizeof(float));
+        std::memcpy(block + cp.col0 * kBlockKeys + j * cp.width, row.data() + cp.col0, static_cast<std::size_t>(cp.width) * sizeof(float));
     }
   }
 }
@@ -149,16 +144,15 @@ bool panel_sees(const FlashGeometry& g, const HeadProblem& head, int64_t panel_q
   return true;
 }
 
-void qk_tile(const FlashGeometry& g, const HeadProblem& head, const PackedKV& kv, const QBlockState& st, int panel,
-             int64_t kb, float* s) {
+void qk_tile(const FlashGeometry& g, const HeadProblem& head, const PackedKV& kv, const QBlockState& st, int panel, int64_t kb, float* s) {
   const int64_t nr = g.kernels->nr, d = g.d;
   const int64_t key0 = kb * kBlockKeys, keys = std::min<int64_t>(kBlockKeys, head.sk - key0);
   const float* q = st.q.data() + panel * g.kernels->mr * d;
   for (int64_t p0 = 0; p0 < keys; p0 += nr) g.kernels->qk(d, q, kv.k + (key0 + p0) * d, s + p0, kBlockKeys, false);
 }
 
-void softmax_step(const FlashGeometry& g, const HeadProblem& head, float scale, int64_t q0_panel, int64_t kb,
-                  float* s, float* m, float* l, float* alpha) {
+void softmax_step(const FlashGeometry& g, const HeadProblem& head, float scale, int64_t q0_panel, int64_t kb, float* s, float* m, float* l,
+                  float* alpha) {
   const int mr = g.kernels->mr;
   const int64_t key0 = kb * kBlockKeys, keys = std::min<int64_t>(kBlockKeys, head.sk - key0);
   const int rows_valid = static_cast<int>(std::clamp<int64_t>(head.sq - q0_panel, 0, mr));
@@ -202,8 +196,8 @@ void softmax_step(const FlashGeometry& g, const HeadProblem& head, float scale, 
   g.kernels->softmax(t);
 }
 
-void pv_tile(const FlashGeometry& g, const HeadProblem& head, const PackedKV& kv, QBlockState& st, int panel,
-             int64_t kb, const float* p, const float* alpha) {
+void pv_tile(const FlashGeometry& g, const HeadProblem& head, const PackedKV& kv, QBlockState& st, int panel, int64_t kb, const float* p,
+             const float* alpha) {
   const int64_t mr = g.kernels->mr;
   const int64_t key0 = kb * kBlockKeys, keys = std::min<int64_t>(kBlockKeys, head.sk - key0);
   float* o = st.o.data() + panel * mr * g.dp;
@@ -213,8 +207,7 @@ void pv_tile(const FlashGeometry& g, const HeadProblem& head, const PackedKV& kv
   st.o_started[panel] = true;
 }
 
-void finish_q_block(const FlashGeometry& g, const HeadProblem& head, DType dtype, const QBlockState& st,
-                    const float* m, const float* l) {
+void finish_q_block(const FlashGeometry& g, const HeadProblem& head, DType dtype, const QBlockState& st, const float* m, const float* l) {
   const int64_t mr = g.kernels->mr, d = g.d;
   std::vector<float> row(static_cast<std::size_t>(d));
   for (int p = 0; p < st.panels; ++p) {
@@ -228,19 +221,16 @@ void finish_q_block(const FlashGeometry& g, const HeadProblem& head, DType dtype
       const float* o = st.o.data() + (p * mr + r) * g.dp;
       for (int64_t c = 0; c < d; ++c) row[static_cast<std::size_t>(c)] = zero ? 0.0f : o[c] * inv;
       if (dtype == DType::bf16) {
-        convert_f32_to_bf16(row.data(), static_cast<uint16_t*>(head.out) + (r0 + r) * head.out_ld,
-                            static_cast<std::size_t>(d));
+        convert_f32_to_bf16(row.data(), static_cast<uint16_t*>(head.out) + (r0 + r) * head.out_ld, static_cast<std::size_t>(d));
       } else {
-        std::memcpy(static_cast<float*>(head.out) + (r0 + r) * head.out_ld, row.data(),
-                    static_cast<std::size_t>(d) * sizeof(float));
+        std::memcpy(static_cast<float*>(head.out) + (r0 + r) * head.out_ld, row.data(), static_cast<std::size_t>(d) * sizeof(float));
       }
     }
   }
 }
 
 Scratch::Scratch(int64_t floats)
-    : ptr_(static_cast<float*>(default_allocator().allocate(static_cast<std::size_t>(std::max<int64_t>(floats, 1)) *
-                                                            sizeof(float)))) {}
+    : ptr_(static_cast<float*>(default_allocator().allocate(static_cast<std::size_t>(std::max<int64_t>(floats, 1)) * sizeof(float)))) {}
 Scratch::~Scratch() { default_allocator().deallocate(ptr_); }
 
 }  // namespace cubevec::ops::attn

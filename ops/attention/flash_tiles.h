@@ -49,14 +49,13 @@ struct PackedKV {
   float* v = nullptr;
 };
 // Packs key blocks [kb_begin, kb_end) of `head` (callers split the blocks over threads).
-void pack_kv_blocks(const FlashGeometry& g, const HeadProblem& head, DType dtype, int64_t kb_begin, int64_t kb_end,
-                    const PackedKV& out);
+void pack_kv_blocks(const FlashGeometry& g, const HeadProblem& head, DType dtype, int64_t kb_begin, int64_t kb_end, const PackedKV& out);
 
 // Per q-block scratch: packed Q panels, S/P tile(s), O accumulators and the softmax state.
 struct QBlockState {
   explicit QBlockState(const FlashGeometry& g);
-  std::vector<float> q;      // kPanelsPerBlock panels of d x MR
-  std::vector<float> o;      // kPanelsPerBlock x MR x dp
+  std::vector<float> q;            // kPanelsPerBlock panels of d x MR
+  std::vector<float> o;            // kPanelsPerBlock x MR x dp
   std::vector<float> m, l, alpha;  // kPanelsPerBlock x MR each
   std::vector<int32_t> row_cols;   // MR, for causal prefixes
   bool o_started[kPanelsPerBlock] = {};
@@ -79,20 +78,18 @@ inline bool panel_sees_block(const FlashGeometry& g, const HeadProblem& head, co
 inline bool later_blocks_unseen_too(const HeadProblem& head) { return head.causal && !head.block_keep; }
 
 // S (MR x kBlockKeys) = the panel's Q times key block kb's keys^T.
-void qk_tile(const FlashGeometry& g, const HeadProblem& head, const PackedKV& kv, const QBlockState& st, int panel,
-             int64_t kb, float* s);
+void qk_tile(const FlashGeometry& g, const HeadProblem& head, const PackedKV& kv, const QBlockState& st, int panel, int64_t kb, float* s);
 // The softmax step on S for `panel` against key block kb: masks, updates m and l, writes P into S
 // and the rescale factors into alpha (MR floats). Under block sparsity, a panel whose rows span two
 // query blocks of which only one keeps kb masks the other's rows out of this tile.
-void softmax_step(const FlashGeometry& g, const HeadProblem& head, float scale, int64_t q0_panel, int64_t kb,
-                  float* s, float* m, float* l, float* alpha);
+void softmax_step(const FlashGeometry& g, const HeadProblem& head, float scale, int64_t q0_panel, int64_t kb, float* s, float* m, float* l,
+                  float* alpha);
 // O_panel = alpha * O_panel + P V_block (O starts at zero on the panel's first block).
-void pv_tile(const FlashGeometry& g, const HeadProblem& head, const PackedKV& kv, QBlockState& st, int panel,
-             int64_t kb, const float* p, const float* alpha);
+void pv_tile(const FlashGeometry& g, const HeadProblem& head, const PackedKV& kv, QBlockState& st, int panel, int64_t kb, const float* p,
+             const float* alpha);
 // out rows of the block = O / l (NaN for a row that attended to no key; zero for a row whose query
 // block keeps no key block under block sparsity); head.lse, if asked for, = m + log(l).
-void finish_q_block(const FlashGeometry& g, const HeadProblem& head, DType dtype, const QBlockState& st,
-                    const float* m, const float* l);
+void finish_q_block(const FlashGeometry& g, const HeadProblem& head, DType dtype, const QBlockState& st, const float* m, const float* l);
 
 // Scratch from the caching allocator (the same blocks come back call after call).
 class Scratch {

@@ -19,8 +19,7 @@ AttentionPartial merge_attention_partials(const AttentionPartial& a, const Atten
   for (const AttentionPartial* p : {&a, &b}) {
     if (!p->out.defined() || p->out.dim() != 4 || (p->out.dtype() != DType::f32 && p->out.dtype() != DType::bf16))
       fail("out must be f32 or bf16 4-D, got " + p->out.brief());
-    if (!p->lse.defined() || p->lse.dtype() != DType::f32 || p->lse.dim() != 3)
-      fail("lse must be f32 [B, N, Sq], got " + p->lse.brief());
+    if (!p->lse.defined() || p->lse.dtype() != DType::f32 || p->lse.dim() != 3) fail("lse must be f32 [B, N, Sq], got " + p->lse.brief());
   }
   if (a.out.shape() != b.out.shape() || a.out.dtype() != b.out.dtype())
     fail("the two outs must have one shape and dtype, got " + a.out.brief() + " and " + b.out.brief());

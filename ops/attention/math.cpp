@@ -45,9 +45,8 @@ void matmul_f32(int64_t m, int64_t n, int64_t k, const float* a, const float* b,
 
 void math_head(const HeadProblem& h, int64_t d, DType dtype, float scale) {
   const bool bf16 = dtype == DType::bf16;
-  std::vector<float> q(static_cast<std::size_t>(h.sq * d)), k(static_cast<std::size_t>(h.sk * d)),
-      v(static_cast<std::size_t>(h.sk * d)), scores(static_cast<std::size_t>(h.sq * h.sk)),
-      out(static_cast<std::size_t>(h.sq * d));
+  std::vector<float> q(static_cast<std::size_t>(h.sq * d)), k(static_cast<std::size_t>(h.sk * d)), v(static_cast<std::size_t>(h.sk * d)),
+      scores(static_cast<std::size_t>(h.sq * h.sk)), out(static_cast<std::size_t>(h.sq * d));
   rows_as_f32(h.q, h.q_ld, h.sq, d, dtype, q.data());
   rows_as_f32(h.k, h.k_ld, h.sk, d, dtype, k.data());
   rows_as_f32(h.v, h.v_ld, h.sk, d, dtype, v.data());

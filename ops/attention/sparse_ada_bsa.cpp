@@ -17,10 +17,10 @@ namespace cubevec::ops::attn::ada_bsa {
 
 namespace {
 
-constexpr int64_t kStride = 8;                            // tokens per group
+constexpr int64_t kStride = 8;                               // tokens per group
 constexpr int64_t kGroupsPerBlock = kSparseBlock / kStride;  // 16
-constexpr int64_t kChunkGroups = 32 * kGroupsPerBlock;    // query groups per GEMM
-constexpr double kEps = 1e-5;                             // the kernel's guard offset
+constexpr int64_t kChunkGroups = 32 * kGroupsPerBlock;       // query groups per GEMM
+constexpr double kEps = 1e-5;                                // the kernel's guard offset
 
 }  // namespace
 

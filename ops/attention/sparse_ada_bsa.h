@@ -7,11 +7,11 @@
 namespace cubevec::ops::attn::ada_bsa {
 
 struct Params {
-  float scale = 1.0f;     // the attention's scale (the estimate uses scale / 8)
-  double threshold = 1;   // cdf_threshold: < 1 keeps the smallest set reaching that mass
-  bool keep_sink = true;  // force key block 0
+  float scale = 1.0f;       // the attention's scale (the estimate uses scale / 8)
+  double threshold = 1;     // cdf_threshold: < 1 keeps the smallest set reaching that mass
+  bool keep_sink = true;    // force key block 0
   bool keep_recent = true;  // (non-causal: the last key block is forced whatever this says)
-  double row_sparse = 1;  // 1 - sparsity: rows of L >= 10 blocks keep at most int(L * row_sparse)
+  double row_sparse = 1;    // 1 - sparsity: rows of L >= 10 blocks keep at most int(L * row_sparse)
 };
 
 // The estimated block scores of one head, [Lq, Lk] (Lq = ceil(sq / 128), Lk = ceil(sk / 128)):

@@ -35,7 +35,8 @@ std::string number(double x) {
 // `order` (all rows in order when null).
 std::vector<float> head_rows(const Tensor& t, AttentionLayout layout, int64_t b, int64_t n, const std::vector<int32_t>* order) {
   const int64_t s = t.size(seq_dim(layout)), d = t.size(3), ld = t.stride(seq_dim(layout));
-  const std::byte* base = t.unsynchronized_data_ptr() + (b * t.stride(0) + n * t.stride(head_dim_index(layout))) * static_cast<int64_t>(t.itemsize());
+  const std::byte* base =
+      t.unsynchronized_data_ptr() + (b * t.stride(0) + n * t.stride(head_dim_index(layout))) * static_cast<int64_t>(t.itemsize());
   std::vector<float> out(static_cast<std::size_t>(s * d));
   for (int64_t i = 0; i < s; ++i) {
     const int64_t row = order ? (*order)[static_cast<std::size_t>(i)] : i;
@@ -57,17 +58,18 @@ Tensor reorder_tokens(const Tensor& x, AttentionLayout layout, std::shared_ptr<c
   const int64_t outer = layout == AttentionLayout::bnsd ? in.size(0) * in.size(1) : in.size(0);
   const int64_t s = in.size(sd), row = layout == AttentionLayout::bnsd ? in.size(3) : in.size(2) * in.size(3);
   const auto bytes = static_cast<std::size_t>(row) * in.itemsize();
-  stream.launch({name, Unit::vector, 0.0, 2.0 * static_cast<double>(in.nbytes()), in.dtype()}, {in}, {out}, [in, out, order, outer, s, bytes] {
-    const std::byte* src = in.unsynchronized_data_ptr();
-    std::byte* dst = out.unsynchronized_data_ptr();
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, outer * s), [&](const tbb::blocked_range<int64_t>& r) {
-      for (int64_t i = r.begin(); i < r.end(); ++i) {
-        const int64_t o = i / s, pos = i % s;
-        std::memcpy(dst + static_cast<std::size_t>(i) * bytes,
-                    src + static_cast<std::size_t>(o * s + (*order)[static_cast<std::size_t>(pos)]) * bytes, bytes);
-      }
-    });
-  });
+  stream.launch({name, Unit::vector, 0.0, 2.0 * static_cast<double>(in.nbytes()), in.dtype()}, {in}, {out},
+                [in, out, order, outer, s, bytes] {
+                  const std::byte* src = in.unsynchronized_data_ptr();
+                  std::byte* dst = out.unsynchronized_data_ptr();
+                  tbb::parallel_for(tbb::blocked_range<int64_t>(0, outer * s), [&](const tbb::blocked_range<int64_t>& r) {
+                    for (int64_t i = r.begin(); i < r.end(); ++i) {
+                      const int64_t o = i / s, pos = i % s;
+                      std::memcpy(dst + static_cast<std::size_t>(i) * bytes,
+                                  src + static_cast<std::size_t>(o * s + (*order)[static_cast<std::size_t>(pos)]) * bytes, bytes);
+                    }
+                  });
+                });
   return out;
 }
 
@@ -102,7 +104,8 @@ SparseAttentionOptions check_sparse_attention(const Tensor& q, const Tensor& k, 
     fail("input_layout must be BSND or BNSD, got " + std::string(attention_layout_name(o.input_layout)));
   for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) {
     if (!t->defined() || t->dim() != 4)
-      fail(std::string(name) + " must be 4-D [" + (o.input_layout == AttentionLayout::bnsd ? "B, N, S, D" : "B, S, N, D") + "], got " + t->brief());
+      fail(std::string(name) + " must be 4-D [" + (o.input_layout == AttentionLayout::bnsd ? "B, N, S, D" : "B, S, N, D") + "], got " +
+           t->brief());
     if (t->dtype() != DType::f32 && t->dtype() != DType::bf16) fail(std::string(name) + " must be f32 or bf16, got " + t->brief());
   }
   const int64_t heads = q.size(head_dim_index(o.input_layout)), s = q.size(seq_dim(o.input_layout));
@@ -119,7 +122,8 @@ SparseAttentionOptions check_sparse_attention(const Tensor& q, const Tensor& k, 
     fail("txt_len must be in [0, " + std::to_string(s) + "] (the sequence length), got " + std::to_string(o.txt_len));
   if (o.sparse_type == SparseType::none) return o;
   if (q.shape() != k.shape() || q.shape() != v.shape() || q.dtype() != k.dtype() || q.dtype() != v.dtype())
-    fail("sparse attention is self-attention: q, k and v must have one shape and dtype, got " + q.brief() + ", " + k.brief() + ", " + v.brief());
+    fail("sparse attention is self-attention: q, k and v must have one shape and dtype, got " + q.brief() + ", " + k.brief() + ", " +
+         v.brief());
   if (q.size(3) == 0) fail("the head dim must be at least 1, got " + q.brief());
   if (o.sparse_type == SparseType::rf_v2) {
     if (!o.latent_shape_q) fail("rf_v2 needs latent_shape_q (t, h, w), the latent token grid of the S - txt_len image tokens");
@@ -128,21 +132,25 @@ SparseAttentionOptions check_sparse_attention(const Tensor& q, const Tensor& k, 
     const int64_t image = s - o.txt_len;
     int64_t tokens = 0;
     if (__builtin_mul_overflow(lq[0], lq[1], &tokens) || __builtin_mul_overflow(tokens, lq[2], &tokens))
-      fail("latent_shape_q " + shape_text(lq) + " holds more than 2^63 tokens, but the sequence has S - txt_len = " + std::to_string(image));
+      fail("latent_shape_q " + shape_text(lq) +
+           " holds more than 2^63 tokens, but the sequence has S - txt_len = " + std::to_string(image));
     if (q.size(0) == 0) fail("rf_v2 takes every batch's mask from batch 0, so q needs at least one batch, got " + q.brief());
     if (tokens != image)
       fail("latent_shape_q " + shape_text(lq) + " holds " + std::to_string(tokens) + " tokens, but the sequence has S - txt_len = " +
            std::to_string(s) + " - " + std::to_string(o.txt_len) + " = " + std::to_string(image));
     if ((lq[1] % 8 != 0 || lq[2] % 8 != 0) && lq[0] == 1)
-      fail("latent_shape_q " + shape_text(lq) + ": with h or w not a multiple of 8, rf_v2's reorder needs more than one frame (as MindIE's)");
+      fail("latent_shape_q " + shape_text(lq) +
+           ": with h or w not a multiple of 8, rf_v2's reorder needs more than one frame (as MindIE's)");
     if (o.latent_shape_k && *o.latent_shape_k != lq)
       fail("latent_shape_k " + shape_text(*o.latent_shape_k) + " must equal latent_shape_q " + shape_text(lq) + " (self-attention)");
     o.latent_shape_k = lq;
-    if (o.sparsity >= 1.0) fail("sparsity must be below 1 for rf_v2 (it keeps ceil(L * (1 - sparsity)) blocks per row), got " + number(o.sparsity));
+    if (o.sparsity >= 1.0)
+      fail("sparsity must be below 1 for rf_v2 (it keeps ceil(L * (1 - sparsity)) blocks per row), got " + number(o.sparsity));
   } else {
     const int64_t lk = ceil_div(s, attn::kSparseBlock);
     if (lk >= 10 && static_cast<int64_t>(static_cast<double>(lk) * (1.0 - o.sparsity)) < 1)
-      fail("sparsity " + number(o.sparsity) + " keeps no block in rows of " + std::to_string(lk) + " blocks (ada_bsa keeps int(L * (1 - sparsity)))");
+      fail("sparsity " + number(o.sparsity) + " keeps no block in rows of " + std::to_string(lk) +
+           " blocks (ada_bsa keeps int(L * (1 - sparsity)))");
   }
   return o;
 }
@@ -165,11 +173,13 @@ SparseMask estimate_sparse_mask(const Tensor& q, const Tensor& k, const SparseAt
     mask.kernel_mask = mask.kept_blocks.narrow(2, 0, lk).narrow(3, 0, lk);
     mask.expected_density = attn::rf_v2::expected_density(latent, o.txt_len, o.sparsity);
     if (o.txt_len > 0 && image % attn::kSparseBlock != 0)
-      mask.note = "rf_v2: the image part (" + std::to_string(image) + " tokens) is not a multiple of 128, so the pooled text blocks do not "
+      mask.note = "rf_v2: the image part (" + std::to_string(image) +
+                  " tokens) is not a multiple of 128, so the pooled text blocks do not "
                   "line up with the kernel's blocks; their indices are used as MindIE SD uses them";
     const auto order = std::make_shared<const std::vector<int32_t>>(attn::rf_v2::sequence_order(latent, o.txt_len));
     const Tensor out = mask.kept_blocks;
-    const double flops = static_cast<double>(n) * (4.0 * static_cast<double>(s * d) + 2.0 * static_cast<double>(l * l * d) + 4.0 * static_cast<double>(l * l));
+    const double flops = static_cast<double>(n) *
+                         (4.0 * static_cast<double>(s * d) + 2.0 * static_cast<double>(l * l * d) + 4.0 * static_cast<double>(l * l));
     const double bytes = static_cast<double>(2 * n * s * d) * static_cast<double>(q.itemsize());
     stream.launch({"sparse_estimate_rf_v2", Unit::cube, flops, bytes, DType::f32}, {qc, kc}, {out},
                   [qc, kc, out, order, layout, n, d, image, l, lk, latent, o, scale, stats] {
@@ -178,7 +188,8 @@ SparseMask estimate_sparse_mask(const Tensor& q, const Tensor& k, const SparseAt
                       std::vector<float> scores(static_cast<std::size_t>(l * l));
                       for (int64_t h = r.begin(); h < r.end(); ++h) {
                         // Batch 0 decides for every batch, as MindIE's rf_v2.
-                        const std::vector<float> qh = head_rows(qc, layout, 0, h, order.get()), kh = head_rows(kc, layout, 0, h, order.get());
+                        const std::vector<float> qh = head_rows(qc, layout, 0, h, order.get()),
+                                                 kh = head_rows(kc, layout, 0, h, order.get());
                         uint8_t* m = reinterpret_cast<uint8_t*>(out.unsynchronized_data_ptr()) + h * l * l;
                         attn::rf_v2::head_mask({qh.data(), kh.data(), d, image, o.txt_len, d, latent[1] * latent[2], scale, o.sparsity}, m,
                                                scores.data());
@@ -212,7 +223,8 @@ SparseMask estimate_sparse_mask(const Tensor& q, const Tensor& k, const SparseAt
                   tbb::parallel_for(tbb::blocked_range<int64_t>(0, b * n, 1), [&](const tbb::blocked_range<int64_t>& r) {
                     std::vector<float> scores(static_cast<std::size_t>(lk * lk));
                     for (int64_t i = r.begin(); i < r.end(); ++i) {
-                      const std::vector<float> qh = head_rows(qc, layout, i / n, i % n, nullptr), kh = head_rows(kc, layout, i / n, i % n, nullptr);
+                      const std::vector<float> qh = head_rows(qc, layout, i / n, i % n, nullptr),
+                                               kh = head_rows(kc, layout, i / n, i % n, nullptr);
                       attn::ada_bsa::block_scores(qh.data(), d, s, kh.data(), d, s, d, params.scale, scores.data());
                       uint8_t* m = reinterpret_cast<uint8_t*>(out.unsynchronized_data_ptr()) + i * lk * lk;
                       int64_t count = 0;

@@ -26,8 +26,7 @@ void pool_rows(const float* x, int64_t ld, int64_t r0, int64_t r1, int64_t d, fl
 std::vector<float> pool(const float* x, int64_t ld, int64_t image, int64_t text, int64_t d) {
   const int64_t li = ceil_div(image, kSparseBlock), lt = ceil_div(text, kSparseBlock);
   std::vector<float> out(static_cast<std::size_t>((li + lt) * d));
-  for (int64_t b = 0; b < li; ++b)
-    pool_rows(x, ld, b * kSparseBlock, std::min(image, (b + 1) * kSparseBlock), d, out.data() + b * d);
+  for (int64_t b = 0; b < li; ++b) pool_rows(x, ld, b * kSparseBlock, std::min(image, (b + 1) * kSparseBlock), d, out.data() + b * d);
   for (int64_t b = 0; b < lt; ++b)
     pool_rows(x, ld, image + b * kSparseBlock, image + std::min(text, (b + 1) * kSparseBlock), d, out.data() + (li + b) * d);
   return out;

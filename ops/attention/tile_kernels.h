@@ -18,20 +18,20 @@ namespace cubevec::ops::attn {
 inline constexpr int kBlockKeys = 128;
 
 struct SoftmaxTile {
-  float* s = nullptr;                // rows x kBlockKeys: scores in, probabilities out
-  int rows = 0;                      // rows in the tile (MR)
-  int cols = 0;                      // valid keys in the block
+  float* s = nullptr;                 // rows x kBlockKeys: scores in, probabilities out
+  int rows = 0;                       // rows in the tile (MR)
+  int cols = 0;                       // valid keys in the block
   const int32_t* row_cols = nullptr;  // per row, the keys it may see (a causal prefix), or null: cols
-  const uint8_t* mask = nullptr;     // row r at mask + r * mask_ld (bool bytes, 1 = attend), or null
+  const uint8_t* mask = nullptr;      // row r at mask + r * mask_ld (bool bytes, 1 = attend), or null
   int64_t mask_ld = 0;
-  int mask_rows = 0;                 // rows that have a mask row (the rest attend to every key)
-  const float* bias = nullptr;       // row r at bias + r * bias_ld, added after scaling (r < bias_rows), or null
+  int mask_rows = 0;            // rows that have a mask row (the rest attend to every key)
+  const float* bias = nullptr;  // row r at bias + r * bias_ld, added after scaling (r < bias_rows), or null
   int64_t bias_ld = 0;
   int bias_rows = 0;
   float scale = 1.0f;
-  float* m = nullptr;                // per row: running max of the scaled scores (-inf at first)
-  float* l = nullptr;                // per row: running sum of exp(score - m)
-  float* alpha = nullptr;            // per row, out: exp(m_old - m_new), the factor for O
+  float* m = nullptr;      // per row: running max of the scaled scores (-inf at first)
+  float* l = nullptr;      // per row: running sum of exp(score - m)
+  float* alpha = nullptr;  // per row, out: exp(m_old - m_new), the factor for O
 };
 
 // O[MR x W] (row stride ldo) = (alpha ? alpha[r] * O : 0) + P[MR x kc] (row stride kBlockKeys) x
@@ -40,8 +40,8 @@ using PvKernel = void (*)(int64_t kc, const float* p, const float* v, float* o, 
 using SoftmaxKernel = void (*)(const SoftmaxTile& tile);
 
 struct TileKernels {
-  int mr = 0;             // query rows per micro-panel
-  int nr = 0;             // keys per QK micro-kernel call
+  int mr = 0;  // query rows per micro-panel
+  int nr = 0;  // keys per QK micro-kernel call
   gemm::MicroKernel qk = nullptr;
   int pv_wide = 0, pv_narrow = 0;  // column widths of the two PV kernels
   PvKernel pv_wide_kernel = nullptr, pv_narrow_kernel = nullptr;

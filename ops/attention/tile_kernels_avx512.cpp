@@ -18,8 +18,7 @@ constexpr int MR = gemm::kMrAvx512;
 
 // W = 16 * NV columns of O for MR rows; the accumulators are MR * NV zmm registers.
 template <int NV>
-[[gnu::always_inline]] inline void pv_tile(int64_t kc, const float* p, const float* v, float* o, int64_t ldo,
-                                           const float* alpha) {
+[[gnu::always_inline]] inline void pv_tile(int64_t kc, const float* p, const float* v, float* o, int64_t ldo, const float* alpha) {
   __m512 acc[MR][NV];
   if (alpha) {
 #pragma GCC unroll 16
@@ -38,7 +37,7 @@ template <int NV>
     __m512 b[NV];
 #pragma GCC unroll 2
     for (int c = 0; c < NV; ++c) b[c] = _mm512_loadu_ps(v + 16 * c);
-    // Row r of P sits at the fixed distance r * kBlockKeys from row 0: one base register for all.
+      // Row r of P sits at the fixed distance r * kBlockKeys from row 0: one base register for all.
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
       const __m512 pr = _mm512_set1_ps(p[r * kBlockKeys + k]);
@@ -57,8 +56,8 @@ template <int NV>
 // polynomial, 2^n applied by scalef (about 2 ulp, the same scheme as ops/vector_math.h).
 [[gnu::always_inline]] inline __m512 exp_nonpositive(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 n =
+      _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
   r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723e-6f), r);
   __m512 p = _mm512_set1_ps(1.0f / 720.0f);
@@ -127,8 +126,7 @@ void softmax_tile_avx512(const SoftmaxTile& t) {
       _mm512_mask_storeu_ps(s + j, in_block, p);
       vsum = _mm512_add_ps(vsum, p);
     }
-    const float alpha =
-        m_old == neg_inf ? 0.0f : _mm512_cvtss_f32(exp_nonpositive(_mm512_set1_ps(m_old - m_new)));
+    const float alpha = m_old == neg_inf ? 0.0f : _mm512_cvtss_f32(exp_nonpositive(_mm512_set1_ps(m_old - m_new)));
     t.alpha[r] = alpha;
     t.m[r] = m_new;
     t.l[r] = t.l[r] * alpha + _mm512_reduce_add_ps(vsum);

@@ -32,7 +32,8 @@ template <class Entries>
 void refuse_repeated_key(const Entries& loaded, const AttentionTuneKey& key, std::size_t index, const char* what) {
   for (const auto& [other, at] : loaded)
     if (other.first == key)
-      throw Error(std::string(what) + " " + std::to_string(index) + " repeats the key of " + what + " " + std::to_string(at) + " (" + key.text() + ")");
+      throw Error(std::string(what) + " " + std::to_string(index) + " repeats the key of " + what + " " + std::to_string(at) + " (" +
+                  key.text() + ")");
 }
 
 std::string string_field(const json& entry, const char* name) {
@@ -96,8 +97,8 @@ json entry_to_json(const AttentionTuneKey& k, const AttentionTuneChoice& c) {
 
 std::string AttentionTuneKey::text() const {
   std::ostringstream s;
-  s << "B" << batch << " N" << heads << " D" << head_dim << " Sq" << q_len << " Sk" << kv_len << " "
-    << dtype_name(dtype) << " " << attention_layout_name(layout) << " mask " << attention_mask_kind_name(mask);
+  s << "B" << batch << " N" << heads << " D" << head_dim << " Sq" << q_len << " Sk" << kv_len << " " << dtype_name(dtype) << " "
+    << attention_layout_name(layout) << " mask " << attention_mask_kind_name(mask);
   return s.str();
 }
 
@@ -142,8 +143,7 @@ void AttentionTuner::clear() {
 }
 
 std::string AttentionTuner::load(const std::string& path, const std::string& fingerprint) {
-  if (!std::filesystem::exists(path))
-    return "attention tune cache " + path + " does not exist yet; it will be written after tuning";
+  if (!std::filesystem::exists(path)) return "attention tune cache " + path + " does not exist yet; it will be written after tuning";
   std::string text;
   try {
     text = read_regular_file(path);
@@ -154,10 +154,8 @@ std::string AttentionTuner::load(const std::string& path, const std::string& fin
   try {
     const json doc = parse_strict_json(text, 8);
     if (!doc.is_object()) throw Error("expected a JSON object at the top level");
-    if (!doc.contains("format") || doc["format"] != kFormat)
-      throw Error(std::string("field 'format' must be \"") + kFormat + "\"");
-    if (!doc.contains("version") || !doc["version"].is_number_integer())
-      throw Error("field 'version' must be an integer");
+    if (!doc.contains("format") || doc["format"] != kFormat) throw Error(std::string("field 'format' must be \"") + kFormat + "\"");
+    if (!doc.contains("version") || !doc["version"].is_number_integer()) throw Error("field 'version' must be an integer");
     if (doc["version"].get<int64_t>() != kVersion)
       return "attention tune cache " + path + " has format version " + doc["version"].dump() + ", this cubevec writes " +
              std::to_string(kVersion) + "; ignoring it (it will be rewritten)";
@@ -178,11 +176,10 @@ std::string AttentionTuner::load(const std::string& path, const std::string& fin
       ++index;
     }
     if (file_fingerprint != fingerprint)
-      return "attention tune cache " + path + " is stale: tuned for '" + file_fingerprint + "', this run is '" +
-             fingerprint + "'; ignoring its " + std::to_string(loaded.size()) + " entries (they will be rewritten)";
+      return "attention tune cache " + path + " is stale: tuned for '" + file_fingerprint + "', this run is '" + fingerprint +
+             "'; ignoring its " + std::to_string(loaded.size()) + " entries (they will be rewritten)";
   } catch (const Error& err) {
-    throw Error("attention tune cache " + path + " is not valid: " + err.what() +
-                " (delete it to tune again)");
+    throw Error("attention tune cache " + path + " is not valid: " + err.what() + " (delete it to tune again)");
   }
   for (const auto& [key, choice] : loaded) store(key, choice);
   std::lock_guard lock(mutex_);
@@ -238,8 +235,7 @@ json AttentionTuner::section(const std::string& fingerprint, const json& foreign
 }
 
 std::string attention_tune_fingerprint(const Device& device) {
-  return std::string("isa=") + std::string(isa_name(gemm::best_isa())) +
-         " cube_threads=" + std::to_string(device.profile().cube_threads) +
+  return std::string("isa=") + std::string(isa_name(gemm::best_isa())) + " cube_threads=" + std::to_string(device.profile().cube_threads) +
          " vector_threads=" + std::to_string(device.profile().vector_threads);
 }
 

@@ -10,7 +10,7 @@ namespace cubevec::ops::gemm {
 
 struct CpuCaches {
   int64_t l1d = 32 << 10, l2 = 1 << 20, l3 = 8 << 20;  // bytes per core (L1, L2) and shared (L3)
-  std::string source = "defaults";                       // "sysfs", "cpuid" or "defaults"
+  std::string source = "defaults";                     // "sysfs", "cpuid" or "defaults"
   bool operator==(const CpuCaches& other) const { return l1d == other.l1d && l2 == other.l2 && l3 == other.l3; }
   std::string text() const;  // "L1d 48 KiB, L2 2048 KiB, L3 480 MiB (sysfs)"
 };

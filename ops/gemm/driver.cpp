@@ -246,8 +246,7 @@ void gemm_block(const Problem& p, const Plan<P>& plan, int64_t row0, int64_t row
             if (rows == plan.mr && cols == plan.nr) {
               plan.micro(k_steps, a_panel, b_panel, c_tile, p.ldc, !first);
             } else {  // edge tile: compute in full, copy the valid part
-              for (int64_t r = 0; r < rows && !first; ++r)
-                std::copy(c_tile + r * p.ldc, c_tile + r * p.ldc + cols, edge + r * plan.nr);
+              for (int64_t r = 0; r < rows && !first; ++r) std::copy(c_tile + r * p.ldc, c_tile + r * p.ldc + cols, edge + r * plan.nr);
               plan.micro(k_steps, a_panel, b_panel, edge, plan.nr, !first);
               for (int64_t r = 0; r < rows; ++r) std::copy(edge + r * plan.nr, edge + r * plan.nr + cols, c_tile + r * p.ldc);
             }

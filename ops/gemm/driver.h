@@ -63,7 +63,7 @@ struct PackedB {
   int64_t n = 0, k = 0;
   Element compute = Element::f32;
   Isa isa = Isa::portable;
-  Bf16Path bf16 = Bf16Path::f32;  // the bf16 kernel the panels are for (f32: the f32 kernels)
+  Bf16Path bf16 = Bf16Path::f32;     // the bf16 kernel the panels are for (f32: the f32 kernels)
   int64_t kc = 0, panel_stride = 0;  // K block size; elements per K block (all N panels)
   // The panels, in the caching allocator (counted in its peak and under its limit).
   AllocatedArray<float> f32;             // f32 kernels
@@ -89,11 +89,11 @@ void sgemm(const Problem& p, Isa isa, int threads);
 // GEMM's variant names its int8 kernel instead (`int8`; then `bf16` stays f32).
 struct GemmVariant {
   Bf16Path bf16 = Bf16Path::f32;
-  int l2_share = 2;       // the A block takes L2 / l2_share
-  bool prefetch = false;  // the f32 AVX-512 kernel's software prefetch (same bits either way)
+  int l2_share = 2;                            // the A block takes L2 / l2_share
+  bool prefetch = false;                       // the f32 AVX-512 kernel's software prefetch (same bits either way)
   std::optional<Int8Isa> int8 = std::nullopt;  // the int8 family's kernel
   bool operator==(const GemmVariant&) const = default;
-  std::string name() const;            // "amx L2/8", "f32 L2/4 prefetch", "avx512_vnni L2/2"
+  std::string name() const;              // "amx L2/8", "f32 L2/4 prefetch", "avx512_vnni L2/2"
   std::string_view kernel_name() const;  // "amx", "f32", "avx512_vnni"
 };
 // The cache blocks of a variant: KC is fixed per kernel (packed B panels depend on it and the
@@ -103,8 +103,7 @@ struct Blocking {
 };
 Blocking blocking_of(const GemmVariant& variant, Isa isa, const CpuCaches& caches);
 // sgemm with a given variant and caches (calibration, tests, benchmarks); its path must be available.
-void sgemm_variant(const Problem& p, Isa isa, int threads, const GemmVariant& variant,
-                   const CpuCaches& caches = this_cpu_caches());
+void sgemm_variant(const Problem& p, Isa isa, int threads, const GemmVariant& variant, const CpuCaches& caches = this_cpu_caches());
 
 // True when the CPU has AVX512-BF16 dot products.
 bool has_bf16_dot();

@@ -11,11 +11,11 @@ namespace cubevec::ops::gemm {
 enum class Activation : uint8_t { none, gelu_tanh, silu };
 
 struct Epilogue {
-  const float* bias = nullptr;      // [N] or null
+  const float* bias = nullptr;  // [N] or null
   Activation activation = Activation::none;
-  const void* residual = nullptr;   // [M, N] (ld_residual), f32 or (residual_bf16) bf16, or null
+  const void* residual = nullptr;  // [M, N] (ld_residual), f32 or (residual_bf16) bf16, or null
   int64_t ld_residual = 0;
-  const float* gate = nullptr;      // [N] or null (only with residual)
+  const float* gate = nullptr;  // [N] or null (only with residual)
   bool residual_bf16 = false;
   // When set, the finished values are also stored here rounded to bf16 (row stride ld_out, the same
   // (i, j) coordinates as C): a bf16 result, with C serving as the f32 accumulator.

@@ -16,8 +16,7 @@ static inline uint16_t epilogue_f32_to_bf16(float value) {  // nearest even; NaN
   return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 
-static inline void apply_epilogue(const Epilogue& ep, float* c, int64_t ldc, int64_t i0, int64_t j0, int64_t rows,
-                                  int64_t cols) {
+static inline void apply_epilogue(const Epilogue& ep, float* c, int64_t ldc, int64_t i0, int64_t j0, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
     float* row = c + r * ldc;
     if (ep.bias)

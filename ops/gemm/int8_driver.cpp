@@ -126,7 +126,8 @@ Int8Isa best_int8_isa() {
 
 std::shared_ptr<const PackedInt8> pack_int8_weight(const int8_t* w, int64_t n, int64_t k, int64_t ldw, Int8Isa isa) {
   if (!int8_isa_supported(isa)) throw Error("int8 GEMM: ISA " + std::string(int8_isa_name(isa)) + " is not supported by this CPU");
-  if (n < 1 || k < 1 || ldw < k) throw Error("pack_int8_weight: expected a weight [N, K] with N, K >= 1, got N " + std::to_string(n) + ", K " + std::to_string(k));
+  if (n < 1 || k < 1 || ldw < k)
+    throw Error("pack_int8_weight: expected a weight [N, K] with N, K >= 1, got N " + std::to_string(n) + ", K " + std::to_string(k));
   auto out = std::make_shared<PackedInt8>();
   const Int8Plan plan = plan_of(isa);
   out->n = n, out->k = k, out->k_quads = (k + 3) / 4, out->isa = isa, out->nr = plan.nr;
@@ -155,7 +156,8 @@ void gemm_int8(const Int8Problem& p, int threads) {
 
 void gemm_int8_variant(const Int8Problem& p, int threads, int l2_share, const CpuCaches& caches) {
   if (p.m <= 0 || p.n <= 0) return;
-  if (!p.b || p.b->n != p.n) throw Error("gemm_int8: the packed weight has " + std::to_string(p.b ? p.b->n : 0) + " columns, expected " + std::to_string(p.n));
+  if (!p.b || p.b->n != p.n)
+    throw Error("gemm_int8: the packed weight has " + std::to_string(p.b ? p.b->n : 0) + " columns, expected " + std::to_string(p.n));
   if (!int8_isa_supported(p.b->isa)) throw Error("gemm_int8: the weight was packed for an ISA this CPU lacks");
   const Int8Plan plan = plan_of(p.b->isa);
   const int64_t panels = (p.n + plan.nr - 1) / plan.nr;

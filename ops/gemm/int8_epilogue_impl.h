@@ -9,8 +9,8 @@
 
 namespace cubevec::ops::gemm {
 
-static inline void apply_int8_epilogue(const Int8Output& p, const int32_t* acc, int64_t ld_acc, int64_t i0, int64_t j0,
-                                       int64_t rows, int64_t cols) {
+static inline void apply_int8_epilogue(const Int8Output& p, const int32_t* acc, int64_t ld_acc, int64_t i0, int64_t j0, int64_t rows,
+                                       int64_t cols) {
   const Int8Epilogue& ep = p.epilogue;
   const int32_t* sums = p.column_sums + j0;
   for (int64_t r = 0; r < rows; ++r) {

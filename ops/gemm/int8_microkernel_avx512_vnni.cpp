@@ -37,8 +37,7 @@ void int8_microkernel_avx512_vnni(int64_t k_quads, const uint8_t* a, const int8_
 
 namespace cubevec::ops::gemm {
 
-void int8_epilogue_avx512(const Int8Output& p, const int32_t* acc, int64_t ld_acc, int64_t i0, int64_t j0, int64_t rows,
-                          int64_t cols) {
+void int8_epilogue_avx512(const Int8Output& p, const int32_t* acc, int64_t ld_acc, int64_t i0, int64_t j0, int64_t rows, int64_t cols) {
   apply_int8_epilogue(p, acc, ld_acc, i0, j0, rows, cols);
 }
 

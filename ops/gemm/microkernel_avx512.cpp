@@ -16,8 +16,8 @@ void microkernel(int64_t kc, const float* a, const float* b, float* c, int64_t l
   __m512 lo[MR], hi[MR];  // row r: columns 0-15 in lo[r], 16-31 in hi[r]
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
-  // The C tile is touched only at the end: fetch its rows now, while the FMAs run (its rows are
-  // far apart, so each is a likely cache miss that would otherwise stall the stores).
+    // The C tile is touched only at the end: fetch its rows now, while the FMAs run (its rows are
+    // far apart, so each is a likely cache miss that would otherwise stall the stores).
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {
     _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc), _MM_HINT_T0);
@@ -30,8 +30,8 @@ void microkernel(int64_t kc, const float* a, const float* b, float* c, int64_t l
       _mm_prefetch(reinterpret_cast<const char*>(a + kPrefetch * MR), _MM_HINT_T0);
     }
     const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
-  #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
       const __m512 ar = _mm512_set1_ps(a[r]);
       lo[r] = _mm512_fmadd_ps(ar, b0, lo[r]);
       hi[r] = _mm512_fmadd_ps(ar, b1, hi[r]);

@@ -5,8 +5,7 @@
 
 namespace cubevec::ops::gemm {
 
-void microkernel_bf16_avx512(int64_t kpairs, const uint16_t* a, const uint16_t* b, float* c, int64_t ldc,
-                             bool accumulate) {
+void microkernel_bf16_avx512(int64_t kpairs, const uint16_t* a, const uint16_t* b, float* c, int64_t ldc, bool accumulate) {
   constexpr int MR = kMrBf16;
   __m512 lo[MR], hi[MR];
 #pragma GCC unroll 16
@@ -19,8 +18,8 @@ void microkernel_bf16_avx512(int64_t kpairs, const uint16_t* a, const uint16_t* 
   for (int64_t k = 0; k < kpairs; ++k) {
     const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b));
     const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + 32));
-  #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
       int32_t pair;
       __builtin_memcpy(&pair, a + 2 * r, sizeof pair);
       const __m512bh ar = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));

@@ -25,8 +25,8 @@ using json = nlohmann::json;
 
 constexpr auto kFamilyNames =
     enum_names<GemmFamily>("GEMM family", {{GemmFamily::f32, "f32"}, {GemmFamily::bf16, "bf16"}, {GemmFamily::int8, "int8"}});
-constexpr auto kShapeNames = enum_names<ShapeClass>(
-    "shape class", {{ShapeClass::skinny, "skinny"}, {ShapeClass::small, "small"}, {ShapeClass::large, "large"}});
+constexpr auto kShapeNames =
+    enum_names<ShapeClass>("shape class", {{ShapeClass::skinny, "skinny"}, {ShapeClass::small, "small"}, {ShapeClass::large, "large"}});
 constexpr auto kIsaNames = enum_names<Isa>("ISA", {{Isa::avx512, "avx512"}, {Isa::avx2, "avx2"}, {Isa::portable, "portable"}});
 constexpr const char* kFormat = "cubevec-tuning";
 constexpr int kVersion = 1;
@@ -47,7 +47,8 @@ int64_t field_int(const json& object, const char* name, int64_t lo, int64_t hi) 
   if (!object.contains(name) || !object[name].is_number_integer()) throw Error(std::string("field '") + name + "' must be an integer");
   const int64_t v = object[name].get<int64_t>();
   if (v < lo || v > hi)
-    throw Error(std::string("field '") + name + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + std::to_string(v));
+    throw Error(std::string("field '") + name + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
+                std::to_string(v));
   return v;
 }
 
@@ -81,7 +82,8 @@ json parse_tuning_document(const std::string& path) {
 }
 
 std::string invalid_file_message(const std::string& path, const std::string& reason) {
-  return "tuning file " + path + " is not valid: " + reason + " (if it is a damaged tuning file, delete it to measure again; otherwise name another file)";
+  return "tuning file " + path + " is not valid: " + reason +
+         " (if it is a damaged tuning file, delete it to measure again; otherwise name another file)";
 }
 
 // The file's document, or null when it does not exist or has another format version.
@@ -113,8 +115,8 @@ std::string_view shape_class_name(ShapeClass shape) { return kShapeNames.name(sh
 ShapeClass shape_class_of(int64_t m) { return m < 256 ? ShapeClass::skinny : m <= 1024 ? ShapeClass::small : ShapeClass::large; }
 
 std::string GemmTuneKey::text() const {
-  return std::string(gemm_family_name(family)) + " " + std::string(isa_name(isa)) + " " + std::string(shape_class_name(shape)) +
-         " " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");
+  return std::string(gemm_family_name(family)) + " " + std::string(isa_name(isa)) + " " + std::string(shape_class_name(shape)) + " " +
+         std::to_string(threads) + (threads == 1 ? " thread" : " threads");
 }
 
 std::string_view GemmVariant::kernel_name() const { return int8 ? int8_isa_name(*int8) : bf16_path_name(bf16); }
@@ -370,7 +372,8 @@ ParsedGemmSection parse_gemm_section(const json& section, const std::string& cpu
       seen.push_back({entry.key, index});
       const bool int8 = entry.key.family == GemmFamily::int8;
       for (const VariantRate& r : entry.considered)
-        if (r.variant.int8.has_value() != int8) throw Error("a considered variant's kernel is not of the " + std::string(gemm_family_name(entry.key.family)) + " family");
+        if (r.variant.int8.has_value() != int8)
+          throw Error("a considered variant's kernel is not of the " + std::string(gemm_family_name(entry.key.family)) + " family");
       if (entry.choice.int8.has_value() != int8)
         throw Error("the choice's kernel '" + std::string(entry.choice.kernel_name()) + "' is not of the " +
                     std::string(gemm_family_name(entry.key.family)) + " family");

@@ -71,8 +71,7 @@ GemmVariant choose_variant(const std::vector<VariantRate>& rates);
 
 // Measures every candidate on the class's problem in a task arena of key.threads threads; with
 // `progress`, reports each variant as it is measured.
-GemmTuneEntry calibrate(const GemmTuneKey& key, const CpuCaches& caches,
-                        const std::function<void(const VariantRate&)>& progress = {});
+GemmTuneEntry calibrate(const GemmTuneKey& key, const CpuCaches& caches, const std::function<void(const VariantRate&)>& progress = {});
 
 // The bf16 kernel weights packed for `threads` Cube threads will use, without measuring: the forced
 // one, else the tuning file's choice for large shapes, else f32 widening (the largest panels: an

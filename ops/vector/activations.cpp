@@ -12,9 +12,8 @@ struct NamedActivation {
   const char* name;
   Activation kind;
 };
-constexpr NamedActivation kNames[] = {{"relu", Activation::relu},           {"silu", Activation::silu},
-                                      {"swish", Activation::silu},          {"mish", Activation::mish},
-                                      {"gelu", Activation::gelu},           {"gelu-tanh", Activation::gelu_tanh},
+constexpr NamedActivation kNames[] = {{"relu", Activation::relu},          {"silu", Activation::silu}, {"swish", Activation::silu},
+                                      {"mish", Activation::mish},          {"gelu", Activation::gelu}, {"gelu-tanh", Activation::gelu_tanh},
                                       {"gelu-fast", Activation::gelu_fast}};
 
 const char* kernel_name(Activation kind) {
@@ -48,8 +47,7 @@ double activation_reference(Activation kind, double x) {
     case Activation::silu: return x / (1.0 + std::exp(-x));
     case Activation::mish: return x * std::tanh(std::log1p(std::exp(x)));
     case Activation::gelu: return 0.5 * x * std::erfc(-x / std::sqrt(2.0));
-    case Activation::gelu_tanh:
-      return 0.5 * x * (1.0 + std::tanh(0.79788456080286536 * (x + 0.044715 * x * x * x)));
+    case Activation::gelu_tanh: return 0.5 * x * (1.0 + std::tanh(0.79788456080286536 * (x + 0.044715 * x * x * x)));
     case Activation::gelu_fast: return x / (1.0 + std::exp(-1.702 * std::fabs(x))) * std::exp(0.851 * (x - std::fabs(x)));
   }
   return x;

@@ -131,8 +131,7 @@ Tensor contiguous(const Tensor& x, const Stream& stream) {
 Tensor cast(const Tensor& x, DType to, const Stream& stream) {
   if (!x.defined()) throw Error("cast: x is undefined");
   if (!castable(x.dtype()) || !castable(to))
-    throw Error("cast: converts between f32, bf16 and f16, got " + x.brief() + " to " +
-                std::string(dtype_name(to)));
+    throw Error("cast: converts between f32, bf16 and f16, got " + x.brief() + " to " + std::string(dtype_name(to)));
   if (to == x.dtype()) return contiguous(x, stream);
   const Tensor xc = contiguous(x, stream);
   Tensor out = stream.device().empty(x.shape(), to, stream);
@@ -140,14 +139,11 @@ Tensor cast(const Tensor& x, DType to, const Stream& stream) {
   const double bytes = n * static_cast<double>(x.itemsize() + dtype_size(to));
   const vk::Kernels* k = &vk::kernels();
   const DType from = x.dtype();
-  stream.launch({"cast_" + std::string(dtype_name(from)) + "_" + std::string(dtype_name(to)), Unit::vector, 0.0,
-                 bytes, DType::f32},
-                {xc}, {out}, [xc, out, from, to, k] {
+  stream.launch({"cast_" + std::string(dtype_name(from)) + "_" + std::string(dtype_name(to)), Unit::vector, 0.0, bytes, DType::f32}, {xc},
+                {out}, [xc, out, from, to, k] {
                   const void* src = xc.unsynchronized_data_ptr();
                   void* dst = out.unsynchronized_data_ptr();
-                  detail::parallel_chunks(xc.numel(), 1, [&](int64_t i0, int64_t i1) {
-                    convert(*k, src, from, dst, to, i0, i1);
-                  });
+                  detail::parallel_chunks(xc.numel(), 1, [&](int64_t i0, int64_t i1) { convert(*k, src, from, dst, to, i0, i1); });
                 });
   return out;
 }

@@ -15,15 +15,13 @@ vk::Elem float_elem(const Tensor& t, const char* op, const char* what) {
 
 Tensor contiguous_on(const Tensor& t, const Stream& stream) { return ops::contiguous(t, stream); }
 
-Tensor f32_param(const Tensor& t, const Shape& shape, const std::string& shape_text, const char* op,
-                 const char* what, const Stream& stream, bool allow_f16) {
+Tensor f32_param(const Tensor& t, const Shape& shape, const std::string& shape_text, const char* op, const char* what, const Stream& stream,
+                 bool allow_f16) {
   if (!t.defined()) return t;
   if (t.dtype() != DType::f32 && t.dtype() != DType::bf16 && !(allow_f16 && t.dtype() == DType::f16))
-    throw Error(std::string(op) + ": " + what + " must be f32 or bf16" + (allow_f16 ? " (or f16)" : "") + ", got " +
-                t.brief());
+    throw Error(std::string(op) + ": " + what + " must be f32 or bf16" + (allow_f16 ? " (or f16)" : "") + ", got " + t.brief());
   if (t.shape() != shape)
-    throw Error(std::string(op) + ": " + what + " must have shape " + shape_text + ", got " +
-                shape_to_string(t.shape()));
+    throw Error(std::string(op) + ": " + what + " must have shape " + shape_text + ", got " + shape_to_string(t.shape()));
   return t.dtype() == DType::f32 ? contiguous_on(t, stream) : ops::cast(t, DType::f32, stream);
 }
 
@@ -36,8 +34,7 @@ void parallel_chunks(int64_t count, int64_t item_elements, const std::function<v
     return;
   }
   const int64_t grain = std::max<int64_t>(1, kChunkElements / per_item);
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, count, grain),
-                    [&](const tbb::blocked_range<int64_t>& r) { fn(r.begin(), r.end()); });
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, count, grain), [&](const tbb::blocked_range<int64_t>& r) { fn(r.begin(), r.end()); });
 }
 
 CollapsedLayout collapse(const Shape& shape, std::vector<Strides> strides) {
@@ -48,8 +45,7 @@ CollapsedLayout collapse(const Shape& shape, std::vector<Strides> strides) {
     const int64_t size = shape[d];
     if (size == 1) continue;
     bool merge = !out.shape.empty();
-    for (std::size_t k = 0; merge && k < strides.size(); ++k)
-      merge = strides[k][d] == out.strides[k].back() * out.shape.back();
+    for (std::size_t k = 0; merge && k < strides.size(); ++k) merge = strides[k][d] == out.strides[k].back() * out.shape.back();
     if (merge) {
       out.shape.back() *= size;
     } else {

@@ -23,8 +23,8 @@ Tensor contiguous_on(const Tensor& t, const Stream& stream);
 // A parameter (weight, bias, ...) checked to be f32 or bf16 (or f16 when allow_f16) and to have
 // `shape`, returned contiguous f32 (converted on the Vector unit when needed); undefined stays
 // undefined. The messages say "<op>: <what> must have shape <shape_text>, got ...".
-Tensor f32_param(const Tensor& t, const Shape& shape, const std::string& shape_text, const char* op,
-                 const char* what, const Stream& stream, bool allow_f16 = false);
+Tensor f32_param(const Tensor& t, const Shape& shape, const std::string& shape_text, const char* op, const char* what, const Stream& stream,
+                 bool allow_f16 = false);
 
 inline const void* in_ptr(const Tensor& t) { return t.defined() ? t.unsynchronized_data_ptr() : nullptr; }
 inline void* out_ptr(const Tensor& t) { return t.unsynchronized_data_ptr(); }

@@ -20,8 +20,8 @@ Tensor concat(const std::vector<Tensor>& parts, int64_t dim, const Stream& strea
     bool same = p.defined() && p.dim() == rank && p.dtype() == first.dtype();
     for (int64_t d = 0; same && d < rank; ++d) same = d == dim || p.size(d) == first.size(d);
     if (!same)
-      throw Error("concat: part " + std::to_string(i) + " (" + (p.defined() ? p.brief() : "undefined") +
-                  ") must match part 0 (" + first.brief() + ") in dtype and every dim but " + std::to_string(dim));
+      throw Error("concat: part " + std::to_string(i) + " (" + (p.defined() ? p.brief() : "undefined") + ") must match part 0 (" +
+                  first.brief() + ") in dtype and every dim but " + std::to_string(dim));
     shape[static_cast<std::size_t>(dim)] += p.size(dim);
     inputs.push_back(detail::contiguous_on(p, stream));
   }
@@ -39,8 +39,7 @@ Tensor concat(const std::vector<Tensor>& parts, int64_t dim, const Stream& strea
                       int64_t offset = 0;
                       for (const Tensor& p : inputs) {
                         const int64_t bytes = p.size(dim) * inner * item;
-                        std::memcpy(dst + o * out_row + offset, p.unsynchronized_data_ptr() + o * bytes,
-                                    static_cast<std::size_t>(bytes));
+                        std::memcpy(dst + o * out_row + offset, p.unsynchronized_data_ptr() + o * bytes, static_cast<std::size_t>(bytes));
                         offset += bytes;
                       }
                     }

@@ -18,8 +18,8 @@ void require_f32(const Tensor& t, const char* op, const char* what) {
 
 }  // namespace
 
-Tensor blend_tile(const Tensor& tile, const Tensor& top, const Tensor& left, int64_t blend, const Tensor& out,
-                  int64_t y0, int64_t x0, int64_t keep, const Stream& stream) {
+Tensor blend_tile(const Tensor& tile, const Tensor& top, const Tensor& left, int64_t blend, const Tensor& out, int64_t y0, int64_t x0,
+                  int64_t keep, const Stream& stream) {
   require_f32(tile, "blend_tile", "tile");
   require_f32(out, "blend_tile", "out");
   if (tile.dim() != 4 || !tile.is_contiguous() || out.dim() != 4 || !out.is_contiguous())
@@ -66,8 +66,7 @@ Tensor blend_tile(const Tensor& tile, const Tensor& top, const Tensor& left, int
             d[x] = a[x] * wa + d[x] * wb;
           }
         }
-        if (y < keep_h)
-          std::memcpy(image + (plane * out_h + y0 + y) * out_w + x0, d, static_cast<std::size_t>(keep_w) * sizeof(float));
+        if (y < keep_h) std::memcpy(image + (plane * out_h + y0 + y) * out_w + x0, d, static_cast<std::size_t>(keep_w) * sizeof(float));
       }
     });
   });
@@ -81,8 +80,8 @@ Tensor pad_frames_front(const Tensor& x_in, const Tensor& cache_in, int64_t zero
                 std::to_string(zero_frames));
   if (cache_in.defined()) {
     require_f32(cache_in, "pad_frames_front", "cache");
-    if (cache_in.dim() != 5 || cache_in.size(0) != x_in.size(0) || cache_in.size(1) != x_in.size(1) ||
-        cache_in.size(3) != x_in.size(3) || cache_in.size(4) != x_in.size(4))
+    if (cache_in.dim() != 5 || cache_in.size(0) != x_in.size(0) || cache_in.size(1) != x_in.size(1) || cache_in.size(3) != x_in.size(3) ||
+        cache_in.size(4) != x_in.size(4))
       throw Error("pad_frames_front: cache " + cache_in.brief() + " does not match x " + x_in.brief() + " outside time");
   }
   const Tensor x = contiguous(x_in, stream);
@@ -103,8 +102,7 @@ Tensor pad_frames_front(const Tensor& x_in, const Tensor& cache_in, int64_t zero
                     for (int64_t p = r.begin(); p < r.end(); ++p) {
                       float* dst = po + p * total * hw;
                       std::memset(dst, 0, static_cast<std::size_t>(zero_frames) * frame_bytes);
-                      if (tc > 0)
-                        std::memcpy(dst + zero_frames * hw, pc + p * tc * hw, static_cast<std::size_t>(tc) * frame_bytes);
+                      if (tc > 0) std::memcpy(dst + zero_frames * hw, pc + p * tc * hw, static_cast<std::size_t>(tc) * frame_bytes);
                       std::memcpy(dst + (zero_frames + tc) * hw, px + p * t * hw, static_cast<std::size_t>(t) * frame_bytes);
                     }
                   });
@@ -117,8 +115,8 @@ Tensor clamp(const Tensor& x_in, float lo, float hi, const Stream& stream) {
   const Tensor x = contiguous(x_in, stream);
   Tensor out = stream.device().empty(x.shape(), DType::f32, stream);
   const int64_t n = x.numel();
-  stream.launch({"clamp", Unit::vector, 2.0 * static_cast<double>(n), 8.0 * static_cast<double>(n), DType::f32},
-                {x}, {out}, [x, out, n, lo, hi] {
+  stream.launch({"clamp", Unit::vector, 2.0 * static_cast<double>(n), 8.0 * static_cast<double>(n), DType::f32}, {x}, {out},
+                [x, out, n, lo, hi] {
                   const auto* src = reinterpret_cast<const float*>(x.unsynchronized_data_ptr());
                   auto* dst = reinterpret_cast<float*>(out.unsynchronized_data_ptr());
                   tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 16384), [&](const tbb::blocked_range<int64_t>& r) {

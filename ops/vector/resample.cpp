@@ -22,8 +22,7 @@ void upsample_rows(const T* x, T* out, int64_t w, int64_t scale, int64_t r0, int
       for (int64_t j = 0; j < w; ++j)
         for (int64_t s = 0; s < scale; ++s) first[j * scale + s] = src[j];
     }
-    for (int64_t s = 1; s < scale; ++s)
-      std::memcpy(first + s * wo, first, static_cast<std::size_t>(wo) * sizeof(T));
+    for (int64_t s = 1; s < scale; ++s) std::memcpy(first + s * wo, first, static_cast<std::size_t>(wo) * sizeof(T));
   }
 }
 
@@ -44,10 +43,8 @@ Tensor upsample_nearest2d(const Tensor& x, int64_t scale, const Stream& stream) 
     const void* src = detail::in_ptr(xc);
     void* dst = detail::out_ptr(out);
     detail::parallel_chunks(rows, w * scale * scale, [&](int64_t r0, int64_t r1) {
-      if (type == vk::Elem::f32)
-        upsample_rows(static_cast<const float*>(src), static_cast<float*>(dst), w, scale, r0, r1);
-      else
-        upsample_rows(static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), w, scale, r0, r1);
+      if (type == vk::Elem::f32) upsample_rows(static_cast<const float*>(src), static_cast<float*>(dst), w, scale, r0, r1);
+      else upsample_rows(static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), w, scale, r0, r1);
     });
   });
   return out;

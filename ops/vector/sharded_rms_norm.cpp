@@ -25,21 +25,22 @@ Tensor row_sum_of_squares(const Tensor& x, const Stream& stream) {
   shape.pop_back();
   Tensor sums = stream.device().empty(shape, DType::f32, stream);
   const int64_t rows = width == 0 ? 0 : x.numel() / width;
-  stream.launch({op, Unit::vector, 2.0 * static_cast<double>(x.numel()), detail::bytes_of(xc) + 4.0 * static_cast<double>(rows), DType::f32},
-                {xc}, {sums}, [=] {
-                  const void* in = detail::in_ptr(xc);
-                  float* out = reinterpret_cast<float*>(detail::out_ptr(sums));
-                  detail::parallel_chunks(rows, width, [&](int64_t r0, int64_t r1) {
-                    for (int64_t r = r0; r < r1; ++r) {
-                      float sum = 0.0f;
-                      for (int64_t c = 0; c < width; ++c) {
-                        const float v = detail::load_float(in, xc.dtype(), r * width + c);
-                        sum += v * v;
-                      }
-                      out[r] = sum;
-                    }
-                  });
-                });
+  stream.launch(
+      {op, Unit::vector, 2.0 * static_cast<double>(x.numel()), detail::bytes_of(xc) + 4.0 * static_cast<double>(rows), DType::f32}, {xc},
+      {sums}, [=] {
+        const void* in = detail::in_ptr(xc);
+        float* out = reinterpret_cast<float*>(detail::out_ptr(sums));
+        detail::parallel_chunks(rows, width, [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) {
+            float sum = 0.0f;
+            for (int64_t c = 0; c < width; ++c) {
+              const float v = detail::load_float(in, xc.dtype(), r * width + c);
+              sum += v * v;
+            }
+            out[r] = sum;
+          }
+        });
+      });
   return sums;
 }
 
@@ -50,9 +51,10 @@ Tensor rms_norm_with_sums(const Tensor& x, const Tensor& sums, int64_t count, co
   Shape rows_shape = x.shape();
   rows_shape.pop_back();
   if (!sums.defined() || sums.dtype() != DType::f32 || sums.shape() != rows_shape)
-    throw Error(std::string(op) + ": sums must be f32 " + shape_to_string(rows_shape) + " (one per row of x " +
-                shape_to_string(x.shape()) + "), got " + sums.brief());
-  if (count < width) throw Error(std::string(op) + ": count must be at least the row width " + std::to_string(width) + ", got " + std::to_string(count));
+    throw Error(std::string(op) + ": sums must be f32 " + shape_to_string(rows_shape) + " (one per row of x " + shape_to_string(x.shape()) +
+                "), got " + sums.brief());
+  if (count < width)
+    throw Error(std::string(op) + ": count must be at least the row width " + std::to_string(width) + ", got " + std::to_string(count));
   if (!(eps > 0)) throw Error(std::string(op) + ": eps must be positive, got " + std::to_string(eps));
   const Tensor w = detail::f32_param(weight, {width}, "[" + std::to_string(width) + "], the last size of x", op, "weight", stream);
   const Tensor xc = detail::contiguous_on(x, stream), sc = detail::contiguous_on(sums, stream);

@@ -15,15 +15,14 @@ namespace cubevec::pipelines {
 
 namespace {
 
-constexpr auto kMethodNames = enum_names<CacheMethod>("cache method", {{CacheMethod::none, "none"},
-                                                                       {CacheMethod::attention, "attention"},
-                                                                       {CacheMethod::dit_block, "dit-block"},
-                                                                       {CacheMethod::db, "db"}});
+constexpr auto kMethodNames = enum_names<CacheMethod>(
+    "cache method",
+    {{CacheMethod::none, "none"}, {CacheMethod::attention, "attention"}, {CacheMethod::dit_block, "dit-block"}, {CacheMethod::db, "db"}});
 
 const std::vector<std::string> kMindieKeys = {"cache-step-start", "cache-interval", "cache-step-end", "cache-block-start",
                                               "cache-block-end"};
-const std::vector<std::string> kDbKeys = {"cache-fn",        "cache-bn",         "cache-threshold",     "cache-warmup",
-                                          "cache-max-cached", "cache-max-continuous", "taylorseer"};
+const std::vector<std::string> kDbKeys = {
+    "cache-fn", "cache-bn", "cache-threshold", "cache-warmup", "cache-max-cached", "cache-max-continuous", "taylorseer"};
 
 [[noreturn]] void fail(const std::string& key, const std::string& message) { throw Error("--" + key + " " + message); }
 

@@ -41,7 +41,7 @@ struct CacheConfig {
   static CacheConfig from_json(const nlohmann::json& json, const std::string& source);
   static CacheConfig load(const std::string& path);
   nlohmann::ordered_json to_json() const;  // the keys that apply to `method`
-  std::string describe() const;             // "dit-block: blocks [1, 4) from step 5, every 2", ...
+  std::string describe() const;            // "dit-block: blocks [1, 4) from step 5, every 2", ...
 
   // Errors (naming the key and the allowed range) for values that can never apply to a run of
   // `steps` steps over `blocks` blocks, with the MindIE CacheAgent's checks for its methods.

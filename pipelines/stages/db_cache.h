@@ -46,8 +46,8 @@ class DbCacheStage : public Stage {
 
  private:
   struct Branch {
-    Tensor input0;               // hidden entering block 0 this step
-    Tensor fn_residual_prev;     // R_F of the last computed step
+    Tensor input0;            // hidden entering block 0 this step
+    Tensor fn_residual_prev;  // R_F of the last computed step
     models::BlockState mid_input, mid_residual;
     bool caching = false;
     Counters counters;
@@ -59,8 +59,8 @@ class DbCacheStage : public Stage {
   CacheConfig config_;
   bool simulate_ = false;
   std::map<models::CfgBranch, Branch> branches_;
-  std::vector<double> diffs_;          // per decision (NaN where none was measured)
-  std::vector<int> cached_steps_;      // step indices cached (per branch decision)
+  std::vector<double> diffs_;      // per decision (NaN where none was measured)
+  std::vector<int> cached_steps_;  // step indices cached (per branch decision)
 };
 
 // mean |a - b| / mean |a| over all elements (f32 or bf16, read on the host).

@@ -28,8 +28,8 @@ class DiTBlockCacheStage : public Stage {
   std::string summary() const override;
   nlohmann::ordered_json report() const override;
 
-  bool compute_step(int step) const;              // every block computed, the span's residual kept
-  bool replays(int step, int block) const;        // the block is replayed from the residual
+  bool compute_step(int step) const;        // every block computed, the span's residual kept
+  bool replays(int step, int block) const;  // the block is replayed from the residual
 
  private:
   struct Kept {

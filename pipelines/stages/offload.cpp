@@ -62,7 +62,7 @@ Event OffloadStage::model_copy(int block, const Stream& stream) {
   copy_kernel.link = KernelDesc::Link::host;
   copy_kernel.bytes = block_bytes_[static_cast<std::size_t>(block)];
   const Stream copy = stream.device().named_stream("offload.copy");
-  copy.wait(stream.record());  // the copy starts with the block that asks for it
+  copy.wait(stream.record());               // the copy starts with the block that asks for it
   copy.launch(copy_kernel, {}, {}, [] {});  // the packing on the copy thread is the real work
   const Event done = copy.record();
   std::lock_guard lock(mutex_);
@@ -129,7 +129,8 @@ models::BlockState OffloadStage::run_block(const models::StepInfo& /*step*/, con
                                            const models::BlockCompute& compute, const Stream& stream) {
   if (linears_.empty()) throw Error("offload: the stage was not given the model's layers (after_load)");
   const int blocks = static_cast<int>(linears_.size());
-  if (id.index < 0 || id.index >= blocks) throw Error("offload: block " + std::to_string(id.index) + " is outside the model's " + std::to_string(blocks));
+  if (id.index < 0 || id.index >= blocks)
+    throw Error("offload: block " + std::to_string(id.index) + " is outside the model's " + std::to_string(blocks));
   {
     std::vector<int> now;
     for (int b = 0; b < blocks; ++b)

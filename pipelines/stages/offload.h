@@ -66,7 +66,7 @@ class OffloadStage : public Stage {
   double pack_seconds_ = 0, wait_seconds_ = 0;
   std::size_t packed_bytes_ = 0, released_bytes_ = 0;
   int prefetches_ = 0, releases_ = 0;
-  bool copies_modelled_ = true;  // false: the profile has no "links" figures
+  bool copies_modelled_ = true;                                                   // false: the profile has no "links" figures
   double copy_gbps_ = 0, copy_bytes_ = 0, copy_seconds_ = 0, stall_seconds_ = 0;  // modelled
 };
 

@@ -60,17 +60,19 @@ QuantizeStage::QuantizeStage(QuantizeOptions options) : options_(std::move(optio
   if (options_.description.empty()) throw Error("--quant needs a quant_model_description_*.json file");
   if (!options_.simulate && !options_.description.ends_with(".json") && !std::filesystem::exists(options_.description) &&
       quant::is_mindie_algorithm(options_.description))
-    throw Error("--quant " + options_.description + ": an algorithm name stands for shape-only weights with --simulate; a real run "
+    throw Error("--quant " + options_.description +
+                ": an algorithm name stands for shape-only weights with --simulate; a real run "
                 "needs a quant_model_description_*.json (cubevec quantize writes one)");
   if (options_.simulate && !options_.description.ends_with(".json")) {
     meta_algorithm_ = quant::parse_algorithm(options_.description, "--quant");
     if (!meta_algorithm_)
-      throw Error("--quant " + options_.description + ": MindIE SD names that algorithm, but cubevec runs W8A16, W8A8, W8A8_DYNAMIC, W8A8_TIMESTEP");
+      throw Error("--quant " + options_.description +
+                  ": MindIE SD names that algorithm, but cubevec runs W8A16, W8A8, W8A8_DYNAMIC, W8A8_TIMESTEP");
   } else {
     description_ = quant::Description::load(options_.description);
   }
-  policy_ = std::make_shared<const quant::TimestepPolicy>(options_.timestep_policy.empty() ? quant::TimestepPolicy()
-                                                                                            : quant::TimestepPolicy::load(options_.timestep_policy));
+  policy_ = std::make_shared<const quant::TimestepPolicy>(
+      options_.timestep_policy.empty() ? quant::TimestepPolicy() : quant::TimestepPolicy::load(options_.timestep_policy));
 }
 
 std::string QuantizeStage::name() const {
@@ -84,8 +86,8 @@ void QuantizeStage::after_load(models::ParameterTable& table) {
     for (const auto& [name, linear] : table.linears())
       if (name.find("blocks.") != std::string::npos)
         built.push_back({linear, quant::make_quantized_linear(*meta_algorithm_, linear->in, linear->out,
-                                                              meta_tensors(*meta_algorithm_, *linear, options_.simulate_steps),
-                                                              policy_, "--quant " + options_.description + ": " + name)});
+                                                              meta_tensors(*meta_algorithm_, *linear, options_.simulate_steps), policy_,
+                                                              "--quant " + options_.description + ": " + name)});
   } else {
     const quant::Description& d = *description_;
     // Every module the description quantizes must be a Linear of the model.
@@ -138,10 +140,11 @@ void QuantizeStage::check_static_rows(int first, int count) const {
     if (policy_->strategy(step) != quant::Strategy::static_scales) continue;
     for (const auto& [module, rows] : static_rows_)
       if (step >= rows)
-        throw Error((description_ ? description_->weight_path() : options_.description) + ": layer '" + module + "' has static scales for " +
-                    std::to_string(rows) + " steps (0 to " + std::to_string(rows - 1) + "), but " +
-                    (options_.timestep_policy.empty() ? std::string("the timestep policy") : "the timestep policy " + options_.timestep_policy) +
-                    " makes step " + std::to_string(step) + " static");
+        throw Error(
+            (description_ ? description_->weight_path() : options_.description) + ": layer '" + module + "' has static scales for " +
+            std::to_string(rows) + " steps (0 to " + std::to_string(rows - 1) + "), but " +
+            (options_.timestep_policy.empty() ? std::string("the timestep policy") : "the timestep policy " + options_.timestep_policy) +
+            " makes step " + std::to_string(step) + " static");
   }
 }
 

@@ -25,7 +25,7 @@ struct QuantizeOptions {
   std::string description;      // a description file, or (simulate) an algorithm name
   std::string timestep_policy;  // a policy file, or empty (every step dynamic, as MindIE's default)
   bool simulate = false;
-  int simulate_steps = 1;       // simulate with W8A8_TIMESTEP: rows of shape-only static scales
+  int simulate_steps = 1;  // simulate with W8A8_TIMESTEP: rows of shape-only static scales
 };
 
 class QuantizeStage : public Stage {

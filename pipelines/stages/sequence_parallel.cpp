@@ -128,8 +128,8 @@ Tensor SequenceParallelStage::ring_attention(const models::AttentionIdentity& id
     stream.wait(arrived);
     const Tensor k_step = k, v_step = v;
     if (step + 1 < members) arrived = start_transfer(step + 1);
-    acc = ops::merge_attention_partials(acc, ops::attention_forward_with_lse(qkv.q, k_step, v_step, {}, stream),
-                                        ops::AttentionLayout::bsnd, stream);
+    acc = ops::merge_attention_partials(acc, ops::attention_forward_with_lse(qkv.q, k_step, v_step, {}, stream), ops::AttentionLayout::bsnd,
+                                        stream);
   }
   const Tensor& out = acc.out;  // [B, S, heads, head_dim]
   return out.reshape({out.size(0), out.size(1), out.size(2) * out.size(3)});
@@ -143,7 +143,8 @@ std::string SequenceParallelStage::summary() const {
 }
 
 nlohmann::ordered_json SequenceParallelStage::report() const {
-  return {{"ulysses", ulysses_.size()}, {"ring", ring_.size()}, {"all_to_all_calls", all_to_all_calls_}, {"ring_transfers", ring_transfers_}};
+  return {
+      {"ulysses", ulysses_.size()}, {"ring", ring_.size()}, {"all_to_all_calls", all_to_all_calls_}, {"ring_transfers", ring_transfers_}};
 }
 
 }  // namespace cubevec::pipelines

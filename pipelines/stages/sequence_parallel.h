@@ -48,8 +48,8 @@ class SequenceParallelStage : public Stage, public models::SequenceSplit {
   Tensor ring_attention(const models::AttentionIdentity& id, const models::AttentionQkv& qkv, int64_t text, const Stream& stream);
 
   parallel::Communicator ulysses_, ring_;
-  std::vector<int64_t> token_sizes_;  // the shares of this rank's Ulysses group, in its rank order
-  std::vector<int64_t> ring_sizes_;   // each ring member's span (its Ulysses group's tokens)
+  std::vector<int64_t> token_sizes_;         // the shares of this rank's Ulysses group, in its rank order
+  std::vector<int64_t> ring_sizes_;          // each ring member's span (its Ulysses group's tokens)
   std::map<std::string, int64_t> head_dim_;  // per attention module, from its last projection
   int64_t all_to_all_calls_ = 0, ring_transfers_ = 0;
 };

@@ -82,9 +82,10 @@ bool SparseAttentionStage::refreshes(int step) const {
   return step >= config_.step_start && (step - config_.step_start) % config_.mask_refresh == 0;
 }
 
-Tensor SparseAttentionStage::attend(const models::StepInfo& step, const models::AttentionIdentity& id, const models::AttentionProjection& project,
-                                    const Stream& stream, const AttendNext& next) {
-  if (id.kind == models::AttentionKind::cross || step.index < config_.step_start || id.block < config_.block_first || id.block > block_last_)
+Tensor SparseAttentionStage::attend(const models::StepInfo& step, const models::AttentionIdentity& id,
+                                    const models::AttentionProjection& project, const Stream& stream, const AttendNext& next) {
+  if (id.kind == models::AttentionKind::cross || step.index < config_.step_start || id.block < config_.block_first ||
+      id.block > block_last_)
     return next(project);
   const models::AttentionQkv qkv = project();  // BSND
   ops::SparseAttentionOptions o;
@@ -134,7 +135,8 @@ std::string SparseAttentionStage::summary() const {
   for (double k : kept)
     if (k >= 0) sum += k, ++steps;
   char text[256];
-  std::snprintf(text, sizeof text, "%d sparse attention calls from step %d, blocks %d-%d, %d mask estimates (every %d steps); kept %.1f%% of the blocks%s",
+  std::snprintf(text, sizeof text,
+                "%d sparse attention calls from step %d, blocks %d-%d, %d mask estimates (every %d steps); kept %.1f%% of the blocks%s",
                 sparse_calls_, config_.step_start, config_.block_first, block_last_, estimates_, config_.mask_refresh,
                 steps ? 100.0 * sum / steps : 100.0, run_.simulate ? " (modelled from the shapes)" : "");
   return std::string(text) + (note_.empty() ? "" : "; " + note_);

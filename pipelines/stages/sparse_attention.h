@@ -21,11 +21,11 @@ namespace cubevec::pipelines {
 struct SparseConfig {
   ops::SparseType type = ops::SparseType::none;
   double sparsity = 0.5;
-  int step_start = 0;     // steps before it run dense
-  int block_first = 0;    // blocks [block_first, block_last] (flat index) run sparse
-  int block_last = -1;    // -1: the last block
-  int mask_refresh = 1;   // re-estimate the masks every this many steps from step_start
-  double cdf_threshold = 1.0;  // ada_bsa
+  int step_start = 0;                         // steps before it run dense
+  int block_first = 0;                        // blocks [block_first, block_last] (flat index) run sparse
+  int block_last = -1;                        // -1: the last block
+  int mask_refresh = 1;                       // re-estimate the masks every this many steps from step_start
+  double cdf_threshold = 1.0;                 // ada_bsa
   bool keep_sink = true, keep_recent = true;  // ada_bsa
 
   // Throws naming the setting for values out of range (blocks checked against the model in begin_run).
@@ -68,7 +68,7 @@ class SparseAttentionStage : public Stage {
   RunInfo run_;
   int block_last_ = 0;
   std::map<std::pair<models::CfgBranch, std::string>, ops::SparseMask> masks_;  // by branch and module
-  std::vector<std::vector<Use>> uses_;  // per step: the masks its sparse calls used
+  std::vector<std::vector<Use>> uses_;                                          // per step: the masks its sparse calls used
   std::vector<int> estimates_per_step_;
   int estimates_ = 0, sparse_calls_ = 0;
   std::string note_;

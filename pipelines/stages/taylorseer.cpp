@@ -14,7 +14,8 @@ Tensor scaled(const Tensor& x, double factor, const Stream& s) {
 }  // namespace
 
 void TaylorSeer::update(const Tensor& y, int step, const Stream& s) {
-  if (step <= last_step_) throw Error("TaylorSeer: step " + std::to_string(step) + " is not after the last one, " + std::to_string(last_step_));
+  if (step <= last_step_)
+    throw Error("TaylorSeer: step " + std::to_string(step) + " is not after the last one, " + std::to_string(last_step_));
   std::vector<Tensor> next{ops::cast(y, DType::f32, s)};
   if (!current_.empty() && current_[0].shape() != next[0].shape()) current_.clear(), previous_.clear();  // a new shape starts over
   const double window = step - last_step_;

@@ -35,8 +35,8 @@ Tensor take_columns(const Tensor& w, const std::vector<std::pair<int64_t, int64_
   for (int64_t row = 0; row < w.size(0); ++row) {
     int64_t column = 0;
     for (const auto& [first, count] : ranges) {
-      std::memcpy(to + static_cast<std::size_t>(row * width + column) * item, from + static_cast<std::size_t>(row * w.size(1) + first) * item,
-                  static_cast<std::size_t>(count) * item);
+      std::memcpy(to + static_cast<std::size_t>(row * width + column) * item,
+                  from + static_cast<std::size_t>(row * w.size(1) + first) * item, static_cast<std::size_t>(count) * item);
       column += count;
     }
   }
@@ -81,7 +81,8 @@ void TensorParallelStage::after_load(models::ParameterTable& table) {
   if (ranks == 1) return;
   const std::string flag = "--tp " + std::to_string(ranks);
   if (plan_.heads % ranks != 0)
-    throw Error(flag + " must divide the transformer's " + std::to_string(plan_.heads) + " attention heads (each rank computes heads / T of them)");
+    throw Error(flag + " must divide the transformer's " + std::to_string(plan_.heads) +
+                " attention heads (each rank computes heads / T of them)");
   const auto share = [&](const std::string& what, int64_t size) {
     if (size % ranks != 0)
       throw Error(flag + ": " + what + " has " + std::to_string(size) + ", which " + std::to_string(ranks) + " ranks cannot share evenly");
@@ -105,7 +106,8 @@ void TensorParallelStage::after_load(models::ParameterTable& table) {
     models::Linear& layer = free_layer(row.module);
     const std::vector<int64_t> segments = row.segments.empty() ? std::vector<int64_t>{layer.in} : row.segments;
     if (std::accumulate(segments.begin(), segments.end(), int64_t{0}) != layer.in)
-      throw Error(flag + ": the plan's input segments of " + row.module + " do not add up to its " + std::to_string(layer.in) + " input features");
+      throw Error(flag + ": the plan's input segments of " + row.module + " do not add up to its " + std::to_string(layer.in) +
+                  " input features");
     std::vector<std::pair<int64_t, int64_t>> ranges;
     int64_t start = 0;
     for (const int64_t segment : segments) {
@@ -120,7 +122,8 @@ void TensorParallelStage::after_load(models::ParameterTable& table) {
     ++row_layers_;
   }
   for (const std::string& name : plan_.channel_vectors) {
-    const auto spec = std::find_if(table.specs().begin(), table.specs().end(), [&](const models::ParameterSpec& s) { return s.name == name; });
+    const auto spec =
+        std::find_if(table.specs().begin(), table.specs().end(), [&](const models::ParameterSpec& s) { return s.name == name; });
     if (spec == table.specs().end()) throw Error(flag + ": the model has no parameter '" + name + "' to share");
     Tensor& vector = *spec->slot;
     const int64_t part = share(name, vector.size(0));

@@ -11,7 +11,8 @@ namespace attention_cli_test {  // named after the file: unity batches never mix
 using AttentionCli = cubevec_cli_test::CliTest;
 using cubevec_cli_test::read_file;
 
-const std::vector<std::string> kSmall = {"attention", "--q-len", "40", "--kv-len", "70", "--heads", "2", "--head-dim", "24", "--repeats", "1"};
+const std::vector<std::string> kSmall = {"attention", "--q-len",    "40", "--kv-len",  "70", "--heads",
+                                         "2",         "--head-dim", "24", "--repeats", "1"};
 
 std::vector<std::string> with(std::vector<std::string> args, const std::vector<std::string>& more) {
   args.insert(args.end(), more.begin(), more.end());
@@ -35,8 +36,8 @@ TEST_F(AttentionCli, TuneCacheIsWrittenThenUsed) {
   EXPECT_NE(second.err.find("tune cache hit"), std::string::npos) << second.err;
   const auto report = nlohmann::json::parse(read_file(json_path));
   EXPECT_EQ(report["tune_cache_hit"], true);
-  EXPECT_EQ(report["implementation"], std::string(written["entries"][0]["op_type"]) + "/" +
-                                          std::string(written["entries"][0]["kernel_layout"]));
+  EXPECT_EQ(report["implementation"],
+            std::string(written["entries"][0]["op_type"]) + "/" + std::string(written["entries"][0]["kernel_layout"]));
   EXPECT_GT(report["gflops"].get<double>(), 0.0);
 
   // A read-only cache that needs no update is read and left alone; one that needs an update but
@@ -75,7 +76,8 @@ TEST_F(AttentionCli, MalformedCacheAndBadFlagsAreOneLineErrors) {
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   }
   const auto r = run(with(kSmall, {"--attn-tune-cache", cache}));
-  EXPECT_NE(r.err.find("attention tune cache " + cache + " is not valid: field 'fingerprint' must be a string"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("attention tune cache " + cache + " is not valid: field 'fingerprint' must be a string"), std::string::npos)
+      << r.err;
 }
 
 TEST_F(AttentionCli, ManualModeRunsTheNamedImplementation) {
@@ -84,4 +86,4 @@ TEST_F(AttentionCli, ManualModeRunsTheNamedImplementation) {
   EXPECT_NE(r.out.find("implementation  cv_pipelined/BSND"), std::string::npos) << r.out;
 }
 
-}  // namespace
+}  // namespace attention_cli_test

@@ -15,8 +15,8 @@ const std::string kWan14b = std::string(CUBEVEC_SOURCE_DIR) + "/assets/configs/w
 const std::string k910b = std::string(CUBEVEC_SOURCE_DIR) + "/assets/devices/ascend-910b.json";
 
 std::vector<std::string> t2i(const std::string& out, std::vector<std::string> extra) {
-  std::vector<std::string> args = {"t2i", "--model", kTinyflux, "--prompt", "a red circle on a blue background", "--steps", "10",
-                                   "--out", out};
+  std::vector<std::string> args = {"t2i",     "--model", kTinyflux, "--prompt", "a red circle on a blue background",
+                                   "--steps", "10",      "--out",   out};
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
 }
@@ -38,8 +38,7 @@ TEST_F(CacheCli, DitBlockCacheReportsWhatItSkipped) {
   EXPECT_EQ(report["stages"][0]["name"], "cache dit-block");
   EXPECT_EQ(report["stages"][0]["settings"]["spans_replayed"], 4);
   ASSERT_EQ(report["step_counts"].size(), 10u);
-  for (int s = 0; s < 10; ++s)
-    EXPECT_EQ(report["step_counts"][s]["blocks_skipped"], s >= 2 && s % 2 == 1 ? 2 : 0) << s;
+  for (int s = 0; s < 10; ++s) EXPECT_EQ(report["step_counts"][s]["blocks_skipped"], s >= 2 && s % 2 == 1 ? 2 : 0) << s;
 }
 
 TEST_F(CacheCli, CacheConfigFileAndFlagsOverIt) {
@@ -56,8 +55,8 @@ TEST_F(CacheCli, CacheConfigFileAndFlagsOverIt) {
 
 TEST_F(CacheCli, DbCacheWithTaylorSeerRuns) {
   const std::string json_path = (dir_ / "r.json").string();
-  const auto r = run(t2i((dir_ / "a.jpg").string(), {"--cache", "db", "--cache-fn", "1", "--cache-threshold", "0.5", "--cache-warmup",
-                                                     "3", "--taylorseer", "1", "--json", json_path}));
+  const auto r = run(t2i((dir_ / "a.jpg").string(), {"--cache", "db", "--cache-fn", "1", "--cache-threshold", "0.5", "--cache-warmup", "3",
+                                                     "--taylorseer", "1", "--json", json_path}));
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("cache db F1B0 TaylorSeer 1"), std::string::npos) << r.err;
   const auto report = nlohmann::json::parse(read_file(json_path));
@@ -78,8 +77,8 @@ TEST_F(CacheCli, SimulateModelsMindiesWanAttentionCache) {
   };
   EXPECT_LT(modelled(cached.err), 0.9 * modelled(plain.err));
   // A data-dependent cache follows a fixed schedule there, and says so.
-  const auto db = run({"t2v", "--simulate", "--model", kWan14b, "--device-profile", k910b, "--steps", "10", "--cache", "db",
-                       "--cache-warmup", "2"});
+  const auto db =
+      run({"t2v", "--simulate", "--model", kWan14b, "--device-profile", k910b, "--steps", "10", "--cache", "db", "--cache-warmup", "2"});
   ASSERT_EQ(db.status, 0) << db.err;
   EXPECT_NE(db.err.find("simulate: a fixed alternating schedule"), std::string::npos) << db.err;
   EXPECT_NE(db.err.find("[2,4,6,8]"), std::string::npos) << db.err;
@@ -124,7 +123,7 @@ TEST_F(CacheCli, BadSettingsAreOneLineErrors) {
   }
 }
 
-}  // namespace
+}  // namespace cache_cli_test
 
 namespace cache_cli_test {  // named after the file: unity batches never mix two files' helpers
 
@@ -159,4 +158,4 @@ TEST_F(CacheCli, TuneCacheSaysWhenATargetIsOutOfReach) {
   EXPECT_NE(bad.err.find("--target-speedup must be a finite number above 1"), std::string::npos) << bad.err;
 }
 
-}  // namespace
+}  // namespace cache_cli_test

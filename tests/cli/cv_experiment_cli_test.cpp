@@ -10,9 +10,8 @@ using cubevec_cli_test::read_file;
 
 TEST_F(CvExperimentCli, PrintsATableAndWritesJsonAndTrace) {
   const std::string json_path = (dir_ / "cv.json").string(), trace_path = (dir_ / "cv-trace.json").string();
-  const auto run_result = run({"cv-experiment", "--chunks", "2", "--m", "8", "--n", "16", "--k", "8", "--repeats", "1",
-                               "--json", json_path, "--trace", trace_path, "--device-profile",
-                               CUBEVEC_SOURCE_DIR "/assets/devices/ascend-910b.json"});
+  const auto run_result = run({"cv-experiment", "--chunks", "2", "--m", "8", "--n", "16", "--k", "8", "--repeats", "1", "--json", json_path,
+                               "--trace", trace_path, "--device-profile", CUBEVEC_SOURCE_DIR "/assets/devices/ascend-910b.json"});
   ASSERT_EQ(run_result.status, 0) << run_result.err;
   for (const char* mode : {"serialized", "overlapped", "pinned"})
     EXPECT_NE(run_result.err.find(std::string("\n") + mode + " "), std::string::npos) << mode << " row missing:\n" << run_result.err;
@@ -29,9 +28,10 @@ TEST_F(CvExperimentCli, PrintsATableAndWritesJsonAndTrace) {
 }
 
 TEST_F(CvExperimentCli, BadFlagsAreOneLineErrors) {
-  for (const std::vector<std::string>& args :
-       {std::vector<std::string>{"cv-experiment", "--chunks", "0"}, {"cv-experiment", "--m", "ten"},
-        {"cv-experiment", "--device-profile", "/nonexistent.json"}, {"cv-experiment", "--cube-threads", "0"}}) {
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"cv-experiment", "--chunks", "0"},
+                                               {"cv-experiment", "--m", "ten"},
+                                               {"cv-experiment", "--device-profile", "/nonexistent.json"},
+                                               {"cv-experiment", "--cube-threads", "0"}}) {
     const auto r = run(args);
     EXPECT_EQ(r.status, 1) << args.back() << ": " << r.err;
     EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
@@ -39,4 +39,4 @@ TEST_F(CvExperimentCli, BadFlagsAreOneLineErrors) {
   }
 }
 
-}  // namespace
+}  // namespace cv_experiment_cli_test

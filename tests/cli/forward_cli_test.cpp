@@ -92,10 +92,19 @@ TEST_F(ForwardCli, BadLatentsNameTheArgument) {
     std::string expected;
   } cases[] = {
       {"flux_tiny", {1, 16, 8, 8}, cubevec::DType::i64, "AutoencoderKL.decode: latent must be f32 or bf16, got i64 [1, 16, 8, 8]"},
-      {"flux_tiny", {1, 16, 8}, cubevec::DType::f32, "AutoencoderKL.decode: latent must be [B, 16, h, w] with every size at least 1, got [1, 16, 8]"},
-      {"flux_tiny", {1, 16, 0, 8}, cubevec::DType::f32, "AutoencoderKL.decode: latent must be [B, 16, h, w] with every size at least 1, got [1, 16, 0, 8]"},
+      {"flux_tiny",
+       {1, 16, 8},
+       cubevec::DType::f32,
+       "AutoencoderKL.decode: latent must be [B, 16, h, w] with every size at least 1, got [1, 16, 8]"},
+      {"flux_tiny",
+       {1, 16, 0, 8},
+       cubevec::DType::f32,
+       "AutoencoderKL.decode: latent must be [B, 16, h, w] with every size at least 1, got [1, 16, 0, 8]"},
       {"flux_tiny", {0, 16, 8, 8}, cubevec::DType::f32, "with every size at least 1, got [0, 16, 8, 8]"},
-      {"wan_tiny", {1, 5, 3, 4, 4}, cubevec::DType::f32, "AutoencoderKLWan.decode: latent must be [B, 4, T, h, w] with every size at least 1, got [1, 5, 3, 4, 4]"},
+      {"wan_tiny",
+       {1, 5, 3, 4, 4},
+       cubevec::DType::f32,
+       "AutoencoderKLWan.decode: latent must be [B, 4, T, h, w] with every size at least 1, got [1, 5, 3, 4, 4]"},
       {"wan_tiny", {1, 4, 3, 4, 4}, cubevec::DType::f16, "AutoencoderKLWan.decode: latent must be f32 or bf16, got f16 [1, 4, 3, 4, 4]"},
   };
   for (const auto& c : cases) {
@@ -124,7 +133,8 @@ TEST_F(ForwardCli, ChecksTheWeightsByDefault) {
   const fs::path vae = dir_ / "vae";
   fs::create_directories(vae);
   fs::copy_file(kData / "flux_tiny" / "vae" / "config.json", vae / "config.json");
-  const cubevec::SafetensorsFile weights = cubevec::SafetensorsFile::open((kData / "flux_tiny" / "vae" / "diffusion_pytorch_model.safetensors").string());
+  const cubevec::SafetensorsFile weights =
+      cubevec::SafetensorsFile::open((kData / "flux_tiny" / "vae" / "diffusion_pytorch_model.safetensors").string());
   cubevec::NamedTensors tensors;
   for (const auto& e : weights.entries()) {
     cubevec::Tensor t = weights.tensor(e.name).contiguous().clone();
@@ -143,4 +153,4 @@ TEST_F(ForwardCli, ChecksTheWeightsByDefault) {
   EXPECT_FALSE(fs::exists(out));
 }
 
-}  // namespace
+}  // namespace forward_cli_test

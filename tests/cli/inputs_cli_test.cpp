@@ -22,10 +22,12 @@ TEST_F(InputsCli, NumbersMustBeFiniteAndUnsignedValuesNonNegative) {
     std::string message;
   } cases[] = {
       {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", out, "--seed", "-1"}, "--seed: must not be negative, got -1"},
-      {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", out, "--guidance", "nan"}, "--guidance: must be a finite number, got nan"},
+      {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", out, "--guidance", "nan"},
+       "--guidance: must be a finite number, got nan"},
       {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", out, "--seed", "18446744073709551616"},
        "--seed: must be below 2^64, got 18446744073709551616"},
-      {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", out, "--cfg-scale", "NaN"}, "--cfg-scale: must be a finite number, got NaN"},
+      {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", out, "--cfg-scale", "NaN"},
+       "--cfg-scale: must be a finite number, got NaN"},
       {{"quantize", "--model", kTinyFlux, "--algo", "W8A8", "--prompt", "a red circle", "--out", (dir_ / "q").string(), "--seed", " -3"},
        "--seed: must not be negative"},
       {{"t2i", "--model", kTinyFlux, "--prompt", " ,. ", "--out", out}, "--prompt TEXT is required (' ,. ' has no words)"},
@@ -52,4 +54,4 @@ TEST_F(InputsCli, NumbersMustBeFiniteAndUnsignedValuesNonNegative) {
   EXPECT_FALSE(std::filesystem::exists(out));
 }
 
-}  // namespace
+}  // namespace inputs_cli_test

@@ -108,8 +108,8 @@ std::string expected_total_line() {
   }
   std::string dtypes;
   for (const auto& [dtype, n] : count) dtypes += (dtypes.empty() ? "" : ", ") + dtype + " " + std::to_string(n);
-  return "total: " + std::to_string(kTensors.size()) + " tensors (" + dtypes + "), " + with_commas(elements) +
-         " elements, " + with_commas(bytes) + " bytes of tensor data";
+  return "total: " + std::to_string(kTensors.size()) + " tensors (" + dtypes + "), " + with_commas(elements) + " elements, " +
+         with_commas(bytes) + " bytes of tensor data";
 }
 
 TEST_F(InspectCli, ListsEveryTensorOfTheExampleFile) {
@@ -181,8 +181,9 @@ TEST_F(InspectCli, JsonReportMatchesTheFile) {
 
 TEST_F(InspectCli, ControlCharactersInNamesAreEscaped) {
   // A name with a terminal escape sequence and a metadata value with a newline, written by hand.
-  const std::string json = "{\"__metadata__\":{\"note\":\"two\\nlines\"},\"red\\u001b[31m\\\\x\":"
-                           "{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}";
+  const std::string json =
+      "{\"__metadata__\":{\"note\":\"two\\nlines\"},\"red\\u001b[31m\\\\x\":"
+      "{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}";
   std::string bytes;
   for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<char>((json.size() >> (8 * i)) & 0xff));
   bytes += json + "A";
@@ -268,4 +269,4 @@ TEST_F(InspectCli, HelpExitsZero) {
   EXPECT_NE(sub.out.find("--json"), std::string::npos) << sub.out;
 }
 
-}  // namespace
+}  // namespace inspect_test

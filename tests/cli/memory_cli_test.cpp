@@ -64,8 +64,8 @@ TEST_F(MemoryCli, FluxEstimateBoundsTheMeasuredPeaks) {
 TEST_F(MemoryCli, WanEstimateBoundsTheMeasuredPeaks) {
   const std::string embeds = wan_embeds(dir_), json = (dir_ / "r.json").string();
   for (const char* cfg : {"off", "fused"}) {
-    const auto r = run({"t2v", "--model", kWan, "--prompt-embeds", embeds, "--width", "256", "--height", "128", "--frames", "17",
-                        "--steps", "1", "--cfg", cfg, "--out", (dir_ / "a.avi").string(), "--json", json});
+    const auto r = run({"t2v", "--model", kWan, "--prompt-embeds", embeds, "--width", "256", "--height", "128", "--frames", "17", "--steps",
+                        "1", "--cfg", cfg, "--out", (dir_ / "a.avi").string(), "--json", json});
     ASSERT_EQ(r.status, 0) << r.err;
     expect_estimate_bounds(nlohmann::json::parse(read_file(json)), std::string("wan cfg ") + cfg, true);
   }
@@ -81,20 +81,21 @@ TEST_F(MemoryCli, RequestsAboveTheLimitAreRefusedBeforeAnyWork) {
   EXPECT_EQ(r.err.find("step 1/1"), std::string::npos) << "refused before denoising: " << r.err;
   EXPECT_FALSE(fs::exists(out));
   // A simulated run allocates nothing, but an explicit limit (a device's memory) still applies.
-  const auto sim = run({"t2v", "--simulate", "--model", std::string(CUBEVEC_SOURCE_DIR) + "/assets/configs/wan2.1-t2v-14b", "--steps",
-                        "1", "--memory-limit", "16G"});
+  const auto sim = run({"t2v", "--simulate", "--model", std::string(CUBEVEC_SOURCE_DIR) + "/assets/configs/wan2.1-t2v-14b", "--steps", "1",
+                        "--memory-limit", "16G"});
   EXPECT_EQ(sim.status, 1) << sim.err;
   EXPECT_NE(sim.err.find("above --memory-limit 16G of 16.00 GiB"), std::string::npos) << sim.err;
   // The same request fits a large enough limit.
-  EXPECT_EQ(run({"t2i", "--model", kFlux, "--prompt-embeds", flux_embeds(dir_), "--width", "64", "--height", "64", "--steps", "1",
-                 "--out", out, "--memory-limit", "4GiB"}).status,
+  EXPECT_EQ(run({"t2i", "--model", kFlux, "--prompt-embeds", flux_embeds(dir_), "--width", "64", "--height", "64", "--steps", "1", "--out",
+                 out, "--memory-limit", "4GiB"})
+                .status,
             0);
 }
 
 TEST_F(MemoryCli, BadLimitsAreOneLineErrors) {
   for (const char* limit : {"", "abc", "-1G", "12X", "1.5.5G", "inf", "nan", "0", "1e30T", "G", "1GG"}) {
-    const auto r = run({"t2i", "--model", kFlux, "--prompt-embeds", flux_embeds(dir_), "--width", "64", "--height", "64", "--steps",
-                        "1", "--out", (dir_ / "a.jpg").string(), "--memory-limit", limit});
+    const auto r = run({"t2i", "--model", kFlux, "--prompt-embeds", flux_embeds(dir_), "--width", "64", "--height", "64", "--steps", "1",
+                        "--out", (dir_ / "a.jpg").string(), "--memory-limit", limit});
     EXPECT_EQ(r.status, 1) << limit << ": " << r.err;
     EXPECT_NE(r.err.find("--memory-limit"), std::string::npos) << limit << ": " << r.err;
     EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "one line: " << r.err;
@@ -114,8 +115,9 @@ TEST_F(MemoryCli, CheckWeightsNamesTheFirstNonFiniteWeight) {
   }
   fs::remove(weights);
   cubevec::write_safetensors(weights, tensors);
-  const std::vector<std::string> args = {"t2i", "--model", model.string(), "--prompt-embeds", flux_embeds(dir_), "--width", "32",
-                                         "--height", "32", "--steps", "1", "--out", (dir_ / "a.jpg").string()};
+  const std::vector<std::string> args = {
+      "t2i",     "--model", model.string(), "--prompt-embeds",        flux_embeds(dir_), "--width", "32", "--height", "32",
+      "--steps", "1",       "--out",        (dir_ / "a.jpg").string()};
   std::vector<std::string> checked = args;
   checked.push_back("--check-weights");
   const auto r = run(checked);
@@ -130,4 +132,4 @@ TEST_F(MemoryCli, CheckWeightsNamesTheFirstNonFiniteWeight) {
   EXPECT_NE(unchecked.err.find("denoising step 1 of 1"), std::string::npos) << unchecked.err;
 }
 
-}  // namespace
+}  // namespace memory_cli_test

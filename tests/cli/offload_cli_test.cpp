@@ -20,8 +20,8 @@ using cubevec_cli_test::kWan;
 TEST_F(OffloadCli, T2IWithOffloadWritesTheSameJpeg) {
   const std::string embeds = flux_embeds(dir_);
   for (const char* dtype : {"f32", "bf16"}) {
-    const std::vector<std::string> base = {"t2i", "--model", kFlux, "--prompt-embeds", embeds, "--width", "32", "--height", "32",
-                                           "--steps", "2", "--dtype", dtype};
+    const std::vector<std::string> base = {"t2i", "--model", kFlux, "--prompt-embeds", embeds, "--width", "32", "--height",
+                                           "32",  "--steps", "2",   "--dtype",         dtype};
     auto with = [&](std::vector<std::string> extra) {
       std::vector<std::string> args = base;
       args.insert(args.end(), extra.begin(), extra.end());
@@ -49,8 +49,8 @@ TEST_F(OffloadCli, T2IWithOffloadWritesTheSameJpeg) {
 
 TEST_F(OffloadCli, T2VWithOffloadWritesTheSameVideo) {
   const std::string embeds = wan_embeds(dir_);
-  const std::vector<std::string> base = {"t2v", "--model", kWan, "--prompt-embeds", embeds, "--width", "64", "--height", "64",
-                                         "--frames", "5", "--steps", "2"};
+  const std::vector<std::string> base = {"t2v", "--model",  kWan, "--prompt-embeds", embeds, "--width", "64", "--height",
+                                         "64",  "--frames", "5",  "--steps",         "2"};
   std::vector<std::string> a = base, b = base;
   a.insert(a.end(), {"--out", (dir_ / "a.avi").string()});
   b.insert(b.end(), {"--out", (dir_ / "b.avi").string(), "--offload", "1"});
@@ -79,4 +79,4 @@ TEST_F(OffloadCli, AnROutsideTheModelIsRefusedBeforeAnyWork) {
   }
 }
 
-}  // namespace
+}  // namespace offload_cli_test

@@ -21,8 +21,8 @@ namespace fs = std::filesystem;
 using OutputsCli = cubevec_cli_test::CliTest;
 using cubevec_cli_test::read_file;
 
-using cubevec_cli_test::kWan;
 using cubevec_cli_test::kTinyFlux;
+using cubevec_cli_test::kWan;
 
 using cubevec_cli_test::write_text;
 
@@ -77,9 +77,11 @@ TEST_F(OutputsCli, OutputsThatWouldBeDestroyedAreRefusedBeforeAnyWork) {
       {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", (dir_ / "link.jpg").string()}, "link.jpg: is a symbolic link"},
       {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", (dir_ / "fifo.jpg").string()}, "fifo.jpg: is not a regular file"},
       {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", (dir_ / "ro.jpg").string()}, "ro.jpg: is read-only"},
-      {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", (dir_ / "new.jpg").string(), "--json", (dir_ / "no/r.json").string()},
+      {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", (dir_ / "new.jpg").string(), "--json",
+        (dir_ / "no/r.json").string()},
        "--json: " + (dir_ / "no/r.json").string() + ": the directory " + (dir_ / "no").string() + " does not exist"},
-      {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", (dir_ / "new.jpg").string(), "--trace", (dir_ / "link.jpg").string()},
+      {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", (dir_ / "new.jpg").string(), "--trace",
+        (dir_ / "link.jpg").string()},
        "--trace: " + (dir_ / "link.jpg").string() + ": is a symbolic link"},
   };
   for (const auto& c : cases) {
@@ -99,8 +101,8 @@ TEST_F(OutputsCli, OutputsThatWouldBeDestroyedAreRefusedBeforeAnyWork) {
 
 TEST_F(OutputsCli, AFailedRunLeavesThePreviousVideoAndNoTemporary) {
   const std::string embeds = embeds_file(dir_), video = (dir_ / "keep.avi").string();
-  const std::vector<std::string> base = {"t2v", "--model", kWan, "--prompt-embeds", embeds, "--frames", "9", "--width", "512", "--height", "256",
-                                         "--steps", "2", "--cfg", "off", "--out", video};
+  const std::vector<std::string> base = {"t2v", "--model", kWan, "--prompt-embeds", embeds, "--frames", "9",  "--width", "512", "--height",
+                                         "256", "--steps", "2",  "--cfg",           "off",  "--out",    video};
   ASSERT_EQ(run(base).status, 0);
   const std::string before = read_file(video);
   const int files = entries(dir_);
@@ -119,8 +121,8 @@ TEST_F(OutputsCli, CtrlCStopsTheRunRemovesTemporariesAndKeepsTheOldOutput) {
   const std::string embeds = embeds_file(dir_), video = (dir_ / "keep.avi").string(), frames = (dir_ / "frames").string();
   write_text(video, "the previous video");
   const std::string err_path = (dir_ / "stderr.txt").string();
-  const int status = interrupt_when({"t2v", "--model", kWan, "--prompt-embeds", embeds, "--frames", "17", "--width", "512", "--height", "256",
-                                     "--steps", "400", "--cfg", "off", "--out", video, "--frames-dir", frames},
+  const int status = interrupt_when({"t2v", "--model", kWan, "--prompt-embeds", embeds, "--frames", "17", "--width", "512", "--height",
+                                     "256", "--steps", "400", "--cfg", "off", "--out", video, "--frames-dir", frames},
                                     err_path, "step 2/400");
   EXPECT_EQ(status, 130) << read_file(err_path);
   const std::string err = read_file(err_path);
@@ -136,9 +138,9 @@ TEST_F(OutputsCli, ARunInsideOneLongKernelIsEndedByTheWatchdog) {
   const std::string picture = (dir_ / "keep.jpg").string(), err_path = (dir_ / "stderr.txt").string();
   write_text(picture, "the previous picture");
   const auto t0 = std::chrono::steady_clock::now();
-  const int status = interrupt_when({"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--steps", "1", "--width", "4096", "--height",
-                                     "4096", "--out", picture},
-                                    err_path, "t2i: 4096x4096", std::chrono::milliseconds(1500));
+  const int status = interrupt_when(
+      {"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--steps", "1", "--width", "4096", "--height", "4096", "--out", picture},
+      err_path, "t2i: 4096x4096", std::chrono::milliseconds(1500));
   EXPECT_EQ(status, 130) << read_file(err_path);
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
   // Usually "the run was ended (it did not reach a stopping point within 3 s)"; on a fast machine the
@@ -150,8 +152,8 @@ TEST_F(OutputsCli, ARunInsideOneLongKernelIsEndedByTheWatchdog) {
 
 TEST_F(OutputsCli, AnOutputMayNotReplaceAnInput) {
   const std::string embeds = embeds_file(dir_), before = read_file(embeds);
-  const auto t2v = run({"t2v", "--model", kWan, "--prompt-embeds", embeds, "--frames", "9", "--width", "64", "--height", "64", "--steps", "2",
-                        "--cfg", "off", "--out", (dir_ / "." / "e.safetensors").string()});
+  const auto t2v = run({"t2v", "--model", kWan, "--prompt-embeds", embeds, "--frames", "9", "--width", "64", "--height", "64", "--steps",
+                        "2", "--cfg", "off", "--out", (dir_ / "." / "e.safetensors").string()});
   EXPECT_EQ(t2v.status, 1);
   EXPECT_NE(t2v.err.find("e.safetensors: is the --prompt-embeds file; write the result to another path"), std::string::npos) << t2v.err;
   EXPECT_EQ(read_file(embeds), before);
@@ -159,8 +161,8 @@ TEST_F(OutputsCli, AnOutputMayNotReplaceAnInput) {
   const fs::path model = dir_ / "tinyflux";
   fs::copy(kTinyFlux, model, fs::copy_options::recursive);
   const std::string config = (model / "transformer" / "config.json").string(), config_before = read_file(config);
-  const auto inside = run({"t2i", "--model", model.string(), "--prompt", "a red circle", "--steps", "1", "--out", (dir_ / "o.jpg").string(),
-                           "--json", config});
+  const auto inside = run(
+      {"t2i", "--model", model.string(), "--prompt", "a red circle", "--steps", "1", "--out", (dir_ / "o.jpg").string(), "--json", config});
   EXPECT_EQ(inside.status, 1);
   EXPECT_NE(inside.err.find("--json " + config + ": lies inside the --model folder"), std::string::npos) << inside.err;
   EXPECT_EQ(read_file(config), config_before);
@@ -187,16 +189,19 @@ TEST_F(OutputsCli, ANanVaeWeightIsAnErrorNotABlackPicture) {
   cubevec::NamedTensors tensors;
   {
     const cubevec::SafetensorsFile file = cubevec::SafetensorsFile::open(weights);
-    for (const auto& e : file.entries()) tensors.push_back({e.name, cubevec::ops::cast(file.tensor(e.name), cubevec::DType::f32).contiguous()});
+    for (const auto& e : file.entries())
+      tensors.push_back({e.name, cubevec::ops::cast(file.tensor(e.name), cubevec::DType::f32).contiguous()});
   }
   bool poisoned = false;
   for (auto& [name, t] : tensors)
-    if (name == "decoder.conv_in.bias") static_cast<float*>(t.mutable_data_ptr())[0] = std::numeric_limits<float>::quiet_NaN(), poisoned = true;
+    if (name == "decoder.conv_in.bias")
+      static_cast<float*>(t.mutable_data_ptr())[0] = std::numeric_limits<float>::quiet_NaN(), poisoned = true;
   ASSERT_TRUE(poisoned);
   cubevec::write_safetensors(weights, tensors);
   const auto r = run({"t2i", "--model", model.string(), "--prompt", "a red circle", "--steps", "2", "--out", (dir_ / "x.jpg").string()});
   EXPECT_EQ(r.status, 1) << r.err;
-  EXPECT_NE(r.err.find("error: the VAE decode gave a non-finite picture (a VAE weight or setting gives NaN or inf): element ["), std::string::npos)
+  EXPECT_NE(r.err.find("error: the VAE decode gave a non-finite picture (a VAE weight or setting gives NaN or inf): element ["),
+            std::string::npos)
       << r.err;
   EXPECT_FALSE(fs::exists(dir_ / "x.jpg"));
 }
@@ -214,13 +219,14 @@ TEST_F(OutputsCli, ANanWeightStopsTheRunAtTheFirstStep) {
   for (auto& [name, t] : tensors)
     if (name == "proj_out.bias") static_cast<float*>(t.mutable_data_ptr())[3] = std::numeric_limits<float>::quiet_NaN();
   cubevec::write_safetensors(weights, tensors);
-  const auto r = run({"t2v", "--model", model.string(), "--prompt-embeds", embeds_file(dir_), "--frames", "9", "--width", "64", "--height", "64",
-                      "--steps", "4", "--cfg", "off", "--out", (dir_ / "v.avi").string()});
+  const auto r = run({"t2v", "--model", model.string(), "--prompt-embeds", embeds_file(dir_), "--frames", "9", "--width", "64", "--height",
+                      "64", "--steps", "4", "--cfg", "off", "--out", (dir_ / "v.avi").string()});
   EXPECT_EQ(r.status, 1) << r.err;
-  EXPECT_NE(r.err.find("error: denoising step 1 of 4 turned the latents non-finite (a weight, input or setting gives NaN or inf): element ["),
-            std::string::npos)
+  EXPECT_NE(
+      r.err.find("error: denoising step 1 of 4 turned the latents non-finite (a weight, input or setting gives NaN or inf): element ["),
+      std::string::npos)
       << r.err;
   EXPECT_FALSE(fs::exists(dir_ / "v.avi"));
 }
 
-}  // namespace
+}  // namespace outputs_cli_test

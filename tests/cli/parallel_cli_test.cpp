@@ -30,8 +30,8 @@ using cubevec_cli_test::kData;
 // `mpirun -np ranks cubevec args...`; LeakSanitizer is off in the ranks (Open MPI keeps its
 // allocations until exit).
 Process run_mpi(int ranks, const std::vector<std::string>& args, const fs::path& scratch) {
-  std::vector<std::string> argv = {CUBEVEC_MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(ranks),
-                                   "-x", "ASAN_OPTIONS=detect_leaks=0", CUBEVEC_BINARY};
+  std::vector<std::string> argv = {CUBEVEC_MPIRUN, "--allow-run-as-root",         "--oversubscribe", "-np", std::to_string(ranks),
+                                   "-x",           "ASAN_OPTIONS=detect_leaks=0", CUBEVEC_BINARY};
   argv.insert(argv.end(), args.begin(), args.end());
   return cubevec_cli_test::run_program(argv, scratch);
 }
@@ -52,7 +52,8 @@ struct ForwardCase {
   std::vector<std::string> inputs;
 };
 const std::vector<ForwardCase> kForwardCases = {
-    {"flux_tiny", "goldens_flux.safetensors",
+    {"flux_tiny",
+     "goldens_flux.safetensors",
      {"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "img_ids", "txt_ids", "guidance"}},
     {"wan_tiny", "goldens_wan.safetensors", {"hidden_states", "encoder_hidden_states", "timestep"}}};
 
@@ -129,19 +130,21 @@ TEST_F(ParallelCli, RingTensorParallelAndTheirCombinationsMatchOneDevice) {
 }
 
 TEST_F(ParallelCli, DegreesMustMatchTheRanksBeforeAnyWork) {
-  const std::string inputs = write_forward_inputs(dir_, "goldens_flux.safetensors",
-                                                  {"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep",
-                                                   "img_ids", "txt_ids", "guidance"});
+  const std::string inputs =
+      write_forward_inputs(dir_, "goldens_flux.safetensors",
+                           {"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "img_ids", "txt_ids", "guidance"});
   const std::string model = (kData / "flux_tiny" / "transformer").string(), out = (dir_ / "o.safetensors").string();
   const auto alone = run({"forward", "--model", model, "--inputs", inputs, "--out", out, "--ulysses", "2"});
   EXPECT_EQ(alone.status, 1);
-  EXPECT_NE(alone.err.find("--ulysses 2 x --ring 1 x --cfg-parallel 1 x --tp 1 = 2 rank(s), but this run has one: start it with mpirun -np 2"),
-            std::string::npos)
+  EXPECT_NE(
+      alone.err.find("--ulysses 2 x --ring 1 x --cfg-parallel 1 x --tp 1 = 2 rank(s), but this run has one: start it with mpirun -np 2"),
+      std::string::npos)
       << alone.err;
   const auto fewer = run_mpi(2, {"forward", "--model", model, "--inputs", inputs, "--out", out, "--ulysses", "4"}, dir_);
   EXPECT_NE(fewer.status, 0);
   for (const char* rank : {"error: rank 0: ", "error: rank 1: "})
-    EXPECT_NE(fewer.err.find(std::string(rank) + "--ulysses 4 x --ring 1 x --cfg-parallel 1 x --tp 1 = 4 rank(s), but mpirun started 2"), std::string::npos)
+    EXPECT_NE(fewer.err.find(std::string(rank) + "--ulysses 4 x --ring 1 x --cfg-parallel 1 x --tp 1 = 4 rank(s), but mpirun started 2"),
+              std::string::npos)
         << fewer.err;
   EXPECT_FALSE(fs::exists(out));
   // The tiny Flux has 2 heads: 4 ranks cannot share them.
@@ -150,8 +153,9 @@ TEST_F(ParallelCli, DegreesMustMatchTheRanksBeforeAnyWork) {
   EXPECT_NE(heads.err.find("has 2 heads, which 4 ranks cannot share evenly"), std::string::npos) << heads.err;
   EXPECT_FALSE(fs::exists(out));
   const std::string embeds = cubevec_cli_test::flux_embeds(dir_);
-  const auto t2i = run_mpi(4, {"t2i", "--model", (kData / "flux_tiny").string(), "--prompt-embeds", embeds, "--width", "32", "--height",
-                               "32", "--steps", "1", "--out", (dir_ / "h.jpg").string(), "--ulysses", "4"},
+  const auto t2i = run_mpi(4,
+                           {"t2i", "--model", (kData / "flux_tiny").string(), "--prompt-embeds", embeds, "--width", "32", "--height", "32",
+                            "--steps", "1", "--out", (dir_ / "h.jpg").string(), "--ulysses", "4"},
                            dir_);
   EXPECT_NE(t2i.status, 0);
   EXPECT_NE(t2i.err.find("--ulysses 4 must divide the transformer's 2 attention heads"), std::string::npos) << t2i.err;
@@ -160,13 +164,15 @@ TEST_F(ParallelCli, DegreesMustMatchTheRanksBeforeAnyWork) {
   EXPECT_NE(tp_heads.status, 0);
   EXPECT_NE(tp_heads.err.find("--tp 4 must divide the transformer's 2 attention heads"), std::string::npos) << tp_heads.err;
   EXPECT_FALSE(fs::exists(out));
-  const auto both_heads = run_mpi(4, {"t2i", "--model", (kData / "flux_tiny").string(), "--prompt-embeds", embeds, "--width", "32",
-                                      "--height", "32", "--steps", "1", "--out", (dir_ / "h.jpg").string(), "--ulysses", "2", "--tp", "2"},
+  const auto both_heads = run_mpi(4,
+                                  {"t2i", "--model", (kData / "flux_tiny").string(), "--prompt-embeds", embeds, "--width", "32", "--height",
+                                   "32", "--steps", "1", "--out", (dir_ / "h.jpg").string(), "--ulysses", "2", "--tp", "2"},
                                   dir_);
   EXPECT_NE(both_heads.status, 0);
   EXPECT_NE(both_heads.err.find("--ulysses 2 x --tp 2 = 4 must divide the transformer's 2 attention heads"), std::string::npos)
       << both_heads.err;
-  const auto vae = run_mpi(2, {"forward", "--model", (kData / "flux_tiny" / "vae").string(), "--inputs", inputs, "--out", out, "--tp", "2"}, dir_);
+  const auto vae =
+      run_mpi(2, {"forward", "--model", (kData / "flux_tiny" / "vae").string(), "--inputs", inputs, "--out", out, "--tp", "2"}, dir_);
   EXPECT_NE(vae.status, 0);
   EXPECT_NE(vae.err.find("--tp shards a transformer's layers;"), std::string::npos) << vae.err;
   const auto quant = run_mpi(2, {"forward", "--model", model, "--inputs", inputs, "--out", out, "--tp", "2", "--quant", "q.json"}, dir_);
@@ -179,8 +185,8 @@ TEST_F(ParallelCli, DegreesMustMatchTheRanksBeforeAnyWork) {
 
 TEST_F(ParallelCli, CfgParallelAndUlyssesDrawTheOneDevicePicture) {
   const std::string embeds = cubevec_cli_test::flux_embeds(dir_), model = (kData / "flux_tiny").string();
-  const std::vector<std::string> common = {"t2i", "--model", model, "--prompt-embeds", embeds, "--width", "32", "--height", "32",
-                                           "--steps", "2", "--cfg", "fused", "--cfg-scale", "3"};
+  const std::vector<std::string> common = {"t2i", "--model", model, "--prompt-embeds", embeds,  "--width",     "32", "--height",
+                                           "32",  "--steps", "2",   "--cfg",           "fused", "--cfg-scale", "3"};
   auto with = [&](std::vector<std::string> extra, const std::string& out) {
     std::vector<std::string> args = common;
     args.insert(args.end(), {"--out", (dir_ / out).string()});
@@ -215,7 +221,8 @@ TEST_F(ParallelCli, CfgParallelAndUlyssesDrawTheOneDevicePicture) {
   off[std::find(off.begin(), off.end(), "fused") - off.begin()] = "off";
   const auto refused = run_mpi(2, off, dir_);
   EXPECT_NE(refused.status, 0);
-  EXPECT_NE(refused.err.find("--cfg-parallel 2 runs the two CFG branches on two ranks, but --cfg is off"), std::string::npos) << refused.err;
+  EXPECT_NE(refused.err.find("--cfg-parallel 2 runs the two CFG branches on two ranks, but --cfg is off"), std::string::npos)
+      << refused.err;
   // Ring attention computes the attention itself: sparse attention cannot sit below it.
   const auto sparse = run_mpi(2, with({"--ring", "2", "--sparse", "ada_bsa"}, "sparse.jpg"), dir_);
   EXPECT_NE(sparse.status, 0);
@@ -236,7 +243,8 @@ TEST_F(ParallelCli, SimulateModelsManyCardsInOneProcess) {
     step_s.push_back(nlohmann::json::parse(read_file(json_path))["modelled_step_mean_s"].get<double>());
     if (std::string(ranks) == "4") {
       // Every joint attention's q, k, v and output cross the ring of cards: 57 blocks x 4 per step.
-      EXPECT_EQ(count_comm_kernels(trace, "all_to_all"), 2 * 2 * 57 * 4) << "2 steps; each kernel on the modelled by-unit and by-stream tracks";
+      EXPECT_EQ(count_comm_kernels(trace, "all_to_all"), 2 * 2 * 57 * 4)
+          << "2 steps; each kernel on the modelled by-unit and by-stream tracks";
     }
   }
   // The profile's cube and attention efficiencies were calibrated on MindIE SD's published 0.652 s/step
@@ -249,7 +257,8 @@ TEST_F(ParallelCli, SimulateModelsManyCardsInOneProcess) {
     const auto r = run({"t2i", "--simulate", "--model", model, "--steps", "1", "--device-profile", profile, "--dtype", "bf16", "--ranks",
                         "4", "--ring", "4", "--json", json_path, "--trace", trace});
     ASSERT_EQ(r.status, 0) << r.err;
-    EXPECT_EQ(count_comm_kernels(trace, "send_recv"), 2 * 57 * 3 * 2) << "k and v, 3 ring steps, 57 blocks; on the by-unit and by-stream tracks";
+    EXPECT_EQ(count_comm_kernels(trace, "send_recv"), 2 * 57 * 3 * 2)
+        << "k and v, 3 ring steps, 57 blocks; on the by-unit and by-stream tracks";
     const nlohmann::json report = nlohmann::json::parse(read_file(json_path));
     EXPECT_LT(report["modelled_step_mean_s"].get<double>(), step_s[0] / 2);
   }
@@ -266,12 +275,14 @@ TEST_F(ParallelCli, SimulateModelsManyCardsInOneProcess) {
   EXPECT_EQ(alone.status, 1);
   EXPECT_NE(alone.err.find("--ranks models that many cards in one process and needs --simulate"), std::string::npos) << alone.err;
   // More ranks than tokens: every rank (here the modelled rank 0, which holds one) refuses.
-  const auto few = run({"t2i", "--simulate", "--model", model, "--width", "64", "--height", "64", "--steps", "1", "--ranks", "32", "--ring", "32"});
+  const auto few =
+      run({"t2i", "--simulate", "--model", model, "--width", "64", "--height", "64", "--steps", "1", "--ranks", "32", "--ring", "32"});
   EXPECT_EQ(few.status, 1);
   EXPECT_NE(few.err.find("ring x32: 16 tokens cannot be shared by 32 ranks (each needs at least one)"), std::string::npos) << few.err;
   const auto product = run({"t2i", "--simulate", "--model", model, "--steps", "1", "--ranks", "8", "--ulysses", "2"});
   EXPECT_EQ(product.status, 1);
-  EXPECT_NE(product.err.find("--ulysses 2 x --ring 1 x --cfg-parallel 1 x --tp 1 = 2 rank(s), but --ranks is 8"), std::string::npos) << product.err;
+  EXPECT_NE(product.err.find("--ulysses 2 x --ring 1 x --cfg-parallel 1 x --tp 1 = 2 rank(s), but --ranks is 8"), std::string::npos)
+      << product.err;
 }
 
 // --vae-parallel on top of a sharded transformer gives the picture (video) of the same run
@@ -290,8 +301,17 @@ TEST_F(ParallelCli, VaeParallelDecodesThePictureAndVideoOfOneDecoder) {
                           run_mpi(d.ranks, with(args, {"--out", shared, "--vae-parallel", "--trace", trace}), dir_));
   };
   // Flux: 64 x 48 is a 16 x 12 latent, 6 tiles of the tiny VAE's 8 latent pixels (overlap 2).
-  const std::vector<std::string> t2i = {"t2i", "--model", (kData / "flux_tiny").string(), "--prompt-embeds", cubevec_cli_test::flux_embeds(dir_),
-                                        "--width", "64", "--height", "48", "--steps", "1"};
+  const std::vector<std::string> t2i = {"t2i",
+                                        "--model",
+                                        (kData / "flux_tiny").string(),
+                                        "--prompt-embeds",
+                                        cubevec_cli_test::flux_embeds(dir_),
+                                        "--width",
+                                        "64",
+                                        "--height",
+                                        "48",
+                                        "--steps",
+                                        "1"};
   for (const Degrees& d : degrees) {
     const int ranks = d.ranks;
     const std::string plain = (dir_ / "plain.jpg").string(), shared = (dir_ / "shared.jpg").string(), trace = (dir_ / "t.json").string();
@@ -303,8 +323,21 @@ TEST_F(ParallelCli, VaeParallelDecodesThePictureAndVideoOfOneDecoder) {
     EXPECT_LE(worst_level_difference(cubevec::media::read_jpeg(shared), cubevec::media::read_jpeg(plain)), 1) << ranks;
   }
   // Wan: 9 frames of 48 x 32 are 3 latent frames of 4 x 6: bands of 2 rows (2 ranks) or 1 (4 ranks).
-  const std::vector<std::string> t2v = {"t2v", "--model", (kData / "wan_tiny").string(), "--prompt-embeds", cubevec_cli_test::wan_embeds(dir_),
-                                        "--frames", "9", "--width", "48", "--height", "32", "--steps", "1", "--cfg", "off"};
+  const std::vector<std::string> t2v = {"t2v",
+                                        "--model",
+                                        (kData / "wan_tiny").string(),
+                                        "--prompt-embeds",
+                                        cubevec_cli_test::wan_embeds(dir_),
+                                        "--frames",
+                                        "9",
+                                        "--width",
+                                        "48",
+                                        "--height",
+                                        "32",
+                                        "--steps",
+                                        "1",
+                                        "--cfg",
+                                        "off"};
   for (const Degrees& d : degrees) {
     const int ranks = d.ranks;
     const std::string plain = (dir_ / "plain.avi").string(), shared = (dir_ / "shared.avi").string(), trace = (dir_ / "v.json").string();
@@ -326,19 +359,36 @@ TEST_F(ParallelCli, VaeParallelDecodesThePictureAndVideoOfOneDecoder) {
 
 TEST_F(ParallelCli, VaeParallelIsRefusedWhereItCannotShareBeforeAnyWork) {
   const std::string embeds = cubevec_cli_test::wan_embeds(dir_), out = (dir_ / "x.avi").string();
-  const std::vector<std::string> t2v = {"t2v", "--model", (kData / "wan_tiny").string(), "--prompt-embeds", embeds, "--frames", "5",
-                                        "--width", "32", "--height", "16", "--steps", "1", "--cfg", "off", "--out", out, "--vae-parallel"};
+  const std::vector<std::string> t2v = {"t2v",
+                                        "--model",
+                                        (kData / "wan_tiny").string(),
+                                        "--prompt-embeds",
+                                        embeds,
+                                        "--frames",
+                                        "5",
+                                        "--width",
+                                        "32",
+                                        "--height",
+                                        "16",
+                                        "--steps",
+                                        "1",
+                                        "--cfg",
+                                        "off",
+                                        "--out",
+                                        out,
+                                        "--vae-parallel"};
   const auto alone = run(t2v);
   EXPECT_NE(alone.status, 0);
-  EXPECT_NE(alone.err.find("--vae-parallel shares the VAE decode among the ranks of the run, but this run has one"), std::string::npos) << alone.err;
+  EXPECT_NE(alone.err.find("--vae-parallel shares the VAE decode among the ranks of the run, but this run has one"), std::string::npos)
+      << alone.err;
   // 16 pixels are 2 latent rows: not enough for 4 ranks.
   const auto rows = run_mpi(4, with(t2v, {"--ulysses", "2", "--ring", "2"}), dir_);
   EXPECT_NE(rows.status, 0);
   EXPECT_NE(rows.err.find("--vae-parallel: the latent's 2 rows cannot be shared by 4 ranks"), std::string::npos) << rows.err;
   EXPECT_EQ(rows.err.find("step 1/1"), std::string::npos) << "refused after denoising: " << rows.err;
   EXPECT_FALSE(fs::exists(out));
-  const auto simulated = run({"t2i", "--simulate", "--model", (kData / "flux_tiny").string(), "--steps", "1", "--ranks", "2", "--ulysses", "2",
-                              "--vae-parallel"});
+  const auto simulated = run(
+      {"t2i", "--simulate", "--model", (kData / "flux_tiny").string(), "--steps", "1", "--ranks", "2", "--ulysses", "2", "--vae-parallel"});
   EXPECT_NE(simulated.status, 0);
   EXPECT_NE(simulated.err.find("--vae-parallel shares the VAE decode, but --simulate models the transformer only"), std::string::npos)
       << simulated.err;
@@ -384,7 +434,8 @@ std::vector<TracedKernel> modelled_kernels(const std::string& trace) {
   for (const auto& e : events.at("traceEvents")) {
     if (e.value("ph", "") != "X" || e.value("pid", -1) != by_stream || e.at("args").value("stream", -1) != 1) continue;
     if (e.at("name") == "contiguous" || e.at("name") == "concat") continue;
-    timed.push_back({e.at("ts").get<double>(), {e.at("name").get<std::string>(), e.at("args").value("unit", ""), e.at("args").value("flops", 0.0)}});
+    timed.push_back(
+        {e.at("ts").get<double>(), {e.at("name").get<std::string>(), e.at("args").value("unit", ""), e.at("args").value("flops", 0.0)}});
   }
   std::stable_sort(timed.begin(), timed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<TracedKernel> kernels;
@@ -403,7 +454,8 @@ TEST_F(ParallelCli, SimulatedEightRanksRunTheKernelsOfARealTwoRankRunScaled) {
   const std::string model = eight_head_flux(dir_).string(), embeds = (dir_ / "embeds8.safetensors").string();
   cubevec::write_safetensors(embeds, {{"prompt_embeds", cubevec::testing::random_tensor({1, 8, 40}, 1, cubevec::DType::f32, 1.0f)},
                                       {"pooled_prompt_embeds", cubevec::testing::random_tensor({1, 24}, 2, cubevec::DType::f32, 1.0f)}});
-  const std::vector<std::string> t2i = {"t2i", "--model", model, "--prompt-embeds", embeds, "--width", "64", "--height", "32", "--steps", "2"};
+  const std::vector<std::string> t2i = {"t2i", "--model",  model, "--prompt-embeds", embeds, "--width",
+                                        "64",  "--height", "32",  "--steps",         "2"};
   const std::string real_trace = (dir_ / "real.json").string(), simulated_trace = (dir_ / "sim.json").string();
   const auto real = run_mpi(2, with(t2i, {"--ulysses", "2", "--out", (dir_ / "r.jpg").string(), "--trace", real_trace}), dir_);
   ASSERT_EQ(real.status, 0) << real.err;
@@ -421,13 +473,14 @@ TEST_F(ParallelCli, SimulatedEightRanksRunTheKernelsOfARealTwoRankRunScaled) {
   for (std::size_t i = 0; i < eight.size(); ++i) {
     if (eight[i].name != two[i].name) {
       std::string context;
-      for (std::size_t j = i >= 6 ? i - 6 : 0; j < i + 4 && j < eight.size(); ++j) context += "\n  " + std::to_string(j) + ": " + eight[j].name + " | " + two[j].name;
+      for (std::size_t j = i >= 6 ? i - 6 : 0; j < i + 4 && j < eight.size(); ++j)
+        context += "\n  " + std::to_string(j) + ": " + eight[j].name + " | " + two[j].name;
       FAIL() << "kernel " << i << " (8 ranks | 2 ranks):" << context;
     }
     if (eight[i].unit != "cube" || eight[i].name == "attention") continue;
     const double ratio = two[i].flops / eight[i].flops;
-    EXPECT_TRUE(ratio == 1 || ratio == 2 || ratio == 4) << "kernel " << i << " " << eight[i].name << ": " << two[i].flops
-                                                        << " flops on 2 ranks, " << eight[i].flops << " on 8";
+    EXPECT_TRUE(ratio == 1 || ratio == 2 || ratio == 4)
+        << "kernel " << i << " " << eight[i].name << ": " << two[i].flops << " flops on 2 ranks, " << eight[i].flops << " on 8";
     ++ratios[static_cast<int>(ratio)];
   }
   // Per step at least each double block's image q, k, v are sharded and each single block has a
@@ -438,4 +491,4 @@ TEST_F(ParallelCli, SimulatedEightRanksRunTheKernelsOfARealTwoRankRunScaled) {
   EXPECT_EQ(two[eight.size()].name.find("all_to_all"), std::string::npos) << "the real run has transformer kernels the simulated one lacks";
 }
 
-}  // namespace
+}  // namespace parallel_cli_test

@@ -24,8 +24,8 @@ using ProbeCorpus = cubevec_cli_test::CliTest;
 using cubevec_cli_test::read_file;
 
 using cubevec_cli_test::kFlux;
-using cubevec_cli_test::kWan;
 using cubevec_cli_test::kTinyFlux;
+using cubevec_cli_test::kWan;
 
 struct Case {
   std::string family;
@@ -55,8 +55,9 @@ TEST_F(ProbeCorpus, EveryBadInputIsANamedOneLineError) {
                                       {"pooled_prompt_embeds", cubevec::testing::random_tensor({1, 24}, 2, cubevec::DType::f32, 1.0f)}});
   cubevec::Tensor bad = cubevec::testing::random_tensor({1, 5, 40}, 1, cubevec::DType::f32, 1.0f);
   bad.mutable_data<float>()[7] = std::numeric_limits<float>::infinity();
-  cubevec::write_safetensors(nan_embeds, {{"prompt_embeds", bad},
-                                          {"pooled_prompt_embeds", cubevec::testing::random_tensor({1, 24}, 2, cubevec::DType::f32, 1.0f)}});
+  cubevec::write_safetensors(
+      nan_embeds,
+      {{"prompt_embeds", bad}, {"pooled_prompt_embeds", cubevec::testing::random_tensor({1, 24}, 2, cubevec::DType::f32, 1.0f)}});
   write_text(d / "garbage.safetensors", "this is not a safetensors file at all");
   write_text(d / "huge_header.safetensors", std::string("\xff\xff\xff\xff\xff\xff\x00\x00", 8) + "{}");
   ASSERT_EQ(::mkfifo((d / "fifo.safetensors").c_str(), 0600), 0);
@@ -80,8 +81,9 @@ TEST_F(ProbeCorpus, EveryBadInputIsANamedOneLineError) {
   cubevec::write_safetensors(wan_embeds, {{"prompt_embeds", cubevec::testing::random_tensor({1, 7, 24}, 1, cubevec::DType::f32, 1.0f)}});
   const std::string wide_embeds = (d / "wide_embeds.safetensors").string(), wide_pooled = (d / "wide_pooled.safetensors").string();
   cubevec::write_safetensors(wide_embeds, {{"prompt_embeds", cubevec::testing::random_tensor({1, 8, 25}, 1, cubevec::DType::f32, 1.0f)}});
-  cubevec::write_safetensors(wide_pooled, {{"prompt_embeds", cubevec::testing::random_tensor({1, 5, 40}, 1, cubevec::DType::f32, 1.0f)},
-                                           {"pooled_prompt_embeds", cubevec::testing::random_tensor({1, 25}, 2, cubevec::DType::f32, 1.0f)}});
+  cubevec::write_safetensors(wide_pooled,
+                             {{"prompt_embeds", cubevec::testing::random_tensor({1, 5, 40}, 1, cubevec::DType::f32, 1.0f)},
+                              {"pooled_prompt_embeds", cubevec::testing::random_tensor({1, 25}, 2, cubevec::DType::f32, 1.0f)}});
   const std::string latent_i64 = (d / "latent_i64.safetensors").string();
   cubevec::write_safetensors(latent_i64, {{"latent", cubevec::Tensor::zeros({1, 16, 4, 4}, cubevec::DType::i64)}});
 
@@ -114,14 +116,15 @@ TEST_F(ProbeCorpus, EveryBadInputIsANamedOneLineError) {
   for (int i = 0; i < 10000; ++i) essay += "zebra" + std::to_string(i) + " ";
   write_text(d / "red", "a file whose name is a prompt word");
 
-  const std::vector<std::string> t2i = {"t2i", "--model", kFlux, "--prompt-embeds", embeds, "--width", "32", "--height", "32", "--steps", "1"};
+  const std::vector<std::string> t2i = {"t2i", "--model",  kFlux, "--prompt-embeds", embeds, "--width",
+                                        "32",  "--height", "32",  "--steps",         "1"};
   const auto with = [](std::vector<std::string> base, const std::vector<std::string>& more) {
     base.insert(base.end(), more.begin(), more.end());
     return base;
   };
   const auto t2i_model = [&](const fs::path& model) {
-    return std::vector<std::string>{"t2i", "--model", model.string(), "--prompt-embeds", embeds, "--width", "32", "--height", "32",
-                                    "--steps", "1", "--out", out};
+    return std::vector<std::string>{
+        "t2i", "--model", model.string(), "--prompt-embeds", embeds, "--width", "32", "--height", "32", "--steps", "1", "--out", out};
   };
   const std::vector<Case> cases = {
       // 1. Outputs are never destroyed: special, missing-directory and directory targets.
@@ -131,10 +134,16 @@ TEST_F(ProbeCorpus, EveryBadInputIsANamedOneLineError) {
       {"outputs", with(t2i, {"--out", out, "--json", (d / "fifo.jpg").string()}), "fifo.jpg"},
       {"outputs", with(t2i, {"--out", embeds}), "embeds.safetensors"},
       // 2. Inputs are bounded: FIFOs, directories, garbage, absurd headers, symlink loops, huge configs.
-      {"inputs", {"t2i", "--model", kFlux, "--prompt-embeds", (d / "fifo.safetensors").string(), "--out", out}, "fifo.safetensors: is not a regular file"},
-      {"inputs", {"t2i", "--model", kFlux, "--prompt-embeds", (d / "a_directory.safetensors").string(), "--out", out}, "a_directory.safetensors"},
+      {"inputs",
+       {"t2i", "--model", kFlux, "--prompt-embeds", (d / "fifo.safetensors").string(), "--out", out},
+       "fifo.safetensors: is not a regular file"},
+      {"inputs",
+       {"t2i", "--model", kFlux, "--prompt-embeds", (d / "a_directory.safetensors").string(), "--out", out},
+       "a_directory.safetensors"},
       {"inputs", {"t2i", "--model", kFlux, "--prompt-embeds", (d / "garbage.safetensors").string(), "--out", out}, "garbage.safetensors"},
-      {"inputs", {"t2i", "--model", kFlux, "--prompt-embeds", (d / "huge_header.safetensors").string(), "--out", out}, "huge_header.safetensors"},
+      {"inputs",
+       {"t2i", "--model", kFlux, "--prompt-embeds", (d / "huge_header.safetensors").string(), "--out", out},
+       "huge_header.safetensors"},
       {"inputs", {"inspect", (d / "fifo.safetensors").string()}, "fifo.safetensors: is not a regular file"},
       {"inputs", t2i_model(d / "loop"), "loop"},
       {"inputs", t2i_model(broken), "flux_broken/transformer/config.json: not valid JSON"},
@@ -144,47 +153,58 @@ TEST_F(ProbeCorpus, EveryBadInputIsANamedOneLineError) {
       // 3. Non-finite values are never silent.
       {"non-finite", with(t2i, {"--out", out, "--guidance", "nan"}), "--guidance: must be a finite number, got nan"},
       {"non-finite", with(t2i, {"--out", out, "--cfg-scale", "inf"}), "--cfg-scale"},
-      {"non-finite", {"t2i", "--model", kFlux, "--prompt-embeds", nan_embeds, "--width", "32", "--height", "32", "--out", out},
+      {"non-finite",
+       {"t2i", "--model", kFlux, "--prompt-embeds", nan_embeds, "--width", "32", "--height", "32", "--out", out},
        "nan_embeds.safetensors: 'prompt_embeds': element [0, 0, 7] is inf"},
       {"non-finite", with(t2i, {"--out", out, "--device-profile", (d / "profile.json").string()}), "profile.json.npu.hbm_gbps"},
       {"non-finite", t2i_model(shift), "flux_shift/scheduler/scheduler_config.json"},
       {"non-finite", t2i_model(scaling), "'scaling_factor'"},
-      {"non-finite", {"t2v", "--model", wan_std.string(), "--prompt-embeds", wan_embeds, "--cfg", "off", "--frames", "1", "--width", "16",
-                      "--height", "16", "--steps", "1", "--out", video},
+      {"non-finite",
+       {"t2v", "--model", wan_std.string(), "--prompt-embeds", wan_embeds, "--cfg", "off", "--frames", "1", "--width", "16", "--height",
+        "16", "--steps", "1", "--out", video},
        "'latents_std'"},
       // 4. Inputs mean what they say.
       {"meaning", with(t2i, {"--out", out, "--seed", "-1"}), "--seed: must not be negative, got -1"},
       {"meaning", {"t2i", "--model", kTinyFlux, "--prompt", "   ,.;  ", "--out", out}, "--prompt"},
       {"meaning", with(t2i, {"--out", out, "--memory-limit", "lots"}), "--memory-limit: 'lots'"},
       {"meaning", with(t2i, {"--out", out, "--memory-limit", "1K"}), "above --memory-limit 1K"},
-      {"meaning", {"t2v", "--model", kWan, "--prompt-embeds", wan_embeds, "--cfg", "off", "--frames", "4097", "--width", "16", "--height",
-                   "16", "--steps", "1", "--out", video},
+      {"meaning",
+       {"t2v", "--model", kWan, "--prompt-embeds", wan_embeds, "--cfg", "off", "--frames", "4097", "--width", "16", "--height", "16",
+        "--steps", "1", "--out", video},
        "--frames 4097 gives 1025 patches on that axis, above the transformer's rope_max_seq_len 1024"},
-      {"inputs", {"t2v", "--model", wan_class.string(), "--prompt-embeds", wan_embeds, "--cfg", "off", "--frames", "1", "--width", "16",
-                  "--height", "16", "--steps", "1", "--out", video},
+      {"inputs",
+       {"t2v", "--model", wan_class.string(), "--prompt-embeds", wan_embeds, "--cfg", "off", "--frames", "1", "--width", "16", "--height",
+        "16", "--steps", "1", "--out", video},
        "wan_class/scheduler/scheduler_config.json: '_class_name' must be a string"},
-      {"inputs", {"t2v", "--model", wan_qk.string(), "--prompt-embeds", wan_embeds, "--cfg", "off", "--frames", "1", "--width", "16",
-                  "--height", "16", "--steps", "1", "--out", video},
+      {"inputs",
+       {"t2v", "--model", wan_qk.string(), "--prompt-embeds", wan_embeds, "--cfg", "off", "--frames", "1", "--width", "16", "--height",
+        "16", "--steps", "1", "--out", video},
        "'qk_norm' is null"},
       {"inputs", t2i_model(dir_weights), "transformer/diffusion_pytorch_model.safetensors: directory holds no .safetensors file"},
-      {"non-finite", {"t2v", "--model", wan_inf.string(), "--prompt-embeds", wan_embeds, "--cfg", "off", "--frames", "1", "--width", "16",
-                      "--height", "16", "--steps", "1", "--out", video},
+      {"non-finite",
+       {"t2v", "--model", wan_inf.string(), "--prompt-embeds", wan_embeds, "--cfg", "off", "--frames", "1", "--width", "16", "--height",
+        "16", "--steps", "1", "--out", video},
        "AutoencoderKLWan decode: latent frame 0 decodes to non-finite values before the clamp"},
-      {"outputs", {"t2v", "--model", wan_inf.string(), "--prompt-embeds", wan_embeds, "--cfg", "off", "--frames", "1", "--width", "16",
-                   "--height", "16", "--steps", "1", "--out", video, "--frames-dir", (wan_inf / "frames").string()},
+      {"outputs",
+       {"t2v", "--model", wan_inf.string(), "--prompt-embeds", wan_embeds, "--cfg", "off", "--frames", "1", "--width", "16", "--height",
+        "16", "--steps", "1", "--out", video, "--frames-dir", (wan_inf / "frames").string()},
        "--frames-dir " + (wan_inf / "frames").string() + ": lies inside the --model folder"},
-      {"names", with(t2i, {"--out", out, "--device-profile", (d / "fp8_profile.json").string()}), "fp8_profile.json.npu.cube_tflops: unknown dtype 'fp8'"},
+      {"names", with(t2i, {"--out", out, "--device-profile", (d / "fp8_profile.json").string()}),
+       "fp8_profile.json.npu.cube_tflops: unknown dtype 'fp8'"},
       // Long and odd text: a prompt is never taken for a path, and the error line stays readable.
       {"meaning", {"t2i", "--model", kTinyFlux, "--prompt", essay, "--out", out}, "and 9990 more"},
       {"meaning", {"t2i", "--model", kTinyFlux, "--prompt", std::string(300, 'r'), "--out", out}, "does not know: 'rrrr"},
       {"names", {"t2i", "--model", kTinyFlux, "--prompt", "caf\xe9 \x1b[31m", "--out", out}, "\\xe9"},
-      {"names", {"t2v", "--model", kWan, "--prompt-embeds", wide_embeds, "--cfg", "off", "--frames", "1", "--width", "16", "--height", "16",
-                 "--out", video},
+      {"names",
+       {"t2v", "--model", kWan, "--prompt-embeds", wide_embeds, "--cfg", "off", "--frames", "1", "--width", "16", "--height", "16", "--out",
+        video},
        "wide_embeds.safetensors: 'prompt_embeds' must be [1, L, 24] with L >= 1 for this model, got [1, 8, 25]"},
-      {"names", {"t2i", "--model", kFlux, "--prompt-embeds", wide_pooled, "--out", out},
+      {"names",
+       {"t2i", "--model", kFlux, "--prompt-embeds", wide_pooled, "--out", out},
        "wide_pooled.safetensors: 'pooled_prompt_embeds' must be [1, 24] for this model, got [1, 25]"},
       // 5. Errors name the input: forward's tensors by their argument names.
-      {"names", {"forward", "--model", kFlux + "/vae", "--inputs", latent_i64, "--out", (d / "sample.safetensors").string()},
+      {"names",
+       {"forward", "--model", kFlux + "/vae", "--inputs", latent_i64, "--out", (d / "sample.safetensors").string()},
        "latent must be f32 or bf16, got i64"},
       {"names", {"cubevec-has-no-such-command"}, "cubevec-has-no-such-command"},
   };
@@ -218,4 +238,4 @@ TEST_F(ProbeCorpus, EveryBadInputIsANamedOneLineError) {
     EXPECT_EQ(entry.path().filename().string().find(".tmp"), std::string::npos) << entry.path();
 }
 
-}  // namespace
+}  // namespace probe_corpus_test

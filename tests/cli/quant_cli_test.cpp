@@ -36,8 +36,9 @@ double psnr(const cubevec::media::RgbImage& a, const cubevec::media::RgbImage& b
 
 TEST_F(QuantCli, QuantizeThenRenderWithTheFiles) {
   const std::string out = (dir_ / "q").string(), report = (dir_ / "report.json").string();
-  const auto q = run({"quantize", "--model", kTinyFlux, "--algo", "W8A8", "--prompt", kPrompt, "--prompt", "two small green squares on a white background",
-                      "--steps", "8", "--exclude", "proj_out", "--out", out, "--json", report});
+  const auto q =
+      run({"quantize", "--model", kTinyFlux, "--algo", "W8A8", "--prompt", kPrompt, "--prompt",
+           "two small green squares on a white background", "--steps", "8", "--exclude", "proj_out", "--out", out, "--json", report});
   ASSERT_EQ(q.status, 0) << q.err;
   EXPECT_NE(q.err.find("calibrating 2/2 [##############################] step 8/8"), std::string::npos) << q.err;
   EXPECT_NE(q.err.find("per-layer cosine of the quantized output against float on calibration rows (worst first)"), std::string::npos);
@@ -63,7 +64,8 @@ TEST_F(QuantCli, QuantizeThenRenderWithTheFiles) {
   const std::string float_jpg = (dir_ / "float.jpg").string(), quant_jpg = (dir_ / "quant.jpg").string();
   const auto f = run({"t2i", "--model", kTinyFlux, "--prompt", kPrompt, "--out", float_jpg});
   ASSERT_EQ(f.status, 0) << f.err;
-  const auto r = run({"t2i", "--model", kTinyFlux, "--prompt", kPrompt, "--quant", out + "/quant_model_description_w8a8.json", "--out", quant_jpg});
+  const auto r =
+      run({"t2i", "--model", kTinyFlux, "--prompt", kPrompt, "--quant", out + "/quant_model_description_w8a8.json", "--out", quant_jpg});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("quantize W8A8"), std::string::npos) << r.err;
   const double db = psnr(cubevec::media::read_jpeg(float_jpg), cubevec::media::read_jpeg(quant_jpg));
@@ -88,7 +90,9 @@ std::string write_inputs(const fs::path& dir) {
   return path;
 }
 
-std::vector<double> sample_of(const std::string& path) { return cubevec::testing::values(cubevec::SafetensorsFile::open(path).tensor("sample")); }
+std::vector<double> sample_of(const std::string& path) {
+  return cubevec::testing::values(cubevec::SafetensorsFile::open(path).tensor("sample"));
+}
 
 TEST_F(QuantCli, ForwardAtAStepIndexOfATimestepModel) {
   const std::string out = (dir_ / "q").string();
@@ -101,7 +105,8 @@ TEST_F(QuantCli, ForwardAtAStepIndexOfATimestepModel) {
   const auto forward = [&](const std::string& policy, const std::string& step, const std::string& name) {
     const std::string path = (dir_ / (name + ".safetensors")).string();
     std::vector<std::string> args = {"forward", "--model", kTinyFlux, "--inputs", inputs, "--out", path};
-    if (!policy.empty()) args.insert(args.end(), {"--quant", description, "--timestep-policy", (dir_ / policy).string(), "--step-index", step});
+    if (!policy.empty())
+      args.insert(args.end(), {"--quant", description, "--timestep-policy", (dir_ / policy).string(), "--step-index", step});
     const auto r = run(args);
     EXPECT_EQ(r.status, 0) << r.err;
     return sample_of(path);
@@ -119,8 +124,8 @@ TEST_F(QuantCli, ForwardAtAStepIndexOfATimestepModel) {
     for (std::size_t i = 0; i < reference.size(); ++i) worst = std::max(worst, std::abs((*got)[i] - reference[i]));
   EXPECT_LT(worst, 0.05 * scale) << "quantized forward vs float";
 
-  const auto bad = run({"forward", "--model", kTinyFlux, "--inputs", inputs, "--out", (dir_ / "x.safetensors").string(), "--quant", description,
-                        "--timestep-policy", (dir_ / "static.json").string(), "--step-index", "7"});
+  const auto bad = run({"forward", "--model", kTinyFlux, "--inputs", inputs, "--out", (dir_ / "x.safetensors").string(), "--quant",
+                        description, "--timestep-policy", (dir_ / "static.json").string(), "--step-index", "7"});
   EXPECT_EQ(bad.status, 1);
   EXPECT_NE(bad.err.find("has static scales for 4 steps (0 to 3), but the timestep policy " + (dir_ / "static.json").string() +
                          " makes step 7 static"),
@@ -152,26 +157,34 @@ TEST_F(QuantCli, BadFlagsAndFilesAreOneLineErrors) {
       {{"t2i", "--model", kTinyFlux, "--prompt", kPrompt, "--quant", missing, "--out", jpg}, "nothing.json"},
       {{"t2i", "--model", kTinyFlux, "--prompt", kPrompt, "--timestep-policy", missing, "--out", jpg},
        "--timestep-policy applies with --quant"},
-      {{"forward", "--model", kTinyFlux, "--inputs", inputs, "--out", out, "--timestep-policy", missing}, "--timestep-policy applies with --quant"},
-      {{"forward", "--model", kTinyFlux, "--inputs", inputs, "--out", out, "--quant", missing, "--step-index", "-2"}, "--step-index must be >= 0, got -2"},
+      {{"forward", "--model", kTinyFlux, "--inputs", inputs, "--out", out, "--timestep-policy", missing},
+       "--timestep-policy applies with --quant"},
+      {{"forward", "--model", kTinyFlux, "--inputs", inputs, "--out", out, "--quant", missing, "--step-index", "-2"},
+       "--step-index must be >= 0, got -2"},
       // The weight file beside the description is missing: named, before anything is swapped.
       {{"forward", "--model", kTinyFlux, "--inputs", inputs, "--out", out, "--quant", (dir_ / "bad.json").string()},
        "quant_model_weight_w8a8_dynamic.safetensors"},
       {{"forward", "--model", kTinyFlux, "--inputs", inputs, "--out", out, "--step-index", "2"}, "--step-index applies with --quant"},
-      {{"forward", "--model", kTinyFlux, "--inputs", inputs, "--out", out, "--quant", ""}, "--quant needs a quant_model_description_*.json file"},
+      {{"forward", "--model", kTinyFlux, "--inputs", inputs, "--out", out, "--quant", ""},
+       "--quant needs a quant_model_description_*.json file"},
       {{"forward", "--model", kTinyFlux, "--inputs", inputs, "--out", out, "--quant", "W8A8_DYNAMIC"},
        "--quant W8A8_DYNAMIC: an algorithm name stands for shape-only weights with --simulate"},
       {{"forward", "--model", kTinyFlux + "/vae", "--inputs", inputs, "--out", out, "--quant", (dir_ / "bad.json").string()},
        "this model has no Linear layers to quantize"},
       // A FIFO is refused, not opened (which would wait for a writer forever).
-      {{"t2i", "--model", kTinyFlux, "--prompt", kPrompt, "--quant", fifo, "--out", jpg}, "is not a regular file (a FIFO, socket or device)"},
+      {{"t2i", "--model", kTinyFlux, "--prompt", kPrompt, "--quant", fifo, "--out", jpg},
+       "is not a regular file (a FIFO, socket or device)"},
       // quantize: the outputs are checked before calibration; no work is lost and no file is overwritten.
-      {{"quantize", "--model", kTinyFlux, "--algo", "W8A8", "--prompt", kPrompt, "--out", a_file}, "--out " + a_file + ": cannot create the output folder"},
-      {{"quantize", "--model", kTinyFlux, "--algo", "W8A8", "--prompt", kPrompt, "--out", q, "--json", q + "/quant_model_weight_w8a8.safetensors"},
+      {{"quantize", "--model", kTinyFlux, "--algo", "W8A8", "--prompt", kPrompt, "--out", a_file},
+       "--out " + a_file + ": cannot create the output folder"},
+      {{"quantize", "--model", kTinyFlux, "--algo", "W8A8", "--prompt", kPrompt, "--out", q, "--json",
+        q + "/quant_model_weight_w8a8.safetensors"},
        "is one of the quantization files this run writes"},
-      {{"quantize", "--model", kTinyFlux, "--algo", "W8A8", "--prompt", kPrompt, "--out", q, "--json", (dir_ / "no_dir" / "r.json").string()},
+      {{"quantize", "--model", kTinyFlux, "--algo", "W8A8", "--prompt", kPrompt, "--out", q, "--json",
+        (dir_ / "no_dir" / "r.json").string()},
        "does not exist"},
-      {{"quantize", "--model", kTinyFlux, "--algo", "W8A8", "--prompt", kPrompt, "--out", q, "--exclude", "*"}, "--exclude leaves no Linear to quantize"},
+      {{"quantize", "--model", kTinyFlux, "--algo", "W8A8", "--prompt", kPrompt, "--out", q, "--exclude", "*"},
+       "--exclude leaves no Linear to quantize"},
       {{"quantize", "--model", kTinyFlux, "--algo", "W8A8", "--calibration-embeds", (dir_ / "empty.safetensors").string(), "--out", q},
        "'prompt_embeds' [1, 0, 64] is empty"},
   };
@@ -211,10 +224,10 @@ TEST_F(QuantCli, AFailedExportLeavesThePreviousFilesWhole) {
 
 TEST_F(QuantCli, SimulateTimestepHasARowPerStep) {
   std::ofstream(dir_ / "static.json") << R"({"default": "static"})";
-  const auto r = run({"t2i", "--simulate", "--model", std::string(CUBEVEC_SOURCE_DIR) + "/assets/configs/flux1-dev", "--steps", "3", "--quant",
-                      "W8A8_TIMESTEP", "--timestep-policy", (dir_ / "static.json").string()});
+  const auto r = run({"t2i", "--simulate", "--model", std::string(CUBEVEC_SOURCE_DIR) + "/assets/configs/flux1-dev", "--steps", "3",
+                      "--quant", "W8A8_TIMESTEP", "--timestep-policy", (dir_ / "static.json").string()});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("quantize W8A8_TIMESTEP"), std::string::npos) << r.err;
 }
 
-}  // namespace
+}  // namespace quant_cli_test

@@ -27,9 +27,7 @@ inline const std::string kFlux = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/
 inline const std::string kWan = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/wan_tiny";
 inline const fs::path kData = fs::path(CUBEVEC_SOURCE_DIR) / "tests" / "data";
 
-inline void write_text(const fs::path& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
-}
+inline void write_text(const fs::path& path, const std::string& text) { std::ofstream(path, std::ios::binary | std::ios::trunc) << text; }
 
 inline std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -28,7 +28,8 @@ std::string write_qkv(const fs::path& dir, const cubevec::Shape& shape) {
 
 TEST_F(SparseCli, PortingCheckWritesOutAndKeptBlocks) {
   const std::string in = write_qkv(dir_, {1, 2, 3 * 16 * 16, 16}), out = (dir_ / "out.safetensors").string();
-  const auto r = run({"sparse-attention", "--inputs", in, "--sparse-type", "rf_v2", "--sparsity", "0.5", "--latent-shape", "3,16,16", "--out", out});
+  const auto r =
+      run({"sparse-attention", "--inputs", in, "--sparse-type", "rf_v2", "--sparsity", "0.5", "--latent-shape", "3,16,16", "--out", out});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("sparse-attention: rf_v2 sparsity 0.5, q [1, 2, 768, 16]: kept"), std::string::npos) << r.err;
   const cubevec::SafetensorsFile file = cubevec::SafetensorsFile::open(out);
@@ -37,12 +38,14 @@ TEST_F(SparseCli, PortingCheckWritesOutAndKeptBlocks) {
   o.sparse_type = cubevec::ops::SparseType::rf_v2;
   o.sparsity = 0.5;
   o.latent_shape_q = cubevec::ops::LatentShape{3, 16, 16};
-  const cubevec::ops::SparseAttentionResult want = cubevec::ops::sparse_attention(inputs.tensor("q"), inputs.tensor("k"), inputs.tensor("v"), o);
+  const cubevec::ops::SparseAttentionResult want =
+      cubevec::ops::sparse_attention(inputs.tensor("q"), inputs.tensor("k"), inputs.tensor("v"), o);
   EXPECT_EQ(cubevec::testing::values(file.tensor("out")), cubevec::testing::values(want.out));
   EXPECT_EQ(file.tensor("kept_blocks").shape(), (cubevec::Shape{1, 2, 6, 6}));
   EXPECT_EQ(file.tensor("kept_blocks").dtype(), cubevec::DType::u8);
 
-  const auto ada = run({"sparse-attention", "--inputs", in, "--sparse-type", "ada_bsa", "--sparsity", "0.5", "--cdf-threshold", "0.9", "--out", out});
+  const auto ada =
+      run({"sparse-attention", "--inputs", in, "--sparse-type", "ada_bsa", "--sparsity", "0.5", "--cdf-threshold", "0.9", "--out", out});
   ASSERT_EQ(ada.status, 0) << ada.err;
   EXPECT_EQ(cubevec::SafetensorsFile::open(out).tensor("kept_blocks").shape(), (cubevec::Shape{1, 2, 6, 6}));
 }
@@ -51,9 +54,33 @@ TEST_F(SparseCli, T2vWithSparseAttentionAndSimulate) {
   const std::string embeds = (dir_ / "e.safetensors").string();
   cubevec::write_safetensors(embeds, {{"prompt_embeds", cubevec::testing::random_tensor({1, 7, 24}, 2, cubevec::DType::f32, 1.0f)}});
   const std::string json = (dir_ / "r.json").string();
-  const auto r = run({"t2v", "--model", kWan, "--prompt-embeds", embeds, "--frames", "9", "--width", "256", "--height", "128", "--steps", "4",
-                      "--cfg", "off", "--sparse", "rf_v2", "--sparsity", "0.5", "--sparse-step-start", "1", "--sparse-mask-refresh", "2",
-                      "--out", (dir_ / "v.avi").string(), "--json", json});
+  const auto r = run({"t2v",
+                      "--model",
+                      kWan,
+                      "--prompt-embeds",
+                      embeds,
+                      "--frames",
+                      "9",
+                      "--width",
+                      "256",
+                      "--height",
+                      "128",
+                      "--steps",
+                      "4",
+                      "--cfg",
+                      "off",
+                      "--sparse",
+                      "rf_v2",
+                      "--sparsity",
+                      "0.5",
+                      "--sparse-step-start",
+                      "1",
+                      "--sparse-mask-refresh",
+                      "2",
+                      "--out",
+                      (dir_ / "v.avi").string(),
+                      "--json",
+                      json});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("sparse rf_v2 0.5"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("mask estimates (every 2 steps); kept"), std::string::npos) << r.err;
@@ -61,9 +88,16 @@ TEST_F(SparseCli, T2vWithSparseAttentionAndSimulate) {
 
   // The modelled Wan2.1-14B step: cheaper with 80% of the blocks skipped.
   const auto modelled = [&](std::vector<std::string> extra) {
-    std::vector<std::string> args = {"t2v", "--simulate", "--model", std::string(CUBEVEC_SOURCE_DIR) + "/assets/configs/wan2.1-t2v-14b",
-                                     "--device-profile", std::string(CUBEVEC_SOURCE_DIR) + "/assets/devices/ascend-910b.json", "--dtype",
-                                     "bf16", "--steps", "2"};
+    std::vector<std::string> args = {"t2v",
+                                     "--simulate",
+                                     "--model",
+                                     std::string(CUBEVEC_SOURCE_DIR) + "/assets/configs/wan2.1-t2v-14b",
+                                     "--device-profile",
+                                     std::string(CUBEVEC_SOURCE_DIR) + "/assets/devices/ascend-910b.json",
+                                     "--dtype",
+                                     "bf16",
+                                     "--steps",
+                                     "2"};
     args.insert(args.end(), extra.begin(), extra.end());
     const auto p = run(args);
     EXPECT_EQ(p.status, 0) << p.err;
@@ -98,8 +132,9 @@ TEST_F(SparseCli, BadFlagsAndInputsAreOneLineErrors) {
   const std::string before = cubevec_cli_test::read_file(in);
   const std::string extra = (dir_ / "qkvx.safetensors").string();
   cubevec::write_safetensors(extra, {{"query", cubevec::Tensor::zeros({1}, cubevec::DType::f32)}});
-  const std::vector<std::string> t2v = {"t2v", "--model", kWan, "--prompt-embeds", embeds, "--frames", "9", "--width", "64", "--height",
-                                        "64", "--steps", "2", "--cfg", "off", "--out", (dir_ / "v.avi").string()};
+  const std::vector<std::string> t2v = {
+      "t2v",   "--model", kWan,    "--prompt-embeds",        embeds, "--frames", "9", "--width", "64", "--height", "64", "--steps", "2",
+      "--cfg", "off",     "--out", (dir_ / "v.avi").string()};
   const auto with = [&](std::vector<std::string> extra_args) {
     std::vector<std::string> a = t2v;
     a.insert(a.end(), extra_args.begin(), extra_args.end());
@@ -109,18 +144,26 @@ TEST_F(SparseCli, BadFlagsAndInputsAreOneLineErrors) {
     std::vector<std::string> args;
     std::string message;
   } cases[] = {
-      {{"sparse-attention", "--inputs", in, "--sparse-type", "rf_v2", "--sparsity", "0.5", "--latent-shape", "3,16", "--out", out}, "--latent-shape must be T,H,W"},
-      {{"sparse-attention", "--inputs", in, "--sparse-type", "rf_v2", "--sparsity", "0.5", "--out", out}, "rf_v2 needs latent_shape_q (t, h, w)"},
+      {{"sparse-attention", "--inputs", in, "--sparse-type", "rf_v2", "--sparsity", "0.5", "--latent-shape", "3,16", "--out", out},
+       "--latent-shape must be T,H,W"},
+      {{"sparse-attention", "--inputs", in, "--sparse-type", "rf_v2", "--sparsity", "0.5", "--out", out},
+       "rf_v2 needs latent_shape_q (t, h, w)"},
       {{"sparse-attention", "--inputs", in, "--sparse-type", "rf_v3", "--sparsity", "0.5", "--out", out}, "use rf_v2"},
-      {{"sparse-attention", "--inputs", in, "--sparse-type", "ada_bsa", "--sparsity", "2", "--out", out}, "sparsity must be in [0, 1], got 2"},
-      {{"sparse-attention", "--inputs", partial, "--sparse-type", "ada_bsa", "--sparsity", "0.5", "--out", out}, "no tensor 'v' (expected q, k and v)"},
-      {{"sparse-attention", "--inputs", extra, "--sparse-type", "ada_bsa", "--sparsity", "0.5", "--out", out}, "unknown tensor 'query' (expected q, k and v)"},
+      {{"sparse-attention", "--inputs", in, "--sparse-type", "ada_bsa", "--sparsity", "2", "--out", out},
+       "sparsity must be in [0, 1], got 2"},
+      {{"sparse-attention", "--inputs", partial, "--sparse-type", "ada_bsa", "--sparsity", "0.5", "--out", out},
+       "no tensor 'v' (expected q, k and v)"},
+      {{"sparse-attention", "--inputs", extra, "--sparse-type", "ada_bsa", "--sparsity", "0.5", "--out", out},
+       "unknown tensor 'query' (expected q, k and v)"},
       {{"sparse-attention", "--inputs", in, "--sparsity", "0.5", "--out", out}, "--sparse-type is required"},
-      {{"sparse-attention", "--inputs", in, "--sparse-type", "rf_v2", "--sparsity", "0.5", "--latent-shape", "3946752,174763,160465489", "--out", out},
+      {{"sparse-attention", "--inputs", in, "--sparse-type", "rf_v2", "--sparsity", "0.5", "--latent-shape", "3946752,174763,160465489",
+        "--out", out},
        "latent_shape_q (3946752, 174763, 160465489) holds more than 2^63 tokens"},
-      {{"sparse-attention", "--inputs", empty_batch, "--sparse-type", "rf_v2", "--sparsity", "0.5", "--latent-shape", "3,16,16", "--out", out},
+      {{"sparse-attention", "--inputs", empty_batch, "--sparse-type", "rf_v2", "--sparsity", "0.5", "--latent-shape", "3,16,16", "--out",
+        out},
        "rf_v2 takes every batch's mask from batch 0, so q needs at least one batch"},
-      {{"sparse-attention", "--inputs", in, "--sparse-type", "rf_v2", "--sparsity", "0.5", "--latent-shape", "3,16,16", "--cdf-threshold", "0.3", "--out", out},
+      {{"sparse-attention", "--inputs", in, "--sparse-type", "rf_v2", "--sparsity", "0.5", "--latent-shape", "3,16,16", "--cdf-threshold",
+        "0.3", "--out", out},
        "--cdf-threshold applies to --sparse-type ada_bsa, not rf_v2"},
       {{"sparse-attention", "--inputs", in, "--sparse-type", "ada_bsa", "--sparsity", "0.5", "--latent-shape", "3,16,16", "--out", out},
        "--latent-shape applies to --sparse-type rf_v2, not ada_bsa"},
@@ -148,4 +191,4 @@ TEST_F(SparseCli, BadFlagsAndInputsAreOneLineErrors) {
   EXPECT_EQ(cubevec_cli_test::read_file(in), before) << "the input file survived --out naming it";
 }
 
-}  // namespace
+}  // namespace sparse_cli_test

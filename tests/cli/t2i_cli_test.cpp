@@ -49,10 +49,14 @@ TEST_F(T2ICli, WritesAJpegWithProgressTableAndJson) {
   EXPECT_GT(report["peak_live_bytes"].get<double>(), 0.0);
   // The same seed gives the same picture; another seed another one.
   const std::string again = (dir_ / "b.jpg").string(), other = (dir_ / "c.jpg").string();
-  ASSERT_EQ(run({"t2i", "--model", kFlux, "--prompt-embeds", write_flux_embeds(dir_, false), "--width", "48", "--height", "32",
-                 "--steps", "3", "--seed", "7", "--out", again}).status, 0);
-  ASSERT_EQ(run({"t2i", "--model", kFlux, "--prompt-embeds", write_flux_embeds(dir_, false), "--width", "48", "--height", "32",
-                 "--steps", "3", "--seed", "8", "--out", other}).status, 0);
+  ASSERT_EQ(run({"t2i", "--model", kFlux, "--prompt-embeds", write_flux_embeds(dir_, false), "--width", "48", "--height", "32", "--steps",
+                 "3", "--seed", "7", "--out", again})
+                .status,
+            0);
+  ASSERT_EQ(run({"t2i", "--model", kFlux, "--prompt-embeds", write_flux_embeds(dir_, false), "--width", "48", "--height", "32", "--steps",
+                 "3", "--seed", "8", "--out", other})
+                .status,
+            0);
   EXPECT_EQ(read_file(out), read_file(again));
   EXPECT_NE(read_file(out), read_file(other));
 }
@@ -65,7 +69,8 @@ TEST_F(T2ICli, MissingSchedulerIsFluxDevsWithANotice) {
   const auto r = run({"t2i", "--model", bare.string(), "--prompt-embeds", write_flux_embeds(dir_, false), "--width", "32", "--height", "32",
                       "--steps", "1", "--out", (dir_ / "bare.jpg").string()});
   ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_NE(r.err.find("note: " + bare.string() + " has no scheduler/scheduler_config.json; using FLUX.1-dev's (FlowMatchEulerDiscreteScheduler, "
+  EXPECT_NE(r.err.find("note: " + bare.string() +
+                       " has no scheduler/scheduler_config.json; using FLUX.1-dev's (FlowMatchEulerDiscreteScheduler, "
                        "shift 3, dynamic shifting)"),
             std::string::npos)
       << r.err;
@@ -77,8 +82,8 @@ TEST_F(T2ICli, FusedAndTwoStreamCfgGiveTheSamePicture) {
   std::vector<cubevec::media::RgbImage> images;
   for (const char* mode : {"fused", "streams"}) {
     const std::string out = (dir_ / (std::string(mode) + ".jpg")).string();
-    const auto r = run({"t2i", "--model", kFlux, "--prompt-embeds", embeds, "--width", "32", "--height", "32", "--steps", "2",
-                        "--cfg", mode, "--cfg-scale", "3", "--out", out});
+    const auto r = run({"t2i", "--model", kFlux, "--prompt-embeds", embeds, "--width", "32", "--height", "32", "--steps", "2", "--cfg",
+                        mode, "--cfg-scale", "3", "--out", out});
     ASSERT_EQ(r.status, 0) << mode << ": " << r.err;
     images.push_back(cubevec::media::read_jpeg(out));
   }
@@ -88,19 +93,22 @@ TEST_F(T2ICli, FusedAndTwoStreamCfgGiveTheSamePicture) {
   EXPECT_LE(worst, 2) << "fused and two-stream CFG compute the same velocities";
   // Negative embeddings of another length work on two streams but not in one batch.
   const std::string uneven = write_flux_embeds(dir_, true, 7);
-  EXPECT_EQ(run({"t2i", "--model", kFlux, "--prompt-embeds", uneven, "--width", "32", "--height", "32", "--steps", "1",
-                 "--cfg", "streams", "--out", (dir_ / "u.jpg").string()}).status, 0);
-  const auto fused = run({"t2i", "--model", kFlux, "--prompt-embeds", uneven, "--width", "32", "--height", "32", "--steps", "1",
-                          "--cfg", "fused", "--out", (dir_ / "v.jpg").string()});
+  EXPECT_EQ(run({"t2i", "--model", kFlux, "--prompt-embeds", uneven, "--width", "32", "--height", "32", "--steps", "1", "--cfg", "streams",
+                 "--out", (dir_ / "u.jpg").string()})
+                .status,
+            0);
+  const auto fused = run({"t2i", "--model", kFlux, "--prompt-embeds", uneven, "--width", "32", "--height", "32", "--steps", "1", "--cfg",
+                          "fused", "--out", (dir_ / "v.jpg").string()});
   EXPECT_EQ(fused.status, 1);
-  EXPECT_NE(fused.err.find("--cfg fused needs prompt and negative prompt embeddings of one length, got 5 and 7"), std::string::npos) << fused.err;
+  EXPECT_NE(fused.err.find("--cfg fused needs prompt and negative prompt embeddings of one length, got 5 and 7"), std::string::npos)
+      << fused.err;
 }
 
 TEST_F(T2ICli, SimulateReportsModelledStepTime) {
   const std::string json_path = (dir_ / "sim.json").string();
   const auto r = run({"t2i", "--simulate", "--model", std::string(CUBEVEC_SOURCE_DIR) + "/assets/configs/flux1-dev", "--steps", "2",
-                      "--device-profile", std::string(CUBEVEC_SOURCE_DIR) + "/assets/devices/ascend-910b.json", "--dtype", "bf16",
-                      "--json", json_path});
+                      "--device-profile", std::string(CUBEVEC_SOURCE_DIR) + "/assets/devices/ascend-910b.json", "--dtype", "bf16", "--json",
+                      json_path});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("SIMULATED"), std::string::npos);
   const auto report = nlohmann::json::parse(read_file(json_path));
@@ -116,7 +124,8 @@ TEST_F(T2ICli, BadInputsAreOneLineErrors) {
     std::string expected;
   } cases[] = {
       {{"t2i", "--model", kFlux, "--out", out}, "has no text_encoder/ to encode --prompt with"},
-      {{"t2i", "--model", kFlux, "--prompt-embeds", embeds, "--width", "36", "--out", out}, "width and height must be positive multiples of 8 for this model, got 36x32"},
+      {{"t2i", "--model", kFlux, "--prompt-embeds", embeds, "--width", "36", "--out", out},
+       "width and height must be positive multiples of 8 for this model, got 36x32"},
       {{"t2i", "--model", kFlux, "--prompt-embeds", embeds, "--cfg", "fused", "--out", out}, "needs negative embeddings"},
       {{"t2i", "--model", kFlux, "--prompt-embeds", embeds, "--cfg", "both", "--out", out}, "unknown CFG mode 'both'"},
       {{"t2i", "--model", "/nonexistent", "--prompt-embeds", embeds, "--out", out}, "not a diffusers Flux model directory"},
@@ -154,8 +163,8 @@ TEST_F(T2ICli, TinyModelCfgWithTheEmptyNegativePrompt) {
   std::vector<cubevec::media::RgbImage> images;
   for (const char* mode : {"fused", "streams"}) {
     const std::string out = (dir_ / (std::string(mode) + ".jpg")).string();
-    const auto r = run({"t2i", "--model", kTinyFlux, "--prompt", "a small green square on the left", "--cfg", mode, "--cfg-scale",
-                        "2", "--steps", "8", "--out", out});
+    const auto r = run({"t2i", "--model", kTinyFlux, "--prompt", "a small green square on the left", "--cfg", mode, "--cfg-scale", "2",
+                        "--steps", "8", "--out", out});
     ASSERT_EQ(r.status, 0) << mode << ": " << r.err;
     images.push_back(cubevec::media::read_jpeg(out));
   }
@@ -173,7 +182,8 @@ TEST_F(T2ICli, TinyModelCfgWithTheEmptyNegativePrompt) {
 // (the image is the one without it); without the flag there is no note.
 TEST_F(T2ICli, MaxSequenceLengthWithTheTinyEncoderIsNoted) {
   const std::string with = (dir_ / "with.jpg").string(), without = (dir_ / "without.jpg").string();
-  const auto noted = run({"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--steps", "2", "--max-sequence-length", "77", "--out", with});
+  const auto noted =
+      run({"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--steps", "2", "--max-sequence-length", "77", "--out", with});
   ASSERT_EQ(noted.status, 0) << noted.err;
   EXPECT_NE(noted.err.find("note: --max-sequence-length 77 is not used: this model's text encoder pads every prompt to its own"),
             std::string::npos)
@@ -237,4 +247,4 @@ TEST_F(T2ICli, ForwardReproducesThePyTorchSample) {
   EXPECT_NE(bad.err.find("unknown tensor 'hidden_state'"), std::string::npos) << bad.err;
 }
 
-}  // namespace
+}  // namespace t2i_cli_test

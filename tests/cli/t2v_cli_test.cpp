@@ -44,12 +44,30 @@ std::vector<cubevec::media::RgbImage> frames_of(const std::string& avi) {
 
 TEST_F(T2VCli, WritesAnAviAndFramesWithProgressTableAndJson) {
   const std::string out = (dir_ / "a.avi").string(), json_path = (dir_ / "a.json").string(), frames_dir = (dir_ / "frames").string();
-  const auto r = run({"t2v", "--model", kWan, "--prompt-embeds", write_wan_embeds(dir_, true), "--frames", "9", "--width", "48",
-                      "--height", "32", "--steps", "3", "--seed", "7", "--out", out, "--frames-dir", frames_dir, "--json", json_path});
+  const auto r = run({"t2v",
+                      "--model",
+                      kWan,
+                      "--prompt-embeds",
+                      write_wan_embeds(dir_, true),
+                      "--frames",
+                      "9",
+                      "--width",
+                      "48",
+                      "--height",
+                      "32",
+                      "--steps",
+                      "3",
+                      "--seed",
+                      "7",
+                      "--out",
+                      out,
+                      "--frames-dir",
+                      frames_dir,
+                      "--json",
+                      json_path});
   ASSERT_EQ(r.status, 0) << r.err;
   for (const char* line : {"t2v: 9 frames of 48x32 (latent 3 x 4 x 6), 3 steps, cfg fused", "step 1/3", "step 3/3", "ETA",
-                           "decoded 1 frame(s)", "decoded 9 frame(s)", "denoising", "VAE decode", "JPEG + AVI", "peak memory",
-                           "wrote "})
+                           "decoded 1 frame(s)", "decoded 9 frame(s)", "denoising", "VAE decode", "JPEG + AVI", "peak memory", "wrote "})
     EXPECT_NE(r.err.find(line), std::string::npos) << line << " missing:\n" << r.err;
   const cubevec::media::AviInfo info = cubevec::media::read_avi_info(out);
   EXPECT_EQ(info.width, 48);
@@ -74,8 +92,10 @@ TEST_F(T2VCli, WritesAnAviAndFramesWithProgressTableAndJson) {
   // The same seed gives the same video; another seed another one.
   const std::string again = (dir_ / "b.avi").string(), other = (dir_ / "c.avi").string();
   for (const auto& [path, seed] : {std::pair{again, "7"}, std::pair{other, "8"}})
-    ASSERT_EQ(run({"t2v", "--model", kWan, "--prompt-embeds", write_wan_embeds(dir_, true), "--frames", "9", "--width", "48",
-                   "--height", "32", "--steps", "3", "--seed", seed, "--out", path}).status, 0);
+    ASSERT_EQ(run({"t2v", "--model", kWan, "--prompt-embeds", write_wan_embeds(dir_, true), "--frames", "9", "--width", "48", "--height",
+                   "32", "--steps", "3", "--seed", seed, "--out", path})
+                  .status,
+              0);
   EXPECT_EQ(read_file(out), read_file(again));
   EXPECT_NE(read_file(out), read_file(other));
 }
@@ -85,8 +105,8 @@ TEST_F(T2VCli, FusedAndTwoStreamCfgGiveTheSameVideo) {
   std::vector<std::vector<cubevec::media::RgbImage>> videos;
   for (const char* mode : {"fused", "streams"}) {
     const std::string out = (dir_ / (std::string(mode) + ".avi")).string();
-    const auto r = run({"t2v", "--model", kWan, "--prompt-embeds", embeds, "--frames", "5", "--width", "32", "--height", "32",
-                        "--steps", "2", "--cfg", mode, "--guidance", "4", "--out", out});
+    const auto r = run({"t2v", "--model", kWan, "--prompt-embeds", embeds, "--frames", "5", "--width", "32", "--height", "32", "--steps",
+                        "2", "--cfg", mode, "--guidance", "4", "--out", out});
     ASSERT_EQ(r.status, 0) << mode << ": " << r.err;
     videos.push_back(frames_of(out));
   }
@@ -109,8 +129,8 @@ TEST_F(T2VCli, RunsTheSchedulerTheModelShips) {
   std::vector<std::string> videos;
   for (const std::string& m : {model.string(), kWan}) {
     const std::string out = (dir_ / (std::to_string(videos.size()) + ".avi")).string();
-    const auto r = run({"t2v", "--model", m, "--prompt-embeds", embeds, "--frames", "5", "--width", "32", "--height", "32",
-                        "--steps", "4", "--out", out});
+    const auto r = run(
+        {"t2v", "--model", m, "--prompt-embeds", embeds, "--frames", "5", "--width", "32", "--height", "32", "--steps", "4", "--out", out});
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_NE(r.err.find(videos.empty() ? "t2v: scheduler: UniPC multistep (order 2, flow shift 3)"
                                         : "t2v: scheduler: FlowMatch Euler (shift 3)"),
@@ -127,7 +147,8 @@ TEST_F(T2VCli, RunsTheSchedulerTheModelShips) {
   const auto defaulted = run({"t2v", "--model", bare.string(), "--prompt-embeds", embeds, "--frames", "5", "--width", "32", "--height",
                               "32", "--steps", "4", "--out", bare_out});
   ASSERT_EQ(defaulted.status, 0) << defaulted.err;
-  EXPECT_NE(defaulted.err.find("note: " + bare.string() + " has no scheduler/scheduler_config.json; using the Wan2.1 480p repositories' "
+  EXPECT_NE(defaulted.err.find("note: " + bare.string() +
+                               " has no scheduler/scheduler_config.json; using the Wan2.1 480p repositories' "
                                "(UniPCMultistepScheduler, flow shift 3)"),
             std::string::npos)
       << defaulted.err;
@@ -142,9 +163,9 @@ TEST_F(T2VCli, RunsTheSchedulerTheModelShips) {
 
 TEST_F(T2VCli, SimulateFullSizeWan14B) {
   const std::string json_path = (dir_ / "sim.json").string();
-  const auto r = run({"t2v", "--simulate", "--model", std::string(CUBEVEC_SOURCE_DIR) + "/assets/configs/wan2.1-t2v-14b", "--steps",
-                      "1", "--device-profile", std::string(CUBEVEC_SOURCE_DIR) + "/assets/devices/ascend-910b.json", "--dtype", "bf16",
-                      "--json", json_path});
+  const auto r = run({"t2v", "--simulate", "--model", std::string(CUBEVEC_SOURCE_DIR) + "/assets/configs/wan2.1-t2v-14b", "--steps", "1",
+                      "--device-profile", std::string(CUBEVEC_SOURCE_DIR) + "/assets/devices/ascend-910b.json", "--dtype", "bf16", "--json",
+                      json_path});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("SIMULATED"), std::string::npos);
   EXPECT_NE(r.err.find("81 frames of 832x480 (latent 21 x 60 x 104)"), std::string::npos) << r.err;
@@ -184,7 +205,9 @@ TEST_F(T2VCli, BadInputsAreOneLineErrors) {
   }
   // CFG off needs no negative embeddings.
   EXPECT_EQ(run({"t2v", "--model", kWan, "--prompt-embeds", embeds, "--cfg", "off", "--frames", "1", "--steps", "1", "--width", "16",
-                 "--height", "16", "--out", out}).status, 0);
+                 "--height", "16", "--out", out})
+                .status,
+            0);
 }
 
 TEST_F(T2VCli, ForwardRunsTheWanTransformer) {
@@ -206,7 +229,7 @@ TEST_F(T2VCli, ForwardRunsTheWanTransformer) {
   EXPECT_NE(bad.err.find("unknown tensor 'pooled_projections' (WanTransformer3DModel.forward takes"), std::string::npos) << bad.err;
 }
 
-}  // namespace
+}  // namespace t2v_cli_test
 
 // The shipped tiny video model (assets/tinywan, trained by tools/tinywan/train.py): the README's
 // video command at the model's own defaults (generation_defaults.json), its text encoder, and the
@@ -259,14 +282,21 @@ TEST_F(T2VCli, TinyWanPromptAndDefaultsErrors) {
     std::vector<std::string> args;
     std::string expected;
   } cases[] = {
-      {"", {"--prompt", "a red cat moving left"}, "the prompt has a word this model does not know: 'cat'. It knows these 22 words: a an red"},
+      {"",
+       {"--prompt", "a red cat moving left"},
+       "the prompt has a word this model does not know: 'cat'. It knows these 22 words: a an red"},
       {"", {"--prompt", " ,. "}, "--prompt TEXT is required (' ,. ' has no words)"},
-      {"", {"--prompt", "a red circle", "--negative-prompt", "no dogs"}, "--negative-prompt: the prompt has 2 words this model does not know: 'no', 'dogs'"},
+      {"",
+       {"--prompt", "a red circle", "--negative-prompt", "no dogs"},
+       "--negative-prompt: the prompt has 2 words this model does not know: 'no', 'dogs'"},
       // One token holds all 5 latent frames of its place (patch (5, 2, 2)): 9 frames are 3 latent frames.
-      {"", {"--prompt", "a red circle", "--frames", "9"}, "--frames 9 gives 3 latent positions, not a multiple of the transformer's patch size 5"},
+      {"",
+       {"--prompt", "a red circle", "--frames", "9"},
+       "--frames 9 gives 3 latent positions, not a multiple of the transformer's patch size 5"},
       {R"({"width": 40})", {"--prompt", "a red circle"}, "generation_defaults.json: 'width' must be a multiple of 16, got 40"},
       {R"({"frames": 8})", {"--prompt", "a red circle"}, "generation_defaults.json: 'frames' must be 1 + 4k, got 8"},
-      {R"({"frames": 9})", {"--prompt", "a red circle"},
+      {R"({"frames": 9})",
+       {"--prompt", "a red circle"},
        "generation_defaults.json sets --frames: --frames 9 gives 3 latent positions, not a multiple of the transformer's patch size 5"},
       {R"({"steps": 0})", {"--prompt", "a red circle"}, "generation_defaults.json: 'steps' must be an integer"},
       {R"({"guidance": "high"})", {"--prompt", "a red circle"}, "generation_defaults.json: 'guidance' must be"},
@@ -275,7 +305,8 @@ TEST_F(T2VCli, TinyWanPromptAndDefaultsErrors) {
       {"[64, 64]", {"--prompt", "a red circle"}, "generation_defaults.json"},
       {"{\"width\": ", {"--prompt", "a red circle"}, "generation_defaults.json"},
       // A NUL byte would end the parse early and hide what follows.
-      {std::string("{\"frames\": 5}\0{\"bogus\": 1}", 26), {"--prompt", "a red circle"},
+      {std::string("{\"frames\": 5}\0{\"bogus\": 1}", 26),
+       {"--prompt", "a red circle"},
        "generation_defaults.json: not valid JSON: a NUL byte at offset 13"},
   };
   for (const auto& c : cases) {

@@ -24,15 +24,16 @@ namespace text_encoder_cli_test {  // named after the file: unity batches never 
 
 namespace fs = std::filesystem;
 using TextEncoderCli = cubevec_cli_test::CliTest;
-using cubevec_cli_test::read_file;
 using cubevec::Tensor;
+using cubevec_cli_test::read_file;
 
 const std::string kDataDir = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/";
 
 fs::path flux_folder(const fs::path& dir) {
   const fs::path f = dir / "flux";
   fs::create_directories(f);
-  for (const char* part : {"transformer", "vae", "scheduler"}) fs::copy(kDataDir + "flux_tiny/" + part, f / part, fs::copy_options::recursive);
+  for (const char* part : {"transformer", "vae", "scheduler"})
+    fs::copy(kDataDir + "flux_tiny/" + part, f / part, fs::copy_options::recursive);
   fs::copy(kDataDir + "text_encoders/clip", f / "text_encoder", fs::copy_options::recursive);
   fs::copy(kDataDir + "clip_tokenizer", f / "tokenizer", fs::copy_options::recursive);
   fs::copy(kDataDir + "text_encoders/t5", f / "text_encoder_2", fs::copy_options::recursive);
@@ -43,7 +44,8 @@ fs::path flux_folder(const fs::path& dir) {
 fs::path wan_folder(const fs::path& dir) {
   const fs::path w = dir / "wan";
   fs::create_directories(w);
-  for (const char* part : {"transformer", "vae", "scheduler"}) fs::copy(kDataDir + "wan_tiny/" + part, w / part, fs::copy_options::recursive);
+  for (const char* part : {"transformer", "vae", "scheduler"})
+    fs::copy(kDataDir + "wan_tiny/" + part, w / part, fs::copy_options::recursive);
   fs::copy(kDataDir + "text_encoders/umt5", w / "text_encoder", fs::copy_options::recursive);
   fs::copy(kDataDir + "t5_tokenizer", w / "tokenizer", fs::copy_options::recursive);
   return w;
@@ -71,7 +73,8 @@ TEST_F(TextEncoderCli, EncodePromptMatchesTheGoldensAndWansZeroing) {
   const cubevec::SafetensorsFile got = cubevec::SafetensorsFile::open(out);
   const cubevec::SafetensorsFile goldens = cubevec::SafetensorsFile::open(kDataDir + "text_encoders/goldens.safetensors");
   EXPECT_EQ(values_of(got, "input_ids_0"), values_of(goldens, "clip_cat.input_ids"));
-  for (const auto& [mine, theirs] : {std::pair{"last_hidden_state_0", "clip_cat.last_hidden_state"}, {"pooler_output_0", "clip_cat.pooler_output"}}) {
+  for (const auto& [mine, theirs] :
+       {std::pair{"last_hidden_state_0", "clip_cat.last_hidden_state"}, {"pooler_output_0", "clip_cat.pooler_output"}}) {
     const auto a = values_of(got, mine), b = values_of(goldens, theirs);
     ASSERT_EQ(a.size(), b.size()) << mine;
     double scale = 0, worst = 0;
@@ -136,11 +139,15 @@ TEST_F(TextEncoderCli, T2vPromptEqualsItsOwnEmbeddingsFromEncodePrompt) {
   const fs::path wan = wan_folder(dir_);
   const std::string enc = (dir_ / "umt5.safetensors").string();
   ASSERT_EQ(run({"encode-prompt", "--model", wan.string(), "--pipeline", "wan", "--prompt", "a cat", "--prompt", "", "--max-length", "16",
-                 "--out", enc}).status, 0);
+                 "--out", enc})
+                .status,
+            0);
   const cubevec::SafetensorsFile e = cubevec::SafetensorsFile::open(enc);
   const std::string embeds = (dir_ / "embeds.safetensors").string();
-  cubevec::write_safetensors(embeds, {{"prompt_embeds", e.tensor("prompt_embeds_0")}, {"negative_prompt_embeds", e.tensor("prompt_embeds_1")}});
-  const std::vector<std::string> common = {"t2v", "--model", wan.string(), "--steps", "2", "--frames", "5", "--width", "32", "--height", "32"};
+  cubevec::write_safetensors(embeds,
+                             {{"prompt_embeds", e.tensor("prompt_embeds_0")}, {"negative_prompt_embeds", e.tensor("prompt_embeds_1")}});
+  const std::vector<std::string> common = {"t2v", "--model", wan.string(), "--steps",  "2", "--frames",
+                                           "5",   "--width", "32",         "--height", "32"};
   std::vector<std::string> a = common, b = common;
   a.insert(a.end(), {"--prompt", "a cat", "--max-sequence-length", "16", "--out", (dir_ / "a.avi").string()});
   b.insert(b.end(), {"--prompt-embeds", embeds, "--out", (dir_ / "b.avi").string()});
@@ -153,8 +160,19 @@ TEST_F(TextEncoderCli, T2vPromptEqualsItsOwnEmbeddingsFromEncodePrompt) {
 TEST_F(TextEncoderCli, BadFoldersAndFlagsAreOneLineErrors) {
   const fs::path flux = flux_folder(dir_);
   const auto t2i = [&](std::vector<std::string> extra) {
-    std::vector<std::string> args = {"t2i", "--model", flux.string(), "--steps", "1", "--width", "16", "--height", "16", "--prompt", "x",
-                                     "--out", (dir_ / "x.jpg").string()};
+    std::vector<std::string> args = {"t2i",
+                                     "--model",
+                                     flux.string(),
+                                     "--steps",
+                                     "1",
+                                     "--width",
+                                     "16",
+                                     "--height",
+                                     "16",
+                                     "--prompt",
+                                     "x",
+                                     "--out",
+                                     (dir_ / "x.jpg").string()};
     args.insert(args.end(), extra.begin(), extra.end());
     return run(args);
   };
@@ -177,7 +195,8 @@ TEST_F(TextEncoderCli, BadFoldersAndFlagsAreOneLineErrors) {
   r = t2i({});
   EXPECT_NE(r.err.find("/tokenizer_2 is not a folder"), std::string::npos) << r.err;
   fs::remove(flux / "tokenizer_2");
-  r = run({"encode-prompt", "--model", flux.string(), "--encoder", "text_encoder_3", "--prompt", "x", "--out", (dir_ / "e.safetensors").string()});
+  r = run({"encode-prompt", "--model", flux.string(), "--encoder", "text_encoder_3", "--prompt", "x", "--out",
+           (dir_ / "e.safetensors").string()});
   EXPECT_NE(r.err.find("--encoder must be text_encoder or text_encoder_2, got 'text_encoder_3'"), std::string::npos) << r.err;
   r = run({"encode-prompt", "--model", flux.string(), "--pipeline", "wan", "--prompt", "x", "--out", (dir_ / "e.safetensors").string()});
   EXPECT_NE(r.err.find("is a CLIP text encoder; Wan has none"), std::string::npos) << r.err;
@@ -191,8 +210,19 @@ TEST_F(TextEncoderCli, BadFoldersAndFlagsAreOneLineErrors) {
 
 TEST_F(TextEncoderCli, MemoryNanWeightsAndNegativePromptsAreNamed) {
   const fs::path wan = wan_folder(dir_);
-  const std::vector<std::string> t2v = {"t2v", "--model", wan.string(), "--steps", "1", "--frames", "5", "--width", "32", "--height", "32",
-                                        "--out", (dir_ / "v.avi").string()};
+  const std::vector<std::string> t2v = {"t2v",
+                                        "--model",
+                                        wan.string(),
+                                        "--steps",
+                                        "1",
+                                        "--frames",
+                                        "5",
+                                        "--width",
+                                        "32",
+                                        "--height",
+                                        "32",
+                                        "--out",
+                                        (dir_ / "v.avi").string()};
   const auto with = [&](std::vector<std::string> extra) {
     std::vector<std::string> args = t2v;
     args.insert(args.end(), extra.begin(), extra.end());
@@ -229,7 +259,8 @@ TEST_F(TextEncoderCli, MemoryNanWeightsAndNegativePromptsAreNamed) {
 TEST_F(TextEncoderCli, EncodePromptNamesBadConfigsAndMismatchedPipelines) {
   const fs::path flux = flux_folder(dir_);
   const std::string out = (dir_ / "e.safetensors").string();
-  auto r = run({"encode-prompt", "--model", flux.string(), "--encoder", "text_encoder_2", "--pipeline", "wan", "--prompt", "x", "--out", out});
+  auto r =
+      run({"encode-prompt", "--model", flux.string(), "--encoder", "text_encoder_2", "--pipeline", "wan", "--prompt", "x", "--out", out});
   EXPECT_NE(r.err.find("is a T5EncoderModel; --pipeline wan is for Wan's UMT5EncoderModel"), std::string::npos) << r.err;
   r = run({"encode-prompt", "--model", flux.string(), "--max-length", "1", "--prompt", "x", "--out", out});
   EXPECT_NE(r.err.find("--max-length must be at least 2 for CLIP"), std::string::npos) << r.err;
@@ -237,7 +268,8 @@ TEST_F(TextEncoderCli, EncodePromptNamesBadConfigsAndMismatchedPipelines) {
   EXPECT_NE(r.err.find("nope does not exist"), std::string::npos) << r.err;
   r = run({"encode-prompt", "--model", flux.string(), "--dtype", "f16", "--prompt", "x", "--out", out});
   EXPECT_NE(r.err.find("--dtype must be f32 or bf16, got 'f16'"), std::string::npos) << r.err;
-  std::ofstream(flux / "text_encoder_2" / "config.json", std::ios::trunc) << R"({"model_type": "t5", "feed_forward_proj": "gated-gelu", "dense_act_fn": "relu"})";
+  std::ofstream(flux / "text_encoder_2" / "config.json", std::ios::trunc)
+      << R"({"model_type": "t5", "feed_forward_proj": "gated-gelu", "dense_act_fn": "relu"})";
   r = run({"encode-prompt", "--model", flux.string(), "--encoder", "text_encoder_2", "--prompt", "x", "--out", out});
   EXPECT_NE(r.err.find("'dense_act_fn'"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("does not match feed_forward_proj 'gated-gelu'"), std::string::npos) << r.err;
@@ -247,4 +279,4 @@ TEST_F(TextEncoderCli, EncodePromptNamesBadConfigsAndMismatchedPipelines) {
   EXPECT_FALSE(fs::exists(out));
 }
 
-}  // namespace
+}  // namespace text_encoder_cli_test

@@ -13,10 +13,11 @@ namespace cubevec_cli_test {
 
 inline std::string flux_embeds(const std::filesystem::path& dir) {
   const std::string path = (dir / "flux_embeds.safetensors").string();
-  cubevec::write_safetensors(path, {{"prompt_embeds", cubevec::testing::random_tensor({1, 5, 40}, 1, cubevec::DType::f32, 1.0f)},
-                                    {"pooled_prompt_embeds", cubevec::testing::random_tensor({1, 24}, 2, cubevec::DType::f32, 1.0f)},
-                                    {"negative_prompt_embeds", cubevec::testing::random_tensor({1, 5, 40}, 3, cubevec::DType::f32, 1.0f)},
-                                    {"negative_pooled_prompt_embeds", cubevec::testing::random_tensor({1, 24}, 4, cubevec::DType::f32, 1.0f)}});
+  cubevec::write_safetensors(path,
+                             {{"prompt_embeds", cubevec::testing::random_tensor({1, 5, 40}, 1, cubevec::DType::f32, 1.0f)},
+                              {"pooled_prompt_embeds", cubevec::testing::random_tensor({1, 24}, 2, cubevec::DType::f32, 1.0f)},
+                              {"negative_prompt_embeds", cubevec::testing::random_tensor({1, 5, 40}, 3, cubevec::DType::f32, 1.0f)},
+                              {"negative_pooled_prompt_embeds", cubevec::testing::random_tensor({1, 24}, 4, cubevec::DType::f32, 1.0f)}});
   return path;
 }
 

@@ -21,7 +21,8 @@ TEST_F(TuneCli, FillsTheTuningFileWithAProgressBarAndKeepsItOnASecondRun) {
   const std::string file = (dir_ / "tuning.json").string();
   const auto first = run({"tune", "--tune-cache", file, "--families", "f32", "--shapes", "skinny", "--cube-threads", "1"});
   ASSERT_EQ(first.status, 0) << first.err;
-  const std::size_t variants = cubevec::ops::gemm::candidate_variants(cubevec::ops::gemm::GemmFamily::f32, cubevec::ops::gemm::best_isa()).size();
+  const std::size_t variants =
+      cubevec::ops::gemm::candidate_variants(cubevec::ops::gemm::GemmFamily::f32, cubevec::ops::gemm::best_isa()).size();
   const std::string full_bar = "[########################] " + std::to_string(variants) + "/" + std::to_string(variants);
   EXPECT_NE(first.err.find(full_bar), std::string::npos) << first.err;
   EXPECT_NE(first.out.find("f32"), std::string::npos) << first.out;
@@ -64,8 +65,8 @@ TEST_F(TuneCli, BadNamesAndBadFilesAreErrorsBeforeAnyMeasurement) {
   const std::string bad_attention = (dir_ / "bad_attention.json").string();
   const std::string bad_text = R"({"format": "cubevec-tuning", "version": 1, "gemm": [], "attention": {"a": 1}})";
   std::ofstream(bad_attention) << bad_text;
-  const auto attention = run({"attention", "--batch", "1", "--heads", "2", "--head-dim", "16", "--q-len", "32", "--repeats", "1",
-                              "--tune-cache", bad_attention});
+  const auto attention = run(
+      {"attention", "--batch", "1", "--heads", "2", "--head-dim", "16", "--q-len", "32", "--repeats", "1", "--tune-cache", bad_attention});
   EXPECT_EQ(attention.status, 1);
   EXPECT_NE(attention.err.find("error: tuning file " + bad_attention + " is not valid: field 'attention' must be an array"),
             std::string::npos)
@@ -117,4 +118,4 @@ TEST_F(TuneCli, AGenerationRunWritesWhatItCalibrated) {
   EXPECT_EQ(read_file(file), before);
 }
 
-}  // namespace
+}  // namespace tune_cli_test

@@ -73,8 +73,8 @@ inline std::vector<double> reference_head(const RefHead& h, double scale) {
   return out;
 }
 
-inline void expect_matches(const std::vector<double>& got, const std::vector<double>& want, DType dtype, int64_t sk,
-                    int64_t d, const std::string& what) {
+inline void expect_matches(const std::vector<double>& got, const std::vector<double>& want, DType dtype, int64_t sk, int64_t d,
+                           const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   double m = 1.0;
   for (double x : want)
@@ -116,12 +116,11 @@ inline std::vector<double> head_of(const std::vector<double>& all, int64_t bi, i
 
 // The reference for BSND inputs, with an optional [B|1, N|1, Sq, Sk] mask (as bytes).
 inline std::vector<double> reference_bsnd(const Qkv& x, int64_t b, int64_t sq, int64_t sk, int64_t n, int64_t d,
-                                   const std::vector<uint8_t>* mask, int64_t mb, int64_t mn, double scale) {
+                                          const std::vector<uint8_t>* mask, int64_t mb, int64_t mn, double scale) {
   std::vector<double> out(static_cast<std::size_t>(b * sq * n * d));
   for (int64_t bi = 0; bi < b; ++bi)
     for (int64_t ni = 0; ni < n; ++ni) {
-      const auto q = head_of(x.qd, bi, ni, sq, n, d), k = head_of(x.kd, bi, ni, sk, n, d),
-                 v = head_of(x.vd, bi, ni, sk, n, d);
+      const auto q = head_of(x.qd, bi, ni, sq, n, d), k = head_of(x.kd, bi, ni, sk, n, d), v = head_of(x.vd, bi, ni, sk, n, d);
       const uint8_t* m = mask ? mask->data() + ((mb == 1 ? 0 : bi) * mn + (mn == 1 ? 0 : ni)) * sq * sk : nullptr;
       const auto o = reference_head({sq, sk, d, q.data(), k.data(), v.data(), m, false}, scale);
       for (int64_t i = 0; i < sq; ++i)

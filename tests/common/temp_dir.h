@@ -14,8 +14,7 @@ struct TempDir {
 
   explicit TempDir(const std::string& prefix = "cubevec_test") {
     static int counter = 0;
-    path = std::filesystem::temp_directory_path() /
-           (prefix + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    path = std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
     std::filesystem::create_directories(path);
   }
   ~TempDir() { std::filesystem::remove_all(path); }

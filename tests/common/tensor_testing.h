@@ -27,8 +27,7 @@ inline std::vector<float> random_values(int64_t count, unsigned seed, float lo =
 }
 
 // Values uniform in [shift - scale, shift + scale], stored as `dtype` (f32, or bf16 / f16 rounded).
-inline Tensor random_tensor(const Shape& shape, unsigned seed, DType dtype = DType::f32, float scale = 3.0f,
-                            float shift = 0.0f) {
+inline Tensor random_tensor(const Shape& shape, unsigned seed, DType dtype = DType::f32, float scale = 3.0f, float shift = 0.0f) {
   const std::vector<float> v = random_values(shape_numel(shape), seed, shift - scale, shift + scale);
   if (dtype == DType::f32) return Tensor::from_vector(v, shape);
   Tensor out = Tensor::empty(shape, dtype);
@@ -75,8 +74,7 @@ inline void expect_close(const Tensor& got, const std::vector<double>& want, DTy
   const std::vector<double> g = values(got);
   ASSERT_EQ(g.size(), want.size()) << what;
   const Tolerance tol = tolerance.value_or(default_tolerance(dtype));
-  for (std::size_t i = 0; i < g.size(); ++i)
-    ASSERT_NEAR(g[i], want[i], tol.rtol * std::fabs(want[i]) + tol.atol) << what << " at " << i;
+  for (std::size_t i = 0; i < g.size(); ++i) ASSERT_NEAR(g[i], want[i], tol.rtol * std::fabs(want[i]) + tol.atol) << what << " at " << i;
 }
 
 // Scale-relative closeness for whole model outputs: max |got - want| <= rel * max |want| + abs,
@@ -92,8 +90,8 @@ inline void expect_close_rel(const Tensor& got, const Tensor& want, double rel, 
       worst = std::isnan(g[i]) ? INFINITY : std::fabs(g[i] - w[i]);
       at = i;
     }
-  EXPECT_LE(worst, rel * scale + abs) << what << ": worst at " << at << " got " << g[at] << " expected " << w[at]
-                                      << " (max |expected| " << scale << ")";
+  EXPECT_LE(worst, rel * scale + abs) << what << ": worst at " << at << " got " << g[at] << " expected " << w[at] << " (max |expected| "
+                                      << scale << ")";
 }
 
 // The message of the cubevec::Error that `action` throws, or "(no error)".

@@ -84,7 +84,8 @@ TEST(DeviceProfile, ErrorsNameTheFieldAndWhatWasExpected) {
   fails(with(R"("l2_mib": 8)", R"("l2_mib": "big")"), "p.json.npu.l2_mib: expected a number from 0 to 1e+06 MiB");
   EXPECT_NE(message_of([] { load_device_profile("/nonexistent/profile.json"); }).find("cannot open"), std::string::npos);
   // The optional links: checked like every other figure when present.
-  const std::string linked = with(R"("launch_overhead_us": 3}})", R"("launch_overhead_us": 3}, "links": {"peer_gbps": 56, "peer_latency_us": 10, "host_gbps": 50}})");
+  const std::string linked = with(R"("launch_overhead_us": 3}})",
+                                  R"("launch_overhead_us": 3}, "links": {"peer_gbps": 56, "peer_latency_us": 10, "host_gbps": 50}})");
   const DeviceProfile p = parse_device_profile(linked, "p.json");
   EXPECT_TRUE(p.has_links);
   EXPECT_DOUBLE_EQ(p.peer_gbps, 56);
@@ -95,9 +96,10 @@ TEST(DeviceProfile, ErrorsNameTheFieldAndWhatWasExpected) {
   fails(swap(linked, "\"peer_gbps\": 56", "\"peer_gbps\": 0"), "p.json.links.peer_gbps: expected a number from 0.001 to 1e+06 GB/s, got 0");
   fails(swap(linked, "\"host_gbps\": 50", "\"host_gbp\": 50"), "p.json.links: missing required field \"host_gbps\"");
   // The optional kernels figures, likewise.
-  const std::string modelled = with(R"("launch_overhead_us": 3}})",
-                                    R"("launch_overhead_us": 3}, "kernels": {"cube_efficiency": 0.4, "attention_efficiency": 0.3, )"
-                                    R"("vector_efficiency": 0.7, "cube_tile": [128, 256], "attention_vector_ops": 5, "host_issue_us": 20}})");
+  const std::string modelled =
+      with(R"("launch_overhead_us": 3}})",
+           R"("launch_overhead_us": 3}, "kernels": {"cube_efficiency": 0.4, "attention_efficiency": 0.3, )"
+           R"("vector_efficiency": 0.7, "cube_tile": [128, 256], "attention_vector_ops": 5, "host_issue_us": 20}})");
   const DeviceProfile k = parse_device_profile(modelled, "p.json");
   EXPECT_TRUE(k.has_kernel_model);
   EXPECT_DOUBLE_EQ(k.attention_efficiency, 0.3);
@@ -106,7 +108,8 @@ TEST(DeviceProfile, ErrorsNameTheFieldAndWhatWasExpected) {
   EXPECT_FALSE(parse_device_profile(kValid, "p.json").has_kernel_model);
   fails(swap(modelled, "\"cube_efficiency\": 0.4", "\"cube_efficiency\": 1.5"),
         "p.json.kernels.cube_efficiency: expected a number from 0.001 to 1 (a fraction of the peak), got 1.5");
-  fails(swap(modelled, "[128, 256]", "[128]"), "p.json.kernels.cube_tile: expected [rows, columns], two integers from 1 to 4096, got [128]");
+  fails(swap(modelled, "[128, 256]", "[128]"),
+        "p.json.kernels.cube_tile: expected [rows, columns], two integers from 1 to 4096, got [128]");
   fails(swap(modelled, "[128, 256]", "[0, 256]"), "p.json.kernels.cube_tile: expected [rows, columns]");
   fails(swap(modelled, "\"host_issue_us\": 20", "\"host_issue_us\": -1"), "p.json.kernels.host_issue_us: expected a number from 0");
   fails(swap(modelled, "\"host_issue_us\": 20", "\"host_issue_us\": 20, \"waves\": 1"), "p.json.kernels: unknown field \"waves\"");
@@ -115,7 +118,9 @@ TEST(DeviceProfile, ErrorsNameTheFieldAndWhatWasExpected) {
 TEST(DeviceProfile, CommunicationIsModelledOnlyFromLinkFigures) {
   DeviceProfile p = parse_device_profile(kValid, "nolinks.json");
   const KernelDesc send{"all_gather x", Unit::comm, 0.0, 1e9, DType::f32};
-  EXPECT_NE(message_of([&] { model_kernel(p, send); }).find("device profile 't' (nolinks.json) has no \"links\" figures, needed to model 'all_gather x'"),
+  EXPECT_NE(message_of([&] {
+              model_kernel(p, send);
+            }).find("device profile 't' (nolinks.json) has no \"links\" figures, needed to model 'all_gather x'"),
             std::string::npos);
   p.has_links = true;
   p.peer_gbps = 50;
@@ -133,10 +138,9 @@ TEST(DeviceProfile, ThreadOverridesFromEnvironmentThenFlags) {
   EXPECT_EQ(p.cube_threads, 5);
   EXPECT_EQ(p.vector_threads, 2);
   setenv("CUBEVEC_CUBE_THREADS", "two", 1);
-  EXPECT_NE(message_of([&] { apply_thread_overrides(p); }).find("CUBEVEC_CUBE_THREADS=two: expected an integer"),
-            std::string::npos);
+  EXPECT_NE(message_of([&] { apply_thread_overrides(p); }).find("CUBEVEC_CUBE_THREADS=two: expected an integer"), std::string::npos);
   unsetenv("CUBEVEC_CUBE_THREADS");
 }
 
-}  // namespace
+}  // namespace device_profile_test
 }  // namespace cubevec

@@ -26,14 +26,13 @@ inline Tensor fill(const Stream& stream, Shape shape, float value, Unit unit = U
 inline Tensor add(const Stream& stream, const Tensor& a, const Tensor& b, int sleep_ms = 0) {
   Tensor out = stream.device().empty(a.shape(), DType::f32, stream);
   const auto n = static_cast<std::size_t>(out.numel());
-  stream.launch({"add", Unit::vector, static_cast<double>(n), 12.0 * static_cast<double>(n)}, {a, b}, {out},
-                [a, b, out, n, sleep_ms] {
-                  if (sleep_ms) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
-                  const auto* x = reinterpret_cast<const float*>(a.unsynchronized_data_ptr());
-                  const auto* y = reinterpret_cast<const float*>(b.unsynchronized_data_ptr());
-                  auto* z = reinterpret_cast<float*>(out.unsynchronized_data_ptr());
-                  for (std::size_t i = 0; i < n; ++i) z[i] = x[i] + y[i];
-                });
+  stream.launch({"add", Unit::vector, static_cast<double>(n), 12.0 * static_cast<double>(n)}, {a, b}, {out}, [a, b, out, n, sleep_ms] {
+    if (sleep_ms) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+    const auto* x = reinterpret_cast<const float*>(a.unsynchronized_data_ptr());
+    const auto* y = reinterpret_cast<const float*>(b.unsynchronized_data_ptr());
+    auto* z = reinterpret_cast<float*>(out.unsynchronized_data_ptr());
+    for (std::size_t i = 0; i < n; ++i) z[i] = x[i] + y[i];
+  });
   return out;
 }
 

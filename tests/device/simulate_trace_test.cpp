@@ -76,7 +76,7 @@ TEST(CostModel, KernelClassesGetTheirEfficiencyAndAttentionTheLongerOfItsTwoUnit
   attention.cube_work = {4, 64, 0};  // 16 whole query blocks: no tile loss
   attention.scores = 1e9;            // softmax: 5e9 Vector ops / (10 TFLOP/s x 0.8) = 0.625 ms
   EXPECT_DOUBLE_EQ(model_kernel(p, attention).compute_s, 1e12 / (100e12 * 0.25));  // 40 ms on the Cube: the longer
-  attention.scores = 1e12;  // now the softmax (625 ms) is the longer
+  attention.scores = 1e12;                                                         // now the softmax (625 ms) is the longer
   EXPECT_DOUBLE_EQ(model_kernel(p, attention).compute_s, 5e12 / (10e12 * 0.8));
   const KernelDesc norm{"norm", Unit::vector, 1e9, 0, DType::bf16};
   EXPECT_DOUBLE_EQ(model_kernel(p, norm).compute_s, 1e9 / (10e12 * 0.8));
@@ -210,5 +210,5 @@ TEST(Trace, WritesChromeTraceJson) {
   EXPECT_THROW(device.trace().write_chrome_json("/nonexistent/dir/trace.json", "x"), Error);
 }
 
-}  // namespace
+}  // namespace simulate_trace_test
 }  // namespace cubevec

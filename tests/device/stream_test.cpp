@@ -76,8 +76,8 @@ TEST(Stream, CubeAndVectorKernelsOverlap) {
   EXPECT_TRUE(cube_saw && vector_saw) << "the Cube and Vector kernels did not run at the same time";
   const auto records = device.trace().records();
   ASSERT_EQ(records.size(), 2u);
-  const double overlap = std::min(records[0].real_end_s, records[1].real_end_s) -
-                         std::max(records[0].real_start_s, records[1].real_start_s);
+  const double overlap =
+      std::min(records[0].real_end_s, records[1].real_end_s) - std::max(records[0].real_start_s, records[1].real_start_s);
   EXPECT_GT(overlap, 0.015) << "the trace should show the two kernels overlapping";
 }
 
@@ -131,7 +131,7 @@ TEST(Stream, ReadAfterWriteAcrossStreamsNeedsNoExplicitSync) {
   Stream a = device.new_stream("a"), b = device.new_stream("b");
   const Tensor x = fill(a, {1000}, 2.0f, Unit::vector, /*sleep_ms=*/50);
   const Tensor y = fill(a, {1000}, 3.0f);
-  const Tensor z = add(b, x, y);  // on another stream: must wait for a's writes
+  const Tensor z = add(b, x, y);                                           // on another stream: must wait for a's writes
   const float* out = within_seconds(10, [&] { return z.data<float>(); });  // host read: waits for add
   for (int i = 0; i < 1000; ++i) ASSERT_EQ(out[i], 5.0f) << i;
 }
@@ -214,5 +214,5 @@ TEST(Stream, KernelsMayReadTheirOwnTensorsThroughTheSyncedAccessors) {
   EXPECT_EQ(seen, 7.0f);
 }
 
-}  // namespace
+}  // namespace stream_test
 }  // namespace cubevec

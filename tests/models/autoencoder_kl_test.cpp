@@ -31,9 +31,7 @@ struct Img {
   std::vector<double> v;
   Img(int64_t n_, int64_t c_, int64_t h_, int64_t w_) : n(n_), c(c_), h(h_), w(w_), v(static_cast<std::size_t>(n_ * c_ * h_ * w_)) {}
   double& at(int64_t b, int64_t ch, int64_t y, int64_t x) { return v[static_cast<std::size_t>(((b * c + ch) * h + y) * w + x)]; }
-  double at(int64_t b, int64_t ch, int64_t y, int64_t x) const {
-    return v[static_cast<std::size_t>(((b * c + ch) * h + y) * w + x)];
-  }
+  double at(int64_t b, int64_t ch, int64_t y, int64_t x) const { return v[static_cast<std::size_t>(((b * c + ch) * h + y) * w + x)]; }
 };
 
 Img img_of(const Tensor& t) {
@@ -107,8 +105,7 @@ std::vector<double> ref_linear(const std::vector<double>& t, int64_t tokens, con
   for (int64_t i = 0; i < tokens; ++i)
     for (int64_t o = 0; o < l.out; ++o) {
       double s = b[static_cast<std::size_t>(o)];
-      for (int64_t k = 0; k < l.in; ++k)
-        s += t[static_cast<std::size_t>(i * l.in + k)] * w[static_cast<std::size_t>(o * l.in + k)];
+      for (int64_t k = 0; k < l.in; ++k) s += t[static_cast<std::size_t>(i * l.in + k)] * w[static_cast<std::size_t>(o * l.in + k)];
       out[static_cast<std::size_t>(i * l.out + o)] = s;
     }
   return out;
@@ -209,8 +206,7 @@ Img ref_tiled(const Img& z, int64_t tile, int64_t overlap, int64_t up, const std
           for (int64_t c = 0; c < b.c; ++c)
             for (int64_t y = 0; y < e; ++y)
               for (int64_t x = 0; x < b.w; ++x)
-                b.at(n, c, y, x) = a.at(n, c, a.h - e + y, x) * (1.0 - double(y) / double(e)) +
-                                   b.at(n, c, y, x) * (double(y) / double(e));
+                b.at(n, c, y, x) = a.at(n, c, a.h - e + y, x) * (1.0 - double(y) / double(e)) + b.at(n, c, y, x) * (double(y) / double(e));
       }
       if (col > 0) {
         const Img& a = rows[r][col - 1];
@@ -219,8 +215,7 @@ Img ref_tiled(const Img& z, int64_t tile, int64_t overlap, int64_t up, const std
           for (int64_t c = 0; c < b.c; ++c)
             for (int64_t y = 0; y < b.h; ++y)
               for (int64_t x = 0; x < e; ++x)
-                b.at(n, c, y, x) = a.at(n, c, y, a.w - e + x) * (1.0 - double(x) / double(e)) +
-                                   b.at(n, c, y, x) * (double(x) / double(e));
+                b.at(n, c, y, x) = a.at(n, c, y, a.w - e + x) * (1.0 - double(x) / double(e)) + b.at(n, c, y, x) * (double(x) / double(e));
       }
       for (int64_t n = 0; n < b.n; ++n)
         for (int64_t c = 0; c < b.c; ++c)
@@ -345,7 +340,10 @@ TEST(AutoencoderKLConfig, BadConfigsNameTheFileAndTheKey) {
       {[](auto& j) { j.erase("block_out_channels"); }, ": missing required key 'block_out_channels'"},
       {[](auto& j) { j.erase("scaling_factor"); }, ": missing required key 'scaling_factor'"},
       {[](auto& j) { j["block_out_channels"] = "128"; }, ": 'block_out_channels' must be a non-empty list of integers in [1, 16777216]"},
-      {[](auto& j) { j["block_out_channels"] = {128, 2.5}; }, ": 'block_out_channels' entry 1 must be an integer in [1, 16777216], got 2.5"},
+      {[](auto& j) {
+         j["block_out_channels"] = {128, 2.5};
+       },
+       ": 'block_out_channels' entry 1 must be an integer in [1, 16777216], got 2.5"},
       {[](auto& j) { j["layers_per_block"] = 2.0; }, ": 'layers_per_block' must be an integer in [0, 16777216], got 2.0"},
       {[](auto& j) { j["latent_channels"] = -16; }, ": 'latent_channels' must be an integer in [1, 16777216], got -16"},
       {[](auto& j) { j["use_post_quant_conv"] = "false"; }, ": 'use_post_quant_conv' must be true or false, got \"false\""},
@@ -358,7 +356,9 @@ TEST(AutoencoderKLConfig, BadConfigsNameTheFileAndTheKey) {
       {[](auto& j) { j["up_block_types"][2] = "AttnUpDecoderBlock2D"; },
        ": 'up_block_types' entry \"AttnUpDecoderBlock2D\" is not supported"},
       {[](auto& j) { j["up_block_types"].erase(0); }, ": 'up_block_types' has 3 entries but 'block_out_channels' has 4"},
-      {[](auto& j) { j["block_out_channels"] = {128, 256, 500, 512}; },
+      {[](auto& j) {
+         j["block_out_channels"] = {128, 256, 500, 512};
+       },
        ": every 'block_out_channels' entry must be a positive multiple of norm_num_groups 32 (GroupNorm), got 500"},
       {[](auto& j) { j["latents_mean"] = "zero"; }, ": 'latents_mean' must be a list of finite numbers, got \"zero\""},
       {[](auto& j) { j["decoder_attention"] = true; }, ": unknown key 'decoder_attention' for AutoencoderKL"},
@@ -474,8 +474,7 @@ TEST(AutoencoderKLDecoder, DecodeMatchesPlainLoops) {
       ASSERT_EQ(image.shape(), (Shape{2, 3, 20, 12}));
       ASSERT_EQ(image.dtype(), DType::f32);
       expect_close_scaled(image, ref_decode(img_of(z), dec).v, 1e-5,
-                          std::string("post_quant_conv ") + (post_quant ? "on" : "off") + ", attention " +
-                              (attention ? "on" : "off"));
+                          std::string("post_quant_conv ") + (post_quant ? "on" : "off") + ", attention " + (attention ? "on" : "off"));
     }
 }
 
@@ -514,8 +513,7 @@ TEST(AutoencoderKLDecoder, TiledDecodeIsDecodeWhenOneTileCoversTheLatent) {
   const std::vector<double> whole = values(dec.decode(z));
   expect_close(dec.decode_tiled(z), whole, DType::f32, "default tile", Tolerance{0, 0});
   const Tensor big = random_tensor({1, 3, 7, 9}, 13);
-  expect_close(dec.decode_tiled(big, {.tile_latent_size = 9}), values(dec.decode(big)), DType::f32, "tile 9",
-               Tolerance{0, 0});
+  expect_close(dec.decode_tiled(big, {.tile_latent_size = 9}), values(dec.decode(big)), DType::f32, "tile 9", Tolerance{0, 0});
 }
 
 // Synthetic tile decoders, so every blend weight and placement is checked exactly against the
@@ -526,11 +524,11 @@ TEST(DecodeInTiles, BlendsLikeDiffusers) {
     int64_t tile, overlap, up;
   };
   // Edge tiles narrower than the blend extent, a one-column last tile, no overlap, and B, C > 1.
-  const Case cases[] = {{{2, 2, 11, 7}, 4, 1, 2}, {{1, 3, 7, 13}, 4, 2, 3}, {{2, 1, 9, 9}, 5, 2, 4},
-                        {{1, 2, 6, 10}, 3, 0, 2}, {{1, 1, 5, 5}, 5, 4, 1}};
+  const Case cases[] = {
+      {{2, 2, 11, 7}, 4, 1, 2}, {{1, 3, 7, 13}, 4, 2, 3}, {{2, 1, 9, 9}, 5, 2, 4}, {{1, 2, 6, 10}, 3, 0, 2}, {{1, 1, 5, 5}, 5, 4, 1}};
   for (const Case& c : cases) {
-    const std::string what = shape_to_string(c.z) + " tile " + std::to_string(c.tile) + " overlap " +
-                              std::to_string(c.overlap) + " up " + std::to_string(c.up);
+    const std::string what =
+        shape_to_string(c.z) + " tile " + std::to_string(c.tile) + " overlap " + std::to_string(c.overlap) + " up " + std::to_string(c.up);
     const Tensor z = random_tensor(c.z, 21);
     // A decoder whose output depends on the tile (a per-call offset) and on the position in it, so
     // no two overlapping tiles agree: 2 output channels per input channel.
@@ -540,8 +538,8 @@ TEST(DecodeInTiles, BlendsLikeDiffusers) {
         for (int64_t ch = 0; ch < out.c; ++ch)
           for (int64_t y = 0; y < out.h; ++y)
             for (int64_t x = 0; x < out.w; ++x)
-              out.at(n, ch, y, x) = t.at(n, ch / 2, y / up, x / up) * (ch % 2 ? -1.0 : 1.0) + 10.0 * call +
-                                    0.1 * static_cast<double>(y) - 0.05 * static_cast<double>(x);
+              out.at(n, ch, y, x) = t.at(n, ch / 2, y / up, x / up) * (ch % 2 ? -1.0 : 1.0) + 10.0 * call + 0.1 * static_cast<double>(y) -
+                                    0.05 * static_cast<double>(x);
       return out;
     };
     int calls = 0;
@@ -549,8 +547,7 @@ TEST(DecodeInTiles, BlendsLikeDiffusers) {
         z, c.tile, c.overlap, c.up, [&](const Tensor& t) { return tensor_of(synthetic(img_of(t.contiguous()), calls++)); },
         ops::default_op_stream());
     int ref_calls = 0;
-    const Img want = ref_tiled(img_of(z), c.tile, c.overlap, c.up,
-                               [&](const Img& t) { return synthetic(t, ref_calls++); });
+    const Img want = ref_tiled(img_of(z), c.tile, c.overlap, c.up, [&](const Img& t) { return synthetic(t, ref_calls++); });
     EXPECT_EQ(calls, ref_calls) << what;
     ASSERT_EQ(got.shape(), (Shape{want.n, want.c, want.h, want.w})) << what;
     expect_close(got, want.v, DType::f32, what, Tolerance{1e-6, 1e-5});
@@ -622,17 +619,18 @@ TEST(LoadAutoencoderKL, MismatchesListDecoderNamesOnly) {
   TempDir dir;
   const AutoencoderKLDecoder ref = random_decoder(tiny_config(false));
   write_vae_dir(dir, ref, tiny_config_json(false), [](NamedTensors& t) {
-    std::erase_if(t, [](const auto& p) { return p.first == "decoder.conv_out.bias" || p.first == "decoder.up_blocks.1.upsamplers.0.conv.weight"; });
+    std::erase_if(
+        t, [](const auto& p) { return p.first == "decoder.conv_out.bias" || p.first == "decoder.up_blocks.1.upsamplers.0.conv.weight"; });
     for (auto& [name, tensor] : t)
       if (name == "decoder.conv_in.weight") tensor = random_tensor({16, 3, 1, 1}, 6);
     t.emplace_back("decoder.up_blocks.9.resnets.0.norm1.weight", random_tensor({8}, 7));
     t.emplace_back("post_quant_conv.weight", random_tensor({3, 3, 1, 1}, 8));  // the config says none
   });
   const std::string msg = message_of([&] { models::load_autoencoder_kl(dir.path.string()); });
-  for (const char* part : {"does not match the model", "2 missing:", "decoder.conv_out.bias [3]",
-                           "decoder.up_blocks.1.upsamplers.0.conv.weight [8, 8, 3, 3]", "1 mis-shaped:",
-                           "decoder.conv_in.weight: expected [16, 3, 3, 3], found [16, 3, 1, 1]", "2 unexpected:",
-                           "decoder.up_blocks.9.resnets.0.norm1.weight", "post_quant_conv.weight"})
+  for (const char* part :
+       {"does not match the model", "2 missing:", "decoder.conv_out.bias [3]", "decoder.up_blocks.1.upsamplers.0.conv.weight [8, 8, 3, 3]",
+        "1 mis-shaped:", "decoder.conv_in.weight: expected [16, 3, 3, 3], found [16, 3, 1, 1]",
+        "2 unexpected:", "decoder.up_blocks.9.resnets.0.norm1.weight", "post_quant_conv.weight"})
     EXPECT_NE(msg.find(part), std::string::npos) << part << "\n" << msg;
   for (const char* ignored : {"encoder.conv_in", "quant_conv.bias", "\n    quant_conv.weight"})
     EXPECT_EQ(msg.find(ignored), std::string::npos) << ignored << "\n" << msg;
@@ -660,8 +658,8 @@ TEST(LoadParameters, WithoutPrefixesEveryUndeclaredTensorIsUnexpected) {
 TEST(AutoencoderKLGolden, DecodeMatchesPyTorch) {
   const std::string data = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/";
   const SafetensorsFile goldens = SafetensorsFile::open(data + "goldens_flux.safetensors");
-  for (const auto& [name, dir] : {std::pair<std::string, std::string>{"vae_decode", "flux_tiny/vae"},
-                                  {"vae_postquant_decode", "flux_tiny/vae_postquant"}}) {
+  for (const auto& [name, dir] :
+       {std::pair<std::string, std::string>{"vae_decode", "flux_tiny/vae"}, {"vae_postquant_decode", "flux_tiny/vae_postquant"}}) {
     const auto meta = nlohmann::json::parse(goldens.metadata().at(name));
     ASSERT_EQ(meta.at("weights").get<std::string>(), dir) << name;
     const AutoencoderKLDecoder dec = models::load_autoencoder_kl(data + dir);
@@ -685,8 +683,8 @@ TEST(AutoencoderKLGolden, DecodeMatchesPyTorch) {
     ASSERT_EQ(image.shape(), expected.shape()) << name;
     expect_close_scaled(image, values(expected), 1e-4, name + " image");
     // One tile covering the latent is the same decode.
-    expect_close(dec.decode_tiled(z, {.tile_latent_size = std::max(z.size(2), z.size(3))}, stream), values(image),
-                 DType::f32, name + " one tile", Tolerance{0, 0});
+    expect_close(dec.decode_tiled(z, {.tile_latent_size = std::max(z.size(2), z.size(3))}, stream), values(image), DType::f32,
+                 name + " one tile", Tolerance{0, 0});
     // Stored as bf16 (the weights are bf16-representable): the convs see the same values, the
     // linears round their inputs to bf16, so only a looser match.
     const AutoencoderKLDecoder half = models::load_autoencoder_kl(data + dir, DType::bf16);
@@ -712,5 +710,5 @@ TEST(AutoencoderKLDecoder, SimulatesTheFluxVaeAtFullSize) {
   EXPECT_GT(device.stats().kernels, before);
 }
 
-}  // namespace
+}  // namespace autoencoder_kl_test
 }  // namespace cubevec

@@ -84,8 +84,7 @@ Vid ref_causal_conv(const Vid& x, const wan_vae::CausalConv3d& conv) {
                   for (int64_t cc = 0; cc < kw; ++cc) {
                     const int64_t yi = yy - ph + bb, xi = xx - pw + cc;
                     if (yi < 0 || xi < 0 || yi >= x.h || xi >= x.w) continue;
-                    s += x.at(n, ic, fi, yi, xi) *
-                         wt[static_cast<std::size_t>((((o * x.c + ic) * kt + a) * kh + bb) * kw + cc)];
+                    s += x.at(n, ic, fi, yi, xi) * wt[static_cast<std::size_t>((((o * x.c + ic) * kt + a) * kh + bb) * kw + cc)];
                   }
               }
             y.at(n, o, f, yy, xx) = s;
@@ -126,8 +125,7 @@ Vid ref_resnet(const Vid& x, const wan_vae::ResidualBlock& r) {
 // Per frame: q, k, v from the 1x1 to_qkv of the normed frame, softmax(q k^T / sqrt(C)) v, proj, + x.
 Vid ref_attention(const Vid& x, const wan_vae::AttentionBlock& a) {
   const Vid g = ref_rms(x, a.norm, false);
-  const std::vector<double> wqkv = values(a.qkv_weight), bqkv = values(a.qkv_bias), wp = values(a.proj_weight),
-                            bp = values(a.proj_bias);
+  const std::vector<double> wqkv = values(a.qkv_weight), bqkv = values(a.qkv_bias), wp = values(a.proj_weight), bp = values(a.proj_bias);
   const int64_t c = x.c, hw = x.h * x.w;
   Vid out = x;
   for (int64_t n = 0; n < x.b; ++n)
@@ -236,8 +234,8 @@ double expect_close_scaled(const Tensor& got, const std::vector<double>& want, d
       at = i;
     }
   EXPECT_GT(scale, 0.0) << what;
-  EXPECT_LE(worst, rel * scale) << what << ": worst at " << at << " got " << g[at] << " expected " << want[at]
-                                << " (max |expected| " << scale << ")";
+  EXPECT_LE(worst, rel * scale) << what << ": worst at " << at << " got " << g[at] << " expected " << want[at] << " (max |expected| "
+                                << scale << ")";
   return worst;
 }
 
@@ -359,29 +357,40 @@ TEST(AutoencoderKLWanConfig, BadConfigsNameTheFileAndTheKey) {
       {[](auto& j) { j["base_dim"] = 96.0; }, ": 'base_dim' must be an integer in [1, 16777216], got 96.0"},
       {[](auto& j) { j["z_dim"] = "16"; }, ": 'z_dim' must be an integer in [1, 16777216], got \"16\""},
       {[](auto& j) { j["dim_mult"] = nlohmann::json::array(); }, ": 'dim_mult' must be a non-empty list of integers in [1, 16777216]"},
-      {[](auto& j) { j["dim_mult"] = {1, 0, 4, 4}; }, ": 'dim_mult' entry 1 must be an integer in [1, 16777216], got 0"},
+      {[](auto& j) {
+         j["dim_mult"] = {1, 0, 4, 4};
+       },
+       ": 'dim_mult' entry 1 must be an integer in [1, 16777216], got 0"},
       {[](auto& j) { j["num_res_blocks"] = -1; }, ": 'num_res_blocks' must be an integer in [0, 16777216], got -1"},
-      {[](auto& j) { j["temperal_downsample"] = {false, 1, true}; }, ": 'temperal_downsample' must be a list of true / false"},
-      {[](auto& j) { j["temperal_downsample"] = {false, true}; },
+      {[](auto& j) {
+         j["temperal_downsample"] = {false, 1, true};
+       },
+       ": 'temperal_downsample' must be a list of true / false"},
+      {[](auto& j) {
+         j["temperal_downsample"] = {false, true};
+       },
        ": 'temperal_downsample' must have len(dim_mult) - 1 = 3 entries, got 2"},
       {[](auto& j) { j["attn_scales"] = {"x"}; }, ": 'attn_scales' must be a list of finite numbers"},
       {[](auto& j) { j["dropout"] = "0"; }, ": 'dropout' must be a number in [0, 1], got \"0\""},
       {[](auto& j) { j["dropout"] = 1.5; }, ": 'dropout' must be a number in [0, 1], got 1.5"},
       {[](auto& j) { j["latents_mean"] = nullptr; }, ": 'latents_mean' must be a list of finite numbers, got null"},
       {[](auto& j) { j["latents_std"].erase(0); }, ": 'latents_std' must list z_dim = 16 numbers, got 15"},
-      {[](auto& j) { j["latents_std"][3] = 0.0; }, ": every 'latents_std' entry must be a finite number of magnitude in [1e-6, 1e6], got 0"},
-      {[](auto& j) { j["latents_std"][3] = 1e-320; }, ": every 'latents_std' entry must be a finite number of magnitude in [1e-6, 1e6], got 1e-320"},
+      {[](auto& j) { j["latents_std"][3] = 0.0; },
+       ": every 'latents_std' entry must be a finite number of magnitude in [1e-6, 1e6], got 0"},
+      {[](auto& j) { j["latents_std"][3] = 1e-320; },
+       ": every 'latents_std' entry must be a finite number of magnitude in [1e-6, 1e6], got 1e-320"},
       {[](auto& j) { j["latents_mean"][0] = 1e308; }, ": every 'latents_mean' entry must be a finite number in [-1e6, 1e6], got 1e+308"},
       {[](auto& j) { j["is_residual"] = true; }, ": 'is_residual' true (Wan2.2's residual VAE) is not supported"},
       {[](auto& j) { j["is_residual"] = "no"; }, ": 'is_residual' must be true or false, got \"no\""},
       {[](auto& j) { j["patch_size"] = 2; }, ": 'patch_size' 2 (Wan2.2's patchified VAE) is not supported"},
-      {[](auto& j) { j["scale_factor_temporal"] = 8; },
-       ": 'scale_factor_temporal' 8 does not match the decoder, which upsamples time 4x"},
-      {[](auto& j) { j["scale_factor_spatial"] = 16; },
-       ": 'scale_factor_spatial' 16 does not match the decoder, which upsamples space 8x"},
+      {[](auto& j) { j["scale_factor_temporal"] = 8; }, ": 'scale_factor_temporal' 8 does not match the decoder, which upsamples time 4x"},
+      {[](auto& j) { j["scale_factor_spatial"] = 16; }, ": 'scale_factor_spatial' 16 does not match the decoder, which upsamples space 8x"},
       {[](auto& j) { j["clip_output"] = 1; }, ": 'clip_output' must be true or false, got 1"},
       {[](auto& j) { j["decoder_base_dim"] = 0; }, ": 'decoder_base_dim' must be an integer in [1, 16777216], got 0"},
-      {[](auto& j) { j["dim_mult"] = {1, 2, 4, 100000}; }, ": decoder width 96 x dim_mult 100000 exceeds 65536 channels"},
+      {[](auto& j) {
+         j["dim_mult"] = {1, 2, 4, 100000};
+       },
+       ": decoder width 96 x dim_mult 100000 exceeds 65536 channels"},
   };
   for (const auto& [edit, expected] : cases) {
     nlohmann::json j = base;
@@ -443,11 +452,10 @@ TEST(AutoencoderKLWan, DeclaresDiffusersNamesAndShapes) {
     ASSERT_TRUE(specs.count(name)) << name;
     EXPECT_EQ(specs[name], shape) << name;
   }
-  for (const char* absent :
-       {"decoder.up_blocks.2.upsamplers.0.time_conv.weight", "decoder.up_blocks.3.upsamplers.0.resample.1.weight",
-        "decoder.up_blocks.0.resnets.0.conv_shortcut.weight", "decoder.up_blocks.2.resnets.0.conv_shortcut.weight",
-        "decoder.up_blocks.3.resnets.0.conv_shortcut.weight", "decoder.up_blocks.0.resnets.3.norm1.gamma",
-        "decoder.mid_block.attentions.1.norm.gamma", "quant_conv.weight", "decoder.conv_norm_out.weight"})
+  for (const char* absent : {"decoder.up_blocks.2.upsamplers.0.time_conv.weight", "decoder.up_blocks.3.upsamplers.0.resample.1.weight",
+                             "decoder.up_blocks.0.resnets.0.conv_shortcut.weight", "decoder.up_blocks.2.resnets.0.conv_shortcut.weight",
+                             "decoder.up_blocks.3.resnets.0.conv_shortcut.weight", "decoder.up_blocks.0.resnets.3.norm1.gamma",
+                             "decoder.mid_block.attentions.1.norm.gamma", "quant_conv.weight", "decoder.conv_norm_out.weight"})
     EXPECT_FALSE(specs.count(absent)) << absent;
   // Counted by kind; every conv has a bias.
   int gammas = 0, weights = 0, biases = 0;
@@ -482,9 +490,8 @@ TEST(AutoencoderKLWan, CausalConvMatchesADirectLoopAndChainsItsCache) {
     conv.declare(table, "conv", 3, 5, k.kernel, k.padding, slots);
     EXPECT_EQ(slots, k.padding[0] > 0 ? 1 : 0);
     models::make_random_parameters(table, DType::f32, 7, 0.5f);
-    const std::string what = "kernel " + std::to_string(k.kernel[0]) + "x" + std::to_string(k.kernel[1]) +
-                             " padding " + std::to_string(k.padding[0]) + "," + std::to_string(k.padding[1]) + "," +
-                             std::to_string(k.padding[2]);
+    const std::string what = "kernel " + std::to_string(k.kernel[0]) + "x" + std::to_string(k.kernel[1]) + " padding " +
+                             std::to_string(k.padding[0]) + "," + std::to_string(k.padding[1]) + "," + std::to_string(k.padding[2]);
     const Tensor x = random_tensor({2, 3, 6, 5, 4}, 31);
     const Vid want = ref_causal_conv(vid_of(x), conv);
     const Tensor whole = conv(x, Tensor(), ops::default_op_stream());
@@ -511,8 +518,7 @@ TEST(AutoencoderKLWan, CausalConvMatchesADirectLoopAndChainsItsCache) {
     if (conv.context() > 0) {
       const Tensor tail = conv(x.narrow(2, 4, 2), x.narrow(2, 2, 2), ops::default_op_stream());
       expect_close_scaled(tail, frames_of(want, 4, 2).v, 1e-6, what + " explicit cache");
-      const std::string msg =
-          message_of([&] { conv(x.narrow(2, 3, 3), x.narrow(2, 0, 3), ops::default_op_stream()); });
+      const std::string msg = message_of([&] { conv(x.narrow(2, 3, 3), x.narrow(2, 0, 3), ops::default_op_stream()); });
       EXPECT_NE(msg.find("WanCausalConv3d: the cache must be [B, C, t <= 2, H, W] matching the input [2, 3, 3, 5, 4], "
                          "got [2, 3, 3, 5, 4]"),
                 std::string::npos)
@@ -567,12 +573,10 @@ TEST(AutoencoderKLWan, ResidualAndAttentionBlocksMatchPlainLoops) {
   const Stream stream = ops::default_op_stream();
   const Tensor x = random_tensor({2, 16, 3, 4, 5}, 33);
   wan_vae::FeatureCache cache = vae.make_feature_cache();
-  expect_close_scaled(m.mid_block.resnet0(x, cache, stream), ref_resnet(vid_of(x), m.mid_block.resnet0).v, 1e-5,
-                      "resnet 16 -> 16");
-  expect_close_scaled(m.mid_block.attention(x, stream), ref_attention(vid_of(x), m.mid_block.attention).v, 1e-5,
-                      "attention");
-  expect_close_scaled(m.mid_block.attention(strided_copy_of(x), stream), ref_attention(vid_of(x), m.mid_block.attention).v,
-                      1e-5, "attention, strided input");
+  expect_close_scaled(m.mid_block.resnet0(x, cache, stream), ref_resnet(vid_of(x), m.mid_block.resnet0).v, 1e-5, "resnet 16 -> 16");
+  expect_close_scaled(m.mid_block.attention(x, stream), ref_attention(vid_of(x), m.mid_block.attention).v, 1e-5, "attention");
+  expect_close_scaled(m.mid_block.attention(strided_copy_of(x), stream), ref_attention(vid_of(x), m.mid_block.attention).v, 1e-5,
+                      "attention, strided input");
   const Tensor y = random_tensor({1, 8, 2, 6, 6}, 34);  // up_blocks.1.resnets.0: 8 -> 16 with a shortcut
   const auto& r = m.up_blocks[1].resnets[0];
   ASSERT_TRUE(r.has_shortcut);
@@ -616,8 +620,7 @@ TEST(AutoencoderKLWan, DecodeFramesHandsOverOneChunkAtATime) {
   });
   // 1 frame for the first latent frame, then 4 per latent frame: 1 + 4 (T - 1) = 13.
   EXPECT_EQ(shapes, (std::vector<Shape>{{1, 3, 1, 16, 24}, {1, 3, 4, 16, 24}, {1, 3, 4, 16, 24}, {1, 3, 4, 16, 24}}));
-  expect_close(ops::concat(chunks, 2), values(vae.decode(z)), DType::f32, "decode = concatenated chunks",
-               Tolerance{0, 0});
+  expect_close(ops::concat(chunks, 2), values(vae.decode(z)), DType::f32, "decode = concatenated chunks", Tolerance{0, 0});
   // Two latent frames per chunk: 1 + 4, then 8.
   shapes.clear();
   vae.decode_frames(z, [&](const Tensor& frames) { shapes.push_back(frames.shape()); }, {.latent_frames_per_chunk = 2});
@@ -644,11 +647,9 @@ TEST(AutoencoderKLWan, DecodeRejectsWrongInputs) {
   msg = message_of([&] { vae.decode(random_tensor({1, 4, 2, 2}, 1)); });
   EXPECT_NE(msg.find("z must be an f32 or bf16 latent"), std::string::npos) << msg;
   msg = message_of([&] { vae.decode(random_tensor({1, 4, 2, 2, 2}, 1), {.latent_frames_per_chunk = -1}); });
-  EXPECT_NE(msg.find("latent_frames_per_chunk must be >= 1 (or 0 for the whole sequence), got -1"), std::string::npos)
-      << msg;
+  EXPECT_NE(msg.find("latent_frames_per_chunk must be >= 1 (or 0 for the whole sequence), got -1"), std::string::npos) << msg;
   msg = message_of([&] { vae.unnormalize(random_tensor({1, 5, 2, 2, 2}, 1)); });
-  EXPECT_NE(msg.find("AutoencoderKLWan unnormalize: latents must be f32 or bf16 [B, 4, T, h, w]"), std::string::npos)
-      << msg;
+  EXPECT_NE(msg.find("AutoencoderKLWan unnormalize: latents must be f32 or bf16 [B, 4, T, h, w]"), std::string::npos) << msg;
   const AutoencoderKLWan other = random_vae(odd_config());
   wan_vae::FeatureCache foreign = other.make_feature_cache();
   msg = message_of([&] { vae.decode_chunk(random_tensor({1, 4, 1, 2, 2}, 1), foreign); });
@@ -713,11 +714,10 @@ TEST(LoadAutoencoderKLWan, MismatchesListDecoderNamesOnly) {
     t.emplace_back("decoder.up_blocks.3.upsamplers.0.resample.1.weight", random_tensor({2, 4, 3, 3}, 7));
   });
   const std::string msg = message_of([&] { models::load_autoencoder_kl_wan(dir.path.string()); });
-  for (const char* part :
-       {"does not match the model", "2 missing:", "decoder.conv_out.bias [3]",
-        "decoder.up_blocks.1.upsamplers.0.time_conv.weight [32, 16, 3, 1, 1]", "1 mis-shaped:",
-        "decoder.mid_block.attentions.0.to_qkv.weight: expected [48, 16, 1, 1], found [48, 16]", "1 unexpected:",
-        "decoder.up_blocks.3.upsamplers.0.resample.1.weight"})
+  for (const char* part : {"does not match the model", "2 missing:", "decoder.conv_out.bias [3]",
+                           "decoder.up_blocks.1.upsamplers.0.time_conv.weight [32, 16, 3, 1, 1]",
+                           "1 mis-shaped:", "decoder.mid_block.attentions.0.to_qkv.weight: expected [48, 16, 1, 1], found [48, 16]",
+                           "1 unexpected:", "decoder.up_blocks.3.upsamplers.0.resample.1.weight"})
     EXPECT_NE(msg.find(part), std::string::npos) << part << "\n" << msg;
   for (const char* ignored : {"encoder.conv1", "quant_conv.bias", "encoder.head"})
     EXPECT_EQ(msg.find(ignored), std::string::npos) << ignored << "\n" << msg;
@@ -752,10 +752,11 @@ TEST(AutoencoderKLWan, MemoryIsBoundedByOneChunk) {
   const std::size_t peak6 = decode_peak(vae, random_tensor({1, 16, 6, h, w}, 39));
   const auto cache = static_cast<std::size_t>(vae.feature_cache_bytes(1, h, w));
   const auto estimate = static_cast<std::size_t>(vae.estimate_peak_bytes(1, h, w));
-  std::printf("[ memory ] base_dim 32, latent 3 x %lld x %lld: peak %.1f MB (6 latent frames: %.1f MB), "
-              "caches %.1f MB, estimate %.1f MB\n",
-              static_cast<long long>(h), static_cast<long long>(w), static_cast<double>(peak3) / 1e6,
-              static_cast<double>(peak6) / 1e6, static_cast<double>(cache) / 1e6, static_cast<double>(estimate) / 1e6);
+  std::printf(
+      "[ memory ] base_dim 32, latent 3 x %lld x %lld: peak %.1f MB (6 latent frames: %.1f MB), "
+      "caches %.1f MB, estimate %.1f MB\n",
+      static_cast<long long>(h), static_cast<long long>(w), static_cast<double>(peak3) / 1e6, static_cast<double>(peak6) / 1e6,
+      static_cast<double>(cache) / 1e6, static_cast<double>(estimate) / 1e6);
   EXPECT_GT(peak3, cache);
   EXPECT_LE(peak3, estimate);
   EXPECT_LE(peak6, estimate);
@@ -775,11 +776,11 @@ TEST(AutoencoderKLWan, FeatureCacheAtWan21Size) {
   const int64_t bytes = vae.feature_cache_bytes(1, 60, 104);
   const int64_t full = 2 * 96 * 480 * 832 * 4, half = 2 * 192 * 240 * 416 * 4, quarter = 2 * 384 * 120 * 208 * 4,
                 latent = 2 * 384 * 60 * 104 * 4;
-  const int64_t expected = 2 * 16 * 60 * 104 * 4 /*conv_in*/ + 4 * latent /*mid*/ + 6 * latent + latent /*up 0*/ +
-                           quarter / 2 + 5 * quarter + quarter /*up 1*/ + 6 * half /*up 2*/ + 7 * full /*up 3, conv_out*/;
+  const int64_t expected = 2 * 16 * 60 * 104 * 4 /*conv_in*/ + 4 * latent /*mid*/ + 6 * latent + latent /*up 0*/ + quarter / 2 +
+                           5 * quarter + quarter /*up 1*/ + 6 * half /*up 2*/ + 7 * full /*up 3, conv_out*/;
   EXPECT_EQ(bytes, expected);
-  std::printf("[ memory ] Wan2.1 at 832 x 480: feature caches %.2f GB, estimated peak %.2f GB\n",
-              static_cast<double>(bytes) / 1e9, static_cast<double>(vae.estimate_peak_bytes(1, 60, 104)) / 1e9);
+  std::printf("[ memory ] Wan2.1 at 832 x 480: feature caches %.2f GB, estimated peak %.2f GB\n", static_cast<double>(bytes) / 1e9,
+              static_cast<double>(vae.estimate_peak_bytes(1, 60, 104)) / 1e9);
 }
 
 // --- simulate mode ----------------------------------------------------------------------------------
@@ -790,12 +791,13 @@ TEST(AutoencoderKLWan, SimulatesWan21At832x480) {
   AutoencoderKLWan vae(AutoencoderKLWanConfig::wan21());
   models::make_meta_parameters(vae.parameters(), DType::bf16);
   std::vector<Shape> shapes;
-  vae.decode_frames(Tensor::meta({1, 16, 3, 60, 104}, DType::f32),
-                    [&](const Tensor& frames) {
-                      EXPECT_FALSE(frames.has_storage());
-                      shapes.push_back(frames.shape());
-                    },
-                    {}, stream);
+  vae.decode_frames(
+      Tensor::meta({1, 16, 3, 60, 104}, DType::f32),
+      [&](const Tensor& frames) {
+        EXPECT_FALSE(frames.has_storage());
+        shapes.push_back(frames.shape());
+      },
+      {}, stream);
   device.synchronize();
   EXPECT_EQ(shapes, (std::vector<Shape>{{1, 3, 1, 480, 832}, {1, 3, 4, 480, 832}, {1, 3, 4, 480, 832}}));
   EXPECT_GT(device.stats().kernels, 100u);
@@ -834,18 +836,17 @@ TEST(AutoencoderKLWanGolden, DecodeMatchesPyTorch) {
   ASSERT_EQ(video.shape(), (Shape{1, 3, 9, 32, 32}));
   ASSERT_EQ(video.shape(), clamped.shape());
   const double err = expect_close_scaled(video, values(clamped), 1e-4, "video");
-  const double err_raw =
-      expect_close_scaled(vae.decode(z, {.clamp = false}, stream), values(unclamped), 1e-4, "video unclamped");
+  const double err_raw = expect_close_scaled(vae.decode(z, {.clamp = false}, stream), values(unclamped), 1e-4, "video unclamped");
   expect_close_scaled(vae.decode(z, {.latent_frames_per_chunk = 0, .clamp = false}, stream), values(unclamped), 1e-4,
                       "video unclamped, whole sequence");
   double scale = 0;
   for (double v : values(unclamped)) scale = std::max(scale, std::fabs(v));
-  std::printf("[ golden ] wan_tiny vae: max |error| %.3g (clamped), %.3g (unclamped, max |ref| %.3g); allocator peak %.2f MB\n",
-              err, err_raw, scale, static_cast<double>(decode_peak(vae, z)) / 1e6);
+  std::printf("[ golden ] wan_tiny vae: max |error| %.3g (clamped), %.3g (unclamped, max |ref| %.3g); allocator peak %.2f MB\n", err,
+              err_raw, scale, static_cast<double>(decode_peak(vae, z)) / 1e6);
   // Stored as bf16 (the weights are bf16-representable, the convs widen them): the same numbers.
   const AutoencoderKLWan half = models::load_autoencoder_kl_wan(data_dir() + "wan_tiny/vae", DType::bf16);
   expect_close_scaled(half.decode(z, {.clamp = false}, stream), values(unclamped), 1e-4, "bf16 weights");
 }
 
-}  // namespace
+}  // namespace autoencoder_kl_wan_test
 }  // namespace cubevec

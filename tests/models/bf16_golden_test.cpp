@@ -73,5 +73,5 @@ TEST(Bf16Golden, FluxPipelineFourSteps) {
   expect_close_rel(latents, golden("flux_pipeline.expected"), kTolerance, "flux bf16 pipeline latents");
 }
 
-}  // namespace
+}  // namespace bf16_golden_test
 }  // namespace cubevec

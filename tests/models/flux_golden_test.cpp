@@ -45,8 +45,8 @@ TEST(FluxGolden, RopeTablesAndSinusoid) {
     expect_close_rel(t.cos, golden(name + ".cos"), 0, name + " cos", 1e-6);
     expect_close_rel(t.sin, golden(name + ".sin"), 0, name + " sin", 1e-6);
   }
-  expect_close_rel(models::timestep_sinusoid(golden("timestep_sinusoid.timestep")), golden("timestep_sinusoid.expected"), 0,
-                   "sinusoid", 1e-6);
+  expect_close_rel(models::timestep_sinusoid(golden("timestep_sinusoid.timestep")), golden("timestep_sinusoid.expected"), 0, "sinusoid",
+                   1e-6);
 }
 
 TEST(FluxGolden, DoubleAndSingleBlocks) {
@@ -62,8 +62,8 @@ TEST(FluxGolden, DoubleAndSingleBlocks) {
 
   const Tensor silu1 = ops::activation(golden("single_block.temb"), ops::Activation::silu, s);
   const Tensor ctx = golden("single_block.encoder_hidden_states"), hid = golden("single_block.hidden_states");
-  const models::BlockState single = model.single_blocks()[0].forward(
-      {hid, ctx}, {silu1, {golden("single_block.cos"), golden("single_block.sin")}}, {}, s);
+  const models::BlockState single =
+      model.single_blocks()[0].forward({hid, ctx}, {silu1, {golden("single_block.cos"), golden("single_block.sin")}}, {}, s);
   const Tensor out = ops::concat({single.encoder, single.hidden}, 1, s);
   expect_close_rel(out.narrow(1, ctx.size(1), hid.size(1)), golden("single_block.expected_hidden_states"), 1e-4, "single hidden");
   expect_close_rel(out.narrow(1, 0, ctx.size(1)), golden("single_block.expected_encoder_hidden_states"), 1e-4, "single context");
@@ -83,16 +83,14 @@ models::FluxInputs inputs_of(const std::string& c, bool guidance) {
 
 TEST(FluxGolden, WholeTransformerWithAndWithoutGuidance) {
   const Stream s = ops::default_op_stream();
-  expect_close_rel(tiny("transformer").forward(inputs_of("transformer", true), s), golden("transformer.expected"), 1e-4,
-                   "transformer");
+  expect_close_rel(tiny("transformer").forward(inputs_of("transformer", true), s), golden("transformer.expected"), 1e-4, "transformer");
   expect_close_rel(tiny("transformer_noguidance").forward(inputs_of("transformer_noguidance", false), s),
                    golden("transformer_noguidance.expected"), 1e-4, "transformer without guidance");
   // The same checkpoint stored in bf16 (values exactly representable) loads to the same weights.
   const auto bf16 = models::FluxTransformer2DModel::load(data_path("flux_tiny/transformer_bf16"));
   const auto& f32 = tiny("transformer");
   for (std::size_t i = 0; i < f32.parameters().specs().size(); ++i)
-    ASSERT_EQ(values(*bf16->parameters().specs()[i].slot), values(*f32.parameters().specs()[i].slot))
-        << f32.parameters().specs()[i].name;
+    ASSERT_EQ(values(*bf16->parameters().specs()[i].slot), values(*f32.parameters().specs()[i].slot)) << f32.parameters().specs()[i].name;
 }
 
 TEST(FluxGolden, ForwardInputErrorsNameTheArgument) {
@@ -110,14 +108,16 @@ TEST(FluxGolden, ForwardInputErrorsNameTheArgument) {
   // A size that comes from another argument names that argument: here the batch of hidden_states.
   in = inputs_of("transformer", true);
   in.hidden_states = Tensor::zeros({3, 16, 64}, DType::f32);
-  EXPECT_NE(message_of([&] { model.forward(in, s); })
-                .find("encoder_hidden_states must be [3, -1, 40] (-1: any; the batch from hidden_states [3, 16, 64]), got [2, 5, 40]"),
+  EXPECT_NE(message_of([&] {
+              model.forward(in, s);
+            }).find("encoder_hidden_states must be [3, -1, 40] (-1: any; the batch from hidden_states [3, 16, 64]), got [2, 5, 40]"),
             std::string::npos)
       << message_of([&] { model.forward(in, s); });
   // 3-d ids show their shape as given, not after their first row was taken.
   in = inputs_of("transformer", true);
   in.img_ids = Tensor::zeros({16, 3, 1}, DType::f32);
-  EXPECT_NE(message_of([&] { model.forward(in, s); }).find("got [16, 3, 1]"), std::string::npos) << message_of([&] { model.forward(in, s); });
+  EXPECT_NE(message_of([&] { model.forward(in, s); }).find("got [16, 3, 1]"), std::string::npos)
+      << message_of([&] { model.forward(in, s); });
   // Dtypes are checked by name before any kernel casts or reads them.
   const struct {
     Tensor models::FluxInputs::*field;
@@ -125,7 +125,10 @@ TEST(FluxGolden, ForwardInputErrorsNameTheArgument) {
     DType dtype;
     const char* expected;
   } dtypes[] = {
-      {&models::FluxInputs::hidden_states, {2, 16, 64}, DType::i64, "flux forward: hidden_states must be f32, bf16 or f16, got i64 [2, 16, 64]"},
+      {&models::FluxInputs::hidden_states,
+       {2, 16, 64},
+       DType::i64,
+       "flux forward: hidden_states must be f32, bf16 or f16, got i64 [2, 16, 64]"},
       {&models::FluxInputs::timestep, {2}, DType::i32, "flux forward: timestep must be f32, bf16 or i64, got i32 [2]"},
       {&models::FluxInputs::guidance, {2}, DType::f16, "flux forward: guidance must be f32, bf16 or i64, got f16 [2]"},
       {&models::FluxInputs::txt_ids, {5, 3}, DType::u8, "flux forward: txt_ids must be f32, bf16, i32 or i64, got u8 [5, 3]"},
@@ -175,12 +178,13 @@ TEST(FluxGolden, FourStepPipelineFromTheReferenceNoise) {
   const pipelines::PromptEmbeddings pos{golden("pipeline.encoder_hidden_states"), golden("pipeline.pooled_projections")};
   pipelines::T2ITimings timings;
   int calls = 0;
-  const Tensor packed = pipeline.denoise(pos, nullptr, o, device, [&](int, int, double) { ++calls; }, timings);
+  const Tensor packed = pipeline.denoise(
+      pos, nullptr, o, device, [&](int, int, double) { ++calls; }, timings);
   EXPECT_EQ(calls, 4);
   expect_close_rel(models::unpack_latents(packed, o.initial_noise.size(2), o.initial_noise.size(3), device.default_stream()),
                    golden("pipeline.expected_latents"), 1e-4, "latents after 4 steps");
   expect_close_rel(pipeline.decode(packed, o, device, timings), golden("pipeline.expected"), 1e-4, "decoded image");
 }
 
-}  // namespace
+}  // namespace flux_golden_test
 }  // namespace cubevec

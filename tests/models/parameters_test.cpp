@@ -104,5 +104,5 @@ TEST_F(ParametersTest, DuplicateDeclarationsAndBadDtypesAreErrors) {
   EXPECT_EQ(vec.dtype(), DType::f32) << "vectors stay f32 under bf16";
 }
 
-}  // namespace
+}  // namespace parameters_test
 }  // namespace cubevec

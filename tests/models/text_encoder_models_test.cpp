@@ -61,10 +61,12 @@ TEST(ClipTextModel, MatchesTheTorchReferenceInF32AndBf16) {
     const models::ClipTextOutput a = f32->forward(ids);
     ASSERT_EQ(a.last_hidden_state.shape(), (Shape{1, static_cast<int64_t>(ids.size()), 24}));
     ASSERT_EQ(a.pooler_output.shape(), (Shape{1, 24}));
-    expect_near_scaled(a.last_hidden_state.reshape({static_cast<int64_t>(ids.size()), 24}), name + ".last_hidden_state", 1e-4, name + " f32");
+    expect_near_scaled(a.last_hidden_state.reshape({static_cast<int64_t>(ids.size()), 24}), name + ".last_hidden_state", 1e-4,
+                       name + " f32");
     expect_near_scaled(a.pooler_output.reshape({24}), name + ".pooler_output", 1e-4, name + " f32 pooled");
     const models::ClipTextOutput b = bf16->forward(ids);
-    expect_near_scaled(b.last_hidden_state.reshape({static_cast<int64_t>(ids.size()), 24}), name + ".last_hidden_state", 3e-2, name + " bf16");
+    expect_near_scaled(b.last_hidden_state.reshape({static_cast<int64_t>(ids.size()), 24}), name + ".last_hidden_state", 3e-2,
+                       name + " bf16");
     expect_near_scaled(b.pooler_output.reshape({24}), name + ".pooler_output", 3e-2, name + " bf16 pooled");
   }
 }
@@ -113,8 +115,8 @@ TEST(T5EncoderModel, RelativePositionBucketsMatchTransformersBoundaries) {
   // query add 16 (spec worked out from transformers' formula in torch 1.13).
   const struct {
     int64_t n, bucket;
-  } cases[] = {{0, 0}, {7, 7}, {8, 8}, {11, 8}, {12, 9}, {15, 9}, {16, 10}, {22, 10}, {23, 11}, {31, 11}, {32, 12},
-               {45, 12}, {46, 13}, {63, 13}, {64, 14}, {90, 14}, {91, 15}, {500, 15}};
+  } cases[] = {{0, 0},   {7, 7},   {8, 8},   {11, 8},  {12, 9},  {15, 9},  {16, 10}, {22, 10}, {23, 11},
+               {31, 11}, {32, 12}, {45, 12}, {46, 13}, {63, 13}, {64, 14}, {90, 14}, {91, 15}, {500, 15}};
   for (const auto& c : cases) {
     EXPECT_EQ(models::t5_relative_position_bucket(-c.n, 32, 128), c.bucket) << "key " << c.n << " before the query";
     if (c.n > 0) {
@@ -133,8 +135,9 @@ TEST(TextEncoderModels, BadFoldersAndInputsAreClearErrors) {
   };
   nlohmann::json clip = read_json_file(data_dir() + "clip/config.json");
   clip["architectures"] = {"BertModel"};
-  EXPECT_NE(message_of([&] { ClipTextModel::load(folder("bert", clip), DType::f32, stream); })
-                .find("config.json: 'architectures' [BertModel] is not an architecture cubevec runs here (expected CLIPTextModel"),
+  EXPECT_NE(message_of([&] {
+              ClipTextModel::load(folder("bert", clip), DType::f32, stream);
+            }).find("config.json: 'architectures' [BertModel] is not an architecture cubevec runs here (expected CLIPTextModel"),
             std::string::npos)
       << message_of([&] { ClipTextModel::load(folder("bert", clip), DType::f32, stream); });
   nlohmann::json t5 = read_json_file(data_dir() + "t5/config.json");
@@ -144,13 +147,16 @@ TEST(TextEncoderModels, BadFoldersAndInputsAreClearErrors) {
   const std::string no_weights = folder("noweights", read_json_file(data_dir() + "umt5/config.json"));
   EXPECT_NE(message_of([&] { T5EncoderModel::load(no_weights, DType::f32, stream); }).find("model.safetensors"), std::string::npos);
   const auto model = T5EncoderModel::load(data_dir() + "umt5", DType::f32, stream);
-  EXPECT_NE(message_of([&] { model->forward({5, 704}); }).find("token id 704 at position 1 is outside the vocabulary [0, 704)"),
+  EXPECT_NE(message_of([&] {
+              model->forward({5, 704});
+            }).find("token id 704 at position 1 is outside the vocabulary [0, 704)"),
             std::string::npos);
   EXPECT_NE(message_of([&] { model->forward({5, 6}, {1}); }).find("attention_mask has 1 values for 2 ids"), std::string::npos);
   EXPECT_NE(message_of([&] { model->forward({5, 6}, {1, 2}); }).find("attention_mask values must be 0 or 1"), std::string::npos);
   const auto clip_model = ClipTextModel::load(data_dir() + "clip", DType::f32, stream);
-  EXPECT_NE(message_of([&] { clip_model->forward(std::vector<int32_t>(78, 1)); }).find("78 token ids, expected 1 to 77"), std::string::npos);
+  EXPECT_NE(message_of([&] { clip_model->forward(std::vector<int32_t>(78, 1)); }).find("78 token ids, expected 1 to 77"),
+            std::string::npos);
 }
 
-}  // namespace
+}  // namespace text_encoder_models_test
 }  // namespace cubevec

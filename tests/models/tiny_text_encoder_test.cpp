@@ -86,7 +86,8 @@ TEST(TinyTextEncoder, UnknownWordsAreAnErrorListingTheVocabulary) {
   const std::string msg = error_of([] { encoder().encode("a red cat on a blue background"); });
   EXPECT_NE(msg.find("the prompt has a word this model does not know: 'cat'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("It knows these 30 words: a an two small medium large red orange yellow green blue purple white black circle"),
-            std::string::npos) << msg;
+            std::string::npos)
+      << msg;
   EXPECT_EQ(msg.find("<pad>"), std::string::npos) << "the pad token is not a word to offer: " << msg;
   const std::string two = error_of([] { encoder().encode("a Pink Circle on a grey background, pink"); });
   EXPECT_NE(two.find("the prompt has 2 words this model does not know: 'pink', 'grey'. It knows"), std::string::npos) << two;
@@ -111,8 +112,8 @@ TEST(TinyTextEncoder, UnknownWordsAreAnErrorListingTheVocabulary) {
 class TinyTextEncoderFiles : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("cubevec_tte_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() /
+           ("cubevec_tte_" + std::to_string(::getpid()) + "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     fs::copy(kModel + "/text_encoder", dir_ / "text_encoder", fs::copy_options::recursive);
@@ -172,5 +173,5 @@ TEST_F(TinyTextEncoderFiles, MissingWeightsAreNamed) {
   EXPECT_NE(load_error().find("pooled_projection.bias"), std::string::npos) << load_error();
 }
 
-}  // namespace
+}  // namespace tiny_text_encoder_test
 }  // namespace cubevec

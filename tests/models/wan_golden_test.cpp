@@ -66,8 +66,7 @@ TEST(WanGolden, TimeAndTextEmbeddings) {
   expect_close_rel(proj, golden("transformer.timestep_proj"), 1e-5, "timestep_proj");
   expect_close_rel(tiny().text_embedding(golden("transformer.encoder_hidden_states"), s), golden("transformer.context"), 1e-5,
                    "text embedding");
-  expect_close_rel(tiny().patch_embed(golden("transformer.hidden_states"), s), golden("block0.hidden_states"), 1e-5,
-                   "patch embedding");
+  expect_close_rel(tiny().patch_embed(golden("transformer.hidden_states"), s), golden("block0.hidden_states"), 1e-5, "patch embedding");
 }
 
 TEST(WanGolden, Blocks) {
@@ -109,7 +108,7 @@ TEST(WanGolden, EulerSchedulerWithWansDoubleShift) {
   scheduler.set_timesteps(10);
   const Tensor sigmas = Tensor::from_vector(scheduler.sigmas(), {static_cast<int64_t>(scheduler.sigmas().size())});
   const Tensor timesteps = Tensor::from_vector(scheduler.timesteps(), {static_cast<int64_t>(scheduler.timesteps().size())});
-  expect_close_rel(sigmas, golden("scheduler.sigmas"), 0, "sigmas", 1e-7);        // within an f32 ulp of 1
+  expect_close_rel(sigmas, golden("scheduler.sigmas"), 0, "sigmas", 1e-7);           // within an f32 ulp of 1
   expect_close_rel(timesteps, golden("scheduler.timesteps"), 0, "timesteps", 1e-4);  // within an f32 ulp of 1000
 }
 
@@ -142,13 +141,16 @@ PipelineRun run_pipeline(pipelines::CfgMode cfg, double guidance) {
   Device& device = default_device();
   pipelines::T2ITimings timings;
   PipelineRun run;
-  run.latents = pipeline.denoise(pos, cfg == pipelines::CfgMode::off ? nullptr : &neg, o, device,
-                                 [&](int, int, double) { ++run.step_calls; }, timings);
+  run.latents = pipeline.denoise(
+      pos, cfg == pipelines::CfgMode::off ? nullptr : &neg, o, device, [&](int, int, double) { ++run.step_calls; }, timings);
   std::vector<Tensor> chunks;
-  pipeline.decode(run.latents, o, device, [&](const Tensor& frames) {
-    ++run.sink_calls;
-    chunks.push_back(frames);
-  }, timings);
+  pipeline.decode(
+      run.latents, o, device,
+      [&](const Tensor& frames) {
+        ++run.sink_calls;
+        chunks.push_back(frames);
+      },
+      timings);
   run.video = ops::concat(chunks, 2, device.default_stream());
   return run;
 }
@@ -191,7 +193,8 @@ TEST(WanConfigErrors, NamedKeysAndValues) {
   EXPECT_NE(error({{"num_layers", 2}, {"flash", true}}).find("unknown key 'flash'"), std::string::npos);
   EXPECT_NE(error({{"patch_size", {1, 2}}}).find("'patch_size' must be a list of 3 integers"), std::string::npos);
   EXPECT_NE(error({{"num_attention_heads", 0}}).find("'num_attention_heads' must be an integer in [1, 1024], got 0"), std::string::npos);
-  EXPECT_NE(error({{"qk_norm", "rms_norm"}}).find("'qk_norm' must be one of \"rms_norm_across_heads\", got \"rms_norm\""), std::string::npos);
+  EXPECT_NE(error({{"qk_norm", "rms_norm"}}).find("'qk_norm' must be one of \"rms_norm_across_heads\", got \"rms_norm\""),
+            std::string::npos);
   EXPECT_NE(error({{"image_dim", 1280}}).find("'image_dim' is 1280"), std::string::npos);
   EXPECT_NE(error({{"cross_attn_norm", 1}}).find("'cross_attn_norm' must be true or false"), std::string::npos);
   EXPECT_NE(error({{"eps", "small"}}).find("'eps' must be a positive finite number"), std::string::npos);
@@ -218,8 +221,9 @@ TEST(WanConfigErrors, ForwardInputShapes) {
   EXPECT_NE(error(channels).find("hidden_states must be [B, 4, T, H, W], got [2, 3, 3, 4, 6]"), std::string::npos);
   models::WanInputs text = in;
   text.encoder_hidden_states = Tensor::zeros({2, 7, 25}, DType::f32);
-  EXPECT_NE(error(text).find("encoder_hidden_states must be [2, L >= 1, 24] (the batch from hidden_states [2, 4, 3, 4, 6]), got [2, 7, 25]"),
-            std::string::npos)
+  EXPECT_NE(
+      error(text).find("encoder_hidden_states must be [2, L >= 1, 24] (the batch from hidden_states [2, 4, 3, 4, 6]), got [2, 7, 25]"),
+      std::string::npos)
       << error(text);
   models::WanInputs steps = in;
   steps.timestep = Tensor::zeros({1}, DType::f32);
@@ -256,5 +260,5 @@ TEST(WanConfigErrors, CheckpointMismatchIsNamed) {
   EXPECT_NE(message.find("blocks.2.attn1.to_q.weight"), std::string::npos) << message;
 }
 
-}  // namespace
+}  // namespace wan_golden_test
 }  // namespace cubevec

@@ -26,8 +26,7 @@ using ops::AttentionLayout;
 
 // softmax(scale q k^T + bias) v for BSND values, bias [Bb, N, Sq, Sk] with Bb 1 (broadcast) or b.
 std::vector<double> reference_with_bias(const Qkv& x, int64_t b, int64_t sq, int64_t sk, int64_t n, int64_t d,
-                                        const std::vector<float>& bias, int64_t bias_batch, int64_t bias_heads,
-                                        double scale) {
+                                        const std::vector<float>& bias, int64_t bias_batch, int64_t bias_heads, double scale) {
   std::vector<double> out(static_cast<std::size_t>(b * sq * n * d), kNaN);
   for (int64_t bi = 0; bi < b; ++bi)
     for (int64_t ni = 0; ni < n; ++ni) {
@@ -63,8 +62,8 @@ std::vector<float> random_bias(int64_t count, unsigned seed) {
   return bias;
 }
 
-void expect_bias_result(const std::vector<double>& got, const std::vector<double>& want, DType dtype, AttentionImpl impl,
-                  int64_t sk, int64_t d, const std::string& what) {
+void expect_bias_result(const std::vector<double>& got, const std::vector<double>& want, DType dtype, AttentionImpl impl, int64_t sk,
+                        int64_t d, const std::string& what) {
   if (impl == AttentionImpl::math && dtype == DType::bf16) {
     ASSERT_EQ(got.size(), want.size());
     for (std::size_t i = 0; i < got.size(); ++i) {
@@ -95,8 +94,8 @@ TEST(AttentionBias, FourDimensionalBiasBroadcastOverTheBatchMatchesTheDoubleLoop
         ops::AttentionOptions o = manual(impl, kl);
         o.mask = bias_t;
         o.scale = 0.25;  // not the default D^-0.5 (T5 passes 1)
-        const std::string what = std::string(ops::attention_impl_name(impl)) + "/" + std::string(ops::attention_layout_name(kl)) +
-                                 " " + std::string(dtype_name(dtype));
+        const std::string what = std::string(ops::attention_impl_name(impl)) + "/" + std::string(ops::attention_layout_name(kl)) + " " +
+                                 std::string(dtype_name(dtype));
         expect_bias_result(values(ops::attention_forward(x.q, x.k, x.v, o)), want, dtype, impl, sk, d, what);
       }
   }
@@ -128,5 +127,5 @@ TEST(AttentionBias, WrongDtypeOrShapeIsAClearError) {
             std::string::npos);
 }
 
-}  // namespace
+}  // namespace attention_bias_test
 }  // namespace cubevec

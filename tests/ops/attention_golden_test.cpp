@@ -49,9 +49,7 @@ namespace attention_golden_test {  // named after the file: unity batches never 
 
 using nlohmann::json;
 
-std::string attention_golden_path() {
-  return std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/goldens_attention.safetensors";
-}
+std::string attention_golden_path() { return std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/goldens_attention.safetensors"; }
 
 struct AttentionCase {
   std::string name;
@@ -118,14 +116,13 @@ Bound f32_bound(int64_t sk, int64_t d, double max_e) {
 }
 
 Bound bf16_bound(bool math, double max_e) {
-  return math ? Bound{std::ldexp(max_e, -6) + 1e-3, "2^-6 * M + 1e-3"}
-              : Bound{std::ldexp(max_e, -5) + 1e-3, "2^-5 * M + 1e-3"};
+  return math ? Bound{std::ldexp(max_e, -6) + 1e-3, "2^-6 * M + 1e-3"} : Bound{std::ldexp(max_e, -5) + 1e-3, "2^-5 * M + 1e-3"};
 }
 
 // Compares `got` with "<case>.expected" element by element; names the case, the run, the index,
 // the value and the expected value of every kind of mismatch.
-void expect_matches_golden(const SafetensorsFile& file, const AttentionCase& c, const std::string& run,
-                           const Tensor& got, const std::function<Bound(double)>& bound_for_max) {
+void expect_matches_golden(const SafetensorsFile& file, const AttentionCase& c, const std::string& run, const Tensor& got,
+                           const std::function<Bound(double)>& bound_for_max) {
   const Tensor want = file.tensor(c.name + ".expected");
   const std::string where = c.name + " [" + run + "]";
   if (got.dtype() != want.dtype()) {
@@ -133,8 +130,7 @@ void expect_matches_golden(const SafetensorsFile& file, const AttentionCase& c, 
     return;
   }
   if (got.shape() != want.shape()) {
-    ADD_FAILURE() << where << ": shape " << shape_to_string(got.shape()) << ", expected "
-                  << shape_to_string(want.shape());
+    ADD_FAILURE() << where << ": shape " << shape_to_string(got.shape()) << ", expected " << shape_to_string(want.shape());
     return;
   }
   const std::vector<double> g = testing::values(got), e = testing::values(want);
@@ -161,11 +157,10 @@ void expect_matches_golden(const SafetensorsFile& file, const AttentionCase& c, 
     if (ratio > worst_ratio) worst_ratio = ratio, worst = i;
   }
   if (bad)
-    ADD_FAILURE() << where << " (" << dtype_name(want.dtype()) << " " << shape_to_string(want.shape()) << "): " << bad
-                  << " of " << e.size() << " elements out of tolerance |got - e| <= " << bound.formula << " = "
-                  << bound.value << " (M = " << max_e << "); worst at " << index_string(want.shape(), worst)
-                  << ": got " << g[worst] << ", expected " << e[worst] << " (error/bound " << worst_ratio << ")"
-                  << first.str();
+    ADD_FAILURE() << where << " (" << dtype_name(want.dtype()) << " " << shape_to_string(want.shape()) << "): " << bad << " of " << e.size()
+                  << " elements out of tolerance |got - e| <= " << bound.formula << " = " << bound.value << " (M = " << max_e
+                  << "); worst at " << index_string(want.shape(), worst) << ": got " << g[worst] << ", expected " << e[worst]
+                  << " (error/bound " << worst_ratio << ")" << first.str();
 }
 
 void expect_dtype(const AttentionCase& c, const Tensor& t, const std::string& what, const std::string& dtype) {
@@ -221,10 +216,8 @@ std::vector<AttentionRun> attention_runs() {
                           std::string(ops::attention_layout_name(kernel_layout)),
                       ops::AttentionOptMode::manual, impl, kernel_layout, impl == ops::AttentionImpl::math});
   // The automatic modes may choose any implementation: the looser (flash) bf16 bound.
-  runs.push_back({"runtime", ops::AttentionOptMode::runtime, ops::AttentionImpl::flash, ops::AttentionLayout::bnsd,
-                  false});
-  runs.push_back({"static", ops::AttentionOptMode::static_table, ops::AttentionImpl::flash,
-                  ops::AttentionLayout::bnsd, false});
+  runs.push_back({"runtime", ops::AttentionOptMode::runtime, ops::AttentionImpl::flash, ops::AttentionLayout::bnsd, false});
+  runs.push_back({"static", ops::AttentionOptMode::static_table, ops::AttentionImpl::flash, ops::AttentionLayout::bnsd, false});
   return runs;
 }
 
@@ -241,8 +234,7 @@ TEST(GoldenAttention, AttentionForwardEveryImplementation) {
     try {
       const auto dtype = c.params.at("dtype").get<std::string>();
       const Tensor q = file->tensor(c.name + ".q"), k = file->tensor(c.name + ".k"), v = file->tensor(c.name + ".v");
-      for (const auto& [what, t] : {std::pair{"q", q}, std::pair{"k", k}, std::pair{"v", v}})
-        expect_dtype(c, t, what, dtype);
+      for (const auto& [what, t] : {std::pair{"q", q}, std::pair{"k", k}, std::pair{"v", v}}) expect_dtype(c, t, what, dtype);
       ops::AttentionOptions base;
       base.layout = ops::parse_attention_layout(c.params.at("layout").get<std::string>());
       // num_heads is documented as "BSH only": set it there alone.
@@ -260,9 +252,8 @@ TEST(GoldenAttention, AttentionForwardEveryImplementation) {
         options.kernel_layout = run.kernel_layout;
         try {
           const Tensor out = ops::attention_forward(q, k, v, options);
-          expect_matches_golden(*file, c, run.label, out, [&](double max_e) {
-            return dtype == "f32" ? f32_bound(sk, d, max_e) : bf16_bound(run.math, max_e);
-          });
+          expect_matches_golden(*file, c, run.label, out,
+                                [&](double max_e) { return dtype == "f32" ? f32_bound(sk, d, max_e) : bf16_bound(run.math, max_e); });
           ++runs_done;
         } catch (const std::exception& e) {
           ADD_FAILURE() << c.name << " [" << run.label << "]: threw: " << e.what();
@@ -285,24 +276,21 @@ TEST(GoldenAttention, VarlenEveryImplementation) {
   auto file = open_attention_golden();
   ASSERT_TRUE(file);
   const auto cases = cases_of(*file, "attention_varlen");
-  const ops::AttentionImpl impls[] = {ops::AttentionImpl::math, ops::AttentionImpl::flash,
-                                      ops::AttentionImpl::cv_pipelined};
-  std::printf("[ golden   ] attention_varlen: %zu cases x %zu implementations from %s\n", cases.size(),
-              std::size(impls), std::filesystem::path(attention_golden_path()).filename().c_str());
+  const ops::AttentionImpl impls[] = {ops::AttentionImpl::math, ops::AttentionImpl::flash, ops::AttentionImpl::cv_pipelined};
+  std::printf("[ golden   ] attention_varlen: %zu cases x %zu implementations from %s\n", cases.size(), std::size(impls),
+              std::filesystem::path(attention_golden_path()).filename().c_str());
   int cases_run = 0, runs_done = 0;
   for (const AttentionCase& c : cases) {
     SCOPED_TRACE("golden case " + c.name + " " + c.params.dump());
     try {
       const auto dtype = c.params.at("dtype").get<std::string>();
       const Tensor q = file->tensor(c.name + ".q"), k = file->tensor(c.name + ".k"), v = file->tensor(c.name + ".v");
-      for (const auto& [what, t] : {std::pair{"q", q}, std::pair{"k", k}, std::pair{"v", v}})
-        expect_dtype(c, t, what, dtype);
+      for (const auto& [what, t] : {std::pair{"q", q}, std::pair{"k", k}, std::pair{"v", v}}) expect_dtype(c, t, what, dtype);
       const Tensor cu_q = file->tensor(c.name + ".cu_seqlens_q"), cu_k = file->tensor(c.name + ".cu_seqlens_k");
       expect_dtype(c, cu_q, "cu_seqlens_q", "i32");
       expect_dtype(c, cu_k, "cu_seqlens_k", "i32");
       int64_t max_sk = 0;
-      for (int64_t b = 0; b + 1 < cu_k.numel(); ++b)
-        max_sk = std::max<int64_t>(max_sk, cu_k.at<int32_t>({b + 1}) - cu_k.at<int32_t>({b}));
+      for (int64_t b = 0; b + 1 < cu_k.numel(); ++b) max_sk = std::max<int64_t>(max_sk, cu_k.at<int32_t>({b + 1}) - cu_k.at<int32_t>({b}));
       const int64_t d = q.size(2);
       for (ops::AttentionImpl impl : impls) {
         ops::VarlenOptions options;
@@ -329,5 +317,5 @@ TEST(GoldenAttention, VarlenEveryImplementation) {
   EXPECT_EQ(runs_done, cases_run * static_cast<int>(std::size(impls))) << "some varlen runs did not complete";
 }
 
-}  // namespace
+}  // namespace attention_golden_test
 }  // namespace cubevec

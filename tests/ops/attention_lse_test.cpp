@@ -25,8 +25,8 @@ using ops::AttentionImpl;
 using ops::AttentionLayout;
 
 // Per (b, n, i): log sum_j exp(scale q_i . k_j) over the keys the mask keeps (-inf if none).
-std::vector<double> reference_lse(const Qkv& x, int64_t b, int64_t sq, int64_t sk, int64_t n, int64_t d,
-                                  const std::vector<uint8_t>* mask, double scale) {
+std::vector<double> reference_lse(const Qkv& x, int64_t b, int64_t sq, int64_t sk, int64_t n, int64_t d, const std::vector<uint8_t>* mask,
+                                  double scale) {
   std::vector<double> out(static_cast<std::size_t>(b * n * sq));
   for (int64_t bi = 0; bi < b; ++bi)
     for (int64_t ni = 0; ni < n; ++ni)
@@ -68,8 +68,8 @@ TEST(AttentionLse, FlashAndCvPipelinedReturnTheDoubleLoopsLogSumExp) {
     const auto want_lse = reference_lse(x, b, sq, sk, n, d, &mask, scale);
     for (AttentionImpl impl : {AttentionImpl::flash, AttentionImpl::cv_pipelined})
       for (AttentionLayout kl : {AttentionLayout::bnsd, AttentionLayout::bsnd}) {
-        const std::string what = std::string(ops::attention_impl_name(impl)) + "/" + std::string(ops::attention_layout_name(kl)) +
-                                 " " + std::string(dtype_name(dtype));
+        const std::string what = std::string(ops::attention_impl_name(impl)) + "/" + std::string(ops::attention_layout_name(kl)) + " " +
+                                 std::string(dtype_name(dtype));
         ops::AttentionOptions o = manual(impl, kl);
         o.mask = bool_tensor(mask, {b, 1, sq, sk});
         const ops::AttentionPartial got = ops::attention_forward_with_lse(x.q, x.k, x.v, o);
@@ -92,14 +92,16 @@ TEST(AttentionLse, MergingChunksOfKeysGivesDenseAttention) {
       const double scale = 1.0 / std::sqrt(double(d));
       const auto want_out = reference_bsnd(x, b, sq, sk, n, d, nullptr, 1, 1, scale);
       const auto want_lse = reference_lse(x, b, sq, sk, n, d, nullptr, scale);
-      const auto in_layout = [&](const Tensor& t) { return layout == AttentionLayout::bnsd ? ops::contiguous(t.permute({0, 2, 1, 3})) : t; };
+      const auto in_layout = [&](const Tensor& t) {
+        return layout == AttentionLayout::bnsd ? ops::contiguous(t.permute({0, 2, 1, 3})) : t;
+      };
       ops::AttentionOptions o;
       o.layout = layout;
       std::optional<ops::AttentionPartial> merged;
       int64_t k0 = 0;
       for (int64_t size : chunks) {
-        const ops::AttentionPartial part = ops::attention_forward_with_lse(
-            in_layout(x.q), in_layout(x.k.narrow(1, k0, size)), in_layout(x.v.narrow(1, k0, size)), o);
+        const ops::AttentionPartial part =
+            ops::attention_forward_with_lse(in_layout(x.q), in_layout(x.k.narrow(1, k0, size)), in_layout(x.v.narrow(1, k0, size)), o);
         merged = merged ? ops::merge_attention_partials(*merged, part, layout) : part;
         k0 += size;
       }
@@ -149,25 +151,30 @@ TEST(AttentionLse, APartThatSawNoKeyAddsNothing) {
 TEST(AttentionLse, BadArgumentsGiveClearErrors) {
   const Tensor q = random_tensor({1, 8, 2, 16}, 1), k = random_tensor({1, 6, 2, 16}, 2), v = random_tensor({1, 6, 2, 16}, 3);
   ops::AttentionOptions math = manual(AttentionImpl::math, AttentionLayout::bnsd);
-  EXPECT_NE(message_of([&] { ops::attention_forward_with_lse(q, k, v, math); })
-                .find("attention_forward_with_lse: op_type must be flash or cv_pipelined (the math path has no log-sum-exp)"),
+  EXPECT_NE(message_of([&] {
+              ops::attention_forward_with_lse(q, k, v, math);
+            }).find("attention_forward_with_lse: op_type must be flash or cv_pipelined (the math path has no log-sum-exp)"),
             std::string::npos);
   ops::AttentionOptions bsh;
   bsh.layout = AttentionLayout::bsh;
   EXPECT_NE(message_of([&] { ops::attention_forward_with_lse(q, k, v, bsh); }).find("layout must be BSND or BNSD, got BSH"),
             std::string::npos);
   const ops::AttentionPartial a = ops::attention_forward_with_lse(q, k, v);
-  const ops::AttentionPartial other = ops::attention_forward_with_lse(random_tensor({1, 8, 2, 8}, 4), random_tensor({1, 6, 2, 8}, 5),
-                                                                      random_tensor({1, 6, 2, 8}, 6));
-  EXPECT_NE(message_of([&] { ops::merge_attention_partials(a, other); })
-                .find("merge_attention_partials: the two outs must have one shape and dtype, got f32 [1, 8, 2, 16] and f32 [1, 8, 2, 8]"),
+  const ops::AttentionPartial other =
+      ops::attention_forward_with_lse(random_tensor({1, 8, 2, 8}, 4), random_tensor({1, 6, 2, 8}, 5), random_tensor({1, 6, 2, 8}, 6));
+  EXPECT_NE(message_of([&] {
+              ops::merge_attention_partials(a, other);
+            }).find("merge_attention_partials: the two outs must have one shape and dtype, got f32 [1, 8, 2, 16] and f32 [1, 8, 2, 8]"),
             std::string::npos);
-  EXPECT_NE(message_of([&] { ops::merge_attention_partials(a, a, AttentionLayout::bnsd); })
-                .find("lse must be [B, N, Sq] = [1, 8, 2] for out f32 [1, 8, 2, 16] in layout BNSD, got f32 [1, 2, 8]"),
+  EXPECT_NE(message_of([&] {
+              ops::merge_attention_partials(a, a, AttentionLayout::bnsd);
+            }).find("lse must be [B, N, Sq] = [1, 8, 2] for out f32 [1, 8, 2, 16] in layout BNSD, got f32 [1, 2, 8]"),
             std::string::npos);
-  EXPECT_NE(message_of([&] { ops::merge_attention_partials(a, {a.out, Tensor{}}); }).find("lse must be f32 [B, N, Sq], got nothing"),
+  EXPECT_NE(message_of([&] {
+              ops::merge_attention_partials(a, {a.out, Tensor{}});
+            }).find("lse must be f32 [B, N, Sq], got nothing"),
             std::string::npos);
 }
 
-}  // namespace
+}  // namespace attention_lse_test
 }  // namespace cubevec

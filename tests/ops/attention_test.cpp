@@ -55,9 +55,9 @@ TEST(AttentionFlash, EveryIsaMatchesTheDoubleLoop) {
     for (DType dtype : {DType::f32, DType::bf16}) {
       unsigned seed = 100;
       for (const Case& c : cases) {
-        const std::string what = std::string(ops::isa_name(isa)) + " " + std::string(dtype_name(dtype)) +
-                                 " sq=" + std::to_string(c.sq) + " sk=" + std::to_string(c.sk) + " d=" +
-                                 std::to_string(c.d) + (c.mask ? " mask" : "") + (c.causal ? " causal" : "");
+        const std::string what = std::string(ops::isa_name(isa)) + " " + std::string(dtype_name(dtype)) + " sq=" + std::to_string(c.sq) +
+                                 " sk=" + std::to_string(c.sk) + " d=" + std::to_string(c.d) + (c.mask ? " mask" : "") +
+                                 (c.causal ? " causal" : "");
         const Qkv x = make_qkv(1, c.sq, c.sk, 1, c.d, dtype, seed += 10);
         const std::vector<uint8_t> mask = random_mask(c.sq * c.sk, seed, 0.7);
         Tensor out = Tensor::empty({c.sq, c.d}, dtype);
@@ -78,9 +78,8 @@ TEST(AttentionFlash, EveryIsaMatchesTheDoubleLoop) {
         h.causal = c.causal;
         batch.heads.push_back(h);
         ops::attn::run_flash(batch, &kernels);
-        const auto want = reference_head({c.sq, c.sk, c.d, x.qd.data(), x.kd.data(), x.vd.data(),
-                                          c.mask ? mask.data() : nullptr, c.causal},
-                                         0.37);
+        const auto want =
+            reference_head({c.sq, c.sk, c.d, x.qd.data(), x.kd.data(), x.vd.data(), c.mask ? mask.data() : nullptr, c.causal}, 0.37);
         expect_matches(values(out), want, dtype, c.sk, c.d, what);
       }
     }
@@ -101,8 +100,8 @@ TEST(AttentionForward, EveryImplementationMatchesTheDoubleLoopOnManyTiles) {
     const auto want_plain = reference_bsnd(x, b, sq, sk, n, d, nullptr, 1, 1, 0.25);
     for (AttentionImpl impl : kImpls) {
       for (AttentionLayout kl : {AttentionLayout::bnsd, AttentionLayout::bsnd}) {
-        const std::string what = std::string(ops::attention_impl_name(impl)) + "/" +
-                                 std::string(ops::attention_layout_name(kl)) + " " + std::string(dtype_name(dtype));
+        const std::string what = std::string(ops::attention_impl_name(impl)) + "/" + std::string(ops::attention_layout_name(kl)) + " " +
+                                 std::string(dtype_name(dtype));
         ops::AttentionOptions o = manual(impl, kl);
         o.mask = mask_t;
         const auto got = values(ops::attention_forward(x.q, x.k, x.v, o));
@@ -140,8 +139,7 @@ TEST(AttentionForward, LayoutsAndStridedInputsGiveTheSameResult) {
     // BSH input.
     o.layout = AttentionLayout::bsh;
     o.num_heads = n;
-    const Tensor out_bsh = ops::attention_forward(x.q.reshape({b, sq, n * d}), x.k.reshape({b, sk, n * d}),
-                                                  x.v.reshape({b, sk, n * d}), o);
+    const Tensor out_bsh = ops::attention_forward(x.q.reshape({b, sq, n * d}), x.k.reshape({b, sk, n * d}), x.v.reshape({b, sk, n * d}), o);
     ASSERT_EQ(out_bsh.shape(), (Shape{b, sq, n * d}));
     expect_matches(values(out_bsh), want, DType::f32, sk, d, what + " BSH");
     // BSND views that are not contiguous (the head dim strided): copied before the kernel.
@@ -158,8 +156,7 @@ TEST(AttentionForward, TwoDimensionalMaskAppliesToEveryHead) {
   for (AttentionImpl impl : kImpls) {
     ops::AttentionOptions o = manual(impl);
     o.mask = bool_tensor(mask, {sq, sk});
-    expect_matches(values(ops::attention_forward(x.q, x.k, x.v, o)), want, DType::f32, sk, d,
-                   std::string(ops::attention_impl_name(impl)));
+    expect_matches(values(ops::attention_forward(x.q, x.k, x.v, o)), want, DType::f32, sk, d, std::string(ops::attention_impl_name(impl)));
   }
 }
 
@@ -326,31 +323,42 @@ TEST(AttentionForward, BadArgumentsGiveClearErrors) {
       {run(q, random_tensor({1, 6, 2, 8}, 8), random_tensor({1, 6, 2, 8}, 9)), "key must match query in batch, heads and head dim"},
       {run(q, random_tensor({1, 6, 3, 16}, 8), random_tensor({1, 6, 3, 16}, 9)), "key must match query in batch, heads and head dim"},
       {run(q, random_tensor({1, 0, 2, 16}, 8), random_tensor({1, 0, 2, 16}, 9)), "key and value must hold at least one position"},
-      {run(q.reshape({1, 8, 32}), k.reshape({1, 6, 32}), v.reshape({1, 6, 32}), [] {
-         ops::AttentionOptions o;
-         o.layout = AttentionLayout::bsh;
-         return o;
-       }()), "layout BSH needs num_heads > 0, got 0"},
-      {run(q.reshape({1, 8, 32}), k.reshape({1, 6, 32}), v.reshape({1, 6, 32}), [] {
-         ops::AttentionOptions o;
-         o.layout = AttentionLayout::bsh;
-         o.num_heads = 3;
-         return o;
-       }()), "query's hidden size 32 is not divisible by num_heads 3"},
+      {run(q.reshape({1, 8, 32}), k.reshape({1, 6, 32}), v.reshape({1, 6, 32}),
+           [] {
+             ops::AttentionOptions o;
+             o.layout = AttentionLayout::bsh;
+             return o;
+           }()),
+       "layout BSH needs num_heads > 0, got 0"},
+      {run(q.reshape({1, 8, 32}), k.reshape({1, 6, 32}), v.reshape({1, 6, 32}),
+           [] {
+             ops::AttentionOptions o;
+             o.layout = AttentionLayout::bsh;
+             o.num_heads = 3;
+             return o;
+           }()),
+       "query's hidden size 32 is not divisible by num_heads 3"},
       {run(q, k, v, with_mask(random_tensor({8, 6}, 10, DType::bf16))),
        "attn_mask must be bool (true = attend) or f32 (added to the scaled scores), got bf16 [8, 6]"},
-      {run(q, k, v, with_mask(bool_tensor(std::vector<uint8_t>(48, 1), {6, 8}))), "a 2-D attn_mask must be [Sq, Sk] = [8, 6], got bool [6, 8]"},
-      {run(q, k, v, with_mask(bool_tensor(std::vector<uint8_t>(48, 1), {1, 8, 6}))), "attn_mask must be 2-D [Sq, Sk] or 4-D [B, N, Sq, Sk], got bool [1, 8, 6]"},
-      {run(q, k, v, with_mask(bool_tensor(std::vector<uint8_t>(144, 1), {1, 3, 8, 6}))), "a 4-D attn_mask must be [B, N, Sq, Sk] = [1, 2, 8, 6] (B and N may be 1), got bool [1, 3, 8, 6]"},
-      {run(q, k, v, [] {
-         ops::AttentionOptions o;
-         o.scale = std::numeric_limits<double>::quiet_NaN();
-         return o;
-       }()), "scale must be a finite number"},
+      {run(q, k, v, with_mask(bool_tensor(std::vector<uint8_t>(48, 1), {6, 8}))),
+       "a 2-D attn_mask must be [Sq, Sk] = [8, 6], got bool [6, 8]"},
+      {run(q, k, v, with_mask(bool_tensor(std::vector<uint8_t>(48, 1), {1, 8, 6}))),
+       "attn_mask must be 2-D [Sq, Sk] or 4-D [B, N, Sq, Sk], got bool [1, 8, 6]"},
+      {run(q, k, v, with_mask(bool_tensor(std::vector<uint8_t>(144, 1), {1, 3, 8, 6}))),
+       "a 4-D attn_mask must be [B, N, Sq, Sk] = [1, 2, 8, 6] (B and N may be 1), got bool [1, 3, 8, 6]"},
+      {run(q, k, v,
+           [] {
+             ops::AttentionOptions o;
+             o.scale = std::numeric_limits<double>::quiet_NaN();
+             return o;
+           }()),
+       "scale must be a finite number"},
       {run(q, k, v, manual(AttentionImpl::flash, AttentionLayout::bsh)), "kernel_layout BSH needs BSH input (layout BSND given)"},
       {message_of([] { ops::parse_attention_layout("SBH"); }), "unknown attention layout 'SBH' (expected one of: BSND, BNSD, BSH)"},
-      {message_of([] { ops::parse_attention_impl("laser"); }), "unknown attention op_type 'laser' (expected one of: math, flash, cv_pipelined)"},
-      {message_of([] { ops::parse_attention_opt_mode("auto"); }), "unknown attention opt_mode 'auto' (expected one of: runtime, static, manual)"},
+      {message_of([] { ops::parse_attention_impl("laser"); }),
+       "unknown attention op_type 'laser' (expected one of: math, flash, cv_pipelined)"},
+      {message_of([] { ops::parse_attention_opt_mode("auto"); }),
+       "unknown attention opt_mode 'auto' (expected one of: runtime, static, manual)"},
   };
   for (const auto& c : cases) EXPECT_NE(c.got.find(c.expected), std::string::npos) << "got: " << c.got << "\nexpected: " << c.expected;
 }
@@ -370,12 +378,13 @@ TEST(AttentionVarlen, InvalidCuSeqlensGiveClearErrors) {
       {run(cu({0, 4, 10}), cu({0, 4, 13}), q), "cu_seqlens_k must end at the token count 12, got 13"},
       {run(cu({0, 4, 10}), cu({0, 2, 6, 12}), q), "cu_seqlens_q and cu_seqlens_k must have the same length, got 3 and 4"},
       {run(cu({0, 4, 10}), cu({0, 12, 12}), q), "sequence 1 has 6 queries but no keys"},
-      {run(Tensor::from_vector(std::vector<int64_t>{0, 10}, {2}), cu({0, 12}), q), "cu_seqlens_q must be int32 [B+1] with B >= 1, got i64 [2]"},
+      {run(Tensor::from_vector(std::vector<int64_t>{0, 10}, {2}), cu({0, 12}), q),
+       "cu_seqlens_q must be int32 [B+1] with B >= 1, got i64 [2]"},
       {run(cu({0}), cu({0, 12}), q), "cu_seqlens_q must be int32 [B+1] with B >= 1, got i32 [1]"},
       {run(cu({0, 10}), cu({0, 12}), random_tensor({1, 10, 2, 8}, 4)), "q must be 3-D [T, N, D], got f32 [1, 10, 2, 8]"},
   };
   for (const auto& c : cases) EXPECT_NE(c.got.find(c.expected), std::string::npos) << "got: " << c.got << "\nexpected: " << c.expected;
 }
 
-}  // namespace
+}  // namespace attention_test
 }  // namespace cubevec

@@ -137,8 +137,9 @@ TEST_F(AttentionTunerTest, TuningFileSectionKeepsOtherDevicesEntriesAside) {
   // The same key twice under this device's fingerprint: refused naming both (another device's
   // entries may repeat ours: they are not used).
   nlohmann::json repeated = nlohmann::json::array({mine[0], mine[0]});
-  EXPECT_NE(message_of([&] { AttentionTuner::global().add_section(repeated, "fp-this", foreign); })
-                .find("attention entry 1 repeats the key of attention entry 0"),
+  EXPECT_NE(message_of([&] {
+              AttentionTuner::global().add_section(repeated, "fp-this", foreign);
+            }).find("attention entry 1 repeats the key of attention entry 0"),
             std::string::npos);
   EXPECT_EQ(AttentionTuner::global().add_section(repeated, "fp-elsewhere", foreign), 2u);
   EXPECT_NE(message_of([&] { AttentionTuner::global().add_section(nlohmann::json::object(), "fp", foreign); }).find("must be an array"),
@@ -215,5 +216,5 @@ TEST_F(AttentionTunerTest, TheTableKeepsAtMostItsLimitDroppingTheOldest) {
   EXPECT_TRUE(AttentionTuner::global().find({1, 1, 8, 4, 9, DType::f32, AttentionLayout::bsnd, ops::AttentionMaskKind::none}));
 }
 
-}  // namespace
+}  // namespace attention_tuner_test
 }  // namespace cubevec

@@ -27,14 +27,12 @@ Tensor as_bf16(const std::vector<float>& v, const Shape& shape) {
 }
 
 // C = round(A) x round(B) in double; B is [K, N] or, with trans_b, [N, K].
-std::vector<double> product(const std::vector<float>& a, const std::vector<float>& b, int64_t m, int64_t n, int64_t k,
-                            bool trans_b) {
+std::vector<double> product(const std::vector<float>& a, const std::vector<float>& b, int64_t m, int64_t n, int64_t k, bool trans_b) {
   std::vector<double> c(static_cast<std::size_t>(m * n));
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
       double s = 0;
-      for (int64_t q = 0; q < k; ++q)
-        s += double(round_bf16(a[i * k + q])) * round_bf16(trans_b ? b[j * k + q] : b[q * n + j]);
+      for (int64_t q = 0; q < k; ++q) s += double(round_bf16(a[i * k + q])) * round_bf16(trans_b ? b[j * k + q] : b[q * n + j]);
       c[static_cast<std::size_t>(i * n + j)] = s;
     }
   return c;
@@ -59,8 +57,8 @@ TEST(Bf16Gemm, MatchesTheLoopOnRoundedInputs) {
           const double tolerance = 2e-6 * static_cast<double>(k) + 1e-6;
           for (std::size_t i = 0; i < want.size(); ++i)
             ASSERT_NEAR(c.data<float>()[i], want[i], tolerance)
-                << "M,N,K=" << m << "," << n << "," << k << " trans_b=" << trans_b << " bf16 tensors=" << bf16_tensors
-                << " " << ops::gemm_backend_name(backend) << " at " << i;
+                << "M,N,K=" << m << "," << n << "," << k << " trans_b=" << trans_b << " bf16 tensors=" << bf16_tensors << " "
+                << ops::gemm_backend_name(backend) << " at " << i;
         }
       }
     }
@@ -92,7 +90,8 @@ TEST(Bf16Gemm, EveryVariantTheCalibrationWeighsMatchesTheLoopPackedOrNot) {
   // once. Kernels the CPU lacks are skipped (and say so).
   if (!ops::gemm::isa_supported(ops::gemm::Isa::avx512)) GTEST_SKIP() << "no AVX-512: the bf16 kernels are not used";
   for (auto path : {ops::gemm::Bf16Path::amx, ops::gemm::Bf16Path::dot})
-    if (!ops::gemm::bf16_path_available(path)) std::printf("bf16 path %s: not on this CPU, skipped\n", std::string(ops::gemm::bf16_path_name(path)).c_str());
+    if (!ops::gemm::bf16_path_available(path))
+      std::printf("bf16 path %s: not on this CPU, skipped\n", std::string(ops::gemm::bf16_path_name(path)).c_str());
   ops::gemm::CpuCaches tiny;
   tiny.l2 = 96 << 10;
   const int64_t sizes[][3] = {{1, 1, 1}, {32, 32, 32}, {33, 65, 47}, {70, 100, 1601}};
@@ -123,8 +122,8 @@ TEST(Bf16Gemm, EveryVariantTheCalibrationWeighsMatchesTheLoopPackedOrNot) {
           ops::gemm::sgemm_variant(p, ops::gemm::Isa::avx512, 2, variant, caches);
           const double tolerance = 2e-6 * static_cast<double>(k) + 1e-6;
           for (std::size_t i = 0; i < want.size(); ++i)
-            ASSERT_NEAR(c[i], want[i], tolerance) << variant.name() << " on " << caches.text() << " M,N,K=" << m << "," << n
-                                                  << "," << k << (packed ? " packed" : "") << " at " << i;
+            ASSERT_NEAR(c[i], want[i], tolerance) << variant.name() << " on " << caches.text() << " M,N,K=" << m << "," << n << "," << k
+                                                  << (packed ? " packed" : "") << " at " << i;
         }
       }
 }
@@ -163,9 +162,8 @@ TEST(BatchedGemm, EveryBatchMatchesItsOwnProduct) {
           ASSERT_NEAR(c_shared.at<float>({t, i, j}), s_shared, 1e-4) << t << "," << i << "," << j;
         }
   }
-  EXPECT_THROW(ops::bmm(Tensor::from_vector(random_values(12, 1), {2, 2, 3}), Tensor::from_vector(random_values(18, 2), {3, 3, 2})),
-               Error);
+  EXPECT_THROW(ops::bmm(Tensor::from_vector(random_values(12, 1), {2, 2, 3}), Tensor::from_vector(random_values(18, 2), {3, 3, 2})), Error);
 }
 
-}  // namespace
+}  // namespace bf16_gemm_test
 }  // namespace cubevec

@@ -63,7 +63,7 @@ TEST(BlockSparseFlash, EveryIsaMatchesTheMaskedDoubleLoop) {
     int64_t empty_row;
   };
   // Lengths off the block edges; AVX-512 q-blocks of 56 rows straddle the 128-row query blocks.
-  const Case cases[] = {{300, 300, 64, 0.5, -1}, {129, 257, 72, 0.4, 0}, {513, 200, 33, 0.3, 2},
+  const Case cases[] = {{300, 300, 64, 0.5, -1}, {129, 257, 72, 0.4, 0},   {513, 200, 33, 0.3, 2},
                         {128, 128, 16, 0.0, -1}, {700, 650, 128, 0.25, 3}, {1, 129, 8, 1.0, -1}};
   for (ops::Isa isa : {ops::Isa::avx512, ops::Isa::avx2, ops::Isa::portable}) {
     if (!ops::isa_supported(isa)) continue;
@@ -126,7 +126,8 @@ TEST(BlockSparseAttention, EveryImplementationAndLayoutWithBroadcastMasks) {
           const uint8_t* m = keep.data() + ((mask_batches == 1 ? 0 : bi) * n + ni) * l * l;
           const auto o = sparse_reference({s, s, d, q.data(), k.data(), v.data(), nullptr, false}, m, 1.0 / std::sqrt(double(d)));
           for (int64_t i = 0; i < s; ++i)
-            for (int64_t c = 0; c < d; ++c) want[static_cast<std::size_t>(((bi * s + i) * n + ni) * d + c)] = o[static_cast<std::size_t>(i * d + c)];
+            for (int64_t c = 0; c < d; ++c)
+              want[static_cast<std::size_t>(((bi * s + i) * n + ni) * d + c)] = o[static_cast<std::size_t>(i * d + c)];
         }
       for (AttentionImpl impl : {AttentionImpl::flash, AttentionImpl::cv_pipelined})
         for (AttentionLayout kl : {AttentionLayout::bnsd, AttentionLayout::bsnd}) {
@@ -180,10 +181,11 @@ TEST(BlockSparseAttention, BadArgumentsNameTheProblem) {
   const auto error = [&](const Tensor& mask, ops::BlockSparseOptions o = {}) {
     return message_of([&] { ops::block_sparse_attention(q, q, q, mask, o); });
   };
-  EXPECT_NE(error(Tensor::zeros({1, 2, 2, 3}, DType::boolean))
-                .find("block_sparse_attention: block_mask must be bool or u8 [B, N, ceil(Sq/128), ceil(Sk/128)] = [1, 2, 2, 2] (B and N may "
-                      "be 1), got bool [1, 2, 2, 3]"),
-            std::string::npos);
+  EXPECT_NE(
+      error(Tensor::zeros({1, 2, 2, 3}, DType::boolean))
+          .find("block_sparse_attention: block_mask must be bool or u8 [B, N, ceil(Sq/128), ceil(Sk/128)] = [1, 2, 2, 2] (B and N may "
+                "be 1), got bool [1, 2, 2, 3]"),
+      std::string::npos);
   EXPECT_NE(error(Tensor::zeros({1, 2, 2, 2}, DType::f32)).find("got f32 [1, 2, 2, 2]"), std::string::npos);
   EXPECT_NE(error(Tensor()).find("got nothing"), std::string::npos);
   const Tensor ok = Tensor::zeros({1, 1, 2, 2}, DType::u8);
@@ -195,10 +197,9 @@ TEST(BlockSparseAttention, BadArgumentsNameTheProblem) {
   bsh.layout = AttentionLayout::bsh;
   EXPECT_NE(error(ok, bsh).find("layout must be BSND or BNSD"), std::string::npos);
   const Tensor kv3 = random_tensor({1, 200, 3, 16}, 2);
-  EXPECT_NE(message_of([&] { ops::block_sparse_attention(q, kv3, kv3, ok); })
-                .find("block_sparse_attention: key must match query"),
+  EXPECT_NE(message_of([&] { ops::block_sparse_attention(q, kv3, kv3, ok); }).find("block_sparse_attention: key must match query"),
             std::string::npos);
 }
 
-}  // namespace
+}  // namespace block_sparse_attention_test
 }  // namespace cubevec

@@ -38,13 +38,14 @@ TEST(Concat, EveryDimMatchesIndexArithmetic) {
 
 TEST(Concat, MismatchedPartsAreErrors) {
   const Tensor a = random_tensor({2, 3}, 1), b = random_tensor({3, 3}, 2);
-  EXPECT_NE(message_of([&] { ops::concat({a, b}, 1); }).find("concat: part 1 (f32 [3, 3]) must match part 0 (f32 [2, 3]) in dtype and every dim but 1"),
+  EXPECT_NE(message_of([&] {
+              ops::concat({a, b}, 1);
+            }).find("concat: part 1 (f32 [3, 3]) must match part 0 (f32 [2, 3]) in dtype and every dim but 1"),
             std::string::npos);
   EXPECT_NE(message_of([&] { ops::concat({}, 0); }).find("needs at least one tensor"), std::string::npos);
   EXPECT_NE(message_of([&] { ops::concat({a}, 2); }).find("dim out of range"), std::string::npos);
-  EXPECT_NE(message_of([&] { ops::concat({a, random_tensor({2, 3}, 3, DType::bf16)}, 0); }).find("must match part 0"),
-            std::string::npos);
+  EXPECT_NE(message_of([&] { ops::concat({a, random_tensor({2, 3}, 3, DType::bf16)}, 0); }).find("must match part 0"), std::string::npos);
 }
 
-}  // namespace
+}  // namespace concat_test
 }  // namespace cubevec

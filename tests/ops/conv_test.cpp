@@ -13,10 +13,9 @@ namespace conv_test {  // named after the file: unity batches never mix two file
 using namespace cubevec::testing;
 
 // Direct 3-D convolution (2-D is the T = kt = 1 case), zero padding, in double.
-std::vector<double> direct_conv(const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>* bias,
-                                int64_t n, int64_t c, int64_t o, std::array<int64_t, 3> in, std::array<int64_t, 3> k,
-                                std::array<int64_t, 3> stride, std::array<int64_t, 3> pad, std::array<int64_t, 3> dil,
-                                std::array<int64_t, 3>& out) {
+std::vector<double> direct_conv(const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>* bias, int64_t n,
+                                int64_t c, int64_t o, std::array<int64_t, 3> in, std::array<int64_t, 3> k, std::array<int64_t, 3> stride,
+                                std::array<int64_t, 3> pad, std::array<int64_t, 3> dil, std::array<int64_t, 3>& out) {
   for (int d = 0; d < 3; ++d) out[d] = (in[d] + 2 * pad[d] - dil[d] * (k[d] - 1) - 1) / stride[d] + 1;
   std::vector<double> y(static_cast<std::size_t>(n * o * out[0] * out[1] * out[2]));
   std::size_t idx = 0;
@@ -45,11 +44,13 @@ TEST(Conv, Conv2dMatchesDirectLoops) {
   struct Case {
     int64_t n, c, o, h, w, kh, kw, stride, pad, dil;
   };
-  const Case cases[] = {{1, 3, 8, 9, 7, 3, 3, 1, 1, 1}, {2, 5, 4, 16, 16, 3, 3, 2, 1, 1}, {1, 4, 6, 8, 8, 1, 1, 1, 0, 1},
-                        {1, 2, 3, 11, 13, 3, 2, 1, 2, 2}, {1, 16, 16, 70, 70, 3, 3, 1, 1, 1}};
+  const Case cases[] = {{1, 3, 8, 9, 7, 3, 3, 1, 1, 1},
+                        {2, 5, 4, 16, 16, 3, 3, 2, 1, 1},
+                        {1, 4, 6, 8, 8, 1, 1, 1, 0, 1},
+                        {1, 2, 3, 11, 13, 3, 2, 1, 2, 2},
+                        {1, 16, 16, 70, 70, 3, 3, 1, 1, 1}};
   for (const Case& s : cases) {
-    const auto x = random_values(s.n * s.c * s.h * s.w, 1), w = random_values(s.o * s.c * s.kh * s.kw, 2),
-               bias = random_values(s.o, 3);
+    const auto x = random_values(s.n * s.c * s.h * s.w, 1), w = random_values(s.o * s.c * s.kh * s.kw, 2), bias = random_values(s.o, 3);
     ops::Conv2dOptions opt;
     opt.stride = {s.stride, s.stride};
     opt.padding = {s.pad, s.pad};
@@ -57,8 +58,8 @@ TEST(Conv, Conv2dMatchesDirectLoops) {
     const Tensor y = ops::conv2d(Tensor::from_vector(x, {s.n, s.c, s.h, s.w}), Tensor::from_vector(w, {s.o, s.c, s.kh, s.kw}),
                                  Tensor::from_vector(bias, {s.o}), opt);
     std::array<int64_t, 3> out{};
-    const auto want = direct_conv(x, w, &bias, s.n, s.c, s.o, {1, s.h, s.w}, {1, s.kh, s.kw}, {1, s.stride, s.stride},
-                                  {0, s.pad, s.pad}, {1, s.dil, s.dil}, out);
+    const auto want = direct_conv(x, w, &bias, s.n, s.c, s.o, {1, s.h, s.w}, {1, s.kh, s.kw}, {1, s.stride, s.stride}, {0, s.pad, s.pad},
+                                  {1, s.dil, s.dil}, out);
     ASSERT_EQ(y.shape(), (Shape{s.n, s.o, out[1], out[2]}));
     for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(y.data<float>()[i], want[i], 1e-4) << "case c=" << s.c << " at " << i;
   }
@@ -81,8 +82,8 @@ TEST(Conv, Conv3dMatchesDirectLoopsIncludingWanPatchEmbedding) {
     ops::Conv3dOptions opt;
     opt.stride = s.stride;
     opt.padding = s.pad;
-    const Tensor y = ops::conv3d(Tensor::from_vector(x, {1, s.c, s.t, s.h, s.w}),
-                                 Tensor::from_vector(w, {s.o, s.c, s.k[0], s.k[1], s.k[2]}), {}, opt);
+    const Tensor y =
+        ops::conv3d(Tensor::from_vector(x, {1, s.c, s.t, s.h, s.w}), Tensor::from_vector(w, {s.o, s.c, s.k[0], s.k[1], s.k[2]}), {}, opt);
     std::array<int64_t, 3> out{};
     const auto want = direct_conv(x, w, nullptr, 1, s.c, s.o, {s.t, s.h, s.w}, s.k, s.stride, s.pad, {1, 1, 1}, out);
     ASSERT_EQ(y.shape(), (Shape{1, s.o, out[0], out[1], out[2]}));
@@ -92,20 +93,25 @@ TEST(Conv, Conv3dMatchesDirectLoopsIncludingWanPatchEmbedding) {
 
 TEST(Conv, ErrorsNameTheShapes) {
   const Tensor x = Tensor::from_vector(random_values(2 * 3 * 4 * 4, 6), {2, 3, 4, 4});
-  EXPECT_NE(message_of([&] { ops::conv2d(x, Tensor::from_vector(random_values(2 * 2 * 9, 7), {2, 2, 3, 3})); })
-                .find("weight must be [O, C, kh, kw] with C = 3"),
+  EXPECT_NE(message_of([&] {
+              ops::conv2d(x, Tensor::from_vector(random_values(2 * 2 * 9, 7), {2, 2, 3, 3}));
+            }).find("weight must be [O, C, kh, kw] with C = 3"),
             std::string::npos);
-  EXPECT_NE(message_of([&] { ops::conv2d(x, Tensor::from_vector(random_values(2 * 3 * 25, 8), {2, 3, 5, 5})); }).find("does not fit"),
+  EXPECT_NE(message_of([&] {
+              ops::conv2d(x, Tensor::from_vector(random_values(2 * 3 * 25, 8), {2, 3, 5, 5}));
+            }).find("does not fit"),
             std::string::npos);
-  EXPECT_NE(message_of([&] { ops::conv3d(x, Tensor::from_vector(random_values(27, 9), {1, 1, 3, 3, 3})); })
-                .find("x must be [N, C, T, H, W]"),
+  EXPECT_NE(message_of([&] {
+              ops::conv3d(x, Tensor::from_vector(random_values(27, 9), {1, 1, 3, 3, 3}));
+            }).find("x must be [N, C, T, H, W]"),
             std::string::npos);
   ops::Conv2dOptions bad;
   bad.stride = {0, 1};
-  EXPECT_NE(message_of([&] { ops::conv2d(x, Tensor::from_vector(random_values(3 * 3, 10), {1, 3, 1, 3}), {}, bad); })
-                .find("stride and dilation must be >= 1"),
+  EXPECT_NE(message_of([&] {
+              ops::conv2d(x, Tensor::from_vector(random_values(3 * 3, 10), {1, 3, 1, 3}), {}, bad);
+            }).find("stride and dilation must be >= 1"),
             std::string::npos);
 }
 
-}  // namespace
+}  // namespace conv_test
 }  // namespace cubevec

@@ -48,7 +48,9 @@ TEST(DecoderKernels, PadFramesFrontIsZerosThenCacheThenInput) {
               ASSERT_EQ(v, want) << b << ch << t << i << j;
             }
   }
-  EXPECT_NE(message_of([&] { ops::pad_frames_front(x, random_tensor({2, 3, 1, 5, 7}, 3), 1); }).find("does not match x"),
+  EXPECT_NE(message_of([&] {
+              ops::pad_frames_front(x, random_tensor({2, 3, 1, 5, 7}, 3), 1);
+            }).find("does not match x"),
             std::string::npos);
 }
 
@@ -81,5 +83,5 @@ TEST(DecoderKernels, BlendTileMatchesDiffusersBlends) {
       }
 }
 
-}  // namespace
+}  // namespace decoder_kernels_test
 }  // namespace cubevec

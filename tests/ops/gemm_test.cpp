@@ -22,8 +22,8 @@ struct Case {
 };
 
 // The expected C, in double, from the definitions in ops/gemm.h.
-std::vector<double> expected(const Case& s, const std::vector<float>& a, const std::vector<float>& b, bool trans_b,
-                             const float* bias, Activation act, const float* residual, const float* gate) {
+std::vector<double> expected(const Case& s, const std::vector<float>& a, const std::vector<float>& b, bool trans_b, const float* bias,
+                             Activation act, const float* residual, const float* gate) {
   std::vector<double> c(static_cast<std::size_t>(s.m * s.n));
   for (int64_t i = 0; i < s.m; ++i)
     for (int64_t j = 0; j < s.n; ++j) {
@@ -38,8 +38,7 @@ std::vector<double> expected(const Case& s, const std::vector<float>& a, const s
   return c;
 }
 
-const Case kCases[] = {{1, 1, 1}, {7, 17, 5},   {17, 7, 129},  {29, 65, 300}, {64, 1, 77},
-                       {3, 100, 1}, {45, 33, 0}, {130, 70, 513}};
+const Case kCases[] = {{1, 1, 1}, {7, 17, 5}, {17, 7, 129}, {29, 65, 300}, {64, 1, 77}, {3, 100, 1}, {45, 33, 0}, {130, 70, 513}};
 
 TEST(GemmKernels, EveryIsaMatchesTheDoubleLoop) {
   for (Isa isa : {Isa::avx512, Isa::avx2, Isa::portable}) {
@@ -84,9 +83,8 @@ TEST(Gemm, EveryBackendThroughTheDevice) {
   const Tensor tgate = Tensor::from_vector(gate, {s.n});
   const auto want = expected(s, a, w, true, bias.data(), Activation::silu, residual.data(), gate.data());
   for (auto backend : {ops::GemmBackend::cubevec, ops::GemmBackend::openblas, ops::GemmBackend::eigen, ops::GemmBackend::reference}) {
-    const Tensor c = ops::matmul(ta, tw,
-                                 {.bias = tbias, .activation = Activation::silu, .residual = tres, .gate = tgate,
-                                  .b_is_weight = true, .backend = backend});
+    const Tensor c = ops::matmul(
+        ta, tw, {.bias = tbias, .activation = Activation::silu, .residual = tres, .gate = tgate, .b_is_weight = true, .backend = backend});
     ASSERT_EQ(c.shape(), (Shape{s.m, s.n}));
     for (std::size_t i = 0; i < want.size(); ++i)
       ASSERT_NEAR(c.data<float>()[i], want[i], 2e-4) << ops::gemm_backend_name(backend) << " at " << i;
@@ -103,24 +101,25 @@ TEST(Gemm, LinearKeepsLeadingDimensions) {
 
 TEST(Gemm, RejectsBadShapesAndLayouts) {
   const Tensor a = Tensor::from_vector(random_values(12, 1), {4, 3}), b = Tensor::from_vector(random_values(10, 2), {5, 2});
-  EXPECT_NE(message_of([&] { ops::matmul(a, b); }).find("expected A [M, K] and B [K, N], got A [4, 3] and B [5, 2]"),
-            std::string::npos);
+  EXPECT_NE(message_of([&] { ops::matmul(a, b); }).find("expected A [M, K] and B [K, N], got A [4, 3] and B [5, 2]"), std::string::npos);
   EXPECT_NE(message_of([&] { ops::matmul(a, b, {.b_is_weight = true}); }).find("a weight [N, K]"), std::string::npos);
   const Tensor bt = Tensor::from_vector(random_values(6, 3), {2, 3}).transpose(0, 1);
   EXPECT_NE(message_of([&] { ops::matmul(a, bt); }).find("B must be a contiguous f32 or bf16 tensor"), std::string::npos);
   const Tensor b32 = Tensor::from_vector(random_values(6, 4), {3, 2});
-  EXPECT_NE(message_of([&] { ops::matmul(a, b32, {.bias = Tensor::from_vector(random_values(3, 5), {3})}); })
-                .find("bias must have shape [2], got [3]"),
+  EXPECT_NE(message_of([&] {
+              ops::matmul(a, b32, {.bias = Tensor::from_vector(random_values(3, 5), {3})});
+            }).find("bias must have shape [2], got [3]"),
             std::string::npos);
-  EXPECT_NE(message_of([&] { ops::matmul(a, b32, {.gate = Tensor::from_vector(random_values(2, 5), {2})}); })
-                .find("a gate needs a residual"),
-            std::string::npos);
-  EXPECT_NE(message_of([&] { ops::matmul(a, b32, {.residual = Tensor::from_vector(random_values(8, 6), {2, 4})}); })
-                .find("residual must have shape [4, 2]"),
+  EXPECT_NE(
+      message_of([&] { ops::matmul(a, b32, {.gate = Tensor::from_vector(random_values(2, 5), {2})}); }).find("a gate needs a residual"),
+      std::string::npos);
+  EXPECT_NE(message_of([&] {
+              ops::matmul(a, b32, {.residual = Tensor::from_vector(random_values(8, 6), {2, 4})});
+            }).find("residual must have shape [4, 2]"),
             std::string::npos);
   EXPECT_NE(message_of([] { ops::parse_gemm_backend("mkl"); }).find("expected one of: cubevec, openblas, eigen, reference"),
             std::string::npos);
 }
 
-}  // namespace
+}  // namespace gemm_test
 }  // namespace cubevec

@@ -138,7 +138,8 @@ TEST(GemmVariants, EveryInt8VariantMatchesTheIntegerLoop) {
       for (int64_t i = 0; i < m; ++i)
         for (int64_t j = 0; j < n; ++j) {
           int64_t sum = 0;  // the exact product of the signed values
-          for (int64_t q = 0; q < k; ++q) sum += (int64_t{a[static_cast<std::size_t>(i * k + q)]} - 128) * w[static_cast<std::size_t>(j * k + q)];
+          for (int64_t q = 0; q < k; ++q)
+            sum += (int64_t{a[static_cast<std::size_t>(i * k + q)]} - 128) * w[static_cast<std::size_t>(j * k + q)];
           const double want = static_cast<double>(sum) * row_scale[static_cast<std::size_t>(i)] * col_scale[static_cast<std::size_t>(j)];
           ASSERT_NEAR(c[static_cast<std::size_t>(i * n + j)], want, 1e-6 * std::abs(want) + 1e-6) << variant.name() << " " << caches.text();
         }
@@ -308,5 +309,5 @@ TEST(TuningFile, ARefusedPathIsAnErrorOnSave) {
   EXPECT_THROW(tuner.set_file(fifo, true), Error);  // not a regular file: refused, not read (no hang)
 }
 
-}  // namespace
+}  // namespace gemm_tuner_test
 }  // namespace cubevec

@@ -73,9 +73,7 @@ class GoldenFile {
     }
     return t;
   }
-  Tensor optional_input(const GoldenCase& c, const std::string& what) const {
-    return has(c, what) ? input(c, what) : Tensor();
-  }
+  Tensor optional_input(const GoldenCase& c, const std::string& what) const { return has(c, what) ? input(c, what) : Tensor(); }
 
  private:
   SafetensorsFile file_;
@@ -94,8 +92,7 @@ std::optional<GoldenFile> open_golden(const std::string& family) {
 
 // Runs `body` on every case of `op`, naming the case in any failure (an exception included), and
 // fails if the file has no case for the op.
-void for_each_case(const GoldenFile& golden, const std::string& op,
-                   const std::function<void(const GoldenCase&)>& body) {
+void for_each_case(const GoldenFile& golden, const std::string& op, const std::function<void(const GoldenCase&)>& body) {
   const auto cases = golden.cases(op);
   EXPECT_FALSE(cases.empty()) << golden.file().path() << " holds no case for op '" << op << "'";
   std::printf("[ golden   ] %s: %zu cases from %s\n", op.c_str(), cases.size(),
@@ -130,8 +127,7 @@ std::vector<double> to_doubles(const Tensor& t) {
       for (std::size_t i = 0; i < n; ++i) out[i] = f16_to_f32(p[i]);
       break;
     }
-    default:
-      throw Error("golden_test: cannot compare a " + std::string(dtype_name(c.dtype())) + " tensor");
+    default: throw Error("golden_test: cannot compare a " + std::string(dtype_name(c.dtype())) + " tensor");
   }
   return out;
 }
@@ -167,8 +163,7 @@ constexpr double kBf16Tiny = 1e-6;
 Tolerance gemm_tolerance(int64_t k) { return {1e-5 * std::max(1.0, std::sqrt(static_cast<double>(k))), false}; }
 
 // Compares `got` with the golden "<case>.<what>" and reports every way it differs, naming the case.
-void expect_matches(const GoldenFile& golden, const GoldenCase& c, const std::string& what, const Tensor& got,
-                    Tolerance tol = {}) {
+void expect_matches(const GoldenFile& golden, const GoldenCase& c, const std::string& what, const Tensor& got, Tolerance tol = {}) {
   const Tensor want = golden.file().tensor(c.name + "." + what);
   const std::string where = c.name + "." + what;
   if (got.dtype() != want.dtype()) {
@@ -176,8 +171,7 @@ void expect_matches(const GoldenFile& golden, const GoldenCase& c, const std::st
     return;
   }
   if (got.shape() != want.shape()) {
-    ADD_FAILURE() << where << ": shape " << shape_to_string(got.shape()) << ", expected "
-                  << shape_to_string(want.shape());
+    ADD_FAILURE() << where << ": shape " << shape_to_string(got.shape()) << ", expected " << shape_to_string(want.shape());
     return;
   }
   const auto g = to_doubles(got), e = to_doubles(want);
@@ -189,29 +183,24 @@ void expect_matches(const GoldenFile& golden, const GoldenCase& c, const std::st
     bool ok;
     double ratio = 0;
     if (tol.exact || !std::isfinite(e[i])) {
-      ok = (std::isnan(e[i]) && std::isnan(g[i])) ||
-           (g[i] == e[i] && std::signbit(g[i]) == std::signbit(e[i]));
+      ok = (std::isnan(e[i]) && std::isnan(g[i])) || (g[i] == e[i] && std::signbit(g[i]) == std::signbit(e[i]));
       ratio = ok ? 0 : INFINITY;
     } else {
-      const double bound = bf16 ? std::ldexp(std::fabs(e[i]), -7) + kBf16Tiny
-                                : tol.f32_rel * std::max(1.0, std::fabs(e[i]));
+      const double bound = bf16 ? std::ldexp(std::fabs(e[i]), -7) + kBf16Tiny : tol.f32_rel * std::max(1.0, std::fabs(e[i]));
       const double err = std::fabs(g[i] - e[i]);
       ok = err <= bound;  // false for a NaN got
       ratio = std::isnan(err) ? INFINITY : err / bound;
     }
     if (!ok) {
-      if (bad < 3)
-        first << "\n  at " << index_string(want.shape(), i) << ": got " << g[i] << ", expected " << e[i];
+      if (bad < 3) first << "\n  at " << index_string(want.shape(), i) << ": got " << g[i] << ", expected " << e[i];
       ++bad;
     }
     if (ratio > worst_ratio) worst_ratio = ratio, worst = i;
   }
   if (bad)
-    ADD_FAILURE() << where << " (" << dtype_name(want.dtype()) << " " << shape_to_string(want.shape()) << "): " << bad
-                  << " of " << e.size() << " elements out of tolerance"
-                  << (tol.exact ? " (bit-exact)" : "") << "; worst at " << index_string(want.shape(), worst)
-                  << ": got " << g[worst] << ", expected " << e[worst] << " (error/bound " << worst_ratio << ")"
-                  << first.str();
+    ADD_FAILURE() << where << " (" << dtype_name(want.dtype()) << " " << shape_to_string(want.shape()) << "): " << bad << " of " << e.size()
+                  << " elements out of tolerance" << (tol.exact ? " (bit-exact)" : "") << "; worst at " << index_string(want.shape(), worst)
+                  << ": got " << g[worst] << ", expected " << e[worst] << " (error/bound " << worst_ratio << ")" << first.str();
 }
 
 // Checks that a case's inputs have the dtype its metadata names (a malformed golden, not cubevec).
@@ -275,8 +264,7 @@ std::vector<GemmRun> gemm_runs(const GoldenFile& golden, const GoldenCase& c) {
   const Tensor a = golden.input(c, "a"), b = golden.input(c, "b");
   std::vector<GemmRun> runs;
   if (c.params.at("dtype") == "f32") {
-    for (auto backend : {ops::GemmBackend::cubevec, ops::GemmBackend::openblas, ops::GemmBackend::eigen,
-                         ops::GemmBackend::reference})
+    for (auto backend : {ops::GemmBackend::cubevec, ops::GemmBackend::openblas, ops::GemmBackend::eigen, ops::GemmBackend::reference})
       runs.push_back({"f32", a, b, DType::f32, backend});
   } else {
     // bf16 tensors in (as stored), and their f32 copies computed in bf16: the same products.
@@ -303,8 +291,7 @@ void check_gemm_cases(const char* op_name, Op op) {
       try {
         expect_matches(*golden, c, "expected", op(run.a, run.b, options), gemm_tolerance(c.params.at("k").get<int64_t>()));
       } catch (const std::exception& e) {
-        ADD_FAILURE() << c.name << " (" << run.label << ", " << ops::gemm_backend_name(run.backend)
-                      << "): threw: " << e.what();
+        ADD_FAILURE() << c.name << " (" << run.label << ", " << ops::gemm_backend_name(run.backend) << "): threw: " << e.what();
       }
     }
   });
@@ -349,8 +336,7 @@ TEST(GoldenNorms, LayerNormWithMeanAndRstd) {
     const Tensor x = golden->input(c, "x");
     expect_input_dtype(c, x, "x");
     const auto eps = c.params.at("eps").get<float>();
-    const ops::LayerNormResult r =
-        ops::fast_layernorm(x, golden->optional_input(c, "weight"), golden->optional_input(c, "bias"), eps);
+    const ops::LayerNormResult r = ops::fast_layernorm(x, golden->optional_input(c, "weight"), golden->optional_input(c, "bias"), eps);
     expect_matches(*golden, c, "expected", r.out);
     expect_matches(*golden, c, "mean", r.mean);
     expect_matches(*golden, c, "rstd", r.rstd);
@@ -365,8 +351,7 @@ TEST(GoldenNorms, LayerNormScaleShift) {
     expect_input_dtype(c, x, "x");
     const auto eps = c.params.at("eps").get<float>();
     const Tensor y = ops::layernorm_scale_shift(x, golden->input(c, "scale"), golden->input(c, "shift"),
-                                                golden->optional_input(c, "weight"),
-                                                golden->optional_input(c, "bias"), eps);
+                                                golden->optional_input(c, "weight"), golden->optional_input(c, "bias"), eps);
     expect_matches(*golden, c, "expected", y);
   });
 }
@@ -388,10 +373,9 @@ TEST(GoldenRope, RotaryPositionEmbedding) {
   for_each_case(*golden, "rope", [&](const GoldenCase& c) {
     const Tensor x = golden->input(c, "x");
     expect_input_dtype(c, x, "x");
-    const Tensor y =
-        ops::rotary_position_embedding(x, golden->input(c, "cos"), golden->input(c, "sin"),
-                                       ops::parse_rotated_mode(c.params.at("mode").get<std::string>()),
-                                       rope_layout(c.params.at("layout").get<std::string>()));
+    const Tensor y = ops::rotary_position_embedding(x, golden->input(c, "cos"), golden->input(c, "sin"),
+                                                    ops::parse_rotated_mode(c.params.at("mode").get<std::string>()),
+                                                    rope_layout(c.params.at("layout").get<std::string>()));
     expect_matches(*golden, c, "expected", y);
   });
 }
@@ -448,8 +432,7 @@ TEST(GoldenGroupNorm, GroupNorm) {
     expect_input_dtype(c, x, "x");
     const auto groups = c.params.at("groups").get<int64_t>();
     const auto eps = c.params.at("eps").get<float>();
-    const Tensor y =
-        ops::group_norm(x, groups, golden->optional_input(c, "weight"), golden->optional_input(c, "bias"), eps);
+    const Tensor y = ops::group_norm(x, groups, golden->optional_input(c, "weight"), golden->optional_input(c, "bias"), eps);
     expect_matches(*golden, c, "expected", y);
   });
 }
@@ -462,8 +445,7 @@ TEST(GoldenElementwise, BroadcastingArithmetic) {
   auto golden = open_golden("elementwise");
   ASSERT_TRUE(golden);
   using BinaryOp = Tensor (*)(const Tensor&, const Tensor&, const Stream&);
-  const std::pair<const char*, BinaryOp> ops_list[] = {
-      {"add", &ops::add}, {"sub", &ops::sub}, {"mul", &ops::mul}, {"div", &ops::div}};
+  const std::pair<const char*, BinaryOp> ops_list[] = {{"add", &ops::add}, {"sub", &ops::sub}, {"mul", &ops::mul}, {"div", &ops::div}};
   for (const auto& [name, op] : ops_list) {
     for_each_case(*golden, name, [&, op = op](const GoldenCase& c) {
       const Tensor a = golden->input(c, "a"), b = golden->input(c, "b");
@@ -496,5 +478,5 @@ TEST(GoldenElementwise, Cast) {
   });
 }
 
-}  // namespace
+}  // namespace golden_test
 }  // namespace cubevec

@@ -108,10 +108,12 @@ TEST(Int8Gemm, EveryEpilogue) {
           int64_t acc = int_bias[static_cast<std::size_t>(j)];
           for (int64_t q = 0; q < k; ++q)
             acc += (static_cast<int64_t>(a[static_cast<std::size_t>(i * kp + q)]) - 128) * w[static_cast<std::size_t>(j * k + q)];
-          double y = static_cast<double>(acc) * row[static_cast<std::size_t>(i)] * col[static_cast<std::size_t>(j)] + bias[static_cast<std::size_t>(j)];
+          double y = static_cast<double>(acc) * row[static_cast<std::size_t>(i)] * col[static_cast<std::size_t>(j)] +
+                     bias[static_cast<std::size_t>(j)];
           if (variant >= 1) y = ops::activation_reference(ops::Activation::gelu_tanh, y);
           if (variant >= 2) y = residual[static_cast<std::size_t>(i * n + j)] + gate[static_cast<std::size_t>(j)] * y;
-          const double got = variant == 3 ? bf16_to_f32(c_bf16[static_cast<std::size_t>(i * n + j)]) : c[static_cast<std::size_t>(i * n + j)];
+          const double got =
+              variant == 3 ? bf16_to_f32(c_bf16[static_cast<std::size_t>(i * n + j)]) : c[static_cast<std::size_t>(i * n + j)];
           const double tol = variant == 3 ? std::abs(y) / 128 + 1e-6 : 1e-5 * std::max(1.0, std::abs(y));
           ASSERT_NEAR(got, y, tol) << i << "," << j;
         }
@@ -127,40 +129,40 @@ TEST(Int8Quantize, PerTokenSymmetricWithHalfEvenRounding) {
   // Row 1: exact ties after scaling (max 127 -> scale 1): 2.5 -> 2, 3.5 -> 4, -0.5 -> -0.
   for (int64_t j = 0; j < k; ++j) x[static_cast<std::size_t>(k + j)] = 0.0f;
   x[static_cast<std::size_t>(k + 0)] = 127.0f, x[static_cast<std::size_t>(k + 1)] = 2.5f, x[static_cast<std::size_t>(k + 2)] = 3.5f,
-  x[static_cast<std::size_t>(k + 3)] = -0.5f;
-  for (int64_t j = 0; j < k; ++j) x[static_cast<std::size_t>(2 * k + j)] = 0.0f;  // all zero
+                                 x[static_cast<std::size_t>(k + 3)] = -0.5f;
+  for (int64_t j = 0; j < k; ++j) x[static_cast<std::size_t>(2 * k + j)] = 0.0f;    // all zero
   x[static_cast<std::size_t>(3 * k + 4)] = std::numeric_limits<float>::infinity();  // non-finite
   const Tensor mul = random_tensor({k}, 9, DType::f32, 1.0f);
   for_each_vector_isa([&](const std::string& isa) {
-  SCOPED_TRACE(isa);
-  for (bool smooth : {false, true}) {
-    const Tensor xt = Tensor::from_vector(x, {m, k});
-    const ops::QuantizedActivations q = ops::quantize_activations(xt, 24, {true, 1, 0, smooth ? mul : Tensor()});
-    ASSERT_EQ(q.data.shape(), (Shape{m, 24}));
-    const uint8_t* d = q.data.data<uint8_t>();
-    const float* s = q.row_scale.data<float>();
-    for (int64_t i = 0; i < m; ++i) {
-      std::vector<float> v(static_cast<std::size_t>(k));
-      float amax = 0;
-      bool finite = true;
-      for (int64_t j = 0; j < k; ++j) {
-        v[static_cast<std::size_t>(j)] = x[static_cast<std::size_t>(i * k + j)] * (smooth ? mul.data<float>()[j] : 1.0f);
-        finite = finite && std::isfinite(v[static_cast<std::size_t>(j)]);
-        amax = std::max(amax, std::abs(v[static_cast<std::size_t>(j)]));
+    SCOPED_TRACE(isa);
+    for (bool smooth : {false, true}) {
+      const Tensor xt = Tensor::from_vector(x, {m, k});
+      const ops::QuantizedActivations q = ops::quantize_activations(xt, 24, {true, 1, 0, smooth ? mul : Tensor()});
+      ASSERT_EQ(q.data.shape(), (Shape{m, 24}));
+      const uint8_t* d = q.data.data<uint8_t>();
+      const float* s = q.row_scale.data<float>();
+      for (int64_t i = 0; i < m; ++i) {
+        std::vector<float> v(static_cast<std::size_t>(k));
+        float amax = 0;
+        bool finite = true;
+        for (int64_t j = 0; j < k; ++j) {
+          v[static_cast<std::size_t>(j)] = x[static_cast<std::size_t>(i * k + j)] * (smooth ? mul.data<float>()[j] : 1.0f);
+          finite = finite && std::isfinite(v[static_cast<std::size_t>(j)]);
+          amax = std::max(amax, std::abs(v[static_cast<std::size_t>(j)]));
+        }
+        if (!finite) {
+          EXPECT_TRUE(std::isnan(s[i])) << "row " << i;
+          continue;
+        }
+        const float scale = amax == 0 ? 1.0f : amax / 127.0f;
+        EXPECT_EQ(s[i], scale) << "row " << i;
+        for (int64_t j = 0; j < k; ++j) {
+          const float want = std::nearbyint(v[static_cast<std::size_t>(j)] / scale);
+          ASSERT_EQ(static_cast<int>(d[i * 24 + j]) - 128, static_cast<int>(want)) << i << "," << j;
+        }
+        for (int64_t j = k; j < 24; ++j) ASSERT_EQ(d[i * 24 + j], 128);
       }
-      if (!finite) {
-        EXPECT_TRUE(std::isnan(s[i])) << "row " << i;
-        continue;
-      }
-      const float scale = amax == 0 ? 1.0f : amax / 127.0f;
-      EXPECT_EQ(s[i], scale) << "row " << i;
-      for (int64_t j = 0; j < k; ++j) {
-        const float want = std::nearbyint(v[static_cast<std::size_t>(j)] / scale);
-        ASSERT_EQ(static_cast<int>(d[i * 24 + j]) - 128, static_cast<int>(want)) << i << "," << j;
-      }
-      for (int64_t j = k; j < 24; ++j) ASSERT_EQ(d[i * 24 + j], 128);
     }
-  }
   });
   const uint8_t* d = ops::quantize_activations(Tensor::from_vector(x, {m, k}), 24, {}).data.data<uint8_t>();
   EXPECT_EQ(static_cast<int>(d[24 + 1]) - 128, 2);
@@ -177,9 +179,11 @@ TEST(Int8Quantize, StaticWithOffsetAndSaturation) {
   for (int i = 0; i < 8; ++i) EXPECT_EQ(static_cast<int>(d[i]) - 128, want[i]) << i;
   EXPECT_EQ(q.row_scale.data<float>()[0], 1.0f);
   const std::vector<float> bad = {1.0f, std::numeric_limits<float>::quiet_NaN(), 0.0f, 0.0f};
-  EXPECT_TRUE(std::isnan(ops::quantize_activations(Tensor::from_vector(bad, {1, 4}), 4, {false, 0.5f, 0.0f, {}}).row_scale.data<float>()[0]));
-  EXPECT_NE(message_of([&] { ops::quantize_activations(Tensor::from_vector(x, {2, 4}), 4, {false, 0.0f, 0.0f, {}}); })
-                .find("the static scale must be positive"),
+  EXPECT_TRUE(
+      std::isnan(ops::quantize_activations(Tensor::from_vector(bad, {1, 4}), 4, {false, 0.5f, 0.0f, {}}).row_scale.data<float>()[0]));
+  EXPECT_NE(message_of([&] {
+              ops::quantize_activations(Tensor::from_vector(x, {2, 4}), 4, {false, 0.0f, 0.0f, {}});
+            }).find("the static scale must be positive"),
             std::string::npos);
   EXPECT_NE(message_of([&] { ops::quantize_activations(Tensor::from_vector(x, {2, 4}), 6, {}); }).find("multiple of 4"), std::string::npos);
 }
@@ -200,9 +204,11 @@ TEST(Int8Quantize, MatmulInt8EndToEnd) {
     for (int64_t i = 0; i < 9; ++i)
       for (int64_t j = 0; j < 20; ++j) {
         double acc = 0;
-        for (int64_t kk = 0; kk < 30; ++kk) acc += (static_cast<double>(q.data.data<uint8_t>()[i * 32 + kk]) - 128) * w[static_cast<std::size_t>(j * 30 + kk)];
+        for (int64_t kk = 0; kk < 30; ++kk)
+          acc += (static_cast<double>(q.data.data<uint8_t>()[i * 32 + kk]) - 128) * w[static_cast<std::size_t>(j * 30 + kk)];
         const double want = acc * q.row_scale.data<float>()[i] * col.data<float>()[j] + bias.data<float>()[j];
-        ASSERT_NEAR(got[static_cast<std::size_t>(i * 20 + j)], want, out == DType::bf16 ? std::abs(want) / 128 + 1e-6 : 1e-5 * std::max(1.0, std::abs(want)));
+        ASSERT_NEAR(got[static_cast<std::size_t>(i * 20 + j)], want,
+                    out == DType::bf16 ? std::abs(want) / 128 + 1e-6 : 1e-5 * std::max(1.0, std::abs(want)));
       }
   }
   EXPECT_NE(message_of([&] { ops::matmul_int8(ops::quantize_activations(x, 36, {}), packed, o); }).find("quantized for K = 30"),
@@ -228,11 +234,12 @@ TEST(Int8WeightGemm, WeightOnlyMatchesTheDequantizedProduct) {
           if (compute == DType::bf16) wv = bf16_to_f32(f32_to_bf16(wv)), xv = bf16_to_f32(f32_to_bf16(xv));
           want += static_cast<double>(xv) * wv;
         }
-        ASSERT_NEAR(got[static_cast<std::size_t>(i * n + j)], want, 1e-5 * std::max(1.0, std::abs(want)) * std::sqrt(static_cast<double>(k)));
+        ASSERT_NEAR(got[static_cast<std::size_t>(i * n + j)], want,
+                    1e-5 * std::max(1.0, std::abs(want)) * std::sqrt(static_cast<double>(k)));
       }
   }
   EXPECT_NE(message_of([&] { ops::matmul(x, wt, {.b_is_weight = true}); }).find("needs b_scale"), std::string::npos);
 }
 
-}  // namespace
+}  // namespace int8_gemm_test
 }  // namespace cubevec

@@ -29,8 +29,7 @@ constexpr int64_t kWidths[] = {1, 7, 17, 129};
 constexpr DType kDTypes[] = {DType::f32, DType::bf16};
 
 // Mean and 1/sqrt(var + eps) of each row of `width` values (two-pass, double).
-void row_stats(const std::vector<double>& x, int64_t width, double eps, std::vector<double>& mean,
-               std::vector<double>& rstd) {
+void row_stats(const std::vector<double>& x, int64_t width, double eps, std::vector<double>& mean, std::vector<double>& rstd) {
   const int64_t rows = static_cast<int64_t>(x.size()) / width;
   mean.assign(static_cast<std::size_t>(rows), 0);
   rstd.assign(static_cast<std::size_t>(rows), 0);
@@ -67,11 +66,13 @@ TEST(Norm, RmsNormWithSumsOverSharedChannelsMatchesDefinition) {
       expect_norm_close(got, want, dtype, std::string(dtype_name(dtype)) + " h=" + std::to_string(h));
     }
   const Tensor x = random_tensor({2, 4}, 13);
-  EXPECT_NE(message_of([&] { ops::rms_norm_with_sums(x, random_tensor({3}, 14), 8, {}, 1e-6f); })
-                .find("rms_norm_with_sums: sums must be f32 [2] (one per row of x [2, 4]), got f32 [3]"),
+  EXPECT_NE(message_of([&] {
+              ops::rms_norm_with_sums(x, random_tensor({3}, 14), 8, {}, 1e-6f);
+            }).find("rms_norm_with_sums: sums must be f32 [2] (one per row of x [2, 4]), got f32 [3]"),
             std::string::npos);
-  EXPECT_NE(message_of([&] { ops::rms_norm_with_sums(x, ops::row_sum_of_squares(x), 3, {}, 1e-6f); })
-                .find("count must be at least the row width 4, got 3"),
+  EXPECT_NE(message_of([&] {
+              ops::rms_norm_with_sums(x, ops::row_sum_of_squares(x), 3, {}, 1e-6f);
+            }).find("count must be at least the row width 4, got 3"),
             std::string::npos);
 }
 
@@ -91,8 +92,7 @@ TEST(Norm, RmsNormMatchesDefinition) {
             want_plain[r * h + i] = xv[r * h + i] / std::sqrt(ms + 1e-5);
           }
         }
-        const std::string what = std::string(dtype_name(dtype)) + " weight " + std::string(dtype_name(wtype)) +
-                                 " h=" + std::to_string(h);
+        const std::string what = std::string(dtype_name(dtype)) + " weight " + std::string(dtype_name(wtype)) + " h=" + std::to_string(h);
         expect_norm_close(ops::rms_norm(x, w, 1e-6f), want, dtype, what);
         expect_norm_close(ops::rms_norm(x, Tensor(), 1e-5f), want_plain, dtype, what + " no weight");
         if (h > 1) expect_norm_close(ops::rms_norm(strided_copy_of(x), w, 1e-6f), want, dtype, what + " strided");
@@ -115,8 +115,8 @@ TEST(Norm, FastLayerNormReturnsOutMeanAndRstd) {
           want_plain[i] = (xv[i] - mean[r]) * rstd[r];
           want[i] = want_plain[i] * wv[c] + bv[c];
         }
-        const std::string what = std::string(dtype_name(dtype)) + " h=" + std::to_string(h) + " mode " +
-                                 std::to_string(static_cast<int>(mode));
+        const std::string what =
+            std::string(dtype_name(dtype)) + " h=" + std::to_string(h) + " mode " + std::to_string(static_cast<int>(mode));
         const ops::LayerNormResult r = ops::fast_layernorm(x, w, b, 1e-5f, mode);
         expect_norm_close(r.out, want, dtype, what);
         EXPECT_EQ(r.mean.shape(), (Shape{2, 3})) << what;
@@ -134,25 +134,17 @@ TEST(Norm, FastLayerNormReturnsOutMeanAndRstd) {
 
 TEST(Norm, FastLayerNormFp16Mode) {
   const int64_t h = 17;
-  const Tensor x = random_tensor({4, h}, 6, DType::f16), w = random_tensor({h}, 7, DType::f16),
-               b = random_tensor({h}, 8, DType::f16);
+  const Tensor x = random_tensor({4, h}, 6, DType::f16), w = random_tensor({h}, 7, DType::f16), b = random_tensor({h}, 8, DType::f16);
   const std::vector<double> xv = values(x), wv = values(w), bv = values(b);
   std::vector<double> mean, rstd;
   row_stats(xv, h, 1e-5, mean, rstd);
   std::vector<double> want(xv.size());
-  for (std::size_t i = 0; i < xv.size(); ++i)
-    want[i] = (xv[i] - mean[i / h]) * rstd[i / h] * wv[i % h] + bv[i % h];
+  for (std::size_t i = 0; i < xv.size(); ++i) want[i] = (xv[i] - mean[i / h]) * rstd[i / h] * wv[i % h] + bv[i % h];
   expect_norm_close(ops::fast_layernorm(x, w, b, 1e-5f, ops::LayerNormImpl::fp16).out, want, DType::f16, "fp16");
-  std::string msg = message_of([&] {
-    ops::fast_layernorm(random_tensor({4, h}, 6), w, b, 1e-5f, ops::LayerNormImpl::fp16);
-  });
-  EXPECT_NE(msg.find("fast_layernorm: impl_mode fp16 needs f16 x, weight and bias, got x f32 [4, 17]"),
-            std::string::npos)
-      << msg;
+  std::string msg = message_of([&] { ops::fast_layernorm(random_tensor({4, h}, 6), w, b, 1e-5f, ops::LayerNormImpl::fp16); });
+  EXPECT_NE(msg.find("fast_layernorm: impl_mode fp16 needs f16 x, weight and bias, got x f32 [4, 17]"), std::string::npos) << msg;
   msg = message_of([&] { ops::fast_layernorm(x, {}, {}, 1e-5f, ops::LayerNormImpl::high_precision); });
-  EXPECT_NE(msg.find("fast_layernorm: x must be f32 or bf16 (f16 needs impl_mode fp16), got f16 [4, 17]"),
-            std::string::npos)
-      << msg;
+  EXPECT_NE(msg.find("fast_layernorm: x must be f32 or bf16 (f16 needs impl_mode fp16), got f16 [4, 17]"), std::string::npos) << msg;
 }
 
 TEST(Norm, LayerNormScaleShiftForEveryScaleShape) {
@@ -165,8 +157,7 @@ TEST(Norm, LayerNormScaleShiftForEveryScaleShape) {
           const Tensor x = random_tensor({batch, s, h}, 9, dtype);
           const Tensor scale = random_tensor(pshape, 10, ptype, 0.5f), shift = random_tensor(pshape, 11, ptype);
           const Tensor w = random_tensor({h}, 12), b = random_tensor({h}, 13);
-          const std::vector<double> xv = values(x), sc = values(scale), sh = values(shift), wv = values(w),
-                                    bv = values(b);
+          const std::vector<double> xv = values(x), sc = values(scale), sh = values(shift), wv = values(w), bv = values(b);
           std::vector<double> mean, rstd;
           row_stats(xv, h, 1e-6, mean, rstd);
           std::vector<double> want(xv.size()), want_affine(xv.size());
@@ -183,14 +174,14 @@ TEST(Norm, LayerNormScaleShiftForEveryScaleShape) {
           expect_norm_close(ops::layernorm_scale_shift(x, scale, shift), want, dtype, what);
           expect_norm_close(ops::layernorm_scale_shift(x, scale, shift, w, b), want_affine, dtype, what + " affine");
           if (h > 1)
-            expect_norm_close(ops::layernorm_scale_shift(strided_copy_of(x), strided_copy_of(scale), shift, w, b),
-                         want_affine, dtype, what + " strided");
+            expect_norm_close(ops::layernorm_scale_shift(strided_copy_of(x), strided_copy_of(scale), shift, w, b), want_affine, dtype,
+                              what + " strided");
         }
 }
 
 TEST(Norm, GroupNormMatchesDefinition) {
-  const std::pair<Shape, int64_t> cases[] = {{{2, 6, 7}, 3}, {{1, 4, 3, 5}, 2}, {{3, 5, 1}, 5}, {{2, 8, 129}, 1},
-                                             {{1, 6}, 2},    {{2, 4, 17}, 4}};
+  const std::pair<Shape, int64_t> cases[] = {{{2, 6, 7}, 3},   {{1, 4, 3, 5}, 2}, {{3, 5, 1}, 5},
+                                             {{2, 8, 129}, 1}, {{1, 6}, 2},       {{2, 4, 17}, 4}};
   for (DType dtype : kDTypes)
     for (const auto& [shape, groups] : cases) {
       const int64_t n = shape[0], c = shape[1], hw = shape_numel(shape) / (n * c), cpg = c / groups;
@@ -205,8 +196,7 @@ TEST(Norm, GroupNormMatchesDefinition) {
         want_plain[i] = (xv[i] - mean[g]) * rstd[g];
         want[i] = want_plain[i] * wv[ch] + bv[ch];
       }
-      const std::string what = std::string(dtype_name(dtype)) + " " + shape_to_string(shape) + " groups " +
-                               std::to_string(groups);
+      const std::string what = std::string(dtype_name(dtype)) + " " + shape_to_string(shape) + " groups " + std::to_string(groups);
       expect_norm_close(ops::group_norm(x, groups, w, b), want, dtype, what);
       expect_norm_close(ops::group_norm(x, groups), want_plain, dtype, what + " no affine");
       expect_norm_close(ops::group_norm(strided_copy_of(x), groups, w, b), want, dtype, what + " strided");
@@ -244,21 +234,18 @@ TEST(Norm, NormalizeChannelsMatchesDefinition) {
               want[at] = xv[at] / norm * scale * wv[static_cast<std::size_t>(ch)];
             }
           }
-        const std::string what = std::string(ops::vk::isa_name(isa)) + " " + std::string(dtype_name(dtype)) + " " +
-                                 shape_to_string(shape);
+        const std::string what = std::string(ops::vk::isa_name(isa)) + " " + std::string(dtype_name(dtype)) + " " + shape_to_string(shape);
         const Tensor y = ops::normalize_channels(x, w, static_cast<float>(scale));
         EXPECT_EQ(y.shape(), shape) << what;
         expect_norm_close(y, want, dtype, what);
         expect_norm_close(ops::normalize_channels(x, Tensor()), want_plain, dtype, what + " no weight");
-        expect_norm_close(ops::normalize_channels(strided_copy_of(x), w, static_cast<float>(scale)), want, dtype,
-                          what + " strided");
+        expect_norm_close(ops::normalize_channels(strided_copy_of(x), w, static_cast<float>(scale)), want, dtype, what + " strided");
       }
     unsetenv("CUBEVEC_VECTOR_ISA");
   }
   const Tensor x = random_tensor({2, 3, 4}, 20);
   std::string msg = message_of([&] { ops::normalize_channels(x, random_tensor({4}, 1)); });
-  EXPECT_NE(msg.find("normalize_channels: weight must have shape [C] = [3] with C the channels of x [2, 3, 4], got [4]"),
-            std::string::npos)
+  EXPECT_NE(msg.find("normalize_channels: weight must have shape [C] = [3] with C the channels of x [2, 3, 4], got [4]"), std::string::npos)
       << msg;
   msg = message_of([&] { ops::normalize_channels(x.select(0, 0).select(0, 0), Tensor()); });
   EXPECT_NE(msg.find("normalize_channels: x must be [N, C, *], got f32 [4]"), std::string::npos) << msg;
@@ -269,9 +256,7 @@ TEST(Norm, NormalizeChannelsMatchesDefinition) {
 TEST(Norm, ErrorsNameWhatWasExpected) {
   const Tensor x = random_tensor({2, 3, 4}, 17);
   std::string msg = message_of([&] { ops::rms_norm(x, random_tensor({7}, 6)); });
-  EXPECT_NE(msg.find("rms_norm: weight must have shape [H] = [4] with H the last size of x [2, 3, 4], got [7]"),
-            std::string::npos)
-      << msg;
+  EXPECT_NE(msg.find("rms_norm: weight must have shape [H] = [4] with H the last size of x [2, 3, 4], got [7]"), std::string::npos) << msg;
   msg = message_of([&] { ops::rms_norm(x, Tensor(), 0.0f); });
   EXPECT_NE(msg.find("rms_norm: eps must be positive"), std::string::npos) << msg;
   msg = message_of([&] { ops::rms_norm(x, Tensor::zeros({4}, DType::i32)); });
@@ -282,18 +267,15 @@ TEST(Norm, ErrorsNameWhatWasExpected) {
             std::string::npos)
       << msg;
   msg = message_of([&] { ops::layernorm_scale_shift(x, random_tensor({2, 4}, 1), random_tensor({2, 1, 4}, 2)); });
-  EXPECT_NE(msg.find("layernorm_scale_shift: scale and shift must have the same shape, got [2, 4] and [2, 1, 4]"),
-            std::string::npos)
+  EXPECT_NE(msg.find("layernorm_scale_shift: scale and shift must have the same shape, got [2, 4] and [2, 1, 4]"), std::string::npos)
       << msg;
   msg = message_of([&] { ops::layernorm_scale_shift(x.select(0, 0), random_tensor({2, 4}, 1), random_tensor({2, 4}, 2)); });
   EXPECT_NE(msg.find("layernorm_scale_shift: x must be [B, S, H], got f32 [3, 4]"), std::string::npos) << msg;
   msg = message_of([&] { ops::fast_layernorm(x, random_tensor({4}, 1), random_tensor({5}, 2)); });
-  EXPECT_NE(msg.find("fast_layernorm: bias must have shape [H] = [4] with H the last size of x [2, 3, 4], got [5]"),
-            std::string::npos)
+  EXPECT_NE(msg.find("fast_layernorm: bias must have shape [H] = [4] with H the last size of x [2, 3, 4], got [5]"), std::string::npos)
       << msg;
   msg = message_of([&] { ops::group_norm(x, 2); });
-  EXPECT_NE(msg.find("group_norm: num_groups must be positive and divide the channel count C = 3 of x [2, 3, 4], got 2"),
-            std::string::npos)
+  EXPECT_NE(msg.find("group_norm: num_groups must be positive and divide the channel count C = 3 of x [2, 3, 4], got 2"), std::string::npos)
       << msg;
   msg = message_of([&] { ops::group_norm(x, 3, random_tensor({4}, 1)); });
   EXPECT_NE(msg.find("group_norm: weight must have shape [C] = [3]"), std::string::npos) << msg;
@@ -303,8 +285,7 @@ TEST(Norm, SimulateModeRecordsCostsWithoutData) {
   Device device(builtin_cpu_profile(), {.simulate = true});
   const Stream stream = device.new_stream("sim");
   const Tensor x = Tensor::meta({2, 5, 8}, DType::bf16);
-  const Tensor y = ops::layernorm_scale_shift(x, Tensor::meta({2, 8}, DType::f32), Tensor::meta({2, 8}, DType::f32),
-                                              {}, {}, 1e-6f, stream);
+  const Tensor y = ops::layernorm_scale_shift(x, Tensor::meta({2, 8}, DType::f32), Tensor::meta({2, 8}, DType::f32), {}, {}, 1e-6f, stream);
   const Tensor z = ops::group_norm(ops::rms_norm(y, {}, 1e-6f, stream), 5, {}, {}, 1e-5f, stream);
   stream.synchronize();
   EXPECT_EQ(z.shape(), x.shape());
@@ -313,5 +294,5 @@ TEST(Norm, SimulateModeRecordsCostsWithoutData) {
   EXPECT_GE(device.stats().kernels, 3u);
 }
 
-}  // namespace
+}  // namespace norm_test
 }  // namespace cubevec

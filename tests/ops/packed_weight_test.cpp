@@ -47,5 +47,5 @@ TEST(PackedWeight, MismatchIsAnErrorAndLinearRepacksAReplacedWeight) {
   EXPECT_EQ(values(linear(a, ops::default_op_stream())), values(ops::matmul(a, linear.weight, {.b_is_weight = true})));
 }
 
-}  // namespace
+}  // namespace packed_weight_test
 }  // namespace cubevec

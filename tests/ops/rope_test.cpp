@@ -43,9 +43,8 @@ Shape cos_4d(RopeLayout l, int64_t s, int64_t d) {
   return {s, 1, 1, d};
 }
 
-std::vector<double> reference(RopeLayout layout, RotatedMode mode, const std::vector<double>& x,
-                              const std::vector<double>& c, const std::vector<double>& sn, int64_t b, int64_t s,
-                              int64_t n, int64_t d) {
+std::vector<double> reference(RopeLayout layout, RotatedMode mode, const std::vector<double>& x, const std::vector<double>& c,
+                              const std::vector<double>& sn, int64_t b, int64_t s, int64_t n, int64_t d) {
   std::vector<double> out(x.size());
   const int64_t rows = static_cast<int64_t>(x.size()) / d, half = d / 2;
   for (int64_t r = 0; r < rows; ++r) {
@@ -81,8 +80,7 @@ TEST(Rope, EveryLayoutModeAndCosSinForm) {
               const Shape cs_shape = four_d ? cos_4d(layout, s, d) : Shape{s, d};
               const Tensor c = random_tensor(cs_shape, 2, cs_type, 1.0f), sn = random_tensor(cs_shape, 3, cs_type, 1.0f);
               const std::vector<double> want = reference(layout, mode, values(x), values(c), values(sn), b, s, n, d);
-              const std::string what = std::string(layout_name(layout)) +
-                                       (mode == RotatedMode::rotated_half ? " half " : " interleaved ") +
+              const std::string what = std::string(layout_name(layout)) + (mode == RotatedMode::rotated_half ? " half " : " interleaved ") +
                                        std::string(dtype_name(dtype)) + " cos " + std::string(dtype_name(cs_type)) +
                                        " d=" + std::to_string(d) + (four_d ? " 4-D" : " 2-D");
               const Tensor y = ops::rotary_position_embedding(x, c, sn, mode, layout);
@@ -108,9 +106,7 @@ TEST(Rope, ParsesRotatedModeNames) {
   EXPECT_EQ(ops::parse_rotated_mode("rotated_half"), RotatedMode::rotated_half);
   EXPECT_EQ(ops::parse_rotated_mode("rotated_interleaved"), RotatedMode::rotated_interleaved);
   const std::string msg = message_of([] { ops::parse_rotated_mode("half"); });
-  EXPECT_NE(msg.find("unknown rotated_mode 'half' (expected one of: rotated_half, rotated_interleaved)"),
-            std::string::npos)
-      << msg;
+  EXPECT_NE(msg.find("unknown rotated_mode 'half' (expected one of: rotated_half, rotated_interleaved)"), std::string::npos) << msg;
 }
 
 TEST(Rope, ErrorsNameWhatWasExpected) {
@@ -119,8 +115,7 @@ TEST(Rope, ErrorsNameWhatWasExpected) {
   std::string msg = message_of([&] {
     ops::rotary_position_embedding(random_tensor({1, 3, 2, 7}, 1), random_tensor({3, 7}, 2), random_tensor({3, 7}, 3));
   });
-  EXPECT_NE(msg.find("rotary_position_embedding: the head dim D = 7 of x [1, 3, 2, 7] must be even"), std::string::npos)
-      << msg;
+  EXPECT_NE(msg.find("rotary_position_embedding: the head dim D = 7 of x [1, 3, 2, 7] must be even"), std::string::npos) << msg;
   msg = message_of([&] { ops::rotary_position_embedding(x, random_tensor({4, 8}, 2), sn); });
   EXPECT_NE(msg.find("rotary_position_embedding: cos must have shape [S, D] = [3, 8] or [1, 3, 1, 8] for x "
                      "[1, 3, 2, 8] in layout BSND, got [4, 8]"),
@@ -131,11 +126,10 @@ TEST(Rope, ErrorsNameWhatWasExpected) {
   });
   EXPECT_NE(msg.find("sin must have shape [S, D] = [3, 8] or [1, 3, 1, 8]"), std::string::npos) << msg;
   msg = message_of([&] { ops::rotary_position_embedding(x.select(0, 0), c, sn); });
-  EXPECT_NE(msg.find("rotary_position_embedding: x must be 4-D in layout BSND, got f32 [3, 2, 8]"), std::string::npos)
-      << msg;
+  EXPECT_NE(msg.find("rotary_position_embedding: x must be 4-D in layout BSND, got f32 [3, 2, 8]"), std::string::npos) << msg;
   msg = message_of([&] { ops::rotary_position_embedding(x, Tensor::zeros({3, 8}, DType::i32), sn); });
   EXPECT_NE(msg.find("rotary_position_embedding: cos must be f32 or bf16, got i32 [3, 8]"), std::string::npos) << msg;
 }
 
-}  // namespace
+}  // namespace rope_test
 }  // namespace cubevec

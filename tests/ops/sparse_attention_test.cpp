@@ -92,13 +92,15 @@ std::vector<uint8_t> rf_v2_reference_mask(const std::vector<double>& q, const st
     double mx = -INFINITY;
     for (int64_t j = 0; j < l; ++j) {
       a[static_cast<std::size_t>(j)] = std::inner_product(qp[static_cast<std::size_t>(i)].begin(), qp[static_cast<std::size_t>(i)].end(),
-                                                          kp[static_cast<std::size_t>(j)].begin(), 0.0) * scale;
+                                                          kp[static_cast<std::size_t>(j)].begin(), 0.0) *
+                                       scale;
       mx = std::max(mx, a[static_cast<std::size_t>(j)]);
     }
     for (double& x : a) x = std::exp(x - mx);  // the order is all the mask needs: no normalization
     std::vector<double> sorted = a;
     std::sort(sorted.begin(), sorted.end(), std::greater<double>());
-    for (int64_t j = 0; j < l; ++j) mask[static_cast<std::size_t>(i * l + j)] = a[static_cast<std::size_t>(j)] >= sorted[static_cast<std::size_t>(keep - 1)];
+    for (int64_t j = 0; j < l; ++j)
+      mask[static_cast<std::size_t>(i * l + j)] = a[static_cast<std::size_t>(j)] >= sorted[static_cast<std::size_t>(keep - 1)];
   }
   const int64_t tb = (text + kBlock - 1) / kBlock, ff = (first_frame + kBlock - 1) / kBlock;
   for (int64_t i = 0; i < l; ++i)
@@ -123,11 +125,13 @@ std::vector<double> reference_with_kernel_mask(const Qkv& x, int64_t b, int64_t 
       std::vector<uint8_t> m(static_cast<std::size_t>(s * s));
       for (int64_t i = 0; i < s; ++i)
         for (int64_t j = 0; j < s; ++j)
-          m[static_cast<std::size_t>(i * s + j)] = head[(inverse[static_cast<std::size_t>(i)] / kBlock) * lk + inverse[static_cast<std::size_t>(j)] / kBlock];
+          m[static_cast<std::size_t>(i * s + j)] =
+              head[(inverse[static_cast<std::size_t>(i)] / kBlock) * lk + inverse[static_cast<std::size_t>(j)] / kBlock];
       const auto q = head_of(x.qd, bi, ni, s, n, d), k = head_of(x.kd, bi, ni, s, n, d), v = head_of(x.vd, bi, ni, s, n, d);
       const auto o = reference_head({s, s, d, q.data(), k.data(), v.data(), m.data(), false}, scale);
       for (int64_t i = 0; i < s; ++i)
-        for (int64_t c = 0; c < d; ++c) out[static_cast<std::size_t>(((bi * s + i) * n + ni) * d + c)] = o[static_cast<std::size_t>(i * d + c)];
+        for (int64_t c = 0; c < d; ++c)
+          out[static_cast<std::size_t>(((bi * s + i) * n + ni) * d + c)] = o[static_cast<std::size_t>(i * d + c)];
     }
   return out;
 }
@@ -152,8 +156,8 @@ TEST(SparseRfV2, MaskAndOutputAgainstTheReferences) {
   const Case cases[] = {{{4, 16, 16}, 0, 0.5}, {{3, 12, 20}, 40, 0.6}, {{5, 16, 16}, 128, 0.7}, {{2, 24, 45}, 0, 0.3}};
   for (const Case& c : cases) {
     const int64_t image = c.latent[0] * c.latent[1] * c.latent[2], s = image + c.txt, b = 2, n = 2, d = 16;
-    SCOPED_TRACE("latent " + std::to_string(c.latent[0]) + "x" + std::to_string(c.latent[1]) + "x" + std::to_string(c.latent[2]) + " text " +
-                 std::to_string(c.txt) + " sparsity " + std::to_string(c.sparsity));
+    SCOPED_TRACE("latent " + std::to_string(c.latent[0]) + "x" + std::to_string(c.latent[1]) + "x" + std::to_string(c.latent[2]) +
+                 " text " + std::to_string(c.txt) + " sparsity " + std::to_string(c.sparsity));
     const Qkv x = make_qkv(b, s, s, n, d, DType::f32, 11);
     const ops::SparseAttentionResult r = ops::sparse_attention(x.q, x.k, x.v, rf_v2(c.latent, c.txt, c.sparsity));
     const int64_t l = ops::attn::rf_v2::pooled_blocks(image, c.txt);
@@ -177,8 +181,8 @@ TEST(SparseRfV2, MaskAndOutputAgainstTheReferences) {
     }
     EXPECT_LT(kept_count, n * l * l) << "the case must prune something";
     const Tensor kernel_mask = r.kept_blocks.narrow(2, 0, blocks(s)).narrow(3, 0, blocks(s));
-    expect_matches(values(r.out), reference_with_kernel_mask(x, b, s, n, d, kernel_mask, order, 1.0 / std::sqrt(double(d))), DType::f32, s, d,
-                   "rf_v2 output");
+    expect_matches(values(r.out), reference_with_kernel_mask(x, b, s, n, d, kernel_mask, order, 1.0 / std::sqrt(double(d))), DType::f32, s,
+                   d, "rf_v2 output");
   }
 }
 
@@ -303,8 +307,8 @@ TEST(SparseAdaBsa, OutputIsTheDoubleLoopWithItsMask) {
   ASSERT_EQ(r.kept_blocks.shape(), (Shape{b, n, 11, 11}));
   std::vector<int32_t> identity(static_cast<std::size_t>(s));
   std::iota(identity.begin(), identity.end(), 0);
-  expect_matches(values(r.out), reference_with_kernel_mask(x, b, s, n, d, r.kept_blocks, identity, 1.0 / std::sqrt(double(d))), DType::f32, s,
-                 d, "ada_bsa output");
+  expect_matches(values(r.out), reference_with_kernel_mask(x, b, s, n, d, r.kept_blocks, identity, 1.0 / std::sqrt(double(d))), DType::f32,
+                 s, d, "ada_bsa output");
   // Rows keep at most int(11 * 0.4) = 4 ranked blocks plus the forced ones.
   const Tensor kept = r.kept_blocks.contiguous();
   const auto* p = static_cast<const uint8_t*>(kept.data_ptr());
@@ -319,9 +323,7 @@ TEST(SparseAdaBsa, OutputIsTheDoubleLoopWithItsMask) {
 
 TEST(SparseAttention, BadArgumentsNameTheArgument) {
   const Tensor q = random_tensor({1, 3 * 16 * 16, 2, 8}, 1);
-  const auto error = [&](ops::SparseAttentionOptions o, const Tensor& k) {
-    return message_of([&] { ops::sparse_attention(q, k, k, o); });
-  };
+  const auto error = [&](ops::SparseAttentionOptions o, const Tensor& k) { return message_of([&] { ops::sparse_attention(q, k, k, o); }); };
   const auto base = [] { return rf_v2({3, 16, 16}, 0, 0.5); };
   auto o = base();
   o.sparsity = 1.5;
@@ -333,7 +335,8 @@ TEST(SparseAttention, BadArgumentsNameTheArgument) {
   EXPECT_NE(error(o, q).find("sparsity must be below 1 for rf_v2"), std::string::npos);
   o = base();
   o.latent_shape_q = ops::LatentShape{3, 16, 15};
-  EXPECT_NE(error(o, q).find("latent_shape_q (3, 16, 15) holds 720 tokens, but the sequence has S - txt_len = 768 - 0 = 768"), std::string::npos);
+  EXPECT_NE(error(o, q).find("latent_shape_q (3, 16, 15) holds 720 tokens, but the sequence has S - txt_len = 768 - 0 = 768"),
+            std::string::npos);
   o = base();
   o.latent_shape_q.reset();
   EXPECT_NE(error(o, q).find("rf_v2 needs latent_shape_q (t, h, w)"), std::string::npos);
@@ -365,12 +368,11 @@ TEST(SparseAttention, BadArgumentsNameTheArgument) {
   o.sparse_type = SparseType::ada_bsa;
   o.sparsity = 0.99;
   const Tensor long_q = random_tensor({1, 1400, 1, 8}, 3);
-  EXPECT_NE(message_of([&] { ops::sparse_attention(long_q, long_q, long_q, o); })
-                .find("sparsity 0.99 keeps no block in rows of 11 blocks"),
+  EXPECT_NE(message_of([&] { ops::sparse_attention(long_q, long_q, long_q, o); }).find("sparsity 0.99 keeps no block in rows of 11 blocks"),
             std::string::npos);
   EXPECT_NE(message_of([] { ops::parse_sparse_type("rf_v3"); }).find("rf_v2 with a mask reused across steps"), std::string::npos);
   EXPECT_NE(message_of([] { ops::parse_sparse_type("dense"); }).find("unknown sparse_type 'dense'"), std::string::npos);
 }
 
-}  // namespace
+}  // namespace sparse_attention_test
 }  // namespace cubevec

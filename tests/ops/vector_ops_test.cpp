@@ -34,10 +34,8 @@ double definition(ops::Activation kind, double v) {
     case ops::Activation::silu: return v / (1 + std::exp(-v));
     case ops::Activation::mish: return v * std::tanh(std::log(1 + std::exp(v)));
     case ops::Activation::gelu: return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
-    case ops::Activation::gelu_tanh:
-      return 0.5 * v * (1 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
-    case ops::Activation::gelu_fast:
-      return v / (1 + std::exp(-1.702 * std::fabs(v))) * std::exp(0.851 * (v - std::fabs(v)));
+    case ops::Activation::gelu_tanh: return 0.5 * v * (1 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
+    case ops::Activation::gelu_fast: return v / (1 + std::exp(-1.702 * std::fabs(v))) * std::exp(0.851 * (v - std::fabs(v)));
   }
   return v;
 }
@@ -45,9 +43,8 @@ double definition(ops::Activation kind, double v) {
 TEST(VectorOps, ActivationNamesAreCaseInsensitive) {
   using ops::Activation;
   const std::pair<const char*, Activation> names[] = {
-      {"relu", Activation::relu},   {"SiLU", Activation::silu},          {"swish", Activation::silu},
-      {"Mish", Activation::mish},   {"GELU", Activation::gelu},          {"gelu-tanh", Activation::gelu_tanh},
-      {"Gelu-Fast", Activation::gelu_fast}};
+      {"relu", Activation::relu}, {"SiLU", Activation::silu},           {"swish", Activation::silu},         {"Mish", Activation::mish},
+      {"GELU", Activation::gelu}, {"gelu-tanh", Activation::gelu_tanh}, {"Gelu-Fast", Activation::gelu_fast}};
   for (const auto& [name, kind] : names) EXPECT_EQ(ops::get_activation_layer(name), kind) << name;
   const std::string msg = message_of([] { ops::get_activation_layer("tanhh"); });
   EXPECT_NE(msg.find("unknown activation 'tanhh' (expected one of: relu, silu, swish, mish, gelu, gelu-tanh, gelu-fast)"),
@@ -58,8 +55,8 @@ TEST(VectorOps, ActivationNamesAreCaseInsensitive) {
 TEST(VectorOps, ActivationReferenceIsTheDefinition) {
   for (int k = 0; k < 6; ++k)
     for (double v : {-30.0, -4.5, -0.3, 0.0, 0.7, 5.0, 30.0})
-      EXPECT_NEAR(ops::activation_reference(static_cast<ops::Activation>(k), v),
-                  definition(static_cast<ops::Activation>(k), v), 1e-12 * (1 + std::fabs(v)))
+      EXPECT_NEAR(ops::activation_reference(static_cast<ops::Activation>(k), v), definition(static_cast<ops::Activation>(k), v),
+                  1e-12 * (1 + std::fabs(v)))
           << k << " " << v;
 }
 
@@ -73,8 +70,7 @@ TEST(VectorOps, ActivationsMatchDefinitionsOnEveryIsa) {
           const auto kind = static_cast<ops::Activation>(k);
           std::vector<double> want(xv.size());
           for (std::size_t i = 0; i < xv.size(); ++i) want[i] = definition(kind, xv[i]);
-          const std::string what = isa + " " + std::string(dtype_name(dtype)) + " w=" + std::to_string(w) + " kind " +
-                                   std::to_string(k);
+          const std::string what = isa + " " + std::string(dtype_name(dtype)) + " w=" + std::to_string(w) + " kind " + std::to_string(k);
           expect_close(ops::activation(x, kind), want, dtype, what);
           if (w > 1) expect_close(ops::activation(strided_copy_of(x), kind), want, dtype, what + " strided");
         }
@@ -127,9 +123,8 @@ TEST(VectorOps, SoftmaxMatchesDefinitionAndIsStable) {
 }
 
 // a op b by NumPy broadcasting, in double, from the logical values of both.
-std::vector<double> broadcast_reference(const Shape& sa, const std::vector<double>& a, const Shape& sb,
-                                        const std::vector<double>& b, const std::function<double(double, double)>& op,
-                                        Shape& out_shape) {
+std::vector<double> broadcast_reference(const Shape& sa, const std::vector<double>& a, const Shape& sb, const std::vector<double>& b,
+                                        const std::function<double(double, double)>& op, Shape& out_shape) {
   const std::size_t rank = std::max(sa.size(), sb.size());
   Shape pa(rank, 1), pb(rank, 1);
   std::copy(sa.begin(), sa.end(), pa.begin() + static_cast<std::ptrdiff_t>(rank - sa.size()));
@@ -154,9 +149,9 @@ std::vector<double> broadcast_reference(const Shape& sa, const std::vector<doubl
 }
 
 TEST(VectorOps, ArithmeticBroadcastsLikeNumPy) {
-  const std::pair<Shape, Shape> cases[] = {
-      {{7, 17}, {7, 17}},   {{7, 17}, {17}},       {{7, 17}, {7, 1}},     {{1, 17}, {7, 1}}, {{3, 5, 129}, {129}},
-      {{3, 1, 7}, {5, 1}},  {{1}, {3, 7}},         {{2, 3, 4, 5}, {3, 1, 5}}, {{129}, {1}},   {{1, 1}, {1}}};
+  const std::pair<Shape, Shape> cases[] = {{{7, 17}, {7, 17}},   {{7, 17}, {17}},     {{7, 17}, {7, 1}}, {{1, 17}, {7, 1}},
+                                           {{3, 5, 129}, {129}}, {{3, 1, 7}, {5, 1}}, {{1}, {3, 7}},     {{2, 3, 4, 5}, {3, 1, 5}},
+                                           {{129}, {1}},         {{1, 1}, {1}}};
   using Fn = Tensor (*)(const Tensor&, const Tensor&, const Stream&);
   const std::tuple<const char*, Fn, std::function<double(double, double)>> ops_list[] = {
       {"add", ops::add, [](double x, double y) { return x + y; }},
@@ -177,14 +172,13 @@ TEST(VectorOps, ArithmeticBroadcastsLikeNumPy) {
         for (const auto& [name, fn, def] : ops_list) {
           Shape out_shape;
           const std::vector<double> want = broadcast_reference(sa, values(a), sb, bv, def, out_shape);
-          const std::string what = isa + " " + name + " " + std::string(dtype_name(dtype)) + " " +
-                                   shape_to_string(sa) + " " + shape_to_string(sb);
+          const std::string what =
+              isa + " " + name + " " + std::string(dtype_name(dtype)) + " " + shape_to_string(sa) + " " + shape_to_string(sb);
           const Tensor y = fn(a, b_safe, default_device().default_stream());
           EXPECT_EQ(y.shape(), out_shape) << what;
           expect_close(y, want, dtype, what);
           if (sa.size() >= 2 && sa.front() > 1)
-            expect_close(fn(strided_copy_of(a), b_safe, default_device().default_stream()), want, dtype,
-                         what + " strided a");
+            expect_close(fn(strided_copy_of(a), b_safe, default_device().default_stream()), want, dtype, what + " strided a");
         }
       }
   });
@@ -193,8 +187,8 @@ TEST(VectorOps, ArithmeticBroadcastsLikeNumPy) {
   const Tensor a = base.slice(0, 1, 8).slice(1, 2, 19, 2);  // [7, 9]
   const Tensor b = random_tensor({9}, 15);
   Shape out_shape;
-  const std::vector<double> want =
-      broadcast_reference({7, 9}, values(a), {9}, values(b), [](double x, double y) { return x * y; }, out_shape);
+  const std::vector<double> want = broadcast_reference(
+      {7, 9}, values(a), {9}, values(b), [](double x, double y) { return x * y; }, out_shape);
   expect_close(ops::mul(a, b), want, DType::f32, "sliced a");
 }
 
@@ -209,8 +203,7 @@ TEST(VectorOps, MulsAdd) {
       expect_close(ops::muls_add(x, y, 0.375f), want, dtype, what);
       if (w > 1) expect_close(ops::muls_add(strided_copy_of(x), y, 0.375f), want, dtype, what + " strided");
     }
-  const std::string msg =
-      message_of([] { ops::muls_add(random_tensor({3, 4}, 1), random_tensor({4}, 2), 2.0f); });
+  const std::string msg = message_of([] { ops::muls_add(random_tensor({3, 4}, 1), random_tensor({4}, 2), 2.0f); });
   EXPECT_NE(msg.find("muls_add: x and y must have the same shape, got x [3, 4] and y [4]"), std::string::npos) << msg;
 }
 
@@ -219,7 +212,7 @@ TEST(VectorOps, CastRoundsToNearestEvenAndRoundTrips) {
     for (int64_t w : kWidths) {
       Tensor x = random_tensor({3, w}, 31, DType::f32, 100.0f);
       float* xd = x.mutable_data<float>();
-      xd[0] = std::bit_cast<float>(0x3f808000u);  // exactly halfway between two bf16: ties to even (down)
+      xd[0] = std::bit_cast<float>(0x3f808000u);             // exactly halfway between two bf16: ties to even (down)
       if (w > 1) xd[1] = std::bit_cast<float>(0x3f818000u);  // halfway, rounds up to even
       const Tensor b = ops::cast(x, DType::bf16);
       const Tensor h = ops::cast(x, DType::f16);
@@ -271,8 +264,7 @@ TEST(VectorOps, ContiguousCopiesStridedViewsOnly) {
 TEST(VectorOps, ErrorsNameTheOpAndWhatWasExpected) {
   const Tensor x = random_tensor({4, 8}, 5);
   std::string msg = message_of([&] { ops::add(x, random_tensor({4, 8}, 6, DType::bf16)); });
-  EXPECT_NE(msg.find("add: a and b must have the same dtype, got a f32 [4, 8] and b bf16 [4, 8]"), std::string::npos)
-      << msg;
+  EXPECT_NE(msg.find("add: a and b must have the same dtype, got a f32 [4, 8] and b bf16 [4, 8]"), std::string::npos) << msg;
   msg = message_of([&] { ops::mul(x, random_tensor({3}, 6)); });
   EXPECT_NE(msg.find("mul: shapes [4, 8] and [3] do not broadcast"), std::string::npos) << msg;
   msg = message_of([&] { ops::softmax(Tensor::zeros({2, 2}, DType::i32)); });
@@ -287,10 +279,8 @@ TEST(VectorOps, UnknownIsaIsAnError) {
   setenv("CUBEVEC_VECTOR_ISA", "sse9", 1);
   const std::string msg = message_of([] { ops::softmax(random_tensor({2, 2}, 1)); });
   unsetenv("CUBEVEC_VECTOR_ISA");
-  EXPECT_NE(msg.find("CUBEVEC_VECTOR_ISA=sse9: unknown ISA (expected one of: avx512, avx2, portable)"),
-            std::string::npos)
-      << msg;
+  EXPECT_NE(msg.find("CUBEVEC_VECTOR_ISA=sse9: unknown ISA (expected one of: avx512, avx2, portable)"), std::string::npos) << msg;
 }
 
-}  // namespace
+}  // namespace vector_ops_test
 }  // namespace cubevec

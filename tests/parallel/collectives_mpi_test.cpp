@@ -178,10 +178,8 @@ TEST(Collectives, RanksInDifferentCollectivesGetAnErrorNamingBoth) {
   const Stream stream = default_device().default_stream();
   const Tensor x = filled({4}, comm.rank(), 7);
   try {
-    if (comm.rank() == 0)
-      all_gather(x, 0, comm, stream, "left");
-    else
-      all_reduce_sum(x, comm, stream, "right");
+    if (comm.rank() == 0) all_gather(x, 0, comm, stream, "left");
+    else all_reduce_sum(x, comm, stream, "right");
     stream.synchronize();
     FAIL() << "mismatched collectives were not refused";
   } catch (const Error& e) {
@@ -229,5 +227,5 @@ TEST(Collectives, BadArgumentsAreRefusedBeforeAnyTransfer) {
   comm.barrier("still usable");
 }
 
-}  // namespace
+}  // namespace collectives_mpi_test
 }  // namespace cubevec::parallel

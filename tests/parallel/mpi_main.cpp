@@ -22,7 +22,7 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
   int rank_;
 };
 
-}  // namespace
+}  // namespace mpi_main
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);

@@ -84,5 +84,5 @@ TEST(PatchParallelVae, FluxTilesDealtOverTheRanksBlendToTheOneDeviceImage) {
   expect_close_rel(together, alone, 1e-5, "rank " + std::to_string(world.rank()) + " of " + std::to_string(world.size()));
 }
 
-}  // namespace
+}  // namespace patch_parallel_vae_mpi_test
 }  // namespace cubevec::pipelines

@@ -44,5 +44,5 @@ TEST(RankFailure, AFailingRankStopsTheOthersWithItsMessage) {
   }
 }
 
-}  // namespace
+}  // namespace rank_failure_mpi_test
 }  // namespace cubevec::parallel

@@ -36,8 +36,7 @@ RgbImage frame_image(int t, int width = kWidth, int height = kHeight) {
   for (int y = 0; y < height; ++y)
     for (int x = 0; x < width; ++x) {
       const double u = double(x) / width, v = double(y) / height, phase = 0.9 * t;
-      const double rgb[3] = {0.5 + 0.4 * std::sin(two_pi * u + phase), 0.15 + 0.7 * v,
-                             0.5 + 0.4 * std::cos(two_pi * (u + v) / 2 - phase)};
+      const double rgb[3] = {0.5 + 0.4 * std::sin(two_pi * u + phase), 0.15 + 0.7 * v, 0.5 + 0.4 * std::cos(two_pi * (u + v) / 2 - phase)};
       for (int c = 0; c < 3; ++c)
         image.pixels[static_cast<std::size_t>((y * width + x) * 3 + c)] = static_cast<uint8_t>(std::lround(255 * rgb[c]));
     }
@@ -69,16 +68,14 @@ void write_file(const std::string& path, const std::vector<uint8_t>& bytes) {
 uint32_t u32_at(const std::vector<uint8_t>& b, std::size_t pos) {
   return uint32_t{b.at(pos)} | uint32_t{b.at(pos + 1)} << 8 | uint32_t{b.at(pos + 2)} << 16 | uint32_t{b.at(pos + 3)} << 24;
 }
-uint16_t u16_at(const std::vector<uint8_t>& b, std::size_t pos) {
-  return static_cast<uint16_t>(b.at(pos) | b.at(pos + 1) << 8);
-}
-std::string cc_at(const std::vector<uint8_t>& b, std::size_t pos) {
-  return std::string(reinterpret_cast<const char*>(b.data() + pos), 4);
-}
+uint16_t u16_at(const std::vector<uint8_t>& b, std::size_t pos) { return static_cast<uint16_t>(b.at(pos) | b.at(pos + 1) << 8); }
+std::string cc_at(const std::vector<uint8_t>& b, std::size_t pos) { return std::string(reinterpret_cast<const char*>(b.data() + pos), 4); }
 void put_u32(std::vector<uint8_t>& b, std::size_t pos, uint32_t v) {
   for (int i = 0; i < 4; ++i) b.at(pos + static_cast<std::size_t>(i)) = static_cast<uint8_t>(v >> (8 * i));
 }
-void put_cc(std::vector<uint8_t>& b, std::size_t pos, const char* cc) { std::copy(cc, cc + 4, b.begin() + static_cast<std::ptrdiff_t>(pos)); }
+void put_cc(std::vector<uint8_t>& b, std::size_t pos, const char* cc) {
+  std::copy(cc, cc + 4, b.begin() + static_cast<std::ptrdiff_t>(pos));
+}
 
 // Writes `n` frames at 16 fps: all but the last through the RgbImage overload at quality 85, the
 // last as JPEG bytes of odd length. Returns the JPEG bytes of each frame as stored.
@@ -88,10 +85,8 @@ std::vector<std::vector<uint8_t>> write_sample(const std::string& path, int n) {
   for (int t = 0; t < n; ++t) {
     const RgbImage image = frame_image(t);
     jpegs.push_back(t + 1 < n ? media::encode_jpeg(image, 85) : odd_sized(media::encode_jpeg(image, 85)));
-    if (t + 1 < n)
-      writer.add_frame(image, 85);
-    else
-      writer.add_frame(jpegs.back());
+    if (t + 1 < n) writer.add_frame(image, 85);
+    else writer.add_frame(jpegs.back());
   }
   EXPECT_EQ(writer.frame_count(), n);
   writer.finish();
@@ -280,11 +275,11 @@ TEST(AviWriter, ArgumentErrorsNameTheFile) {
   error([&] { MjpegAviWriter(path, 70000, 16, 16); }, "got 70000x16");
   error([&] { MjpegAviWriter(path, 16, 16, 0); }, path + ": AVI frame rate must be positive, got 0/1");
   error([&] { MjpegAviWriter(path, 16, 16, 25, -1); }, "got 25/-1");
-  error([&] { MjpegAviWriter("/nonexistent-dir/x.avi", 16, 16, 16); }, "/nonexistent-dir/x.avi: the directory /nonexistent-dir does not exist");
+  error([&] { MjpegAviWriter("/nonexistent-dir/x.avi", 16, 16, 16); },
+        "/nonexistent-dir/x.avi: the directory /nonexistent-dir does not exist");
 
   MjpegAviWriter writer(path, kWidth, kHeight, 16);
-  error([&] { writer.add_frame(media::encode_jpeg(frame_image(0, 16, 16), 85)); },
-        path + ": frame 0 is 16x16, but the video is 48x40");
+  error([&] { writer.add_frame(media::encode_jpeg(frame_image(0, 16, 16), 85)); }, path + ": frame 0 is 16x16, but the video is 48x40");
   error([&] { writer.add_frame(frame_image(0, 16, 16)); }, path + ": frame 0 is 16x16, but the video is 48x40");
   error([&] { writer.add_frame(std::vector<uint8_t>{'h', 'e', 'l', 'l', 'o'}); }, path + ": frame 0: not a JPEG file");
   error([&] { writer.add_frame(std::vector<uint8_t>{}); }, path + ": frame 0: not a JPEG file");
@@ -308,8 +303,7 @@ TEST(AviJpeg, InMemoryEncodeDecodeAndHeaderSize) {
   EXPECT_LT(mean_abs_error(media::decode_jpeg(odd_sized(jpeg)), image), 1.5) << "a comment segment changes nothing";
   const std::vector<uint8_t> junk{1, 2, 3};
   EXPECT_NE(message_of([&] { media::decode_jpeg(junk, "frame 7"); }).find("frame 7: not a JPEG file"), std::string::npos);
-  EXPECT_NE(message_of([&] { media::encode_jpeg(RgbImage{}, 85, "frame 2"); }).find("frame 2: cannot write an empty"),
-            std::string::npos);
+  EXPECT_NE(message_of([&] { media::encode_jpeg(RgbImage{}, 85, "frame 2"); }).find("frame 2: cannot write an empty"), std::string::npos);
 }
 
 TEST(AviReader, MalformedFilesGiveClearErrors) {
@@ -333,8 +327,7 @@ TEST(AviReader, MalformedFilesGiveClearErrors) {
     return b;
   };
 
-  EXPECT_NE(message_of([&] { media::read_avi_info(temp_path("missing.avi")); }).find("missing.avi: cannot be read"),
-            std::string::npos);
+  EXPECT_NE(message_of([&] { media::read_avi_info(temp_path("missing.avi")); }).find("missing.avi: cannot be read"), std::string::npos);
   expect_error({'R', 'I', 'F', 'F', 0, 0}, "too short for an AVI file (6 bytes)");
   expect_error(std::vector<uint8_t>(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(good.size() / 2)),
                "truncated: the RIFF chunk ends at offset " + std::to_string(good.size()) + ", but the file has " +
@@ -356,7 +349,8 @@ TEST(AviReader, MalformedFilesGiveClearErrors) {
   expect_error(edited([&](auto& b) { put_u32(b, idx1 + 8 + 8, 6); }), "index entry 0 points at offset 226, where the chunk is");
   expect_error(edited([&](auto& b) { put_u32(b, idx1 + 4, 17); }), "past the end of the RIFF chunk");
   // A frame chunk whose size runs past its list; a file without its index.
-  expect_error(edited([](auto& b) { put_u32(b, 228, 1u << 20); }), "chunk '00dc' at offset 224 declares 1048576 bytes, past the end of LIST 'movi'");
+  expect_error(edited([](auto& b) { put_u32(b, 228, 1u << 20); }),
+               "chunk '00dc' at offset 224 declares 1048576 bytes, past the end of LIST 'movi'");
   expect_error(edited([&](auto& b) {
                  b.resize(idx1);
                  put_u32(b, 4, static_cast<uint32_t>(idx1 - 8));
@@ -366,5 +360,5 @@ TEST(AviReader, MalformedFilesGiveClearErrors) {
   std::filesystem::remove(path);
 }
 
-}  // namespace
+}  // namespace avi_test
 }  // namespace cubevec

@@ -38,5 +38,5 @@ TEST(CvExperiment, RejectsEmptyWorkloads) {
   EXPECT_THROW(run_cv_experiment({}, CvMode::serialized, builtin_cpu_profile(), 0), Error);
 }
 
-}  // namespace
+}  // namespace cv_experiment_test
 }  // namespace cubevec

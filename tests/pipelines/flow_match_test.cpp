@@ -52,8 +52,8 @@ TEST(FlowMatch, SigmasAndTimestepsMatchTheReference) {
     ASSERT_EQ(scheduler.sigmas().size(), sigmas.size()) << name;
     ASSERT_EQ(scheduler.timesteps().size(), timesteps.size()) << name;
     for (std::size_t i = 0; i < sigmas.size(); ++i)
-      EXPECT_EQ(ulps(scheduler.sigmas()[i], static_cast<float>(sigmas[i])), 0) << name << " sigma " << i << ": "
-                                                                                  << scheduler.sigmas()[i] << " vs " << sigmas[i];
+      EXPECT_EQ(ulps(scheduler.sigmas()[i], static_cast<float>(sigmas[i])), 0)
+          << name << " sigma " << i << ": " << scheduler.sigmas()[i] << " vs " << sigmas[i];
     for (std::size_t i = 0; i < timesteps.size(); ++i)
       EXPECT_EQ(ulps(scheduler.timesteps()[i], static_cast<float>(timesteps[i])), 0) << name << " timestep " << i;
     EXPECT_EQ(scheduler.sigmas().back(), 0.0f) << name;
@@ -128,5 +128,5 @@ TEST(FlowMatch, ConfigAndUseErrors) {
             std::string::npos);
 }
 
-}  // namespace
+}  // namespace flow_match_test
 }  // namespace cubevec

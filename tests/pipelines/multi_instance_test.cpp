@@ -47,9 +47,9 @@ TEST(MultiInstance, ForwardMatchesTheOpsOnOneStreamAndWeightsAreShared) {
   // The model restated with the ops on a single stream.
   Tensor h = inputs[0];
   for (std::size_t l = 0; l < 2; ++l)
-    h = ops::activation(ops::matmul(ops::rms_norm(h, {}, 1e-6f, s), model.weights[l],
-                                    {.bias = model.biases[l], .backend = ops::GemmBackend::reference}, s),
-                        ops::Activation::gelu_tanh, s);
+    h = ops::activation(
+        ops::matmul(ops::rms_norm(h, {}, 1e-6f, s), model.weights[l], {.bias = model.biases[l], .backend = ops::GemmBackend::reference}, s),
+        ops::Activation::gelu_tanh, s);
   const Tensor out = mlp_forward(model, inputs[0], device.new_stream(), device.new_stream());
   for (int64_t i = 0; i < out.numel(); ++i) ASSERT_NEAR(out.data<float>()[i], h.data<float>()[i], 1e-5) << i;
   for (const Tensor& w : model.weights) EXPECT_TRUE(w.storage()->read_only()) << "weights are frozen";
@@ -58,5 +58,5 @@ TEST(MultiInstance, ForwardMatchesTheOpsOnOneStreamAndWeightsAreShared) {
   EXPECT_THROW(mlp_forward(model, random_inputs(1, 5, 17)[0], s, s), Error);
 }
 
-}  // namespace
+}  // namespace multi_instance_test
 }  // namespace cubevec

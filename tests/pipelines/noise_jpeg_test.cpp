@@ -47,7 +47,8 @@ TEST(Jpeg, WrittenFileDecodesToTheImage) {
   for (int64_t c = 0; c < 3; ++c)
     for (int64_t y = 0; y < h; ++y)
       for (int64_t x = 0; x < w; ++x)
-        v[static_cast<std::size_t>((c * h + y) * w + x)] = -1.2f + 2.4f * static_cast<float>(x + y + 10 * c) / static_cast<float>(w + h + 20);
+        v[static_cast<std::size_t>((c * h + y) * w + x)] =
+            -1.2f + 2.4f * static_cast<float>(x + y + 10 * c) / static_cast<float>(w + h + 20);
   const Tensor image = Tensor::from_vector(v, {1, 3, h, w});
   const media::RgbImage rgb = media::to_rgb(image);
   ASSERT_EQ(rgb.width, w);
@@ -67,15 +68,16 @@ TEST(Jpeg, WrittenFileDecodesToTheImage) {
   EXPECT_LE(max_err, 8.0) << "quality 95 on a smooth gradient";
   std::filesystem::remove(path);
   EXPECT_NE(message_of([&] { media::write_jpeg(path, rgb, 0); }).find("quality must be in 1..100"), std::string::npos);
-  EXPECT_NE(message_of([&] { media::to_rgb(Tensor::from_vector(v, {3, h, w})); }).find("expected an image [1, 3, H, W]"),
+  EXPECT_NE(message_of([&] {
+              media::to_rgb(Tensor::from_vector(v, {3, h, w}));
+            }).find("expected an image [1, 3, H, W]"),
             std::string::npos);
-  EXPECT_NE(message_of([&] { media::write_jpeg("/nonexistent-dir/x.jpg", rgb); }).find("/nonexistent-dir/x.jpg"),
-            std::string::npos);
+  EXPECT_NE(message_of([&] { media::write_jpeg("/nonexistent-dir/x.jpg", rgb); }).find("/nonexistent-dir/x.jpg"), std::string::npos);
   const std::string not_jpeg = path + ".txt";
   std::ofstream(not_jpeg) << "hello";
   EXPECT_NE(message_of([&] { media::read_jpeg(not_jpeg); }).find("not a JPEG file"), std::string::npos);
   std::filesystem::remove(not_jpeg);
 }
 
-}  // namespace
+}  // namespace noise_jpeg_test
 }  // namespace cubevec

@@ -104,8 +104,7 @@ TEST(Offload, BlocksHoldPanelsOnlyInsideTheirWindow) {
   }
   // After the run: the resident blocks keep their panels, the streamed ones hold none.
   for (const auto& [name, linear] : pipeline.transformer().parameters().linears()) {
-    const bool streamed_block = name.find("transformer_blocks.") != std::string::npos &&
-                                name.rfind("transformer_blocks.0.", 0) != 0;
+    const bool streamed_block = name.find("transformer_blocks.") != std::string::npos && name.rfind("transformer_blocks.0.", 0) != 0;
     if (streamed_block) {
       EXPECT_FALSE(holds_panels(*linear)) << name;
     }
@@ -169,9 +168,9 @@ TEST(Offload, TheCopyStreamIsModelledAtTheHostLinkFigure) {
         EXPECT_NEAR(record.modelled_end_s - record.modelled_start_s,
                     record.desc.bytes / (host_gbps * 1e9) + profile.launch_overhead_us * 1e-6, 1e-12);
       }
-    EXPECT_EQ(copies, 2 * (blocks - r));  // 2 steps
+    EXPECT_EQ(copies, 2 * (blocks - r));         // 2 steps
     EXPECT_GT(last_compute_end, last_copy_end);  // the last streamed block computes after its copy
-    const DeviceStats stats = device.stats();  // copies are not collectives
+    const DeviceStats stats = device.stats();    // copies are not collectives
     EXPECT_EQ(stats.host_copies, static_cast<uint64_t>(copies));
     EXPECT_EQ(stats.kernels_per_unit[static_cast<std::size_t>(Unit::comm)], 0u);
     return std::pair{seen.report(), device.stats().modelled_makespan_s};
@@ -211,8 +210,10 @@ TEST(Offload, ResidentCountsOutsideTheModelAreErrors) {
   EXPECT_NE(message_of([&] { pipelines::OffloadStage(3, modules, 1); }).find("the model has 3 blocks"), std::string::npos);
   pipelines::OffloadStage stage(1, modules, 1);
   const models::BlockState in;
-  EXPECT_NE(message_of([&] { stage.run_block({}, {0, 3, "blocks.0"}, in, [](const models::BlockState& s) { return s; }, Stream(nullptr)); })
-                .find("after_load"),
+  EXPECT_NE(message_of([&] {
+              stage.run_block(
+                  {}, {0, 3, "blocks.0"}, in, [](const models::BlockState& s) { return s; }, Stream(nullptr));
+            }).find("after_load"),
             std::string::npos);
 }
 
@@ -248,5 +249,5 @@ TEST(Offload, PackedPanelsFallUnderTheAllocatorsLimit) {
   EXPECT_NE(ops::pack_weight(w, DType::f32, 1), nullptr);  // and without the limit it packs
 }
 
-}  // namespace
+}  // namespace offload_stage_test
 }  // namespace cubevec

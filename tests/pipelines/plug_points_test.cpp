@@ -117,8 +117,8 @@ TEST(PlugPoints, FluxBlocksAttentionAndSteps) {
           EXPECT_EQ(sb.id.index, b);
           EXPECT_EQ(sb.id.count, blocks);
           const auto doubles = static_cast<int>(model.double_blocks().size());
-          EXPECT_EQ(sb.id.module, b < doubles ? "transformer_blocks." + std::to_string(b)
-                                              : "single_transformer_blocks." + std::to_string(b - doubles));
+          EXPECT_EQ(sb.id.module,
+                    b < doubles ? "transformer_blocks." + std::to_string(b) : "single_transformer_blocks." + std::to_string(b - doubles));
           EXPECT_EQ(sb.hidden, (Shape{batch, 6, 32}));
           EXPECT_EQ(sb.encoder, (Shape{batch, 5, 32}));
         }
@@ -282,7 +282,8 @@ TEST(SharedLoop, WanEqualsAPlainLoopBitForBit) {
   const Tensor text = ops::concat({pos, neg}, 0, s);
   for (int i = 0; i < 3; ++i) {
     const float t = scheduler->timesteps()[static_cast<std::size_t>(i)];
-    const Tensor both = pipeline.transformer().forward({ops::concat({x, x}, 0, s), Tensor::from_vector(std::vector<float>{t, t}, {2}), text}, s);
+    const Tensor both =
+        pipeline.transformer().forward({ops::concat({x, x}, 0, s), Tensor::from_vector(std::vector<float>{t, t}, {2}), text}, s);
     const Tensor vu = ops::contiguous(both.narrow(0, 1, 1), s);
     x = scheduler->step(ops::muls_add(ops::sub(both.narrow(0, 0, 1), vu, s), vu, 4.0f, s), x, s);
   }
@@ -295,11 +296,12 @@ TEST(PlugPoints, RopeTablesAreBuiltOncePerShape) {
   const auto model = models::WanTransformer3DModel::load(data_path("wan_tiny/transformer"));
   const Stream s = ops::default_op_stream();
   const Tensor text = random_tensor({1, 7, 24}, 1, DType::f32, 1.0f);
-  for (int i = 0; i < 3; ++i) model->forward({random_tensor({1, 4, 2, 4, 6}, 2), Tensor::from_vector(std::vector<float>{500}, {1}), text}, s);
+  for (int i = 0; i < 3; ++i)
+    model->forward({random_tensor({1, 4, 2, 4, 6}, 2), Tensor::from_vector(std::vector<float>{500}, {1}), text}, s);
   EXPECT_EQ(model->rope_cache().builds(), 1u);
   model->forward({random_tensor({1, 4, 1, 4, 4}, 2), Tensor::from_vector(std::vector<float>{500}, {1}), text}, s);
   EXPECT_EQ(model->rope_cache().builds(), 2u);
 }
 
-}  // namespace
+}  // namespace plug_points_test
 }  // namespace cubevec

@@ -156,8 +156,8 @@ TEST(QuantizeStage, TimestepPolicyPicksStaticOrDynamicByTheLoopsStep) {
   stage.after_load(e.model().parameters());
   models::Linear& layer = e.model().parameters().linear("transformer_blocks.0.attn.to_q");
   const quant::Description desc = quant::Description::load(timestep);
-  const quant::QuantTensors t =
-      quant::read_layer_tensors(SafetensorsFile::open(desc.weight_path()), "transformer_blocks.0.attn.to_q", Algorithm::w8a8_timestep, true);
+  const quant::QuantTensors t = quant::read_layer_tensors(SafetensorsFile::open(desc.weight_path()), "transformer_blocks.0.attn.to_q",
+                                                          Algorithm::w8a8_timestep, true);
   const Tensor x = random_tensor({6, layer.in}, 17, DType::f32, 1.0f);
   for (const int step : {0, 2}) {
     stage.set_step(step);
@@ -188,10 +188,12 @@ TEST(QuantizeStage, TimestepPolicyPicksStaticOrDynamicByTheLoopsStep) {
   const std::string all_static_policy = dir.write("all_static.json", R"({"default": "static"})");
   pipelines::QuantizeStage all_static({timestep, all_static_policy, false});
   all_static.after_load(f.model().parameters());
-  EXPECT_NE(message_of([&] { all_static.set_step(9); })
-                .find("quant_model_weight_w8a8_timestep.safetensors: layer 'context_embedder' has static scales for 4 steps (0 to 3), but the "
-                      "timestep policy " + all_static_policy + " makes step 9 static"),
-            std::string::npos);
+  EXPECT_NE(
+      message_of([&] { all_static.set_step(9); })
+          .find("quant_model_weight_w8a8_timestep.safetensors: layer 'context_embedder' has static scales for 4 steps (0 to 3), but the "
+                "timestep policy " +
+                all_static_policy + " makes step 9 static"),
+      std::string::npos);
   pipelines::RunInfo six, four;
   six.steps = 6;
   four.steps = 4;
@@ -200,7 +202,9 @@ TEST(QuantizeStage, TimestepPolicyPicksStaticOrDynamicByTheLoopsStep) {
   // A policy for a description without timestep layers is a mistake, not silently ignored.
   FluxModel g;
   pipelines::QuantizeStage wrong({dynamic, all_static_policy, false});
-  EXPECT_NE(message_of([&] { wrong.after_load(g.model().parameters()); }).find("applies to W8A8_TIMESTEP layers, but --quant " + dynamic + " quantizes none"),
+  EXPECT_NE(message_of([&] {
+              wrong.after_load(g.model().parameters());
+            }).find("applies to W8A8_TIMESTEP layers, but --quant " + dynamic + " quantizes none"),
             std::string::npos);
 }
 
@@ -250,8 +254,9 @@ TEST(QuantizeStage, DescriptionsThatDoNotFitTheModel) {
     pipelines::QuantizeStage stage({description, "", false});
     return message_of([&] { stage.after_load(m.model().parameters()); });
   };
-  EXPECT_NE(edited([](auto& j) { j["transformer_blocks.0.attn.to_qq.weight"] = "W8A8_DYNAMIC"; })
-                .find("quant_model_description_w8a8_dynamic.json: module 'transformer_blocks.0.attn.to_qq' is not a Linear of this model"),
+  EXPECT_NE(edited([](auto& j) {
+              j["transformer_blocks.0.attn.to_qq.weight"] = "W8A8_DYNAMIC";
+            }).find("quant_model_description_w8a8_dynamic.json: module 'transformer_blocks.0.attn.to_qq' is not a Linear of this model"),
             std::string::npos);
   EXPECT_NE(edited([](auto& j) {
               j.erase("transformer_blocks.0.attn.to_qq.weight");
@@ -265,7 +270,8 @@ TEST(QuantizeStage, DescriptionsThatDoNotFitTheModel) {
   {
     const SafetensorsFile file = SafetensorsFile::open(weights);
     for (const auto& e : file.entries())
-      tensors.push_back({e.name, e.name == "transformer_blocks.0.attn.to_k.weight" ? Tensor::zeros({32, 31}, DType::i8) : file.tensor(e.name).contiguous()});
+      tensors.push_back({e.name, e.name == "transformer_blocks.0.attn.to_k.weight" ? Tensor::zeros({32, 31}, DType::i8)
+                                                                                   : file.tensor(e.name).contiguous()});
   }
   write_safetensors(weights, tensors);
   EXPECT_NE(edited([](auto&) {}).find("layer 'transformer_blocks.0.attn.to_k': 'weight' must be i8 [32, 32], got i8 [32, 31]"),
@@ -299,5 +305,5 @@ TEST(QuantizeStage, ReportsInt8BytesAndReleasesTheFloatWeights) {
   EXPECT_EQ(report["int8_weight_bytes"].get<std::size_t>(), stage.int8_weight_bytes());
 }
 
-}  // namespace
+}  // namespace quantize_stage_test
 }  // namespace cubevec

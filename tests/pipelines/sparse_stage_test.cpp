@@ -97,7 +97,7 @@ TEST(SparseStage, MasksAreEstimatedOnRefreshStepsOnly) {
   for (int s : {0, 2, 4}) EXPECT_FALSE(stage.refreshes(s)) << s;
   const std::vector<double> kept = stage.kept_fraction_per_step();
   ASSERT_EQ(kept.size(), 6u);
-  EXPECT_EQ(kept[0], -1.0);  // dense
+  EXPECT_EQ(kept[0], -1.0);     // dense
   EXPECT_EQ(kept[1], kept[2]);  // step 2 reuses step 1's mask
   for (int s = 1; s < 6; ++s) {
     EXPECT_GT(kept[static_cast<std::size_t>(s)], 0.0);
@@ -157,7 +157,8 @@ TEST(SparseStage, SettingErrorsNameTheFlag) {
   EXPECT_NE(error([](auto& c) { c.step_start = -3; }).find("--sparse-step-start must be >= 0, got -3"), std::string::npos);
   EXPECT_NE(error([](auto& c) { c.cdf_threshold = 2; }).find("--sparse-cdf-threshold must be in (0, 1], got 2"), std::string::npos);
   EXPECT_NE(message_of([] { pipelines::SparseConfig::parse_blocks("3"); }).find("--sparse-blocks must be A-B"), std::string::npos);
-  EXPECT_NE(message_of([] { pipelines::SparseConfig::parse_blocks("5-2"); }).find("the last block comes before the first"), std::string::npos);
+  EXPECT_NE(message_of([] { pipelines::SparseConfig::parse_blocks("5-2"); }).find("the last block comes before the first"),
+            std::string::npos);
   EXPECT_NE(message_of([] { pipelines::SparseConfig::parse_blocks("a-b"); }).find("got 'a-b'"), std::string::npos);
   EXPECT_EQ(pipelines::SparseConfig::parse_blocks("2-37"), (std::pair<int, int>{2, 37}));
   pipelines::SparseConfig c;
@@ -166,8 +167,9 @@ TEST(SparseStage, SettingErrorsNameTheFlag) {
   pipelines::SparseAttentionStage stage(c);
   pipelines::RunInfo run;
   run.steps = 4, run.blocks = 2;
-  EXPECT_NE(message_of([&] { stage.begin_run(run); }).find("--sparse-blocks 1-9 must lie in 0-1 (this model has 2 blocks)"), std::string::npos);
+  EXPECT_NE(message_of([&] { stage.begin_run(run); }).find("--sparse-blocks 1-9 must lie in 0-1 (this model has 2 blocks)"),
+            std::string::npos);
 }
 
-}  // namespace
+}  // namespace sparse_stage_test
 }  // namespace cubevec

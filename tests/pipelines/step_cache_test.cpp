@@ -78,8 +78,7 @@ TEST(StepCacheConfig, MindieStepRules) {
   // replays on the others from step_start on; step_end is not consulted.
   const pipelines::DiTBlockCacheStage dit(mindie(CacheMethod::dit_block, 10, 3, 35, 10, 20), 60, 30);
   for (int s = 0; s < 60; ++s)
-    for (int b = 0; b < 30; ++b)
-      EXPECT_EQ(dit.replays(s, b), s >= 10 && (s - 10) % 3 != 0 && b >= 10 && b < 20) << s << " " << b;
+    for (int b = 0; b < 30; ++b) EXPECT_EQ(dit.replays(s, b), s >= 10 && (s - 10) % 3 != 0 && b >= 10 && b < 20) << s << " " << b;
 }
 
 TEST(StepCacheConfig, DbValidationAndKeysThatDoNotApply) {
@@ -219,11 +218,11 @@ TEST(StepCaches, DbCacheDecisionRules) {
   const auto decide = [&](int step, double diff, Counters n, bool previous = true) {
     return pipelines::DbCacheStage::decide(c, step, diff, previous, n).cache;
   };
-  EXPECT_FALSE(decide(1, 0.0, {}));                // warm-up
-  EXPECT_TRUE(decide(2, 0.05, {}));                // below the threshold
-  EXPECT_FALSE(decide(2, 0.1, {}));                // at the threshold: computed (diff < threshold caches)
-  EXPECT_FALSE(decide(5, 0.01, {3, 0, 4}));        // max cached reached
-  EXPECT_FALSE(decide(5, 0.01, {1, 2, 2}));        // max continuous reached
+  EXPECT_FALSE(decide(1, 0.0, {}));          // warm-up
+  EXPECT_TRUE(decide(2, 0.05, {}));          // below the threshold
+  EXPECT_FALSE(decide(2, 0.1, {}));          // at the threshold: computed (diff < threshold caches)
+  EXPECT_FALSE(decide(5, 0.01, {3, 0, 4}));  // max cached reached
+  EXPECT_FALSE(decide(5, 0.01, {1, 2, 2}));  // max continuous reached
   EXPECT_TRUE(decide(5, 0.01, {1, 1, 4}));
   EXPECT_FALSE(decide(5, 0.01, {}, /*previous=*/false));
   c.threshold = 0;
@@ -249,12 +248,13 @@ TEST(StepCaches, DbCacheOnAConstructedSequence) {
     int computed = 0;
     for (int b = 0; b < 4; ++b) {
       const float add = b == 0 ? first[static_cast<std::size_t>(step)] : static_cast<float>(10 * b + step);
-      x = stage.run_block(info, {b, 4, "b" + std::to_string(b)}, x,
-                          [&](const models::BlockState& in) {
-                            ++computed;
-                            return models::BlockState{ops::add(in.hidden, Tensor::from_vector(std::vector<float>{add}, {1}), s), {}};
-                          },
-                          s);
+      x = stage.run_block(
+          info, {b, 4, "b" + std::to_string(b)}, x,
+          [&](const models::BlockState& in) {
+            ++computed;
+            return models::BlockState{ops::add(in.hidden, Tensor::from_vector(std::vector<float>{add}, {1}), s), {}};
+          },
+          s);
     }
     EXPECT_EQ(computed, cached[static_cast<std::size_t>(step)] ? 2 : 4) << "step " << step;
     // Cached steps add the middle residual of the last computed step (10 + 20 + 2 x that step).
@@ -291,14 +291,16 @@ TEST(TaylorSeer, ExtrapolatesWithDividedDifferences) {
 }
 
 TEST(StepCaches, RelativeL1Diff) {
-  const Tensor a = Tensor::from_vector(std::vector<float>{1, -2, 3, -4}, {4}), b = Tensor::from_vector(std::vector<float>{1, -1, 3, -5}, {4});
+  const Tensor a = Tensor::from_vector(std::vector<float>{1, -2, 3, -4}, {4}),
+               b = Tensor::from_vector(std::vector<float>{1, -1, 3, -5}, {4});
   EXPECT_DOUBLE_EQ(pipelines::relative_l1_diff(a, b), 2.0 / 10.0);
   EXPECT_TRUE(std::isinf(pipelines::relative_l1_diff(a, Tensor::zeros({5}, DType::f32))));
 }
 
 TEST(StepCacheConfig, LoadsAFileAndNamesItInErrors) {
   TempDir dir("cubevec_cache_config");
-  const std::string good = dir.write("good.json", R"({"cache": "attention", "cache-step-start": 20, "cache-interval": 2, "cache-step-end": 47})");
+  const std::string good =
+      dir.write("good.json", R"({"cache": "attention", "cache-step-start": 20, "cache-interval": 2, "cache-step-end": 47})");
   const CacheConfig c = CacheConfig::load(good);
   EXPECT_EQ(c.method, CacheMethod::attention);
   EXPECT_EQ(c.step_end, 47);
@@ -308,5 +310,5 @@ TEST(StepCacheConfig, LoadsAFileAndNamesItInErrors) {
   EXPECT_NE(message_of([&] { CacheConfig::load(broken); }).find(broken), std::string::npos);
 }
 
-}  // namespace
+}  // namespace step_cache_test
 }  // namespace cubevec

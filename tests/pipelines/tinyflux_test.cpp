@@ -61,8 +61,8 @@ Tensor generate(const std::string& prompt, uint64_t seed, int steps = pipelines:
 TEST(TinyFlux, NoiseMatchesTheNumpyReimplementation) {
   const SafetensorsFile& ref = reference();
   const uint64_t check_seed = std::stoull(ref.metadata().at("noise_check_seed"));
-  for (const auto& [name, seed] : {std::pair<std::string, uint64_t>{"noise_check", check_seed},
-                                   {"noise", std::stoull(ref.metadata().at("seed"))}}) {
+  for (const auto& [name, seed] :
+       {std::pair<std::string, uint64_t>{"noise_check", check_seed}, {"noise", std::stoull(ref.metadata().at("seed"))}}) {
     const Tensor want = ref.tensor(name);
     const Tensor got = pipelines::gaussian_noise(want.shape(), seed);
     const auto g = testing::values(got), w = testing::values(want);
@@ -92,8 +92,8 @@ TEST(TinyFlux, PipelineMatchesThePyTorchSampler) {
 
 // The training palette (tools/tinyflux/dataset.py PALETTE).
 const std::map<std::string, std::array<double, 3>> kPalette = {
-    {"red", {220, 40, 40}},     {"orange", {245, 140, 20}}, {"yellow", {245, 220, 40}}, {"green", {40, 170, 60}},
-    {"blue", {40, 80, 220}},    {"purple", {140, 60, 190}}, {"white", {245, 245, 245}}, {"black", {20, 20, 20}}};
+    {"red", {220, 40, 40}},  {"orange", {245, 140, 20}}, {"yellow", {245, 220, 40}}, {"green", {40, 170, 60}},
+    {"blue", {40, 80, 220}}, {"purple", {140, 60, 190}}, {"white", {245, 245, 245}}, {"black", {20, 20, 20}}};
 
 double distance2(const uint8_t* p, const std::array<double, 3>& c) {
   double d = 0;
@@ -160,5 +160,5 @@ TEST(TinyFlux, PicturesHaveThePromptsColors) {
     }
 }
 
-}  // namespace
+}  // namespace tinyflux_test
 }  // namespace cubevec

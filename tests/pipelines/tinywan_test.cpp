@@ -39,7 +39,8 @@ TEST(TinyWan, PipelineMatchesThePyTorchSampler) {
   pipelines::T2ITimings timings;
   const Tensor latents = pipeline.denoise(positive, &negative, o, device, {}, timings);
   std::vector<Tensor> chunks;
-  pipeline.decode(latents, o, device, [&](const Tensor& frames) { chunks.push_back(frames); }, timings);
+  pipeline.decode(
+      latents, o, device, [&](const Tensor& frames) { chunks.push_back(frames); }, timings);
   const Tensor video = ops::concat(chunks, 2, device.default_stream());
   const Tensor want = ref.tensor("video");
   ASSERT_EQ(video.shape(), want.shape());
@@ -50,5 +51,5 @@ TEST(TinyWan, PipelineMatchesThePyTorchSampler) {
   EXPECT_GE(db, 40.0);
 }
 
-}  // namespace
+}  // namespace tinywan_test
 }  // namespace cubevec

@@ -21,8 +21,7 @@ using namespace cubevec::testing;
 using nlohmann::json;
 
 const SafetensorsFile& reference() {
-  static const SafetensorsFile file =
-      SafetensorsFile::open(std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/unipc_reference.safetensors");
+  static const SafetensorsFile file = SafetensorsFile::open(std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/unipc_reference.safetensors");
   return file;
 }
 
@@ -48,8 +47,8 @@ std::vector<int32_t> ints(const Tensor& t) {
 }
 
 // Checks the scheduler's grid against reference sigmas / timesteps; returns the largest ulp distance.
-int64_t expect_grid(const pipelines::UniPCMultistepScheduler& s, const std::vector<double>& sigmas,
-                    const std::vector<int32_t>& timesteps, const std::string& what) {
+int64_t expect_grid(const pipelines::UniPCMultistepScheduler& s, const std::vector<double>& sigmas, const std::vector<int32_t>& timesteps,
+                    const std::string& what) {
   EXPECT_EQ(s.sigmas().size(), sigmas.size()) << what;
   EXPECT_EQ(s.timesteps().size(), timesteps.size()) << what;
   int64_t worst = 0;
@@ -91,9 +90,11 @@ TEST(UniPC, SigmasAndTimestepsMatchTheReference) {
       s.set_timesteps(n);
       const auto un = static_cast<std::size_t>(n);
       ASSERT_LE(o + un + 1, sigmas.size());
-      worst = std::max(worst, expect_grid(s, {sigmas.begin() + static_cast<std::ptrdiff_t>(o), sigmas.begin() + static_cast<std::ptrdiff_t>(o + un + 1)},
-                                          {timesteps.begin() + static_cast<std::ptrdiff_t>(ot), timesteps.begin() + static_cast<std::ptrdiff_t>(ot + un)},
-                                          std::string(key) + " N=" + std::to_string(n)));
+      worst = std::max(
+          worst,
+          expect_grid(s, {sigmas.begin() + static_cast<std::ptrdiff_t>(o), sigmas.begin() + static_cast<std::ptrdiff_t>(o + un + 1)},
+                      {timesteps.begin() + static_cast<std::ptrdiff_t>(ot), timesteps.begin() + static_cast<std::ptrdiff_t>(ot + un)},
+                      std::string(key) + " N=" + std::to_string(n)));
       o += un + 1;
       ot += un;
     }
@@ -169,8 +170,8 @@ TEST(UniPC, TrajectoriesMatchTheReferenceEveryStep) {
 
 TEST(UniPC, ShippedWanConfigsLoad) {
   for (const char* model : {"wan2.1-t2v-14b", "wan2.1-t2v-1.3b"}) {
-    const auto config = pipelines::UniPCConfig::load(std::string(CUBEVEC_SOURCE_DIR) + "/assets/configs/" + model +
-                                                     "/scheduler/scheduler_config.json");
+    const auto config =
+        pipelines::UniPCConfig::load(std::string(CUBEVEC_SOURCE_DIR) + "/assets/configs/" + model + "/scheduler/scheduler_config.json");
     EXPECT_EQ(config.flow_shift, 3.0) << model;
     EXPECT_EQ(config.solver_order, 2) << model;
     EXPECT_EQ(config.num_train_timesteps, 1000) << model;
@@ -228,8 +229,9 @@ TEST(UniPC, ConfigErrorsNameTheKey) {
       "x");
   EXPECT_EQ(ok.flow_shift, 5.0);
   EXPECT_EQ(ok.solver_order, 1);
-  EXPECT_NE(message_of([] { pipelines::UniPCConfig::load("/nonexistent/scheduler_config.json"); }).find("/nonexistent/scheduler_config.json"),
-            std::string::npos);
+  EXPECT_NE(
+      message_of([] { pipelines::UniPCConfig::load("/nonexistent/scheduler_config.json"); }).find("/nonexistent/scheduler_config.json"),
+      std::string::npos);
 }
 
 TEST(UniPC, UseErrors) {
@@ -241,20 +243,19 @@ TEST(UniPC, UseErrors) {
   EXPECT_NE(message_of([&] { s.step(x, x, stream); }).find("step 1 of 0 schedule (call set_timesteps first)"), std::string::npos);
   EXPECT_NE(message_of([&] { s.set_timesteps(0); }).find("steps must be at least 1"), std::string::npos);
   s.set_timesteps(2);
-  EXPECT_NE(message_of([&] { s.step(x, Tensor::zeros({5}, DType::f32), stream); }).find("must have the same shape"),
-            std::string::npos);
+  EXPECT_NE(message_of([&] { s.step(x, Tensor::zeros({5}, DType::f32), stream); }).find("must have the same shape"), std::string::npos);
   EXPECT_NE(message_of([&] { s.step(Tensor::zeros({4}, DType::f16), x, stream); }).find("must be f32"), std::string::npos);
   EXPECT_EQ(s.step_index(), 0);
   Tensor y = s.step(x, x, stream);
-  EXPECT_NE(message_of([&] { s.step(Tensor::zeros({2, 2}, DType::f32), Tensor::zeros({2, 2}, DType::f32), stream); })
-                .find("changed shape"),
+  EXPECT_NE(message_of([&] {
+              s.step(Tensor::zeros({2, 2}, DType::f32), Tensor::zeros({2, 2}, DType::f32), stream);
+            }).find("changed shape"),
             std::string::npos);
   y = s.step(x, y, stream);
   EXPECT_NE(message_of([&] { s.step(x, y, stream); }).find("step 3 of 2 schedule"), std::string::npos);
   config.solver_order = 3;
-  EXPECT_NE(message_of([&] { pipelines::UniPCMultistepScheduler bad(config); }).find("solver_order must be 1 or 2"),
-            std::string::npos);
+  EXPECT_NE(message_of([&] { pipelines::UniPCMultistepScheduler bad(config); }).find("solver_order must be 1 or 2"), std::string::npos);
 }
 
-}  // namespace
+}  // namespace unipc_test
 }  // namespace cubevec

@@ -29,8 +29,9 @@ quant::QuantTensors layer_of(Algorithm algorithm, unsigned seed, bool smooth, in
   const Tensor w = random_tensor({kOut, kIn}, seed, DType::f32, 1.0f), b = random_tensor({kOut}, seed + 1, DType::f32, 1.0f);
   std::vector<quant::ActivationRange> ranges;
   for (int s = 0; s < steps; ++s) ranges.push_back({-1.0f - 0.25f * static_cast<float>(s), 2.0f + 0.5f * static_cast<float>(s)});
-  quant::QuantTensors t =
-      quant::quantize_layer(w, b, algorithm, algorithm == Algorithm::w8a8 || algorithm == Algorithm::w8a8_timestep ? ranges : std::vector<quant::ActivationRange>{});
+  quant::QuantTensors t = quant::quantize_layer(
+      w, b, algorithm,
+      algorithm == Algorithm::w8a8 || algorithm == Algorithm::w8a8_timestep ? ranges : std::vector<quant::ActivationRange>{});
   if (smooth) {
     std::vector<float> mul;
     for (int64_t i = 0; i < kIn; ++i) mul.push_back(0.5f + 0.125f * static_cast<float>(i));
@@ -83,7 +84,7 @@ TEST(QuantFiles, EveryAlgorithmRoundTripsThroughTheMindieFiles) {
       EXPECT_EQ(d.quantized_modules(), (std::vector<std::string>{"blocks.0.attn1.to_q", "blocks.0.ffn.net.0.proj"}));
       EXPECT_EQ(d.algorithm_value("blocks.0.attn1.to_q"), name);
       EXPECT_EQ(d.algorithm_value("blocks.0.ffn.net.0.proj"), name);
-      EXPECT_EQ(d.algorithm_value("norm_out.linear"), std::nullopt);  // FLOAT
+      EXPECT_EQ(d.algorithm_value("norm_out.linear"), std::nullopt);      // FLOAT
       EXPECT_EQ(d.algorithm_value("blocks.1.attn1.to_q"), std::nullopt);  // not listed
       const SafetensorsFile weights = SafetensorsFile::open(d.weight_path());
       // The file holds MindIE's keys, dtypes and shapes.
@@ -106,7 +107,8 @@ TEST(QuantFiles, EveryAlgorithmRoundTripsThroughTheMindieFiles) {
         return t;
       };
       expect_same_layer(quant::read_layer_tensors(weights, "blocks.0.attn1.to_q", algorithm, true), as_written(plain), "plain layer");
-      expect_same_layer(quant::read_layer_tensors(weights, "blocks.0.ffn.net.0.proj", algorithm, true), as_written(smooth), "smoothed layer");
+      expect_same_layer(quant::read_layer_tensors(weights, "blocks.0.ffn.net.0.proj", algorithm, true), as_written(smooth),
+                        "smoothed layer");
     }
 }
 
@@ -162,8 +164,8 @@ TEST(QuantFiles, ModuleMatchingAsMindie) {
   EXPECT_EQ(d.algorithm_value("norm_out.linear"), "w8a8_dynamic");
   EXPECT_EQ(d.algorithm_value("b"), "W8A8");  // a FLOAT bias does not exclude the layer
   EXPECT_EQ(d.algorithm_value("c"), std::nullopt);
-  EXPECT_EQ(d.algorithm_value("d"), std::nullopt);  // an exclusion wins over the weight's entry
-  EXPECT_EQ(d.algorithm_value("e"), "W4A4_MXFP4");  // MindIE's name: the stage says cubevec does not run it
+  EXPECT_EQ(d.algorithm_value("d"), std::nullopt);        // an exclusion wins over the weight's entry
+  EXPECT_EQ(d.algorithm_value("e"), "W4A4_MXFP4");        // MindIE's name: the stage says cubevec does not run it
   EXPECT_EQ(d.algorithm_value("version"), std::nullopt);  // metadata keys are not read
 }
 
@@ -175,21 +177,24 @@ TEST(QuantFiles, MalformedDescriptionsNameTheFileAndTheProblem) {
   };
   EXPECT_NE(error("[1, 2]").find("quant_model_description_x.json: expected a JSON object"), std::string::npos);
   EXPECT_NE(error(R"({"a.weight": "W8A8"})").find("quant_model_description_x.json: missing 'model_quant_type'"), std::string::npos);
-  EXPECT_NE(error(R"({"model_quant_type": 8})").find("'model_quant_type' must be a string naming the file's algorithm (e.g. \"W8A8_DYNAMIC\"), got 8"),
+  EXPECT_NE(error(R"({"model_quant_type": 8})")
+                .find("'model_quant_type' must be a string naming the file's algorithm (e.g. \"W8A8_DYNAMIC\"), got 8"),
             std::string::npos);
   // A tensor's entry must be FLOAT or an algorithm name (a typo would otherwise leave the layer float).
   EXPECT_NE(error(R"({"model_quant_type": "W8A8", "proj_out.weight": "W8A9"})")
                 .find("'proj_out.weight' is \"W8A9\", neither FLOAT nor one of MindIE SD's algorithm names"),
             std::string::npos);
-  EXPECT_NE(error(R"({"model_quant_type": "W8A8", "proj_out.weight": 5})").find("'proj_out.weight' must be a string (FLOAT or an algorithm name), got 5"),
+  EXPECT_NE(error(R"({"model_quant_type": "W8A8", "proj_out.weight": 5})")
+                .find("'proj_out.weight' must be a string (FLOAT or an algorithm name), got 5"),
             std::string::npos);
   EXPECT_NE(error(R"({"model_quant_type": "W8A8", "proj_out.bias": null})").find("'proj_out.bias' must be a string"), std::string::npos);
   // Long names are shortened in messages.
   const std::string long_value(5000, 'W');
   const std::string long_error = error(R"({"model_quant_type": "W8A8", "x.weight": ")" + long_value + R"("})");
   EXPECT_LT(long_error.size(), 400u) << long_error.size();
-  EXPECT_NE(error(R"({"model_quant_type": "w8a8"})").find("'model_quant_type' \"w8a8\" is not one of MindIE SD's algorithm names (exact case"),
-            std::string::npos);
+  EXPECT_NE(
+      error(R"({"model_quant_type": "w8a8"})").find("'model_quant_type' \"w8a8\" is not one of MindIE SD's algorithm names (exact case"),
+      std::string::npos);
   EXPECT_NE(error(R"({"model_quant_type": "INT4"})").find("\"INT4\" is not one of MindIE SD's algorithm names"), std::string::npos);
   EXPECT_NE(error(R"({"model_quant_type": "W8A8",)").find("quant_model_description_x.json"), std::string::npos);
   EXPECT_NE(error("").find("quant_model_description_x.json"), std::string::npos);
@@ -228,12 +233,13 @@ TEST(QuantFiles, MalformedLayerTensorsNameTheFileModuleAndKey) {
   NamedTensors i64_bias = statics;
   i64_bias.push_back({"blocks.0.to_q.quant_bias", Tensor::zeros({3}, DType::i64)});
   EXPECT_NE(error(i64_bias, Algorithm::w8a8).find("'blocks.0.to_q.quant_bias' must be i32 [3], got i64 [3]"), std::string::npos);
-  EXPECT_NE(error({{"blocks.0.to_q.weight", w},
-                   {"blocks.0.to_q.weight_scale", s3},
-                   {"blocks.0.to_q.weight_offset", Tensor::from_vector(std::vector<float>{0, 0.5f, 0}, {3, 1})}},
-                  Algorithm::w8a8_dynamic)
-                .find("'blocks.0.to_q.weight_offset' must be zero (symmetric int8 weights; no weight offset is applied), channel 1 holds 0.5"),
-            std::string::npos);
+  EXPECT_NE(
+      error({{"blocks.0.to_q.weight", w},
+             {"blocks.0.to_q.weight_scale", s3},
+             {"blocks.0.to_q.weight_offset", Tensor::from_vector(std::vector<float>{0, 0.5f, 0}, {3, 1})}},
+            Algorithm::w8a8_dynamic)
+          .find("'blocks.0.to_q.weight_offset' must be zero (symmetric int8 weights; no weight offset is applied), channel 1 holds 0.5"),
+      std::string::npos);
   NamedTensors i64_scale = statics;
   i64_scale[1] = {"blocks.0.to_q.input_scale", Tensor::zeros({1}, DType::i64)};
   i64_scale.push_back({"blocks.0.to_q.quant_bias", Tensor::zeros({3}, DType::i32)});
@@ -253,5 +259,5 @@ TEST(QuantFiles, ExcludeGlobs) {
   EXPECT_TRUE(glob_match("**x", "abx"));
 }
 
-}  // namespace
+}  // namespace files_test
 }  // namespace cubevec

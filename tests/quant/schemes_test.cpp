@@ -145,7 +145,8 @@ TEST(QuantSchemes, TimestepSwitchesBetweenStaticRowsAndDynamic) {
   std::vector<float> scales = {0.02f, 0.03f, 0.05f}, offsets = {0.0f, -5.0f, 4.0f}, deq(steps * kOut);
   std::vector<int32_t> qbias(steps * kOut);
   for (int64_t s = 0; s < steps; ++s)
-    for (int64_t o = 0; o < kOut; ++o) deq[s * kOut + o] = scales[s] * l.w_scale[o], qbias[s * kOut + o] = static_cast<int32_t>(s * 100 + o);
+    for (int64_t o = 0; o < kOut; ++o)
+      deq[s * kOut + o] = scales[s] * l.w_scale[o], qbias[s * kOut + o] = static_cast<int32_t>(s * 100 + o);
   t.input_scale = Tensor::from_vector(scales, {steps});
   t.input_offset = Tensor::from_vector(offsets, {steps});
   t.deq_scale = Tensor::from_vector(deq, {steps, kOut});
@@ -178,23 +179,29 @@ TEST(QuantSchemes, LayerTensorChecksNameTheProblem) {
   };
   EXPECT_NE(bad([](auto& t) { t.weight_scale = Tensor(); }).find("blocks.0.attn1.to_q: missing 'weight_scale' (expected f32 [19])"),
             std::string::npos);
-  EXPECT_NE(bad([](auto& t) { t.weight = Tensor::zeros({kOut, kIn + 1}, DType::i8); }).find("'weight' must be i8 [19, 37], got i8 [19, 38]"),
+  EXPECT_NE(bad([](auto& t) {
+              t.weight = Tensor::zeros({kOut, kIn + 1}, DType::i8);
+            }).find("'weight' must be i8 [19, 37], got i8 [19, 38]"),
             std::string::npos);
-  EXPECT_NE(bad([](auto& t) { t.weight_scale = Tensor::zeros({kOut}, DType::f32); }).find("'weight_scale' must hold positive finite numbers"),
+  EXPECT_NE(
+      bad([](auto& t) { t.weight_scale = Tensor::zeros({kOut}, DType::f32); }).find("'weight_scale' must hold positive finite numbers"),
+      std::string::npos);
+  EXPECT_NE(bad([](auto& t) { t.mul_scale = Tensor::zeros({kIn}, DType::f32); }, Algorithm::w8a16).find("never applies it"),
             std::string::npos);
-  EXPECT_NE(bad([](auto& t) { t.mul_scale = Tensor::zeros({kIn}, DType::f32); }, Algorithm::w8a16).find("never applies it"), std::string::npos);
   EXPECT_NE(bad([](auto& t) {
               std::vector<float> mul(kIn, 1.0f);
               mul[3] = std::nanf("");
               t.mul_scale = Tensor::from_vector(mul, {kIn});
             }).find("'div.mul_scale' must hold positive finite numbers"),
             std::string::npos);
-  EXPECT_NE(bad([](auto& t) {
-              t.input_scale = Tensor::from_vector(std::vector<float>{0.1f}, {1});
-              t.input_offset = Tensor::from_vector(std::vector<float>{0.5f}, {1});
-              t.deq_scale = Tensor::from_vector(std::vector<float>(kOut, 0.01f), {kOut});
-              t.quant_bias = Tensor::zeros({kOut}, DType::i32);
-            }, Algorithm::w8a8)
+  EXPECT_NE(bad(
+                [](auto& t) {
+                  t.input_scale = Tensor::from_vector(std::vector<float>{0.1f}, {1});
+                  t.input_offset = Tensor::from_vector(std::vector<float>{0.5f}, {1});
+                  t.deq_scale = Tensor::from_vector(std::vector<float>(kOut, 0.01f), {kOut});
+                  t.quant_bias = Tensor::zeros({kOut}, DType::i32);
+                },
+                Algorithm::w8a8)
                 .find("'input_offset' must hold integers in [-128, 127]"),
             std::string::npos);
 }
@@ -212,5 +219,5 @@ TEST(TimestepPolicy, FileFormatAndErrors) {
   EXPECT_NE(error(R"({"statics": [3]})").find("unknown key 'statics'"), std::string::npos);
 }
 
-}  // namespace
+}  // namespace schemes_test
 }  // namespace cubevec

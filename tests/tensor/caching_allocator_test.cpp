@@ -205,5 +205,5 @@ TEST(CachingAllocator, ConcurrentAllocationFromSeveralThreads) {
   EXPECT_GT(s.hits, 0u);
 }
 
-}  // namespace
+}  // namespace caching_allocator_test
 }  // namespace cubevec

@@ -267,8 +267,7 @@ TEST_F(CheckpointErrors, ShardPathWithASlash) {
 TEST_F(CheckpointErrors, ShardPathLeavingTheDirectory) {
   fs::create_directory(dir_ / "model");
   write_shard("outside.safetensors", {"w"});  // exists one level up
-  const std::string index =
-      write_text("model/model.safetensors.index.json", R"({"weight_map": {"w": "../outside.safetensors"}})");
+  const std::string index = write_text("model/model.safetensors.index.json", R"({"weight_map": {"w": "../outside.safetensors"}})");
   expect_open_error(index, {index + ": ", "names shard '../outside.safetensors'", "plain file name"});
 }
 
@@ -279,8 +278,7 @@ TEST_F(CheckpointErrors, ShardPathThatIsDotDot) {
 
 TEST_F(CheckpointErrors, MissingShardFile) {
   const std::string index = write_text("model.safetensors.index.json", R"({"weight_map": {"w": "absent.safetensors"}})");
-  expect_open_error(index, {index + ": weight_map puts tensor 'w' in shard " + path("absent.safetensors") +
-                                ", which does not exist"});
+  expect_open_error(index, {index + ": weight_map puts tensor 'w' in shard " + path("absent.safetensors") + ", which does not exist"});
 }
 
 TEST_F(CheckpointErrors, MalformedShardIsNamed) {
@@ -314,8 +312,7 @@ TEST_F(CheckpointErrors, TensorInTwoShards) {
 TEST_F(CheckpointErrors, DuplicateKeyInWeightMap) {
   write_shard("a.safetensors", {"w"});
   write_shard("b.safetensors", {"w"});
-  const std::string index =
-      write_text("model.safetensors.index.json", R"({"weight_map": {"w": "a.safetensors", "w": "b.safetensors"}})");
+  const std::string index = write_text("model.safetensors.index.json", R"({"weight_map": {"w": "a.safetensors", "w": "b.safetensors"}})");
   expect_open_error(index, {index + ": ", "the key 'w' appears more than once"});
 }
 
@@ -327,8 +324,8 @@ TEST_F(CheckpointErrors, DirectoryWithNoCheckpoint) {
 TEST_F(CheckpointErrors, DirectoryWithTwoSafetensorsFiles) {
   write_shard("a.safetensors", {"w"});
   write_shard("b.safetensors", {"w"});
-  expect_open_error(dir_.string(), {dir_.string() + ": ", "holds several *.safetensors files", "a.safetensors",
-                                    "b.safetensors", "name the one to load"});
+  expect_open_error(dir_.string(),
+                    {dir_.string() + ": ", "holds several *.safetensors files", "a.safetensors", "b.safetensors", "name the one to load"});
 }
 
 TEST_F(CheckpointErrors, DirectoryWithTwoIndexes) {
@@ -346,5 +343,5 @@ TEST_F(CheckpointErrors, DirectoryWithOneSafetensorsFileOpensIt) {
   EXPECT_EQ(checkpoint.tensor("w").at<float>({1}), 1.5f);
 }
 
-}  // namespace
+}  // namespace checkpoint_test
 }  // namespace cubevec

@@ -28,5 +28,5 @@ TEST(DType, UnknownNameListsTheKnownOnes) {
   }
 }
 
-}  // namespace
+}  // namespace dtype_test
 }  // namespace cubevec

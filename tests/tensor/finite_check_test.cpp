@@ -46,8 +46,8 @@ TEST(FiniteCheck, NamesTheFirstBadElementForEachFloatType) {
 TEST(FiniteCheck, StridedViewsReportTheLogicalIndex) {
   Tensor f = Tensor::zeros({2, 3}, DType::f32);
   static_cast<float*>(f.mutable_data_ptr())[0 * 3 + 2] = std::numeric_limits<float>::quiet_NaN();  // [0, 2]
-  const Tensor t = f.transpose(0, 1);  // [3, 2]: the NaN is at [2, 0]
+  const Tensor t = f.transpose(0, 1);                                                              // [3, 2]: the NaN is at [2, 0]
   EXPECT_EQ(message_of(t), "embeds.safetensors: tensor 'prompt_embeds': element [2, 0] is nan (expected finite values)");
 }
 
-}  // namespace
+}  // namespace finite_check_test

@@ -68,10 +68,29 @@ uint16_t reference_f32_to_bf16(float x) {
 }
 
 std::vector<float> interesting_floats() {
-  std::vector<float> xs = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.99f, 65520.0f, 65536.0f, 1e10f, -1e10f,
-                           INFINITY, -INFINITY, 0x1p-24f, 0x1p-25f, 0x1.8p-25f, 0x1p-26f, 0x1p-14f, 0x1.ffcp-15f,
-                           std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::max(),
-                           std::numeric_limits<float>::min(), 3.14159265f, 1.0f / 3.0f};
+  std::vector<float> xs = {0.0f,
+                           -0.0f,
+                           1.0f,
+                           -1.0f,
+                           65504.0f,
+                           65519.99f,
+                           65520.0f,
+                           65536.0f,
+                           1e10f,
+                           -1e10f,
+                           INFINITY,
+                           -INFINITY,
+                           0x1p-24f,
+                           0x1p-25f,
+                           0x1.8p-25f,
+                           0x1p-26f,
+                           0x1p-14f,
+                           0x1.ffcp-15f,
+                           std::numeric_limits<float>::denorm_min(),
+                           std::numeric_limits<float>::max(),
+                           std::numeric_limits<float>::min(),
+                           3.14159265f,
+                           1.0f / 3.0f};
   // Every midpoint between neighbouring halves (exact ties) and the floats just beside it.
   for (uint32_t h = 0; h < 0x7bff; ++h) {
     const float mid = static_cast<float>((decode_f16(static_cast<uint16_t>(h)) + decode_f16(static_cast<uint16_t>(h + 1))) / 2);
@@ -134,8 +153,8 @@ TEST(Half, F32ToF16RoundsToNearestEven) {
     const uint16_t got = f32_to_f16(xs[i]);
     if (got != expected || bulk[i] != expected) {
       ++failures;
-      ADD_FAILURE() << "x=" << std::hexfloat << xs[i] << " expected 0x" << std::hex << expected << " scalar 0x" << got
-                    << " bulk 0x" << bulk[i];
+      ADD_FAILURE() << "x=" << std::hexfloat << xs[i] << " expected 0x" << std::hex << expected << " scalar 0x" << got << " bulk 0x"
+                    << bulk[i];
     }
   }
 }
@@ -179,8 +198,7 @@ TEST(Half, F32ToBf16RoundsToNearestEven) {
   auto xs = interesting_floats();
   // Exact ties between neighbouring bf16 values, both parities, and around the overflow threshold.
   for (uint32_t top : {0x3f80u, 0x3f81u, 0x0001u, 0x7f7eu, 0x7f7fu, 0x8001u, 0xc2f7u})
-    for (uint32_t low : {0x8000u, 0x7fffu, 0x8001u, 0xffffu, 0x0001u})
-      xs.push_back(std::bit_cast<float>((top << 16) | low));
+    for (uint32_t low : {0x8000u, 0x7fffu, 0x8001u, 0xffffu, 0x0001u}) xs.push_back(std::bit_cast<float>((top << 16) | low));
   std::vector<uint16_t> bulk(xs.size());
   convert_f32_to_bf16(xs.data(), bulk.data(), xs.size());
   int failures = 0;
@@ -188,8 +206,7 @@ TEST(Half, F32ToBf16RoundsToNearestEven) {
     const uint16_t expected = reference_f32_to_bf16(xs[i]);
     if (f32_to_bf16(xs[i]) != expected || bulk[i] != expected) {
       ++failures;
-      ADD_FAILURE() << "x=" << std::hexfloat << xs[i] << " expected 0x" << std::hex << expected << " got 0x"
-                    << f32_to_bf16(xs[i]);
+      ADD_FAILURE() << "x=" << std::hexfloat << xs[i] << " expected 0x" << std::hex << expected << " got 0x" << f32_to_bf16(xs[i]);
     }
   }
 }
@@ -203,5 +220,5 @@ TEST(Half, F32ToBf16NaNStaysNaN) {
   }
 }
 
-}  // namespace
+}  // namespace half_test
 }  // namespace cubevec

@@ -178,4 +178,4 @@ TEST_F(OutputFileTest, ClosedFilesWaitForTheirCommit) {
   EXPECT_EQ(entries(), 3);
 }
 
-}  // namespace
+}  // namespace output_file_test

@@ -32,10 +32,12 @@ TEST(RegularFile, OnlyRegularFilesAreRead) {
 
   EXPECT_EQ(read_regular_file(file), R"({"x": 1})");
   EXPECT_EQ(read_regular_file(link), R"({"x": 1})");
-  EXPECT_NE(message_of([&] { read_regular_file(fifo); }).find("fifo.json: is not a regular file (a FIFO, socket or device)"), std::string::npos);
+  EXPECT_NE(message_of([&] { read_regular_file(fifo); }).find("fifo.json: is not a regular file (a FIFO, socket or device)"),
+            std::string::npos);
   EXPECT_NE(message_of([&] { read_regular_file("/dev/zero"); }).find("/dev/zero: is not a regular file"), std::string::npos);
   EXPECT_NE(message_of([&] { read_regular_file(dir.path.string()); }).find(": is a directory, not a file"), std::string::npos);
-  EXPECT_NE(message_of([&] { read_regular_file(loop); }).find("loop.json: cannot open: Too many levels of symbolic links"), std::string::npos);
+  EXPECT_NE(message_of([&] { read_regular_file(loop); }).find("loop.json: cannot open: Too many levels of symbolic links"),
+            std::string::npos);
   EXPECT_NE(message_of([&] { read_regular_file((dir.path / "none.json").string()); }).find("none.json: cannot open: No such file"),
             std::string::npos);
   EXPECT_NE(message_of([&] { read_regular_file(file, 4); }).find("a.json: is 8 bytes, more than the 4 a file of this kind may have"),
@@ -51,5 +53,5 @@ TEST(RegularFile, OnlyRegularFilesAreRead) {
   EXPECT_EQ(msg.find("not valid JSON: not valid JSON"), std::string::npos) << msg;
 }
 
-}  // namespace
+}  // namespace regular_file_test
 }  // namespace cubevec

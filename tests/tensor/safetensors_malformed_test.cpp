@@ -53,28 +53,27 @@ std::vector<Malformed> corpus() {
       {"MetadataValueNotString", file_bytes(R"({"__metadata__":{"format":1}})"), SafetensorsRule::InvalidMetadata, "",
        "key 'format' holds a JSON number"},
       {"EntryNotObject", file_bytes(R"({"w":[1]})"), SafetensorsRule::InvalidEntry, "w", "expected an object"},
-      {"MissingDtype", file_bytes(R"({"w":{"shape":[1],"data_offsets":[0,4]}})", "abcd"), SafetensorsRule::InvalidEntry,
-       "w", "missing field 'dtype'"},
+      {"MissingDtype", file_bytes(R"({"w":{"shape":[1],"data_offsets":[0,4]}})", "abcd"), SafetensorsRule::InvalidEntry, "w",
+       "missing field 'dtype'"},
       {"MissingOffsets", file_bytes(R"({"w":{"dtype":"F32","shape":[1]}})", "abcd"), SafetensorsRule::InvalidEntry, "w",
        "missing field 'data_offsets'"},
-      {"UnknownDtype", file_bytes(R"({"w":{"dtype":"F31","shape":[1],"data_offsets":[0,4]}})", "abcd"),
-       SafetensorsRule::UnknownDtype, "w", "unknown dtype 'F31'"},
-      {"LowerCaseDtype", file_bytes(R"({"w":{"dtype":"f32","shape":[1],"data_offsets":[0,4]}})", "abcd"),
-       SafetensorsRule::UnknownDtype, "w", "unknown dtype 'f32'"},
-      {"DtypeNotString", file_bytes(R"({"w":{"dtype":4,"shape":[1],"data_offsets":[0,4]}})", "abcd"),
-       SafetensorsRule::UnknownDtype, "w", "expected a string"},
+      {"UnknownDtype", file_bytes(R"({"w":{"dtype":"F31","shape":[1],"data_offsets":[0,4]}})", "abcd"), SafetensorsRule::UnknownDtype, "w",
+       "unknown dtype 'F31'"},
+      {"LowerCaseDtype", file_bytes(R"({"w":{"dtype":"f32","shape":[1],"data_offsets":[0,4]}})", "abcd"), SafetensorsRule::UnknownDtype,
+       "w", "unknown dtype 'f32'"},
+      {"DtypeNotString", file_bytes(R"({"w":{"dtype":4,"shape":[1],"data_offsets":[0,4]}})", "abcd"), SafetensorsRule::UnknownDtype, "w",
+       "expected a string"},
       {"NegativeShape", file_bytes(R"({"w":)" + f32_entry("[-1]", 0, 4) + "}", "abcd"), SafetensorsRule::InvalidShape, "w",
        "expected non-negative integers"},
-      {"FloatShape", file_bytes(R"({"w":)" + f32_entry("[1.0]", 0, 4) + "}", "abcd"), SafetensorsRule::InvalidShape, "w",
-       "holds 1.0"},
+      {"FloatShape", file_bytes(R"({"w":)" + f32_entry("[1.0]", 0, 4) + "}", "abcd"), SafetensorsRule::InvalidShape, "w", "holds 1.0"},
       {"HugeShapeNumber", file_bytes(R"({"w":)" + f32_entry("[99999999999999999999999]", 0, 4) + "}", "abcd"),
        SafetensorsRule::InvalidShape, "w", "expected non-negative integers"},
       {"ShapeNotArray", file_bytes(R"({"w":)" + f32_entry("4", 0, 4) + "}", "abcd"), SafetensorsRule::InvalidShape, "w",
        "expected an array"},
-      {"ThreeOffsets", file_bytes(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4,8]}})", "abcd"),
-       SafetensorsRule::InvalidOffsets, "w", "expected [BEGIN, END]"},
-      {"NegativeOffset", file_bytes(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[-4,0]}})", "abcd"),
-       SafetensorsRule::InvalidOffsets, "w", "non-negative"},
+      {"ThreeOffsets", file_bytes(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4,8]}})", "abcd"), SafetensorsRule::InvalidOffsets,
+       "w", "expected [BEGIN, END]"},
+      {"NegativeOffset", file_bytes(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[-4,0]}})", "abcd"), SafetensorsRule::InvalidOffsets,
+       "w", "non-negative"},
       {"DuplicateName", file_bytes(R"({"w":)" + f32_entry("[1]", 0, 4) + R"(,"w":)" + f32_entry("[1]", 4, 8) + "}", eight),
        SafetensorsRule::DuplicateName, "", "'w' appears more than once"},
       // The JSON parser would stop at the NUL and never see what follows it (found by the fuzzer).
@@ -90,23 +89,22 @@ std::vector<Malformed> corpus() {
        SafetensorsRule::InvalidOffset, "b", "overlaps"},
       {"EndBeforeBegin", file_bytes(R"({"a":)" + f32_entry("[1]", 0, 4) + R"(,"b":)" + f32_entry("[0]", 4, 2) + "}", "abcd"),
        SafetensorsRule::InvalidOffset, "b", "ends before it begins"},
-      {"EmptySpanForNonEmptyShape", file_bytes(R"({"b":)" + f32_entry("[1]", 0, 0) + "}"),
-       SafetensorsRule::TensorInvalidInfo, "b", "span 0 bytes, but 1 elements of F32 need 4"},
-      {"ElementCountOverflow",
-       file_bytes(R"({"w":)" + f32_entry("[4294967296,4294967296,2]", 0, 4) + "}", "abcd"),
+      {"EmptySpanForNonEmptyShape", file_bytes(R"({"b":)" + f32_entry("[1]", 0, 0) + "}"), SafetensorsRule::TensorInvalidInfo, "b",
+       "span 0 bytes, but 1 elements of F32 need 4"},
+      {"ElementCountOverflow", file_bytes(R"({"w":)" + f32_entry("[4294967296,4294967296,2]", 0, 4) + "}", "abcd"),
        SafetensorsRule::ValidationOverflow, "w", "element count"},
       {"BitCountOverflow", file_bytes(R"({"w":)" + f32_entry("[1152921504606846976]", 0, 4) + "}", "abcd"),
        SafetensorsRule::ValidationOverflow, "w", "bits overflows"},
-      {"F4OddCount", file_bytes(R"({"w":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}})", "ab"),
-       SafetensorsRule::MisalignedSlice, "w", "do not fill whole bytes"},
-      {"SpanTooShortForShape", file_bytes(R"({"w":)" + f32_entry("[1000,1000]", 0, 4) + "}", "abcd"),
-       SafetensorsRule::TensorInvalidInfo, "w", "1000000 elements of F32 need 4000000"},
+      {"F4OddCount", file_bytes(R"({"w":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}})", "ab"), SafetensorsRule::MisalignedSlice, "w",
+       "do not fill whole bytes"},
+      {"SpanTooShortForShape", file_bytes(R"({"w":)" + f32_entry("[1000,1000]", 0, 4) + "}", "abcd"), SafetensorsRule::TensorInvalidInfo,
+       "w", "1000000 elements of F32 need 4000000"},
       {"HugeDeclaredTensor", file_bytes(R"({"w":)" + f32_entry("[288230376151711744]", 0, 1152921504606846976ull) + "}", "abcd"),
        SafetensorsRule::IncompleteBuffer, "", "cover 1152921504606846976 data bytes but the file holds 4"},
-      {"TruncatedData", file_bytes(R"({"w":)" + f32_entry("[2]", 0, 8) + "}", "abcd"), SafetensorsRule::IncompleteBuffer,
-       "", "cover 8 data bytes but the file holds 4"},
-      {"TrailingBytes", file_bytes(R"({"w":)" + f32_entry("[1]", 0, 4) + "}", "abcdEXTRA"),
-       SafetensorsRule::IncompleteBuffer, "", "the file holds 9"},
+      {"TruncatedData", file_bytes(R"({"w":)" + f32_entry("[2]", 0, 8) + "}", "abcd"), SafetensorsRule::IncompleteBuffer, "",
+       "cover 8 data bytes but the file holds 4"},
+      {"TrailingBytes", file_bytes(R"({"w":)" + f32_entry("[1]", 0, 4) + "}", "abcdEXTRA"), SafetensorsRule::IncompleteBuffer, "",
+       "the file holds 9"},
   };
 }
 
@@ -156,7 +154,8 @@ TEST(WellFormedSafetensors, EdgeCasesAreAccepted) {
   const auto scalar = parse(file_bytes(R"({"s":{"dtype":"F64","shape":[],"data_offsets":[0,8],"extra":[1,2]}})", "12345678"));
   ASSERT_EQ(scalar.entries.size(), 1u);
   EXPECT_TRUE(scalar.entries[0].shape.empty());
-  const auto zero = parse(file_bytes(R"({"z":{"dtype":"BF16","shape":[0,5],"data_offsets":[0,0]},"a":)" + f32_entry("[1]", 0, 4) + "}", "abcd"));
+  const auto zero =
+      parse(file_bytes(R"({"z":{"dtype":"BF16","shape":[0,5],"data_offsets":[0,0]},"a":)" + f32_entry("[1]", 0, 4) + "}", "abcd"));
   ASSERT_EQ(zero.entries.size(), 2u);
   const auto f4 = parse(file_bytes(R"({"q":{"dtype":"F4","shape":[2,3],"data_offsets":[0,3]}})", "abc"));
   EXPECT_EQ(f4.entries[0].end, 3u);
@@ -172,7 +171,9 @@ TEST(SafetensorsParsePaths, FastAndStrictAgreeOnEveryInput) {
   for (const auto& c : corpus()) inputs.push_back(c.bytes);
   const std::string w = f32_entry("[1]", 0, 4);
   for (const std::string& json : {
-           std::string("{}"), std::string(" \t{}\n"), std::string(R"({"__metadata__":null})"),
+           std::string("{}"),
+           std::string(" \t{}\n"),
+           std::string(R"({"__metadata__":null})"),
            std::string(R"({"__metadata__":{"format":"pt","b":"2"},"w":)") + w + "}",
            std::string(R"({"__metadata__":{"a":"1"},"__metadata__":{"b":"2"}})"),
            std::string(R"({"__metadata__":{"a":"1","a":"2"}})"),
@@ -185,7 +186,9 @@ TEST(SafetensorsParsePaths, FastAndStrictAgreeOnEveryInput) {
            std::string(R"({"s":{"dtype":"F32","shape":[1],"data_offsets":[0,4,8]}})"),
            std::string(R"({"s":{"dtype":"F32","shape":[1],"data_offsets":[0]}})"),
            std::string(R"({"s":{"dtype":7,"shape":[1],"data_offsets":[0,4]}})"),
-           std::string(R"({"z":{"dtype":"BF16","shape":[0],"data_offsets":[0,0]},"y":{"dtype":"U8","shape":[0],"data_offsets":[0,0]},"a":)") + w + "}",
+           std::string(
+               R"({"z":{"dtype":"BF16","shape":[0],"data_offsets":[0,0]},"y":{"dtype":"U8","shape":[0],"data_offsets":[0,0]},"a":)") +
+               w + "}",
            std::string(R"({"b":)") + f32_entry("[1]", 4, 8) + R"(,"a":)" + w + "}",
            std::string(R"({"b":)") + f32_entry("[1]", 2, 6) + R"(,"a":)" + w + "}",
        }) {
@@ -215,5 +218,5 @@ TEST(SafetensorsParsePaths, FastAndStrictAgreeOnEveryInput) {
   EXPECT_GE(accepted, 8) << "the comparison covers accepted headers too";
 }
 
-}  // namespace
+}  // namespace safetensors_malformed_test
 }  // namespace cubevec

@@ -16,9 +16,7 @@ namespace safetensors_test {  // named after the file: unity batches never mix t
 
 using testing::message_of;
 
-std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("cubevec_st_" + name)).string();
-}
+std::string temp_path(const std::string& name) { return (std::filesystem::temp_directory_path() / ("cubevec_st_" + name)).string(); }
 
 // A tensor of `dtype` whose bytes are a pattern that depends on `seed`.
 Tensor patterned(const Shape& shape, DType dtype, int seed) {
@@ -136,8 +134,9 @@ TEST(Safetensors, ClearErrorsForNamesAndDtypes) {
   EXPECT_NE(message_of([&] { file.tensor("d"); }).find(path + ": tensor 'd' has dtype F64, which cubevec does not support"),
             std::string::npos);
   EXPECT_NE(message_of([&] { file.tensor("missing"); }).find(path + ": no tensor named 'missing'"), std::string::npos);
-  EXPECT_NE(message_of([] { SafetensorsFile::open("/nonexistent/cubevec.safetensors"); })
-                .find("/nonexistent/cubevec.safetensors: cannot open: No such file or directory"),
+  EXPECT_NE(message_of([] {
+              SafetensorsFile::open("/nonexistent/cubevec.safetensors");
+            }).find("/nonexistent/cubevec.safetensors: cannot open: No such file or directory"),
             std::string::npos);
   std::remove(path.c_str());
 }
@@ -147,12 +146,16 @@ TEST(Safetensors, WriterRejectsBadInput) {
   const Tensor t = patterned({2}, DType::f32, 1);
   EXPECT_NE(message_of([&] { write_safetensors(path, {{"x", t}, {"x", t}}); }).find("'x' given twice"), std::string::npos);
   EXPECT_NE(message_of([&] { write_safetensors(path, {{"__metadata__", t}}); }).find("reserved"), std::string::npos);
-  EXPECT_NE(message_of([&] { write_safetensors(path, {{"m", Tensor::meta({2}, DType::f32)}}); }).find("no data to write"),
+  EXPECT_NE(message_of([&] {
+              write_safetensors(path, {{"m", Tensor::meta({2}, DType::f32)}});
+            }).find("no data to write"),
             std::string::npos);
-  EXPECT_NE(message_of([&] { write_safetensors("/nonexistent/dir/x.safetensors", {{"x", t}}); }).find("the directory /nonexistent/dir does not exist"),
+  EXPECT_NE(message_of([&] {
+              write_safetensors("/nonexistent/dir/x.safetensors", {{"x", t}});
+            }).find("the directory /nonexistent/dir does not exist"),
             std::string::npos);
   EXPECT_FALSE(std::filesystem::exists(path));
 }
 
-}  // namespace
+}  // namespace safetensors_test
 }  // namespace cubevec

@@ -32,5 +32,5 @@ TEST(StrictJson, ANumberOverflowNamesItsKey) {
   EXPECT_DOUBLE_EQ(parse_strict_json(R"({"a": [1, {"b": 1e300}]})", 16)["a"][1]["b"].get<double>(), 1e300);
 }
 
-}  // namespace
+}  // namespace strict_json_test
 }  // namespace cubevec

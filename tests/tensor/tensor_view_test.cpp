@@ -78,8 +78,7 @@ TEST(TensorView, NarrowSliceSelect) {
   expect_view(t.select(1, 4), {5}, [](const auto& x) { return 6 * x[0] + 4; });
   expect_view(t.select(0, -1), {6}, [](const auto& x) { return 24 + x[0]; });
   // Views of views compose.
-  expect_view(t.transpose(0, 1).narrow(1, 1, 3).slice(0, 0, 6, 4), {2, 3},
-              [](const auto& x) { return 6 * (1 + x[1]) + 4 * x[0]; });
+  expect_view(t.transpose(0, 1).narrow(1, 1, 3).slice(0, 0, 6, 4), {2, 3}, [](const auto& x) { return 6 * (1 + x[1]) + 4 * x[0]; });
 }
 
 TEST(TensorView, ViewAndReshape) {
@@ -172,8 +171,7 @@ TEST(TensorView, CopyFromAnyStridesAndEveryItemSize) {
     const auto* out = static_cast<const uint8_t*>(dst.data_ptr());
     for (int64_t i = 0; i < 3; ++i)
       for (int64_t j = 0; j < 4; ++j)
-        for (std::size_t b = 0; b < item; ++b)
-          EXPECT_EQ(out[(j * 3 + i) * item + b], bytes[(i * 4 + j) * item + b]) << dtype_name(dtype);
+        for (std::size_t b = 0; b < item; ++b) EXPECT_EQ(out[(j * 3 + i) * item + b], bytes[(i * 4 + j) * item + b]) << dtype_name(dtype);
   }
 }
 
@@ -185,7 +183,9 @@ TEST(TensorView, CopyFromOverlappingSourceIsSafe) {
 
 TEST(TensorView, InvalidViewsNameTheShapes) {
   const Tensor t = arange({2, 3, 4});
-  EXPECT_NE(message_of([&] { t.view({5, 5}); }).find("cannot view a tensor of shape [2, 3, 4] (24 elements) as shape [5, 5]"),
+  EXPECT_NE(message_of([&] {
+              t.view({5, 5});
+            }).find("cannot view a tensor of shape [2, 3, 4] (24 elements) as shape [5, 5]"),
             std::string::npos);
   EXPECT_NE(message_of([&] { t.view({-1, -1}); }).find("more than one -1"), std::string::npos);
   EXPECT_NE(message_of([&] { t.view({5, -1}); }).find("not divisible"), std::string::npos);
@@ -199,21 +199,19 @@ TEST(TensorView, InvalidViewsNameTheShapes) {
   EXPECT_NE(message_of([&] { t.at<float>({0, 3, 0}); }).find("out of bounds"), std::string::npos);
   EXPECT_NE(message_of([&] { t.at<int32_t>({0, 0, 0}); }).find("dtype f32 accessed as i32"), std::string::npos);
   EXPECT_NE(message_of([&] { Tensor::empty({2, -3}, DType::f32); }).find("sizes must be non-negative"), std::string::npos);
-  EXPECT_NE(message_of([&] { Tensor::empty({int64_t{1} << 40, int64_t{1} << 40}, DType::f32); }).find("overflows"),
-            std::string::npos);
+  EXPECT_NE(message_of([&] { Tensor::empty({int64_t{1} << 40, int64_t{1} << 40}, DType::f32); }).find("overflows"), std::string::npos);
 }
 
 TEST(TensorView, FromStorageChecksBounds) {
   auto storage = Storage::allocate(24 * sizeof(float), default_allocator());
   const Tensor ok = Tensor::from_storage(storage, {2, 3}, {1, 8}, 4, DType::f32);  // reaches element 4 + 1 + 16 = 21
   EXPECT_EQ(ok.numel(), 6);
-  EXPECT_NE(message_of([&] { Tensor::from_storage(storage, {2, 3}, {1, 8}, 7, DType::f32); })
-                .find("reaches element 24 but the storage holds 24 elements"),
+  EXPECT_NE(message_of([&] {
+              Tensor::from_storage(storage, {2, 3}, {1, 8}, 7, DType::f32);
+            }).find("reaches element 24 but the storage holds 24 elements"),
             std::string::npos);
-  EXPECT_NE(message_of([&] { Tensor::from_storage(storage, {2}, {-1}, 1, DType::f32); }).find("negative stride"),
-            std::string::npos);
-  EXPECT_NE(message_of([&] { Tensor::from_storage(storage, {2}, {1, 1}, 0, DType::f32); }).find("rank of strides"),
-            std::string::npos);
+  EXPECT_NE(message_of([&] { Tensor::from_storage(storage, {2}, {-1}, 1, DType::f32); }).find("negative stride"), std::string::npos);
+  EXPECT_NE(message_of([&] { Tensor::from_storage(storage, {2}, {1, 1}, 0, DType::f32); }).find("rank of strides"), std::string::npos);
 }
 
 TEST(TensorView, MetaTensorsHaveNoData) {
@@ -236,5 +234,5 @@ TEST(TensorView, ReadOnlyStorageRefusesWrites) {
   EXPECT_EQ((*owner)[0], 1.0f);
 }
 
-}  // namespace
+}  // namespace tensor_view_test
 }  // namespace cubevec

@@ -93,4 +93,4 @@ TEST(ClipTokenizer, BadFoldersNameTheFile) {
   fs::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace clip_tokenizer_test

@@ -29,4 +29,4 @@ TEST(WanPromptClean, UnescapeOnceAndBadText) {
   }
 }
 
-}  // namespace
+}  // namespace prompt_clean_test

@@ -284,9 +284,12 @@ TEST(T5TokenizerJson, ModelErrors) {
   EXPECT_HAS(error_with("not_object", [](json& j) { j = json::array({1, 2}); }), "tokenizer.json: expected a JSON object");
   EXPECT_HAS(error_with("entry_string_score", [](json& j) { j["model"]["vocab"][5][1] = "-3.5"; }),
              "tokenizer.json: vocabulary entry 5 is not [piece, finite score]: [");
-  EXPECT_HAS(error_with("entry_number_piece", [](json& j) { j["model"]["vocab"][7][0] = 7; }), "vocabulary entry 7 is not [piece, finite score]");
-  EXPECT_HAS(error_with("entry_short", [](json& j) { j["model"]["vocab"][8] = json::array({"x"}); }), "vocabulary entry 8 is not [piece, finite score]");
-  EXPECT_HAS(error_with("entry_huge", [](json& j) { j["model"]["vocab"][9][1] = -1e300; }), "vocabulary entry 9 is not [piece, finite score]");
+  EXPECT_HAS(error_with("entry_number_piece", [](json& j) { j["model"]["vocab"][7][0] = 7; }),
+             "vocabulary entry 7 is not [piece, finite score]");
+  EXPECT_HAS(error_with("entry_short", [](json& j) { j["model"]["vocab"][8] = json::array({"x"}); }),
+             "vocabulary entry 8 is not [piece, finite score]");
+  EXPECT_HAS(error_with("entry_huge", [](json& j) { j["model"]["vocab"][9][1] = -1e300; }),
+             "vocabulary entry 9 is not [piece, finite score]");
   EXPECT_HAS(error_with("entry_empty", [](json& j) { j["model"]["vocab"][9][0] = ""; }), "vocabulary entry 9 is an empty piece");
   EXPECT_HAS(error_with("unk_700", [](json& j) { j["model"]["unk_id"] = 700; }),
              "tokenizer.json: the Unigram model's unk_id 700 is not an id of its 700-piece vocabulary");
@@ -307,14 +310,16 @@ TEST(T5TokenizerJson, MissingSpecialPieces) {
         if (token["content"] == piece) token["content"] = to;
     };
   };
-  EXPECT_HAS(error_with("no_eos", rename("</s>", "<eos>")), "tokenizer.json: has no '</s>' piece (a T5 vocabulary has </s>, <pad> and <unk>)");
+  EXPECT_HAS(error_with("no_eos", rename("</s>", "<eos>")),
+             "tokenizer.json: has no '</s>' piece (a T5 vocabulary has </s>, <pad> and <unk>)");
   EXPECT_HAS(error_with("no_pad", rename("<pad>", "<padding>")), "has no '<pad>' piece");
   EXPECT_HAS(error_with("no_unk", rename("<unk>", "<unknown>")), "has no '<unk>' piece");
   EXPECT_HAS(error_with("added_mismatch", [](json& j) { j["added_tokens"][1]["id"] = 5; }),
              "the added token '</s>' has id 5 but is vocabulary piece 1");
-  EXPECT_HAS(error_with("added_gap", [](json& j) {
-               j["added_tokens"].push_back({{"id", 750}, {"content", "<new>"}, {"special", true}});
-             }),
+  EXPECT_HAS(error_with("added_gap",
+                        [](json& j) {
+                          j["added_tokens"].push_back({{"id", 750}, {"content", "<new>"}, {"special", true}});
+                        }),
              "the added token '<new>' has id 750, neither a vocabulary piece nor the next id (700)");
 }
 
@@ -341,25 +346,44 @@ TEST(T5TokenizerJson, NormalizerAndPreTokenizerErrors) {
   trie.back() = 'x';
   EXPECT_HAS(error_with("charsmap_nul", [&](json& j) { j["normalizer"]["normalizers"][0]["precompiled_charsmap"] = base64(trie); }),
              "its normalized strings do not end with NUL");
-  EXPECT_HAS(error_with("nfkc", [](json& j) { j["normalizer"] = {{"type", "NFKC"}}; }),
+  EXPECT_HAS(error_with("nfkc",
+                        [](json& j) {
+                          j["normalizer"] = {{"type", "NFKC"}};
+                        }),
              "tokenizer.json: the normalizer type 'NFKC' is not one of a T5 tokenizer.json");
-  EXPECT_HAS(error_with("nested_lowercase", [](json& j) { j["normalizer"]["normalizers"].push_back({{"type", "Lowercase"}}); }),
+  EXPECT_HAS(error_with("nested_lowercase",
+                        [](json& j) {
+                          j["normalizer"]["normalizers"].push_back({{"type", "Lowercase"}});
+                        }),
              "the normalizer type 'Lowercase'");
-  EXPECT_HAS(error_with("replace_other", [](json& j) { j["normalizer"]["normalizers"][2]["pattern"] = {{"String", "a"}}; }),
+  EXPECT_HAS(error_with("replace_other",
+                        [](json& j) {
+                          j["normalizer"]["normalizers"][2]["pattern"] = {{"String", "a"}};
+                        }),
              "the Replace normalizer {");
-  EXPECT_HAS(error_with("normalizer_untyped", [](json& j) { j["normalizer"] = 3; }), "expected a normalizer to be an object with a string 'type', got 3");
-  EXPECT_HAS(error_with("bytelevel", [](json& j) { j["pre_tokenizer"] = {{"type", "ByteLevel"}}; }),
+  EXPECT_HAS(error_with("normalizer_untyped", [](json& j) { j["normalizer"] = 3; }),
+             "expected a normalizer to be an object with a string 'type', got 3");
+  EXPECT_HAS(error_with("bytelevel",
+                        [](json& j) {
+                          j["pre_tokenizer"] = {{"type", "ByteLevel"}};
+                        }),
              "tokenizer.json: the pre_tokenizer type 'ByteLevel' is not one of a T5 tokenizer.json");
   EXPECT_HAS(error_with("pre_null", [](json& j) { j["pre_tokenizer"] = nullptr; }), "'pre_tokenizer' is null");
   EXPECT_HAS(error_with("pre_missing", [](json& j) { j.erase("pre_tokenizer"); }), "has no 'pre_tokenizer'");
-  EXPECT_HAS(error_with("whitespace_only", [](json& j) { j["pre_tokenizer"] = {{"type", "WhitespaceSplit"}}; }), "the pre_tokenizer has no Metaspace");
-  EXPECT_HAS(error_with("replacement", [](json& j) { j["pre_tokenizer"]["replacement"] = "_"; }), "the Metaspace pre-tokenizer's replacement is \"_\"");
+  EXPECT_HAS(error_with("whitespace_only",
+                        [](json& j) {
+                          j["pre_tokenizer"] = {{"type", "WhitespaceSplit"}};
+                        }),
+             "the pre_tokenizer has no Metaspace");
+  EXPECT_HAS(error_with("replacement", [](json& j) { j["pre_tokenizer"]["replacement"] = "_"; }),
+             "the Metaspace pre-tokenizer's replacement is \"_\"");
   EXPECT_HAS(error_with("scheme", [](json& j) { j["pre_tokenizer"]["prepend_scheme"] = "sometimes"; }),
              "prepend_scheme is \"sometimes\" (expected \"always\", \"first\" or \"never\")");
-  EXPECT_HAS(error_with("prefix_space", [](json& j) {
-               j["pre_tokenizer"].erase("prepend_scheme");
-               j["pre_tokenizer"]["add_prefix_space"] = "yes";
-             }),
+  EXPECT_HAS(error_with("prefix_space",
+                        [](json& j) {
+                          j["pre_tokenizer"].erase("prepend_scheme");
+                          j["pre_tokenizer"]["add_prefix_space"] = "yes";
+                        }),
              "the Metaspace pre-tokenizer: 'add_prefix_space' must be true or false, got \"yes\"");
 }
 
@@ -372,11 +396,11 @@ TEST(T5TokenizerJson, Base64) {
   EXPECT_EQ(decode_base64("+/+/AAEC"), std::string("\xfb\xff\xbf\x00\x01\x02", 6));
   const std::string bytes = charsmap_blob(12345);
   for (std::size_t n = 0; n <= 6; ++n) EXPECT_EQ(decode_base64(base64(bytes.substr(n))), bytes.substr(n));
-  EXPECT_HAS(error_of([] { decode_base64("Zm9=");  }), "the padding bits at its end are not zero");
+  EXPECT_HAS(error_of([] { decode_base64("Zm9="); }), "the padding bits at its end are not zero");
   EXPECT_HAS(error_of([] { decode_base64("Zh=="); }), "the padding bits at its end are not zero");
   EXPECT_HAS(error_of([] { decode_base64("Z==="); }), "the byte 0x3D at offset 1 is not a base64 character");
   EXPECT_HAS(error_of([] { decode_base64("Zm9v\n"); }), "its length 5 is not a multiple of 4");
   EXPECT_HAS(error_of([] { decode_base64("Zm 9"); }), "the byte 0x20 at offset 2");
 }
 
-}  // namespace
+}  // namespace t5_tokenizer_json_test

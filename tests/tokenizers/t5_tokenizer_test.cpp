@@ -83,4 +83,4 @@ TEST(T5Tokenizer, BadInputsNameTheFile) {
   fs::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace t5_tokenizer_test

@@ -18,8 +18,7 @@ inline float apply(float x, float y, float scale) {
 
 // One output row of `n` values; the common stride patterns get their own loop so they vectorize.
 template <class T, BinaryOp Op>
-inline void binary_row(const T* __restrict a, int64_t sa, const T* __restrict b, int64_t sb, T* __restrict out,
-                       int64_t n, float scale) {
+inline void binary_row(const T* __restrict a, int64_t sa, const T* __restrict b, int64_t sb, T* __restrict out, int64_t n, float scale) {
   if (sa == 1 && sb == 1) {
     for (int64_t i = 0; i < n; ++i) store(out, i, apply<Op>(load(a, i), load(b, i), scale));
   } else if (sa == 1 && sb == 0) {

@@ -14,9 +14,7 @@ namespace {
 using bf16_t = uint16_t;  // in these kernels a uint16_t element is always bf16
 
 inline float load(const float* p, int64_t i) { return p[i]; }
-inline float load(const bf16_t* p, int64_t i) {
-  return __builtin_bit_cast(float, static_cast<uint32_t>(p[i]) << 16);
-}
+inline float load(const bf16_t* p, int64_t i) { return __builtin_bit_cast(float, static_cast<uint32_t>(p[i]) << 16); }
 
 inline void store(float* p, int64_t i, float v) { p[i] = v; }
 // Round to nearest, ties to even; a NaN stays a (quiet) NaN. Branch-free so loops vectorize.

@@ -62,9 +62,8 @@ void quantize_entry(const QuantizeArgs& a, int64_t r0, int64_t r1) {
   else quantize_rows<bf16_t>(a, r0, r1);
 }
 
-constexpr Kernels kTable = {rms_norm_entry, layer_norm_entry, softmax_entry, group_norm_entry,
-                            rope_entry,     unary_entry,      binary_entry,  convert_entry,
-                            channel_norm_entry, quantize_entry};
+constexpr Kernels kTable = {rms_norm_entry, layer_norm_entry, softmax_entry, group_norm_entry,   rope_entry,
+                            unary_entry,    binary_entry,     convert_entry, channel_norm_entry, quantize_entry};
 
 }  // namespace
 }  // namespace cubevec::ops::vk
