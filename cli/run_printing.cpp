@@ -17,12 +17,6 @@ std::function<void(const pipelines::Progress&)> progress_printer(bool simulate) 
   };
 }
 
-std::string mib(std::size_t bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-  return text;
-}
-
 void print_stage_table(const std::vector<pipelines::StageTime>& stages, const pipelines::T2ITimings& timings, int steps,
                        const std::string& profile, const AllocatorStats& memory) {
   std::fprintf(stderr, "\n%-28s %10s\n", "stage", "seconds");

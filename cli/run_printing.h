@@ -26,7 +26,4 @@ void print_stage_table(const std::vector<pipelines::StageTime>& stages, const pi
 // The communication unit's row (nothing when there were no collectives).
 void print_communication(const Device& device);
 
-// "12.3 MiB"
-std::string mib(std::size_t bytes);
-
 }  // namespace cubevec::cli

@@ -16,6 +16,12 @@ bool close_enough(std::size_t block_size, std::size_t request_class) { return bl
 
 }  // namespace
 
+std::string mib(std::size_t bytes, int decimals) {
+  char text[48];
+  std::snprintf(text, sizeof text, "%.*f MiB", decimals, static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return text;
+}
+
 std::string human_bytes(std::size_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double value = static_cast<double>(bytes);

@@ -31,6 +31,8 @@ struct AllocatorStats {
 std::string format_stats(const AllocatorStats& stats);
 // "512 B", "1.50 KiB", "12.34 GiB"
 std::string human_bytes(std::size_t bytes);
+// "12.3 MiB": always in MiB, with `decimals` digits after the point (reports that compare sizes).
+std::string mib(std::size_t bytes, int decimals = 1);
 
 class CachingAllocator final : public Allocator {
  public:

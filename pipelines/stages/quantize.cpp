@@ -31,12 +31,6 @@ class QuantKernel : public models::LinearKernel {
   std::shared_ptr<const quant::QuantizedLinear> q_;
 };
 
-std::string mib(std::size_t bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-  return text;
-}
-
 // Shape-only tensors of `algorithm` for a Linear (simulate mode); W8A8_TIMESTEP with `steps` rows.
 quant::QuantTensors meta_tensors(quant::Algorithm algorithm, const models::Linear& l, int steps) {
   quant::QuantTensors t;
@@ -156,8 +150,8 @@ void QuantizeStage::set_step(int step) {
 }
 
 std::string QuantizeStage::summary() const {
-  return std::to_string(swapped_.size()) + " Linears quantized; weights: " + mib(quantized_bytes_) + " int8 (with scales), " +
-         mib(float_bytes_) + " float" + (meta_algorithm_ ? " (simulate: shape-only)" : "");
+  return std::to_string(swapped_.size()) + " Linears quantized; weights: " + mib(quantized_bytes_, 2) + " int8 (with scales), " +
+         mib(float_bytes_, 2) + " float" + (meta_algorithm_ ? " (simulate: shape-only)" : "");
 }
 
 nlohmann::ordered_json QuantizeStage::report() const {
