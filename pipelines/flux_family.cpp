@@ -6,8 +6,7 @@
 #include <vector>
 
 #include "pipelines/flux_t2i.h"
-#include "pipelines/model_family.h"
-#include "pipelines/stages/offload.h"
+#include "pipelines/family_pipeline_base.h"
 #include "base/error.h"
 
 namespace cubevec::pipelines {
@@ -66,17 +65,13 @@ MemoryEstimate flux_memory(const FluxT2IPipeline& pipeline, const T2IOptions& o,
   return e;
 }
 
-class FluxModelPipeline : public ModelPipeline {
+class FluxModelPipeline : public FamilyPipelineBase<FluxT2IPipeline, T2IOptions> {
  public:
-  explicit FluxModelPipeline(FluxT2IPipeline pipeline) : p_(std::move(pipeline)) {}
+  using FamilyPipelineBase::FamilyPipelineBase;
 
   std::string family() const override { return "flux"; }
   std::string task() const override { return "t2i"; }
   bool video() const override { return false; }
-
-  void load_weights(const std::string& model_dir, DType dtype, const std::string& variant) override {
-    p_ = FluxT2IPipeline::load(model_dir, dtype, variant);
-  }
 
   Request with_defaults(const Request& request, const std::string&, std::vector<std::string>&) const override {
     const T2IOptions defaults;
@@ -115,19 +110,6 @@ class FluxModelPipeline : public ModelPipeline {
     return flux_memory(p_, o, text_tokens, o.cfg == CfgMode::off ? 1 : 2, offload, cube_threads);
   }
 
-  int blocks() const override { return p_.transformer().block_count(); }
-  int64_t attention_heads() const override { return p_.transformer().config().num_attention_heads; }
-  std::vector<std::string> block_modules() const override { return pipelines::block_modules(p_.transformer()); }
-  models::TensorParallelPlan tensor_parallel_plan() const override { return p_.transformer().tensor_parallel_plan(); }
-  models::ParameterTable& transformer_parameters() override { return p_.mutable_transformer().mutable_parameters(); }
-  const models::ParameterTable& transformer_parameters() const override { return p_.transformer().parameters(); }
-  const models::ParameterTable* vae_parameters() const override { return p_.vae() ? &p_.vae()->parameters() : nullptr; }
-
-  Tensor denoise(const TextConditioning& text, const Request& request, const RunContext& run, Device& device, const StepCallback& on_step,
-                 T2ITimings& timings, StageList* stages) const override {
-    return p_.denoise(text.positive, text.negative ? &*text.negative : nullptr, options(request, run), device, on_step, timings, stages);
-  }
-
   void decode(const Tensor& latents, const Request& request, const RunContext& run, Device& device, const DecodedSink& sink,
               T2ITimings& timings) const override {
     sink(p_.decode(latents, options(request, run), device, timings));
@@ -161,7 +143,7 @@ class FluxModelPipeline : public ModelPipeline {
   }
 
  private:
-  T2IOptions options(const Request& r, const RunContext& run) const {
+  T2IOptions options(const Request& r, const RunContext& run) const override {
     T2IOptions o;
     o.width = *r.width;
     o.height = *r.height;
@@ -175,8 +157,6 @@ class FluxModelPipeline : public ModelPipeline {
     o.vae_parallel = run.vae_parallel;
     return o;
   }
-
-  FluxT2IPipeline p_;
 };
 
 std::unique_ptr<ModelPipeline> load_flux_meta(const std::string& model_dir, DType dtype) {

@@ -201,9 +201,11 @@ std::string in_request_terms(const std::string& message) {
     if (message.compare(i, 2, "--") == 0) {
       for (const auto& [flag, key] : kTable) {
         const std::size_t end = i + flag.size();
+        if (end > message.size() || message.compare(i, flag.size(), flag) != 0) continue;
+        // A whole flag, not the start of a longer word ("--frames" in "--frames-dir").
         const bool whole = end == message.size() ||
                            !(std::isalnum(static_cast<unsigned char>(message[end])) || message[end] == '-' || message[end] == '_');
-        if (message.compare(i, flag.size(), flag) == 0 && whole) {
+        if (whole) {
           out += key;
           i = end;
           replaced = true;

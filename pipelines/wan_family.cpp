@@ -4,9 +4,8 @@
 #include <cstdio>
 
 #include "pipelines/generation_defaults.h"
-#include "pipelines/model_family.h"
+#include "pipelines/family_pipeline_base.h"
 #include "pipelines/patch_parallel_vae.h"
-#include "pipelines/stages/offload.h"
 #include "pipelines/wan_t2v.h"
 #include "base/error.h"
 
@@ -39,17 +38,13 @@ MemoryEstimate wan_memory(const WanT2VPipeline& pipeline, const T2VOptions& o, i
   return e;
 }
 
-class WanModelPipeline : public ModelPipeline {
+class WanModelPipeline : public FamilyPipelineBase<WanT2VPipeline, T2VOptions> {
  public:
-  explicit WanModelPipeline(WanT2VPipeline pipeline) : p_(std::move(pipeline)) {}
+  using FamilyPipelineBase::FamilyPipelineBase;
 
   std::string family() const override { return "wan"; }
   std::string task() const override { return "t2v"; }
   bool video() const override { return true; }
-
-  void load_weights(const std::string& model_dir, DType dtype, const std::string& variant) override {
-    p_ = WanT2VPipeline::load(model_dir, dtype, variant);
-  }
 
   // The settings the request leaves out, from the folder's generation_defaults.json (the shipped
   // tinywan's 64x64 x 17 frames instead of Wan2.1's 832x480 x 81), else Wan2.1's.
@@ -95,19 +90,6 @@ class WanModelPipeline : public ModelPipeline {
     return wan_memory(p_, o, text_tokens, o.cfg == CfgMode::off ? 1 : 2, offload, cube_threads);
   }
 
-  int blocks() const override { return p_.transformer().block_count(); }
-  int64_t attention_heads() const override { return p_.transformer().config().num_attention_heads; }
-  std::vector<std::string> block_modules() const override { return pipelines::block_modules(p_.transformer()); }
-  models::TensorParallelPlan tensor_parallel_plan() const override { return p_.transformer().tensor_parallel_plan(); }
-  models::ParameterTable& transformer_parameters() override { return p_.mutable_transformer().mutable_parameters(); }
-  const models::ParameterTable& transformer_parameters() const override { return p_.transformer().parameters(); }
-  const models::ParameterTable* vae_parameters() const override { return p_.vae() ? &p_.vae()->parameters() : nullptr; }
-
-  Tensor denoise(const TextConditioning& text, const Request& request, const RunContext& run, Device& device, const StepCallback& on_step,
-                 T2ITimings& timings, StageList* stages) const override {
-    return p_.denoise(text.positive, text.negative ? &*text.negative : nullptr, options(request, run), device, on_step, timings, stages);
-  }
-
   void decode(const Tensor& latents, const Request& request, const RunContext& run, Device& device, const DecodedSink& sink,
               T2ITimings& timings) const override {
     p_.decode(latents, options(request, run), device, sink, timings);
@@ -141,7 +123,7 @@ class WanModelPipeline : public ModelPipeline {
   }
 
  private:
-  T2VOptions options(const Request& r, const RunContext& run) const {
+  T2VOptions options(const Request& r, const RunContext& run) const override {
     T2VOptions o;
     o.width = *r.width;
     o.height = *r.height;
@@ -155,8 +137,6 @@ class WanModelPipeline : public ModelPipeline {
     o.vae_parallel = run.vae_parallel;
     return o;
   }
-
-  WanT2VPipeline p_;
 };
 
 std::unique_ptr<ModelPipeline> load_wan_meta(const std::string& model_dir, DType dtype) {
