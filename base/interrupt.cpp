@@ -17,13 +17,22 @@ namespace cubevec {
 namespace {
 
 std::atomic<int> received{0};
-int wake_pipe[2] = {-1, -1};  // the handler writes a byte per signal; the watchdog reads them
+std::atomic<bool> draining{false};  // serve_signals_by_draining() was called
+std::atomic<int> stop_received{0};  // a stop signal in that mode
+int wake_pipe[2] = {-1, -1};        // the handler writes a byte per signal; the watchdog reads them
 static_assert(std::atomic<int>::is_always_lock_free, "the handler may only touch lock-free atomics");
 
 constexpr int kGraceMs = 3000;  // how long a run may take to reach its next kernel launch or step
 
 extern "C" void on_interrupt(int signal) {
   int expected = 0;
+  if (draining.load()) {
+    stop_received.compare_exchange_strong(expected, signal);
+    // The watchdog counts the signals: the first starts the drain, the second ends the process.
+    const char byte = 2;
+    if (wake_pipe[1] >= 0) (void)!::write(wake_pipe[1], &byte, 1);
+    return;
+  }
   received.compare_exchange_strong(expected, signal);
   const char byte = 1;
   if (wake_pipe[1] >= 0) (void)!::write(wake_pipe[1], &byte, 1);  // async-signal-safe
@@ -44,6 +53,15 @@ std::string signal_name(int signal) {
 void watchdog() {
   char byte = 0;
   while (::read(wake_pipe[0], &byte, 1) < 0) {
+  }
+  if (byte == 2) {  // a service draining: wait for a second signal
+    while (::read(wake_pipe[0], &byte, 1) < 0) {
+    }
+    const int signal = stop_received.load();
+    remove_live_temporaries();
+    std::fprintf(stderr, "error: %s again while draining; ending at once\n", signal_name(signal).c_str());
+    std::fflush(stderr);
+    ::_exit(128 + signal);
   }
   pollfd second{wake_pipe[0], POLLIN, 0};
   (void)::poll(&second, 1, kGraceMs);
@@ -73,6 +91,13 @@ void install_interrupt_handlers() {
   // ignored, the write fails with EFBIG and the output code reports it and cleans up.
   std::signal(SIGXFSZ, SIG_IGN);
 }
+
+void serve_signals_by_draining() {
+  draining = true;
+  std::signal(SIGPIPE, SIG_IGN);
+}
+
+int stop_signal() { return stop_received.load(); }
 
 int interrupt_signal() { return received.load(std::memory_order_relaxed); }
 

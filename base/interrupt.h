@@ -28,4 +28,12 @@ int interrupt_signal();
 // Throws Interrupted when a signal was received.
 void throw_if_interrupted();
 
+// For a long-running service (`cubevec serve`): from now on SIGINT / SIGTERM / SIGHUP no longer stop
+// the work in progress (no Interrupted is thrown); they are counted for the service to poll, which
+// drains and exits. A second signal ends the process at once through the watchdog. SIGPIPE (a client
+// that went away) is ignored: the write fails with EPIPE instead.
+void serve_signals_by_draining();
+// The first stop signal received since serve_signals_by_draining(), or 0.
+int stop_signal();
+
 }  // namespace cubevec

@@ -21,5 +21,6 @@ CommandRunner add_tune_cache_command(CLI::App& app);
 CommandRunner add_quantize_command(CLI::App& app);
 CommandRunner add_sparse_attention_command(CLI::App& app);
 CommandRunner add_tune_command(CLI::App& app);
+CommandRunner add_serve_command(CLI::App& app);
 
 }  // namespace cubevec::cli

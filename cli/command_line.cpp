@@ -28,6 +28,7 @@ CommandLine::CommandLine() {
   add(add_quantize_command);
   add(add_sparse_attention_command);
   add(add_tune_command);
+  add(add_serve_command);
   for (CLI::App* sub : app_.get_subcommands({})) tuning_files_[sub] = add_tuning_file_flag(*sub);
   add_number_checks(app_);
 }

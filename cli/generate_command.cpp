@@ -26,6 +26,7 @@
 #include "cli/stage_flags.h"
 #include "media/avi.h"
 #include "media/jpeg.h"
+#include "media/png.h"
 #include "pipelines/pipeline.h"
 #include "pipelines/seconds_since.h"
 #include "base/error.h"
@@ -52,7 +53,8 @@ struct GenerateFlags {
   const char* name() const { return task == Task::t2i ? "t2i" : "t2v"; }
 };
 
-// Writes each decoded chunk of frames to the AVI and, with --frames-dir, as DIR/frame_00000.jpg ...
+// Writes each decoded chunk of frames to the AVI (MJPEG) and, with --frames-dir, as lossless
+// DIR/frame_00000.png ...
 class FrameWriter {
  public:
   FrameWriter(const GenerateFlags& f, int64_t width, int64_t height)
@@ -68,14 +70,14 @@ class FrameWriter {
     const auto t0 = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < frames.size(2); ++i) {
       const media::RgbImage image = media::to_rgb(frames.select(2, i));
-      const std::vector<uint8_t> jpeg = media::encode_jpeg(image, quality_, avi_.path());
-      avi_.add_frame(jpeg);
+      avi_.add_frame(media::encode_jpeg(image, quality_, avi_.path()));
       if (!dir_.empty()) {
         char name[32];
-        std::snprintf(name, sizeof name, "/frame_%05d.jpg", avi_.frame_count() - 1);
+        std::snprintf(name, sizeof name, "/frame_%05d.png", avi_.frame_count() - 1);
         // Each frame waits in a closed temporary until the video is finished.
         frames_.push_back(std::make_unique<OutputFile>(dir_ + name, "--frames-dir"));
-        frames_.back()->write(jpeg.data(), jpeg.size());
+        const std::vector<uint8_t> png = media::encode_png(image, dir_ + name);
+        frames_.back()->write(png.data(), png.size());
         frames_.back()->close();
       }
     }
@@ -124,7 +126,8 @@ int run(GenerateFlags f, const CLI::App& command, const DeviceFlags& device_flag
   if (f.model.empty())
     throw Error(std::string("--model DIR is required (a diffusers ") + (image ? "Flux" : "Wan") +
                 " directory: transformer/, vae/, scheduler/)");
-  if (!f.common.simulate && f.out.empty()) throw Error(image ? "--out FILE.jpg is required" : "--out FILE.avi is required");
+  if (!f.common.simulate && f.out.empty()) throw Error(image ? "--out FILE.png or FILE.jpg is required" : "--out FILE.avi is required");
+  const media::ImageFormat picture_format = image && !f.out.empty() ? media::image_format_for(f.out, "--out") : media::ImageFormat::png;
   pipelines::Request request = request_of(f, command, stage_flags);
   pipelines::LoadOptions load;
   load.dtype = f.common.weight_dtype();
@@ -168,7 +171,7 @@ int run(GenerateFlags f, const CLI::App& command, const DeviceFlags& device_flag
   for (const std::string& line : description) std::fprintf(stderr, "%s: %s\n", f.name(), line.c_str());
 
   // Stage 2 to 4: denoising with progress, the VAE decode, the picture or the frames.
-  double jpeg_s = 0;
+  double encode_s = 0;
   pipelines::GenerateHooks hooks;
   hooks.device = &device;
   hooks.text = &text;
@@ -179,8 +182,8 @@ int run(GenerateFlags f, const CLI::App& command, const DeviceFlags& device_flag
       return;
     }
     const auto start = std::chrono::steady_clock::now();
-    media::write_jpeg(f.out, media::to_rgb(pixels));
-    jpeg_s = pipelines::seconds_since(start);
+    media::write_image(f.out, media::to_rgb(pixels), picture_format);
+    encode_s = pipelines::seconds_since(start);
   };
   pipelines::GenerationResult result = pipeline->generate(request, hooks);
   result.text_s = text_s;
@@ -192,7 +195,7 @@ int run(GenerateFlags f, const CLI::App& command, const DeviceFlags& device_flag
     stages.push_back({"JPEG + AVI", writer->encode_seconds()});
   } else if (result.decoded) {
     stages.push_back({"VAE decode", result.timings.vae_s});
-    if (image && writer_rank) stages.push_back({"JPEG encode", jpeg_s});
+    if (image && writer_rank) stages.push_back({picture_format == media::ImageFormat::png ? "PNG encode" : "JPEG encode", encode_s});
   }
   print_stage_table(stages, result.timings, *request.num_inference_steps, profile.name, result.allocator);
   print_stage_report(result.stages);
@@ -212,7 +215,7 @@ int run(GenerateFlags f, const CLI::App& command, const DeviceFlags& device_flag
 
 CommandRunner add_generate_command(CLI::App& app, Task task) {
   const bool image = task == Task::t2i;
-  auto* command = image ? app.add_subcommand("t2i", "Text to image with a diffusers Flux model directory, written as JPEG")
+  auto* command = image ? app.add_subcommand("t2i", "Text to image with a diffusers Flux model directory, written as PNG or JPEG")
                         : app.add_subcommand("t2v", "Text to video with a diffusers Wan2.1 model directory, written as an MJPEG AVI");
   auto flags = std::make_shared<GenerateFlags>();
   flags->task = task;
@@ -241,7 +244,7 @@ CommandRunner add_generate_command(CLI::App& app, Task task) {
     command->add_option("--cfg", f.cfg, "True CFG: off, fused (one batch of 2) or streams (two overlapping streams)");
     command->add_option("--cfg-scale", f.cfg_scale, "True CFG scale (default 4)")->check(in_range(0.0, 100.0));
     command->add_option("--seed", f.seed, "Noise seed");
-    command->add_option("--out", f.out, "Output JPEG file")->check(output_file_path());
+    command->add_option("--out", f.out, "Output picture: FILE.png (lossless) or FILE.jpg")->check(output_file_path());
   } else {
     command->add_option("--model", f.model, "Diffusers Wan model directory (transformer/, vae/, scheduler/)");
     command->add_option("--prompt", f.text.prompt,
@@ -271,7 +274,7 @@ CommandRunner add_generate_command(CLI::App& app, Task task) {
     command->add_option("--cfg", f.cfg, "CFG: fused (one batch of 2, default), streams (two overlapping streams) or off");
     command->add_option("--seed", f.seed, "Noise seed");
     command->add_option("--out", f.out, "Output MJPEG AVI file")->check(output_file_path());
-    command->add_option("--frames-dir", f.frames_dir, "Also write each frame as DIR/frame_NNNNN.jpg");
+    command->add_option("--frames-dir", f.frames_dir, "Also write each frame, lossless, as DIR/frame_NNNNN.png");
     command->add_option("--fps", f.fps, "Frame rate of the AVI (default 16, Wan2.1's)")->check(in_range(1, 240));
     command->add_option("--quality", f.quality, "JPEG quality of the frames (default 90)")->check(in_range(1, 100));
   }

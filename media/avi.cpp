@@ -52,7 +52,15 @@ std::string printable(const uint8_t* p) {
 // Writer
 
 MjpegAviWriter::MjpegAviWriter(const std::string& path, int width, int height, int fps_num, int fps_den, uint64_t max_file_bytes)
-    : path_(path), width_(width), height_(height), fps_num_(fps_num), fps_den_(fps_den), max_file_bytes_(max_file_bytes) {
+    : MjpegAviWriter(path, nullptr, width, height, fps_num, fps_den, max_file_bytes) {}
+
+MjpegAviWriter::MjpegAviWriter(std::vector<uint8_t>& memory, const std::string& what, int width, int height, int fps_num, int fps_den,
+                               uint64_t max_file_bytes)
+    : MjpegAviWriter(what, &memory, width, height, fps_num, fps_den, max_file_bytes) {}
+
+MjpegAviWriter::MjpegAviWriter(const std::string& path, std::vector<uint8_t>* memory, int width, int height, int fps_num, int fps_den,
+                               uint64_t max_file_bytes)
+    : path_(path), width_(width), height_(height), fps_num_(fps_num), fps_den_(fps_den), max_file_bytes_(max_file_bytes), memory_(memory) {
   if (width <= 0 || height <= 0 || width > kMaxSide || height > kMaxSide)
     throw Error(path + ": AVI frame size must be 1..65500 on each side, got " + std::to_string(width) + "x" + std::to_string(height));
   if (fps_num <= 0 || fps_den <= 0)
@@ -63,7 +71,8 @@ MjpegAviWriter::MjpegAviWriter(const std::string& path, int width, int height, i
   const int g = std::gcd(fps_num, fps_den);
   fps_num_ /= g;
   fps_den_ /= g;
-  file_ = std::make_unique<OutputFile>(path, "AVI output");
+  if (memory_) memory_->clear();
+  else file_ = std::make_unique<OutputFile>(path, "AVI output");
   const std::vector<uint8_t> h = header(kHeaderSize, kHeaderSize);
   append(h.data(), h.size());
 }
@@ -100,7 +109,8 @@ void MjpegAviWriter::check_open(const char* action) const {
 
 void MjpegAviWriter::append(const uint8_t* data, std::size_t size) {
   try {
-    file_->write(data, size);
+    if (memory_) memory_->insert(memory_->end(), data, data + size);
+    else file_->write(data, size);
   } catch (...) {
     broken_ = true;
     throw;
@@ -152,8 +162,12 @@ void MjpegAviWriter::finish() {
   append(idx1.b.data(), idx1.b.size());
   const std::vector<uint8_t> h = header(movi_end, end_);
   try {
-    file_->write_at(0, h.data(), h.size());
-    file_->commit();
+    if (memory_) {
+      std::copy(h.begin(), h.end(), memory_->begin());
+    } else {
+      file_->write_at(0, h.data(), h.size());
+      file_->commit();
+    }
   } catch (...) {
     broken_ = true;
     throw;

@@ -45,6 +45,10 @@ class MjpegAviWriter {
   // `max_file_bytes` bounds the whole file (index included); a frame that would pass it is
   // rejected with an error. The default is the classic 1 GiB limit.
   MjpegAviWriter(const std::string& path, int width, int height, int fps_num, int fps_den = 1, uint64_t max_file_bytes = kAviClassicLimit);
+  // The same video built in `memory` (a server's response) instead of a file; `what` names it in
+  // errors. `memory` must outlive the writer and holds the whole file after finish().
+  MjpegAviWriter(std::vector<uint8_t>& memory, const std::string& what, int width, int height, int fps_num, int fps_den = 1,
+                 uint64_t max_file_bytes = kAviClassicLimit);
   ~MjpegAviWriter();
   MjpegAviWriter(const MjpegAviWriter&) = delete;
   MjpegAviWriter& operator=(const MjpegAviWriter&) = delete;
@@ -64,6 +68,8 @@ class MjpegAviWriter {
   struct IndexEntry {
     uint32_t offset, size;
   };
+  MjpegAviWriter(const std::string& path, std::vector<uint8_t>* memory, int width, int height, int fps_num, int fps_den,
+                 uint64_t max_file_bytes);
   std::vector<uint8_t> header(uint64_t movi_end, uint64_t file_end) const;
   void check_open(const char* action) const;
   void append(const uint8_t* data, std::size_t size);  // at the end, which grows
@@ -71,6 +77,7 @@ class MjpegAviWriter {
   std::string path_;
   int width_, height_, fps_num_, fps_den_;
   uint64_t max_file_bytes_;
+  std::vector<uint8_t>* memory_ = nullptr;  // the in-memory target, else file_
   std::unique_ptr<OutputFile> file_;
   uint64_t end_ = 0;  // the file's current length
   uint32_t max_chunk_ = 0;

@@ -202,6 +202,15 @@ TextConditioning Pipeline::encode_text(const Request& request, bool cfg, const S
   return text;
 }
 
+Request Pipeline::checked(const Request& request) const {
+  std::vector<std::string> from_defaults;
+  Request r = model_->with_defaults(request, model_dir_, from_defaults);
+  check_request(*model_, r, run_context(options_), /*have_negative=*/true, from_defaults, model_dir_);
+  check_heads(groups_, model_->attention_heads());
+  (void)request_stages(stages_, r.cache, r.sparse, *r.num_inference_steps, model_->blocks(), sequence_parallel_stage(groups_));
+  return r;
+}
+
 GenerationResult Pipeline::generate(const Request& request, const GenerateHooks& hooks) const {
   const auto cancelled = [&] { return hooks.cancel && hooks.cancel->load(); };
   if (cancelled()) throw Cancelled();

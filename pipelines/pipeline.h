@@ -114,6 +114,9 @@ class Pipeline {
   ~Pipeline();
 
   GenerationResult generate(const Request& request, const GenerateHooks& hooks = {}) const;
+  // The request with the model's defaults, checked against the model and its stages as generate()
+  // checks it before any work: a server refuses a bad request before queueing it. Throws Error.
+  Request checked(const Request& request) const;
 
   const ModelPipeline& model() const { return *model_; }
   const std::string& model_dir() const { return model_dir_; }

@@ -1,0 +1,156 @@
+// `cubevec serve`: the models loaded once and served over HTTP until SIGTERM / SIGINT (server/).
+//
+//   cubevec serve --model assets/tinyflux [--model wan=assets/tinywan] [--instances 2] [--port 8080]
+//
+// Binds loopback unless --host says otherwise. A stop signal stops new requests (503), lets the
+// running and queued ones finish within --drain-timeout, cancels what is left, and exits 0; a
+// second signal ends the process at once.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/error.h"
+#include "base/interrupt.h"
+#include "cli/command.h"
+#include "cli/device_flags.h"
+#include "pipelines/memory_estimate.h"
+#include "pipelines/pipeline.h"
+#include "server/http_server.h"
+#include "server/scheduler.h"
+
+namespace cubevec::cli {
+
+namespace {
+
+struct ServeFlags {
+  std::vector<std::string> models;
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  server::SchedulerOptions scheduler;
+  server::ServeLimits limits;
+  std::string max_body = "1M";
+  double drain_timeout_s = 30;
+  std::string dtype = "f32", variant, quant, timestep_policy, memory_limit;
+  int offload = 0;
+  bool check_weights = false;
+};
+
+// "NAME=DIR" or "DIR" (named after the folder).
+std::pair<std::string, std::string> model_name_and_dir(const std::string& spec) {
+  std::string name, dir = spec;
+  if (const std::size_t eq = spec.find('='); eq != std::string::npos) name = spec.substr(0, eq), dir = spec.substr(eq + 1);
+  if (dir.empty()) throw Error("--model " + spec + ": expected DIR or NAME=DIR");
+  if (name.empty()) {
+    std::filesystem::path path(dir);
+    while (!path.empty() && path.filename().empty()) path = path.parent_path();  // "a/b/" names b
+    name = path.filename().string();
+  }
+  if (name.empty() || name.size() > 64 ||
+      name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != std::string::npos)
+    throw Error("--model " + spec + ": the model's name '" + name + "' must be 1..64 letters, digits, '.', '_' or '-' (give NAME=DIR)");
+  return {name, dir};
+}
+
+int run(const ServeFlags& f, const DeviceFlags& device_flags) {
+  if (f.models.empty()) throw Error("--model DIR is required (a diffusers Flux or Wan folder; repeat it to serve several)");
+  server::ServeLimits limits = f.limits;
+  limits.max_body_bytes = pipelines::parse_memory_size(f.max_body, "--max-body");
+  if (limits.max_body_bytes < 1024) throw Error("--max-body must be at least 1K, got " + f.max_body);
+  pipelines::LoadOptions load;
+  if (f.dtype != "f32" && f.dtype != "bf16") throw Error("--dtype must be f32 or bf16, got " + f.dtype);
+  load.dtype = f.dtype == "bf16" ? DType::bf16 : DType::f32;
+  load.variant = f.variant;
+  load.quant = f.quant;
+  load.timestep_policy = f.timestep_policy;
+  load.offload = f.offload;
+  load.memory_limit = f.memory_limit;
+  load.check_weights = f.check_weights;
+  load.profile = device_flags.resolve();
+
+  std::vector<server::ServedModel> models;
+  std::set<std::string> names;
+  for (const std::string& spec : f.models) {
+    auto [name, dir] = model_name_and_dir(spec);
+    if (!names.insert(name).second) throw Error("--model " + spec + ": a model named '" + name + "' is given twice (name one NAME=DIR)");
+    std::fprintf(stderr, "serve: loading %s from %s\n", name.c_str(), dir.c_str());
+    auto pipeline = pipelines::Pipeline::load(dir, load);
+    std::fprintf(stderr, "serve: %s (%s) loaded in %.2f s\n", name.c_str(), pipeline->model().task().c_str(), pipeline->load_seconds());
+    models.push_back({name, dir, std::move(pipeline)});
+  }
+
+  // From here a stop signal drains instead of stopping the kernels in flight.
+  serve_signals_by_draining();
+  server::Scheduler scheduler(std::move(models), f.scheduler);
+  server::HttpServer http(scheduler, limits);
+  const int port = http.bind(f.host, f.port);
+  if (!server::is_loopback(f.host))
+    std::fprintf(stderr, "serve: warning: listening on %s, not loopback: anyone who can reach this machine can use the server\n",
+                 f.host.c_str());
+  std::fprintf(stderr, "serve: listening on http://%s:%d (%d instance(s) per model, queue %d)\n",
+               f.host.find(':') != std::string::npos ? ("[" + f.host + "]").c_str() : f.host.c_str(), port, f.scheduler.instances,
+               f.scheduler.max_queue);
+  std::fflush(stderr);
+  std::thread listener([&] { http.run(); });
+
+  while (!stop_signal()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  scheduler.stop_accepting();
+  std::fprintf(stderr, "serve: stop signal: no new requests; finishing the running ones (--drain-timeout %g s)\n", f.drain_timeout_s);
+  const auto drain_end = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(f.drain_timeout_s * 1000));
+  if (!scheduler.wait_idle(drain_end)) {
+    std::fprintf(stderr, "serve: --drain-timeout passed: cancelling what is left\n");
+    scheduler.cancel_all("the server is shutting down");
+    scheduler.wait_idle(std::chrono::steady_clock::now() + std::chrono::seconds(60));
+  }
+  http.stop();
+  listener.join();
+  std::fprintf(stderr, "serve: stopped\n");
+  return 0;
+}
+
+}  // namespace
+
+CommandRunner add_serve_command(CLI::App& app) {
+  auto* command =
+      app.add_subcommand("serve", "Serve models over HTTP: OpenAI images and videos, AUTOMATIC1111, jobs with progress, a web page");
+  auto flags = std::make_shared<ServeFlags>();
+  auto device_flags = add_device_flags(*command);
+  ServeFlags& f = *flags;
+  command->add_option("--model", f.models, "A diffusers model folder to serve, as DIR (named after the folder) or NAME=DIR; repeatable");
+  command->add_option("--instances", f.scheduler.instances, "Requests per model run at once, sharing one copy of the weights (default 1)")
+      ->check(CLI::Range(1, 64));
+  command->add_option("--host", f.host, "Address to listen on (default 127.0.0.1: this machine only)");
+  command->add_option("--port", f.port, "Port (default 8080; 0: any free port, printed)")->check(CLI::Range(0, 65535));
+  command->add_option("--max-queue", f.scheduler.max_queue, "Requests per model that may wait for an instance; more get 429 (default 16)")
+      ->check(CLI::Range(0, 100000));
+  command->add_option("--timeout", f.scheduler.timeout_s, "Seconds a request may take, queued and running (default 600; 0: no limit)")
+      ->check(CLI::Range(0.0, 1e7));
+  command->add_option("--drain-timeout", f.drain_timeout_s, "Seconds running requests get to finish after SIGTERM / SIGINT (default 30)")
+      ->check(CLI::Range(0.0, 1e6));
+  command->add_option("--keep-jobs", f.scheduler.keep_finished, "Finished jobs kept for their results (default 64)")
+      ->check(CLI::Range(1, 100000));
+  command->add_option("--fps", f.scheduler.video_fps, "Frame rate of served videos (default 16)")->check(CLI::Range(1, 240));
+  command->add_option("--max-body", f.max_body, "Largest request body (default 1M)");
+  command->add_option("--max-n", f.limits.max_n, "Pictures per request at most (default 4)")->check(CLI::Range(1, 64));
+  command->add_option("--max-size", f.limits.max_side, "Width and height at most (default 2048)")->check(CLI::Range(16, 16384));
+  command->add_option("--max-steps", f.limits.max_steps, "Denoising steps at most (default 200)")->check(CLI::Range(1, 1000));
+  command->add_option("--max-frames", f.limits.max_frames, "Video frames at most (default 129)")->check(CLI::Range(1, 4097));
+  command->add_option("--read-timeout", f.limits.read_timeout_s, "Seconds a client may stall while sending (default 10)")
+      ->check(CLI::Range(1, 3600));
+  command->add_option("--write-timeout", f.limits.write_timeout_s, "Seconds a client may stall while receiving (default 10)")
+      ->check(CLI::Range(1, 3600));
+  command->add_option("--http-threads", f.limits.http_threads, "Connections served at once (default 16)")->check(CLI::Range(2, 1024));
+  command->add_option("--dtype", f.dtype, "f32 or bf16 weights and activations (default f32)");
+  command->add_option("--variant", f.variant, "Load diffusion_pytorch_model.<variant>.safetensors");
+  command->add_option("--quant", f.quant, "MindIE SD quantization description (quant_model_description_*.json)");
+  command->add_option("--timestep-policy", f.timestep_policy, "The timestep policy for --quant's W8A8_TIMESTEP layers");
+  command->add_option("--offload", f.offload, "Resident transformer blocks under weight streaming (0: off)")->check(CLI::Range(0, 100000));
+  command->add_option("--memory-limit", f.memory_limit, "Refuse what would not fit in this much memory (\"24G\")");
+  command->add_flag("--check-weights", f.check_weights, "Every loaded weight must be finite");
+  return [flags, device_flags] { return run(*flags, *device_flags); };
+}
+
+}  // namespace cubevec::cli

@@ -1,0 +1,118 @@
+// The AUTOMATIC1111 web UI's API, the subset image tools call: txt2img, progress, interrupt and the
+// model list. Its fields map onto the library's request: steps -> num_inference_steps, cfg_scale ->
+// guidance_scale, seed -1 -> a random seed; batch_size x n_iter pictures with seeds seed, seed + 1...
+#include <string>
+#include <vector>
+
+#include "server/request_body.h"
+#include "server/routes.h"
+
+namespace cubevec::server {
+
+namespace {
+
+void txt2img(ServerContext& context, const httplib::Request& http_request, httplib::Response& response) {
+  const nlohmann::json body = parse_body(http_request.body, http_request.get_header_value("Content-Type"));
+  const std::string prompt = string_field(body, "prompt").value_or("");
+  if (prompt.empty())
+    throw invalid_request("prompt", "'prompt' is required: a non-empty string (cubevec's models need a prompt)",
+                          "missing_required_parameter");
+  const int max_n = context.limits.max_n;
+  const int64_t batch_size = integer_field(body, "batch_size", 1, max_n).value_or(1);
+  const int64_t n_iter = integer_field(body, "n_iter", 1, max_n).value_or(1);
+  if (batch_size * n_iter > max_n)
+    throw invalid_request("n_iter", "batch_size x n_iter is " + std::to_string(batch_size * n_iter) +
+                                        " pictures; this server makes at most " + std::to_string(max_n) + " a request (--max-n)");
+  const int64_t seed = integer_field(body, "seed", -1, INT64_MAX - 64).value_or(-1);
+  const std::string model_name = [&] {
+    // override_settings.sd_model_checkpoint picks the model, as in the web UI.
+    const auto it = body.find("override_settings");
+    if (it != body.end() && it->is_object()) return string_field(*it, "sd_model_checkpoint", {}, 256).value_or("");
+    return std::string();
+  }();
+  const ServedModel& model = context.scheduler.model(model_name, "override_settings.sd_model_checkpoint");
+  nlohmann::json keys{{"prompt", prompt}, {"seed", seed < 0 ? random_seed() : static_cast<uint64_t>(seed)}};
+  if (const auto negative = string_field(body, "negative_prompt"); negative && !negative->empty()) keys["negative_prompt"] = *negative;
+  if (const auto steps = integer_field(body, "steps", 1, context.limits.max_steps)) keys["num_inference_steps"] = *steps;
+  if (const auto cfg = number_field(body, "cfg_scale", 0.0, 100.0)) keys["guidance_scale"] = *cfg;
+  if (const auto width = integer_field(body, "width", 16, context.limits.max_side)) keys["width"] = *width;
+  if (const auto height = integer_field(body, "height", 16, context.limits.max_side)) keys["height"] = *height;
+  const pipelines::Request first = checked_request(keys, model, context.limits, /*video_route=*/false);
+  std::vector<pipelines::Request> requests(static_cast<std::size_t>(batch_size * n_iter), first);
+  for (std::size_t i = 0; i < requests.size(); ++i) requests[i].seed = first.seed + i;
+  const std::vector<std::shared_ptr<Job>> jobs = context.scheduler.submit(model.name, requests, "a1111");
+  for (const auto& job : jobs) job->wait_finished(std::chrono::steady_clock::time_point::max());
+
+  // As the web UI: an interrupted batch answers with the pictures finished before the interrupt.
+  nlohmann::ordered_json images = nlohmann::ordered_json::array(), seeds = nlohmann::ordered_json::array();
+  bool interrupted = false;
+  for (const auto& job : jobs) {
+    const JobSnapshot s = job->snapshot();
+    if (s.status == JobStatus::failed && s.error) throw *s.error;
+    if (s.status == JobStatus::cancelled) {
+      interrupted = true;
+      continue;
+    }
+    images.push_back(base64(encoded_image(job->images().at(0), "png", 92, job->id())));
+    seeds.push_back(job->request().seed);
+  }
+  nlohmann::ordered_json info{
+      {"prompt", prompt},
+      {"negative_prompt", first.text.negative_prompt},
+      {"seed", first.seed},
+      {"all_seeds", seeds},
+      {"width", *first.width},
+      {"height", *first.height},
+      {"steps", *first.num_inference_steps},
+      {"cfg_scale", first.guidance_scale ? nlohmann::ordered_json(*first.guidance_scale) : nlohmann::ordered_json(nullptr)},
+      {"sd_model_name", model.name},
+      {"batch_size", batch_size},
+      {"interrupted", interrupted}};
+  send_json(response, 200,
+            {{"images", images}, {"parameters", body}, {"info", info.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)}});
+}
+
+void progress(ServerContext& context, httplib::Response& response) {
+  const std::vector<std::shared_ptr<Job>> jobs = context.scheduler.unfinished("a1111");
+  nlohmann::ordered_json state{{"skipped", false},     {"interrupted", false}, {"job", ""},          {"job_count", jobs.size()},
+                               {"job_timestamp", "0"}, {"job_no", 0},          {"sampling_step", 0}, {"sampling_steps", 0}};
+  double fraction = 0, eta = 0;
+  for (const auto& job : jobs) {
+    const JobSnapshot s = job->snapshot();
+    if (s.status != JobStatus::in_progress) continue;
+    state["job"] = job->id();
+    state["sampling_step"] = s.step;
+    state["sampling_steps"] = s.steps;
+    state["interrupted"] = job->cancel_requested();
+    fraction = s.progress;
+    eta = s.eta_s.value_or(0);
+    break;
+  }
+  send_json(response, 200,
+            {{"progress", fraction}, {"eta_relative", eta}, {"state", state}, {"current_image", nullptr}, {"textinfo", nullptr}});
+}
+
+}  // namespace
+
+void add_a1111_routes(httplib::Server& http, ServerContext& context) {
+  http.Post("/sdapi/v1/txt2img", answering_errors([&](const httplib::Request& q, httplib::Response& r) { txt2img(context, q, r); }));
+  http.Get("/sdapi/v1/progress", answering_errors([&](const httplib::Request&, httplib::Response& r) { progress(context, r); }));
+  http.Post("/sdapi/v1/interrupt", answering_errors([&](const httplib::Request&, httplib::Response& r) {
+              const std::vector<std::shared_ptr<Job>> jobs = context.scheduler.unfinished("a1111");
+              for (const auto& job : jobs) job->request_cancel();
+              send_json(r, 200, {{"interrupted", jobs.size()}});
+            }));
+  http.Get("/sdapi/v1/sd-models", answering_errors([&](const httplib::Request&, httplib::Response& r) {
+             nlohmann::ordered_json models = nlohmann::ordered_json::array();
+             for (const ServedModel* m : context.scheduler.models())
+               models.push_back({{"title", m->name},
+                                 {"model_name", m->name},
+                                 {"hash", nullptr},
+                                 {"sha256", nullptr},
+                                 {"filename", m->name},
+                                 {"config", nullptr}});
+             send_json(r, 200, models);
+           }));
+}
+
+}  // namespace cubevec::server

@@ -1,0 +1,105 @@
+#include "server/http_common.h"
+
+#include <new>
+#include <random>
+
+#include "base/error.h"
+#include "server/request_body.h"
+
+namespace cubevec::server {
+
+void send_json(httplib::Response& response, int status, const nlohmann::ordered_json& body) {
+  response.status = status;
+  // Invalid UTF-8 from a request (echoed in a message) is replaced, never a throw mid-response.
+  response.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), "application/json");
+}
+
+void send_error(httplib::Response& response, const ApiError& error) {
+  if (error.status() == 429 || error.status() == 503) response.set_header("Retry-After", "1");
+  send_json(response, error.status(), error.to_json());
+}
+
+Handler answering_errors(Handler handler) {
+  return [handler = std::move(handler)](const httplib::Request& request, httplib::Response& response) {
+    try {
+      handler(request, response);
+    } catch (const ApiError& e) {
+      send_error(response, e);
+    } catch (const std::bad_alloc&) {
+      send_error(response, ApiError(507, "server_error", "out_of_memory", "", "the server ran out of memory for this request"));
+    } catch (const Error& e) {
+      send_error(response, from_library_error(e.what()));
+    } catch (const std::exception& e) {
+      send_error(response, ApiError(500, "server_error", "internal_error", "", std::string("internal error: ") + e.what()));
+    }
+  };
+}
+
+void copy_diffusion_keys(const nlohmann::json& body, nlohmann::json& request_keys) {
+  // A path in a request would make the server read a file a client names: never.
+  if (body.contains("prompt_embeds") && !body["prompt_embeds"].is_null())
+    throw invalid_request("prompt_embeds", "'prompt_embeds' names a file, and this server reads no file a request names; send 'prompt'");
+  for (const char* key : {"negative_prompt", "num_inference_steps", "guidance_scale", "true_cfg_scale", "seed", "cfg", "cache", "sparse",
+                          "max_sequence_length", "num_frames"})
+    if (const auto it = body.find(key); it != body.end() && !it->is_null()) request_keys[key] = *it;
+}
+
+pipelines::Request checked_request(const nlohmann::json& request_keys, const ServedModel& model, const ServeLimits& limits,
+                                   bool video_route) {
+  const pipelines::ModelPipeline& family = model.pipeline->model();
+  if (family.video() != video_route)
+    throw invalid_request(
+        "model",
+        "the model '" + model.name + "' makes " +
+            (family.video() ? "videos: use POST /v1/videos or /v1/jobs" : "pictures: use POST /v1/images/generations or /v1/jobs"),
+        "wrong_model_kind");
+  if (!family.video() && request_keys.contains("num_frames"))
+    throw invalid_request("num_frames", "'num_frames' applies to video models; the model '" + model.name + "' makes pictures");
+  pipelines::Request request;
+  try {
+    request = pipelines::Request::from_json(request_keys, "request");
+  } catch (const Error& e) {
+    throw from_library_error(e.what());
+  }
+  try {
+    request = model.pipeline->checked(request);
+  } catch (const Error& e) {
+    throw from_library_error(e.what());
+  }
+  const auto over = [](const std::string& key, int64_t value, int64_t max, const std::string& flag) {
+    if (value > max)
+      throw invalid_request(
+          key, "'" + key + "' is " + std::to_string(value) + "; this server takes at most " + std::to_string(max) + " (" + flag + ")");
+  };
+  over("num_inference_steps", *request.num_inference_steps, limits.max_steps, "--max-steps");
+  over("width", *request.width, limits.max_side, "--max-size");
+  over("height", *request.height, limits.max_side, "--max-size");
+  if (request.num_frames) over("num_frames", *request.num_frames, limits.max_frames, "--max-frames");
+  return request;
+}
+
+uint64_t random_seed() {
+  static thread_local std::mt19937_64 engine{std::random_device{}()};
+  return engine() >> 1;  // a non-negative int64, as requests carry it
+}
+
+void wait_all(const std::vector<std::shared_ptr<Job>>& jobs) {
+  for (const auto& job : jobs) job->wait_finished(std::chrono::steady_clock::time_point::max());
+  for (const auto& job : jobs) {
+    const JobSnapshot s = job->snapshot();
+    if (s.status == JobStatus::failed && s.error) throw *s.error;
+    if (s.status == JobStatus::cancelled)
+      throw ApiError(503, "server_error", "cancelled", "",
+                     "the request was cancelled before it finished (" + std::string(s.error ? s.error->what() : "") + ")");
+  }
+}
+
+std::string base_url(const httplib::Request& request) {
+  std::string host = request.get_header_value("Host");
+  // Only what a host name and port may hold: the URL goes back into a JSON response.
+  for (const char c : host)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == ':' || c == '-' || c == '[' || c == ']')) return "";
+  return host.empty() ? "" : "http://" + host;
+}
+
+}  // namespace cubevec::server

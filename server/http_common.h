@@ -1,0 +1,53 @@
+// What every route file shares: the server's state, JSON and error responses, and the conversion
+// of a route's fields into the library's request with the server's limits.
+#pragma once
+
+#include <httplib.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "pipelines/request.h"
+#include "server/api_error.h"
+#include "server/limits.h"
+#include "server/scheduler.h"
+
+namespace cubevec::server {
+
+struct ServerContext {
+  Scheduler& scheduler;
+  ServeLimits limits;
+};
+
+void send_json(httplib::Response& response, int status, const nlohmann::ordered_json& body);
+void send_error(httplib::Response& response, const ApiError& error);
+
+// A handler whose ApiError, cubevec::Error and other exceptions become the error response.
+using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
+Handler answering_errors(Handler handler);
+
+// The keys of the library's request a generating route passes through as they are (the diffusion
+// settings OpenAI's API does not have): negative_prompt, num_inference_steps, guidance_scale,
+// true_cfg_scale, seed, cfg, cache, sparse, max_sequence_length, num_frames.
+void copy_diffusion_keys(const nlohmann::json& body, nlohmann::json& request_keys);
+
+// `request_keys` (the library's request JSON) as a Request for `model`, with the model's defaults,
+// checked against the model and the server's limits; every error a 400 naming the field.
+// `video_route`: whether the route makes videos (a model of the other kind is a 400).
+pipelines::Request checked_request(const nlohmann::json& request_keys, const ServedModel& model, const ServeLimits& limits,
+                                   bool video_route);
+
+// The seed a route uses when the client gives none (OpenAI and AUTOMATIC1111's -1): random.
+uint64_t random_seed();
+
+// Waits for every job (they end: the scheduler's timeout bounds them); the first failure or
+// cancellation as the ApiError to answer with.
+void wait_all(const std::vector<std::shared_ptr<Job>>& jobs);
+
+// The base URL a client reached this server at ("http://127.0.0.1:8080"), for response URLs.
+std::string base_url(const httplib::Request& request);
+
+}  // namespace cubevec::server

@@ -1,0 +1,191 @@
+// The `cubevec serve` process: it binds loopback by default and prints its address; SIGTERM stops
+// new requests, lets the running one finish and exits 0; --drain-timeout cancels what is left;
+// a second signal ends it at once; its pictures equal `cubevec t2i --out x.png`'s for the same
+// request; a port in use is an error naming the address.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <fstream>
+#include <regex>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/run_cubevec.h"
+#include "server/test_server.h"
+
+namespace serve_process_test {
+
+using namespace cubevec_cli_test;
+using cubevec_server_test::from_base64;
+using cubevec_server_test::kPrompt;
+using cubevec_server_test::png_of;
+using nlohmann::json;
+
+// A `cubevec serve` child process, its stderr in a file.
+class ServeProcess {
+ public:
+  ServeProcess(std::vector<std::string> args, const fs::path& dir)
+      : err_path_((dir / ("serve" + std::to_string(next_number()++) + ".err")).string()) {
+    args.insert(args.begin(), {CUBEVEC_BINARY, "serve", "--port", "0"});
+    std::vector<char*> argv;
+    for (std::string& arg : args) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const int err = ::open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (err < 0 || ::dup2(err, 2) < 0) ::_exit(127);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    // The address it prints once it listens.
+    const std::regex listening("listening on http://([0-9.]+):([0-9]+)");
+    for (int i = 0; i < 600 && port_ == 0; ++i) {
+      std::smatch match;
+      const std::string text = err();
+      if (std::regex_search(text, match, listening)) host_ = match[1], port_ = std::stoi(match[2]);
+      else std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  ~ServeProcess() {
+    if (pid_ > 0 && status_ < 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  static int& next_number() {
+    static int number = 0;
+    return number;
+  }
+  std::string err() const { return read_file(err_path_); }
+  const std::string& host() const { return host_; }
+  int port() const { return port_; }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(120, 0);
+    return c;
+  }
+  void signal(int sig) const { ::kill(pid_, sig); }
+  // The exit status (128 + signal when killed by one), or -1 after `seconds`.
+  int wait_exit(double seconds) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (std::chrono::steady_clock::now() < end) {
+      int wstatus = 0;
+      if (::waitpid(pid_, &wstatus, WNOHANG) == pid_) {
+        status_ = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
+        return status_;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+  }
+
+ private:
+  std::string err_path_, host_;
+  pid_t pid_ = -1;
+  int port_ = 0, status_ = -1;
+};
+
+std::string submit(const ServeProcess& server, int steps) {
+  const auto r = server.client().Post("/v1/jobs", json{{"prompt", kPrompt}, {"num_inference_steps", steps}}.dump(), "application/json");
+  if (!r || r->status != 202) return "";
+  return json::parse(r->body)["id"];
+}
+
+std::string status_of(const ServeProcess& server, const std::string& id) {
+  const auto r = server.client().Get(("/v1/jobs/" + id).c_str());
+  return r && r->status == 200 ? json::parse(r->body)["status"].get<std::string>() : "(no answer)";
+}
+
+void wait_status_not(const ServeProcess& server, const std::string& id, const std::string& status) {
+  for (int i = 0; i < 1000 && status_of(server, id) == status; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+}
+
+class ServeProcessTest : public CliTest {};
+
+TEST_F(ServeProcessTest, BindsLoopbackAndSigtermDrainsTheRunningJob) {
+  ServeProcess server({"--model", kTinyFlux, "--max-steps", "1000"}, dir_);
+  ASSERT_GT(server.port(), 0) << server.err();
+  EXPECT_EQ(server.host(), "127.0.0.1");
+  const std::string id = submit(server, 150);
+  ASSERT_FALSE(id.empty());
+  wait_status_not(server, id, "queued");
+  server.signal(SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // Draining: no new requests, the running one goes on.
+  const auto refused = server.client().Post("/v1/jobs", json{{"prompt", kPrompt}}.dump(), "application/json");
+  if (refused) {  // the listener may already be closed once the job is done
+    EXPECT_EQ(refused->status, 503) << refused->body;
+    EXPECT_EQ(server.client().Get("/health")->status, 503);
+  }
+  wait_status_not(server, id, "in_progress");
+  EXPECT_EQ(server.wait_exit(60), 0) << server.err();
+  EXPECT_NE(server.err().find("stop signal"), std::string::npos) << server.err();
+  EXPECT_NE(server.err().find("serve: stopped"), std::string::npos) << server.err();
+}
+
+TEST_F(ServeProcessTest, DrainTimeoutCancelsWhatIsLeftAndASecondSignalEndsAtOnce) {
+  {
+    ServeProcess server({"--model", kTinyFlux, "--max-steps", "1000", "--drain-timeout", "0.2"}, dir_);
+    ASSERT_GT(server.port(), 0) << server.err();
+    const std::string id = submit(server, 1000);
+    wait_status_not(server, id, "queued");
+    server.signal(SIGINT);
+    EXPECT_EQ(server.wait_exit(30), 0) << server.err();
+    EXPECT_NE(server.err().find("cancelling"), std::string::npos) << server.err();
+  }
+  ServeProcess server({"--model", kTinyFlux, "--max-steps", "1000", "--drain-timeout", "60"}, dir_);
+  ASSERT_GT(server.port(), 0) << server.err();
+  const std::string id = submit(server, 1000);
+  wait_status_not(server, id, "queued");
+  server.signal(SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  server.signal(SIGTERM);
+  EXPECT_EQ(server.wait_exit(10), 128 + SIGTERM) << server.err();
+  EXPECT_NE(server.err().find("again while draining"), std::string::npos) << server.err();
+}
+
+TEST_F(ServeProcessTest, PicturesEqualTheCommandLinesPng) {
+  const std::string png = (dir_ / "cli.png").string();
+  const Process cli = run(
+      {"t2i", "--model", kTinyFlux, "--prompt", kPrompt, "--steps", "3", "--seed", "9", "--width", "48", "--height", "32", "--out", png});
+  ASSERT_EQ(cli.status, 0) << cli.err;
+  const std::string file = read_file(png);
+  ASSERT_EQ(file.substr(1, 3), "PNG");  // --out x.png writes PNG
+  ServeProcess server({"--model", kTinyFlux}, dir_);
+  ASSERT_GT(server.port(), 0) << server.err();
+  const auto r = server.client().Post("/v1/images/generations",
+                                      json{{"prompt", kPrompt}, {"num_inference_steps", 3}, {"seed", 9}, {"size", "48x32"}}.dump(),
+                                      "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(png_of(from_base64(json::parse(r->body)["data"][0]["b64_json"])).pixels, png_of(file).pixels);
+  server.signal(SIGTERM);
+  EXPECT_EQ(server.wait_exit(30), 0);
+}
+
+TEST_F(ServeProcessTest, BadFlagsAndAPortInUseAreErrors) {
+  ServeProcess first({"--model", kTinyFlux}, dir_);
+  ASSERT_GT(first.port(), 0) << first.err();
+  const Process taken = run({"serve", "--model", kTinyFlux, "--port", std::to_string(first.port())});
+  EXPECT_EQ(taken.status, 1);
+  EXPECT_NE(taken.err.find("cannot listen on 127.0.0.1:" + std::to_string(first.port())), std::string::npos) << taken.err;
+  const Process no_model = run({"serve"});
+  EXPECT_EQ(no_model.status, 1);
+  EXPECT_NE(no_model.err.find("--model DIR is required"), std::string::npos) << no_model.err;
+  const Process twice = run({"serve", "--model", kTinyFlux, "--model", kTinyFlux});
+  EXPECT_NE(twice.err.find("given twice"), std::string::npos) << twice.err;
+  const Process bad_name = run({"serve", "--model", "a b=" + kTinyFlux});
+  EXPECT_NE(bad_name.err.find("letters, digits"), std::string::npos) << bad_name.err;
+  const Process missing = run({"serve", "--model", (dir_ / "nothing").string()});
+  EXPECT_EQ(missing.status, 1);
+  EXPECT_NE(missing.err.find("nothing"), std::string::npos) << missing.err;
+  first.signal(SIGTERM);
+  EXPECT_EQ(first.wait_exit(30), 0);
+}
+
+}  // namespace serve_process_test

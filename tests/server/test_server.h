@@ -1,0 +1,98 @@
+// A server for the API tests: the tiny models loaded in this process, cubevec serve's scheduler and
+// HTTP front end on an ephemeral loopback port, and a client for it.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "media/png.h"
+#include "server/http_server.h"
+#include "server/scheduler.h"
+
+namespace cubevec_server_test {
+
+inline const std::string kTinyFlux = std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinyflux";
+inline const std::string kTinyWan = std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinywan";
+inline const std::string kPrompt = "a large red circle in the center on a blue background";
+
+class TestServer {
+ public:
+  explicit TestServer(cubevec::server::SchedulerOptions options = {}, cubevec::server::ServeLimits limits = {}, bool with_wan = false) {
+    std::vector<cubevec::server::ServedModel> models;
+    models.push_back({"tinyflux", kTinyFlux, cubevec::pipelines::Pipeline::load(kTinyFlux)});
+    if (with_wan) models.push_back({"tinywan", kTinyWan, cubevec::pipelines::Pipeline::load(kTinyWan)});
+    scheduler_ = std::make_unique<cubevec::server::Scheduler>(std::move(models), options);
+    http_ = std::make_unique<cubevec::server::HttpServer>(*scheduler_, limits);
+    port_ = http_->bind("127.0.0.1", 0);
+    thread_ = std::thread([this] { http_->run(); });
+  }
+  ~TestServer() {
+    http_->stop();
+    thread_.join();
+    http_.reset();
+    scheduler_.reset();
+  }
+
+  int port() const { return port_; }
+  cubevec::server::Scheduler& scheduler() { return *scheduler_; }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(120, 0);
+    return c;
+  }
+  httplib::Result post(const std::string& path, const std::string& body) const {
+    return client().Post(path.c_str(), body, "application/json");
+  }
+  httplib::Result get(const std::string& path) const { return client().Get(path.c_str()); }
+  httplib::Result del(const std::string& path) const { return client().Delete(path.c_str()); }
+
+ private:
+  std::unique_ptr<cubevec::server::Scheduler> scheduler_;
+  std::unique_ptr<cubevec::server::HttpServer> http_;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+inline nlohmann::json json_of(const httplib::Result& result) {
+  if (!result) return nlohmann::json{{"transport_error", httplib::to_string(result.error())}};
+  return nlohmann::json::parse(result->body, nullptr, /*allow_exceptions=*/false);
+}
+
+// Base64 the plain way (RFC 4648), to check the server's encoder independently.
+inline std::string from_base64(const std::string& text) {
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  std::string out;
+  int bits = 0, buffer = 0;
+  for (const char c : text) {
+    if (c == '=') break;
+    const int v = value(c);
+    if (v < 0) return "(invalid base64)";
+    buffer = (buffer << 6) | v;
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out += static_cast<char>((buffer >> bits) & 0xFF);
+    }
+  }
+  return out;
+}
+
+inline cubevec::media::RgbImage png_of(const std::string& bytes) {
+  return cubevec::media::decode_png(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "response");
+}
+
+}  // namespace cubevec_server_test
