@@ -130,7 +130,8 @@ TEST_F(T2ICli, BadInputsAreOneLineErrors) {
       {{"t2i", "--model", kFlux, "--prompt-embeds", embeds, "--cfg", "both", "--out", out}, "unknown CFG mode 'both'"},
       {{"t2i", "--model", "/nonexistent", "--prompt-embeds", embeds, "--out", out}, "not a diffusers Flux model directory"},
       {{"t2i", "--model", kFlux, "--prompt-embeds", kFlux + "/vae/config.json", "--out", out}, "config.json"},
-      {{"t2i", "--model", kFlux, "--prompt-embeds", embeds}, "--out FILE.jpg is required"},
+      {{"t2i", "--model", kFlux, "--prompt-embeds", embeds}, "--out FILE.png or FILE.jpg is required"},
+      {{"t2i", "--model", kFlux, "--prompt-embeds", embeds, "--out", (dir_ / "x.webp").string()}, "'.webp' is neither"},
   };
   for (const auto& c : cases) {
     const auto r = run(c.args);
