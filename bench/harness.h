@@ -68,6 +68,7 @@ void text_suite(Context& context);
 void memory_suite(Context& context);
 void parallel_suite(Context& context);  // under mpirun -np 2
 void pipeline_suite(Context& context);
-void api_suite(Context& context);  // the library's load-once against a process per request
+void api_suite(Context& context);    // the library's load-once against a process per request
+void serve_suite(Context& context);  // cubevec serve: instances against processes, and a leak check
 
 }  // namespace cubevec::bench

@@ -22,7 +22,7 @@ int run(int argc, char** argv) {
                                                {"blocks", blocks_suite},     {"cache", cache_suite},   {"quant", quant_suite},
                                                {"sparse", sparse_suite},     {"parse", parse_suite},   {"vae", vae_suite},
                                                {"text", text_suite},         {"memory", memory_suite}, {"parallel", parallel_suite},
-                                               {"pipeline", pipeline_suite}, {"api", api_suite}};
+                                               {"pipeline", pipeline_suite}, {"api", api_suite},       {"serve", serve_suite}};
   std::string names;
   for (const auto& [name, suite] : suites) names += (names.empty() ? "" : ", ") + name;
 
