@@ -18,10 +18,11 @@ constexpr const char* kPage = R"HTML(<!doctype html>
   header { background: #1d2330; color: #fff; padding: 10px 20px; font-weight: 600; }
   main { display: flex; gap: 20px; padding: 20px; flex-wrap: wrap; }
   form, #output { background: #fff; border-radius: 8px; padding: 16px; box-shadow: 0 1px 3px #0002; }
-  form { width: 340px; display: grid; gap: 8px; }
+  form { width: 340px; display: grid; gap: 8px; align-content: start; }
   label { display: grid; gap: 3px; font-size: 13px; color: #4a5263; }
-  textarea, input, select { font: inherit; padding: 5px; border: 1px solid #c8ccd4; border-radius: 4px; }
-  .row { display: flex; gap: 8px; } .row label { flex: 1; }
+  textarea, input, select { font: inherit; padding: 5px; border: 1px solid #c8ccd4; border-radius: 4px; box-sizing: border-box; width: 100%; min-width: 0; }
+  [hidden] { display: none !important; }
+  .row { display: flex; gap: 8px; } .row label { flex: 1; min-width: 0; }
   fieldset { border: 1px solid #dde0e6; border-radius: 4px; font-size: 13px; }
   button { font: inherit; padding: 8px; border: 0; border-radius: 4px; cursor: pointer; }
   #generate { background: #2f6fde; color: #fff; } #cancel { background: #e4e6ea; }
