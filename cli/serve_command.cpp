@@ -142,7 +142,10 @@ CommandRunner add_serve_command(CLI::App& app) {
       ->check(CLI::Range(1, 3600));
   command->add_option("--write-timeout", f.limits.write_timeout_s, "Seconds a client may stall while receiving (default 10)")
       ->check(CLI::Range(1, 3600));
-  command->add_option("--http-threads", f.limits.http_threads, "Connections served at once (default 16)")->check(CLI::Range(2, 1024));
+  command
+      ->add_option("--http-threads", f.limits.http_threads,
+                   "Connections served at once (default 64; half of them at most may be event streams)")
+      ->check(CLI::Range(2, 1024));
   command->add_option("--dtype", f.dtype, "f32 or bf16 weights and activations (default f32)");
   command->add_option("--variant", f.variant, "Load diffusion_pytorch_model.<variant>.safetensors");
   command->add_option("--quant", f.quant, "MindIE SD quantization description (quant_model_description_*.json)");

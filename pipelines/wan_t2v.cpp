@@ -112,7 +112,7 @@ void WanT2VPipeline::check(const T2VOptions& o, bool have_negative) const {
     throw Error("width and height must be positive multiples of 8 (the VAE's scale), got " + std::to_string(o.width) + "x" +
                 std::to_string(o.height));
   if (o.frames < 1 || (o.frames - 1) % 4 != 0)
-    throw Error("frames must be 1 + 4k (1, 5, ..., 81: the VAE makes 4 frames of each latent frame after the first), got " +
+    throw Error("--frames must be 1 + 4k (1, 5, 9, 13, ...: the VAE makes 4 frames of each latent frame after the first), got " +
                 std::to_string(o.frames));
   if (o.steps < 1) throw Error("steps must be at least 1, got " + std::to_string(o.steps));
   if (o.cfg != CfgMode::off && !have_negative)

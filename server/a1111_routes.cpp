@@ -24,20 +24,32 @@ void txt2img(ServerContext& context, const httplib::Request& http_request, httpl
     throw invalid_request("n_iter", "batch_size x n_iter is " + std::to_string(batch_size * n_iter) +
                                         " pictures; this server makes at most " + std::to_string(max_n) + " a request (--max-n)");
   const int64_t seed = integer_field(body, "seed", -1, INT64_MAX - 64).value_or(-1);
+  // override_settings.sd_model_checkpoint picks the model, as in the web UI.
+  const std::string checkpoint = "override_settings.sd_model_checkpoint";
   const std::string model_name = [&] {
-    // override_settings.sd_model_checkpoint picks the model, as in the web UI.
     const auto it = body.find("override_settings");
-    if (it != body.end() && it->is_object()) return string_field(*it, "sd_model_checkpoint", {}, 256).value_or("");
-    return std::string();
+    if (it == body.end() || it->is_null()) return std::string();
+    if (!it->is_object()) throw invalid_request("override_settings", "'override_settings' must be an object", "invalid_type");
+    const auto name = it->find("sd_model_checkpoint");
+    if (name == it->end() || name->is_null()) return std::string();
+    if (!name->is_string()) throw invalid_request(checkpoint, "'" + checkpoint + "' must be a string (a model's name)", "invalid_type");
+    return name->get<std::string>().substr(0, 256);
   }();
-  const ServedModel& model = context.scheduler.model(model_name, "override_settings.sd_model_checkpoint");
+  const ServedModel& model = context.scheduler.model(model_name, checkpoint);
   nlohmann::json keys{{"prompt", prompt}, {"seed", seed < 0 ? random_seed() : static_cast<uint64_t>(seed)}};
   if (const auto negative = string_field(body, "negative_prompt"); negative && !negative->empty()) keys["negative_prompt"] = *negative;
   if (const auto steps = integer_field(body, "steps", 1, context.limits.max_steps)) keys["num_inference_steps"] = *steps;
   if (const auto cfg = number_field(body, "cfg_scale", 0.0, 100.0)) keys["guidance_scale"] = *cfg;
   if (const auto width = integer_field(body, "width", 16, context.limits.max_side)) keys["width"] = *width;
   if (const auto height = integer_field(body, "height", 16, context.limits.max_side)) keys["height"] = *height;
-  const pipelines::Request first = checked_request(keys, model, context.limits, /*video_route=*/false);
+  const pipelines::Request first = [&] {
+    try {
+      return checked_request(keys, model, context.limits, /*video_route=*/false);
+    } catch (const ApiError& e) {
+      if (e.param() != "model") throw;
+      throw ApiError(e.status(), e.type(), e.code(), checkpoint, e.what());
+    }
+  }();
   std::vector<pipelines::Request> requests(static_cast<std::size_t>(batch_size * n_iter), first);
   for (std::size_t i = 0; i < requests.size(); ++i) requests[i].seed = first.seed + i;
   const std::vector<std::shared_ptr<Job>> jobs = context.scheduler.submit(model.name, requests, "a1111");
@@ -99,7 +111,7 @@ void add_a1111_routes(httplib::Server& http, ServerContext& context) {
   http.Get("/sdapi/v1/progress", answering_errors([&](const httplib::Request&, httplib::Response& r) { progress(context, r); }));
   http.Post("/sdapi/v1/interrupt", answering_errors([&](const httplib::Request&, httplib::Response& r) {
               const std::vector<std::shared_ptr<Job>> jobs = context.scheduler.unfinished("a1111");
-              for (const auto& job : jobs) job->request_cancel();
+              for (const auto& job : jobs) context.scheduler.cancel(*job);
               send_json(r, 200, {{"interrupted", jobs.size()}});
             }));
   http.Get("/sdapi/v1/sd-models", answering_errors([&](const httplib::Request&, httplib::Response& r) {

@@ -1,6 +1,6 @@
 #include "server/api_error.h"
 
-#include <regex>
+#include <cctype>
 #include <set>
 
 #include "pipelines/request.h"
@@ -42,14 +42,22 @@ std::string request_key_named_in(const std::string& message) {
                                           "cache",
                                           "sparse",
                                           "max_sequence_length"};
-  // "request: 'key' must ...", "key: ...", "key must ...", "cache.cache-fn must ...": the first word;
-  // else the first quoted key.
-  static const std::regex leading("^(?:request: )?'?([a-z_]+)'?[ :.]");
-  static const std::regex quoted("'([a-z_]+)'");
-  std::smatch match;
-  if (std::regex_search(message, match, leading) && keys.count(match[1])) return match[1];
-  for (auto it = std::sregex_iterator(message.begin(), message.end(), quoted); it != std::sregex_iterator(); ++it)
-    if (keys.count((*it)[1])) return (*it)[1];
+  // The message may hold the client's own text (an unknown key of any length): plain scanning, no
+  // regex (libstdc++'s recurses per character). First the leading word ("request: 'key' must",
+  // "key: ...", "cache.cache-fn must"), then the first quoted key.
+  const auto word_at = [&](std::size_t at) {
+    std::size_t end = at;
+    while (end < message.size() && (std::islower(static_cast<unsigned char>(message[end])) || message[end] == '_')) ++end;
+    return message.substr(at, end - at);
+  };
+  std::size_t start = message.rfind("request: ", 0) == 0 ? 9 : 0;
+  if (start < message.size() && message[start] == '\'') ++start;
+  if (const std::string first = word_at(start); keys.count(first)) return first;
+  for (std::size_t quote = message.find('\''); quote != std::string::npos; quote = message.find('\'', quote + 1)) {
+    const std::string word = word_at(quote + 1);
+    if (!word.empty() && quote + 1 + word.size() < message.size() && message[quote + 1 + word.size()] == '\'' && keys.count(word))
+      return word;
+  }
   return "";
 }
 

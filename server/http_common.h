@@ -4,6 +4,7 @@
 
 #include <httplib.h>
 
+#include <atomic>
 #include <functional>
 #include <string>
 #include <vector>
@@ -18,8 +19,12 @@
 namespace cubevec::server {
 
 struct ServerContext {
+  ServerContext(Scheduler& s, const ServeLimits& l) : scheduler(s), limits(l) {}
   Scheduler& scheduler;
   ServeLimits limits;
+  // Event streams open now: each holds a connection thread for its job's life, so at most half the
+  // threads may be streams and the rest stay free for other requests.
+  std::atomic<int> event_streams{0};
 };
 
 void send_json(httplib::Response& response, int status, const nlohmann::ordered_json& body);

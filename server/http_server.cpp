@@ -10,7 +10,7 @@
 namespace cubevec::server {
 
 HttpServer::HttpServer(Scheduler& scheduler, const ServeLimits& limits)
-    : context_(std::make_unique<ServerContext>(ServerContext{scheduler, limits})), http_(std::make_unique<httplib::Server>()) {
+    : context_(std::make_unique<ServerContext>(scheduler, limits)), http_(std::make_unique<httplib::Server>()) {
   httplib::Server& http = *http_;
   const int threads = limits.http_threads;
   http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<std::size_t>(threads)); };
@@ -23,11 +23,19 @@ HttpServer::HttpServer(Scheduler& scheduler, const ServeLimits& limits)
     const int yes = 1;
     ::setsockopt(socket, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
   });
-  http.set_keep_alive_timeout(5);
+  http.set_keep_alive_timeout(2);  // an idle kept-alive connection holds a connection thread
   http.set_keep_alive_max_count(100);
+  // Range requests would cut a JSON answer short (or send a job's id half): every answer is whole.
+  // httplib parses the header before routing, so the parsed ranges are dropped here and in the
+  // error handler.
+  http.set_pre_routing_handler([](const httplib::Request& request, httplib::Response&) {
+    const_cast<httplib::Request&>(request).ranges.clear();
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
   // Errors httplib answers itself (no such route, a body over --max-body, a malformed request)
   // get the same JSON error object as the routes'.
   http.set_error_handler([limits](const httplib::Request& request, httplib::Response& response) {
+    const_cast<httplib::Request&>(request).ranges.clear();
     if (!response.body.empty()) return;
     ApiError error(response.status, "invalid_request_error", "http_error", "", "HTTP error " + std::to_string(response.status));
     if (response.status == 404) error = not_found("no route " + request.method + " " + request.path.substr(0, 200) + " on this server");
@@ -35,6 +43,8 @@ HttpServer::HttpServer(Scheduler& scheduler, const ServeLimits& limits)
       error = ApiError(413, "invalid_request_error", "body_too_large", "",
                        "the request body is larger than this server's --max-body of " + std::to_string(limits.max_body_bytes) + " bytes");
     else if (response.status == 400) error = invalid_request("", "the HTTP request is malformed", "bad_http_request");
+    else if (response.status == 416)
+      error = invalid_request("", "this server sends whole answers and takes no Range header", "range_not_supported");
     else if (response.status == 405)
       error = ApiError(405, "invalid_request_error", "method_not_allowed", "",
                        "the method " + request.method + " is not allowed on " + request.path.substr(0, 200));

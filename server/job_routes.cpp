@@ -2,7 +2,9 @@
 // Events, DELETE to cancel), OpenAI-style video jobs (/v1/videos), /health and /metrics.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -24,6 +26,13 @@ std::shared_ptr<Job> job_or_404(ServerContext& context, const std::string& id, c
   std::shared_ptr<Job> job = context.scheduler.find(id);
   if (!job)
     throw not_found(std::string("no ") + kind + " '" + id + "' on this server (finished ones are kept for the last --keep-jobs only)");
+  return job;
+}
+
+// The video routes serve video jobs only (of /v1/videos or /v1/jobs on a video model).
+std::shared_ptr<Job> video_or_404(ServerContext& context, const std::string& id) {
+  std::shared_ptr<Job> job = job_or_404(context, id, "video");
+  if (!job->video()) throw not_found("'" + id + "' is a picture job, not a video: use /v1/jobs/" + id);
   return job;
 }
 
@@ -52,7 +61,7 @@ nlohmann::ordered_json job_json(const Job& job, const std::string& base) {
 }
 
 // OpenAI's video object (progress in percent, as the video APIs give it).
-nlohmann::ordered_json video_json(const Job& job) {
+nlohmann::ordered_json video_json(const Job& job, int fps) {
   const JobSnapshot s = job.snapshot();
   nlohmann::ordered_json j{{"id", job.id()},
                            {"object", "video"},
@@ -64,7 +73,7 @@ nlohmann::ordered_json video_json(const Job& job) {
   const pipelines::Request& r = job.request();
   j["size"] = std::to_string(*r.width) + "x" + std::to_string(*r.height);
   j["num_frames"] = r.num_frames ? nlohmann::ordered_json(*r.num_frames) : nlohmann::ordered_json(nullptr);
-  j["seconds"] = r.num_frames ? std::to_string(static_cast<double>(*r.num_frames) / 16.0) : "0";
+  j["seconds"] = r.num_frames ? number_for_message(static_cast<double>(*r.num_frames) / fps) : "0";
   j["seed"] = r.seed;
   j["error"] = error_json(s);
   return j;
@@ -105,24 +114,35 @@ void send_content(const Job& job, httplib::Response& response, int index) {
 void stream_events(ServerContext& context, const httplib::Request& request, httplib::Response& response) {
   std::shared_ptr<Job> job = job_or_404(context, request.matches[1], "job");
   const std::string base = base_url(request);
+  const int max_streams = std::max(1, context.limits.http_threads / 2);
+  if (context.event_streams.fetch_add(1) >= max_streams) {
+    --context.event_streams;
+    throw ApiError(429, "rate_limit_error", "too_many_streams", "",
+                   "this server has " + std::to_string(max_streams) +
+                       " event streams open, its most (half of --http-threads); poll GET /v1/jobs/" + job->id() +
+                       " instead, or retry later");
+  }
   auto next = std::make_shared<std::size_t>(0);
   response.set_header("Cache-Control", "no-cache");
-  response.set_chunked_content_provider("text/event-stream", [job, base, next](std::size_t, httplib::DataSink& sink) {
-    bool done = false;
-    const std::vector<JobEvent> events = job->events_from(*next, std::chrono::steady_clock::now() + kSseHeartbeat, done);
-    std::string text;
-    for (const JobEvent& event : events) {
-      const bool last = event.name == "completed" || event.name == "failed" || event.name == "cancelled";
-      nlohmann::ordered_json data = event.data;
-      if (last) data = job_json(*job, base);
-      text += "event: " + event.name + "\ndata: " + data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n\n";
-    }
-    if (events.empty()) text = ": keep-alive\n\n";
-    *next += events.size();
-    if (!sink.is_writable() || !sink.write(text.data(), text.size())) return false;
-    if (done) sink.done();
-    return true;
-  });
+  response.set_chunked_content_provider(
+      "text/event-stream",
+      [job, base, next](std::size_t, httplib::DataSink& sink) {
+        bool done = false;
+        const std::vector<JobEvent> events = job->events_from(*next, std::chrono::steady_clock::now() + kSseHeartbeat, done);
+        std::string text;
+        for (const JobEvent& event : events) {
+          const bool last = event.name == "completed" || event.name == "failed" || event.name == "cancelled";
+          nlohmann::ordered_json data = event.data;
+          if (last) data = job_json(*job, base);
+          text += "event: " + event.name + "\ndata: " + data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n\n";
+        }
+        if (events.empty()) text = ": keep-alive\n\n";
+        *next += events.size();
+        if (!sink.is_writable() || !sink.write(text.data(), text.size())) return false;
+        if (done) sink.done();
+        return true;
+      },
+      [&context](bool) { --context.event_streams; });
 }
 
 std::string prometheus_text(ServerContext& context) {
@@ -188,11 +208,30 @@ void submit_job(ServerContext& context, const httplib::Request& request, httplib
     keys["prompt"] = *prompt;
     if (const auto size = size_field(body, "size", context.limits.max_side)) keys["width"] = size->first, keys["height"] = size->second;
     copy_diffusion_keys(body, keys);
-    if (!keys.contains("num_frames"))
-      if (const auto seconds = number_field(body, "seconds", 0.0625, 3600.0)) {
-        // 1 + 4k frames (Wan's VAE), at the server's frame rate.
-        keys["num_frames"] = 1 + 4 * std::max<int64_t>(0, std::llround(*seconds * context.scheduler.options().video_fps / 4.0));
+    // OpenAI's video APIs send "seconds" as a string ("4"); numbers are taken too.
+    std::optional<double> seconds;
+    if (const auto it = body.find("seconds"); it != body.end() && !it->is_null()) {
+      nlohmann::json number = *it;
+      if (it->is_string()) {
+        const std::string text = it->get<std::string>();
+        char* end = nullptr;
+        const double value = text.size() < 32 ? std::strtod(text.c_str(), &end) : 0;
+        if (text.empty() || text.size() >= 32 || end != text.c_str() + text.size())
+          throw invalid_request("seconds", "'seconds' must be a number of seconds (\"4\" or 4), got \"" + text.substr(0, 40) + "\"");
+        number = value;
       }
+      seconds = number_field(nlohmann::json{{"seconds", number}}, "seconds", 0.0625, 3600.0);
+    }
+    if (seconds && keys.contains("num_frames")) throw invalid_request("seconds", "give 'seconds' or 'num_frames', not both");
+    if (seconds) {
+      // 1 + 4k frames (Wan's VAE), at the server's frame rate.
+      const int64_t frames = 1 + 4 * std::max<int64_t>(0, std::llround(*seconds * context.scheduler.options().video_fps / 4.0));
+      if (frames > context.limits.max_frames)
+        throw invalid_request("seconds", "'seconds' " + number_for_message(*seconds) + " is " + std::to_string(frames) + " frames at " +
+                                             std::to_string(context.scheduler.options().video_fps) + " fps; this server makes at most " +
+                                             std::to_string(context.limits.max_frames) + " (--max-frames)");
+      keys["num_frames"] = frames;
+    }
     if (!keys.contains("seed")) keys["seed"] = random_seed();
   } else {
     // The library's request JSON as it is, plus "model".
@@ -203,11 +242,12 @@ void submit_job(ServerContext& context, const httplib::Request& request, httplib
   }
   const pipelines::Request checked = checked_request(keys, model, context.limits, video_api ? true : model.pipeline->model().video());
   const std::shared_ptr<Job> job = context.scheduler.submit(model.name, {checked}, video_api ? "video" : "native").front();
-  send_json(response, video_api ? 200 : 202, video_api ? video_json(*job) : job_json(*job, base_url(request)));
+  send_json(response, video_api ? 200 : 202,
+            video_api ? video_json(*job, context.scheduler.options().video_fps) : job_json(*job, base_url(request)));
 }
 
 void delete_job(ServerContext& context, const httplib::Request& request, httplib::Response& response, bool video_api) {
-  const std::shared_ptr<Job> job = job_or_404(context, request.matches[1], video_api ? "video" : "job");
+  const std::shared_ptr<Job> job = video_api ? video_or_404(context, request.matches[1]) : job_or_404(context, request.matches[1], "job");
   const JobSnapshot s = job->snapshot();
   if (finished(s.status)) {
     if (video_api) {
@@ -219,8 +259,8 @@ void delete_job(ServerContext& context, const httplib::Request& request, httplib
     throw ApiError(409, "invalid_request_error", "already_finished", "",
                    "the job '" + job->id() + "' has already finished (" + status_name(s.status) + "); there is nothing to cancel");
   }
-  job->request_cancel();
-  send_json(response, 202, video_api ? video_json(*job) : job_json(*job, base_url(request)));
+  context.scheduler.cancel(*job);
+  send_json(response, 202, video_api ? video_json(*job, context.scheduler.options().video_fps) : job_json(*job, base_url(request)));
 }
 
 }  // namespace
@@ -249,10 +289,10 @@ void add_job_routes(httplib::Server& http, ServerContext& context) {
 void add_video_routes(httplib::Server& http, ServerContext& context) {
   http.Post("/v1/videos", answering_errors([&](const httplib::Request& q, httplib::Response& r) { submit_job(context, q, r, true); }));
   http.Get(R"(/v1/videos/([A-Za-z0-9_]+))", answering_errors([&](const httplib::Request& q, httplib::Response& r) {
-             send_json(r, 200, video_json(*job_or_404(context, q.matches[1], "video")));
+             send_json(r, 200, video_json(*video_or_404(context, q.matches[1]), context.scheduler.options().video_fps));
            }));
   http.Get(R"(/v1/videos/([A-Za-z0-9_]+)/content)", answering_errors([&](const httplib::Request& q, httplib::Response& r) {
-             send_content(*job_or_404(context, q.matches[1], "video"), r, 0);
+             send_content(*video_or_404(context, q.matches[1]), r, 0);
            }));
   http.Delete(R"(/v1/videos/([A-Za-z0-9_]+))",
               answering_errors([&](const httplib::Request& q, httplib::Response& r) { delete_job(context, q, r, true); }));

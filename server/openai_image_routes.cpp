@@ -32,6 +32,9 @@ void generate_images(ServerContext& context, const httplib::Request& http_reques
   if (size) keys["width"] = size->first, keys["height"] = size->second;
   if (!keys.contains("seed")) keys["seed"] = random_seed();
   const pipelines::Request first = checked_request(keys, model, context.limits, /*video_route=*/false);
+  if (first.seed > static_cast<uint64_t>(INT64_MAX) - static_cast<uint64_t>(n - 1))
+    throw invalid_request(
+        "seed", "'seed' + n - 1 must stay at most " + std::to_string(INT64_MAX) + " (the pictures' seeds are seed, seed + 1, ...)");
   // n pictures: seeds seed, seed + 1, ... (as diffusers' generator list would be seeded).
   std::vector<pipelines::Request> requests(static_cast<std::size_t>(n), first);
   for (int i = 0; i < n; ++i) requests[static_cast<std::size_t>(i)].seed = first.seed + static_cast<uint64_t>(i);

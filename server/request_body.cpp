@@ -78,7 +78,9 @@ std::optional<int64_t> integer_field(const nlohmann::json& body, const std::stri
   const std::string range = " in " + std::to_string(min) + ".." + std::to_string(max);
   if (value->is_number_float()) {
     const double d = value->get<double>();
-    if (!std::isfinite(d) || d != std::floor(d) || d < static_cast<double>(min) || d > static_cast<double>(max))
+    // Compared in double, then checked again as an integer: a max near 2^63 rounds up in double.
+    if (!std::isfinite(d) || d != std::floor(d) || d < static_cast<double>(min) || d > static_cast<double>(max) || d >= 0x1p63 ||
+        static_cast<int64_t>(d) > max)
       throw invalid_request(key, "'" + key + "' must be an integer" + range + ", got " + shown(*value));
     return static_cast<int64_t>(d);
   }

@@ -159,10 +159,30 @@ bool Scheduler::wait_idle(std::chrono::steady_clock::time_point deadline) const 
 }
 
 void Scheduler::cancel_all(const std::string& why) {
-  std::lock_guard lock(mutex_);
-  for (auto& [id, job] : jobs_)
-    if (!finished(job->snapshot().status)) job->request_cancel();
+  std::vector<std::shared_ptr<Job>> all;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& [id, job] : jobs_) all.push_back(job);
+  }
+  for (const auto& job : all) cancel(*job);
   (void)why;
+}
+
+void Scheduler::cancel(Job& job) {
+  job.request_cancel();
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& slot : slots_) {
+      const auto it = std::find_if(slot->queue.begin(), slot->queue.end(), [&](const auto& queued) { return queued.get() == &job; });
+      if (it == slot->queue.end()) continue;
+      slot->queue.erase(it);
+      slot->stats.queued = static_cast<int>(slot->queue.size());
+      job.mark_cancelled("cancelled while queued");
+      record_finished(*slot, job);
+      break;
+    }
+  }
+  idle_.notify_all();
 }
 
 std::vector<ModelStats> Scheduler::stats() const {
@@ -228,10 +248,15 @@ void Scheduler::run_job(ModelSlot& slot, Job& job, Device& device) {
   } catch (const OutOfMemoryError& e) {
     job.fail(ApiError(507, "server_error", "out_of_memory", "", e.what()));
   } catch (const Error& e) {
-    // What the checks before queueing cannot see (a prompt word the tokenizer refuses) is still the
-    // request's fault when the message names one of its keys; anything else is the server's.
+    // What the checks before queueing cannot see (a prompt word the tokenizer refuses, a sparse
+    // setting the latent's shape rules out, more memory than the server allows) is the request's:
+    // cubevec's errors name their input. A non-finite output is the model's.
     const ApiError error = from_library_error(e.what());
-    job.fail(error.param().empty() ? ApiError(500, "server_error", "generation_failed", "", error.what()) : error);
+    std::string message = error.what();
+    if (const std::size_t at = message.find("memory_limit"); at != std::string::npos)
+      message.replace(at, 12, "the server's --memory-limit");
+    if (message.find("non-finite") != std::string::npos) job.fail(ApiError(500, "server_error", "generation_failed", "", message));
+    else job.fail(ApiError(400, "invalid_request_error", "cannot_generate", error.param(), message));
   } catch (const std::exception& e) {
     job.fail(ApiError(500, "server_error", "internal_error", "", std::string("internal error: ") + e.what()));
   }

@@ -78,6 +78,9 @@ class Scheduler {
   bool accepting() const;
   bool wait_idle(std::chrono::steady_clock::time_point deadline) const;
   void cancel_all(const std::string& why);
+  // Cancels a job: a queued one leaves the queue at once (its place is free), a running one stops
+  // at its next step. Nothing for a finished one.
+  void cancel(Job& job);
 
   std::vector<ModelStats> stats() const;
 

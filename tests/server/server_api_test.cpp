@@ -415,6 +415,124 @@ TEST(ServerApi, MetricsCountWhatHappened) {
   EXPECT_NE(text.find("# TYPE cubevec_request_latency_seconds histogram"), std::string::npos);
 }
 
+// What probing found: a 100,000-character unknown key (the error names it without a regex), a
+// Range header (ignored: answers stay whole), a seed that rounds to 2^63 as a double, seeds that
+// would pass INT64_MAX, the video routes on a picture job.
+TEST(ServerApi, HostileFieldsAndHeadersGetWholeAnswers) {
+  TestServer server;
+  const auto long_key = server.post("/v1/jobs", "{\"prompt\": \"a red circle\", \"" + std::string(100000, 'a') + "\": 1}");
+  ASSERT_TRUE(long_key);
+  EXPECT_EQ(long_key->status, 400);
+  EXPECT_NE(json_of(long_key)["error"]["message"].get<std::string>().find("unknown"), std::string::npos) << long_key->body.substr(0, 200);
+  auto client = server.client();
+  const auto ranged =
+      client.Post("/v1/jobs", {{"Range", "bytes=0-20"}}, json{{"prompt", kPrompt}, {"num_inference_steps", 2}}.dump(), "application/json");
+  ASSERT_TRUE(ranged);
+  EXPECT_EQ(ranged->status, 202);
+  EXPECT_TRUE(json_of(ranged).contains("id")) << ranged->body;
+  const auto bad_range = client.Get("/metrics", {{"Range", "bytes=0-10,5-1,99999999999999999999-"}});
+  ASSERT_TRUE(bad_range);
+  EXPECT_TRUE(json_of(bad_range).is_object() && !json_of(bad_range).is_discarded()) << bad_range->body;
+  const auto float_seed = server.post("/sdapi/v1/txt2img", R"({"prompt": "a red circle", "steps": 1, "seed": 9223372036854775808.0})");
+  EXPECT_EQ(float_seed->status, 400) << float_seed->body;
+  EXPECT_EQ(json_of(float_seed)["error"]["param"], "seed");
+  const auto past_max = server.post("/v1/images/generations", body_with({{"seed", INT64_MAX}, {"n", 3}}).dump());
+  EXPECT_EQ(past_max->status, 400) << past_max->body;
+  EXPECT_EQ(json_of(past_max)["error"]["param"], "seed");
+  const auto bad_checkpoint =
+      server.post("/sdapi/v1/txt2img", R"({"prompt": "a red circle", "override_settings": {"sd_model_checkpoint": 5}})");
+  EXPECT_EQ(json_of(bad_checkpoint)["error"]["param"], "override_settings.sd_model_checkpoint") << bad_checkpoint->body;
+  // A picture job is not a video.
+  const std::string picture = json_of(ranged)["id"];
+  server.scheduler().find(picture)->wait_finished(std::chrono::steady_clock::now() + std::chrono::seconds(60));
+  EXPECT_EQ(server.get("/v1/videos/" + picture)->status, 404);
+  EXPECT_EQ(server.del("/v1/videos/" + picture)->status, 404);
+  EXPECT_EQ(server.get("/v1/jobs/" + picture + "/content")->status, 200);
+}
+
+TEST(ServerApi, CancellingAQueuedJobFreesItsPlaceAtOnce) {
+  cubevec::server::SchedulerOptions options;
+  options.instances = 1;
+  options.max_queue = 1;
+  cubevec::server::ServeLimits limits;
+  limits.max_steps = 1000;
+  TestServer server(options, limits);
+  const std::string slow = json{{"prompt", kPrompt}, {"num_inference_steps", 1000}}.dump();
+  const std::string running = json_of(server.post("/v1/jobs", slow))["id"];
+  wait_running(server, "/v1/jobs/" + running);
+  const std::string queued = json_of(server.post("/v1/jobs", slow))["id"];
+  EXPECT_EQ(server.del("/v1/jobs/" + queued)->status, 202);
+  EXPECT_EQ(json_of(server.get("/v1/jobs/" + queued))["status"], "cancelled");
+  EXPECT_EQ(server.del("/v1/jobs/" + queued)->status, 409);
+  const auto next = server.post("/v1/jobs", slow);
+  EXPECT_EQ(next->status, 202) << next->body;
+  server.del("/v1/jobs/" + json_of(next)["id"].get<std::string>());
+  server.del("/v1/jobs/" + running);
+}
+
+TEST(ServerApi, EventStreamsTakeAtMostHalfTheConnectionThreads) {
+  cubevec::server::ServeLimits limits;
+  limits.max_steps = 1000;
+  limits.http_threads = 4;
+  TestServer server({}, limits);
+  const std::string id = json_of(server.post("/v1/jobs", json{{"prompt", kPrompt}, {"num_inference_steps", 1000}}.dump()))["id"];
+  std::vector<std::thread> streams;
+  std::atomic<int> ended{0};
+  for (int i = 0; i < 2; ++i)
+    streams.emplace_back([&] {
+      server.get("/v1/jobs/" + id + "/events");
+      ++ended;
+    });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto third = server.get("/v1/jobs/" + id + "/events");
+  EXPECT_EQ(third->status, 429) << third->body;
+  EXPECT_EQ(json_of(third)["error"]["code"], "too_many_streams");
+  EXPECT_EQ(server.get("/health")->status, 200);
+  server.del("/v1/jobs/" + id);
+  for (std::thread& t : streams) t.join();
+  EXPECT_EQ(ended, 2);
+}
+
+TEST(ServerApi, VideoSecondsAndWhatTheShapeRulesOut) {
+  cubevec::server::SchedulerOptions options;
+  options.video_fps = 8;
+  TestServer server(options, {}, /*with_wan=*/true);
+  const json base{{"model", "tinywan"}, {"prompt", "a red circle moving right on a blue background"}, {"num_inference_steps", 1}};
+  json two_seconds = base;
+  two_seconds["seconds"] = "2";  // as OpenAI's clients send it: 1 + 4 round(2 x 8 / 4) = 17 frames at --fps 8
+  const auto r = server.post("/v1/videos", two_seconds.dump());
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json_of(r)["num_frames"], 17);
+  EXPECT_EQ(json_of(r)["seconds"], "2.125");
+  for (const json& seconds : {json("garbage"), json(-5), json(true)}) {
+    json bad = base;
+    bad["seconds"] = seconds;
+    const auto refused = server.post("/v1/videos", bad.dump());
+    EXPECT_EQ(refused->status, 400) << seconds << refused->body;
+    EXPECT_EQ(json_of(refused)["error"]["param"], "seconds") << refused->body;
+  }
+  json both = two_seconds;
+  both["num_frames"] = 17;
+  EXPECT_EQ(json_of(server.post("/v1/videos", both.dump()))["error"]["param"], "seconds");
+  json frames = base;
+  frames["num_frames"] = 8;
+  const auto not_4k = server.post("/v1/videos", frames.dump());
+  EXPECT_EQ(not_4k->status, 400);
+  EXPECT_EQ(json_of(not_4k)["error"]["param"], "num_frames") << not_4k->body;
+  // rf_v2 on tinywan's 64x64 x 17 (its latent grid is not a multiple of 8): what only the run can
+  // see is still a 400-type error on the job.
+  json sparse = base;
+  sparse["num_frames"] = 17;
+  sparse["sparse"] = "rf_v2";
+  const auto job = server.post("/v1/jobs", sparse.dump());
+  ASSERT_EQ(job->status, 202) << job->body;
+  const std::string id = json_of(job)["id"];
+  server.scheduler().find(id)->wait_finished(std::chrono::steady_clock::now() + std::chrono::seconds(60));
+  const json failed = json_of(server.get("/v1/jobs/" + id));
+  EXPECT_EQ(failed["status"], "failed") << failed;
+  EXPECT_EQ(failed["error"]["type"], "invalid_request_error") << failed;
+}
+
 // A client that sends half a request and stalls is dropped after --read-timeout, and holds no
 // generation instance meanwhile: other requests are served.
 TEST(ServerApi, AStalledClientIsDroppedAndOthersAreServed) {
