@@ -1,13 +1,17 @@
 // `cubevec serve`: the models loaded once and served over HTTP until SIGTERM / SIGINT (server/).
 //
 //   cubevec serve --model assets/tinyflux [--model wan=assets/tinywan] [--instances 2] [--port 8080]
+//   mpirun -np 2 cubevec serve --model assets/tinyflux --ulysses 2   (rank 0 serves, every rank runs)
 //
 // Binds loopback unless --host says otherwise. A stop signal stops new requests (503), lets the
 // running and queued ones finish within --drain-timeout, cancels what is left, and exits 0; a
 // second signal ends the process at once.
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -17,9 +21,11 @@
 #include "base/interrupt.h"
 #include "cli/command.h"
 #include "cli/device_flags.h"
+#include "cli/parallel_flags.h"
 #include "pipelines/memory_estimate.h"
 #include "pipelines/pipeline.h"
 #include "server/http_server.h"
+#include "server/rank_relay.h"
 #include "server/scheduler.h"
 
 namespace cubevec::cli {
@@ -55,7 +61,7 @@ std::pair<std::string, std::string> model_name_and_dir(const std::string& spec) 
   return {name, dir};
 }
 
-int run(const ServeFlags& f, const DeviceFlags& device_flags) {
+int run(const ServeFlags& f, const DeviceFlags& device_flags, const ParallelFlags& parallel_flags) {
   if (f.models.empty()) throw Error("--model DIR is required (a diffusers Flux or Wan folder; repeat it to serve several)");
   server::ServeLimits limits = f.limits;
   limits.max_body_bytes = pipelines::parse_memory_size(f.max_body, "--max-body");
@@ -70,29 +76,46 @@ int run(const ServeFlags& f, const DeviceFlags& device_flags) {
   load.memory_limit = f.memory_limit;
   load.check_weights = f.check_weights;
   load.profile = device_flags.resolve();
+  // Under mpirun: every rank loads the model sharded by the degrees; rank 0 serves.
+  load.groups = parallel_flags.resolve_generation(
+      false, parallel_flags.degrees.cfg == 2 ? pipelines::CfgMode::fused : pipelines::CfgMode::off, load.cfg_parallel);
+  load.vae_parallel = parallel_flags.vae_group(*load.groups, false);
+  const int ranks = load.groups->world.size(), rank = load.groups->world.rank();
+  if (ranks > 1 && (f.models.size() != 1 || f.scheduler.instances != 1))
+    throw Error("under mpirun, serve runs one --model with --instances 1 (every rank runs each request together)");
 
   std::vector<server::ServedModel> models;
   std::set<std::string> names;
   for (const std::string& spec : f.models) {
     auto [name, dir] = model_name_and_dir(spec);
     if (!names.insert(name).second) throw Error("--model " + spec + ": a model named '" + name + "' is given twice (name one NAME=DIR)");
-    std::fprintf(stderr, "serve: loading %s from %s\n", name.c_str(), dir.c_str());
+    if (rank == 0) std::fprintf(stderr, "serve: loading %s from %s\n", name.c_str(), dir.c_str());
     auto pipeline = pipelines::Pipeline::load(dir, load);
-    std::fprintf(stderr, "serve: %s (%s) loaded in %.2f s\n", name.c_str(), pipeline->model().task().c_str(), pipeline->load_seconds());
+    if (rank == 0)
+      std::fprintf(stderr, "serve: %s (%s) loaded in %.2f s%s\n", name.c_str(), pipeline->model().task().c_str(), pipeline->load_seconds(),
+                   ranks > 1 ? (" on " + std::to_string(ranks) + " ranks").c_str() : "");
     models.push_back({name, dir, std::move(pipeline)});
   }
 
   // From here a stop signal drains instead of stopping the kernels in flight.
   serve_signals_by_draining();
-  server::Scheduler scheduler(std::move(models), f.scheduler);
+  std::optional<server::RankRelay> relay;
+  server::SchedulerOptions scheduler_options = f.scheduler;
+  if (ranks > 1) {
+    relay.emplace(load.groups->world);
+    if (rank != 0) return server::follow_rank_zero(*models.front().pipeline, *relay);
+    scheduler_options.relay = &*relay;
+  }
+  server::Scheduler scheduler(std::move(models), scheduler_options);
   server::HttpServer http(scheduler, limits);
   const int port = http.bind(f.host, f.port);
   if (!server::is_loopback(f.host))
     std::fprintf(stderr, "serve: warning: listening on %s, not loopback: anyone who can reach this machine can use the server\n",
                  f.host.c_str());
-  std::fprintf(stderr, "serve: listening on http://%s:%d (%d instance(s) per model, queue %d)\n",
-               f.host.find(':') != std::string::npos ? ("[" + f.host + "]").c_str() : f.host.c_str(), port, f.scheduler.instances,
-               f.scheduler.max_queue);
+  std::fprintf(stderr, "serve: listening on http://%s:%d (pid %d, %d instance(s) per model, queue %d%s)\n",
+               f.host.find(':') != std::string::npos ? ("[" + f.host + "]").c_str() : f.host.c_str(), port, static_cast<int>(::getpid()),
+               f.scheduler.instances, f.scheduler.max_queue,
+               ranks > 1 ? (", every request on " + std::to_string(ranks) + " ranks").c_str() : "");
   std::fflush(stderr);
   std::thread listener([&] { http.run(); });
 
@@ -118,6 +141,7 @@ CommandRunner add_serve_command(CLI::App& app) {
       app.add_subcommand("serve", "Serve models over HTTP: OpenAI images and videos, AUTOMATIC1111, jobs with progress, a web page");
   auto flags = std::make_shared<ServeFlags>();
   auto device_flags = add_device_flags(*command);
+  auto parallel_flags = add_parallel_flags(*command, /*cfg_parallel=*/true);
   ServeFlags& f = *flags;
   command->add_option("--model", f.models, "A diffusers model folder to serve, as DIR (named after the folder) or NAME=DIR; repeatable");
   command->add_option("--instances", f.scheduler.instances, "Requests per model run at once, sharing one copy of the weights (default 1)")
@@ -153,7 +177,7 @@ CommandRunner add_serve_command(CLI::App& app) {
   command->add_option("--offload", f.offload, "Resident transformer blocks under weight streaming (0: off)")->check(CLI::Range(0, 100000));
   command->add_option("--memory-limit", f.memory_limit, "Refuse what would not fit in this much memory (\"24G\")");
   command->add_flag("--check-weights", f.check_weights, "Every loaded weight must be finite");
-  return [flags, device_flags] { return run(*flags, *device_flags); };
+  return [flags, device_flags, parallel_flags] { return run(*flags, *device_flags, *parallel_flags); };
 }
 
 }  // namespace cubevec::cli

@@ -202,6 +202,10 @@ TextConditioning Pipeline::encode_text(const Request& request, bool cfg, const S
   return text;
 }
 
+TextConditioning Pipeline::encode_prompt(const Request& request, const Device& device) const {
+  return encode_text(request, model_->cfg_mode(request) != CfgMode::off, device.default_stream());
+}
+
 Request Pipeline::checked(const Request& request) const {
   std::vector<std::string> from_defaults;
   Request r = model_->with_defaults(request, model_dir_, from_defaults);

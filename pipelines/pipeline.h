@@ -117,6 +117,10 @@ class Pipeline {
   // The request with the model's defaults, checked against the model and its stages as generate()
   // checks it before any work: a server refuses a bad request before queueing it. Throws Error.
   Request checked(const Request& request) const;
+  // The text conditioning generate() would make for `request` (a checked one), for a caller that
+  // must know the prompt encodes before it commits to the run (a multi-rank server); pass it back
+  // as GenerateHooks::text.
+  TextConditioning encode_prompt(const Request& request, const Device& device) const;
 
   const ModelPipeline& model() const { return *model_; }
   const std::string& model_dir() const { return model_dir_; }

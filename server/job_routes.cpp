@@ -278,8 +278,14 @@ void add_job_routes(httplib::Server& http, ServerContext& context) {
   http.Delete(R"(/v1/jobs/([A-Za-z0-9_]+))",
               answering_errors([&](const httplib::Request& q, httplib::Response& r) { delete_job(context, q, r, false); }));
   http.Get("/health", answering_errors([&](const httplib::Request&, httplib::Response& r) {
-             const bool up = context.scheduler.accepting();
-             send_json(r, up ? 200 : 503, {{"status", up ? "ok" : "shutting_down"}, {"models", context.scheduler.models().size()}});
+             const std::string broken = context.scheduler.broken();
+             const bool up = context.scheduler.accepting() && broken.empty();
+             nlohmann::ordered_json health{{"status", !broken.empty() ? "failed"
+                                                      : up            ? "ok"
+                                                                      : "shutting_down"},
+                                           {"models", context.scheduler.models().size()}};
+             if (!broken.empty()) health["reason"] = broken;
+             send_json(r, up ? 200 : 503, health);
            }));
   http.Get("/metrics", answering_errors([&](const httplib::Request&, httplib::Response& r) {
              r.set_content(prometheus_text(context), "text/plain; version=0.0.4");

@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <new>
+#include <optional>
 #include <random>
 #include <utility>
 
 #include "base/error.h"
+#include "parallel/mpi_runtime.h"
+#include "server/rank_relay.h"
 
 namespace cubevec::server {
 
@@ -34,6 +37,9 @@ ApiError timeout_error(double timeout_s) {
 Scheduler::Scheduler(std::vector<ServedModel> models, SchedulerOptions options) : options_(options) {
   if (models.empty()) throw Error("serve: no model to serve (--model DIR)");
   if (options_.instances < 1) throw Error("--instances must be at least 1");
+  if (options_.relay && (models.size() != 1 || options_.instances != 1))
+    throw Error("serving under mpirun runs one model with one instance (every rank runs each request together); got " +
+                std::to_string(models.size()) + " model(s) and --instances " + std::to_string(options_.instances));
   std::random_device entropy;
   id_state_ = (uint64_t{entropy()} << 32) ^ entropy();
   for (ServedModel& served : models) {
@@ -185,6 +191,11 @@ void Scheduler::cancel(Job& job) {
   idle_.notify_all();
 }
 
+std::string Scheduler::broken() const {
+  std::lock_guard lock(mutex_);
+  return broken_;
+}
+
 std::vector<ModelStats> Scheduler::stats() const {
   std::lock_guard lock(mutex_);
   std::vector<ModelStats> out;
@@ -195,18 +206,43 @@ std::vector<ModelStats> Scheduler::stats() const {
 void Scheduler::work(ModelSlot& slot) {
   const pipelines::Pipeline& pipeline = *slot.served.pipeline;
   Device device(pipeline.profile(), DeviceOptions{});  // this instance's own Cube and Vector streams
+  const RankRelay* relay = options_.relay;
+  const auto relay_send = [&](const nlohmann::json& command) {
+    if (!relay || !broken().empty()) return;
+    try {
+      relay->send(command);
+    } catch (const std::exception& e) {
+      std::lock_guard lock(mutex_);
+      broken_ = e.what();
+    }
+  };
   for (;;) {
     std::shared_ptr<Job> job;
     {
       std::unique_lock lock(mutex_);
-      slot.work.wait(lock, [&] { return stopping_ || !slot.queue.empty(); });
-      if (slot.queue.empty()) return;  // stopping, nothing left
+      const auto ready = [&] { return stopping_ || !slot.queue.empty(); };
+      if (relay) {
+        // The other ranks wait in a collective for the next command: tell them we are here.
+        if (!slot.work.wait_for(lock, std::chrono::duration<double>(relay->idle_interval_s()), ready)) {
+          lock.unlock();
+          relay_send({{"op", "idle"}});
+          continue;
+        }
+      } else {
+        slot.work.wait(lock, ready);
+      }
+      if (slot.queue.empty()) {  // stopping, nothing left
+        lock.unlock();
+        relay_send({{"op", "stop"}});
+        return;
+      }
       job = std::move(slot.queue.front());
       slot.queue.pop_front();
       slot.stats.queued = static_cast<int>(slot.queue.size());
       ++slot.stats.running;
     }
     run_job(slot, *job, device);
+    if (relay) relay_send({{"op", "finished"}});
     {
       std::lock_guard lock(mutex_);
       --slot.stats.running;
@@ -222,6 +258,8 @@ void Scheduler::run_job(ModelSlot& slot, Job& job, Device& device) {
                                                : std::chrono::steady_clock::time_point::max();
   if (job.cancel_requested()) return job.mark_cancelled("cancelled before it started");
   if (std::chrono::steady_clock::now() > deadline) return job.fail(timeout_error(options_.timeout_s));
+  if (const std::string reason = broken(); !reason.empty())
+    return job.fail(unavailable("the server's ranks cannot run requests any more (" + reason + "); restart it"));
   job.mark_started();
   bool timed_out = false;
   std::atomic<bool> stop{false};
@@ -234,20 +272,48 @@ void Scheduler::run_job(ModelSlot& slot, Job& job, Device& device) {
     if (timed_out || job.cancel_requested()) stop = true;
     if (p.step == p.steps && !stop) job.mark_decoding();
   };
+  std::optional<pipelines::TextConditioning> text;
   try {
     if (job.cancel_requested()) throw pipelines::Cancelled();
+    if (const RankRelay* relay = options_.relay) {
+      // The prompt is encoded before any other rank commits to the run, so a word the tokenizer
+      // refuses fails this request only; then every rank runs it.
+      text = slot.served.pipeline->encode_prompt(job.request(), device);
+      hooks.text = &*text;
+      try {
+        relay->send({{"op", "generate"}, {"request", job.request().to_json()}});
+      } catch (const std::exception& e) {
+        {
+          std::lock_guard lock(mutex_);
+          broken_ = e.what();
+        }
+        throw unavailable(std::string("the other ranks cannot run requests: ") + e.what());
+      }
+    }
     pipelines::GenerationResult result = slot.served.pipeline->generate(job.request(), hooks);
     replace_in_strings(result.report, slot.served.pipeline->model_dir(), slot.served.name);
     job.complete(std::move(result.images), std::move(result.report), options_.video_fps);
   } catch (const pipelines::Cancelled&) {
     if (timed_out) job.fail(timeout_error(options_.timeout_s));
     else job.mark_cancelled("cancelled at step " + std::to_string(job.snapshot().step));
+  } catch (const ApiError& e) {
+    job.fail(e);
   } catch (const std::bad_alloc&) {
     job.fail(ApiError(507, "server_error", "out_of_memory", "",
                       "the server ran out of memory for this request (use a smaller size or fewer steps)"));
   } catch (const OutOfMemoryError& e) {
     job.fail(ApiError(507, "server_error", "out_of_memory", "", e.what()));
   } catch (const Error& e) {
+    if (options_.relay) {
+      // A rank that failed mid-run leaves the run's communicators unusable.
+      if (const std::optional<std::string> failure = parallel::received_failure()) {
+        {
+          std::lock_guard lock(mutex_);
+          broken_ = *failure;
+        }
+        return job.fail(ApiError(500, "server_error", "rank_failed", "", std::string("the request failed on another rank: ") + e.what()));
+      }
+    }
     // What the checks before queueing cannot see (a prompt word the tokenizer refuses, a sparse
     // setting the latent's shape rules out, more memory than the server allows) is the request's:
     // cubevec's errors name their input. A non-finite output is the model's.

@@ -26,12 +26,17 @@
 
 namespace cubevec::server {
 
+class RankRelay;
+
 struct SchedulerOptions {
   int instances = 1;       // concurrent requests per model
   int max_queue = 16;      // waiting requests per model
   double timeout_s = 0;    // a job's whole life, queued and running (0: no limit)
   int keep_finished = 64;  // finished jobs kept for their results
   int video_fps = 16;      // the frame rate a video model's AVI is written at
+  // Multi-rank serving (server/rank_relay.h): rank 0's one worker sends each request to the other
+  // ranks. Needs one model and one instance.
+  const RankRelay* relay = nullptr;
 };
 
 struct ServedModel {
@@ -83,6 +88,8 @@ class Scheduler {
   void cancel(Job& job);
 
   std::vector<ModelStats> stats() const;
+  // Multi-rank serving only: why the ranks can no longer run requests ("" while they can).
+  std::string broken() const;
 
  private:
   struct ModelSlot {
@@ -104,6 +111,7 @@ class Scheduler {
   std::map<std::string, std::shared_ptr<Job>> jobs_;
   std::deque<std::string> finished_order_;
   bool accepting_ = true, stopping_ = false;
+  std::string broken_;  // a rank failed: every later job fails with this
   uint64_t id_state_;
 };
 

@@ -28,9 +28,11 @@ using nlohmann::json;
 // A `cubevec serve` child process, its stderr in a file.
 class ServeProcess {
  public:
-  ServeProcess(std::vector<std::string> args, const fs::path& dir)
+  // `launcher`: what runs the binary (mpirun and its flags), or nothing.
+  ServeProcess(std::vector<std::string> args, const fs::path& dir, std::vector<std::string> launcher = {})
       : err_path_((dir / ("serve" + std::to_string(next_number()++) + ".err")).string()) {
     args.insert(args.begin(), {CUBEVEC_BINARY, "serve", "--port", "0"});
+    args.insert(args.begin(), launcher.begin(), launcher.end());
     std::vector<char*> argv;
     for (std::string& arg : args) argv.push_back(arg.data());
     argv.push_back(nullptr);
@@ -42,11 +44,11 @@ class ServeProcess {
       ::_exit(127);
     }
     // The address it prints once it listens.
-    const std::regex listening("listening on http://([0-9.]+):([0-9]+)");
+    const std::regex listening("listening on http://([0-9.]+):([0-9]+) \\(pid ([0-9]+)");
     for (int i = 0; i < 600 && port_ == 0; ++i) {
       std::smatch match;
       const std::string text = err();
-      if (std::regex_search(text, match, listening)) host_ = match[1], port_ = std::stoi(match[2]);
+      if (std::regex_search(text, match, listening)) host_ = match[1], port_ = std::stoi(match[2]), server_pid_ = std::stoi(match[3]);
       else std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
@@ -70,6 +72,8 @@ class ServeProcess {
     return c;
   }
   void signal(int sig) const { ::kill(pid_, sig); }
+  // The serving process itself (under mpirun: rank 0, not mpirun), as it prints its pid.
+  void signal_server(int sig) const { ::kill(server_pid_, sig); }
   // The exit status (128 + signal when killed by one), or -1 after `seconds`.
   int wait_exit(double seconds) {
     const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
@@ -87,7 +91,7 @@ class ServeProcess {
  private:
   std::string err_path_, host_;
   pid_t pid_ = -1;
-  int port_ = 0, status_ = -1;
+  int port_ = 0, status_ = -1, server_pid_ = -1;
 };
 
 std::string submit(const ServeProcess& server, int steps) {
@@ -186,6 +190,82 @@ TEST_F(ServeProcessTest, BadFlagsAndAPortInUseAreErrors) {
   EXPECT_NE(missing.err.find("nothing"), std::string::npos) << missing.err;
   first.signal(SIGTERM);
   EXPECT_EQ(first.wait_exit(30), 0);
+}
+
+// Serving past one machine: rank 0 answers, both ranks run each request (Ulysses over the heads),
+// and the pictures are the one-process server's; SIGTERM to mpirun stops every rank with status 0.
+TEST_F(ServeProcessTest, UnderMpirunEveryRequestRunsOnAllRanksWithTheOneProcessPixels) {
+  const std::string body = json{{"prompt", kPrompt}, {"num_inference_steps", 3}, {"seed", 6}, {"size", "48x32"}}.dump();
+  const auto pixels_of = [&](const ServeProcess& server) {
+    const auto r = server.client().Post("/v1/images/generations", body, "application/json");
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : std::string("no answer")) << server.err();
+    return r && r->status == 200 ? png_of(from_base64(json::parse(r->body)["data"][0]["b64_json"])).pixels : std::vector<uint8_t>{};
+  };
+  std::vector<uint8_t> one;
+  {
+    ServeProcess server({"--model", kTinyFlux}, dir_);
+    ASSERT_GT(server.port(), 0) << server.err();
+    one = pixels_of(server);
+    server.signal(SIGTERM);
+    EXPECT_EQ(server.wait_exit(30), 0);
+  }
+  ServeProcess server({"--model", kTinyFlux, "--ulysses", "2"}, dir_,
+                      {CUBEVEC_MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "ASAN_OPTIONS=detect_leaks=0"});
+  ASSERT_GT(server.port(), 0) << server.err();
+  EXPECT_NE(server.err().find("every request on 2 ranks"), std::string::npos) << server.err();
+  const std::vector<uint8_t> two = pixels_of(server);
+  ASSERT_FALSE(one.empty());
+  EXPECT_EQ(two, one);
+  // A prompt word the tokenizer refuses fails that request only (rank 0 encodes before the others
+  // commit); the ranks then go on serving.
+  const auto word = server.client().Post("/v1/images/generations", json{{"prompt", "a red zebra"}}.dump(), "application/json");
+  ASSERT_TRUE(word);
+  EXPECT_EQ(word->status, 400) << word->body;
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // past an idle beat or two
+  EXPECT_EQ(pixels_of(server), one);
+  EXPECT_EQ(json::parse(server.client().Get("/health")->body)["status"], "ok");
+  // SIGTERM to rank 0: it drains, tells the others to stop, and every rank exits 0.
+  server.signal_server(SIGTERM);
+  EXPECT_EQ(server.wait_exit(60), 0) << server.err();
+}
+
+// A rank that fails fails the request at once through the failure channel (rank 1 is started
+// with a --memory-limit no request fits, mpirun's MPMD form), and the server answers every later
+// request 503 and /health "failed" instead of hanging; SIGTERM to rank 0 still ends it.
+TEST_F(ServeProcessTest, UnderMpirunAFailedRankFailsTheRequestNeverHangs) {
+  const std::string binary = CUBEVEC_BINARY;
+  // mpirun -np 1 cubevec serve ... : -np 1 cubevec serve ... --memory-limit 2M
+  ServeProcess server({"--model", kTinyFlux, "--ulysses", "2", "--memory-limit", "2M"}, dir_,
+                      {CUBEVEC_MPIRUN, "--allow-run-as-root", "--oversubscribe", "-x", "ASAN_OPTIONS=detect_leaks=0", "-np", "1", binary,
+                       "serve", "--port", "0", "--model", kTinyFlux, "--ulysses", "2", ":", "-np", "1"});
+  ASSERT_GT(server.port(), 0) << server.err();
+  const std::string body = json{{"prompt", kPrompt}, {"num_inference_steps", 2}}.dump();
+  const auto start = std::chrono::steady_clock::now();
+  const auto failed = server.client().Post("/v1/images/generations", body, "application/json");
+  ASSERT_TRUE(failed);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30.0);
+  EXPECT_EQ(failed->status, 500) << failed->body;
+  EXPECT_NE(failed->body.find("rank 1 failed"), std::string::npos) << failed->body;
+  const auto later = server.client().Post("/v1/images/generations", body, "application/json");
+  EXPECT_EQ(later->status, 503) << later->body;
+  const auto health = server.client().Get("/health");
+  EXPECT_EQ(health->status, 503);
+  EXPECT_EQ(json::parse(health->body)["status"], "failed");
+  server.signal_server(SIGTERM);
+  EXPECT_GE(server.wait_exit(60), 0) << server.err();  // mpirun reports rank 1's status 1
+}
+
+// Errors of the multi-rank flags: more than one model or instance, degrees without mpirun.
+TEST_F(ServeProcessTest, MultiRankFlagsAreCheckedBeforeServing) {
+  const Process alone = run({"serve", "--model", kTinyFlux, "--ulysses", "2"});
+  EXPECT_EQ(alone.status, 1);
+  EXPECT_NE(alone.err.find("but this run has one: start it with mpirun -np 2"), std::string::npos) << alone.err;
+  const Process instances =
+      run_program({CUBEVEC_MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "ASAN_OPTIONS=detect_leaks=0",
+                   CUBEVEC_BINARY, "serve", "--model", kTinyFlux, "--ulysses", "2", "--instances", "2"},
+                  dir_);
+  EXPECT_NE(instances.status, 0);
+  EXPECT_NE(instances.err.find("one --model with --instances 1"), std::string::npos) << instances.err;
 }
 
 }  // namespace serve_process_test
