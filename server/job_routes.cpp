@@ -53,7 +53,10 @@ nlohmann::ordered_json job_json(const Job& job, const std::string& base) {
   if (s.status == JobStatus::completed) {
     // The picture (PNG) or the video (AVI).
     const nlohmann::ordered_json urls = nlohmann::ordered_json::array({base + "/v1/jobs/" + job.id() + "/content"});
-    j["result"] = {{"outputs", s.outputs}, {"urls", urls}, {"report", job.report()}};
+    j["result"] = {{"outputs", s.outputs},
+                   {"urls", urls},
+                   {"frames_url", base + "/v1/jobs/" + job.id() + "/frames/"},  // + "0.png" ... each output as PNG
+                   {"report", job.report()}};
   } else {
     j["result"] = nullptr;
   }
@@ -107,6 +110,16 @@ void send_content(const Job& job, httplib::Response& response, int index) {
   if (index < 0 || index >= static_cast<int>(images.size()))
     throw not_found("the job '" + job.id() + "' has no output " + std::to_string(index));
   response.set_content(encoded_image(images[static_cast<std::size_t>(index)], "png", 92, job.id()), "image/png");
+}
+
+// One picture of a job, or one frame of its video, as PNG.
+void send_frame(const Job& job, httplib::Response& response, const std::string& index_text) {
+  require_completed(job);
+  const std::vector<media::RgbImage> images = job.images();
+  const int index = std::stoi(index_text);  // at most 6 digits (the route's pattern)
+  if (index >= static_cast<int>(images.size()))
+    throw not_found("the job '" + job.id() + "' has " + std::to_string(images.size()) + " output(s); there is no " + index_text);
+  response.set_content(encoded_image(images[static_cast<std::size_t>(index)], "png", 92, job.id() + " output " + index_text), "image/png");
 }
 
 // Server-Sent Events: each job event as "event: NAME" + "data: JSON"; the last one carries the
@@ -274,6 +287,9 @@ void add_job_routes(httplib::Server& http, ServerContext& context) {
            answering_errors([&](const httplib::Request& q, httplib::Response& r) { stream_events(context, q, r); }));
   http.Get(R"(/v1/jobs/([A-Za-z0-9_]+)/content)", answering_errors([&](const httplib::Request& q, httplib::Response& r) {
              send_content(*job_or_404(context, q.matches[1], "job"), r, 0);
+           }));
+  http.Get(R"(/v1/jobs/([A-Za-z0-9_]+)/frames/([0-9]{1,6})\.png)", answering_errors([&](const httplib::Request& q, httplib::Response& r) {
+             send_frame(*job_or_404(context, q.matches[1], "job"), r, q.matches[2]);
            }));
   http.Delete(R"(/v1/jobs/([A-Za-z0-9_]+))",
               answering_errors([&](const httplib::Request& q, httplib::Response& r) { delete_job(context, q, r, false); }));

@@ -31,6 +31,7 @@ constexpr const char* kPage = R"HTML(<!doctype html>
   #status { font-size: 13px; color: #4a5263; min-height: 1.3em; }
   #status.error { color: #b3261e; }
   #result img { max-width: 100%; image-rendering: pixelated; min-width: 256px; border-radius: 4px; }
+  #result a { font-size: 13px; }
 </style>
 </head>
 <body>
@@ -67,7 +68,7 @@ constexpr const char* kPage = R"HTML(<!doctype html>
 <script>
 "use strict";
 const $ = (id) => document.getElementById(id);
-let models = [], job = null, events = null;
+let models = [], job = null, events = null, playing = null;
 
 function setStatus(text, error) { $("status").textContent = text; $("status").className = error ? "error" : ""; }
 
@@ -101,6 +102,8 @@ function finish() {
 async function generate(e) {
   e.preventDefault();
   $("generate").disabled = true;
+  if (playing) clearInterval(playing);
+  playing = null;
   $("result").textContent = "";
   $("progress").value = 0;
   setStatus("Queued…");
@@ -122,9 +125,16 @@ async function generate(e) {
     setStatus("Done in " + done.seconds.toFixed(2) + " s (seed " + done.request.seed + ").");
     const url = done.result.urls[0];
     if (models.find((x) => x.id === done.model).task === "t2v") {
+      // The frames as PNGs, played in turn at 16 fps, and the AVI to download.
+      const frames = [];
+      for (let i = 0; i < done.result.outputs; ++i) { const f = new Image(); f.src = done.result.frames_url + i + ".png"; frames.push(f); }
+      const img = new Image();
+      img.id = "frame"; img.alt = done.request.prompt; img.src = frames[0].src;
+      let shown = 0;
+      playing = setInterval(() => { shown = (shown + 1) % frames.length; img.src = frames[shown].src; }, 1000 / 16);
       const a = document.createElement("a");
-      a.href = url; a.textContent = "Download the video (AVI)"; a.id = "video_link";
-      $("result").append(a);
+      a.href = url; a.textContent = "Download the video (AVI, " + frames.length + " frames)"; a.id = "video_link";
+      $("result").append(img, document.createElement("br"), a);
     } else {
       const img = new Image();
       img.id = "picture"; img.alt = done.request.prompt; img.src = url;

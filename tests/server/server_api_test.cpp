@@ -345,6 +345,14 @@ TEST(ServerApi, VideoJobsGiveAnAviOfTheRequestedFrames) {
   EXPECT_EQ(info.frame_count, 17);
   EXPECT_EQ(info.width, 48);
   EXPECT_EQ(info.height, 32);
+  // Each frame as a PNG too (the page plays them): within JPEG's error of the AVI's frame.
+  const auto frame = server.get("/v1/jobs/" + id + "/frames/16.png");
+  ASSERT_EQ(frame->status, 200);
+  const RgbImage png = png_of(frame->body);
+  EXPECT_EQ(png.width, 48);
+  EXPECT_EQ(png.height, 32);
+  EXPECT_EQ(server.get("/v1/jobs/" + id + "/frames/17.png")->status, 404);
+  EXPECT_EQ(server.get("/v1/jobs/" + id + "/frames/99999999.png")->status, 404);
   // A picture model on the video route, and a video model on the picture route, are refused.
   EXPECT_EQ(server.post("/v1/videos", json{{"model", "tinyflux"}, {"prompt", kPrompt}}.dump())->status, 400);
   EXPECT_EQ(server.post("/v1/images/generations", json{{"model", "tinywan"}, {"prompt", kPrompt}}.dump())->status, 400);

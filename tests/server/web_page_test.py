@@ -24,6 +24,7 @@ import time
 import urllib.request
 
 PROMPT = "a large red circle in the center on a blue background"
+VIDEO_PROMPT = "a red circle moving right on a blue background"
 
 
 class DevTools:
@@ -152,7 +153,8 @@ def main():
         return 77
     scratch = tempfile.mkdtemp(prefix="cubevec_web_")
     serve_err = open(os.path.join(scratch, "serve.err"), "w")
-    serve = subprocess.Popen([binary, "serve", "--model", os.path.join(source, "assets/tinyflux"), "--port", "0"], stderr=serve_err)
+    serve = subprocess.Popen([binary, "serve", "--model", os.path.join(source, "assets/tinyflux"), "--model",
+                              os.path.join(source, "assets/tinywan"), "--port", "0"], stderr=serve_err)
     chrome = None
     try:
         port = int(wait_for("cubevec serve to listen",
@@ -205,7 +207,7 @@ def main():
         shown_rgb = bytes(v for i, v in enumerate(rgba) if i % 4 != 3)
 
         # The same request through the API: the page sent the prompt, seed 0 and the defaults.
-        request = json.dumps({"prompt": PROMPT, "seed": 0}).encode()
+        request = json.dumps({"model": "tinyflux", "prompt": PROMPT, "seed": 0}).encode()
         with urllib.request.urlopen(urllib.request.Request(base + "/v1/jobs", data=request, headers={"Content-Type": "application/json"})) as r:
             job = json.load(r)
         wait_for("the API's job", lambda: json.load(urllib.request.urlopen(f"{base}/v1/jobs/{job['id']}"))["status"] == "completed")
@@ -220,7 +222,29 @@ def main():
             with open(screenshot, "wb") as f:
                 f.write(base64.b64decode(shot["data"]))
             print(f"wrote {screenshot}")
-        print(f"ok: the page generated {width}x{height}, equal to the API's picture; status: {status}")
+
+        # A video model: its frames play in the page (PNGs from /frames/), with the AVI's link.
+        page.evaluate("(() => { const m = document.getElementById('model'); m.value = 'tinywan'; m.dispatchEvent(new Event('change')); return true; })()")
+        assert page.evaluate("document.getElementById('frames_label').hidden") is False
+        page.evaluate("(() => { const p = document.getElementById('prompt'); p.focus(); p.select(); return true; })()")
+        page.call("Input.insertText", text=VIDEO_PROMPT)
+        box = page.evaluate("(() => { const r = document.getElementById('generate').getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()")
+        for kind in ("mousePressed", "mouseReleased"):
+            page.call("Input.dispatchMouseEvent", type=kind, x=box[0], y=box[1], button="left", clickCount=1)
+        try:
+            wait_for("the video's frames", lambda: page.evaluate(
+                "(() => { const i = document.getElementById('frame'); return !!(i && i.complete && i.naturalWidth && document.getElementById('video_link')); })()"),
+                seconds=60)
+        except RuntimeError:
+            raise RuntimeError("no video frames appeared; the page says: " + page.evaluate("document.getElementById('status').textContent"))
+        frame = page.evaluate("(() => { const i = document.getElementById('frame'); return [i.naturalWidth, i.naturalHeight, i.src]; })()")
+        assert frame[0] == 64 and frame[1] == 64, frame
+        assert re.search(r"/v1/jobs/job_[0-9a-f]+/frames/\d+\.png$", frame[2]), frame
+        link = page.evaluate("document.getElementById('video_link').href")
+        with urllib.request.urlopen(link) as r:
+            assert r.headers["Content-Type"] == "video/x-msvideo" and r.read(4) == b"RIFF", link
+
+        print(f"ok: the page generated {width}x{height}, equal to the API's picture; status: {status}; and a video's frames")
         return 0
     finally:
         if chrome:
