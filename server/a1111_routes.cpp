@@ -107,24 +107,26 @@ void progress(ServerContext& context, httplib::Response& response) {
 }  // namespace
 
 void add_a1111_routes(httplib::Server& http, ServerContext& context) {
-  http.Post("/sdapi/v1/txt2img", answering_errors([&](const httplib::Request& q, httplib::Response& r) { txt2img(context, q, r); }));
-  http.Get("/sdapi/v1/progress", answering_errors([&](const httplib::Request&, httplib::Response& r) { progress(context, r); }));
-  http.Post("/sdapi/v1/interrupt", answering_errors([&](const httplib::Request&, httplib::Response& r) {
+  add_route(http, context, "POST", "/sdapi/v1/txt2img",
+            answering_errors([&](const httplib::Request& q, httplib::Response& r) { txt2img(context, q, r); }));
+  add_route(http, context, "GET", "/sdapi/v1/progress",
+            answering_errors([&](const httplib::Request&, httplib::Response& r) { progress(context, r); }));
+  add_route(http, context, "POST", "/sdapi/v1/interrupt", answering_errors([&](const httplib::Request&, httplib::Response& r) {
               const std::vector<std::shared_ptr<Job>> jobs = context.scheduler.unfinished("a1111");
               for (const auto& job : jobs) context.scheduler.cancel(*job);
               send_json(r, 200, {{"interrupted", jobs.size()}});
             }));
-  http.Get("/sdapi/v1/sd-models", answering_errors([&](const httplib::Request&, httplib::Response& r) {
-             nlohmann::ordered_json models = nlohmann::ordered_json::array();
-             for (const ServedModel* m : context.scheduler.models())
-               models.push_back({{"title", m->name},
-                                 {"model_name", m->name},
-                                 {"hash", nullptr},
-                                 {"sha256", nullptr},
-                                 {"filename", m->name},
-                                 {"config", nullptr}});
-             send_json(r, 200, models);
-           }));
+  add_route(http, context, "GET", "/sdapi/v1/sd-models", answering_errors([&](const httplib::Request&, httplib::Response& r) {
+              nlohmann::ordered_json models = nlohmann::ordered_json::array();
+              for (const ServedModel* m : context.scheduler.models())
+                models.push_back({{"title", m->name},
+                                  {"model_name", m->name},
+                                  {"hash", nullptr},
+                                  {"sha256", nullptr},
+                                  {"filename", m->name},
+                                  {"config", nullptr}});
+              send_json(r, 200, models);
+            }));
 }
 
 }  // namespace cubevec::server

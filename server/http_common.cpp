@@ -35,6 +35,21 @@ Handler answering_errors(Handler handler) {
   };
 }
 
+void add_route(httplib::Server& http, ServerContext& context, const std::string& method, const std::string& pattern, Handler handler) {
+  context.routes.emplace_back(method, std::regex(pattern));
+  if (method == "GET") http.Get(pattern, std::move(handler));
+  else if (method == "POST") http.Post(pattern, std::move(handler));
+  else if (method == "DELETE") http.Delete(pattern, std::move(handler));
+  else throw std::logic_error("add_route: method " + method);
+}
+
+std::string allowed_methods(const ServerContext& context, const std::string& path) {
+  std::string methods;
+  for (const auto& [method, pattern] : context.routes)
+    if (std::regex_match(path, pattern) && methods.find(method) == std::string::npos) methods += (methods.empty() ? "" : ", ") + method;
+  return methods;
+}
+
 void copy_diffusion_keys(const nlohmann::json& body, nlohmann::json& request_keys) {
   // A path in a request would make the server read a file a client names: never.
   if (body.contains("prompt_embeds") && !body["prompt_embeds"].is_null())

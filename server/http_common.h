@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <functional>
+#include <regex>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,8 @@ struct ServerContext {
   // Event streams open now: each holds a connection thread for its job's life, so at most half the
   // threads may be streams and the rest stay free for other requests.
   std::atomic<int> event_streams{0};
+  // Every route's method and pattern, so a known path asked with another method is a 405.
+  std::vector<std::pair<std::string, std::regex>> routes;
 };
 
 void send_json(httplib::Response& response, int status, const nlohmann::ordered_json& body);
@@ -33,6 +37,11 @@ void send_error(httplib::Response& response, const ApiError& error);
 // A handler whose ApiError, cubevec::Error and other exceptions become the error response.
 using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
 Handler answering_errors(Handler handler);
+
+// Registers `handler` for `method` ("GET", "POST", "DELETE") and `pattern`, and records both.
+void add_route(httplib::Server& http, ServerContext& context, const std::string& method, const std::string& pattern, Handler handler);
+// The methods the routes take for `path` ("GET, DELETE"), or "" for an unknown path.
+std::string allowed_methods(const ServerContext& context, const std::string& path);
 
 // The keys of the library's request a generating route passes through as they are (the diffusion
 // settings OpenAI's API does not have): negative_prompt, num_inference_steps, guidance_scale,

@@ -34,12 +34,19 @@ HttpServer::HttpServer(Scheduler& scheduler, const ServeLimits& limits)
   });
   // Errors httplib answers itself (no such route, a body over --max-body, a malformed request)
   // get the same JSON error object as the routes'.
-  http.set_error_handler([limits](const httplib::Request& request, httplib::Response& response) {
+  http.set_error_handler([limits, context = context_.get()](const httplib::Request& request, httplib::Response& response) {
     const_cast<httplib::Request&>(request).ranges.clear();
     if (!response.body.empty()) return;
     ApiError error(response.status, "invalid_request_error", "http_error", "", "HTTP error " + std::to_string(response.status));
-    if (response.status == 404) error = not_found("no route " + request.method + " " + request.path.substr(0, 200) + " on this server");
-    else if (response.status == 413)
+    // A known path asked with another method: 405 with the methods it takes.
+    const std::string allowed = response.status == 404 && request.path.size() <= 1024 ? allowed_methods(*context, request.path) : "";
+    if (!allowed.empty()) {
+      response.set_header("Allow", allowed);
+      error = ApiError(405, "invalid_request_error", "method_not_allowed", "",
+                       request.path.substr(0, 200) + " takes " + allowed + ", not " + request.method.substr(0, 20));
+    } else if (response.status == 404) {
+      error = not_found("no route " + request.method + " " + request.path.substr(0, 200) + " on this server");
+    } else if (response.status == 413)
       error = ApiError(413, "invalid_request_error", "body_too_large", "",
                        "the request body is larger than this server's --max-body of " + std::to_string(limits.max_body_bytes) + " bytes");
     else if (response.status == 400) error = invalid_request("", "the HTTP request is malformed", "bad_http_request");

@@ -279,45 +279,48 @@ void delete_job(ServerContext& context, const httplib::Request& request, httplib
 }  // namespace
 
 void add_job_routes(httplib::Server& http, ServerContext& context) {
-  http.Post("/v1/jobs", answering_errors([&](const httplib::Request& q, httplib::Response& r) { submit_job(context, q, r, false); }));
-  http.Get(R"(/v1/jobs/([A-Za-z0-9_]+))", answering_errors([&](const httplib::Request& q, httplib::Response& r) {
-             send_json(r, 200, job_json(*job_or_404(context, q.matches[1], "job"), base_url(q)));
-           }));
-  http.Get(R"(/v1/jobs/([A-Za-z0-9_]+)/events)",
-           answering_errors([&](const httplib::Request& q, httplib::Response& r) { stream_events(context, q, r); }));
-  http.Get(R"(/v1/jobs/([A-Za-z0-9_]+)/content)", answering_errors([&](const httplib::Request& q, httplib::Response& r) {
-             send_content(*job_or_404(context, q.matches[1], "job"), r, 0);
-           }));
-  http.Get(R"(/v1/jobs/([A-Za-z0-9_]+)/frames/([0-9]{1,6})\.png)", answering_errors([&](const httplib::Request& q, httplib::Response& r) {
-             send_frame(*job_or_404(context, q.matches[1], "job"), r, q.matches[2]);
-           }));
-  http.Delete(R"(/v1/jobs/([A-Za-z0-9_]+))",
-              answering_errors([&](const httplib::Request& q, httplib::Response& r) { delete_job(context, q, r, false); }));
-  http.Get("/health", answering_errors([&](const httplib::Request&, httplib::Response& r) {
-             const std::string broken = context.scheduler.broken();
-             const bool up = context.scheduler.accepting() && broken.empty();
-             nlohmann::ordered_json health{{"status", !broken.empty() ? "failed"
-                                                      : up            ? "ok"
-                                                                      : "shutting_down"},
-                                           {"models", context.scheduler.models().size()}};
-             if (!broken.empty()) health["reason"] = broken;
-             send_json(r, up ? 200 : 503, health);
-           }));
-  http.Get("/metrics", answering_errors([&](const httplib::Request&, httplib::Response& r) {
-             r.set_content(prometheus_text(context), "text/plain; version=0.0.4");
-           }));
+  add_route(http, context, "POST", "/v1/jobs",
+            answering_errors([&](const httplib::Request& q, httplib::Response& r) { submit_job(context, q, r, false); }));
+  add_route(http, context, "GET", R"(/v1/jobs/([A-Za-z0-9_]+))", answering_errors([&](const httplib::Request& q, httplib::Response& r) {
+              send_json(r, 200, job_json(*job_or_404(context, q.matches[1], "job"), base_url(q)));
+            }));
+  add_route(http, context, "GET", R"(/v1/jobs/([A-Za-z0-9_]+)/events)",
+            answering_errors([&](const httplib::Request& q, httplib::Response& r) { stream_events(context, q, r); }));
+  add_route(http, context, "GET", R"(/v1/jobs/([A-Za-z0-9_]+)/content)",
+            answering_errors(
+                [&](const httplib::Request& q, httplib::Response& r) { send_content(*job_or_404(context, q.matches[1], "job"), r, 0); }));
+  add_route(http, context, "GET", R"(/v1/jobs/([A-Za-z0-9_]+)/frames/([0-9]{1,6})\.png)",
+            answering_errors([&](const httplib::Request& q, httplib::Response& r) {
+              send_frame(*job_or_404(context, q.matches[1], "job"), r, q.matches[2]);
+            }));
+  add_route(http, context, "DELETE", R"(/v1/jobs/([A-Za-z0-9_]+))",
+            answering_errors([&](const httplib::Request& q, httplib::Response& r) { delete_job(context, q, r, false); }));
+  add_route(http, context, "GET", "/health", answering_errors([&](const httplib::Request&, httplib::Response& r) {
+              const std::string broken = context.scheduler.broken();
+              const bool up = context.scheduler.accepting() && broken.empty();
+              nlohmann::ordered_json health{{"status", !broken.empty() ? "failed"
+                                                       : up            ? "ok"
+                                                                       : "shutting_down"},
+                                            {"models", context.scheduler.models().size()}};
+              if (!broken.empty()) health["reason"] = broken;
+              send_json(r, up ? 200 : 503, health);
+            }));
+  add_route(http, context, "GET", "/metrics", answering_errors([&](const httplib::Request&, httplib::Response& r) {
+              r.set_content(prometheus_text(context), "text/plain; version=0.0.4");
+            }));
 }
 
 void add_video_routes(httplib::Server& http, ServerContext& context) {
-  http.Post("/v1/videos", answering_errors([&](const httplib::Request& q, httplib::Response& r) { submit_job(context, q, r, true); }));
-  http.Get(R"(/v1/videos/([A-Za-z0-9_]+))", answering_errors([&](const httplib::Request& q, httplib::Response& r) {
-             send_json(r, 200, video_json(*video_or_404(context, q.matches[1]), context.scheduler.options().video_fps));
-           }));
-  http.Get(R"(/v1/videos/([A-Za-z0-9_]+)/content)", answering_errors([&](const httplib::Request& q, httplib::Response& r) {
-             send_content(*video_or_404(context, q.matches[1]), r, 0);
-           }));
-  http.Delete(R"(/v1/videos/([A-Za-z0-9_]+))",
-              answering_errors([&](const httplib::Request& q, httplib::Response& r) { delete_job(context, q, r, true); }));
+  add_route(http, context, "POST", "/v1/videos",
+            answering_errors([&](const httplib::Request& q, httplib::Response& r) { submit_job(context, q, r, true); }));
+  add_route(http, context, "GET", R"(/v1/videos/([A-Za-z0-9_]+))", answering_errors([&](const httplib::Request& q, httplib::Response& r) {
+              send_json(r, 200, video_json(*video_or_404(context, q.matches[1]), context.scheduler.options().video_fps));
+            }));
+  add_route(
+      http, context, "GET", R"(/v1/videos/([A-Za-z0-9_]+)/content)",
+      answering_errors([&](const httplib::Request& q, httplib::Response& r) { send_content(*video_or_404(context, q.matches[1]), r, 0); }));
+  add_route(http, context, "DELETE", R"(/v1/videos/([A-Za-z0-9_]+))",
+            answering_errors([&](const httplib::Request& q, httplib::Response& r) { delete_job(context, q, r, true); }));
 }
 
 }  // namespace cubevec::server

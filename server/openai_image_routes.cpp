@@ -114,11 +114,12 @@ std::string base64(const std::string& bytes) {
 }
 
 void add_openai_image_routes(httplib::Server& http, ServerContext& context) {
-  http.Post("/v1/images/generations",
+  add_route(http, context, "POST", "/v1/images/generations",
             answering_errors([&](const httplib::Request& q, httplib::Response& r) { generate_images(context, q, r); }));
-  http.Get(R"(/v1/images/files/([A-Za-z0-9_]+)\.(png|jpg))",
-           answering_errors([&](const httplib::Request& q, httplib::Response& r) { serve_image_file(context, q, r); }));
-  http.Get("/v1/models", answering_errors([&](const httplib::Request&, httplib::Response& r) { list_models(context, r); }));
+  add_route(http, context, "GET", R"(/v1/images/files/([A-Za-z0-9_]+)\.(png|jpg))",
+            answering_errors([&](const httplib::Request& q, httplib::Response& r) { serve_image_file(context, q, r); }));
+  add_route(http, context, "GET", "/v1/models",
+            answering_errors([&](const httplib::Request&, httplib::Response& r) { list_models(context, r); }));
 }
 
 }  // namespace cubevec::server

@@ -158,8 +158,8 @@ loadModels().catch((e) => setStatus("Cannot list the models: " + e, true));
 
 }  // namespace
 
-void add_web_page_route(httplib::Server& http, ServerContext&) {
-  http.Get("/", [](const httplib::Request&, httplib::Response& response) {
+void add_web_page_route(httplib::Server& http, ServerContext& context) {
+  add_route(http, context, "GET", "/", [](const httplib::Request&, httplib::Response& response) {
     response.set_header("Content-Security-Policy",
                         "default-src 'self'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src 'self'");
     response.set_content(kPage, "text/html; charset=utf-8");

@@ -106,6 +106,12 @@ TEST(ServerApi, ModelsHealthAndUnknownRoutes) {
   const auto missing = server.get("/v2/nothing");
   EXPECT_EQ(missing->status, 404);
   EXPECT_EQ(json_of(missing)["error"]["code"], "not_found");
+  // A known path with another method: 405 and the methods it takes.
+  const auto wrong = server.client().Put("/v1/images/generations", "{}", "application/json");
+  EXPECT_EQ(wrong->status, 405) << wrong->body;
+  EXPECT_EQ(wrong->get_header_value("Allow"), "POST");
+  EXPECT_EQ(json_of(wrong)["error"]["code"], "method_not_allowed");
+  EXPECT_EQ(server.client().Patch("/v1/jobs/job_0123", "{}", "application/json")->get_header_value("Allow"), "GET, DELETE");
 }
 
 struct BadRequest {
