@@ -21,18 +21,17 @@ bool is_int64(const nlohmann::json& v) {
          !(v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()));
 }
 
-// A value shown in an error: its JSON, cut short so a huge value cannot flood the terminal.
-std::string shown(const nlohmann::json& v) {
-  std::string text = v.dump();
+}  // namespace
+
+std::string json_for_message(const nlohmann::json& value) {
+  std::string text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   if (text.size() > 80) text = text.substr(0, 77) + "...";
   return text;
 }
 
-}  // namespace
-
 ConfigReader::ConfigReader(const nlohmann::json& json, std::string source, std::string what)
     : json_(json), source_(std::move(source)), what_(std::move(what)) {
-  if (!json_.is_object()) throw Error(source_ + ": expected a JSON object (a " + what_ + " config), got " + shown(json_));
+  if (!json_.is_object()) throw Error(source_ + ": expected a JSON object (a " + what_ + " config), got " + json_for_message(json_));
 }
 
 ConfigReader& ConfigReader::expect_class(std::initializer_list<std::string_view> names) {
@@ -42,7 +41,7 @@ ConfigReader& ConfigReader::expect_class(std::initializer_list<std::string_view>
     if (v.is_string() && v.get<std::string>() == name) return *this;
   std::string list;
   for (std::string_view name : names) list += (list.empty() ? "\"" : ", \"") + std::string(name) + "\"";
-  throw Error(source_ + ": this is a " + shown(v) + " config; expected " + list);
+  throw Error(source_ + ": this is a " + json_for_message(v) + " config; expected " + list);
 }
 
 const nlohmann::json* ConfigReader::value_of(const std::string& key) {
@@ -63,7 +62,7 @@ ConfigReader& ConfigReader::integer(const std::string& key, int64_t& out, int64_
   const nlohmann::json* v = value_of(key);
   if (!v) return *this;
   if (!is_int64(*v) || v->get<int64_t>() < min || v->get<int64_t>() > max)
-    fail(key, "must be an integer " + range_text(min, max) + ", got " + shown(*v));
+    fail(key, "must be an integer " + range_text(min, max) + ", got " + json_for_message(*v));
   out = v->get<int64_t>();
   return *this;
 }
@@ -78,7 +77,7 @@ ConfigReader& ConfigReader::integer(const std::string& key, int& out, int64_t mi
 ConfigReader& ConfigReader::number(const std::string& key, double& out) {
   const nlohmann::json* v = value_of(key);
   if (!v) return *this;
-  if (!v->is_number() || !std::isfinite(v->get<double>())) fail(key, "must be a finite number, got " + shown(*v));
+  if (!v->is_number() || !std::isfinite(v->get<double>())) fail(key, "must be a finite number, got " + json_for_message(*v));
   out = v->get<double>();
   return *this;
 }
@@ -87,7 +86,7 @@ ConfigReader& ConfigReader::positive_number(const std::string& key, double& out)
   const nlohmann::json* v = value_of(key);
   if (!v) return *this;
   if (!v->is_number() || !std::isfinite(v->get<double>()) || !(v->get<double>() > 0))
-    fail(key, "must be a positive finite number, got " + shown(*v));
+    fail(key, "must be a positive finite number, got " + json_for_message(*v));
   out = v->get<double>();
   return *this;
 }
@@ -98,7 +97,7 @@ ConfigReader& ConfigReader::number_in(const std::string& key, double& out, doubl
   if (!v->is_number() || !std::isfinite(v->get<double>()) || v->get<double>() < min || v->get<double>() > max) {
     char range[96];
     std::snprintf(range, sizeof range, "in [%g, %g]", min, max);
-    fail(key, "must be a number " + std::string(range) + ", got " + shown(*v));
+    fail(key, "must be a number " + std::string(range) + ", got " + json_for_message(*v));
   }
   out = v->get<double>();
   return *this;
@@ -107,7 +106,7 @@ ConfigReader& ConfigReader::number_in(const std::string& key, double& out, doubl
 ConfigReader& ConfigReader::boolean(const std::string& key, bool& out) {
   const nlohmann::json* v = value_of(key);
   if (!v) return *this;
-  if (!v->is_boolean()) fail(key, "must be true or false, got " + shown(*v));
+  if (!v->is_boolean()) fail(key, "must be true or false, got " + json_for_message(*v));
   out = v->get<bool>();
   return *this;
 }
@@ -117,12 +116,12 @@ ConfigReader& ConfigReader::text(const std::string& key, std::string& out, std::
   if (!v) return *this;
   std::string list;
   for (std::string_view a : allowed) list += (list.empty() ? "\"" : ", \"") + std::string(a) + "\"";
-  if (!v->is_string()) fail(key, "must be a string" + (list.empty() ? "" : " (one of " + list + ")") + ", got " + shown(*v));
+  if (!v->is_string()) fail(key, "must be a string" + (list.empty() ? "" : " (one of " + list + ")") + ", got " + json_for_message(*v));
   const std::string value = v->get<std::string>();
   if (allowed.size() != 0) {
     bool ok = false;
     for (std::string_view a : allowed) ok = ok || value == a;
-    if (!ok) fail(key, "must be one of " + list + ", got " + shown(*v));
+    if (!ok) fail(key, "must be one of " + list + ", got " + json_for_message(*v));
   }
   out = value;
   return *this;
@@ -133,11 +132,11 @@ ConfigReader& ConfigReader::integers(const std::string& key, std::vector<int64_t
   if (!v) return *this;
   const std::string what = size > 0 ? "a list of " + std::to_string(size) + " integers " + range_text(min, max)
                                     : "a non-empty list of integers " + range_text(min, max);
-  if (!v->is_array() || v->empty() || (size > 0 && v->size() != size)) fail(key, "must be " + what + ", got " + shown(*v));
+  if (!v->is_array() || v->empty() || (size > 0 && v->size() != size)) fail(key, "must be " + what + ", got " + json_for_message(*v));
   std::vector<int64_t> values;
   for (const auto& e : *v) {
     if (!is_int64(e) || e.get<int64_t>() < min || e.get<int64_t>() > max)
-      fail(key, "entry " + std::to_string(values.size()) + " must be an integer " + range_text(min, max) + ", got " + shown(e));
+      fail(key, "entry " + std::to_string(values.size()) + " must be an integer " + range_text(min, max) + ", got " + json_for_message(e));
     values.push_back(e.get<int64_t>());
   }
   out = std::move(values);
@@ -148,9 +147,9 @@ ConfigReader& ConfigReader::numbers(const std::string& key, std::vector<double>&
   const nlohmann::json* v = value_of(key);
   if (!v) return *this;
   std::vector<double> values;
-  if (!v->is_array()) fail(key, "must be a list of finite numbers, got " + shown(*v));
+  if (!v->is_array()) fail(key, "must be a list of finite numbers, got " + json_for_message(*v));
   for (const auto& e : *v) {
-    if (!e.is_number() || !std::isfinite(e.get<double>())) fail(key, "must be a list of finite numbers, got " + shown(*v));
+    if (!e.is_number() || !std::isfinite(e.get<double>())) fail(key, "must be a list of finite numbers, got " + json_for_message(*v));
     values.push_back(e.get<double>());
   }
   out = std::move(values);
@@ -161,9 +160,9 @@ ConfigReader& ConfigReader::booleans(const std::string& key, std::vector<bool>& 
   const nlohmann::json* v = value_of(key);
   if (!v) return *this;
   std::vector<bool> values;
-  if (!v->is_array()) fail(key, "must be a list of true / false, got " + shown(*v));
+  if (!v->is_array()) fail(key, "must be a list of true / false, got " + json_for_message(*v));
   for (const auto& e : *v) {
-    if (!e.is_boolean()) fail(key, "must be a list of true / false, got " + shown(*v));
+    if (!e.is_boolean()) fail(key, "must be a list of true / false, got " + json_for_message(*v));
     values.push_back(e.get<bool>());
   }
   out = std::move(values);
@@ -174,9 +173,9 @@ ConfigReader& ConfigReader::texts(const std::string& key, std::vector<std::strin
   const nlohmann::json* v = value_of(key);
   if (!v) return *this;
   std::vector<std::string> values;
-  if (!v->is_array()) fail(key, "must be a list of strings, got " + shown(*v));
+  if (!v->is_array()) fail(key, "must be a list of strings, got " + json_for_message(*v));
   for (const auto& e : *v) {
-    if (!e.is_string()) fail(key, "must be a list of strings, got " + shown(*v));
+    if (!e.is_string()) fail(key, "must be a list of strings, got " + json_for_message(*v));
     values.push_back(e.get<std::string>());
   }
   out = std::move(values);

@@ -24,6 +24,10 @@ namespace cubevec {
 // dimension, low enough that products of a few of them cannot overflow int64.
 inline constexpr int64_t kMaxConfigInt = int64_t{1} << 24;
 
+// A value as an error message shows it: its JSON on one line, cut short at 80 characters so a huge
+// value cannot flood the terminal or an HTTP answer.
+std::string json_for_message(const nlohmann::json& value);
+
 class ConfigReader {
  public:
   // `json` must be an object (else an Error naming `source` and `what`); `what` names the config

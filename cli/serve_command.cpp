@@ -125,7 +125,7 @@ int run(const ServeFlags& f, const DeviceFlags& device_flags, const ParallelFlag
   const auto drain_end = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(f.drain_timeout_s * 1000));
   if (!scheduler.wait_idle(drain_end)) {
     std::fprintf(stderr, "serve: --drain-timeout passed: cancelling what is left\n");
-    scheduler.cancel_all("the server is shutting down");
+    scheduler.cancel_all();
     scheduler.wait_idle(std::chrono::steady_clock::now() + std::chrono::seconds(60));
   }
   http.stop();

@@ -65,7 +65,7 @@ void txt2img(ServerContext& context, const httplib::Request& http_request, httpl
       interrupted = true;
       continue;
     }
-    images.push_back(base64(encoded_image(job->images().at(0), "png", 92, job->id())));
+    images.push_back(base64(encoded_image(job->images()->at(0), "png", 92, job->id())));
     seeds.push_back(job->request().seed);
   }
   nlohmann::ordered_json info{

@@ -69,12 +69,12 @@ void Job::finish_locked(JobStatus status) {
 
 void Job::complete(std::vector<media::RgbImage> images, nlohmann::ordered_json report, int fps) {
   std::lock_guard lock(mutex_);
-  images_ = std::move(images);
+  images_ = std::make_shared<const std::vector<media::RgbImage>>(std::move(images));
   report_ = std::move(report);
   fps_ = fps;
   finish_locked(JobStatus::completed);
   push_event_locked("completed",
-                    {{"id", id_}, {"outputs", images_.size()}, {"seconds", std::chrono::duration<double>(finished_ - started_).count()}});
+                    {{"id", id_}, {"outputs", images_->size()}, {"seconds", std::chrono::duration<double>(finished_ - started_).count()}});
 }
 
 void Job::fail(const ApiError& error) {
@@ -106,7 +106,7 @@ JobSnapshot Job::snapshot() const {
     s.seconds = std::chrono::duration<double>(end - started_).count();
   }
   s.error = error_;
-  s.outputs = images_.size();
+  s.outputs = images_->size();
   return s;
 }
 
@@ -124,7 +124,7 @@ std::vector<JobEvent> Job::events_from(std::size_t from, std::chrono::steady_clo
   return out;
 }
 
-std::vector<media::RgbImage> Job::images() const {
+std::shared_ptr<const std::vector<media::RgbImage>> Job::images() const {
   std::lock_guard lock(mutex_);
   return images_;
 }

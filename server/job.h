@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -76,8 +77,8 @@ class Job {
   // Events from index `from` on, waiting up to `deadline` for at least one; `finished` is set when
   // the last event has been sent.
   std::vector<JobEvent> events_from(std::size_t from, std::chrono::steady_clock::time_point deadline, bool& finished) const;
-  // The result (empty unless completed).
-  std::vector<media::RgbImage> images() const;
+  // The result (empty unless completed), shared: a route reading one frame copies nothing.
+  std::shared_ptr<const std::vector<media::RgbImage>> images() const;
   nlohmann::ordered_json report() const;
   int fps() const;
   std::chrono::steady_clock::time_point finished_time() const;
@@ -102,7 +103,7 @@ class Job {
   int64_t created_at_, started_at_ = 0, completed_at_ = 0;
   std::chrono::steady_clock::time_point started_, finished_;
   std::optional<ApiError> error_;
-  std::vector<media::RgbImage> images_;
+  std::shared_ptr<const std::vector<media::RgbImage>> images_ = std::make_shared<const std::vector<media::RgbImage>>();
   nlohmann::ordered_json report_;
   int fps_ = 0;
   std::vector<JobEvent> events_;

@@ -83,7 +83,8 @@ nlohmann::ordered_json video_json(const Job& job, int fps) {
 }
 
 std::string avi_of(const Job& job) {
-  const std::vector<media::RgbImage> frames = job.images();
+  const auto images = job.images();
+  const std::vector<media::RgbImage>& frames = *images;
   if (frames.empty()) throw ApiError(500, "server_error", "no_frames", "", "the job '" + job.id() + "' finished without frames");
   std::vector<uint8_t> bytes;
   media::MjpegAviWriter writer(bytes, job.id() + ".avi", frames.front().width, frames.front().height, job.fps());
@@ -106,20 +107,21 @@ void send_content(const Job& job, httplib::Response& response, int index) {
     response.set_content(avi_of(job), "video/x-msvideo");
     return;
   }
-  const std::vector<media::RgbImage> images = job.images();
-  if (index < 0 || index >= static_cast<int>(images.size()))
+  const auto images = job.images();
+  if (index < 0 || index >= static_cast<int>(images->size()))
     throw not_found("the job '" + job.id() + "' has no output " + std::to_string(index));
-  response.set_content(encoded_image(images[static_cast<std::size_t>(index)], "png", 92, job.id()), "image/png");
+  response.set_content(encoded_image((*images)[static_cast<std::size_t>(index)], "png", 92, job.id()), "image/png");
 }
 
 // One picture of a job, or one frame of its video, as PNG.
 void send_frame(const Job& job, httplib::Response& response, const std::string& index_text) {
   require_completed(job);
-  const std::vector<media::RgbImage> images = job.images();
+  const auto images = job.images();
   const int index = std::stoi(index_text);  // at most 6 digits (the route's pattern)
-  if (index >= static_cast<int>(images.size()))
-    throw not_found("the job '" + job.id() + "' has " + std::to_string(images.size()) + " output(s); there is no " + index_text);
-  response.set_content(encoded_image(images[static_cast<std::size_t>(index)], "png", 92, job.id() + " output " + index_text), "image/png");
+  if (index >= static_cast<int>(images->size()))
+    throw not_found("the job '" + job.id() + "' has " + std::to_string(images->size()) + " output(s); there is no " + index_text);
+  response.set_content(encoded_image((*images)[static_cast<std::size_t>(index)], "png", 92, job.id() + " output " + index_text),
+                       "image/png");
 }
 
 // Server-Sent Events: each job event as "event: NAME" + "data: JSON"; the last one carries the

@@ -47,8 +47,8 @@ void generate_images(ServerContext& context, const httplib::Request& http_reques
     if (response_format == "url") {
       item["url"] = base_url(http_request) + "/v1/images/files/" + job->id() + "." + (output_format == "png" ? "png" : "jpg");
     } else {
-      const std::vector<media::RgbImage> images = job->images();
-      item["b64_json"] = base64(encoded_image(images.at(0), output_format, quality, job->id()));
+      const auto images = job->images();
+      item["b64_json"] = base64(encoded_image(images->at(0), output_format, quality, job->id()));
     }
     item["seed"] = job->request().seed;
     data.push_back(item);
@@ -67,9 +67,9 @@ void serve_image_file(ServerContext& context, const httplib::Request& http_reque
   if (s.status != JobStatus::completed)
     throw ApiError(409, "invalid_request_error", "not_ready", "", "the picture '" + id + "' is " + status_name(s.status));
   const std::string format = extension == "png" ? "png" : "jpeg";
-  const std::vector<media::RgbImage> images = job->images();
+  const auto images = job->images();
   response.status = 200;
-  response.set_content(encoded_image(images.at(0), format, 92, id), mime_of(format));
+  response.set_content(encoded_image(images->at(0), format, 92, id), mime_of(format));
 }
 
 void list_models(ServerContext& context, httplib::Response& response) {

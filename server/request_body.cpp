@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 
+#include "base/config_reader.h"
 #include "base/strict_json.h"
 #include "server/api_error.h"
 
@@ -17,12 +18,6 @@ std::string type_name(const nlohmann::json& value) {
   if (value.is_array()) return "an array";
   if (value.is_object()) return "an object";
   return "null";
-}
-
-// The value as an error shows it: short, one line.
-std::string shown(const nlohmann::json& value) {
-  std::string text = value.dump(-1, ' ', true, nlohmann::json::error_handler_t::replace);
-  return text.size() > 64 ? text.substr(0, 61) + "..." : text;
 }
 
 const nlohmann::json* present(const nlohmann::json& body, const std::string& key) {
@@ -56,7 +51,7 @@ std::optional<std::string> string_field(const nlohmann::json& body, const std::s
   const nlohmann::json* value = present(body, key);
   if (!value) return std::nullopt;
   if (!value->is_string())
-    throw invalid_request(key, "'" + key + "' must be a string, got " + type_name(*value) + " " + shown(*value), "invalid_type");
+    throw invalid_request(key, "'" + key + "' must be a string, got " + type_name(*value) + " " + json_for_message(*value), "invalid_type");
   std::string text = value->get<std::string>();
   if (text.size() > max_chars)
     throw invalid_request(
@@ -67,7 +62,7 @@ std::optional<std::string> string_field(const nlohmann::json& body, const std::s
       if (text == a) return text;
       names += (names.empty() ? "" : ", ") + std::string(a);
     }
-    throw invalid_request(key, "'" + key + "' must be one of " + names + ", got " + shown(*value));
+    throw invalid_request(key, "'" + key + "' must be one of " + names + ", got " + json_for_message(*value));
   }
   return text;
 }
@@ -81,16 +76,16 @@ std::optional<int64_t> integer_field(const nlohmann::json& body, const std::stri
     // Compared in double, then checked again as an integer: a max near 2^63 rounds up in double.
     if (!std::isfinite(d) || d != std::floor(d) || d < static_cast<double>(min) || d > static_cast<double>(max) || d >= 0x1p63 ||
         static_cast<int64_t>(d) > max)
-      throw invalid_request(key, "'" + key + "' must be an integer" + range + ", got " + shown(*value));
+      throw invalid_request(key, "'" + key + "' must be an integer" + range + ", got " + json_for_message(*value));
     return static_cast<int64_t>(d);
   }
   if (value->is_number_unsigned() && value->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
-    throw invalid_request(key, "'" + key + "' must be an integer" + range + ", got " + shown(*value));
+    throw invalid_request(key, "'" + key + "' must be an integer" + range + ", got " + json_for_message(*value));
   if (!value->is_number_integer())
-    throw invalid_request(key, "'" + key + "' must be an integer" + range + ", got " + type_name(*value) + " " + shown(*value),
+    throw invalid_request(key, "'" + key + "' must be an integer" + range + ", got " + type_name(*value) + " " + json_for_message(*value),
                           "invalid_type");
   const int64_t v = value->get<int64_t>();
-  if (v < min || v > max) throw invalid_request(key, "'" + key + "' must be an integer" + range + ", got " + shown(*value));
+  if (v < min || v > max) throw invalid_request(key, "'" + key + "' must be an integer" + range + ", got " + json_for_message(*value));
   return v;
 }
 
@@ -99,18 +94,19 @@ std::optional<double> number_field(const nlohmann::json& body, const std::string
   if (!value) return std::nullopt;
   const std::string range = " in [" + number_for_message(min) + ", " + number_for_message(max) + "]";
   if (!value->is_number())
-    throw invalid_request(key, "'" + key + "' must be a number" + range + ", got " + type_name(*value) + " " + shown(*value),
+    throw invalid_request(key, "'" + key + "' must be a number" + range + ", got " + type_name(*value) + " " + json_for_message(*value),
                           "invalid_type");
   const double v = value->get<double>();
   if (!std::isfinite(v) || v < min || v > max)
-    throw invalid_request(key, "'" + key + "' must be a number" + range + ", got " + shown(*value));
+    throw invalid_request(key, "'" + key + "' must be a number" + range + ", got " + json_for_message(*value));
   return v;
 }
 
 std::optional<bool> boolean_field(const nlohmann::json& body, const std::string& key) {
   const nlohmann::json* value = present(body, key);
   if (!value) return std::nullopt;
-  if (!value->is_boolean()) throw invalid_request(key, "'" + key + "' must be true or false, got " + shown(*value), "invalid_type");
+  if (!value->is_boolean())
+    throw invalid_request(key, "'" + key + "' must be true or false, got " + json_for_message(*value), "invalid_type");
   return value->get<bool>();
 }
 

@@ -164,14 +164,13 @@ bool Scheduler::wait_idle(std::chrono::steady_clock::time_point deadline) const 
   });
 }
 
-void Scheduler::cancel_all(const std::string& why) {
+void Scheduler::cancel_all() {
   std::vector<std::shared_ptr<Job>> all;
   {
     std::lock_guard lock(mutex_);
     for (auto& [id, job] : jobs_) all.push_back(job);
   }
   for (const auto& job : all) cancel(*job);
-  (void)why;
 }
 
 void Scheduler::cancel(Job& job) {

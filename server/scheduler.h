@@ -82,7 +82,7 @@ class Scheduler {
   void stop_accepting();
   bool accepting() const;
   bool wait_idle(std::chrono::steady_clock::time_point deadline) const;
-  void cancel_all(const std::string& why);
+  void cancel_all();
   // Cancels a job: a queued one leaves the queue at once (its place is free), a running one stops
   // at its next step. Nothing for a finished one.
   void cancel(Job& job);

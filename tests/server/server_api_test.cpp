@@ -36,6 +36,21 @@ json body_with(const json& extra) {
   return body;
 }
 
+// One instance and room for one waiting request: the queue's edges within two requests.
+cubevec::server::SchedulerOptions one_instance_queue_of_one() {
+  cubevec::server::SchedulerOptions options;
+  options.instances = 1;
+  options.max_queue = 1;
+  return options;
+}
+
+// Requests of up to 1,000 steps: long enough to cancel or time out mid-run.
+cubevec::server::ServeLimits long_runs() {
+  cubevec::server::ServeLimits limits;
+  limits.max_steps = 1000;
+  return limits;
+}
+
 // Waits until the job has left the queue and runs (or has finished).
 void wait_running(const TestServer& server, const std::string& path) {
   for (int i = 0; i < 400; ++i) {
@@ -216,9 +231,7 @@ TEST(ServerApi, JobEventsArriveInOrderAndEndWithTheResult) {
 }
 
 TEST(ServerApi, CancelStopsARunningJobAndCancellingAFinishedOneIsAConflict) {
-  cubevec::server::ServeLimits limits;
-  limits.max_steps = 1000;
-  TestServer server({}, limits);
+  TestServer server({}, long_runs());
   const auto r = server.post("/v1/jobs", json{{"prompt", kPrompt}, {"num_inference_steps", 1000}}.dump());
   ASSERT_EQ(r->status, 202) << r->body;
   const std::string id = json::parse(r->body)["id"];
@@ -238,12 +251,7 @@ TEST(ServerApi, CancelStopsARunningJobAndCancellingAFinishedOneIsAConflict) {
 }
 
 TEST(ServerApi, AFullQueueAnswers429WithRetryAfter) {
-  cubevec::server::SchedulerOptions options;
-  options.instances = 1;
-  options.max_queue = 1;
-  cubevec::server::ServeLimits limits;
-  limits.max_steps = 1000;
-  TestServer server(options, limits);
+  TestServer server(one_instance_queue_of_one(), long_runs());
   const std::string slow = json{{"prompt", kPrompt}, {"num_inference_steps", 1000}}.dump();
   const auto running = server.post("/v1/jobs", slow);
   ASSERT_EQ(running->status, 202);
@@ -266,9 +274,7 @@ TEST(ServerApi, AFullQueueAnswers429WithRetryAfter) {
 TEST(ServerApi, ARequestPastTheTimeoutFailsWith504) {
   cubevec::server::SchedulerOptions options;
   options.timeout_s = 0.3;
-  cubevec::server::ServeLimits limits;
-  limits.max_steps = 1000;
-  TestServer server(options, limits);
+  TestServer server(options, long_runs());
   const auto r = server.post("/v1/images/generations", body_with({{"num_inference_steps", 1000}}).dump());
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 504) << r->body;
@@ -370,9 +376,7 @@ TEST(ServerApi, VideoJobsGiveAnAviOfTheRequestedFrames) {
 }
 
 TEST(ServerApi, Automatic1111Txt2ImgProgressInterruptAndModels) {
-  cubevec::server::ServeLimits limits;
-  limits.max_steps = 1000;
-  TestServer server({}, limits);
+  TestServer server({}, long_runs());
   const auto r = server.post(
       "/sdapi/v1/txt2img",
       json{{"prompt", kPrompt}, {"steps", 3}, {"seed", 5}, {"width", 48}, {"height", 32}, {"batch_size", 2}, {"sampler_name", "Euler"}}
@@ -465,12 +469,7 @@ TEST(ServerApi, HostileFieldsAndHeadersGetWholeAnswers) {
 }
 
 TEST(ServerApi, CancellingAQueuedJobFreesItsPlaceAtOnce) {
-  cubevec::server::SchedulerOptions options;
-  options.instances = 1;
-  options.max_queue = 1;
-  cubevec::server::ServeLimits limits;
-  limits.max_steps = 1000;
-  TestServer server(options, limits);
+  TestServer server(one_instance_queue_of_one(), long_runs());
   const std::string slow = json{{"prompt", kPrompt}, {"num_inference_steps", 1000}}.dump();
   const std::string running = json_of(server.post("/v1/jobs", slow))["id"];
   wait_running(server, "/v1/jobs/" + running);
@@ -485,8 +484,7 @@ TEST(ServerApi, CancellingAQueuedJobFreesItsPlaceAtOnce) {
 }
 
 TEST(ServerApi, EventStreamsTakeAtMostHalfTheConnectionThreads) {
-  cubevec::server::ServeLimits limits;
-  limits.max_steps = 1000;
+  cubevec::server::ServeLimits limits = long_runs();
   limits.http_threads = 4;
   TestServer server({}, limits);
   const std::string id = json_of(server.post("/v1/jobs", json{{"prompt", kPrompt}, {"num_inference_steps", 1000}}.dump()))["id"];

@@ -15,6 +15,7 @@
 #include "media/png.h"
 #include "server/http_server.h"
 #include "server/scheduler.h"
+#include "tokenizers/t5_tokenizer_json.h"
 
 namespace cubevec_server_test {
 
@@ -65,31 +66,8 @@ inline nlohmann::json json_of(const httplib::Result& result) {
   return nlohmann::json::parse(result->body, nullptr, /*allow_exceptions=*/false);
 }
 
-// Base64 the plain way (RFC 4648), to check the server's encoder independently.
-inline std::string from_base64(const std::string& text) {
-  auto value = [](char c) -> int {
-    if (c >= 'A' && c <= 'Z') return c - 'A';
-    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-    if (c >= '0' && c <= '9') return c - '0' + 52;
-    if (c == '+') return 62;
-    if (c == '/') return 63;
-    return -1;
-  };
-  std::string out;
-  int bits = 0, buffer = 0;
-  for (const char c : text) {
-    if (c == '=') break;
-    const int v = value(c);
-    if (v < 0) return "(invalid base64)";
-    buffer = (buffer << 6) | v;
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out += static_cast<char>((buffer >> bits) & 0xFF);
-    }
-  }
-  return out;
-}
+// The server's base64 read back by the tokenizers' decoder (RFC 4648), written apart from it.
+inline std::string from_base64(const std::string& text) { return cubevec::tokenizers::decode_base64(text); }
 
 inline cubevec::media::RgbImage png_of(const std::string& bytes) {
   return cubevec::media::decode_png(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "response");
