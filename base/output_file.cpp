@@ -157,13 +157,18 @@ void OutputFile::close() {
 }
 
 void OutputFile::commit() {
-  close();
   if (OutputBatch* batch = OutputBatch::open_batch()) {  // renamed with the run's other outputs
+    close();
     batch->adopt({temporary_, path_, what_});
     committed_ = true;
     temporary_.clear();
     return;
   }
+  commit_now();
+}
+
+void OutputFile::commit_now() {
+  close();
   try {
     move_into_place(temporary_, path_, what_);
   } catch (...) {

@@ -40,6 +40,9 @@ class OutputFile {
   // Flushes, closes (if still open) and renames the temporary over the target (checked again: still absent or a
   // regular file). After it, the object does nothing.
   void commit();
+  // The same, renamed now even while an OutputBatch is open: for a file that is not one of the
+  // run's outputs (a cache other processes read).
+  void commit_now();
   // Drops the temporary now (what the destructor does).
   void discard() noexcept;
 

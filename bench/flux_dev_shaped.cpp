@@ -102,4 +102,37 @@ std::string ensure_flux_dev_shaped(const std::string& dir_text) {
   return embeds.string();
 }
 
+void ensure_flux_width_served(const std::string& dir_text) {
+  const fs::path dir(dir_text), source = fs::path(CUBEVEC_SOURCE_DIR);
+  if (fs::exists(dir / "COMPLETE")) return;
+  std::fprintf(stderr, "writing a FLUX-width served model with random weights to %s (about 2 GB; once)\n", dir.c_str());
+  fs::create_directories(dir);
+  const auto copy_folder = [&](const fs::path& from, const char* name) {
+    fs::create_directories(dir / name);
+    for (const auto& file : fs::directory_iterator(from))
+      fs::copy_file(file.path(), dir / name / file.path().filename(), fs::copy_options::overwrite_existing);
+  };
+  copy_folder(source / "assets/configs/flux1-dev/scheduler", "scheduler");
+  copy_folder(source / "assets/tinyflux/text_encoder", "text_encoder");
+  copy_folder(source / "assets/tinyflux/tokenizer", "tokenizer");
+  nlohmann::json transformer = nlohmann::json::parse(std::ifstream(source / "assets/configs/flux1-dev/transformer/config.json"));
+  transformer["num_layers"] = 2;
+  transformer["num_single_layers"] = 2;
+  transformer["joint_attention_dim"] = 64;  // tinyflux's text encoder
+  transformer["pooled_projection_dim"] = 64;
+  fs::create_directories(dir / "transformer");
+  std::ofstream(dir / "transformer/config.json") << transformer.dump(2) << "\n";
+  nlohmann::json vae = nlohmann::json::parse(std::ifstream(source / "assets/configs/flux1-dev/vae/config.json"));
+  vae["block_out_channels"] = {16, 32, 32, 32};  // four levels: 8x, as FLUX's
+  vae["layers_per_block"] = 1;
+  vae["norm_num_groups"] = 8;
+  vae["mid_block_add_attention"] = false;
+  fs::create_directories(dir / "vae");
+  std::ofstream(dir / "vae/config.json") << vae.dump(2) << "\n";
+  const pipelines::FluxT2IPipeline meta = pipelines::FluxT2IPipeline::load_meta(dir.string(), DType::bf16);
+  write_component(meta.transformer().parameters(), DType::bf16, dir / "transformer", std::size_t{5} << 30, 11);
+  if (meta.vae()) write_component(meta.vae()->parameters(), DType::f32, dir / "vae", std::size_t{5} << 30, 12);
+  std::ofstream(dir / "COMPLETE") << "written by cubevec-bench (bench/flux_dev_shaped.cpp)\n";
+}
+
 }  // namespace cubevec::bench

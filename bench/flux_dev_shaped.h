@@ -12,4 +12,12 @@ namespace cubevec::bench {
 // progress on stderr. Returns the prompt-embeddings file's path.
 std::string ensure_flux_dev_shaped(const std::string& dir);
 
+// A model of FLUX.1's width that a server can run from a prompt, for the `serve-flux` suite:
+// FLUX.1-dev's transformer config with 2 double and 2 single blocks (3072 wide, 24 heads of 128,
+// 0.9 B parameters, bf16), an 8x VAE with FLUX's 16 latent channels but narrow layers (so 512x512
+// gives FLUX's 1,024 image tokens and the decode stays small), and tinyflux's text encoder and
+// tokenizer (16 tokens, 64 wide: the context projection is 64 -> 3072 instead of 4096 -> 3072).
+// Random weights; written once (about 2 GB) unless `dir` has its COMPLETE marker.
+void ensure_flux_width_served(const std::string& dir);
+
 }  // namespace cubevec::bench

@@ -17,12 +17,25 @@ using namespace cubevec::bench;
 namespace {
 
 int run(int argc, char** argv) {
-  const std::map<std::string, Suite> suites = {{"launch", launch_suite},     {"cv", cv_suite},         {"instances", instances_suite},
-                                               {"gemm", gemm_suite},         {"vector", vector_suite}, {"attention", attention_suite},
-                                               {"blocks", blocks_suite},     {"cache", cache_suite},   {"quant", quant_suite},
-                                               {"sparse", sparse_suite},     {"parse", parse_suite},   {"vae", vae_suite},
-                                               {"text", text_suite},         {"memory", memory_suite}, {"parallel", parallel_suite},
-                                               {"pipeline", pipeline_suite}, {"api", api_suite},       {"serve", serve_suite}};
+  const std::map<std::string, Suite> suites = {{"launch", launch_suite},
+                                               {"cv", cv_suite},
+                                               {"instances", instances_suite},
+                                               {"gemm", gemm_suite},
+                                               {"vector", vector_suite},
+                                               {"attention", attention_suite},
+                                               {"blocks", blocks_suite},
+                                               {"cache", cache_suite},
+                                               {"quant", quant_suite},
+                                               {"sparse", sparse_suite},
+                                               {"parse", parse_suite},
+                                               {"vae", vae_suite},
+                                               {"text", text_suite},
+                                               {"memory", memory_suite},
+                                               {"parallel", parallel_suite},
+                                               {"pipeline", pipeline_suite},
+                                               {"api", api_suite},
+                                               {"serve", serve_suite},
+                                               {"serve-flux", serve_flux_suite}};
   std::string names;
   for (const auto& [name, suite] : suites) names += (names.empty() ? "" : ", ") + name;
 
@@ -30,7 +43,8 @@ int run(int argc, char** argv) {
   std::vector<std::string> chosen;
   std::string json_path;
   int repeats = 5;
-  app.add_option("suites", chosen, "Suites to run (" + names + "); default: all but memory (it writes a 24 GB model)");
+  app.add_option("suites", chosen,
+                 "Suites to run (" + names + "); default: all but memory and serve-flux (they write 24 GB and 2 GB models)");
   app.add_option("--json", json_path, "Also write the results as JSON to this file");
   app.add_option("--repeats", repeats, "Timed runs per case")->check(CLI::Range(1, 1000));
   try {
@@ -43,7 +57,7 @@ int run(int argc, char** argv) {
   }
   if (chosen.empty())
     for (const auto& [name, suite] : suites)
-      if (name != "memory") chosen.push_back(name);
+      if (name != "memory" && name != "serve-flux") chosen.push_back(name);
   for (const std::string& name : chosen)
     if (!suites.count(name)) {
       std::fprintf(stderr, "error: unknown suite '%s' (expected one of: %s)\n", name.c_str(), names.c_str());

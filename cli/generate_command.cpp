@@ -137,6 +137,7 @@ int run(GenerateFlags f, const CLI::App& command, const DeviceFlags& device_flag
   load.quant = stage_flags.quant_given() ? stage_flags.quant : "";
   load.timestep_policy = stage_flags.timestep_policy;
   load.offload = stage_flags.offload;
+  load.packed_cache = f.common.packed_cache;
   load.simulate = f.common.simulate;
   load.trace = !f.common.trace_path.empty();
   // Multi-device: the degrees against the ranks mpirun started, before any work; rank 0 writes.
@@ -162,6 +163,7 @@ int run(GenerateFlags f, const CLI::App& command, const DeviceFlags& device_flag
       plan.model().describe(request, {load.dtype, load.cfg_parallel, load.vae_parallel}, f.common.dtype, profile, f.common.simulate);
   const std::unique_ptr<pipelines::Pipeline> pipeline = std::move(plan).load();
   const double load_s = pipeline->load_seconds();
+  if (pipeline->packed_cache()) print_packed_cache(f.name(), *pipeline->packed_cache());
 
   // The output files are opened before denoising, so a bad path fails at once, not after it.
   std::optional<FrameWriter> writer;

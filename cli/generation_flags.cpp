@@ -42,8 +42,27 @@ void add_generation_flags(CLI::App& command, GenerationFlags& flags) {
             }
           },
           "SIZE"));
+  command.add_option("--packed-cache", flags.packed_cache, kPackedCacheHelp)->check(packed_cache_folder());
   command.add_option("--json", flags.json_path, "Write the timings as JSON to this file")->check(output_file_path());
   command.add_option("--trace", flags.trace_path, "Write a Chrome trace of every kernel to this file")->check(output_file_path());
+}
+
+CLI::Validator packed_cache_folder() {
+  return CLI::Validator(
+      [](const std::string& text) { return text.empty() ? std::string("expected a folder, got an empty path") : std::string(); }, "DIR");
+}
+
+const char* const kPackedCacheHelp =
+    "A folder for the model's packed GEMM panels: the first run writes them to a file there, later processes map it "
+    "read-only and shared (no packing; one copy in memory); a file for another CPU, other weights or other kernel "
+    "choices is replaced";
+
+void print_packed_cache(const char* command, const models::PackedCacheResult& cache) {
+  if (!cache.ignored.empty())
+    std::fprintf(stderr, "%s: packed cache: %s was made for %s; ignored\n", command, cache.file.c_str(), cache.ignored.c_str());
+  std::fprintf(stderr, "%s: packed cache: %s %s (%d layers, %.1f MiB, %llu packed here, %.2f s)\n", command, cache.state.c_str(),
+               cache.file.c_str(), cache.layers, static_cast<double>(cache.bytes) / (1 << 20),
+               static_cast<unsigned long long>(cache.packed), cache.seconds);
 }
 
 void write_outputs(const GenerationFlags& flags, const std::string& label, Device& device, const nlohmann::ordered_json& json) {

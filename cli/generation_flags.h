@@ -1,5 +1,5 @@
 // The flags t2i and t2v share: --dtype, --variant, --threads, --simulate, --check-weights,
-// --memory-limit, --json and --trace; and the outputs --json and --trace write.
+// --memory-limit, --packed-cache, --json and --trace; and the outputs --json and --trace write.
 #pragma once
 
 #include <string>
@@ -9,6 +9,7 @@
 
 #include "cli/device_flags.h"
 #include "device/device.h"
+#include "models/packed_cache.h"
 
 namespace cubevec::cli {
 
@@ -18,6 +19,7 @@ struct GenerationFlags {
   bool simulate = false;
   bool check_weights = false;  // --check-weights: every loaded weight must be finite
   std::string memory_limit;    // --memory-limit: a size ("24G"); empty: the available memory
+  std::string packed_cache;    // --packed-cache DIR: map the packed GEMM panels from a file there
 
   // --dtype: f32 or bf16, else an Error. bf16 means bf16 weights and bf16 activations (with f32
   // accumulation), as diffusers' torch_dtype=torch.bfloat16.
@@ -27,6 +29,12 @@ struct GenerationFlags {
   DeviceProfile profile(const DeviceFlags& device_flags) const;
 };
 void add_generation_flags(CLI::App& command, GenerationFlags& flags);
+// The --packed-cache flag's help and check (t2i, t2v and serve: a folder, not an empty path).
+extern const char* const kPackedCacheHelp;
+CLI::Validator packed_cache_folder();
+// "<command>: packed cache: mapped FILE (N layers, X MiB in S s)" and, when an old file was
+// ignored, why; on stderr.
+void print_packed_cache(const char* command, const models::PackedCacheResult& cache);
 
 // Writes --trace (the device's records under `label`) and --json (`json`), each when asked for.
 void write_outputs(const GenerationFlags& flags, const std::string& label, Device& device, const nlohmann::ordered_json& json);

@@ -21,6 +21,7 @@
 #include "base/interrupt.h"
 #include "cli/command.h"
 #include "cli/device_flags.h"
+#include "cli/generation_flags.h"
 #include "cli/parallel_flags.h"
 #include "pipelines/memory_estimate.h"
 #include "pipelines/pipeline.h"
@@ -40,7 +41,7 @@ struct ServeFlags {
   server::ServeLimits limits;
   std::string max_body = "1M";
   double drain_timeout_s = 30;
-  std::string dtype = "f32", variant, quant, timestep_policy, memory_limit;
+  std::string dtype = "f32", variant, quant, timestep_policy, memory_limit, packed_cache;
   int offload = 0;
   bool check_weights = false;
 };
@@ -75,6 +76,7 @@ int run(const ServeFlags& f, const DeviceFlags& device_flags, const ParallelFlag
   load.offload = f.offload;
   load.memory_limit = f.memory_limit;
   load.check_weights = f.check_weights;
+  load.packed_cache = f.packed_cache;
   load.profile = device_flags.resolve();
   // Under mpirun: every rank loads the model sharded by the degrees; rank 0 serves.
   load.groups = parallel_flags.resolve_generation(
@@ -94,6 +96,7 @@ int run(const ServeFlags& f, const DeviceFlags& device_flags, const ParallelFlag
     if (rank == 0)
       std::fprintf(stderr, "serve: %s (%s) loaded in %.2f s%s\n", name.c_str(), pipeline->model().task().c_str(), pipeline->load_seconds(),
                    ranks > 1 ? (" on " + std::to_string(ranks) + " ranks").c_str() : "");
+    if (rank == 0 && pipeline->packed_cache()) print_packed_cache("serve", *pipeline->packed_cache());
     models.push_back({name, dir, std::move(pipeline)});
   }
 
@@ -175,6 +178,7 @@ CommandRunner add_serve_command(CLI::App& app) {
   command->add_option("--quant", f.quant, "MindIE SD quantization description (quant_model_description_*.json)");
   command->add_option("--timestep-policy", f.timestep_policy, "The timestep policy for --quant's W8A8_TIMESTEP layers");
   command->add_option("--offload", f.offload, "Resident transformer blocks under weight streaming (0: off)")->check(CLI::Range(0, 100000));
+  command->add_option("--packed-cache", f.packed_cache, kPackedCacheHelp)->check(packed_cache_folder());
   command->add_option("--memory-limit", f.memory_limit, "Refuse what would not fit in this much memory (\"24G\")");
   command->add_flag("--check-weights", f.check_weights, "Every loaded weight must be finite");
   return [flags, device_flags, parallel_flags] { return run(*flags, *device_flags, *parallel_flags); };

@@ -1,6 +1,7 @@
 #include "models/layers.h"
 
 #include "ops/conv.h"
+#include "ops/gemm/driver.h"
 #include "ops/vector_ops.h"
 
 namespace cubevec::models {
@@ -54,8 +55,18 @@ std::shared_ptr<const ops::gemm::PackedB> Linear::packed_weight(DType compute, i
 
 std::size_t Linear::prepack(int threads) const {
   if (kernel || !weight.has_storage()) return 0;
-  const auto packed = packed_weight(weight.dtype() == DType::bf16 ? DType::bf16 : DType::f32, threads);
-  return packed->f32.size() * sizeof(float) + packed->bf16_panels.size() * sizeof(uint16_t);
+  return packed_panels(threads)->bytes();
+}
+
+std::shared_ptr<const ops::gemm::PackedB> Linear::packed_panels(int threads) const {
+  if (kernel || !weight.has_storage()) throw Error(name + ": only a float layer with its weight in memory has packed panels");
+  return packed_weight(weight.dtype() == DType::bf16 ? DType::bf16 : DType::f32, threads);
+}
+
+void Linear::adopt_packed(std::shared_ptr<const ops::gemm::PackedB> panels) const {
+  std::lock_guard lock(pack_cache->mutex);
+  pack_cache->packed = std::move(panels);
+  pack_cache->source = weight.unsynchronized_data_ptr();
 }
 
 std::size_t Linear::release_packed() const {

@@ -47,6 +47,13 @@ struct Linear {
   // a `kernel` or without a weight in memory are left alone (0).
   std::size_t prepack(int threads) const;
   std::size_t release_packed() const;
+  // The packed panels (packed now, as the first call would, unless already held). For a layer
+  // without a `kernel` whose weight is in memory.
+  std::shared_ptr<const ops::gemm::PackedB> packed_panels(int threads) const;
+  // Uses panels made elsewhere (a packed cache file, models/packed_cache.h) for the current weight
+  // from now on; they must be what packed_panels would make (the cache checks the layout and the
+  // weight's hash before adopting).
+  void adopt_packed(std::shared_ptr<const ops::gemm::PackedB> panels) const;
   // Only the mapped pages (the packed panels stay): for a weight packed and not read again.
   std::size_t release_weight_pages() const;
   // Starts the OS reading the weight's mapped pages ahead of prepack (nothing for other weights).

@@ -1,13 +1,16 @@
 #include "pipelines/pipeline.h"
 
 #include <chrono>
+#include <filesystem>
 
 #include "pipelines/generation_defaults.h"
 #include "pipelines/seconds_since.h"
+#include "ops/gemm/driver.h"
 #include "pipelines/stages/offload.h"
 #include "pipelines/stages/quantize.h"
 #include "tensor/caching_allocator.h"
 #include "base/config_reader.h"
+#include "base/regular_file.h"
 #include "tensor/finite_check.h"
 #include "base/strict_json.h"
 
@@ -67,7 +70,8 @@ LoadOptions LoadOptions::from_json(const nlohmann::json& json, const std::string
       .integer("offload", o.offload, 0, 1 << 20)
       .integer("cube_threads", o.cube_threads, 0, 4096)
       .integer("vector_threads", o.vector_threads, 0, 4096)
-      .text("device_profile", o.device_profile);
+      .text("device_profile", o.device_profile)
+      .text("packed_cache", o.packed_cache);
   r.reject_unknown();
   o.dtype = parse_dtype(dtype);
   if (!o.memory_limit.empty()) {
@@ -120,6 +124,11 @@ PipelinePlan PipelinePlan::read(const std::string& model_dir, const LoadOptions&
     plan.stages_.quantize =
         std::make_unique<QuantizeStage>(QuantizeOptions{options.quant, options.timestep_policy, options.simulate, simulate_steps});
   }
+  if (!options.packed_cache.empty() && options.offload > 0)
+    throw Error("--packed-cache maps every layer's panels for the whole run; it does not combine with --offload, which streams them");
+  if (!options.packed_cache.empty() && options.simulate)
+    throw Error("--packed-cache has nothing to map under --simulate (no weight is loaded)");
+  if (!options.packed_cache.empty()) folder_exists(options.packed_cache, " (--packed-cache names the folder the packed panels go in)");
   if (options.offload > 0)
     plan.stages_.offload = std::make_unique<OffloadStage>(options.offload, plan.model_->block_modules(), plan.profile_.cube_threads);
   return plan;
@@ -155,6 +164,22 @@ MemoryEstimate PipelinePlan::require_memory(const Request& request, int64_t text
   return estimate;
 }
 
+models::PackedCacheModel PipelinePlan::packed_cache_model() const {
+  models::PackedCacheModel m;
+  std::error_code error;
+  const std::filesystem::path folder = std::filesystem::weakly_canonical(model_dir_, error);
+  m.name = (error ? std::filesystem::path(model_dir_) : folder).filename().string();
+  if (m.name.empty()) m.name = "model";
+  // Loads of one folder that pack differently get files of their own instead of replacing each
+  // other's: the dtype, variant and quantization are part of the name's hash.
+  m.identity = (error ? model_dir_ : folder.string()) + '\n' + std::string(dtype_name(options_.dtype)) + '\n' + options_.variant + '\n' +
+               options_.quant + '\n' + options_.timestep_policy;
+  m.tables.emplace_back("transformer", &model_->transformer_parameters());
+  if (const models::ParameterTable* vae = model_->vae_parameters()) m.tables.emplace_back("vae", vae);
+  m.threads = profile_.cube_threads;
+  return m;
+}
+
 std::unique_ptr<Pipeline> PipelinePlan::load() && {
   const auto t0 = std::chrono::steady_clock::now();
   if (!options_.simulate) {
@@ -167,6 +192,7 @@ std::unique_ptr<Pipeline> PipelinePlan::load() && {
   stages_.tensor_parallel = tensor_parallel_stage(groups_, model_->tensor_parallel_plan());
   stages_.after_load(model_->transformer_parameters());
   std::unique_ptr<Pipeline> p(new Pipeline());
+  if (!options_.packed_cache.empty()) p->packed_cache_ = models::use_packed_cache(options_.packed_cache, packed_cache_model());
   p->model_dir_ = model_dir_;
   p->options_ = options_;
   p->profile_ = profile_;
@@ -318,6 +344,8 @@ nlohmann::ordered_json generation_report(const Pipeline& pipeline, const Generat
   if (o.groups && o.groups->world.size() > 1) json["communication"] = communication_json(device);
   json["memory_estimate"] = memory_estimate_json(result.memory);
   json["measured_peak_bytes"] = result.phase_peaks;
+  if (pipeline.packed_cache()) json["packed_cache"] = pipeline.packed_cache()->json();
+  json["gemm_panels_packed"] = ops::gemm::packed_b_count();  // in this process so far
   return json;
 }
 

@@ -34,6 +34,7 @@
 #include "device/device.h"
 #include "parallel/plan.h"
 #include "media/jpeg.h"
+#include "models/packed_cache.h"
 #include "pipelines/model_family.h"
 #include "pipelines/request.h"
 #include "pipelines/run_report.h"
@@ -52,6 +53,7 @@ struct LoadOptions {
   int offload = 0;                           // resident blocks under weight streaming (0: every weight resident)
   int cube_threads = 0, vector_threads = 0;  // 0: the profile's (or CUBEVEC_*_THREADS)
   std::string device_profile;                // a device profile JSON; empty: the built-in cpu-default
+  std::string packed_cache;                  // a folder: the packed GEMM panels mapped from a file there (models/packed_cache.h)
 
   // Set by the command line only:
   bool simulate = false;                           // shape-only weights on the profile's modelled clock
@@ -62,7 +64,7 @@ struct LoadOptions {
   std::optional<DeviceProfile> profile;  // beats device_profile and the thread counts
 
   // {"dtype", "variant", "check_weights", "memory_limit", "quant", "timestep_policy", "offload",
-  //  "cube_threads", "vector_threads", "device_profile"}: unknown keys, wrong types and
+  //  "cube_threads", "vector_threads", "device_profile", "packed_cache"}: unknown keys, wrong types and
   // out-of-range values are errors naming the key.
   static LoadOptions from_json(const nlohmann::json& json, const std::string& source = "options");
   static LoadOptions parse(const std::string& json_text, const std::string& source = "options");
@@ -127,6 +129,8 @@ class Pipeline {
   const LoadOptions& options() const { return options_; }
   const DeviceProfile& profile() const { return profile_; }
   double load_seconds() const { return load_s_; }
+  // What the packed cache did at load (nullopt without LoadOptions::packed_cache).
+  const std::optional<models::PackedCacheResult>& packed_cache() const { return packed_cache_; }
 
  private:
   friend class PipelinePlan;
@@ -140,6 +144,7 @@ class Pipeline {
   std::unique_ptr<ModelPipeline> model_;
   LoadStages stages_;
   double load_s_ = 0;
+  std::optional<models::PackedCacheResult> packed_cache_;
   // The text encoders run on a device of the pipeline's, one request at a time.
   std::unique_ptr<Device> text_device_;
   std::unique_ptr<TextEncoders> text_encoders_;
@@ -174,6 +179,8 @@ class PipelinePlan {
   std::unique_ptr<Pipeline> load() &&;
 
  private:
+  // The tables a packed cache covers (the transformer's and the VAE's) and what names the file.
+  models::PackedCacheModel packed_cache_model() const;
   std::string model_dir_;
   LoadOptions options_;
   DeviceProfile profile_;

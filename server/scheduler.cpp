@@ -1,6 +1,7 @@
 #include "server/scheduler.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <cstdio>
 #include <new>
 #include <optional>
@@ -291,6 +292,10 @@ void Scheduler::run_job(ModelSlot& slot, Job& job, Device& device) {
     }
     pipelines::GenerationResult result = slot.served.pipeline->generate(job.request(), hooks);
     replace_in_strings(result.report, slot.served.pipeline->model_dir(), slot.served.name);
+    // The server's folders stay private: the packed cache is named by its file alone.
+    if (result.report.contains("packed_cache"))
+      result.report["packed_cache"]["file"] =
+          std::filesystem::path(result.report["packed_cache"]["file"].get<std::string>()).filename().string();
     job.complete(std::move(result.images), std::move(result.report), options_.video_fps);
   } catch (const pipelines::Cancelled&) {
     if (timed_out) job.fail(timeout_error(options_.timeout_s));

@@ -1,7 +1,9 @@
 #include "ops/gemm/driver.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cpuid.h>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -225,8 +227,8 @@ void gemm_block(const Problem& p, const Plan<P>& plan, int64_t row0, int64_t row
       if (p.packed_b) {
         const auto& pre = p.packed_b;
         const P* base;
-        if constexpr (std::is_same_v<P, float>) base = pre->f32.data();
-        else base = pre->bf16_panels.data();
+        if constexpr (std::is_same_v<P, float>) base = pre->f32_data();
+        else base = pre->bf16_data();
         // Panels of the whole N for this K block, NR columns each: jc is a multiple of NR.
         b_block = base + (pc / plan.kc) * pre->panel_stride + (jc / plan.nr) * k_steps * plan.kgroup * plan.nr;
       } else {
@@ -411,25 +413,70 @@ GemmVariant chosen_variant(const Problem& p, Isa isa, int threads) {
 
 }  // namespace
 
+namespace {
+
+std::atomic<uint64_t> packed_b_calls{0};
+
+// The bf16 kernel pack_b_once packs for: forced, or the calibration's choice for large shapes.
+Bf16Path pack_path(Element compute, Isa isa, int threads) {
+  if (compute != Element::bf16 || isa != Isa::avx512) return Bf16Path::f32;
+  if (const auto forced = forced_bf16_path()) return *forced;
+  const int t = threads > 0 ? threads : tbb::this_task_arena::max_concurrency();
+  return GemmTuner::global().choose({GemmFamily::bf16, isa, ShapeClass::large, t}).choice.bf16;
+}
+
+// KC and the panel stride of `plan` for an [N, K] B, and the bytes of all its K blocks.
+template <class P>
+PackedLayout layout_of(const Plan<P>& plan, int64_t n, int64_t k, Bf16Path path) {
+  PackedLayout layout;
+  layout.bf16 = path;
+  layout.kc = plan.kc;
+  layout.panel_stride = (n + plan.nr - 1) / plan.nr * plan.nr * plan.padded(plan.kc);
+  const int64_t blocks = std::max<int64_t>((k + plan.kc - 1) / plan.kc, 1);
+  layout.bytes = static_cast<std::size_t>(blocks * layout.panel_stride) * sizeof(P);
+  return layout;
+}
+
+PackedLayout layout_for_path(int64_t n, int64_t k, Element compute, Isa isa, Bf16Path path) {
+  if (compute == Element::bf16 && isa == Isa::avx512 && path != Bf16Path::f32) return layout_of(bf16_kernel(path), n, k, path);
+  return layout_of(f32_kernel(isa), n, k, Bf16Path::f32);
+}
+
+}  // namespace
+
+std::size_t PackedB::bytes() const {
+  return static_cast<std::size_t>(std::max<int64_t>((k + kc - 1) / std::max<int64_t>(kc, 1), 1) * panel_stride) *
+         (bf16 != Bf16Path::f32 ? sizeof(uint16_t) : sizeof(float));
+}
+
+PackedLayout packed_layout(int64_t n, int64_t k, Element compute, Isa isa, int threads) {
+  return layout_for_path(n, k, compute, isa, pack_path(compute, isa, threads));
+}
+
+std::shared_ptr<const PackedB> adopt_packed_b(int64_t n, int64_t k, Element compute, Isa isa, const PackedLayout& layout, const void* data,
+                                              std::shared_ptr<const void> owner) {
+  if (!isa_supported(isa)) throw Error("gemm: ISA " + std::string(isa_name(isa)) + " is not supported by this CPU");
+  if (!bf16_path_available(layout.bf16))
+    throw Error("gemm: bf16 path " + std::string(bf16_path_name(layout.bf16)) + " is not available here");
+  if (layout != layout_for_path(n, k, compute, isa, layout.bf16))
+    throw Error("gemm: packed panels laid out for another kernel (KC, panel stride or size differ)");
+  if (reinterpret_cast<std::uintptr_t>(data) % 64 != 0) throw Error("gemm: packed panels must be 64-byte aligned");
+  auto out = std::make_shared<PackedB>();
+  out->n = n, out->k = k, out->compute = compute, out->isa = isa, out->bf16 = layout.bf16;
+  out->kc = layout.kc, out->panel_stride = layout.panel_stride;
+  out->adopted = data;
+  out->owner = std::move(owner);
+  return out;
+}
+
+uint64_t packed_b_count() { return packed_b_calls.load(std::memory_order_relaxed); }
+
 std::shared_ptr<const PackedB> pack_b_once(const Problem& p, Isa isa, int threads) {
-  Bf16Path path = Bf16Path::f32;
-  if (uses_bf16_kernels(p, isa)) {
-    if (const auto forced = forced_bf16_path()) path = *forced;
-    else {
-      const int t = threads > 0 ? threads : tbb::this_task_arena::max_concurrency();
-      path = GemmTuner::global().choose({GemmFamily::bf16, isa, ShapeClass::large, t}).choice.bf16;
-    }
-  }
-  return pack_b_once_for(p, isa, path);
+  return pack_b_once_for(p, isa, pack_path(p.compute, isa, threads));
 }
 
 std::size_t packed_b_bytes(int64_t n, int64_t k, Element compute, Isa isa, Bf16Path path) {
-  const auto bytes = [&](const auto& plan, std::size_t element) {
-    const int64_t panels = (n + plan.nr - 1) / plan.nr, blocks = std::max<int64_t>((k + plan.kc - 1) / plan.kc, 1);
-    return static_cast<std::size_t>(blocks * panels * plan.nr * plan.padded(plan.kc)) * element;
-  };
-  if (compute == Element::bf16 && isa == Isa::avx512 && path != Bf16Path::f32) return bytes(bf16_kernel(path), 2);
-  return bytes(f32_kernel(isa), 4);
+  return layout_for_path(n, k, compute, isa, path).bytes;
 }
 
 std::shared_ptr<const PackedB> pack_b_once_for(const Problem& p, Isa isa, Bf16Path path) {
@@ -437,6 +484,7 @@ std::shared_ptr<const PackedB> pack_b_once_for(const Problem& p, Isa isa, Bf16Pa
   if (p.b_type == Element::i8) throw Error("gemm: an int8 B is packed per call (a packed float copy would defeat its purpose)");
   if (!uses_bf16_kernels(p, isa)) path = Bf16Path::f32;
   if (!bf16_path_available(path)) throw Error("gemm: bf16 path " + std::string(bf16_path_name(path)) + " is not available here");
+  packed_b_calls.fetch_add(1, std::memory_order_relaxed);
   auto out = std::make_shared<PackedB>();
   out->n = p.n;
   out->k = p.k;

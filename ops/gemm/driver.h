@@ -59,6 +59,8 @@ struct Problem {
 
 // B packed once into the micro-kernel's panel layout, for a B that does not change between calls
 // (a model's weights): every call then skips packing B, which otherwise each thread redoes per call.
+// The panels are in the caching allocator, or in memory someone else owns (a packed cache file
+// mapped read-only and shared between processes, kept alive by `owner`).
 struct PackedB {
   int64_t n = 0, k = 0;
   Element compute = Element::f32;
@@ -68,7 +70,35 @@ struct PackedB {
   // The panels, in the caching allocator (counted in its peak and under its limit).
   AllocatedArray<float> f32;             // f32 kernels
   AllocatedArray<uint16_t> bf16_panels;  // bf16-pair kernels: AVX512-BF16 or AMX
+  // Or panels made earlier (adopt_packed_b): then the arrays above are empty.
+  const void* adopted = nullptr;
+  std::shared_ptr<const void> owner;
+
+  const float* f32_data() const { return adopted ? static_cast<const float*>(adopted) : f32.data(); }
+  const uint16_t* bf16_data() const { return adopted ? static_cast<const uint16_t*>(adopted) : bf16_panels.data(); }
+  // The panels' bytes (what a packed cache file stores).
+  std::size_t bytes() const;
+  const void* data() const { return bf16 != Bf16Path::f32 ? static_cast<const void*>(bf16_data()) : f32_data(); }
 };
+
+// How pack_b_once would lay out an [N, K] weight now: the bf16 kernel the calibration chooses for
+// large shapes on `threads` threads (0: the calling arena's), its KC, the panel stride and bytes.
+struct PackedLayout {
+  Bf16Path bf16 = Bf16Path::f32;
+  int64_t kc = 0, panel_stride = 0;
+  std::size_t bytes = 0;
+  bool operator==(const PackedLayout&) const = default;
+};
+PackedLayout packed_layout(int64_t n, int64_t k, Element compute, Isa isa, int threads = 0);
+// Panels made earlier with `layout` (a packed cache file's mapping), used in place: `data` holds
+// layout.bytes bytes, 64-byte aligned, and stays valid while `owner` lives. Throws when the
+// layout is not what this CPU packs for (n, k, compute, isa) on that bf16 path.
+std::shared_ptr<const PackedB> adopt_packed_b(int64_t n, int64_t k, Element compute, Isa isa, const PackedLayout& layout, const void* data,
+                                              std::shared_ptr<const void> owner);
+// How many times this process has packed a B (pack_b_once / pack_b_once_for): reports show that a
+// mapped packed cache left nothing to pack.
+uint64_t packed_b_count();
+
 // Packs p's B (p.b, ldb, b_type, trans_b, n, k, compute) for sgemm with `isa`, for the bf16 kernel
 // the calibration chose for large shapes on `threads` threads (0: the calling arena's).
 std::shared_ptr<const PackedB> pack_b_once(const Problem& p, Isa isa, int threads = 0);

@@ -27,11 +27,10 @@ using cubevec_cli_test::read_file;
 
 using cubevec_cli_test::kData;
 
-// `mpirun -np ranks cubevec args...`; LeakSanitizer is off in the ranks (Open MPI keeps its
-// allocations until exit).
+// `mpirun -np ranks cubevec args...`.
 Process run_mpi(int ranks, const std::vector<std::string>& args, const fs::path& scratch) {
-  std::vector<std::string> argv = {CUBEVEC_MPIRUN, "--allow-run-as-root",         "--oversubscribe", "-np", std::to_string(ranks),
-                                   "-x",           "ASAN_OPTIONS=detect_leaks=0", CUBEVEC_BINARY};
+  std::vector<std::string> argv = cubevec_cli_test::mpirun_command(scratch);
+  argv.insert(argv.end(), {"-np", std::to_string(ranks), CUBEVEC_BINARY});
   argv.insert(argv.end(), args.begin(), args.end());
   return cubevec_cli_test::run_program(argv, scratch);
 }

@@ -71,6 +71,15 @@ inline Process run_program(std::vector<std::string> argv_text, const fs::path& s
   return run;
 }
 
+// mpirun and its flags for a test: oversubscribed (more ranks than cores), LeakSanitizer off in the
+// ranks (Open MPI keeps allocations until exit), and its session directory in the test's scratch
+// folder: mpiruns sharing /tmp/ompi.<host>.<uid> race (one removes it as another starts, which then
+// fails with "File exists").
+inline std::vector<std::string> mpirun_command(const fs::path& scratch) {
+  return {CUBEVEC_MPIRUN, "--allow-run-as-root",        "--oversubscribe", "--mca", "orte_tmpdir_base", scratch.string(),
+          "-x",           "ASAN_OPTIONS=detect_leaks=0"};
+}
+
 // Runs the cubevec binary with `args`.
 inline Process run_cubevec(const std::vector<std::string>& args, const fs::path& scratch) {
   std::vector<std::string> argv_text = {CUBEVEC_BINARY};

@@ -1,7 +1,8 @@
 // The `cubevec serve` process: it binds loopback by default and prints its address; SIGTERM stops
 // new requests, lets the running one finish and exits 0; --drain-timeout cancels what is left;
 // a second signal ends it at once; its pictures equal `cubevec t2i --out x.png`'s for the same
-// request; a port in use is an error naming the address.
+// request (also when it maps the packed cache a `t2i --packed-cache` wrote); a port in use is an
+// error naming the address.
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
@@ -111,6 +112,11 @@ void wait_status_not(const ServeProcess& server, const std::string& id, const st
 
 class ServeProcessTest : public CliTest {};
 
+std::vector<std::string> with(std::vector<std::string> args, const std::vector<std::string>& more) {
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
 TEST_F(ServeProcessTest, BindsLoopbackAndSigtermDrainsTheRunningJob) {
   ServeProcess server({"--model", kTinyFlux, "--max-steps", "1000"}, dir_);
   ASSERT_GT(server.port(), 0) << server.err();
@@ -172,6 +178,38 @@ TEST_F(ServeProcessTest, PicturesEqualTheCommandLinesPng) {
   EXPECT_EQ(server.wait_exit(30), 0);
 }
 
+TEST_F(ServeProcessTest, AServerMapsThePackedCacheACommandWroteAndDrawsTheSamePicture) {
+  const std::string png = (dir_ / "cli.png").string(), cache = (dir_ / "packed").string();
+  const Process cli = run({"t2i", "--model", kTinyFlux, "--prompt", kPrompt, "--steps", "2", "--seed", "4", "--width", "32", "--height",
+                           "32", "--out", png, "--packed-cache", cache});
+  ASSERT_EQ(cli.status, 0) << cli.err;
+  EXPECT_NE(cli.err.find("packed cache: written " + cache + "/tinyflux-"), std::string::npos) << cli.err;
+  ServeProcess server({"--model", kTinyFlux, "--packed-cache", cache}, dir_);
+  ASSERT_GT(server.port(), 0) << server.err();
+  EXPECT_NE(server.err().find("serve: packed cache: mapped " + cache + "/tinyflux-"), std::string::npos) << server.err();
+  EXPECT_NE(server.err().find(" 0 packed here"), std::string::npos) << server.err();
+  const auto r = server.client().Post(
+      "/v1/jobs", json{{"prompt", kPrompt}, {"num_inference_steps", 2}, {"seed", 4}, {"width", 32}, {"height", 32}}.dump(),
+      "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 202) << r->body;
+  const std::string id = json::parse(r->body)["id"];
+  wait_status_not(server, id, "queued");
+  wait_status_not(server, id, "in_progress");
+  const auto content = server.client().Get(("/v1/jobs/" + id + "/content").c_str());
+  ASSERT_TRUE(content);
+  ASSERT_EQ(content->status, 200) << content->body;
+  EXPECT_EQ(png_of(content->body).pixels, png_of(read_file(png)).pixels);
+  // The job's report names the cache file, not the server's folder.
+  const json job = json::parse(server.client().Get(("/v1/jobs/" + id).c_str())->body);
+  const json& report = job["result"]["report"];
+  ASSERT_TRUE(report.contains("packed_cache")) << job.dump();
+  EXPECT_EQ(report["packed_cache"]["state"], "mapped");
+  EXPECT_EQ(report["packed_cache"]["file"].get<std::string>().find('/'), std::string::npos) << job.dump();
+  server.signal(SIGTERM);
+  EXPECT_EQ(server.wait_exit(30), 0);
+}
+
 TEST_F(ServeProcessTest, BadFlagsAndAPortInUseAreErrors) {
   ServeProcess first({"--model", kTinyFlux}, dir_);
   ASSERT_GT(first.port(), 0) << first.err();
@@ -209,8 +247,7 @@ TEST_F(ServeProcessTest, UnderMpirunEveryRequestRunsOnAllRanksWithTheOneProcessP
     server.signal(SIGTERM);
     EXPECT_EQ(server.wait_exit(30), 0);
   }
-  ServeProcess server({"--model", kTinyFlux, "--ulysses", "2"}, dir_,
-                      {CUBEVEC_MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "ASAN_OPTIONS=detect_leaks=0"});
+  ServeProcess server({"--model", kTinyFlux, "--ulysses", "2"}, dir_, with(mpirun_command(dir_), {"-np", "2"}));
   ASSERT_GT(server.port(), 0) << server.err();
   EXPECT_NE(server.err().find("every request on 2 ranks"), std::string::npos) << server.err();
   const std::vector<uint8_t> two = pixels_of(server);
@@ -235,9 +272,9 @@ TEST_F(ServeProcessTest, UnderMpirunEveryRequestRunsOnAllRanksWithTheOneProcessP
 TEST_F(ServeProcessTest, UnderMpirunAFailedRankFailsTheRequestNeverHangs) {
   const std::string binary = CUBEVEC_BINARY;
   // mpirun -np 1 cubevec serve ... : -np 1 cubevec serve ... --memory-limit 2M
-  ServeProcess server({"--model", kTinyFlux, "--ulysses", "2", "--memory-limit", "2M"}, dir_,
-                      {CUBEVEC_MPIRUN, "--allow-run-as-root", "--oversubscribe", "-x", "ASAN_OPTIONS=detect_leaks=0", "-np", "1", binary,
-                       "serve", "--port", "0", "--model", kTinyFlux, "--ulysses", "2", ":", "-np", "1"});
+  ServeProcess server(
+      {"--model", kTinyFlux, "--ulysses", "2", "--memory-limit", "2M"}, dir_,
+      with(mpirun_command(dir_), {"-np", "1", binary, "serve", "--port", "0", "--model", kTinyFlux, "--ulysses", "2", ":", "-np", "1"}));
   ASSERT_GT(server.port(), 0) << server.err();
   const std::string body = json{{"prompt", kPrompt}, {"num_inference_steps", 2}}.dump();
   const auto start = std::chrono::steady_clock::now();
@@ -260,10 +297,8 @@ TEST_F(ServeProcessTest, MultiRankFlagsAreCheckedBeforeServing) {
   const Process alone = run({"serve", "--model", kTinyFlux, "--ulysses", "2"});
   EXPECT_EQ(alone.status, 1);
   EXPECT_NE(alone.err.find("but this run has one: start it with mpirun -np 2"), std::string::npos) << alone.err;
-  const Process instances =
-      run_program({CUBEVEC_MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "ASAN_OPTIONS=detect_leaks=0",
-                   CUBEVEC_BINARY, "serve", "--model", kTinyFlux, "--ulysses", "2", "--instances", "2"},
-                  dir_);
+  const Process instances = run_program(
+      with(mpirun_command(dir_), {"-np", "2", CUBEVEC_BINARY, "serve", "--model", kTinyFlux, "--ulysses", "2", "--instances", "2"}), dir_);
   EXPECT_NE(instances.status, 0);
   EXPECT_NE(instances.err.find("one --model with --instances 1"), std::string::npos) << instances.err;
 }
