@@ -8,7 +8,10 @@
 // Per layout: throughput (requests/s), the median and p95 latency, the resident memory of its
 // processes after the run, summed as RSS (shared pages counted in every process) and as PSS (each
 // shared page split among its processes: what the machine holds), and x_one = its throughput over
-// one instance's. Then the start of a process (fork to listening) packing its panels, writing the
+// one instance's. Then one process with --instances 2 and --trace: the share of the traced span the
+// Cube and Vector units are busy, busy at once, and the two instances' kernels run at once (where
+// the instances' throughput comes from; CUBEVEC_SERVE_TRACE=FILE keeps the Chrome trace). Then the
+// start of a process (fork to listening, and its first request) packing its panels, writing the
 // cache, and mapping it.
 // `serve` runs tinyflux (64x64, 8 steps) and a leak check: 1,000 requests (--repeats x 200) against
 // one process with --instances 2, its memory after the first 100 and after the last, and the failed
@@ -78,10 +81,14 @@ class ServerProcess {
     start_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (port_ == 0) throw std::runtime_error("cubevec serve did not start; see " + err_path_ + ":\n" + err());
   }
-  ~ServerProcess() {
+  ~ServerProcess() { stop(); }
+  // SIGTERM and wait: the server drains and writes what it writes at exit (--trace).
+  void stop() {
+    if (pid_ <= 0) return;
     ::kill(pid_, SIGTERM);
     int status = 0;
     ::waitpid(pid_, &status, 0);
+    pid_ = -1;
   }
   ServerProcess(const ServerProcess&) = delete;
   ServerProcess& operator=(const ServerProcess&) = delete;
@@ -203,6 +210,33 @@ void run_layouts(Context& context, const ServedCase& served, const std::filesyst
     row.extra["x_one"] = one_instance_rps > 0 ? rps / one_instance_rps : 0;
     row.extra["failed"] = load.failed;
     context.add(row);
+  }
+
+  // Where two instances' throughput comes from: one process with --instances 2 and --trace; the
+  // server prints the Cube / Vector overlap and the instances' overlap of the traced span.
+  {
+    const std::string trace = (dir / "serve_trace.json").string();
+    std::vector<std::string> flags = served.flags;
+    flags.insert(flags.end(), {"--trace", trace});
+    ServerProcess server(served.model, 2, flags, (dir / "trace.err").string());
+    closed_loop({server.port()}, served.body, 4, 1);
+    const LoadResult load = closed_loop({server.port()}, served.body, 4, served.per_client);
+    server.stop();
+    const std::string err = server.err();
+    Result row{"serve", served.label, "1 process x 2 inst traced"};
+    row.timing = summarize(load.latencies);
+    const std::regex summary(
+        "Cube busy ([0-9.]+)%, Vector busy ([0-9.]+)%, Cube and Vector at once ([0-9.]+)%, kernels of two or more "
+        "instances at once ([0-9.]+)%");
+    std::smatch match;
+    if (!std::regex_search(err, match, summary)) throw std::runtime_error("serve --trace printed no overlap:\n" + err);
+    row.extra["cube_busy_pct"] = std::stod(match[1]);
+    row.extra["vector_busy_pct"] = std::stod(match[2]);
+    row.extra["cv_overlap_pct"] = std::stod(match[3]);
+    row.extra["instances_overlap_pct"] = std::stod(match[4]);
+    context.add(row);
+    if (const char* keep = std::getenv("CUBEVEC_SERVE_TRACE"); keep && *keep)
+      std::filesystem::copy_file(trace, keep, std::filesystem::copy_options::overwrite_existing);
   }
 
   // A process's start: packing its own panels, writing a fresh cache, and mapping it.

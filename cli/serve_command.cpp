@@ -8,6 +8,7 @@
 // second signal ends the process at once.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -19,9 +20,11 @@
 
 #include "base/error.h"
 #include "base/interrupt.h"
+#include "device/trace.h"
 #include "cli/command.h"
 #include "cli/device_flags.h"
 #include "cli/generation_flags.h"
+#include "cli/output_flag.h"
 #include "cli/parallel_flags.h"
 #include "pipelines/memory_estimate.h"
 #include "pipelines/pipeline.h"
@@ -41,7 +44,7 @@ struct ServeFlags {
   server::ServeLimits limits;
   std::string max_body = "1M";
   double drain_timeout_s = 30;
-  std::string dtype = "f32", variant, quant, timestep_policy, memory_limit, packed_cache;
+  std::string dtype = "f32", variant, quant, timestep_policy, memory_limit, packed_cache, trace_path;
   int offload = 0;
   bool check_weights = false;
 };
@@ -60,6 +63,32 @@ std::pair<std::string, std::string> model_name_and_dir(const std::string& spec) 
       name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != std::string::npos)
     throw Error("--model " + spec + ": the model's name '" + name + "' must be 1..64 letters, digits, '.', '_' or '-' (give NAME=DIR)");
   return {name, dir};
+}
+
+// --trace: every instance's kernels as a Chrome trace, and on stderr the overlap they show (the Cube
+// and Vector units busy at once, and the instances' kernels running at once) over the busy span.
+void write_serve_trace(const std::string& path, const std::vector<TraceSection>& sections) {
+  write_chrome_trace(path, sections);
+  Intervals cube, vector, all;
+  double each_instance_busy = 0, first = 1e300, last = 0;
+  for (const TraceSection& section : sections) {
+    Intervals instance;
+    for (const KernelRecord& r : section.records) {
+      if (!r.ran || r.desc.unit == Unit::comm) continue;
+      (r.desc.unit == Unit::cube ? cube : vector).emplace_back(r.real_start_s, r.real_end_s);
+      instance.emplace_back(r.real_start_s, r.real_end_s);
+      all.emplace_back(r.real_start_s, r.real_end_s);
+      first = std::min(first, r.real_start_s), last = std::max(last, r.real_end_s);
+    }
+    each_instance_busy += busy_time(std::move(instance));
+  }
+  const double span = last > first ? last - first : 0, all_busy = busy_time(all);
+  const auto share = [&](double seconds) { return span > 0 ? 100 * seconds / span : 0.0; };
+  std::fprintf(stderr,
+               "serve: trace written to %s (%zu instance(s), %.2f s from the first kernel to the last): Cube busy %.1f%%, Vector busy "
+               "%.1f%%, Cube and Vector at once %.1f%%, kernels of two or more instances at once %.1f%%\n",
+               path.c_str(), sections.size(), span, share(busy_time(cube)), share(busy_time(vector)), share(overlap_time(cube, vector)),
+               share(each_instance_busy - all_busy));
 }
 
 int run(const ServeFlags& f, const DeviceFlags& device_flags, const ParallelFlags& parallel_flags) {
@@ -104,6 +133,7 @@ int run(const ServeFlags& f, const DeviceFlags& device_flags, const ParallelFlag
   serve_signals_by_draining();
   std::optional<server::RankRelay> relay;
   server::SchedulerOptions scheduler_options = f.scheduler;
+  scheduler_options.trace = !f.trace_path.empty();
   if (ranks > 1) {
     relay.emplace(load.groups->world);
     if (rank != 0) return server::follow_rank_zero(*models.front().pipeline, *relay);
@@ -133,6 +163,8 @@ int run(const ServeFlags& f, const DeviceFlags& device_flags, const ParallelFlag
   }
   http.stop();
   listener.join();
+  scheduler.shutdown();
+  if (!f.trace_path.empty()) write_serve_trace(f.trace_path, scheduler.trace_sections());
   std::fprintf(stderr, "serve: stopped\n");
   return 0;
 }
@@ -179,6 +211,11 @@ CommandRunner add_serve_command(CLI::App& app) {
   command->add_option("--timestep-policy", f.timestep_policy, "The timestep policy for --quant's W8A8_TIMESTEP layers");
   command->add_option("--offload", f.offload, "Resident transformer blocks under weight streaming (0: off)")->check(CLI::Range(0, 100000));
   command->add_option("--packed-cache", f.packed_cache, kPackedCacheHelp)->check(packed_cache_folder());
+  command
+      ->add_option("--trace", f.trace_path,
+                   "Record every instance's kernels and write them as a Chrome trace at shutdown, with their CV overlap on stderr "
+                   "(memory grows with every request: for measurement runs)")
+      ->check(output_file_path());
   command->add_option("--memory-limit", f.memory_limit, "Refuse what would not fit in this much memory (\"24G\")");
   command->add_flag("--check-weights", f.check_weights, "Every loaded weight must be finite");
   return [flags, device_flags, parallel_flags] { return run(*flags, *device_flags, *parallel_flags); };

@@ -1,5 +1,6 @@
 #include "device/trace.h"
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -8,6 +9,39 @@
 #include "base/output_file.h"
 
 namespace cubevec {
+
+namespace {
+
+// The union of the intervals, sorted and without overlaps.
+Intervals merged_intervals(Intervals v) {
+  std::sort(v.begin(), v.end());
+  Intervals out;
+  for (const auto& iv : v) {
+    if (!out.empty() && iv.first <= out.back().second) out.back().second = std::max(out.back().second, iv.second);
+    else out.push_back(iv);
+  }
+  return out;
+}
+
+}  // namespace
+
+double busy_time(Intervals intervals) {
+  double total = 0;
+  for (const auto& [start, end] : merged_intervals(std::move(intervals))) total += end - start;
+  return total;
+}
+
+double overlap_time(Intervals a, Intervals b) {
+  const Intervals x = merged_intervals(std::move(a)), y = merged_intervals(std::move(b));
+  double total = 0;
+  std::size_t i = 0, j = 0;
+  while (i < x.size() && j < y.size()) {
+    const double lo = std::max(x[i].first, y[j].first), hi = std::min(x[i].second, y[j].second);
+    if (hi > lo) total += hi - lo;
+    (x[i].second < y[j].second ? i : j) += 1;
+  }
+  return total;
+}
 
 KernelRecord* Trace::add(KernelRecord record) {
   std::lock_guard lock(mutex_);

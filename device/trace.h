@@ -8,6 +8,7 @@
 #include <deque>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "device/kernel.h"
@@ -33,7 +34,8 @@ class Trace {
   // Adds a record; the pointer stays valid until clear(). Thread-safe.
   KernelRecord* add(KernelRecord record);
   double now_s() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count(); }
-  std::vector<KernelRecord> records() const;  // a copy; synchronize the device first
+  std::chrono::steady_clock::time_point epoch() const { return epoch_; }  // real_start_s / real_end_s count from it
+  std::vector<KernelRecord> records() const;                              // a copy; synchronize the device first
   void clear();
 
   // Chrome trace JSON of this trace alone (see write_chrome_trace).
@@ -50,6 +52,12 @@ struct TraceSection {
   std::string name;
   std::vector<KernelRecord> records;
 };
+
+// Busy time of a set of [start, end) intervals (overlaps counted once), and the time two sets are
+// busy at once: what a trace's Cube and Vector records give for CV overlap.
+using Intervals = std::vector<std::pair<double, double>>;
+double busy_time(Intervals intervals);
+double overlap_time(Intervals a, Intervals b);
 
 // Chrome trace JSON: per section, measured tracks per unit and per stream, and modelled NPU tracks
 // per unit and per stream. Throws cubevec::Error if the file cannot be written.

@@ -12,18 +12,6 @@ namespace cubevec {
 
 namespace {
 
-using Intervals = std::vector<std::pair<double, double>>;
-
-Intervals merged(Intervals v) {
-  std::sort(v.begin(), v.end());
-  Intervals out;
-  for (const auto& iv : v) {
-    if (!out.empty() && iv.first <= out.back().second) out.back().second = std::max(out.back().second, iv.second);
-    else out.push_back(iv);
-  }
-  return out;
-}
-
 Tensor random_matrix(int64_t rows, int64_t cols, unsigned seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
@@ -38,24 +26,6 @@ std::string_view cv_mode_name(CvMode mode) {
   static constexpr auto kNames =
       enum_names<CvMode>("CV mode", {{CvMode::serialized, "serialized"}, {CvMode::overlapped, "overlapped"}, {CvMode::pinned, "pinned"}});
   return kNames.name(mode);
-}
-
-double busy_time(Intervals intervals) {
-  double total = 0;
-  for (const auto& [start, end] : merged(std::move(intervals))) total += end - start;
-  return total;
-}
-
-double overlap_time(Intervals a, Intervals b) {
-  const Intervals x = merged(std::move(a)), y = merged(std::move(b));
-  double total = 0;
-  std::size_t i = 0, j = 0;
-  while (i < x.size() && j < y.size()) {
-    const double lo = std::max(x[i].first, y[j].first), hi = std::min(x[i].second, y[j].second);
-    if (hi > lo) total += hi - lo;
-    (x[i].second < y[j].second ? i : j) += 1;
-  }
-  return total;
 }
 
 CvResult run_cv_experiment(const CvWorkload& w, CvMode mode, const DeviceProfile& base_profile, int repeats) {

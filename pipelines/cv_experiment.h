@@ -39,9 +39,6 @@ struct CvResult {
 
 // Runs `repeats` timed runs (after one warm-up) in `mode` on a device made from `profile`.
 CvResult run_cv_experiment(const CvWorkload& workload, CvMode mode, const DeviceProfile& profile, int repeats);
-
-// Busy time of a set of intervals (their union) and the time two sets are busy together.
-double busy_time(std::vector<std::pair<double, double>> intervals);
-double overlap_time(std::vector<std::pair<double, double>> a, std::vector<std::pair<double, double>> b);
+// busy_time and overlap_time, which the experiment's figures come from, are in device/trace.h.
 
 }  // namespace cubevec

@@ -51,10 +51,12 @@ Scheduler::Scheduler(std::vector<ServedModel> models, SchedulerOptions options) 
     slots_.push_back(std::move(slot));
   }
   for (auto& slot : slots_)
-    for (int i = 0; i < options_.instances; ++i) slot->threads.emplace_back([this, s = slot.get()] { work(*s); });
+    for (int i = 0; i < options_.instances; ++i) slot->threads.emplace_back([this, s = slot.get(), i] { work(*s, i); });
 }
 
-Scheduler::~Scheduler() {
+Scheduler::~Scheduler() { shutdown(); }
+
+void Scheduler::shutdown() {
   {
     std::lock_guard lock(mutex_);
     accepting_ = false;
@@ -66,7 +68,15 @@ Scheduler::~Scheduler() {
     for (auto& [id, job] : jobs_) job->request_cancel();
   }
   for (auto& slot : slots_)
-    for (std::thread& thread : slot->threads) thread.join();
+    for (std::thread& thread : slot->threads)
+      if (thread.joinable()) thread.join();
+}
+
+std::vector<TraceSection> Scheduler::trace_sections() const {
+  std::lock_guard lock(mutex_);
+  std::vector<TraceSection> out;
+  for (const auto& slot : slots_) out.insert(out.end(), slot->traces.begin(), slot->traces.end());
+  return out;
 }
 
 std::vector<const ServedModel*> Scheduler::models() const {
@@ -203,9 +213,29 @@ std::vector<ModelStats> Scheduler::stats() const {
   return out;
 }
 
-void Scheduler::work(ModelSlot& slot) {
+void Scheduler::work(ModelSlot& slot, int instance) {
   const pipelines::Pipeline& pipeline = *slot.served.pipeline;
-  Device device(pipeline.profile(), DeviceOptions{});  // this instance's own Cube and Vector streams
+  Device device(pipeline.profile(), DeviceOptions{.trace = options_.trace});  // this instance's own Cube and Vector streams
+  // The instance's trace, on the scheduler's clock, kept when the worker ends.
+  struct KeepTrace {
+    Scheduler& scheduler;
+    ModelSlot& slot;
+    Device& device;
+    int instance;
+    ~KeepTrace() {
+      if (!scheduler.options_.trace) return;
+      try {
+        device.synchronize();
+      } catch (const std::exception&) {  // a failed stream: its job has failed already; keep what ran
+      }
+      TraceSection section{slot.served.name + " instance " + std::to_string(instance), device.trace().records()};
+      const double shift = std::chrono::duration<double>(device.trace().epoch() - scheduler.started_).count();
+      for (KernelRecord& r : section.records)
+        if (r.ran) r.real_start_s += shift, r.real_end_s += shift;
+      std::lock_guard lock(scheduler.mutex_);
+      slot.traces.push_back(std::move(section));
+    }
+  } keep_trace{*this, slot, device, instance};
   const RankRelay* relay = options_.relay;
   const auto relay_send = [&](const nlohmann::json& command) {
     if (!relay || !broken().empty()) return;

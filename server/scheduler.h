@@ -37,6 +37,9 @@ struct SchedulerOptions {
   // Multi-rank serving (server/rank_relay.h): rank 0's one worker sends each request to the other
   // ranks. Needs one model and one instance.
   const RankRelay* relay = nullptr;
+  // Record every kernel of every instance (`serve --trace`): the records grow with every request,
+  // so this is for measurement runs. Read them after shutdown() with trace_sections().
+  bool trace = false;
 };
 
 struct ServedModel {
@@ -88,6 +91,12 @@ class Scheduler {
   void cancel(Job& job);
 
   std::vector<ModelStats> stats() const;
+  // Stops the workers (what is queued or running is cancelled) and joins them; the destructor
+  // does the same. Idempotent.
+  void shutdown();
+  // With options().trace, after shutdown(): each instance's kernels as a section named
+  // "<model> instance <i>", on one clock (seconds since the scheduler started).
+  std::vector<TraceSection> trace_sections() const;
   // Multi-rank serving only: why the ranks can no longer run requests ("" while they can).
   std::string broken() const;
 
@@ -98,8 +107,9 @@ class Scheduler {
     std::condition_variable work;
     ModelStats stats;
     std::vector<std::thread> threads;
+    std::vector<TraceSection> traces;  // each finished instance's, with options().trace
   };
-  void work(ModelSlot& slot);
+  void work(ModelSlot& slot, int instance);
   void run_job(ModelSlot& slot, Job& job, Device& device);
   void record_finished(ModelSlot& slot, const Job& job);
   std::string new_id(const std::string& prefix);
@@ -113,6 +123,7 @@ class Scheduler {
   bool accepting_ = true, stopping_ = false;
   std::string broken_;  // a rank failed: every later job fails with this
   uint64_t id_state_;
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
 };
 
 }  // namespace cubevec::server

@@ -2,7 +2,7 @@
 // new requests, lets the running one finish and exits 0; --drain-timeout cancels what is left;
 // a second signal ends it at once; its pictures equal `cubevec t2i --out x.png`'s for the same
 // request (also when it maps the packed cache a `t2i --packed-cache` wrote); a port in use is an
-// error naming the address.
+// error naming the address; --trace writes every instance's kernels and their overlap.
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
@@ -11,6 +11,7 @@
 #include <chrono>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -136,6 +137,38 @@ TEST_F(ServeProcessTest, BindsLoopbackAndSigtermDrainsTheRunningJob) {
   EXPECT_EQ(server.wait_exit(60), 0) << server.err();
   EXPECT_NE(server.err().find("stop signal"), std::string::npos) << server.err();
   EXPECT_NE(server.err().find("serve: stopped"), std::string::npos) << server.err();
+}
+
+// --trace: every instance's kernels in one Chrome trace, and the overlap they show on stderr.
+TEST_F(ServeProcessTest, TraceRecordsEveryInstanceAndPrintsTheirOverlap) {
+  const std::string trace = (dir_ / "serve.json").string();
+  ServeProcess server({"--model", kTinyFlux, "--instances", "2", "--trace", trace}, dir_);
+  ASSERT_GT(server.port(), 0) << server.err();
+  const std::string a = submit(server, 4), b = submit(server, 4);
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty());
+  for (const std::string& id : {a, b}) {
+    wait_status_not(server, id, "queued");
+    wait_status_not(server, id, "in_progress");
+    EXPECT_EQ(status_of(server, id), "completed");
+  }
+  server.signal(SIGTERM);
+  ASSERT_EQ(server.wait_exit(60), 0) << server.err();
+  const json events = json::parse(read_file(trace))["traceEvents"];
+  std::set<std::string> processes;
+  int kernels = 0;
+  for (const json& e : events) {
+    if (e["ph"] == "M" && e["name"] == "process_name") processes.insert(e["args"]["name"].get<std::string>());
+    if (e["ph"] == "X") ++kernels;
+  }
+  EXPECT_TRUE(processes.count("tinyflux instance 0: measured on this CPU, by unit")) << events.dump().substr(0, 2000);
+  EXPECT_TRUE(processes.count("tinyflux instance 1: measured on this CPU, by unit"));
+  EXPECT_GT(kernels, 100);
+  const std::regex summary(
+      "trace written to .*serve\\.json \\(2 instance\\(s\\), [0-9.]+ s from the first kernel to the last\\): "
+      "Cube busy [0-9.]+%, Vector busy [0-9.]+%, Cube and Vector at once [0-9.]+%, kernels of two or more "
+      "instances at once [0-9.]+%");
+  EXPECT_TRUE(std::regex_search(server.err(), summary)) << server.err();
 }
 
 TEST_F(ServeProcessTest, DrainTimeoutCancelsWhatIsLeftAndASecondSignalEndsAtOnce) {
