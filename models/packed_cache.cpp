@@ -27,9 +27,9 @@ namespace g = ops::gemm;
 namespace {
 
 constexpr char kMagic[8] = {'C', 'V', 'P', 'A', 'C', 'K', '0', '1'};
-constexpr std::size_t kPreamble = 16;  // the magic and the header's length
-constexpr uint64_t kAlign = 4096;      // every layer's panels start on a page
-constexpr uint64_t kMaxHeaderBytes = uint64_t{64} << 20;
+constexpr std::size_t kPreamble = 16;                    // the magic and the header's length
+constexpr uint64_t kAlign = 4096;                        // every layer's panels start on a page
+constexpr uint64_t kMaxHeaderBytes = uint64_t{8} << 20;  // a real header is ~220 bytes a layer
 constexpr int kFormatVersion = 1;
 constexpr const char* kFormatName = "cubevec packed GEMM panels";
 
@@ -119,6 +119,7 @@ struct FileLayer {
 
 struct CacheFile {
   std::shared_ptr<const MappedFile> mapping;
+  int version = 0;
   std::string cpu, isa, model_checksum;
   int threads = 0;
   std::vector<FileLayer> layers;
@@ -128,11 +129,12 @@ struct CacheFile {
   throw Error("--packed-cache file " + path + " is damaged: " + what + " (delete it and cubevec packs and writes it again)");
 }
 
-// Text from the file, fit for a one-line note: control characters replaced, at most 80 characters.
-std::string printable(const std::string& text) {
+// Text from the file, fit for a one-line note: printable ASCII only (control characters, and bytes
+// of other characters, become '?'), at most `limit` characters.
+std::string printable(const std::string& text, std::size_t limit = 80) {
   std::string out;
-  for (char c : text.substr(0, 80)) out += static_cast<unsigned char>(c) < 0x20 || c == 0x7f ? '?' : c;
-  return text.size() > 80 ? out + "..." : out;
+  for (char c : text.substr(0, limit)) out += c >= 0x20 && c < 0x7f ? c : '?';
+  return text.size() > limit ? out + "..." : out;
 }
 
 const nlohmann::json& member(const nlohmann::json& object, const char* name, const std::string& path, const std::string& where) {
@@ -197,12 +199,12 @@ CacheFile read_cache_file(const std::string& path) {
   try {
     header = nlohmann::json::parse(header_text, header_text + header_bytes);
   } catch (const nlohmann::json::exception& e) {
-    damaged(path, std::string("its header is not JSON: ") + e.what());
+    damaged(path, "its header is not JSON: " + printable(e.what(), 200));
   }
   if (!header.is_object()) damaged(path, "its header is not a JSON object");
-  if (text_field(header, "format", path, "the header") != kFormatName ||
-      integer_field<int>(header, "version", path, "the header", 0, 1 << 20) != kFormatVersion)
-    damaged(path, "its header names another format or version");
+  if (text_field(header, "format", path, "the header") != kFormatName) damaged(path, "its header names another format");
+  file.version = integer_field<int>(header, "version", path, "the header", 0, 1 << 20);
+  if (file.version != kFormatVersion) return file;  // another cubevec's file: replaced, not read further
   text_field(header, "model", path, "the header");  // for people: the file name is what matches it
   file.cpu = text_field(header, "cpu", path, "the header");
   file.isa = text_field(header, "isa", path, "the header");
@@ -230,6 +232,13 @@ CacheFile read_cache_file(const std::string& path) {
     l.bytes = integer_field<uint64_t>(record, "bytes", path, where, 1, uint64_t{1} << 62);
     l.weight_hash = hash_field(record, "weight_hash", path, where);
     l.panel_hash = hash_field(record, "panel_hash", path, where);
+    // The layout must be one some kernel makes: every K block a whole panel stride of N columns.
+    const int64_t blocks = std::max<int64_t>((l.k + l.kc - 1) / l.kc, 1);
+    const uint64_t element = l.kernel == "f32" ? 4 : 2;
+    if (l.panel_stride < l.n * std::min(l.kc, l.k) || l.panel_stride % l.kc != 0 ||
+        l.bytes != static_cast<uint64_t>(blocks) * static_cast<uint64_t>(l.panel_stride) * element)
+      damaged(path, where + "'s layout is impossible (KC " + std::to_string(l.kc) + ", panel stride " + std::to_string(l.panel_stride) +
+                        ", " + std::to_string(l.bytes) + " bytes for " + std::to_string(l.n) + " x " + std::to_string(l.k) + ")");
     if (l.offset % kAlign != 0 || l.offset < previous_end)
       damaged(path, where + "'s offset " + std::to_string(l.offset) + " is not a page-aligned place after the previous data");
     if (l.bytes > bytes.size() || l.offset > bytes.size() - l.bytes)
@@ -249,6 +258,9 @@ std::string layout_text(const std::string& kernel, int64_t kc, int64_t stride, u
 // Why `file` cannot serve `layers` on this machine ("" when it can). Compared in the order a
 // user can act on: the CPU, the weights, then the kernel choices.
 std::string why_unusable(const CacheFile& file, const std::vector<CachedLayer>& layers, uint64_t checksum, const PackedCacheModel& model) {
+  if (file.version != kFormatVersion)
+    return "another version of cubevec (format version " + std::to_string(file.version) + "; this one reads " +
+           std::to_string(kFormatVersion) + ")";
   if (file.cpu != g::cpu_model_name() || file.isa != isa_text())
     return "another CPU (" + printable(file.cpu) + ", " + printable(file.isa) + "; this one is " + g::cpu_model_name() + ", " + isa_text() +
            ")";

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,8 @@
 #include <set>
 #include <sstream>
 #include <tuple>
+
+#include <nlohmann/json.hpp>
 
 #include "base/content_hash.h"
 #include "models/layers.h"
@@ -159,14 +162,39 @@ TEST(PackedCache, AFileForAnotherCpuOrOtherKernelsIsIgnoredAndRewritten) {
   EXPECT_NE(r.ignored.find("another CPU (" + std::string(cpu.size(), 'X')), std::string::npos) << r.ignored;
   EXPECT_NE(file_bytes(path).find("\"cpu\":\"" + cpu), std::string::npos) << "rewritten for this CPU";
 
-  // proj_in is f32: its panels are the f32 kernel's; a file saying "amx" was made with other choices.
-  patch_header(path, "\"layer\":\"transformer/proj_in\",\"n\":37,\"k\":70,\"compute\":\"f32\",\"kernel\":\"f32\"",
-               "\"layer\":\"transformer/proj_in\",\"n\":37,\"k\":70,\"compute\":\"f32\",\"kernel\":\"amx\"");
+  // Other kernel choices: proj_in's panels as a kernel with half the KC would lay them out (a
+  // consistent layout, not this CPU's choice).
+  {
+    std::string bytes = file_bytes(path);
+    uint64_t header_size = 0;
+    std::memcpy(&header_size, bytes.data() + 8, sizeof header_size);
+    nlohmann::ordered_json header = nlohmann::ordered_json::parse(bytes.substr(16, header_size));
+    for (auto& layer : header["layers"])
+      if (layer["layer"] == "transformer/proj_in") {
+        ASSERT_GE(layer["kc"].get<int64_t>() / 2, 70);
+        for (const char* key : {"kc", "panel_stride", "bytes"}) layer[key] = layer[key].get<int64_t>() / 2;
+      }
+    const std::string text = header.dump();
+    ASSERT_LE(text.size(), header_size);
+    header_size = text.size();
+    std::memcpy(bytes.data() + 8, &header_size, sizeof header_size);
+    bytes.replace(16, text.size(), text);
+    bytes[16 + text.size()] = '\0';  // the rest of the old header: zeros, as the writer pads
+    std::fill(bytes.begin() + 16 + static_cast<std::ptrdiff_t>(text.size()), bytes.begin() + 4096, '\0');
+    put_bytes(path, bytes);
+  }
   SmallModel third;
   r = models::use_packed_cache(dir.path.string(), third.cache_model());
   EXPECT_EQ(r.state, "written");
-  EXPECT_NE(r.ignored.find("other kernel choices (transformer/proj_in: amx panels (KC"), std::string::npos) << r.ignored;
+  EXPECT_NE(r.ignored.find("other kernel choices (transformer/proj_in: f32 panels (KC"), std::string::npos) << r.ignored;
   EXPECT_EQ(third.outputs(), SmallModel().outputs());
+
+  // A file of another format version (a newer cubevec's) is replaced, not called damaged.
+  patch_header(path, "\"version\":1,", "\"version\":7,");
+  SmallModel fourth;
+  r = models::use_packed_cache(dir.path.string(), fourth.cache_model());
+  EXPECT_EQ(r.state, "written");
+  EXPECT_NE(r.ignored.find("another version of cubevec (format version 7; this one reads 1)"), std::string::npos) << r.ignored;
 }
 
 TEST(PackedCache, ADamagedFileIsAnErrorNamingItAndIsNotMapped) {
@@ -224,6 +252,8 @@ TEST(PackedCache, ADamagedFileIsAnErrorNamingItAndIsNotMapped) {
   EXPECT_NE(with_header_edit("\"version\":1,", "\"version\":1.0,").find("\"version\" is 1.0"), std::string::npos);
   EXPECT_NE(with_header_edit("\"threads\":1,", "\"threads\":0,").find("\"threads\" is 0"), std::string::npos);
   EXPECT_NE(with_header_edit("\"compute\":\"f32\"", "\"compute\":\"f64\"").find("is not f32 or bf16"), std::string::npos);
+  // A layout no kernel makes (its bytes do not fill whole K blocks of its panel stride).
+  EXPECT_NE(with_header_edit("\"panel_stride\":", "\"panel_stride\":1").find("layout is impossible"), std::string::npos);
   // A header length that takes in the padding's zeros.
   std::string longer = good;
   uint64_t header_length = 0;
