@@ -1,0 +1,127 @@
+// The Python module's native part, `cubevec._cubevec`: the generation library (load once, generate
+// many) with NumPy results. python/cubevec/__init__.py builds the diffusers-style classes on it.
+// The GIL is released while a pipeline loads or generates; Ctrl-C (SIGINT in the main thread)
+// stops a generation at its next step and raises KeyboardInterrupt; cubevec errors become Python
+// exceptions (cubevec.Error, ValueError for a bad request or option, FileNotFoundError for a
+// missing model folder), never a crash.
+#include <pybind11/functional.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <atomic>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "base/error.h"
+#include "pipelines/pipeline.h"
+
+namespace py = pybind11;
+using cubevec::pipelines::Pipeline;
+
+namespace {
+
+// A request or load-option error (they name the key): ValueError; the rest: cubevec.Error.
+struct BadArgument : cubevec::Error {
+  using cubevec::Error::Error;
+};
+
+py::array_t<uint8_t> to_array(const cubevec::media::RgbImage& image) {
+  py::array_t<uint8_t> out({image.height, image.width, 3});
+  std::copy(image.pixels.begin(), image.pixels.end(), out.mutable_data());
+  return out;
+}
+
+class PythonPipeline {
+ public:
+  static std::shared_ptr<PythonPipeline> load(const std::string& path, const std::string& options_json) {
+    cubevec::pipelines::LoadOptions options;
+    try {
+      options = cubevec::pipelines::LoadOptions::parse(options_json, "from_pretrained options");
+    } catch (const cubevec::Error& e) {
+      throw BadArgument(e.what());
+    }
+    auto out = std::make_shared<PythonPipeline>();
+    py::gil_scoped_release release;
+    out->pipeline_ = Pipeline::load(path, options);
+    return out;
+  }
+
+  // {"images": [HxWx3 uint8], "report": JSON text}. `on_step(step, steps)` runs with the GIL after
+  // each step (the diffusers callback); a pending Ctrl-C cancels the call.
+  py::dict generate(const std::string& request_json, const py::object& on_step) const {
+    cubevec::pipelines::Request request;
+    try {
+      request = pipeline_->checked(cubevec::pipelines::Request::parse(request_json, "the call's arguments"));
+    } catch (const cubevec::Error& e) {
+      throw BadArgument(e.what());
+    }
+    std::atomic<bool> cancel{false};
+    // An exception raised by the callback or by a signal handler (Ctrl-C): the call stops at that
+    // step and the exception is raised to the caller as it was.
+    std::unique_ptr<py::error_already_set> python_error;
+    cubevec::pipelines::GenerateHooks hooks;
+    hooks.cancel = &cancel;
+    hooks.on_step = [&](const cubevec::pipelines::Progress& p) {
+      py::gil_scoped_acquire gil;
+      try {
+        if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+        if (!on_step.is_none()) on_step(p.step, p.steps);
+      } catch (py::error_already_set& e) {
+        python_error = std::make_unique<py::error_already_set>(std::move(e));
+        cancel = true;
+      }
+    };
+    cubevec::pipelines::GenerationResult result;
+    try {
+      py::gil_scoped_release release;
+      result = pipeline_->generate(request, hooks);
+    } catch (const cubevec::pipelines::Cancelled&) {
+      if (python_error) throw std::move(*python_error);
+      throw;
+    }
+    py::list images;
+    for (const auto& image : result.images) images.append(to_array(image));
+    py::dict out;
+    out["images"] = images;
+    out["report"] = result.report.dump();
+    return out;
+  }
+
+  std::string family() const { return pipeline_->model().family(); }
+  std::string task() const { return pipeline_->model().task(); }
+
+ private:
+  std::unique_ptr<Pipeline> pipeline_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_cubevec, m) {
+  m.doc() = "cubevec's generation library: a model folder loaded once, then any number of requests";
+  static py::exception<cubevec::Error> error(m, "Error", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const BadArgument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const cubevec::Error& e) {
+      error(e.what());
+    }
+  });
+  py::class_<PythonPipeline, std::shared_ptr<PythonPipeline>>(m, "Pipeline")
+      .def_static(
+          "load",
+          [](const std::string& path, const std::string& options_json) {
+            if (!std::filesystem::is_directory(path)) {
+              PyErr_SetString(PyExc_FileNotFoundError, (path + ": no such model folder").c_str());
+              throw py::error_already_set();
+            }
+            return PythonPipeline::load(path, options_json);
+          },
+          py::arg("path"), py::arg("options_json") = "{}", "Loads a diffusers model folder (options: LoadOptions' JSON keys)")
+      .def("generate", &PythonPipeline::generate, py::arg("request_json"), py::arg("on_step") = py::none(),
+           "Runs one request (the library's request JSON); returns {'images': [HxWx3 uint8 arrays], 'report': JSON text}")
+      .def_property_readonly("family", &PythonPipeline::family, "\"flux\" or \"wan\"")
+      .def_property_readonly("task", &PythonPipeline::task, "\"t2i\" or \"t2v\"");
+}

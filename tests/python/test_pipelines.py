@@ -1,0 +1,168 @@
+"""The Python module's pipelines (issue 38, Deliver 1 and 3): the pixels of `cubevec t2i` / `t2v`
+for the same request, diffusers' argument names, threads sharing one pipeline, the step callback,
+Ctrl-C, and a named exception for every bad argument. Run by CTest (python.pytest) with
+PYTHONPATH=build/python and CUBEVEC_BINARY / CUBEVEC_SOURCE_DIR set."""
+
+import os
+import signal
+import struct
+import subprocess
+import threading
+import zlib
+
+import numpy as np
+import pytest
+
+import cubevec
+
+SOURCE = os.environ.get("CUBEVEC_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+BINARY = os.environ.get("CUBEVEC_BINARY", os.path.join(SOURCE, "build", "cubevec"))
+TINYFLUX = os.path.join(SOURCE, "assets", "tinyflux")
+TINYWAN = os.path.join(SOURCE, "assets", "tinywan")
+PROMPT = "a large red circle in the center on a blue background"
+WAN_PROMPT = "a red circle moving left on a blue background"  # tinywan's vocabulary
+
+
+def read_png(path):
+    """8-bit RGB, non-interlaced PNG (what cubevec writes), decoded with zlib: the test's own reader."""
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, width, height = 8, b"", 0, 0
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, color, _, _, interlace = struct.unpack(">IIBBBBB", body)
+            assert (depth, color, interlace) == (8, 2, 0)
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    raw, stride = zlib.decompress(idat), width * 3
+    out = np.zeros((height, stride), np.int32)
+    for y in range(height):
+        kind, line = raw[y * (stride + 1)], np.frombuffer(raw, np.uint8, stride, y * (stride + 1) + 1).astype(np.int32)
+        up = out[y - 1] if y else np.zeros(stride, np.int32)
+        row = np.zeros(stride, np.int32)
+        for x in range(stride):
+            left = row[x - 3] if x >= 3 else 0
+            corner = up[x - 3] if x >= 3 else 0
+            if kind == 0:
+                predictor = 0
+            elif kind == 1:
+                predictor = left
+            elif kind == 2:
+                predictor = up[x]
+            elif kind == 3:
+                predictor = (left + up[x]) // 2
+            else:
+                p = left + up[x] - corner
+                pa, pb, pc = abs(p - left), abs(p - up[x]), abs(p - corner)
+                predictor = left if pa <= pb and pa <= pc else up[x] if pb <= pc else corner
+            row[x] = (line[x] + predictor) & 255
+        out[y] = row
+    return out.reshape(height, width, 3).astype(np.uint8)
+
+
+@pytest.fixture(scope="module")
+def flux():
+    return cubevec.FluxPipeline.from_pretrained(TINYFLUX)
+
+
+def test_flux_pixels_equal_the_command_lines(flux, tmp_path):
+    png = tmp_path / "cli.png"
+    subprocess.run([BINARY, "t2i", "--model", TINYFLUX, "--prompt", PROMPT, "--steps", "3", "--seed", "9", "--width", "48",
+                    "--height", "32", "--out", str(png)], check=True, capture_output=True)
+    out = flux(prompt=PROMPT, num_inference_steps=3, generator=9, width=48, height=32, output_type="np")
+    assert out.frames is None and len(out.images) == 1
+    image = out.images[0]
+    assert image.shape == (32, 48, 3) and image.dtype == np.uint8
+    assert np.array_equal(image, read_png(png))
+    assert out.report["steps"] == 3 and out.report["seed"] == 9
+    assert "denoising" in out.report["stages_s"]
+
+
+def test_wan_frames_equal_the_command_lines(tmp_path):
+    wan = cubevec.WanPipeline.from_pretrained(TINYWAN)
+    subprocess.run([BINARY, "t2v", "--model", TINYWAN, "--prompt", WAN_PROMPT, "--steps", "2", "--seed", "4", "--width", "32",
+                    "--height", "32", "--frames", "17", "--out", str(tmp_path / "v.avi"), "--frames-dir", str(tmp_path)],
+                   check=True, capture_output=True)
+    out = wan(prompt=WAN_PROMPT, num_inference_steps=2, generator=4, width=32, height=32, num_frames=17)
+    assert out.images is None and len(out.frames) == 1 and len(out.frames[0]) == 17
+    for i, frame in enumerate(out.frames[0]):
+        assert np.array_equal(frame, read_png(tmp_path / f"frame_{i:05d}.png")), i
+
+
+def test_threads_calling_one_pipeline_get_the_sequential_pixels(flux):
+    want = [flux(prompt=PROMPT, num_inference_steps=2, generator=s, width=32, height=32, output_type="np").images[0]
+            for s in (1, 2, 3)]
+    got = [None] * 3
+
+    def run(i):
+        got[i] = flux(prompt=PROMPT, num_inference_steps=2, generator=i + 1, width=32, height=32, output_type="np").images[0]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(3):
+        assert np.array_equal(got[i], want[i]), i
+
+
+def test_the_step_callback_runs_each_step_and_its_exception_stops_the_call(flux):
+    steps = []
+    flux(prompt=PROMPT, num_inference_steps=3, width=32, height=32, output_type="np",
+         callback_on_step_end=lambda pipe, step, timestep, kwargs: steps.append(step))
+    assert steps == [0, 1, 2]
+
+    def stop(pipe, step, timestep, kwargs):
+        if step == 1:
+            raise RuntimeError("stop here")
+
+    with pytest.raises(RuntimeError, match="stop here"):
+        flux(prompt=PROMPT, num_inference_steps=5, width=32, height=32, output_type="np", callback_on_step_end=stop)
+    # The pipeline stays usable.
+    assert flux(prompt=PROMPT, num_inference_steps=1, width=32, height=32, output_type="np").images[0].shape == (32, 32, 3)
+
+
+def test_ctrl_c_interrupts_a_long_call(flux):
+    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        flux(prompt=PROMPT, num_inference_steps=200, width=64, height=64, output_type="np")
+    timer.join()
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    ({"num_inference_steps": 0}, ValueError, "num_inference_steps"),
+    ({"num_inference_steps": 2.5}, ValueError, "num_inference_steps"),
+    ({"width": 33}, ValueError, "width"),
+    ({"width": -64}, ValueError, "width"),
+    ({"guidance_scale": float("nan")}, ValueError, "guidance_scale"),
+    ({"prompt": 7}, ValueError, "prompt"),
+    ({"cache": "fast"}, ValueError, "cache"),
+    ({"generator": object()}, TypeError, "generator must be an int seed"),
+    ({"output_type": "latent"}, ValueError, "output_type"),
+    ({"num_frames": 5}, TypeError, "num_frames"),
+])
+def test_bad_call_arguments_raise_named_errors(flux, kwargs, error, words):
+    call = {"prompt": PROMPT, "num_inference_steps": 1, "width": 32, "height": 32, "output_type": "np"}
+    call.update(kwargs)
+    with pytest.raises(error, match=words):
+        flux(**call)
+
+
+def test_bad_loads_raise_named_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such model folder"):
+        cubevec.FluxPipeline.from_pretrained(str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="dtype"):
+        cubevec.FluxPipeline.from_pretrained(TINYFLUX, dtype="f16")
+    with pytest.raises(ValueError, match="offload"):
+        cubevec.FluxPipeline.from_pretrained(TINYFLUX, offload=-1)
+    with pytest.raises(TypeError, match="path must be a folder path"):
+        cubevec.FluxPipeline.from_pretrained(42)
+    with pytest.raises(ValueError, match="a flux model, not wan"):
+        cubevec.WanPipeline.from_pretrained(TINYFLUX)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(cubevec.Error):
+        cubevec.FluxPipeline.from_pretrained(str(tmp_path / "empty"))
