@@ -3,15 +3,20 @@
 // The GIL is released while a pipeline loads or generates; Ctrl-C (SIGINT in the main thread)
 // stops a generation at its next step and raises KeyboardInterrupt; cubevec errors become Python
 // exceptions (cubevec.Error, ValueError for a bad request or option, FileNotFoundError for a
-// missing model folder), never a crash.
+// missing model folder), never a crash. At interpreter exit, running calls are cancelled and waited
+// for; a process forked after the library started its threads gets an error, not a hang.
 #include <pybind11/functional.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <unistd.h>
+
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "base/error.h"
 #include "pipelines/pipeline.h"
@@ -20,6 +25,31 @@ namespace py = pybind11;
 using cubevec::pipelines::Pipeline;
 
 namespace {
+
+// Calls running in C++ right now, and the interpreter's exit: at exit the module cancels running
+// generations and waits for them (with the GIL released) before Python finalizes, so no thread
+// (a daemon thread in a call) tries to take the GIL back from a finalized interpreter, which ends
+// the process with std::terminate.
+std::atomic<int> active_calls{0};
+std::atomic<bool> exiting{false};
+struct ActiveCall {
+  ActiveCall() { ++active_calls; }
+  ~ActiveCall() { --active_calls; }
+  ActiveCall(const ActiveCall&) = delete;
+  ActiveCall& operator=(const ActiveCall&) = delete;
+};
+
+// The process whose threads the library started: TBB's threads do not survive fork(), so a forked
+// child that calls in would hang; it gets an error instead.
+std::atomic<pid_t> threads_owner{0};
+void require_not_forked() {
+  const pid_t owner = threads_owner.load();
+  if (owner != 0 && owner != ::getpid())
+    throw cubevec::Error("cubevec's threads were started in process " + std::to_string(owner) +
+                         " and do not survive fork(): load and call pipelines in a process started fresh "
+                         "(multiprocessing's 'spawn' or 'forkserver' start method)");
+  threads_owner = ::getpid();
+}
 
 // A request or load-option error (they name the key): ValueError; the rest: cubevec.Error.
 struct BadArgument : cubevec::Error {
@@ -41,8 +71,10 @@ class PythonPipeline {
     } catch (const cubevec::Error& e) {
       throw BadArgument(e.what());
     }
+    require_not_forked();
     auto out = std::make_shared<PythonPipeline>();
     py::gil_scoped_release release;
+    const ActiveCall active;
     out->pipeline_ = Pipeline::load(path, options);
     return out;
   }
@@ -50,6 +82,7 @@ class PythonPipeline {
   // {"images": [HxWx3 uint8], "report": JSON text}. `on_step(step, steps)` runs with the GIL after
   // each step (the diffusers callback); a pending Ctrl-C cancels the call.
   py::dict generate(const std::string& request_json, const py::object& on_step) const {
+    require_not_forked();
     cubevec::pipelines::Request request;
     try {
       request = pipeline_->checked(cubevec::pipelines::Request::parse(request_json, "the call's arguments"));
@@ -63,6 +96,10 @@ class PythonPipeline {
     cubevec::pipelines::GenerateHooks hooks;
     hooks.cancel = &cancel;
     hooks.on_step = [&](const cubevec::pipelines::Progress& p) {
+      if (exiting) {  // the interpreter is exiting: stop without touching Python
+        cancel = true;
+        return;
+      }
       py::gil_scoped_acquire gil;
       try {
         if (PyErr_CheckSignals() != 0) throw py::error_already_set();
@@ -75,6 +112,7 @@ class PythonPipeline {
     cubevec::pipelines::GenerationResult result;
     try {
       py::gil_scoped_release release;
+      const ActiveCall active;
       result = pipeline_->generate(request, hooks);
     } catch (const cubevec::pipelines::Cancelled&) {
       if (python_error) throw std::move(*python_error);
@@ -109,6 +147,11 @@ PYBIND11_MODULE(_cubevec, m) {
       error(e.what());
     }
   });
+  py::module_::import("atexit").attr("register")(py::cpp_function([] {
+    exiting = true;
+    py::gil_scoped_release release;
+    while (active_calls.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }));
   py::class_<PythonPipeline, std::shared_ptr<PythonPipeline>>(m, "Pipeline")
       .def_static(
           "load",

@@ -166,3 +166,42 @@ def test_bad_loads_raise_named_errors(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(cubevec.Error):
         cubevec.FluxPipeline.from_pretrained(str(tmp_path / "empty"))
+
+
+def run_script(code, tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(code)
+    return subprocess.run(["/usr/bin/python3", str(script)], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ))
+
+
+def test_exiting_with_a_call_running_in_a_daemon_thread_ends_cleanly(tmp_path):
+    r = run_script(f"""
+import threading, time, cubevec
+pipe = cubevec.FluxPipeline.from_pretrained({TINYFLUX!r})
+threading.Thread(target=lambda: pipe(prompt="a red circle", num_inference_steps=200, width=64, height=64, output_type="np"),
+                 daemon=True).start()
+time.sleep(0.5)
+print("exiting")
+""", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "exiting" in r.stdout and "terminate called" not in r.stderr
+
+
+def test_a_forked_child_gets_an_error_not_a_hang(tmp_path):
+    r = run_script(f"""
+import os, cubevec
+pipe = cubevec.FluxPipeline.from_pretrained({TINYFLUX!r})
+pipe(prompt="a red circle", num_inference_steps=1, width=32, height=32, output_type="np")
+pid = os.fork()
+if pid == 0:
+    try:
+        pipe(prompt="a red circle", num_inference_steps=1, width=32, height=32, output_type="np")
+        os._exit(0)
+    except cubevec.Error as e:
+        print("child:", e)
+        os._exit(3)
+print("child status", os.waitpid(pid, 0)[1] >> 8)
+""", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "do not survive fork()" in r.stdout and "child status 3" in r.stdout, r.stdout
