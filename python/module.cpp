@@ -133,6 +133,17 @@ class PythonPipeline {
   std::unique_ptr<Pipeline> pipeline_;
 };
 
+// `self` of a method, through its holder: an instance made with Pipeline.__new__ alone has no C++
+// object behind it (pybind11 hands a plain pointer to such an instance as if it had one).
+std::shared_ptr<PythonPipeline> loaded(const py::object& self) {
+  try {
+    auto pipeline = self.cast<std::shared_ptr<PythonPipeline>>();
+    if (pipeline) return pipeline;
+  } catch (const py::cast_error&) {
+  }
+  throw py::type_error("this Pipeline was not loaded: make pipelines with Pipeline.load(path)");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_cubevec, m) {
@@ -163,8 +174,15 @@ PYBIND11_MODULE(_cubevec, m) {
             return PythonPipeline::load(path, options_json);
           },
           py::arg("path"), py::arg("options_json") = "{}", "Loads a diffusers model folder (options: LoadOptions' JSON keys)")
-      .def("generate", &PythonPipeline::generate, py::arg("request_json"), py::arg("on_step") = py::none(),
-           "Runs one request (the library's request JSON); returns {'images': [HxWx3 uint8 arrays], 'report': JSON text}")
-      .def_property_readonly("family", &PythonPipeline::family, "\"flux\" or \"wan\"")
-      .def_property_readonly("task", &PythonPipeline::task, "\"t2i\" or \"t2v\"");
+      .def(
+          "generate",
+          [](const py::object& self, const std::string& request_json, const py::object& on_step) {
+            return loaded(self)->generate(request_json, on_step);
+          },
+          py::arg("request_json"), py::arg("on_step") = py::none(),
+          "Runs one request (the library's request JSON); returns {'images': [HxWx3 uint8 arrays], 'report': JSON text}")
+      .def_property_readonly(
+          "family", [](const py::object& self) { return loaded(self)->family(); }, "\"flux\" or \"wan\"")
+      .def_property_readonly(
+          "task", [](const py::object& self) { return loaded(self)->task(); }, "\"t2i\" or \"t2v\"");
 }

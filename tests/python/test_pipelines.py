@@ -205,3 +205,11 @@ print("child status", os.waitpid(pid, 0)[1] >> 8)
 """, tmp_path)
     assert r.returncode == 0, r.stderr
     assert "do not survive fork()" in r.stdout and "child status 3" in r.stdout, r.stdout
+
+
+def test_a_pipeline_made_without_load_is_a_type_error_not_a_crash():
+    unloaded = cubevec._cubevec.Pipeline.__new__(cubevec._cubevec.Pipeline)
+    with pytest.raises(TypeError, match="not loaded"):
+        unloaded.generate('{"prompt": "a red circle"}')
+    with pytest.raises(TypeError, match="not loaded"):
+        unloaded.family
