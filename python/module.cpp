@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "base/error.h"
 #include "pipelines/pipeline.h"
@@ -38,6 +39,11 @@ struct ActiveCall {
   ActiveCall(const ActiveCall&) = delete;
   ActiveCall& operator=(const ActiveCall&) = delete;
 };
+
+// A call that starts after the exit hook ran would take the GIL back from a finalizing interpreter.
+void require_not_exiting() {
+  if (exiting) throw cubevec::Error("the interpreter is exiting: no new cubevec calls");
+}
 
 // The process whose threads the library started: TBB's threads do not survive fork(), so a forked
 // child that calls in would hang; it gets an error instead.
@@ -72,6 +78,7 @@ class PythonPipeline {
       throw BadArgument(e.what());
     }
     require_not_forked();
+    require_not_exiting();
     auto out = std::make_shared<PythonPipeline>();
     py::gil_scoped_release release;
     const ActiveCall active;
@@ -83,6 +90,7 @@ class PythonPipeline {
   // each step (the diffusers callback); a pending Ctrl-C cancels the call.
   py::dict generate(const std::string& request_json, const py::object& on_step) const {
     require_not_forked();
+    require_not_exiting();
     cubevec::pipelines::Request request;
     try {
       request = pipeline_->checked(cubevec::pipelines::Request::parse(request_json, "the call's arguments"));
@@ -148,6 +156,10 @@ std::shared_ptr<PythonPipeline> loaded(const py::object& self) {
 
 PYBIND11_MODULE(_cubevec, m) {
   m.doc() = "cubevec's generation library: a model folder loaded once, then any number of requests";
+  // NumPy's C API is set up now, under the import lock, not on the first array a call makes: a
+  // thread importing NumPy there while others wait for that one-time setup deadlocked.
+  py::module_::import("numpy");
+  py::array_t<uint8_t> first_array(std::vector<py::ssize_t>{0});  // pybind11's NumPy API, made here once
   static py::exception<cubevec::Error> error(m, "Error", PyExc_RuntimeError);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
