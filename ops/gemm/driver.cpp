@@ -444,10 +444,7 @@ PackedLayout layout_for_path(int64_t n, int64_t k, Element compute, Isa isa, Bf1
 
 }  // namespace
 
-std::size_t PackedB::bytes() const {
-  return static_cast<std::size_t>(std::max<int64_t>((k + kc - 1) / std::max<int64_t>(kc, 1), 1) * panel_stride) *
-         (bf16 != Bf16Path::f32 ? sizeof(uint16_t) : sizeof(float));
-}
+std::size_t PackedB::bytes() const { return layout_for_path(n, k, compute, isa, bf16).bytes; }
 
 PackedLayout packed_layout(int64_t n, int64_t k, Element compute, Isa isa, int threads) {
   return layout_for_path(n, k, compute, isa, pack_path(compute, isa, threads));
