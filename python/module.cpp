@@ -9,8 +9,6 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
-#include <unistd.h>
-
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -21,46 +19,18 @@
 
 #include "base/error.h"
 #include "pipelines/pipeline.h"
+#include "python/call_guards.h"
+#include "python/layers.h"
 
 namespace py = pybind11;
 using cubevec::pipelines::Pipeline;
+using cubevec::python::ActiveCall;
+using cubevec::python::BadArgument;
+using cubevec::python::exiting;
+using cubevec::python::require_not_exiting;
+using cubevec::python::require_not_forked;
 
 namespace {
-
-// Calls running in C++ right now, and the interpreter's exit: at exit the module cancels running
-// generations and waits for them (with the GIL released) before Python finalizes, so no thread
-// (a daemon thread in a call) tries to take the GIL back from a finalized interpreter, which ends
-// the process with std::terminate.
-std::atomic<int> active_calls{0};
-std::atomic<bool> exiting{false};
-struct ActiveCall {
-  ActiveCall() { ++active_calls; }
-  ~ActiveCall() { --active_calls; }
-  ActiveCall(const ActiveCall&) = delete;
-  ActiveCall& operator=(const ActiveCall&) = delete;
-};
-
-// A call that starts after the exit hook ran would take the GIL back from a finalizing interpreter.
-void require_not_exiting() {
-  if (exiting) throw cubevec::Error("the interpreter is exiting: no new cubevec calls");
-}
-
-// The process whose threads the library started: TBB's threads do not survive fork(), so a forked
-// child that calls in would hang; it gets an error instead.
-std::atomic<pid_t> threads_owner{0};
-void require_not_forked() {
-  const pid_t owner = threads_owner.load();
-  if (owner != 0 && owner != ::getpid())
-    throw cubevec::Error("cubevec's threads were started in process " + std::to_string(owner) +
-                         " and do not survive fork(): load and call pipelines in a process started fresh "
-                         "(multiprocessing's 'spawn' or 'forkserver' start method)");
-  threads_owner = ::getpid();
-}
-
-// A request or load-option error (they name the key): ValueError; the rest: cubevec.Error.
-struct BadArgument : cubevec::Error {
-  using cubevec::Error::Error;
-};
 
 py::array_t<uint8_t> to_array(const cubevec::media::RgbImage& image) {
   py::array_t<uint8_t> out({image.height, image.width, 3});
@@ -173,7 +143,7 @@ PYBIND11_MODULE(_cubevec, m) {
   py::module_::import("atexit").attr("register")(py::cpp_function([] {
     exiting = true;
     py::gil_scoped_release release;
-    while (active_calls.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    while (cubevec::python::active_calls.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }));
   py::class_<PythonPipeline, std::shared_ptr<PythonPipeline>>(m, "Pipeline")
       .def_static(
@@ -197,4 +167,5 @@ PYBIND11_MODULE(_cubevec, m) {
           "family", [](const py::object& self) { return loaded(self)->family(); }, "\"flux\" or \"wan\"")
       .def_property_readonly(
           "task", [](const py::object& self) { return loaded(self)->task(); }, "\"t2i\" or \"t2v\"");
+  cubevec::python::register_layers(m);
 }

@@ -6,6 +6,10 @@
     out.images[0]   # uint8 array, height x width x 3
     out.report      # the library's timings and stage figures
 
+MindIE SD's layers work on NumPy arrays with MindIE's names and arguments (cubevec.layers):
+
+    out = cubevec.attention_forward(q, k, v, head_first=False)   # q, k, v [B, S, N, D]
+
 A loaded pipeline is immutable: several Python threads may call it at once (the GIL is released
 while it computes). Ctrl-C stops a call at its next denoising step with KeyboardInterrupt.
 """
@@ -13,8 +17,11 @@ while it computes). Ctrl-C stops a call at its next denoising step with Keyboard
 import json as _json
 
 from ._cubevec import Error, Pipeline as _Pipeline
+from . import layers
+from .layers import (ActivationLayer, LayerNorm, RMSNorm, attention_forward, attention_forward_varlen, fast_layernorm,
+                     get_activation_layer, layernorm_scale_shift, rotary_position_embedding, sparse_attention)
 
-__all__ = ["Error", "FluxPipeline", "WanPipeline", "PipelineOutput"]
+__all__ = ["Error", "FluxPipeline", "WanPipeline", "PipelineOutput"] + layers.__all__
 
 
 class PipelineOutput:
