@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include <pthread.h>
+#include <unistd.h>
 #include <sched.h>
 
 #include <tbb/global_control.h>
@@ -47,66 +48,79 @@ class UnitExecutor::Pinner final : public tbb::task_scheduler_observer {
 };
 
 UnitExecutor::UnitExecutor(std::string name, int threads, std::vector<int> cores)
-    : name_(std::move(name)), threads_(threads), arena_(threads, /*reserved_for_masters=*/1) {
+    : name_(std::move(name)),
+      threads_(threads),
+      owner_pid_(::getpid()),
+      arena_(std::make_unique<tbb::task_arena>(threads, /*reserved_for_masters=*/1)) {
   ensure_tbb_workers(threads - 1);
-  arena_.initialize();
-  if (!cores.empty()) pinner_ = std::make_unique<Pinner>(arena_, cores);
+  arena_->initialize();
+  if (!cores.empty()) pinner_ = std::make_unique<Pinner>(*arena_, cores);
   dispatcher_ = std::thread([this, cores] {
     pthread_setname_np(pthread_self(), ("cubevec-" + name_).substr(0, 15).c_str());
     pin_current_thread(cores);
-    arena_.execute([this] { dispatch_loop(); });
+    arena_->execute([this] { dispatch_loop(); });
   });
 }
 
 UnitExecutor::~UnitExecutor() {
-  {
-    std::lock_guard lock(mutex_);
-    stopping_ = true;
+  if (::getpid() != owner_pid_) {
+    // A forked child (a Python process that forked after cubevec ran, exiting normally): the
+    // dispatcher and TBB's workers stayed in the parent, and waiting for them would never end.
+    // What they own is left to the process's exit.
+    new std::thread(std::move(dispatcher_));  // NOLINT: leaked on purpose (a joinable thread's destructor aborts)
+    (void)pinner_.release();
+    (void)arena_.release();
+    (void)queue_.release();
+    return;
   }
-  has_work_.notify_one();
+  {
+    std::lock_guard lock(queue_->mutex);
+    queue_->stopping = true;
+  }
+  queue_->has_work.notify_one();
   dispatcher_.join();
   pinner_.reset();
 }
 
 void UnitExecutor::submit(std::function<void()> job) {
   {
-    std::lock_guard lock(mutex_);
-    jobs_.push_back(std::move(job));
-    queued_.store(jobs_.size(), std::memory_order_release);
+    std::lock_guard lock(queue_->mutex);
+    queue_->jobs.push_back(std::move(job));
+    queue_->queued.store(queue_->jobs.size(), std::memory_order_release);
   }
-  has_work_.notify_one();
+  queue_->has_work.notify_one();
 }
 
 void UnitExecutor::dispatch_loop() {
   while (true) {
     // Kernels tend to arrive right behind each other: spin briefly before sleeping, which saves
     // the tens of microseconds a futex wake-up costs.
-    spin_until([&] { return queued_.load(std::memory_order_acquire) != 0; }, kSpinSeconds);
+    spin_until([&] { return queue_->queued.load(std::memory_order_acquire) != 0; }, kSpinSeconds);
     std::function<void()> job;
     {
-      std::unique_lock lock(mutex_);
-      has_work_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
-      if (jobs_.empty()) return;  // stopping, and nothing left
-      job = std::move(jobs_.front());
-      jobs_.pop_front();
-      queued_.store(jobs_.size(), std::memory_order_release);
+      std::unique_lock lock(queue_->mutex);
+      queue_->has_work.wait(lock, [&] { return queue_->stopping || !queue_->jobs.empty(); });
+      if (queue_->jobs.empty()) return;  // stopping, and nothing left
+      job = std::move(queue_->jobs.front());
+      queue_->jobs.pop_front();
+      queue_->queued.store(queue_->jobs.size(), std::memory_order_release);
     }
     const auto start = std::chrono::steady_clock::now();
     job();  // jobs catch their own exceptions (StreamState::run_kernel)
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::lock_guard lock(mutex_);
-    busy_s_ += seconds;
+    std::lock_guard lock(queue_->mutex);
+    queue_->busy_s += seconds;
   }
 }
 
 double UnitExecutor::busy_seconds() const {
-  std::lock_guard lock(mutex_);
-  return busy_s_;
+  std::lock_guard lock(queue_->mutex);
+  return queue_->busy_s;
 }
 
 void UnitExecutor::reset_busy() {
-  std::lock_guard lock(mutex_);
-  busy_s_ = 0;
+  std::lock_guard lock(queue_->mutex);
+  queue_->busy_s = 0;
 }
 
 }  // namespace cubevec

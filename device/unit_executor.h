@@ -8,10 +8,13 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <sys/types.h>
 
 #include <tbb/task_arena.h>
 
@@ -36,13 +39,20 @@ class UnitExecutor {
 
   const std::string name_;
   const int threads_;
-  tbb::task_arena arena_;
-  mutable std::mutex mutex_;
-  std::condition_variable has_work_;
-  std::deque<std::function<void()>> jobs_;
-  std::atomic<std::size_t> queued_{0};  // jobs_.size(), readable without the mutex while spinning
-  bool stopping_ = false;
-  double busy_s_ = 0;  // under mutex_
+  const pid_t owner_pid_;  // the process whose threads these are (a forked child has none of them)
+  std::unique_ptr<tbb::task_arena> arena_;
+  // What the dispatcher shares with submitters. On the heap so that a forked child can leave it
+  // behind: its condition variable had a waiter in the parent, and destroying it would wait for
+  // that waiter forever.
+  struct Queue {
+    std::mutex mutex;
+    std::condition_variable has_work;
+    std::deque<std::function<void()>> jobs;
+    std::atomic<std::size_t> queued{0};  // jobs.size(), readable without the mutex while spinning
+    bool stopping = false;
+    double busy_s = 0;  // under mutex
+  };
+  std::unique_ptr<Queue> queue_ = std::make_unique<Queue>();
   std::thread dispatcher_;
   class Pinner;
   std::unique_ptr<Pinner> pinner_;

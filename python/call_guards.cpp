@@ -21,7 +21,7 @@ void require_not_forked() {
   const pid_t owner = threads_owner.load();
   if (owner != 0 && owner != ::getpid())
     throw cubevec::Error("cubevec's threads were started in process " + std::to_string(owner) +
-                         " and do not survive fork(): load and call pipelines in a process started fresh "
+                         " and do not survive fork(): use cubevec (its pipelines and layers) in a process started fresh "
                          "(multiprocessing's 'spawn' or 'forkserver' start method)");
   threads_owner = ::getpid();
 }

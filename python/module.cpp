@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -19,6 +20,7 @@
 
 #include "base/error.h"
 #include "pipelines/pipeline.h"
+#include "pipelines/request.h"
 #include "python/call_guards.h"
 #include "python/layers.h"
 
@@ -65,7 +67,7 @@ class PythonPipeline {
     try {
       request = pipeline_->checked(cubevec::pipelines::Request::parse(request_json, "the call's arguments"));
     } catch (const cubevec::Error& e) {
-      throw BadArgument(e.what());
+      throw BadArgument(cubevec::pipelines::in_request_terms(e.what()));
     }
     std::atomic<bool> cancel{false};
     // An exception raised by the callback or by a signal handler (Ctrl-C): the call stops at that
@@ -95,6 +97,10 @@ class PythonPipeline {
     } catch (const cubevec::pipelines::Cancelled&) {
       if (python_error) throw std::move(*python_error);
       throw;
+    } catch (const BadArgument&) {
+      throw;
+    } catch (const cubevec::Error& e) {  // in the call's terms, not the command line's flags
+      throw cubevec::Error(cubevec::pipelines::in_request_terms(e.what()));
     }
     py::list images;
     for (const auto& image : result.images) images.append(to_array(image));
@@ -110,6 +116,13 @@ class PythonPipeline {
  private:
   std::unique_ptr<Pipeline> pipeline_;
 };
+
+// A C++ message as Python text: bytes that are not UTF-8 (a path's) are shown escaped, not lost.
+py::object message_text(const char* what) {
+  return py::reinterpret_steal<py::object>(PyUnicode_DecodeUTF8(what, static_cast<Py_ssize_t>(std::strlen(what)), "backslashreplace"));
+}
+
+void set_python_error(PyObject* type, const char* what) { PyErr_SetObject(type, message_text(what).ptr()); }
 
 // `self` of a method, through its holder: an instance made with Pipeline.__new__ alone has no C++
 // object behind it (pybind11 hands a plain pointer to such an instance as if it had one).
@@ -135,9 +148,14 @@ PYBIND11_MODULE(_cubevec, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const BadArgument& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
+      set_python_error(PyExc_ValueError, e.what());
     } catch (const cubevec::Error& e) {
-      error(e.what());
+      set_python_error(error.ptr(), e.what());
+    } catch (const std::filesystem::filesystem_error& e) {
+      // OSError(errno, text, filename) becomes FileNotFoundError, PermissionError, ... by errno.
+      py::object text = message_text(e.code().message().c_str());
+      py::object file = message_text(e.path1().c_str());
+      PyErr_SetObject(PyExc_OSError, py::make_tuple(e.code().value(), text, file).ptr());
     }
   });
   py::module_::import("atexit").attr("register")(py::cpp_function([] {
@@ -149,8 +167,9 @@ PYBIND11_MODULE(_cubevec, m) {
       .def_static(
           "load",
           [](const std::string& path, const std::string& options_json) {
-            if (!std::filesystem::is_directory(path)) {
-              PyErr_SetString(PyExc_FileNotFoundError, (path + ": no such model folder").c_str());
+            std::error_code ec;
+            if (!std::filesystem::is_directory(path, ec)) {
+              set_python_error(PyExc_FileNotFoundError, (path + ": no such model folder").c_str());
               throw py::error_already_set();
             }
             return PythonPipeline::load(path, options_json);

@@ -53,9 +53,10 @@ template <int NV>
 }
 
 // exp(x) for x <= 0 (the softmax only needs that range): Cody-Waite reduction, degree-6 Taylor
-// polynomial, 2^n applied by scalef (about 2 ulp, the same scheme as ops/vector_math.h).
+// polynomial, 2^n applied by scalef (about 2 ulp, the same scheme as ops/vector_math.h). A NaN x
+// gives NaN (max returns its second operand when either is NaN), as a NaN score must.
 [[gnu::always_inline]] inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+  x = _mm512_max_ps(_mm512_set1_ps(-87.3f), x);
   const __m512 n =
       _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
@@ -115,13 +116,13 @@ void softmax_tile_avx512(const SoftmaxTile& t) {
       t.alpha[r] = 1.0f;
       continue;
     }
-    // Pass 2: P = exp(x - m_new), exactly 0 where x is -inf; row sum.
+    // Pass 2: P = exp(x - m_new), exactly 0 where x is -inf (NaN stays NaN: unordered compare); row sum.
     const __m512 vm = _mm512_set1_ps(m_new);
     __m512 vsum = _mm512_setzero_ps();
     for (int j = 0; j < t.cols; j += 16) {
       const __mmask16 in_block = first_lanes(t.cols - j);
       const __m512 x = _mm512_maskz_loadu_ps(in_block, s + j);
-      const __mmask16 finite = _mm512_mask_cmp_ps_mask(in_block, x, vneg_inf, _CMP_NEQ_OQ);
+      const __mmask16 finite = _mm512_mask_cmp_ps_mask(in_block, x, vneg_inf, _CMP_NEQ_UQ);
       const __m512 p = _mm512_maskz_mov_ps(finite, exp_nonpositive(_mm512_sub_ps(x, vm)));
       _mm512_mask_storeu_ps(s + j, in_block, p);
       vsum = _mm512_add_ps(vsum, p);

@@ -43,7 +43,7 @@ Activation get_activation_layer(std::string_view name) {
 
 double activation_reference(Activation kind, double x) {
   switch (kind) {
-    case Activation::relu: return x > 0 ? x : 0.0;
+    case Activation::relu: return x < 0 ? 0.0 : x;
     case Activation::silu: return x / (1.0 + std::exp(-x));
     case Activation::mish: return x * std::tanh(std::log1p(std::exp(x)));
     case Activation::gelu: return 0.5 * x * std::erfc(-x / std::sqrt(2.0));

@@ -43,7 +43,9 @@ __all__ = [
     "ActivationLayer",
 ]
 
-_FLOAT_NAMES = "float32, float16" + (" or bfloat16" if _BFLOAT16 is not None else "")
+_FLOAT_NAMES = "float32, float16 or bfloat16" if _BFLOAT16 is not None else "float32 or float16"
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+_MAX_ELEMENTS = 2 ** 31  # a norm's width, a shape's dims: beyond this a typo, not a model
 
 
 # --- argument checks ------------------------------------------------------------------------------
@@ -64,7 +66,10 @@ def _array(value, name):
                 "pass a CPU tensor of float32 or float16 (for bfloat16, .float() first)") from None
     else:
         raise TypeError(f"{name} must be a NumPy array or an object with __dlpack__, got {type(value).__name__}")
-    return np.require(array, requirements=["C", "A"])
+    try:
+        return np.require(array, requirements=["C", "A"])
+    except MemoryError:  # a broadcast or strided view of a huge shape
+        raise ValueError(f"{name}: a contiguous copy of this view, shape {array.shape}, does not fit in memory") from None
 
 
 def _float_array(value, name):
@@ -99,16 +104,29 @@ def _int(value, name, low=None, high=None):
 
 
 def _real(value, name, low=None, high=None, low_open=False):
+    """A finite float that float32 holds (the kernels compute in f32): a larger one would be inf there."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be finite, got an int too large for a float") from None
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value}")
+    if abs(value) > _FLOAT32_MAX:
+        raise ValueError(f"{name} must fit in float32 (|{name}| <= {_FLOAT32_MAX:.4g}), got {value}")
     if low is not None and (value < low or (low_open and value == low)):
         raise ValueError(f"{name} must be {'>' if low_open else '>='} {low}, got {value}")
     if high is not None and value > high:
         raise ValueError(f"{name} must be <= {high}, got {value}")
     return value
+
+
+def _eps(value, name):
+    eps = _real(value, name, 0.0, low_open=True)
+    if np.float32(eps) == 0:
+        raise ValueError(f"{name} must be a positive float32, got {eps} (0 in float32)")
+    return eps
 
 
 def _choice(value, name, choices):
@@ -202,6 +220,9 @@ def attention_forward(query, key, value, attn_mask=None, scale=None, fused=True,
     mask = None if attn_mask is None else _check_mask(attn_mask, q.shape[0], q.shape[n_dim], q.shape[s_dim], k.shape[s_dim])
     scale = None if scale is None else _real(scale, "scale")
     opt_mode = _choice(opt_mode, "opt_mode", ("runtime", "static", "manual"))
+    for given, name in ((op_type, "op_type"), (layout, "layout")):
+        if given is not None and not isinstance(given, str):
+            raise TypeError(f"{name} must be a str, got {type(given).__name__}")
     if opt_mode != "manual" and fused:
         for given, name in ((op_type, "op_type"), (layout, "layout")):
             if given is not None:
@@ -216,13 +237,21 @@ def attention_forward(query, key, value, attn_mask=None, scale=None, fused=True,
 
 def _cu_seqlens(value, name, total):
     if isinstance(value, (list, tuple)):
-        value = np.asarray(value)
+        if not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in value):
+            raise TypeError(f"{name} must hold ints (int32 [B+1]), got {value!r}")
+        value = np.array([int(x) for x in value], dtype=object if value else np.int64)
+        if value.dtype == object:
+            if any(not -2 ** 63 <= x < 2 ** 63 for x in value):
+                raise ValueError(f"{name} must start at 0, never decrease and end at {total}, got {value.tolist()}")
+            value = value.astype(np.int64)
     array = _array(value, name)
     if array.dtype.kind not in "iu":
         raise ValueError(f"{name} must be an integer array (int32 [B+1]), got dtype {array.dtype}")
     _rank(array, name, (1,), "1-D [B+1]")
     if array.shape[0] < 2:
         raise ValueError(f"{name} must hold B+1 >= 2 offsets, got {array.shape[0]}")
+    if array.dtype == np.uint64 and int(array.max()) > total:
+        raise ValueError(f"{name} must start at 0, never decrease and end at {total}, got {array.tolist()}")
     values = array.astype(np.int64)
     if values[0] != 0 or values[-1] != total or np.any(np.diff(values) < 0):
         raise ValueError(f"{name} must start at 0, never decrease and end at {total} (the rows of the packed tensor), got {values.tolist()}")
@@ -273,7 +302,13 @@ def _latent_shape(value, name):
         return None
     if not isinstance(value, (list, tuple)) or len(value) != 3:
         raise TypeError(f"{name} must be a (t, h, w) tuple of three ints, got {value!r}")
-    return [_int(x, f"{name}[{i}]", 1) for i, x in enumerate(value)]
+    return [_int(x, f"{name}[{i}]", 1, _MAX_ELEMENTS) for i, x in enumerate(value)]
+
+
+def _block_size(value):
+    if _int(value, "block_size") != 128:
+        raise ValueError(f"block_size must be 128 (the only block size MindIE SD's kernels take), got {value}")
+    return 128
 
 
 def sparse_attention(q, k, v, attn_mask=None, scale=None, is_causal=False, head_num=1, input_layout="BNSD", inner_precise=0,
@@ -308,15 +343,16 @@ def sparse_attention(q, k, v, attn_mask=None, scale=None, is_causal=False, head_
         if array.shape != tq.shape:
             raise ValueError(f"{name} must have q's shape {list(tq.shape)} (self-attention), got {list(array.shape)}")
     heads = tq.shape[1 if input_layout == "BNSD" else 2]
-    head_num = _int(head_num, "head_num", 1)
+    seq = tq.shape[2 if input_layout == "BNSD" else 1]
+    head_num = _int(head_num, "head_num", 1, _MAX_ELEMENTS)
     if head_num != heads:
         raise ValueError(f"head_num must be q's head count {heads} ({form}), got {head_num}")
     scale = None if scale is None else _real(scale, "scale")
     return _cubevec._sparse_attention(
-        tq, tk, tv, sparse_type, _real(sparsity, "sparsity", 0.0, 1.0), _int(txt_len, "txt_len", 0),
+        tq, tk, tv, sparse_type, _real(sparsity, "sparsity", 0.0, 1.0), _int(txt_len, "txt_len", 0, seq),
         _latent_shape(latent_shape_q, "latent_shape_q"), _latent_shape(latent_shape_k, "latent_shape_k"),
         _bool(keep_sink, "keep_sink"), _bool(keep_recent, "keep_recent"), _real(cdf_threshold, "cdf_threshold", 0.0, 1.0, low_open=True),
-        input_layout, scale, head_num, _int(inner_precise, "inner_precise", 0, 4), _int(block_size, "block_size", 128, 128), bf16)
+        input_layout, scale, head_num, _int(inner_precise, "inner_precise", 0, 4), _block_size(block_size), bf16)
 
 
 # --- RoPE -----------------------------------------------------------------------------------------
@@ -384,8 +420,8 @@ class RMSNorm:
     """
 
     def __init__(self, hidden_size, eps=1e-6):
-        self.hidden_size = _int(hidden_size, "hidden_size", 1)
-        self.variance_epsilon = _real(eps, "eps", 0.0, low_open=True)
+        self.hidden_size = _int(hidden_size, "hidden_size", 1, _MAX_ELEMENTS)
+        self.variance_epsilon = _eps(eps, "eps")
         self.weight = np.ones(self.hidden_size, dtype=np.float32)
 
     @property
@@ -396,17 +432,28 @@ class RMSNorm:
         """hidden_states [..., hidden_size] (2 to 8 dims, as MindIE) -> the same shape and dtype."""
         _bool(if_fused, "if_fused")
         bf16 = _compute_bf16(dtype)
+        size = _int(self.hidden_size, "RMSNorm.hidden_size", 1, _MAX_ELEMENTS)
+        eps = _eps(self.variance_epsilon, "RMSNorm.variance_epsilon")
         x = _float_array(hidden_states, "hidden_states")
-        _rank(x, "hidden_states", range(2, 9), f"2- to 8-D [..., {self.hidden_size}]")
-        if x.shape[-1] != self.hidden_size:
-            raise ValueError(f"hidden_states must end in hidden_size = {self.hidden_size}, got shape {list(x.shape)}")
-        eps = _real(self.variance_epsilon, "variance_epsilon", 0.0, low_open=True)
-        return _cubevec._rms_norm(x, _weight(self.weight, "RMSNorm.weight", self.hidden_size), eps, bf16)
+        _rank(x, "hidden_states", range(2, 9), f"2- to 8-D [..., {size}]")
+        if x.shape[-1] != size:
+            raise ValueError(f"hidden_states must end in hidden_size = {size}, got shape {list(x.shape)}")
+        return _cubevec._rms_norm(x, _weight(self.weight, "RMSNorm.weight", size), eps, bf16)
 
     __call__ = forward
 
     def __repr__(self):
         return f"RMSNorm({self.hidden_size}, eps={self.variance_epsilon})"
+
+
+def _normalized_shape(value, name):
+    shape = (value,) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else value
+    if not isinstance(shape, (tuple, list)) or not shape:
+        raise TypeError(f"{name} must be an int or a non-empty tuple of ints, got {value!r}")
+    shape = tuple(_int(s, name, 1, _MAX_ELEMENTS) for s in shape)
+    if math.prod(shape) > _MAX_ELEMENTS:
+        raise ValueError(f"{name} {list(shape)} holds more than 2**31 elements")
+    return shape
 
 
 class LayerNorm:
@@ -418,11 +465,8 @@ class LayerNorm:
     """
 
     def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True):
-        shape = (normalized_shape,) if isinstance(normalized_shape, numbers.Integral) else normalized_shape
-        if not isinstance(shape, (tuple, list)) or not shape:
-            raise TypeError(f"normalized_shape must be an int or a non-empty tuple of ints, got {normalized_shape!r}")
-        self.normalized_shape = tuple(_int(s, "normalized_shape", 1) for s in shape)
-        self.eps = _real(eps, "eps", 0.0, low_open=True)
+        self.normalized_shape = _normalized_shape(normalized_shape, "normalized_shape")
+        self.eps = _eps(eps, "eps")
         self.elementwise_affine = _bool(elementwise_affine, "elementwise_affine")
         with_bias = _bool(bias, "bias")
         self.weight = np.ones(self.normalized_shape, dtype=np.float32) if self.elementwise_affine else None
@@ -438,18 +482,19 @@ class LayerNorm:
 def _layer_norm_params(norm, function):
     if not isinstance(norm, LayerNorm):
         raise TypeError(f"{function}: the norm must be a cubevec.LayerNorm, got {type(norm).__name__}")
-    size = int(np.prod(norm.normalized_shape))
-    eps = _real(norm.eps, "LayerNorm.eps", 0.0, low_open=True)
+    shape = _normalized_shape(norm.normalized_shape, "LayerNorm.normalized_shape")
+    size = math.prod(shape)
+    eps = _eps(norm.eps, "LayerNorm.eps")
     params = []
     for value, name in ((norm.weight, "LayerNorm.weight"), (norm.bias, "LayerNorm.bias")):
         if value is None:
             params.append(None)
             continue
         array = _float_array(value, name)
-        if array.shape != norm.normalized_shape:
-            raise ValueError(f"{name} must have normalized_shape {list(norm.normalized_shape)}, got {list(array.shape)}")
+        if array.shape != shape:
+            raise ValueError(f"{name} must have normalized_shape {list(shape)}, got {list(array.shape)}")
         params.append(array.reshape(size))
-    return size, eps, params[0], params[1]
+    return shape, eps, params[0], params[1]
 
 
 def fast_layernorm(norm, x, impl_mode=0, fused=True, *, dtype=None):
@@ -461,11 +506,12 @@ def fast_layernorm(norm, x, impl_mode=0, fused=True, *, dtype=None):
     impl_mode = _int(impl_mode, "impl_mode", 0, 2)
     _bool(fused, "fused")
     bf16 = _compute_bf16(dtype)
-    size, eps, weight, bias = _layer_norm_params(norm, "fast_layernorm")
+    shape, eps, weight, bias = _layer_norm_params(norm, "fast_layernorm")
+    size = math.prod(shape)
     tx = _float_array(x, "x")
-    trailing = len(norm.normalized_shape)
-    if tx.ndim < trailing or tx.shape[tx.ndim - trailing:] != norm.normalized_shape:
-        raise ValueError(f"x must end in normalized_shape {list(norm.normalized_shape)}, got shape {list(tx.shape)}")
+    trailing = len(shape)
+    if tx.ndim < trailing or tx.shape[tx.ndim - trailing:] != shape:
+        raise ValueError(f"x must end in normalized_shape {list(shape)}, got shape {list(tx.shape)}")
     if impl_mode == 2:
         if bf16:
             raise ValueError("impl_mode=2 (float16) cannot compute in dtype='bf16'")
@@ -485,12 +531,12 @@ def layernorm_scale_shift(layernorm, x, scale, shift, fused=True, *, dtype=None)
     """
     _bool(fused, "fused")
     bf16 = _compute_bf16(dtype)
-    _, eps, weight, bias = _layer_norm_params(layernorm, "layernorm_scale_shift")
+    shape, eps, weight, bias = _layer_norm_params(layernorm, "layernorm_scale_shift")
     tx = _float_array(x, "x")
     _rank(tx, "x", (3,), "3-D [B, S, H]")
     b, s, h = tx.shape
-    if layernorm.normalized_shape != (h,):
-        raise ValueError(f"the LayerNorm's normalized_shape must be ({h},) for x {list(tx.shape)}, got {layernorm.normalized_shape}")
+    if shape != (h,):
+        raise ValueError(f"the LayerNorm's normalized_shape must be ({h},) for x {list(tx.shape)}, got {shape}")
     ts, tt = _float_array(scale, "scale"), _float_array(shift, "shift")
     allowed = ((b, h), (b, 1, h), (b, s, h))
     for array, name in ((ts, "scale"), (tt, "shift")):
@@ -507,15 +553,23 @@ _ACTIVATIONS = ("swish", "silu", "mish", "gelu", "relu", "gelu-tanh", "gelu-fast
 _activation_layers = {}
 
 
+def _activation_name(value, name):
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    if value.lower() not in _ACTIVATIONS:
+        raise ValueError(f"{name} must be one of {', '.join(_ACTIVATIONS)} (any case), got {value!r}")
+    return value.lower()
+
+
 class ActivationLayer:
     """An activation function (what get_activation_layer returns): call it on an array."""
 
     def __init__(self, name):
-        self.name = name
+        self.name = _activation_name(name, "name")
 
     def __call__(self, x, *, dtype=None):
         bf16 = _compute_bf16(dtype)
-        return _cubevec._activation(_float_array(x, "x"), self.name, bf16)
+        return _cubevec._activation(_float_array(x, "x"), _activation_name(self.name, "ActivationLayer.name"), bf16)
 
     def __repr__(self):
         return f"ActivationLayer({self.name!r})"
@@ -525,9 +579,5 @@ def get_activation_layer(act_type):
     """MindIE SD's activations by name, case-insensitive: "swish" / "silu", "mish", "gelu" (exact,
     erf), "relu", "gelu-tanh", "gelu-fast" (Ascend's fast approximation
     x / (1 + exp(-1.702 |x|)) * exp(0.851 (x - |x|))). One shared instance per name."""
-    if not isinstance(act_type, str):
-        raise TypeError(f"act_type must be a str, got {type(act_type).__name__}")
-    name = act_type.lower()
-    if name not in _ACTIVATIONS:
-        raise ValueError(f"act_type must be one of {', '.join(_ACTIVATIONS)} (any case), got {act_type!r}")
+    name = _activation_name(act_type, "act_type")
     return _activation_layers.setdefault(name, ActivationLayer(name))

@@ -455,7 +455,7 @@ BAD_CALLS = [
     (lambda: cubevec.sparse_attention(SQ, SQ, SQ, head_num=2, input_layout="BSND", sparse_type="rf_v2", sparsity=0.5), ValueError, "latent_shape"),
     (lambda: cubevec.sparse_attention(SQ, SQ, SQ, head_num=2, input_layout="BSND", sparse_type="rf_v2", sparsity=0.5, latent_shape_q=(1, 16, 15)), ValueError, "sparse_attention"),
     (lambda: cubevec.sparse_attention(SQ, SQ, SQ, head_num=2, input_layout="BSND", sparse_type="rf_v2", latent_shape_q="1,16,16"), TypeError, "latent_shape_q must be a (t, h, w)"),
-    (lambda: cubevec.sparse_attention(SQ, SQ, SQ, head_num=2, input_layout="BSND", block_size=64), ValueError, "block_size must be in [128, 128]"),
+    (lambda: cubevec.sparse_attention(SQ, SQ, SQ, head_num=2, input_layout="BSND", block_size=64), ValueError, "block_size must be 128"),
     (lambda: cubevec.sparse_attention(SQ, SQ[:, :128], SQ, head_num=2, input_layout="BSND"), ValueError, "k must have q's shape"),
     (lambda: cubevec.sparse_attention(SQ, SQ, SQ, head_num=2, input_layout="BSND", stride=8), TypeError, "unexpected keyword argument(s): stride"),
     # rotary_position_embedding
@@ -469,7 +469,19 @@ BAD_CALLS = [
     (lambda: cubevec.rotary_position_embedding(X4, COS, COS, head_first="no"), TypeError, "head_first must be a bool"),
     (lambda: cubevec.rotary_position_embedding(X4, COS.astype(np.float64), COS), ValueError, "cos must be float32"),
     # norms and activations
-    (lambda: cubevec.RMSNorm(0), ValueError, "hidden_size must be >= 1"),
+    (lambda: cubevec.RMSNorm(0), ValueError, "hidden_size must be in [1"),
+    (lambda: cubevec.RMSNorm(2 ** 40), ValueError, "hidden_size must be in [1"),
+    (lambda: cubevec.RMSNorm(16, eps=1e-50), ValueError, "eps must be a positive float32"),
+    (lambda: cubevec.RMSNorm(16, eps=10 ** 400), ValueError, "eps must be finite"),
+    (lambda: cubevec.attention_forward(Q, K, V, scale=1e300), ValueError, "scale must fit in float32"),
+    (lambda: cubevec.attention_forward(np.broadcast_to(np.float32(1), (1 << 20, 1 << 20, 2, 8)), K, V), ValueError, "does not fit in memory"),
+    (lambda: cubevec.attention_forward(Q, K, V, opt_mode="manual", op_type=1), TypeError, "op_type must be a str"),
+    (lambda: cubevec.ActivationLayer("tanh"), ValueError, "name must be one of"),
+    (lambda: cubevec.LayerNorm((2 ** 20,) * 3), ValueError, "holds more than 2**31 elements"),
+    (lambda: cubevec.sparse_attention(SQ, SQ, SQ, head_num=2, input_layout="BSND", txt_len=2 ** 63), ValueError, "txt_len must be in [0, 256]"),
+    (lambda: cubevec.attention_forward_varlen(Q3, Q3, Q3, [0, [4], 8], CU), TypeError, "cu_seqlens_q must hold ints"),
+    (lambda: cubevec.attention_forward_varlen(Q3, Q3, Q3, [], CU), ValueError, "cu_seqlens_q must hold B+1 >= 2 offsets"),
+    (lambda: cubevec.attention_forward_varlen(Q3, Q3, Q3, np.array([0, 4, 2 ** 64 - 1], np.uint64), CU), ValueError, "18446744073709551615"),
     (lambda: cubevec.RMSNorm(16, eps=-1.0), ValueError, "eps must be > 0.0"),
     (lambda: cubevec.RMSNorm(16, eps=float("nan")), ValueError, "eps must be finite"),
     (lambda: cubevec.RMSNorm(16)(X3[..., :8]), ValueError, "hidden_states must end in hidden_size = 16"),
@@ -498,6 +510,25 @@ def test_bad_arguments_raise_named_errors(index):
     with pytest.raises(exception) as info:
         call()
     assert message in str(info.value)
+
+
+def test_attributes_changed_after_construction_are_checked():
+    norm = cubevec.RMSNorm(16)
+    norm.hidden_size = "16"
+    with pytest.raises(TypeError, match="RMSNorm.hidden_size must be an int"):
+        norm(X3)
+    ln = cubevec.LayerNorm(16)
+    ln.normalized_shape = [16]  # a list is read as the tuple
+    close(cubevec.fast_layernorm(ln, X3), layer_norm_ref(X3, ln.weight, ln.bias, 1e-5), 1e-4)
+    ln.normalized_shape = ()
+    with pytest.raises(TypeError, match="LayerNorm.normalized_shape must be an int or a non-empty tuple"):
+        cubevec.fast_layernorm(ln, X3)
+    layer = cubevec.get_activation_layer("relu")
+    assert np.isnan(layer(np.array([np.nan, 1], np.float32))[0])  # NaN stays NaN, as torch.relu
+    k = K.copy()
+    k[0, 3, 1, 2] = np.nan  # a NaN key reaches every row of its head, in the default kernel too
+    out = cubevec.attention_forward(Q, k, V)
+    assert np.isnan(out[:, :, 1]).all() and np.isfinite(out[:, :, 0]).all()
 
 
 def test_a_bad_layer_weight_is_named():

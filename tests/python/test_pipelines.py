@@ -135,11 +135,25 @@ def test_ctrl_c_interrupts_a_long_call(flux):
 
 @pytest.mark.parametrize("kwargs, error, words", [
     ({"num_inference_steps": 0}, ValueError, "num_inference_steps"),
-    ({"num_inference_steps": 2.5}, ValueError, "num_inference_steps"),
+    ({"num_inference_steps": 2.5}, TypeError, "num_inference_steps must be an int"),
+    ({"num_inference_steps": True}, TypeError, "num_inference_steps must be an int"),
+    ({"height": 17}, ValueError, "height"),
     ({"width": 33}, ValueError, "width"),
     ({"width": -64}, ValueError, "width"),
     ({"guidance_scale": float("nan")}, ValueError, "guidance_scale"),
-    ({"prompt": 7}, ValueError, "prompt"),
+    ({"guidance_scale": "3.5"}, TypeError, "guidance_scale must be a float"),
+    ({"true_cfg_scale": float("inf")}, ValueError, "true_cfg_scale must be finite"),
+    ({"prompt": 7}, TypeError, "prompt must be a str"),
+    ({"prompt": ["a", "b"]}, TypeError, "prompt must be a str"),
+    ({"prompt": "bad \ud800 text"}, ValueError, "prompt is not valid Unicode"),
+    ({"negative_prompt": b"bytes"}, TypeError, "negative_prompt must be a str"),
+    ({"generator": -1}, ValueError, "generator must be a seed in"),
+    ({"generator": 2 ** 63}, ValueError, "generator must be a seed in"),
+    ({"cache": {"cache": "db", "cache-threshold": float("nan")}}, ValueError, r"cache\['cache-threshold'\] must be finite"),
+    ({"cache": object()}, TypeError, "cache must be a str"),
+    ({"sparse": {"type": "ada_bsa", "sparsity": 2.0}}, ValueError, "sparsity"),
+    ({"cfg": "both"}, ValueError, "cfg"),
+    ({"callback_on_step_end": 5}, TypeError, "callback_on_step_end must be callable"),
     ({"cache": "fast"}, ValueError, "cache"),
     ({"generator": object()}, TypeError, "generator must be an int seed"),
     ({"output_type": "latent"}, ValueError, "output_type"),
@@ -159,13 +173,50 @@ def test_bad_loads_raise_named_errors(tmp_path):
         cubevec.FluxPipeline.from_pretrained(TINYFLUX, dtype="f16")
     with pytest.raises(ValueError, match="offload"):
         cubevec.FluxPipeline.from_pretrained(TINYFLUX, offload=-1)
-    with pytest.raises(TypeError, match="path must be a folder path"):
+    with pytest.raises(TypeError, match="path must be a path"):
         cubevec.FluxPipeline.from_pretrained(42)
+    with pytest.raises(ValueError, match="path holds a NUL character"):
+        cubevec.FluxPipeline.from_pretrained(TINYFLUX + "\0x")
+    with pytest.raises(FileNotFoundError, match=r"\\xff: no such model folder"):  # a non-UTF-8 name, shown escaped
+        cubevec.FluxPipeline.from_pretrained(os.fsencode(str(tmp_path)) + b"/\xff")
+    with pytest.raises(TypeError, match="packed_cache must be a path"):
+        cubevec.FluxPipeline.from_pretrained(TINYFLUX, packed_cache=False)
+    with pytest.raises(TypeError, match="check_weights must be a bool"):
+        cubevec.FluxPipeline.from_pretrained(TINYFLUX, check_weights="yes")
+    with pytest.raises(TypeError, match="dtype must be a str"):
+        cubevec.FluxPipeline.from_pretrained(TINYFLUX, dtype=None)
+    with pytest.raises(ValueError, match="memory_limit"):
+        cubevec.FluxPipeline.from_pretrained(TINYFLUX, memory_limit="lots")
     with pytest.raises(ValueError, match="a flux model, not wan"):
         cubevec.WanPipeline.from_pretrained(TINYFLUX)
     (tmp_path / "empty").mkdir()
     with pytest.raises(cubevec.Error):
         cubevec.FluxPipeline.from_pretrained(str(tmp_path / "empty"))
+
+
+def test_diffusers_conventions(flux):
+    # output_type is checked before any work: no step runs.
+    steps = []
+    with pytest.raises(ValueError, match="output_type"):
+        flux(prompt=PROMPT, num_inference_steps=2, width=32, height=32, output_type="latent",
+             callback_on_step_end=lambda *a: steps.append(1))
+    assert steps == []
+    # generator=None draws a fresh seed (the report says which), as diffusers without a generator.
+    a = flux(prompt=PROMPT, num_inference_steps=1, width=32, height=32, output_type="np")
+    b = flux(prompt=PROMPT, num_inference_steps=1, width=32, height=32, output_type="np")
+    assert a.report["seed"] != b.report["seed"] and not np.array_equal(a.images[0], b.images[0])
+    again = flux(prompt=PROMPT, num_inference_steps=1, width=32, height=32, output_type="np", generator=a.report["seed"])
+    assert np.array_equal(again.images[0], a.images[0])
+    # NumPy integers are ints.
+    c = flux(prompt=PROMPT, num_inference_steps=np.int64(1), width=np.int32(32), height=32, output_type="np",
+             generator=np.uint16(5), guidance_scale=np.float32(3.5))
+    assert c.report["seed"] == 5 and c.images[0].shape == (32, 32, 3)
+    # true CFG runs when true_cfg_scale > 1 and a negative prompt is given (diffusers' rule).
+    plain = flux(prompt=PROMPT, num_inference_steps=1, width=32, height=32, output_type="np", generator=3, negative_prompt="green")
+    assert plain.report["cfg"] == "off"
+    cfg = flux(prompt=PROMPT, num_inference_steps=1, width=32, height=32, output_type="np", generator=3, negative_prompt="green",
+               true_cfg_scale=4.0)
+    assert cfg.report["cfg"] == "fused" and not np.array_equal(cfg.images[0], plain.images[0])
 
 
 def run_script(code, tmp_path):

@@ -45,7 +45,7 @@ namespace {
 
 template <ActKind K>
 [[gnu::always_inline]] inline float activate(float x) {
-  if constexpr (K == ActKind::relu) return x > 0.0f ? x : 0.0f;
+  if constexpr (K == ActKind::relu) return x < 0.0f ? 0.0f : x;  // NaN stays NaN, as torch.relu
   else if constexpr (K == ActKind::silu) return vmath::silu(x);
   else if constexpr (K == ActKind::mish) return mish(x);
   else if constexpr (K == ActKind::gelu) return gelu_erf(x);
