@@ -151,11 +151,6 @@ def _same_dtype(arrays, names):
             raise ValueError(f"{name} must have {names[0]}'s dtype {first.dtype}, got {array.dtype}")
 
 
-def _no_extra(kwargs, function):
-    if kwargs:
-        raise TypeError(f"{function}() got unexpected keyword argument(s): {', '.join(sorted(kwargs))}")
-
-
 # --- attention ------------------------------------------------------------------------------------
 
 # MindIE SD's manual-mode op types and cubevec's own kernel names: MindIE's NPU kernels map to the
@@ -189,7 +184,7 @@ def _check_mask(attn_mask, batch, heads, sq, sk):
 
 
 def attention_forward(query, key, value, attn_mask=None, scale=None, fused=True, head_first=False, *, opt_mode="runtime",
-                      op_type=None, layout=None, dtype=None, **kwargs):
+                      op_type=None, layout=None, dtype=None):
     """Attention with MindIE SD's semantics: ``softmax(scale * q k^T + mask) v``.
 
     query [B, Sq, N, D], key and value [B, Sk, N, D] (head_first=False, MindIE's BSND), or
@@ -202,7 +197,6 @@ def attention_forward(query, key, value, attn_mask=None, scale=None, fused=True,
     and layout (the kernel's layout, "BNSD" by default, "BSND", "BSH"). dtype="bf16" computes in
     bfloat16. Returns an array of query's shape, layout and dtype.
     """
-    _no_extra(kwargs, "attention_forward")
     fused = _bool(fused, "fused")
     head_first = _bool(head_first, "head_first")
     bf16 = _compute_bf16(dtype)
@@ -313,7 +307,7 @@ def _block_size(value):
 
 def sparse_attention(q, k, v, attn_mask=None, scale=None, is_causal=False, head_num=1, input_layout="BNSD", inner_precise=0,
                      sparse_type=None, txt_len=0, block_size=128, latent_shape_q=None, latent_shape_k=None, keep_sink=True,
-                     keep_recent=True, cdf_threshold=1.0, sparsity=0.0, *, dtype=None, **kwargs):
+                     keep_recent=True, cdf_threshold=1.0, sparsity=0.0, *, dtype=None):
     """MindIE SD's sparse attention: a block mask estimated from q and k picks the 128 x 128 blocks
     the block-sparse flash kernel computes.
 
@@ -326,7 +320,6 @@ def sparse_attention(q, k, v, attn_mask=None, scale=None, is_causal=False, head_
     compute no causal sparse attention here; inner_precise (0..4) is accepted and changes nothing
     (sums are f32). Returns an array of q's shape and dtype.
     """
-    _no_extra(kwargs, "sparse_attention")
     if attn_mask is not None:
         raise ValueError("attn_mask is reserved in sparse_attention and must be None (a mask would be ignored)")
     if _bool(is_causal, "is_causal"):

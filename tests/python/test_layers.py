@@ -431,7 +431,7 @@ BAD_CALLS = [
     (lambda: cubevec.attention_forward(Q, K, V, opt_mode="manual", layout="TND"), ValueError, "layout must be one of"),
     (lambda: cubevec.attention_forward(Q, K, V, op_type="flash"), ValueError, "op_type applies only with opt_mode='manual'"),
     (lambda: cubevec.attention_forward(Q, K, V, dtype="f16"), ValueError, "dtype must be one of"),
-    (lambda: cubevec.attention_forward(Q, K, V, is_causal=True), TypeError, "unexpected keyword argument(s): is_causal"),
+    (lambda: cubevec.attention_forward(Q, K, V, is_causal=True), TypeError, "unexpected keyword argument 'is_causal'"),
     (lambda: cubevec.attention_forward(np.ma.masked_array(Q), K, V), TypeError, "masked array"),
     # attention_forward_varlen
     (lambda: cubevec.attention_forward_varlen(Q3, Q3, Q3, CU, np.array([0, 9], np.int32)), ValueError, "cu_seqlens_k must start at 0"),
@@ -457,7 +457,7 @@ BAD_CALLS = [
     (lambda: cubevec.sparse_attention(SQ, SQ, SQ, head_num=2, input_layout="BSND", sparse_type="rf_v2", latent_shape_q="1,16,16"), TypeError, "latent_shape_q must be a (t, h, w)"),
     (lambda: cubevec.sparse_attention(SQ, SQ, SQ, head_num=2, input_layout="BSND", block_size=64), ValueError, "block_size must be 128"),
     (lambda: cubevec.sparse_attention(SQ, SQ[:, :128], SQ, head_num=2, input_layout="BSND"), ValueError, "k must have q's shape"),
-    (lambda: cubevec.sparse_attention(SQ, SQ, SQ, head_num=2, input_layout="BSND", stride=8), TypeError, "unexpected keyword argument(s): stride"),
+    (lambda: cubevec.sparse_attention(SQ, SQ, SQ, head_num=2, input_layout="BSND", stride=8), TypeError, "unexpected keyword argument 'stride'"),
     # rotary_position_embedding
     (lambda: cubevec.rotary_position_embedding(X4, COS, COS, rotated_mode="half"), ValueError, "rotated_mode must be one of"),
     (lambda: cubevec.rotary_position_embedding(X4[0], COS, COS), ValueError, "x must be 4-D"),
@@ -540,3 +540,48 @@ def test_a_bad_layer_weight_is_named():
     ln.bias = np.ones((2, 8), np.float32)
     with pytest.raises(ValueError, match=r"LayerNorm.bias must have normalized_shape \[16\]"):
         ln(X3)
+
+
+# --- stubs and docstrings -------------------------------------------------------------------------
+
+
+def stub_definitions(module_name):
+    """name -> argument names (None for a class) of a stub file next to the module."""
+    import ast
+    import importlib
+
+    module = importlib.import_module(f"cubevec.{module_name}")
+    tree = ast.parse(open(os.path.splitext(module.__file__)[0] + ".pyi").read())
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            out[node.name] = [a.arg for a in node.args.args + node.args.kwonlyargs]
+        elif isinstance(node, ast.ClassDef):
+            out[node.name] = None
+    return module, out
+
+
+@pytest.mark.parametrize("module_name", ["layers", "pipelines"])
+def test_every_public_name_has_a_stub_with_its_arguments_and_a_docstring(module_name):
+    import inspect
+
+    module, stubs = stub_definitions(module_name)
+    for name in module.__all__:
+        obj = getattr(module, name)
+        assert name in stubs, f"{name} has no stub in {module_name}.pyi"
+        assert inspect.getdoc(obj), f"{name} has no docstring"
+        if stubs[name] is not None:
+            assert stubs[name] == list(inspect.signature(obj).parameters), f"{name}: the stub's arguments differ"
+        else:
+            for method in ("__call__", "forward", "from_pretrained"):
+                if hasattr(obj, method) and method in vars(obj):
+                    assert inspect.getdoc(getattr(obj, method)), f"{name}.{method} has no docstring"
+
+
+def test_the_native_stub_names_every_native_function():
+    import ast
+
+    tree = ast.parse(open(os.path.join(os.path.dirname(cubevec._cubevec.__file__), "_cubevec.pyi")).read())
+    stubbed = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    native = {name for name in dir(cubevec._cubevec) if not name.startswith("__")}
+    assert native <= stubbed, native - stubbed

@@ -258,6 +258,23 @@ print("child status", os.waitpid(pid, 0)[1] >> 8)
     assert "do not survive fork()" in r.stdout and "child status 3" in r.stdout, r.stdout
 
 
+def test_a_forked_child_that_never_calls_in_exits_normally(tmp_path):
+    # Its interpreter's exit destroys the pipeline and the layers' device, whose threads stayed in
+    # the parent: the destructors must not wait for them (they hung before).
+    r = run_script(f"""
+import os, sys, numpy as np, cubevec
+pipe = cubevec.FluxPipeline.from_pretrained({TINYFLUX!r})
+pipe(prompt="a red circle", num_inference_steps=1, width=32, height=32, output_type="np")
+cubevec.RMSNorm(8)(np.ones((2, 8), np.float32))
+pid = os.fork()
+if pid == 0:
+    sys.exit(5)
+print("child status", os.waitpid(pid, 0)[1] >> 8)
+""", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "child status 5" in r.stdout, r.stdout
+
+
 def test_a_pipeline_made_without_load_is_a_type_error_not_a_crash():
     unloaded = cubevec._cubevec.Pipeline.__new__(cubevec._cubevec.Pipeline)
     with pytest.raises(TypeError, match="not loaded"):
