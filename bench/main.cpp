@@ -35,7 +35,8 @@ int run(int argc, char** argv) {
                                                {"pipeline", pipeline_suite},
                                                {"api", api_suite},
                                                {"serve", serve_suite},
-                                               {"serve-flux", serve_flux_suite}};
+                                               {"serve-flux", serve_flux_suite},
+                                               {"python-ops", python_ops_suite}};
   std::string names;
   for (const auto& [name, suite] : suites) names += (names.empty() ? "" : ", ") + name;
 
