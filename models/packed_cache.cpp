@@ -408,7 +408,23 @@ PackedCacheResult use_packed_cache(const std::string& dir, const PackedCacheMode
     }
   }
   if (result.state.empty()) {
-    write_cache_file(result.file, model, layers, checksum);
+    try {
+      write_cache_file(result.file, model, layers, checksum);
+    } catch (const Error&) {
+      // Processes loading the same model at once race to write its file: the first to finish
+      // renames it into place (read-only), and the others, finding it there, map that one.
+      std::error_code error;
+      if (result.ignored.empty() && std::filesystem::exists(std::filesystem::symlink_status(result.file, error))) {
+        CacheFile file = read_cache_file(result.file);
+        if (why_unusable(file, layers, checksum, model).empty()) {
+          adopt(result.file, file, layers);
+          result.state = "mapped";
+        }
+      }
+      if (result.state.empty()) throw;
+    }
+  }
+  if (result.state.empty()) {
     // Read back like any later process would: the panels used are the file's, shared.
     CacheFile file = read_cache_file(result.file);
     if (const std::string problem = why_unusable(file, layers, checksum, model); !problem.empty())

@@ -182,6 +182,7 @@ std::string in_request_terms(const std::string& message) {
         {"--quant", "quant"},
         {"--timestep-policy", "timestep_policy"},
         {"--offload", "offload"},
+        {"--packed-cache", "packed_cache"},
         {"--dtype", "dtype"},
         {"--variant", "variant"},
         {"--memory-limit", "memory_limit"},

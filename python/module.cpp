@@ -54,7 +54,11 @@ class PythonPipeline {
     auto out = std::make_shared<PythonPipeline>();
     py::gil_scoped_release release;
     const ActiveCall active;
-    out->pipeline_ = Pipeline::load(path, options);
+    try {
+      out->pipeline_ = Pipeline::load(path, options);
+    } catch (const cubevec::Error& e) {  // in from_pretrained's terms, not the command line's flags
+      throw cubevec::Error(cubevec::pipelines::in_request_terms(e.what()));
+    }
     return out;
   }
 

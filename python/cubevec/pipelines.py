@@ -6,11 +6,16 @@ a value of the wrong Python type, ValueError for a value out of range (the libra
 the request, which name the same keys, raise ValueError too).
 """
 
+import errno
 import json
 import math
 import numbers
 import os
 import secrets
+import stat
+import warnings
+
+import numpy as np
 
 from ._cubevec import Pipeline as _Pipeline
 
@@ -37,13 +42,15 @@ class PipelineOutput:
 # --- argument checks ------------------------------------------------------------------------------
 
 
-def _text(value, name):
+def _text(value, name, prompt=False):
     if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str (one prompt per call), got {type(value).__name__}")
+        raise TypeError(f"{name} must be a str{' (one prompt per call)' if prompt else ''}, got {type(value).__name__}")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError(f"{name} is not valid Unicode text (it holds a lone surrogate)") from None
+    if not prompt and "\0" in value:
+        raise ValueError(f"{name} holds a NUL character: {value!r}")
     return value
 
 
@@ -56,30 +63,37 @@ def _integer(value, name):
 def _number(value, name):
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be finite, got an int too large for a float") from None
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value}")
     return value
 
 
-def _json_value(value, name):
-    """A stage's settings (a method name or a dict of settings) as plain JSON values."""
+def _stage_settings(value, name):
+    """A stage's settings: a method name, or a dict of settings (str, number and bool values)."""
     if isinstance(value, str):
         return _text(value, name)
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return _number(value, name)
-    if isinstance(value, dict):
-        out = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise TypeError(f"{name}: keys must be str, got {key!r}")
-            out[key] = _json_value(item, f"{name}[{key!r}]")
-        return out
-    raise TypeError(f"{name} must be a str, a number, a bool or a dict of them, got {type(value).__name__}")
+    if not isinstance(value, dict):
+        raise TypeError(f"{name} must be a method name (str) or a dict of settings, got {type(value).__name__}")
+    out = {}
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise TypeError(f"{name}: setting names must be str, got {key!r}")
+        where = f"{name}[{_text(key, f'{name} setting name')!r}]"
+        if isinstance(item, (bool, np.bool_)):
+            out[key] = bool(item)
+        elif isinstance(item, numbers.Integral):
+            out[key] = int(item)
+        elif isinstance(item, numbers.Real):
+            out[key] = _number(item, where)
+        elif isinstance(item, str):
+            out[key] = _text(item, where)
+        else:
+            raise TypeError(f"{where} must be a str, a number or a bool, got {type(item).__name__}")
+    return out
 
 
 def _seed(generator):
@@ -94,12 +108,36 @@ def _seed(generator):
 
 
 def _path(value, name):
+    """A path as str: UTF-8, since cubevec's reports and files carry it as text."""
     if not isinstance(value, (str, bytes)) and not hasattr(value, "__fspath__"):
         raise TypeError(f"{name} must be a path (str, bytes or os.PathLike), got {type(value).__name__}")
     path = os.fspath(value)
-    if (b"\0" if isinstance(path, bytes) else "\0") in path:
-        raise ValueError(f"{name} holds a NUL character")
-    return os.fsencode(path)  # the bytes as the file system has them (any encoding)
+    try:
+        raw = os.fsencode(path)
+        text = raw.decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        raise ValueError(f"{name} must be UTF-8 (cubevec's reports carry it as text), got {path!r}") from None
+    if "\0" in text:
+        raise ValueError(f"{name} holds a NUL character: {path!r}")
+    if not text:
+        raise ValueError(f"{name} must not be empty")
+    return text
+
+
+def _existing(path, name, folder):
+    """OSError by errno for a path that is not there or not the kind asked for, naming it."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, f"no such {'model folder' if folder else 'file'} ({name})", path) from None
+    except OSError as e:
+        raise type(e)(e.errno, f"{e.strerror} ({name})", path) from None
+    if folder and not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, f"not a folder ({name} is a model folder)", path)
+    if not folder and stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, f"a folder, not a file ({name})", path)
+    if not os.access(path, os.R_OK | (os.X_OK if folder else 0)):
+        raise PermissionError(errno.EACCES, f"not readable ({name})", path)
 
 
 def _output_type(output_type):
@@ -140,23 +178,37 @@ class _DiffusionPipeline:
         check_weights: scan every weight for NaN/inf.
         """
         folder = _path(path, "path")
-        options = {"dtype": _text(dtype, "dtype"), "check_weights": check_weights}
-        if not isinstance(check_weights, bool):
+        if not isinstance(check_weights, (bool, np.bool_)):
             raise TypeError(f"check_weights must be a bool, got {type(check_weights).__name__}")
+        options = {"dtype": _text(dtype, "dtype"), "check_weights": bool(check_weights)}
         if variant is not None:
             options["variant"] = _text(variant, "variant")
+            if not variant:
+                raise ValueError("variant must not be empty (None: the files without a variant)")
         for key, value in (("quant", quant), ("timestep_policy", timestep_policy), ("packed_cache", packed_cache)):
             if value is not None:
-                options[key] = os.fsdecode(_path(value, key))
+                options[key] = _path(value, key)
+        if timestep_policy is not None and quant is None:
+            raise ValueError("timestep_policy applies with quant (a W8A8_TIMESTEP description)")
+        if packed_cache is not None and offload is not None:
+            raise ValueError("packed_cache does not combine with offload (the cache maps every layer's panels; offload streams the weights)")
         if offload is not None:
             options["offload"] = _integer(offload, "offload")
         if memory_limit is not None:
             if isinstance(memory_limit, numbers.Integral) and not isinstance(memory_limit, bool):
+                if memory_limit <= 0:
+                    raise ValueError(f"memory_limit must be a positive number of bytes, got {memory_limit}")
                 memory_limit = str(int(memory_limit))
+            elif not isinstance(memory_limit, str):
+                raise TypeError(f"memory_limit must be an int (bytes) or a str such as '24G', got {type(memory_limit).__name__}")
             options["memory_limit"] = _text(memory_limit, "memory_limit")
+        _existing(folder, "path", folder=True)
+        for key in ("quant", "timestep_policy"):
+            if key in options:
+                _existing(options[key], key, folder=False)
         native = _Pipeline.load(folder, json.dumps(options))
         if cls._family is not None and native.family != cls._family:
-            raise ValueError(f"{os.fsdecode(folder)}: a {native.family} model, not {cls._family} (use the matching pipeline class)")
+            raise ValueError(f"{folder}: a {native.family} model, not {cls._family} (use the matching pipeline class)")
         return cls(native)
 
     def _call(self, request, output_type, callback_on_step_end):
@@ -167,14 +219,20 @@ class _DiffusionPipeline:
         for key, value in request.items():
             if value is None:
                 continue
-            if key in ("prompt", "negative_prompt", "cfg"):
+            if key in ("prompt", "negative_prompt"):
+                checked[key] = _text(value, key, prompt=True)
+            elif key == "cfg":
                 checked[key] = _text(value, key)
             elif key in ("height", "width", "num_frames", "num_inference_steps", "max_sequence_length", "seed"):
                 checked[key] = value if key == "seed" else _integer(value, key)
             elif key in ("guidance_scale", "true_cfg_scale"):
                 checked[key] = _number(value, key)
             else:
-                checked[key] = _json_value(value, key)
+                checked[key] = _stage_settings(value, key)
+        if "prompt" not in checked:
+            raise ValueError("prompt is required (a str)")
+        if not checked["prompt"].strip():
+            raise ValueError("prompt must not be blank")
 
         def on_step(step, steps):
             callback_on_step_end(self, step - 1, None, {})
@@ -197,8 +255,11 @@ class FluxPipeline(_DiffusionPipeline):
                  guidance_scale=None, true_cfg_scale=None, generator=None, max_sequence_length=None,
                  output_type="pil", callback_on_step_end=None, cache=None, sparse=None, cfg=None):
         """Generates one image: .images[0] (a PIL image, or an HxWx3 uint8 array with output_type="np")."""
-        if cfg is None and negative_prompt is not None and true_cfg_scale is not None and _number(true_cfg_scale, "true_cfg_scale") > 1:
-            cfg = "fused"
+        if cfg is None and true_cfg_scale is not None and _number(true_cfg_scale, "true_cfg_scale") > 1:
+            if negative_prompt is not None:
+                cfg = "fused"
+            else:  # diffusers warns the same way
+                warnings.warn("true_cfg_scale > 1 without a negative_prompt: true CFG stays off (diffusers' rule)", stacklevel=2)
         request = {"prompt": prompt, "negative_prompt": negative_prompt, "height": height, "width": width,
                    "num_inference_steps": num_inference_steps, "guidance_scale": guidance_scale,
                    "true_cfg_scale": true_cfg_scale, "seed": _seed(generator),

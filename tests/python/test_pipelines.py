@@ -150,10 +150,18 @@ def test_ctrl_c_interrupts_a_long_call(flux):
     ({"generator": -1}, ValueError, "generator must be a seed in"),
     ({"generator": 2 ** 63}, ValueError, "generator must be a seed in"),
     ({"cache": {"cache": "db", "cache-threshold": float("nan")}}, ValueError, r"cache\['cache-threshold'\] must be finite"),
-    ({"cache": object()}, TypeError, "cache must be a str"),
+    ({"cache": object()}, TypeError, "cache must be a method name"),
     ({"sparse": {"type": "ada_bsa", "sparsity": 2.0}}, ValueError, "sparsity"),
     ({"cfg": "both"}, ValueError, "cfg"),
     ({"callback_on_step_end": 5}, TypeError, "callback_on_step_end must be callable"),
+    ({"guidance_scale": 10 ** 400}, ValueError, "guidance_scale must be finite"),
+    ({"cache": 1}, TypeError, "cache must be a method name"),
+    ({"sparse": False}, TypeError, "sparse must be a method name"),
+    ({"cache": {"cache": {"nested": 1}}}, TypeError, r"cache\['cache'\] must be a str, a number or a bool"),
+    ({"cache": {"\ud800": 1}}, ValueError, "cache setting name is not valid Unicode"),
+    ({"prompt": None}, ValueError, "prompt is required"),
+    ({"prompt": "   "}, ValueError, "prompt must not be blank"),
+    ({"cfg": "off\x00"}, ValueError, "cfg holds a NUL"),
     ({"cache": "fast"}, ValueError, "cache"),
     ({"generator": object()}, TypeError, "generator must be an int seed"),
     ({"output_type": "latent"}, ValueError, "output_type"),
@@ -177,8 +185,25 @@ def test_bad_loads_raise_named_errors(tmp_path):
         cubevec.FluxPipeline.from_pretrained(42)
     with pytest.raises(ValueError, match="path holds a NUL character"):
         cubevec.FluxPipeline.from_pretrained(TINYFLUX + "\0x")
-    with pytest.raises(FileNotFoundError, match=r"\\xff: no such model folder"):  # a non-UTF-8 name, shown escaped
+    with pytest.raises(ValueError, match="path must be UTF-8"):  # reports carry the path as text
         cubevec.FluxPipeline.from_pretrained(os.fsencode(str(tmp_path)) + b"/\xff")
+    with pytest.raises(NotADirectoryError, match="not a folder"):
+        cubevec.FluxPipeline.from_pretrained(os.path.join(TINYFLUX, "transformer", "config.json"))
+    with pytest.raises(FileNotFoundError, match=r"no such file \(quant\)"):
+        cubevec.FluxPipeline.from_pretrained(TINYFLUX, quant=str(tmp_path / "missing.json"))
+    with pytest.raises(IsADirectoryError, match=r"quant"):
+        cubevec.FluxPipeline.from_pretrained(TINYFLUX, quant=str(tmp_path))
+    with pytest.raises(ValueError, match="timestep_policy applies with quant"):
+        cubevec.FluxPipeline.from_pretrained(TINYFLUX, timestep_policy=str(tmp_path / "p.json"))
+    with pytest.raises(ValueError, match="packed_cache does not combine with offload"):
+        cubevec.FluxPipeline.from_pretrained(TINYFLUX, packed_cache=str(tmp_path), offload=1)
+    with pytest.raises(TypeError, match="memory_limit must be an int"):
+        cubevec.FluxPipeline.from_pretrained(TINYFLUX, memory_limit=1.5)
+    with pytest.raises(ValueError, match="variant holds a NUL"):
+        cubevec.FluxPipeline.from_pretrained(TINYFLUX, variant="fp\x0016")
+    with pytest.raises(cubevec.Error, match="offload 9") as info:  # the library's message, in from_pretrained's terms
+        cubevec.FluxPipeline.from_pretrained(TINYFLUX, offload=9)
+    assert "--" not in str(info.value)
     with pytest.raises(TypeError, match="packed_cache must be a path"):
         cubevec.FluxPipeline.from_pretrained(TINYFLUX, packed_cache=False)
     with pytest.raises(TypeError, match="check_weights must be a bool"):
@@ -217,6 +242,8 @@ def test_diffusers_conventions(flux):
     cfg = flux(prompt=PROMPT, num_inference_steps=1, width=32, height=32, output_type="np", generator=3, negative_prompt="green",
                true_cfg_scale=4.0)
     assert cfg.report["cfg"] == "fused" and not np.array_equal(cfg.images[0], plain.images[0])
+    with pytest.warns(UserWarning, match="true_cfg_scale > 1 without a negative_prompt"):
+        flux(prompt=PROMPT, num_inference_steps=1, width=32, height=32, output_type="np", true_cfg_scale=4.0)
 
 
 def run_script(code, tmp_path):
