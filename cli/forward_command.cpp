@@ -87,19 +87,26 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
   }
   const auto t0 = std::chrono::steady_clock::now();
   const models::ForwardContext ctx = stages.context({}, dtype);
+  const std::string output = model->output_name(inputs);
   const Tensor sample = ops::cast(model->forward(inputs, ctx, device.default_stream()), DType::f32).contiguous();
   sample.data_ptr();
-  require_finite(sample, model->class_name() + ".forward: the output 'sample' (a weight or input gives NaN or inf); nothing was written");
+  require_finite(sample,
+                 model->class_name() + ".forward: the output '" + output + "' (a weight or input gives NaN or inf); nothing was written");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const bool writer = groups.world.rank() == 0;  // rank 0 writes; every rank reports
-  if (writer) write_safetensors(f.out, {{"sample", sample}});
-  const Tensor& first = inputs.count(names.front()) ? inputs.at(names.front()) : Tensor();
+  if (writer) write_safetensors(f.out, {{output, sample}});
+  Tensor first;  // the first argument given, for the summary line
+  for (const std::string& n : names)
+    if (inputs.count(n)) {
+      first = inputs.at(n);
+      break;
+    }
   const std::string who = groups.world.size() > 1 ? " (rank " + std::to_string(groups.world.rank()) + " of " +
                                                         std::to_string(groups.world.size()) + ", " + groups.degrees.describe() + ")"
                                                   : "";
-  std::fprintf(stderr, "forward%s: %s %s -> sample %s in %.3f s%s\n", who.c_str(), model->class_name().c_str(),
-               first.defined() ? shape_to_string(first.shape()).c_str() : "", shape_to_string(sample.shape()).c_str(), seconds,
-               writer ? (", written to " + f.out).c_str() : "");
+  std::fprintf(stderr, "forward%s: %s %s -> %s %s in %.3f s%s\n", who.c_str(), model->class_name().c_str(),
+               first.defined() ? shape_to_string(first.shape()).c_str() : "", output.c_str(), shape_to_string(sample.shape()).c_str(),
+               seconds, writer ? (", written to " + f.out).c_str() : "");
   print_stage_report(stages);
   cache.save(device);
   return 0;
@@ -110,17 +117,21 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
 CommandRunner add_forward_command(CLI::App& app) {
   auto* command =
       app.add_subcommand("forward",
-                         "One model forward (Flux / Wan transformer, AutoencoderKL / AutoencoderKLWan decode) on diffusers-named "
-                         "input tensors; writes `sample`");
+                         "One model forward (Flux / Wan transformer, AutoencoderKL / AutoencoderKLWan decode, AutoencoderKL encode) on "
+                         "diffusers-named input tensors; writes `sample` (or `latent`, for an encode)");
   auto flags = std::make_shared<ForwardFlags>();
   auto device_flags = add_device_flags(*command);
   auto cache = add_attention_tune_cache_flag(*command);
   auto parallel_flags = add_parallel_flags(*command, /*cfg_parallel=*/false);
   command->add_option("--model", flags->model, "A component folder (transformer/, vae/), or a diffusers model folder (its transformer/)")
       ->required();
-  command->add_option("--inputs", flags->inputs, "safetensors with the forward's arguments (hidden_states, ..., or latent for a VAE)")
+  command
+      ->add_option("--inputs", flags->inputs,
+                   "safetensors with the forward's arguments (hidden_states, ...; for a VAE latent to decode or sample to encode)")
       ->required();
-  command->add_option("--out", flags->out, "Output safetensors (one tensor: sample)")->check(output_file_path())->required();
+  command->add_option("--out", flags->out, "Output safetensors (one tensor: sample, or latent for an encode)")
+      ->check(output_file_path())
+      ->required();
   command->add_option("--dtype", flags->dtype, "f32, or bf16 (bf16 weights, and bf16 activations in the transformers)");
   command->add_option("--variant", flags->variant, "Read diffusion_pytorch_model.<variant>.safetensors");
   command->add_flag("--check-weights,!--no-check-weights", flags->check_weights,

@@ -20,10 +20,8 @@ namespace cubevec::models {
 
 // --- config -------------------------------------------------------------------------------------
 
-namespace {
-
-// What the decoder needs of any config, however it was made.
-void validate(const AutoencoderKLConfig& c, const std::string& source) {
+// What the decoder and the encoder need of any config, however it was made.
+void validate_autoencoder_kl_config(const AutoencoderKLConfig& c, const std::string& source) {
   const auto positive = [&](int64_t v, const char* key) {
     if (v < 1) throw Error(source + ": '" + key + "' must be >= 1, got " + std::to_string(v));
   };
@@ -48,8 +46,6 @@ void validate(const AutoencoderKLConfig& c, const std::string& source) {
   if (!(std::fabs(c.shift_factor) <= 1e6))
     throw Error(source + ": 'shift_factor' must be a finite number in [-1e6, 1e6], got " + number_for_message(c.shift_factor));
 }
-
-}  // namespace
 
 AutoencoderKLConfig AutoencoderKLConfig::from_json(const nlohmann::json& json, const std::string& source) {
   ConfigReader r(json, source, "AutoencoderKL");
@@ -97,7 +93,15 @@ AutoencoderKLConfig AutoencoderKLConfig::from_json(const nlohmann::json& json, c
       if (type != "UpDecoderBlock2D")
         r.fail("up_block_types", "entry \"" + type + "\" is not supported (the decoder supports \"UpDecoderBlock2D\")");
   }
-  validate(c, source);
+  if (r.has("down_block_types")) {
+    if (down_block_types.size() != c.block_out_channels.size())
+      r.fail("down_block_types", "has " + std::to_string(down_block_types.size()) + " entries but 'block_out_channels' has " +
+                                     std::to_string(c.block_out_channels.size()));
+    for (const std::string& type : down_block_types)
+      if (type != "DownEncoderBlock2D")
+        r.fail("down_block_types", "entry \"" + type + "\" is not supported (the encoder supports \"DownEncoderBlock2D\")");
+  }
+  validate_autoencoder_kl_config(c, source);
   return c;
 }
 
@@ -258,7 +262,7 @@ Tensor decode_in_tiles(const Tensor& z, int64_t tile, int64_t overlap, int64_t u
 
 AutoencoderKLDecoder::AutoencoderKLDecoder(AutoencoderKLConfig config)
     : config_(std::move(config)), modules_(std::make_unique<vae::DecoderModules>()) {
-  validate(config_, "AutoencoderKLDecoder");
+  validate_autoencoder_kl_config(config_, "AutoencoderKLDecoder");
   vae::DecoderModules& m = *modules_;
   const std::vector<int64_t>& channels = config_.block_out_channels;
   const int64_t groups = config_.norm_num_groups, latent = config_.latent_channels;

@@ -44,14 +44,17 @@ struct AutoencoderKLConfig {
 
   // From a diffusers vae/config.json. Required: out_channels, latent_channels, block_out_channels,
   // layers_per_block, norm_num_groups, scaling_factor; every other key defaults to diffusers' code
-  // default. Keys starting with '_' and the encoder-only keys (down_block_types, force_upcast,
-  // latents_mean, latents_std) are accepted; anything else, a missing required key, a wrong type or
+  // default. Keys starting with '_' and force_upcast, latents_mean, latents_std are accepted;
+  // down_block_types must list DownEncoderBlock2D once per block_out_channels entry; anything else, a missing required key, a wrong type or
   // an unsupported value is an error naming `source` and the key.
   static AutoencoderKLConfig from_json(const nlohmann::json& json, const std::string& source);
   static AutoencoderKLConfig load(const std::string& config_path);
   // The FLUX.1 VAE: 16 latent channels, [128, 256, 512, 512], no quant convs, 0.3611 / 0.1159.
   static AutoencoderKLConfig flux();
 };
+
+// Throws naming `source` and the key for a config neither the decoder nor the encoder can be built from.
+void validate_autoencoder_kl_config(const AutoencoderKLConfig& config, const std::string& source);
 
 namespace vae {
 

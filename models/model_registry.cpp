@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "models/autoencoder_kl.h"
+#include "models/autoencoder_kl_encoder.h"
 #include "models/autoencoder_kl_wan.h"
 #include "models/flux_transformer.h"
 #include "models/input_checks.h"
@@ -75,18 +76,44 @@ Tensor require_latent(const std::map<std::string, Tensor>& in, const char* model
   return latent;
 }
 
+// decode(latent), or encode(sample) -> the latent distribution's mean, unscaled (diffusers'
+// vae.encode(sample).latent_dist.mean). The encoder loads beside the decoder; a checkpoint saved
+// without it still decodes, and says why it cannot encode when asked to.
 class AutoencoderKLEntry : public ForwardModel {
  public:
-  AutoencoderKLEntry(const std::string& dir, const ForwardModelLoad& l) : vae_(load_autoencoder_kl(dir, l.dtype, l.variant)) {}
+  AutoencoderKLEntry(const std::string& dir, const ForwardModelLoad& l) : vae_(load_autoencoder_kl(dir, l.dtype, l.variant)) {
+    try {
+      encoder_ = std::make_unique<AutoencoderKLEncoder>(load_autoencoder_kl_encoder(dir, l.dtype, l.variant));
+    } catch (const Error& e) {
+      encoder_error_ = e.what();
+    }
+    // --check-weights and the stages see both halves (the slots live in the models' heap modules).
+    for (const ParameterTable* table : {&vae_.parameters(), encoder_ ? &encoder_->parameters() : nullptr}) {
+      if (!table) continue;
+      for (const ParameterSpec& spec : table->specs()) all_.add(spec.name, spec.shape, spec.slot, spec.keep_f32);
+      for (const auto& [name, linear] : table->linears()) all_.add_linear(name, linear);
+    }
+  }
   std::string class_name() const override { return "AutoencoderKL"; }
-  std::vector<std::string> input_names() const override { return {"latent"}; }
-  ParameterTable& parameters() override { return vae_.mutable_parameters(); }
+  std::vector<std::string> input_names() const override { return {"latent", "sample"}; }
+  ParameterTable& parameters() override { return all_; }
+  std::string output_name(const std::map<std::string, Tensor>& in) const override { return in.count("sample") ? "latent" : "sample"; }
   Tensor forward(const std::map<std::string, Tensor>& in, const ForwardContext&, const Stream& s) const override {
-    return vae_.decode(require_latent(in, "AutoencoderKL", vae_.config().latent_channels, "h, w"), s);
+    const bool encode = in.count("sample") > 0;
+    if (encode && in.count("latent"))
+      throw Error("AutoencoderKL.forward: give 'sample' (an image to encode) or 'latent' (a latent to decode), not both");
+    if (!encode) return vae_.decode(require_latent(in, "AutoencoderKL", vae_.config().latent_channels, "h, w"), s);
+    if (!encoder_) throw Error("AutoencoderKL.encode: this checkpoint's encoder cannot be loaded: " + encoder_error_);
+    const Tensor sample = input(in, "sample");
+    require_input_dtype(sample, "AutoencoderKL.encode", "sample", {DType::f32, DType::bf16});
+    return latent_distribution(encoder_->moments(sample, s), s).mean;
   }
 
  private:
   AutoencoderKLDecoder vae_;
+  std::unique_ptr<AutoencoderKLEncoder> encoder_;
+  std::string encoder_error_;
+  ParameterTable all_;
 };
 
 class AutoencoderKLWanEntry : public ForwardModel {

@@ -29,6 +29,9 @@ class ForwardModel {
   virtual ParameterTable& parameters() = 0;
   // The layers tensor parallelism shards; none for a model that cannot be sharded (the VAEs).
   virtual std::optional<TensorParallelPlan> tensor_parallel_plan() const { return std::nullopt; }
+  // What forward() returns for these inputs, as the output file names it: "sample" (a transformer's
+  // prediction, a decoded image) or "latent" (an encoded image).
+  virtual std::string output_name(const std::map<std::string, Tensor>&) const { return "sample"; }
   // `inputs` by argument name (only names from input_names(); missing optional ones undefined).
   virtual Tensor forward(const std::map<std::string, Tensor>& inputs, const ForwardContext& ctx, const Stream& stream) const = 0;
 };

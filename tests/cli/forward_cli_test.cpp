@@ -1,5 +1,6 @@
 // `cubevec forward` on the VAE decoders (the model registry by _class_name): `latent` ->
-// vae.decode(latent).sample against the PyTorch goldens; component folders read by weight-file
+// vae.decode(latent).sample against the PyTorch goldens; `sample` -> the AutoencoderKL encoder's
+// `latent` (latent_dist.mean), and its errors; component folders read by weight-file
 // name whatever lies beside, --variant, and the errors for unknown classes and missing weights.
 #include <filesystem>
 #include <fstream>
@@ -26,6 +27,30 @@ TEST_F(ForwardCli, DecodesWithAutoencoderKL) {
   EXPECT_NE(r.err.find("AutoencoderKL"), std::string::npos) << r.err;
   cubevec::testing::expect_close_rel(cubevec::SafetensorsFile::open(out).tensor("sample"), goldens.tensor("vae_decode.expected"), 1e-4,
                                      "AutoencoderKL decode");
+}
+
+TEST_F(ForwardCli, EncodesWithAutoencoderKL) {
+  const cubevec::SafetensorsFile goldens = cubevec::SafetensorsFile::open((kData / "goldens_vae_encoder.safetensors").string());
+  const std::string inputs = (dir_ / "in.safetensors").string(), out = (dir_ / "out.safetensors").string();
+  for (const std::string vae : {"flux", "sd"}) {
+    cubevec::write_safetensors(inputs, {{"sample", goldens.tensor(vae + "_whole.sample")}});
+    const auto r = run({"forward", "--model", (kData / "vae_encoder" / vae).string(), "--inputs", inputs, "--out", out});
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.err.find("-> latent"), std::string::npos) << r.err;
+    cubevec::testing::expect_close_rel(cubevec::SafetensorsFile::open(out).tensor("latent"), goldens.tensor(vae + "_whole.expected_mean"),
+                                       1e-4, "AutoencoderKL encode " + vae);
+  }
+  // Both arguments, or an encode of a checkpoint saved without its encoder: errors that say so.
+  const cubevec::Tensor sample = goldens.tensor("flux_whole.sample");
+  cubevec::write_safetensors(inputs, {{"sample", sample}, {"latent", cubevec::Tensor::zeros({1, 16, 8, 8}, cubevec::DType::f32)}});
+  auto r = run({"forward", "--model", (kData / "vae_encoder" / "flux").string(), "--inputs", inputs, "--out", out});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("give 'sample' (an image to encode) or 'latent'"), std::string::npos) << r.err;
+  cubevec::write_safetensors(inputs, {{"sample", sample}});
+  r = run({"forward", "--model", (kData / "flux_tiny" / "vae").string(), "--inputs", inputs, "--out", out});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("encoder cannot be loaded"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("encoder.conv_in.weight"), std::string::npos) << r.err;
 }
 
 TEST_F(ForwardCli, DecodesWithAutoencoderKLWanClamped) {
@@ -78,7 +103,7 @@ TEST_F(ForwardCli, UnknownClassAndWrongInputNames) {
   cubevec::write_safetensors(inputs, {{"z", cubevec::Tensor::zeros({1, 16, 4, 4}, cubevec::DType::f32)}});
   const auto wrong = run({"forward", "--model", (kData / "flux_tiny" / "vae").string(), "--inputs", inputs, "--out", out});
   EXPECT_EQ(wrong.status, 1);
-  EXPECT_NE(wrong.err.find("unknown tensor 'z' (AutoencoderKL.forward takes latent)"), std::string::npos) << wrong.err;
+  EXPECT_NE(wrong.err.find("unknown tensor 'z' (AutoencoderKL.forward takes latent, sample)"), std::string::npos) << wrong.err;
 }
 
 TEST_F(ForwardCli, BadLatentsNameTheArgument) {
