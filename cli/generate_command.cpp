@@ -40,7 +40,8 @@ enum class Task { t2i, t2v };
 
 struct GenerateFlags {
   Task task = Task::t2i;
-  std::string model, out, frames_dir, cfg;
+  std::string model, out, frames_dir, cfg, image, mask;
+  double strength = 0.6;
   pipelines::PromptRequest text;
   int64_t width = 0, height = 0, frames = 0;
   int steps = 0;
@@ -112,6 +113,9 @@ pipelines::Request request_of(const GenerateFlags& f, const CLI::App& command, c
   if (given("--steps")) r.num_inference_steps = f.steps;
   if (given("--guidance")) r.guidance_scale = f.guidance;
   if (image && given("--cfg-scale")) r.true_cfg_scale = f.cfg_scale;
+  r.image = f.image;
+  r.mask_image = f.mask;
+  if (image && given("--strength")) r.strength = f.strength;
   r.cfg = f.cfg;
   r.seed = f.seed;
   r.cache = stage_flags.cache_settings();  // bad files fail before any work
@@ -246,6 +250,11 @@ CommandRunner add_generate_command(CLI::App& app, Task task) {
     command->add_option("--cfg", f.cfg, "True CFG: off, fused (one batch of 2) or streams (two overlapping streams)");
     command->add_option("--cfg-scale", f.cfg_scale, "True CFG scale (default 4)")->check(in_range(0.0, 100.0));
     command->add_option("--seed", f.seed, "Noise seed");
+    command->add_option("--image", f.image,
+                        "Image-to-image: start from this picture (PNG or JPEG), resized to the output size (FluxImg2ImgPipeline)");
+    command->add_option("--mask", f.mask, "Inpainting: white where --image is repainted, black where it is kept (FluxInpaintPipeline)");
+    command->add_option("--strength", f.strength, "How much of --image is repainted, (0, 1]: 1 starts from noise (default 0.6)")
+        ->check(in_range(0.0, 1.0));
     command->add_option("--out", f.out, "Output picture: FILE.png (lossless) or FILE.jpg")->check(output_file_path());
   } else {
     command->add_option("--model", f.model, "Diffusers Wan model directory (transformer/, vae/, scheduler/)");

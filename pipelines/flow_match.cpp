@@ -109,6 +109,15 @@ void FlowMatchEulerScheduler::set_flux_timesteps(int steps, int64_t image_seq_le
   set_sigmas(sigmas, flux_mu(config_, image_seq_len));
 }
 
+void FlowMatchEulerScheduler::begin_at(int index) {
+  if (index < 0 || index >= static_cast<int>(timesteps_.size()) || step_index_ != 0 || begun_)
+    throw Error("FlowMatchEulerScheduler: cannot begin at step " + std::to_string(index) + " of " + std::to_string(timesteps_.size()) +
+                (step_index_ != 0 || begun_ ? " (the schedule was cut or stepped already)" : ""));
+  begun_ = true;
+  timesteps_.erase(timesteps_.begin(), timesteps_.begin() + index);
+  sigmas_.erase(sigmas_.begin(), sigmas_.begin() + index);
+}
+
 void FlowMatchEulerScheduler::finish(std::vector<float> sigmas, std::optional<double> mu, bool already_shifted) {
   if (already_shifted) {
   } else if (config_.use_dynamic_shifting) {
@@ -124,6 +133,7 @@ void FlowMatchEulerScheduler::finish(std::vector<float> sigmas, std::optional<do
   sigmas.push_back(0.0f);
   sigmas_ = std::move(sigmas);
   step_index_ = 0;
+  begun_ = false;  // a new schedule, whole
 }
 
 Tensor FlowMatchEulerScheduler::step(const Tensor& v, const Tensor& x, const Stream& stream) {

@@ -52,6 +52,9 @@ class FlowMatchEulerScheduler : public Scheduler {
   void set_sigmas(const std::vector<double>& sigmas, std::optional<double> mu = std::nullopt);
   // Flux's schedule for `steps` steps at this image sequence length.
   void set_flux_timesteps(int steps, int64_t image_seq_len);
+  // Image-to-image: the schedule from step `index` on (diffusers' timesteps[t_start:] with
+  // set_begin_index): steps() becomes the rest.
+  void begin_at(int index);
 
   const std::vector<float>& sigmas() const override { return sigmas_; }        // steps + 1, ending at 0
   const std::vector<float>& timesteps() const override { return timesteps_; }  // steps: sigma * 1000
@@ -70,6 +73,7 @@ class FlowMatchEulerScheduler : public Scheduler {
   float sigma_min_ = 0, sigma_max_ = 1;
   std::vector<float> sigmas_, timesteps_;
   int step_index_ = 0;
+  bool begun_ = false;  // begin_at cut the schedule
 };
 
 }  // namespace cubevec::pipelines

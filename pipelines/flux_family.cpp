@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "pipelines/flux_t2i.h"
+#include "pipelines/image_conditioning.h"
 #include "pipelines/family_pipeline_base.h"
 #include "base/error.h"
 
@@ -83,6 +84,7 @@ class FluxModelPipeline : public FamilyPipelineBase<FluxT2IPipeline, T2IOptions>
     if (!r.guidance_scale) r.guidance_scale = defaults.guidance;
     if (!r.true_cfg_scale) r.true_cfg_scale = defaults.cfg_scale;
     if (r.cfg.empty()) r.cfg = "off";
+    if (!r.image.empty() && !r.strength) r.strength = 0.6;  // diffusers' default for image-to-image and inpainting
     return r;
   }
 
@@ -139,7 +141,14 @@ class FluxModelPipeline : public FamilyPipelineBase<FluxT2IPipeline, T2IOptions>
   }
 
   nlohmann::ordered_json report_fields(const Request& r) const override {
-    return {{"width", *r.width}, {"height", *r.height}, {"steps", *r.num_inference_steps}, {"cfg", r.cfg}, {"seed", r.seed}};
+    nlohmann::ordered_json j = {
+        {"width", *r.width}, {"height", *r.height}, {"steps", *r.num_inference_steps}, {"cfg", r.cfg}, {"seed", r.seed}};
+    if (!r.image.empty()) {
+      j["mode"] = r.mask_image.empty() ? "img2img" : "inpaint";
+      j["strength"] = *r.strength;
+      j["denoising_steps"] = *r.num_inference_steps - img2img_start_step(*r.num_inference_steps, *r.strength);
+    }
+    return j;
   }
 
  private:
@@ -152,6 +161,9 @@ class FluxModelPipeline : public FamilyPipelineBase<FluxT2IPipeline, T2IOptions>
     o.cfg = cfg_mode(r);
     o.cfg_scale = *r.true_cfg_scale;
     o.seed = r.seed;
+    o.image = r.image;
+    o.mask = r.mask_image;
+    if (r.strength) o.strength = *r.strength;
     o.activations = run.activations;
     o.cfg_parallel = run.cfg_parallel;
     o.vae_parallel = run.vae_parallel;

@@ -6,6 +6,8 @@
 #include <optional>
 
 #include "ops/vector_ops.h"
+#include "media/image_input.h"
+#include "pipelines/image_conditioning.h"
 #include "pipelines/noise.h"
 #include "pipelines/patch_parallel_vae.h"
 #include "base/error.h"
@@ -45,7 +47,14 @@ FluxT2IPipeline FluxT2IPipeline::load(const std::string& dir, DType dtype, const
   if (!std::filesystem::is_directory(dir + "/transformer"))
     throw Error(dir + ": not a diffusers Flux model directory (expected transformer/, vae/ and scheduler/)");
   auto vae = std::make_unique<models::AutoencoderKLDecoder>(models::load_autoencoder_kl(dir + "/vae", DType::f32, variant));
-  return FluxT2IPipeline(models::FluxTransformer2DModel::load(dir + "/transformer", dtype, variant), std::move(vae), scheduler_of(dir));
+  FluxT2IPipeline p(models::FluxTransformer2DModel::load(dir + "/transformer", dtype, variant), std::move(vae), scheduler_of(dir));
+  // The encoder, for image inputs; a VAE saved without it still generates from text.
+  try {
+    p.encoder_ = std::make_unique<models::AutoencoderKLEncoder>(models::load_autoencoder_kl_encoder(dir + "/vae", DType::f32, variant));
+  } catch (const Error& e) {
+    p.encoder_error_ = e.what();
+  }
+  return p;
 }
 
 FluxT2IPipeline FluxT2IPipeline::load_meta(const std::string& dir, DType dtype) {
@@ -71,6 +80,27 @@ void FluxT2IPipeline::check(const T2IOptions& o, bool have_negative) const {
   if (o.steps < 1) throw Error("steps must be at least 1, got " + std::to_string(o.steps));
   if (o.cfg != CfgMode::off && !have_negative)
     throw Error("--cfg " + std::string(cfg_mode_name(o.cfg)) + " needs negative embeddings (a negative prompt)");
+  if (!o.mask.empty() && o.image.empty()) throw Error("--mask needs --image (the picture to inpaint)");
+  if (!o.image.empty()) {
+    img2img_start_step(o.steps, o.strength);
+    // Read now, so a bad picture fails before any weight loads.
+    (void)media::read_input_image(o.image, "--image");
+    if (!o.mask.empty()) (void)media::read_input_image(o.mask, "--mask");
+  }
+}
+
+Tensor FluxT2IPipeline::image_latents(const T2IOptions& o, const Stream& stream) const {
+  if (!encoder_)
+    throw Error("--image needs the VAE's encoder, and this model's cannot be loaded: " +
+                (encoder_error_.empty() ? std::string("the pipeline was made without it") : encoder_error_));
+  const media::RgbImage picture =
+      media::resize_lanczos(media::read_input_image(o.image, "--image"), static_cast<int>(o.width), static_cast<int>(o.height));
+  // diffusers' retrieve_latents(vae.encode(image), generator): a sample of the latent distribution.
+  const models::LatentDistribution d = models::latent_distribution(encoder_->moments(media::image_to_tensor(picture), stream), stream);
+  const Tensor z = d.sample(gaussian_noise(d.mean.shape(), encode_sample_seed(o.seed)));
+  const auto& c = encoder_->config();
+  return ops::mul(ops::sub(z, filled(1, static_cast<float>(c.shift_factor)), stream), filled(1, static_cast<float>(c.scaling_factor)),
+                  stream);
 }
 
 namespace {
@@ -142,10 +172,39 @@ Tensor FluxT2IPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddi
   if (o.initial_noise.defined() && o.initial_noise.shape() != Shape{1, channels, lh, lw})
     throw Error("initial noise must be " + shape_to_string(Shape{1, channels, lh, lw}) + " for a " + std::to_string(o.width) + "x" +
                 std::to_string(o.height) + " image, got " + shape_to_string(o.initial_noise.shape()));
-  const Tensor noise =
-      models::pack_latents(o.initial_noise.defined() ? o.initial_noise : gaussian_noise({1, channels, lh, lw}, o.seed), main);
+  const Tensor noise_unpacked = o.initial_noise.defined() ? o.initial_noise : gaussian_noise({1, channels, lh, lw}, o.seed);
+  const Tensor noise = models::pack_latents(noise_unpacked, main);
   FlowMatchEulerScheduler scheduler(scheduler_);
   scheduler.set_flux_timesteps(o.steps, tokens);
+  LoopOptions loop{o.activations, transformer_->block_count()};
+  Tensor initial = noise;
+  Tensor image_packed, mask_packed;  // inpainting: the picture's latents and the mask (1: repaint), packed
+  if (!o.image.empty()) {
+    if (device.simulate()) throw Error("--image: image-to-image runs the VAE's encoder on the picture; --simulate does not model it");
+    // FluxImg2ImgPipeline: the schedule from get_timesteps' start, the picture's latents noised to
+    // its first sigma (scale_noise); strength 1 starts from the noise alone.
+    scheduler.begin_at(img2img_start_step(o.steps, o.strength));
+    const Tensor latents = image_latents(o, main);
+    initial = models::pack_latents(scale_noise(latents, ops::contiguous(noise_unpacked, main), scheduler.sigmas().front()), main);
+    if (!o.mask.empty()) {
+      // FluxInpaintPipeline: after each step the known region is the picture's latents noised to
+      // the next step's level (the last step: the picture's latents themselves).
+      image_packed = models::pack_latents(latents, main);
+      const Tensor mask = inpaint_mask(media::read_input_image(o.mask, "--mask"), o.width, o.height, lh, lw);
+      mask_packed = models::pack_latents(mask.expand({1, channels, lh, lw}).contiguous(), main);
+      loop.after_step = [&](int i, const Tensor& stepped) {
+        const int steps = scheduler.steps();
+        const Tensor known =
+            i + 1 < steps ? scale_noise(image_packed, noise, scheduler.sigmas()[static_cast<std::size_t>(i + 1)]) : image_packed;
+        const Tensor s = stepped.contiguous(), k = known.contiguous(), m = mask_packed.contiguous();
+        Tensor out = Tensor::empty(s.shape(), DType::f32);
+        const float *ps = s.data<float>(), *pk = k.data<float>(), *pm = m.data<float>();
+        float* po = out.mutable_data<float>();
+        for (int64_t j = 0; j < out.numel(); ++j) po[j] = (1.0f - pm[j]) * pk[j] + pm[j] * ps[j];
+        return out;
+      };
+    }
+  }
 
   const Tensor img_ids = models::flux_image_ids(lh, lw);
   auto inputs_of = [&](const PromptEmbeddings& e) {
@@ -160,8 +219,7 @@ Tensor FluxT2IPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddi
   const std::unique_ptr<Guidance> guidance =
       o.cfg_parallel ? make_cfg_parallel_guidance(o.cfg_scale, *o.cfg_parallel) : make_guidance(o.cfg, o.cfg_scale, "t2i.uncond");
   StageList none;
-  return run_denoising_loop(denoiser, scheduler, *guidance, stages ? *stages : none, noise, {o.activations, transformer_->block_count()},
-                            device, on_step, timings);
+  return run_denoising_loop(denoiser, scheduler, *guidance, stages ? *stages : none, initial, loop, device, on_step, timings);
 }
 
 Tensor FluxT2IPipeline::decode(const Tensor& packed, const T2IOptions& o, Device& device, T2ITimings& timings) const {

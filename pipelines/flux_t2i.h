@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "models/autoencoder_kl.h"
+#include "models/autoencoder_kl_encoder.h"
 #include "models/flux_transformer.h"
 #include "pipelines/flow_match.h"
 #include "pipelines/generation.h"
@@ -35,6 +36,11 @@ struct T2IOptions {
   Tensor initial_noise{};
   // The transformer's activations: f32, or bf16 (with f32 accumulation) as diffusers' bf16 run.
   DType activations = DType::f32;
+  // Image-to-image (FluxImg2ImgPipeline): the picture file, resized to width x height and encoded,
+  // noised to the level of the step strength starts at (pipelines/image_conditioning.h). With a mask
+  // file (FluxInpaintPipeline; white: repaint), the rest is put back after every step.
+  std::string image, mask;
+  double strength = 0.6;
 };
 
 class FluxT2IPipeline {
@@ -53,6 +59,8 @@ class FluxT2IPipeline {
   const models::FluxTransformer2DModel& transformer() const { return *transformer_; }
   models::FluxTransformer2DModel& mutable_transformer() { return *transformer_; }
   const models::AutoencoderKLDecoder* vae() const { return vae_.get(); }
+  // The VAE's encoder, for image inputs: loaded with the pipeline when the VAE checkpoint has it.
+  const models::AutoencoderKLEncoder* vae_encoder() const { return encoder_.get(); }
   const FlowMatchConfig& scheduler_config() const { return scheduler_; }
   // Pixels per packed latent token side: 2 x the VAE's upscale (16 for Flux; 8 without a VAE).
   int64_t size_multiple() const;
@@ -74,7 +82,12 @@ class FluxT2IPipeline {
  private:
   std::unique_ptr<models::FluxTransformer2DModel> transformer_;
   std::unique_ptr<models::AutoencoderKLDecoder> vae_;
+  std::unique_ptr<models::AutoencoderKLEncoder> encoder_;
+  std::string encoder_error_;  // why there is no encoder
   FlowMatchConfig scheduler_;
+
+  // The picture's latents [1, C, h, w]: (sample - shift_factor) * scaling_factor.
+  Tensor image_latents(const T2IOptions& options, const Stream& stream) const;
 };
 
 }  // namespace cubevec::pipelines

@@ -56,7 +56,9 @@ Tensor run_denoising_loop(Denoiser& denoiser, Scheduler& scheduler, Guidance& gu
                                 scheduler.sigmas()[static_cast<std::size_t>(i)], models::CfgBranch::cond};
     stages.before_step(step);
     const Tensor v = guidance.velocity(denoiser, latents, stages.context(step, options.activations), device);
-    latents = round_to(scheduler.step(v, latents, main), options.activations, main);
+    latents = scheduler.step(v, latents, main);
+    if (options.after_step) latents = options.after_step(i, latents);
+    latents = round_to(latents, options.activations, main);
     timer.end_step(i + 1, steps, latents);
     // A NaN or inf anywhere (a weight, an input, a setting) spreads to every pixel: stop at the
     // step it appears rather than write a black picture. end_step has synchronized the latents.

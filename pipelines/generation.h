@@ -57,6 +57,9 @@ class DenoiseTimer {
 struct LoopOptions {
   DType activations = DType::f32;
   int blocks = 0;  // the transformer's blocks per forward (for the stages)
+  // Run on the latents after each scheduler step (before their rounding to `activations`), with
+  // the step's index: inpainting puts the known region back there.
+  std::function<Tensor(int, const Tensor&)> after_step{};
 };
 Tensor run_denoising_loop(Denoiser& denoiser, Scheduler& scheduler, Guidance& guidance, StageList& stages, const Tensor& initial_latents,
                           const LoopOptions& options, Device& device, const StepCallback& on_step, T2ITimings& timings);

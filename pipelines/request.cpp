@@ -62,7 +62,7 @@ Request Request::from_json(const nlohmann::json& json, const std::string& source
   Request q;
   int64_t width = 0, height = 0, frames = 0, seed = 0;
   int steps = 0, max_sequence_length = 0;
-  double guidance = 0, true_cfg = 0;
+  double guidance = 0, true_cfg = 0, strength = 0;
   r.text("prompt", q.text.prompt)
       .text("negative_prompt", q.text.negative_prompt)
       .text("prompt_embeds", q.text.prompt_embeds)
@@ -74,7 +74,11 @@ Request Request::from_json(const nlohmann::json& json, const std::string& source
       .number_in("guidance_scale", guidance, 0.0, kMaxGuidance)
       .number_in("true_cfg_scale", true_cfg, 0.0, kMaxGuidance)
       .text("cfg", q.cfg, {"off", "fused", "streams"})
+      .text("image", q.image)
+      .text("mask_image", q.mask_image)
+      .number_in("strength", strength, 0.0, 1.0)
       .integer("seed", seed, 0, kMaxSeed);
+  if (r.has("strength")) q.strength = strength;
   if (r.has("max_sequence_length")) q.text.max_sequence_length = max_sequence_length, q.text.max_sequence_length_given = true;
   if (r.has("width")) q.width = width;
   if (r.has("height")) q.height = height;
@@ -107,8 +111,11 @@ Request Request::from_json(const nlohmann::json& json, const std::string& source
   if (!q.text.prompt.empty() && !q.text.prompt_embeds.empty())
     r.fail("prompt_embeds", "and 'prompt' are both given: pass the text or its embeddings, not both");
   // C strings end at a NUL: a prompt holding one would be encoded (and reported) cut short.
-  const std::pair<const char*, const std::string*> texts[] = {
-      {"prompt", &q.text.prompt}, {"negative_prompt", &q.text.negative_prompt}, {"prompt_embeds", &q.text.prompt_embeds}};
+  const std::pair<const char*, const std::string*> texts[] = {{"prompt", &q.text.prompt},
+                                                              {"negative_prompt", &q.text.negative_prompt},
+                                                              {"prompt_embeds", &q.text.prompt_embeds},
+                                                              {"image", &q.image},
+                                                              {"mask_image", &q.mask_image}};
   for (const auto& [key, text] : texts)
     if (text->find('\0') != std::string::npos) r.fail(key, "holds a NUL character (\\u0000), which no text may hold");
   return q;
@@ -137,6 +144,9 @@ nlohmann::ordered_json Request::to_json() const {
   if (guidance_scale) j["guidance_scale"] = *guidance_scale;
   if (true_cfg_scale) j["true_cfg_scale"] = *true_cfg_scale;
   if (!cfg.empty()) j["cfg"] = cfg;
+  if (!image.empty()) j["image"] = image;
+  if (!mask_image.empty()) j["mask_image"] = mask_image;
+  if (strength) j["strength"] = *strength;
   j["seed"] = seed;
   if (cache.method != CacheMethod::none) j["cache"] = cache.to_json();
   if (sparse) j["sparse"] = sparse_to_json(*sparse);
@@ -159,6 +169,9 @@ std::string in_request_terms(const std::string& message) {
         {"--cfg-scale", "true_cfg_scale"},
         {"--cfg", "cfg"},
         {"--seed", "seed"},
+        {"--image", "image"},
+        {"--mask", "mask_image"},
+        {"--strength", "strength"},
         {"--cache-config", "cache"},
         {"--cache-step-start", "cache.cache-step-start"},
         {"--cache-interval", "cache.cache-interval"},

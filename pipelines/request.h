@@ -5,6 +5,7 @@
 //    "num_frames": 17, "num_inference_steps": 20, "guidance_scale": 3.5, "true_cfg_scale": 4.0,
 //    "seed": 7, "max_sequence_length": 512, "prompt_embeds": "embeds.safetensors",
 //    "cfg": "off" | "fused" | "streams",
+//    "image": "in.png", "mask_image": "mask.png", "strength": 0.6,
 //    "cache": "db" or {"cache": "db", "cache-fn": 1, ...} (the --cache-config file's keys),
 //    "sparse": "ada_bsa" or {"type": "ada_bsa", "sparsity": 0.5, "step_start": 0, "blocks": "0-3",
 //               "mask_refresh": 1, "cdf_threshold": 1.0}}
@@ -36,6 +37,10 @@ struct Request {
   std::optional<double> guidance_scale;
   std::optional<double> true_cfg_scale;  // Flux's true CFG
   std::string cfg;                       // "off", "fused", "streams"; empty: the model's default
+  // Image-to-image (Flux): the picture to start from and, for inpainting, the mask (white: repaint),
+  // as files; strength in (0, 1] (diffusers' default 0.6 when an image is given).
+  std::string image, mask_image;
+  std::optional<double> strength;
   uint64_t seed = 0;
   CacheConfig cache;  // method none: no step cache
   std::optional<SparseConfig> sparse;

@@ -50,10 +50,17 @@ std::string allowed_methods(const ServerContext& context, const std::string& pat
   return methods;
 }
 
-void copy_diffusion_keys(const nlohmann::json& body, nlohmann::json& request_keys) {
+void refuse_file_keys(const nlohmann::json& body) {
   // A path in a request would make the server read a file a client names: never.
-  if (body.contains("prompt_embeds") && !body["prompt_embeds"].is_null())
-    throw invalid_request("prompt_embeds", "'prompt_embeds' names a file, and this server reads no file a request names; send 'prompt'");
+  for (const auto& [key, instead] : {std::pair<const char*, const char*>{"prompt_embeds", "send 'prompt'"},
+                                     {"image", "images go in as uploads, not paths"},
+                                     {"mask_image", "images go in as uploads, not paths"}})
+    if (const auto it = body.find(key); it != body.end() && !it->is_null())
+      throw invalid_request(key, std::string("'") + key + "' names a file, and this server reads no file a request names; " + instead);
+}
+
+void copy_diffusion_keys(const nlohmann::json& body, nlohmann::json& request_keys) {
+  refuse_file_keys(body);
   for (const char* key : {"negative_prompt", "num_inference_steps", "guidance_scale", "true_cfg_scale", "seed", "cfg", "cache", "sparse",
                           "max_sequence_length", "num_frames"})
     if (const auto it = body.find(key); it != body.end() && !it->is_null()) request_keys[key] = *it;

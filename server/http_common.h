@@ -47,6 +47,9 @@ std::string allowed_methods(const ServerContext& context, const std::string& pat
 // settings OpenAI's API does not have): negative_prompt, num_inference_steps, guidance_scale,
 // true_cfg_scale, seed, cfg, cache, sparse, max_sequence_length, num_frames.
 void copy_diffusion_keys(const nlohmann::json& body, nlohmann::json& request_keys);
+// Throws the 400 for a key that names a file (prompt_embeds, image, mask_image): the server reads
+// no file a client names.
+void refuse_file_keys(const nlohmann::json& body);
 
 // `request_keys` (the library's request JSON) as a Request for `model`, with the model's defaults,
 // checked against the model and the server's limits; every error a 400 naming the field.

@@ -252,8 +252,7 @@ void submit_job(ServerContext& context, const httplib::Request& request, httplib
     // The library's request JSON as it is, plus "model".
     keys = body;
     keys.erase("model");
-    if (keys.contains("prompt_embeds") && !keys["prompt_embeds"].is_null())
-      throw invalid_request("prompt_embeds", "'prompt_embeds' names a file, and this server reads no file a request names; send 'prompt'");
+    refuse_file_keys(keys);
   }
   const pipelines::Request checked = checked_request(keys, model, context.limits, video_api ? true : model.pipeline->model().video());
   const std::shared_ptr<Job> job = context.scheduler.submit(model.name, {checked}, video_api ? "video" : "native").front();
