@@ -13,7 +13,10 @@ import numbers
 import os
 import secrets
 import stat
+import struct
+import tempfile
 import warnings
+import zlib
 
 import numpy as np
 
@@ -140,6 +143,41 @@ def _existing(path, name, folder):
         raise PermissionError(errno.EACCES, f"not readable ({name})", path)
 
 
+def _png_bytes(pixels):
+    """An 8-bit RGB PNG of an H x W x 3 uint8 array (filter 0 rows): lossless, so the library reads
+    back exactly these pixels."""
+    height, width = pixels.shape[:2]
+
+    def chunk(kind, body):
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+
+    raw = b"".join(b"\x00" + pixels[y].tobytes() for y in range(height))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) +
+            chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))
+
+
+def _picture(value, name, folder):
+    """A picture argument as a file the library reads: a path as it is (PNG or JPEG); a PIL image or
+    an H x W x 3 (or H x W grey) uint8 array written losslessly into `folder` first."""
+    if isinstance(value, (str, bytes)) or hasattr(value, "__fspath__"):
+        path = _path(value, name)
+        _existing(path, name, folder=False)
+        return path
+    if hasattr(value, "save") and hasattr(value, "mode"):  # a PIL image
+        path = os.path.join(folder, f"{name}.png")
+        value.save(path, format="PNG")
+        return path
+    if isinstance(value, np.ndarray):
+        if value.dtype != np.uint8 or value.ndim not in (2, 3) or (value.ndim == 3 and value.shape[2] != 3) or 0 in value.shape:
+            raise ValueError(f"{name} must be an H x W x 3 (or H x W) uint8 array, got {value.dtype} {list(value.shape)}")
+        rgb = np.repeat(value[:, :, None], 3, axis=2) if value.ndim == 2 else value
+        path = os.path.join(folder, f"{name}.png")
+        with open(path, "wb") as f:
+            f.write(_png_bytes(np.ascontiguousarray(rgb)))
+        return path
+    raise TypeError(f"{name} must be a path, a PIL image or a uint8 array, got {type(value).__name__}")
+
+
 def _output_type(output_type):
     if not isinstance(output_type, str) or output_type not in ("pil", "np"):
         raise ValueError(f"output_type must be 'pil' or 'np', got {output_type!r}")
@@ -211,8 +249,15 @@ class _DiffusionPipeline:
             raise ValueError(f"{folder}: a {native.family} model, not {cls._family} (use the matching pipeline class)")
         return cls(native)
 
-    def _call(self, request, output_type, callback_on_step_end):
+    def _call(self, request, output_type, callback_on_step_end, pictures=None):
         output_type = _output_type(output_type)
+        with tempfile.TemporaryDirectory(prefix="cubevec-") as folder:
+            for key, value in (pictures or {}).items():
+                if value is not None:
+                    request[key] = _picture(value, key, folder)
+            return self._generate(request, output_type, callback_on_step_end)
+
+    def _generate(self, request, output_type, callback_on_step_end):
         if callback_on_step_end is not None and not callable(callback_on_step_end):
             raise TypeError(f"callback_on_step_end must be callable, got {type(callback_on_step_end).__name__}")
         checked = {}
@@ -221,8 +266,10 @@ class _DiffusionPipeline:
                 continue
             if key in ("prompt", "negative_prompt"):
                 checked[key] = _text(value, key, prompt=True)
-            elif key == "cfg":
+            elif key in ("cfg", "image", "mask_image"):
                 checked[key] = _text(value, key)
+            elif key == "strength":
+                checked[key] = _number(value, key)
             elif key in ("height", "width", "num_frames", "num_inference_steps", "max_sequence_length", "seed"):
                 checked[key] = value if key == "seed" else _integer(value, key)
             elif key in ("guidance_scale", "true_cfg_scale"):
@@ -253,8 +300,13 @@ class FluxPipeline(_DiffusionPipeline):
 
     def __call__(self, prompt=None, negative_prompt=None, height=None, width=None, num_inference_steps=None,
                  guidance_scale=None, true_cfg_scale=None, generator=None, max_sequence_length=None,
-                 output_type="pil", callback_on_step_end=None, cache=None, sparse=None, cfg=None):
-        """Generates one image: .images[0] (a PIL image, or an HxWx3 uint8 array with output_type="np")."""
+                 output_type="pil", callback_on_step_end=None, cache=None, sparse=None, cfg=None, image=None,
+                 mask_image=None, strength=None):
+        """Generates one image: .images[0] (a PIL image, or an HxWx3 uint8 array with output_type="np").
+
+        image (a path, a PIL image or an H x W x 3 uint8 array) makes it image-to-image
+        (FluxImg2ImgPipeline; strength, default 0.6, says how much is repainted), and mask_image
+        (white: repaint) inpainting (FluxInpaintPipeline)."""
         if cfg is None and true_cfg_scale is not None and _number(true_cfg_scale, "true_cfg_scale") > 1:
             if negative_prompt is not None:
                 cfg = "fused"
@@ -263,8 +315,9 @@ class FluxPipeline(_DiffusionPipeline):
         request = {"prompt": prompt, "negative_prompt": negative_prompt, "height": height, "width": width,
                    "num_inference_steps": num_inference_steps, "guidance_scale": guidance_scale,
                    "true_cfg_scale": true_cfg_scale, "seed": _seed(generator),
-                   "max_sequence_length": max_sequence_length, "cache": cache, "sparse": sparse, "cfg": cfg}
-        return self._call(request, output_type, callback_on_step_end)
+                   "max_sequence_length": max_sequence_length, "cache": cache, "sparse": sparse, "cfg": cfg,
+                   "strength": strength}
+        return self._call(request, output_type, callback_on_step_end, {"image": image, "mask_image": mask_image})
 
 
 class WanPipeline(_DiffusionPipeline):

@@ -7,6 +7,7 @@ import numpy as np
 PathLike = Union[str, bytes, os.PathLike]
 StageSettings = Union[str, dict[str, Any], None]
 StepCallback = Callable[[Any, int, None, dict], Any]
+Picture = Union[PathLike, np.ndarray, Any, None]  # a path, an H x W x 3 uint8 array or a PIL image
 
 class PipelineOutput:
     """What a pipeline call returns: .images (a picture) or .frames (a video), and .report."""
@@ -29,7 +30,8 @@ class FluxPipeline(_DiffusionPipeline):
                  true_cfg_scale: Optional[float] = None, generator: Optional[int] = None, max_sequence_length: Optional[int] = None,
                  output_type: Literal["pil", "np"] = "pil", callback_on_step_end: Optional[StepCallback] = None,
                  cache: StageSettings = None, sparse: StageSettings = None,
-                 cfg: Optional[Literal["off", "fused", "streams"]] = None) -> PipelineOutput: ...
+                 cfg: Optional[Literal["off", "fused", "streams"]] = None, image: Picture = None, mask_image: Picture = None,
+                 strength: Optional[float] = None) -> PipelineOutput: ...
 
 class WanPipeline(_DiffusionPipeline):
     """Wan text-to-video (diffusers' WanPipeline arguments)."""

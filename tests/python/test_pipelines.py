@@ -246,6 +246,39 @@ def test_diffusers_conventions(flux):
         flux(prompt=PROMPT, num_inference_steps=1, width=32, height=32, output_type="np", true_cfg_scale=4.0)
 
 
+def test_image_to_image_and_inpainting_equal_the_command_lines(flux, tmp_path):
+    source = tmp_path / "source.png"
+    subprocess.run([BINARY, "t2i", "--model", TINYFLUX, "--prompt", PROMPT, "--seed", "2", "--width", "48", "--height", "32",
+                    "--out", str(source)], check=True, capture_output=True)
+    picture = read_png(source)
+    mask = np.zeros((32, 48), np.uint8)
+    mask[:, 24:] = 255
+    mask_png = tmp_path / "mask.png"
+    mask_png.write_bytes(cubevec.pipelines._png_bytes(np.repeat(mask[:, :, None], 3, axis=2)))
+    for extra, kwargs in ((["--strength", "0.6"], {"strength": 0.6}),
+                          (["--mask", str(mask_png), "--strength", "1"], {"mask_image": mask, "strength": 1.0})):
+        cli = tmp_path / "cli.png"
+        subprocess.run([BINARY, "t2i", "--model", TINYFLUX, "--prompt", "a small green triangle at the right on a white background",
+                        "--seed", "4", "--steps", "6", "--width", "48", "--height", "32", "--image", str(source), "--out", str(cli)] + extra,
+                       check=True, capture_output=True)
+        # The picture as an array (written losslessly for the library) and as its file give the CLI's pixels.
+        for image in (picture, str(source)):
+            out = flux(prompt="a small green triangle at the right on a white background", generator=4, num_inference_steps=6,
+                       width=48, height=32, output_type="np", image=image, **kwargs)
+            assert np.array_equal(out.images[0], read_png(cli)), extra
+        assert out.report["mode"] == ("inpaint" if "mask_image" in kwargs else "img2img")
+    with pytest.raises(TypeError, match="image must be a path, a PIL image or a uint8 array"):
+        flux(prompt=PROMPT, image=5, output_type="np")
+    with pytest.raises(ValueError, match="image must be an H x W x 3"):
+        flux(prompt=PROMPT, image=picture.astype(np.float32), output_type="np")
+    with pytest.raises(FileNotFoundError, match=r"no such file \(image\)"):
+        flux(prompt=PROMPT, image=str(tmp_path / "missing.png"), output_type="np")
+    with pytest.raises(ValueError, match=r"strength must be in \(0, 1\]"):
+        flux(prompt=PROMPT, image=picture, strength=0.0, output_type="np")
+    with pytest.raises(ValueError, match="mask needs image|needs --image|mask_image needs image"):
+        flux(prompt=PROMPT, mask_image=mask, output_type="np")
+
+
 def run_script(code, tmp_path):
     script = tmp_path / "script.py"
     script.write_text(code)
