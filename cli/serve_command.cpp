@@ -42,7 +42,7 @@ struct ServeFlags {
   int port = 8080;
   server::SchedulerOptions scheduler;
   server::ServeLimits limits;
-  std::string max_body = "1M";
+  std::string max_body = "32M";
   double drain_timeout_s = 30;
   std::string dtype = "f32", variant, quant, timestep_policy, memory_limit, packed_cache, trace_path;
   int offload = 0;
@@ -192,7 +192,7 @@ CommandRunner add_serve_command(CLI::App& app) {
   command->add_option("--keep-jobs", f.scheduler.keep_finished, "Finished jobs kept for their results (default 64)")
       ->check(CLI::Range(1, 100000));
   command->add_option("--fps", f.scheduler.video_fps, "Frame rate of served videos (default 16)")->check(CLI::Range(1, 240));
-  command->add_option("--max-body", f.max_body, "Largest request body (default 1M)");
+  command->add_option("--max-body", f.max_body, "Largest request body, uploads included (default 32M)");
   command->add_option("--max-n", f.limits.max_n, "Pictures per request at most (default 4)")->check(CLI::Range(1, 64));
   command->add_option("--max-size", f.limits.max_side, "Width and height at most (default 2048)")->check(CLI::Range(16, 16384));
   command->add_option("--max-steps", f.limits.max_steps, "Denoising steps at most (default 200)")->check(CLI::Range(1, 1000));

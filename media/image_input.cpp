@@ -46,10 +46,11 @@ void png_read_from_memory(png_structp png, png_bytep out, png_size_t length) {
   source->position += length;
 }
 
-RgbImage decode_png_rgb(const uint8_t* data, std::size_t size, const std::string& what) {
+RgbImage decode_png_rgb(const uint8_t* data, std::size_t size, const std::string& what, std::vector<uint8_t>* alpha) {
   PngSource source{data, size, 0, {0}};
   RgbImage out;                 // made before setjmp: a longjmp never skips a destructor
   std::vector<png_bytep> rows;  // likewise
+  std::vector<uint8_t> rgba;    // likewise: the pixels with their alpha, when it is asked for
   png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &source, png_fail, png_ignore_warning);
   if (!png) throw Error(what + ": libpng could not start");
   png_infop info = png_create_info_struct(png);
@@ -59,7 +60,7 @@ RgbImage decode_png_rgb(const uint8_t* data, std::size_t size, const std::string
   }
   // Set after setjmp and read after a longjmp: volatile, so their values survive it.
   volatile int64_t width = 0, height = 0;
-  volatile bool too_large = false;
+  volatile bool too_large = false, keep_alpha = false;
   if (setjmp(png_jmpbuf(png))) {
     png_destroy_read_struct(&png, &info, nullptr);
     if (too_large) check_dimensions(width, height, what);
@@ -76,20 +77,31 @@ RgbImage decode_png_rgb(const uint8_t* data, std::size_t size, const std::string
     png_error(png, "dimensions");
   }
   const int color = png_get_color_type(png, info);
-  png_set_expand(png);       // a palette to RGB, grey below 8 bits to 8, tRNS to an alpha channel
-  png_set_strip_16(png);     // 16-bit samples by their high byte, as PIL's unpacking of 16-bit RGB
-  png_set_strip_alpha(png);  // dropped, not composited: PIL's convert("RGB")
+  png_set_expand(png);    // a palette to RGB, grey below 8 bits to 8, tRNS to an alpha channel
+  png_set_strip_16(png);  // 16-bit samples by their high byte, as PIL's unpacking of 16-bit RGB
+  keep_alpha = alpha && ((color & PNG_COLOR_MASK_ALPHA) != 0 || png_get_valid(png, info, PNG_INFO_tRNS) != 0);
+  if (!keep_alpha) png_set_strip_alpha(png);  // dropped, not composited: PIL's convert("RGB")
   if (color == PNG_COLOR_TYPE_GRAY || color == PNG_COLOR_TYPE_GRAY_ALPHA) png_set_gray_to_rgb(png);
   png_set_interlace_handling(png);
   png_read_update_info(png, info);
-  if (png_get_rowbytes(png, info) != static_cast<png_size_t>(width) * 3) png_error(png, "unexpected row layout after conversion");
+  const int64_t channels = keep_alpha ? 4 : 3;
+  if (png_get_rowbytes(png, info) != static_cast<png_size_t>(width * channels)) png_error(png, "unexpected row layout after conversion");
   out.width = static_cast<int>(width);
   out.height = static_cast<int>(height);
-  out.pixels.resize(static_cast<std::size_t>(width * height * 3));
+  std::vector<uint8_t>& target = keep_alpha ? rgba : out.pixels;
+  target.resize(static_cast<std::size_t>(width * height * channels));
   rows.resize(static_cast<std::size_t>(height));
-  for (int64_t y = 0; y < height; ++y) rows[static_cast<std::size_t>(y)] = out.pixels.data() + y * width * 3;
+  for (int64_t y = 0; y < height; ++y) rows[static_cast<std::size_t>(y)] = target.data() + y * width * channels;
   png_read_image(png, rows.data());
   png_destroy_read_struct(&png, &info, nullptr);
+  if (keep_alpha) {
+    out.pixels.resize(static_cast<std::size_t>(width * height * 3));
+    alpha->resize(static_cast<std::size_t>(width * height));
+    for (std::size_t i = 0; i < alpha->size(); ++i) {
+      std::memcpy(&out.pixels[i * 3], &rgba[i * 4], 3);
+      (*alpha)[i] = rgba[i * 4 + 3];
+    }
+  }
   return out;
 }
 
@@ -251,8 +263,9 @@ uint8_t clip8(int64_t sum) {
 
 }  // namespace
 
-RgbImage decode_input_image(const uint8_t* data, std::size_t size, const std::string& what) {
-  if (size >= 8 && png_sig_cmp(data, 0, 8) == 0) return decode_png_rgb(data, size, what);
+RgbImage decode_input_image(const uint8_t* data, std::size_t size, const std::string& what, std::vector<uint8_t>* alpha) {
+  if (alpha) alpha->clear();
+  if (size >= 8 && png_sig_cmp(data, 0, 8) == 0) return decode_png_rgb(data, size, what, alpha);
   if (size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF) return decode_jpeg_rgb(data, size, what);
   throw Error(what + ": neither a PNG nor a JPEG image (" + (size == 0 ? std::string("an empty file") : std::string("unknown signature")) +
               ")");

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "media/jpeg.h"
 #include "tensor/tensor.h"
@@ -24,8 +25,10 @@ inline constexpr std::size_t kMaxInputFileBytes = std::size_t{256} << 20;
 // regular file, neither PNG nor JPEG, truncated, damaged, zero or too large dimensions, a CMYK
 // JPEG) is one Error naming `flag` (the option that named the file, "--image") and the file.
 RgbImage read_input_image(const std::string& path, const std::string& flag = "image");
-// The same from bytes in memory (an upload); `what` names them in errors.
-RgbImage decode_input_image(const uint8_t* data, std::size_t size, const std::string& what);
+// The same from bytes in memory (an upload); `what` names them in errors. With `alpha`, a PNG's
+// alpha channel (or its transparency, expanded) is also returned there, one byte per pixel; it is
+// left empty for a picture without one.
+RgbImage decode_input_image(const uint8_t* data, std::size_t size, const std::string& what, std::vector<uint8_t>* alpha = nullptr);
 
 // PIL's Image.resize((width, height), Image.LANCZOS) on 8-bit RGB, bit for bit: Lanczos-3 weights
 // stretched by the scale when shrinking, normalized per output pixel and rounded to 22-bit fixed

@@ -84,7 +84,7 @@ class FluxModelPipeline : public FamilyPipelineBase<FluxT2IPipeline, T2IOptions>
     if (!r.guidance_scale) r.guidance_scale = defaults.guidance;
     if (!r.true_cfg_scale) r.true_cfg_scale = defaults.cfg_scale;
     if (r.cfg.empty()) r.cfg = "off";
-    if (!r.image.empty() && !r.strength) r.strength = 0.6;  // diffusers' default for image-to-image and inpainting
+    if (r.has_image() && !r.strength) r.strength = 0.6;  // diffusers' default for image-to-image and inpainting
     return r;
   }
 
@@ -143,8 +143,8 @@ class FluxModelPipeline : public FamilyPipelineBase<FluxT2IPipeline, T2IOptions>
   nlohmann::ordered_json report_fields(const Request& r) const override {
     nlohmann::ordered_json j = {
         {"width", *r.width}, {"height", *r.height}, {"steps", *r.num_inference_steps}, {"cfg", r.cfg}, {"seed", r.seed}};
-    if (!r.image.empty()) {
-      j["mode"] = r.mask_image.empty() ? "img2img" : "inpaint";
+    if (r.has_image()) {
+      j["mode"] = r.has_mask() ? "inpaint" : "img2img";
       j["strength"] = *r.strength;
       j["denoising_steps"] = *r.num_inference_steps - img2img_start_step(*r.num_inference_steps, *r.strength);
     }
@@ -163,6 +163,8 @@ class FluxModelPipeline : public FamilyPipelineBase<FluxT2IPipeline, T2IOptions>
     o.seed = r.seed;
     o.image = r.image;
     o.mask = r.mask_image;
+    o.image_pixels = r.image_pixels;
+    o.mask_pixels = r.mask_pixels;
     if (r.strength) o.strength = *r.strength;
     o.activations = run.activations;
     o.cfg_parallel = run.cfg_parallel;

@@ -80,12 +80,12 @@ void FluxT2IPipeline::check(const T2IOptions& o, bool have_negative) const {
   if (o.steps < 1) throw Error("steps must be at least 1, got " + std::to_string(o.steps));
   if (o.cfg != CfgMode::off && !have_negative)
     throw Error("--cfg " + std::string(cfg_mode_name(o.cfg)) + " needs negative embeddings (a negative prompt)");
-  if (!o.mask.empty() && o.image.empty()) throw Error("--mask needs --image (the picture to inpaint)");
-  if (!o.image.empty()) {
+  if (o.has_mask() && !o.has_image()) throw Error("--mask needs --image (the picture to inpaint)");
+  if (o.has_image()) {
     img2img_start_step(o.steps, o.strength);
     // Read now, so a bad picture fails before any weight loads.
-    (void)media::read_input_image(o.image, "--image");
-    if (!o.mask.empty()) (void)media::read_input_image(o.mask, "--mask");
+    if (!o.image_pixels) (void)media::read_input_image(o.image, "--image");
+    if (!o.mask_pixels && !o.mask.empty()) (void)media::read_input_image(o.mask, "--mask");
   }
 }
 
@@ -93,8 +93,8 @@ Tensor FluxT2IPipeline::image_latents(const T2IOptions& o, const Stream& stream)
   if (!encoder_)
     throw Error("--image needs the VAE's encoder, and this model's cannot be loaded: " +
                 (encoder_error_.empty() ? std::string("the pipeline was made without it") : encoder_error_));
-  const media::RgbImage picture =
-      media::resize_lanczos(media::read_input_image(o.image, "--image"), static_cast<int>(o.width), static_cast<int>(o.height));
+  const media::RgbImage picture = media::resize_lanczos(o.image_pixels ? *o.image_pixels : media::read_input_image(o.image, "--image"),
+                                                        static_cast<int>(o.width), static_cast<int>(o.height));
   // diffusers' retrieve_latents(vae.encode(image), generator): a sample of the latent distribution.
   const models::LatentDistribution d = models::latent_distribution(encoder_->moments(media::image_to_tensor(picture), stream), stream);
   const Tensor z = d.sample(gaussian_noise(d.mean.shape(), encode_sample_seed(o.seed)));
@@ -179,18 +179,19 @@ Tensor FluxT2IPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddi
   LoopOptions loop{o.activations, transformer_->block_count()};
   Tensor initial = noise;
   Tensor image_packed, mask_packed;  // inpainting: the picture's latents and the mask (1: repaint), packed
-  if (!o.image.empty()) {
+  if (o.has_image()) {
     if (device.simulate()) throw Error("--image: image-to-image runs the VAE's encoder on the picture; --simulate does not model it");
     // FluxImg2ImgPipeline: the schedule from get_timesteps' start, the picture's latents noised to
     // its first sigma (scale_noise); strength 1 starts from the noise alone.
     scheduler.begin_at(img2img_start_step(o.steps, o.strength));
     const Tensor latents = image_latents(o, main);
     initial = models::pack_latents(scale_noise(latents, ops::contiguous(noise_unpacked, main), scheduler.sigmas().front()), main);
-    if (!o.mask.empty()) {
+    if (o.has_mask()) {
       // FluxInpaintPipeline: after each step the known region is the picture's latents noised to
       // the next step's level (the last step: the picture's latents themselves).
       image_packed = models::pack_latents(latents, main);
-      const Tensor mask = inpaint_mask(media::read_input_image(o.mask, "--mask"), o.width, o.height, lh, lw);
+      const Tensor mask =
+          inpaint_mask(o.mask_pixels ? *o.mask_pixels : media::read_input_image(o.mask, "--mask"), o.width, o.height, lh, lw);
       mask_packed = models::pack_latents(mask.expand({1, channels, lh, lw}).contiguous(), main);
       loop.after_step = [&](int i, const Tensor& stepped) {
         const int steps = scheduler.steps();

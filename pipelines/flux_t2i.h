@@ -7,12 +7,14 @@
 
 #include <functional>
 #include <memory>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "models/autoencoder_kl.h"
 #include "models/autoencoder_kl_encoder.h"
+#include "media/jpeg.h"
 #include "models/flux_transformer.h"
 #include "pipelines/flow_match.h"
 #include "pipelines/generation.h"
@@ -40,7 +42,10 @@ struct T2IOptions {
   // noised to the level of the step strength starts at (pipelines/image_conditioning.h). With a mask
   // file (FluxInpaintPipeline; white: repaint), the rest is put back after every step.
   std::string image, mask;
+  std::shared_ptr<const media::RgbImage> image_pixels, mask_pixels;  // instead of the files, when given
   double strength = 0.6;
+  bool has_image() const { return !image.empty() || image_pixels; }
+  bool has_mask() const { return !mask.empty() || mask_pixels; }
 };
 
 class FluxT2IPipeline {

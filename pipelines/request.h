@@ -18,11 +18,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "media/jpeg.h"
 #include "pipelines/stages/cache_config.h"
 #include "pipelines/stages/sparse_attention.h"
 #include "pipelines/text_conditioning.h"
@@ -41,6 +43,10 @@ struct Request {
   // as files; strength in (0, 1] (diffusers' default 0.6 when an image is given).
   std::string image, mask_image;
   std::optional<double> strength;
+  // The same pictures in memory (a server's uploads), used instead of the files; not in the JSON.
+  std::shared_ptr<const media::RgbImage> image_pixels, mask_pixels;
+  bool has_image() const { return !image.empty() || image_pixels; }
+  bool has_mask() const { return !mask_image.empty() || mask_pixels; }
   uint64_t seed = 0;
   CacheConfig cache;  // method none: no step cache
   std::optional<SparseConfig> sparse;

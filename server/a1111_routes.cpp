@@ -1,18 +1,53 @@
-// The AUTOMATIC1111 web UI's API, the subset image tools call: txt2img, progress, interrupt and the
-// model list. Its fields map onto the library's request: steps -> num_inference_steps, cfg_scale ->
+// The AUTOMATIC1111 web UI's API, the subset image tools call: txt2img, img2img (init_images,
+// mask, denoising_strength: Flux image-to-image and inpainting), progress, interrupt and the model
+// list. Its fields map onto the library's request: steps -> num_inference_steps, cfg_scale ->
 // guidance_scale, seed -1 -> a random seed; batch_size x n_iter pictures with seeds seed, seed + 1...
 #include <string>
 #include <vector>
 
 #include "server/request_body.h"
+#include "tokenizers/t5_tokenizer_json.h"
 #include "server/routes.h"
 
 namespace cubevec::server {
 
 namespace {
 
-void txt2img(ServerContext& context, const httplib::Request& http_request, httplib::Response& response) {
+// A picture sent as base64 (a data URL's "data:image/png;base64," prefix allowed) decoded.
+std::shared_ptr<const media::RgbImage> base64_picture(const nlohmann::json& value, const std::string& param) {
+  if (!value.is_string()) throw invalid_request(param, "'" + param + "' must be a base64 string (a PNG or JPEG)", "invalid_type");
+  std::string text = value.get<std::string>();
+  if (text.rfind("data:", 0) == 0) {
+    const std::size_t comma = text.find(',');
+    if (comma == std::string::npos || text.substr(0, comma).find(";base64") == std::string::npos)
+      throw invalid_request(param, "'" + param + "' is a data URL without ';base64,'", "invalid_image");
+    text = text.substr(comma + 1);
+  }
+  std::string bytes;
+  try {
+    bytes = tokenizers::decode_base64(text);  // standard base64, padded, as the web UI sends it
+  } catch (const Error& e) {
+    throw invalid_request(param, "'" + param + "' is not base64: " + e.what(), "invalid_image");
+  }
+  return decode_upload(bytes, param);
+}
+
+void generate(ServerContext& context, const httplib::Request& http_request, httplib::Response& response, bool img2img) {
   const nlohmann::json body = parse_body(http_request.body, http_request.get_header_value("Content-Type"));
+  Uploads uploads;
+  if (img2img) {
+    const auto images = body.find("init_images");
+    if (images == body.end() || !images->is_array() || images->empty())
+      throw invalid_request("init_images", "'init_images' is required: a list with one base64 picture", "missing_required_parameter");
+    if (images->size() > 1) throw invalid_request("init_images", "one picture in 'init_images' per request: this server edits one");
+    uploads.image = base64_picture(images->front(), "init_images");
+    if (const auto mask = body.find("mask"); mask != body.end() && !mask->is_null()) {
+      uploads.mask = base64_picture(*mask, "mask");
+      if (uploads.mask->width != uploads.image->width || uploads.mask->height != uploads.image->height)
+        throw invalid_request("mask", "the mask must have the picture's size, " + std::to_string(uploads.image->width) + "x" +
+                                          std::to_string(uploads.image->height));
+    }
+  }
   const std::string prompt = string_field(body, "prompt").value_or("");
   if (prompt.empty())
     throw invalid_request("prompt", "'prompt' is required: a non-empty string (cubevec's models need a prompt)",
@@ -42,9 +77,11 @@ void txt2img(ServerContext& context, const httplib::Request& http_request, httpl
   if (const auto cfg = number_field(body, "cfg_scale", 0.0, 100.0)) keys["guidance_scale"] = *cfg;
   if (const auto width = integer_field(body, "width", 16, context.limits.max_side)) keys["width"] = *width;
   if (const auto height = integer_field(body, "height", 16, context.limits.max_side)) keys["height"] = *height;
+  // The web UI's default strength is 0.75.
+  if (img2img) keys["strength"] = number_field(body, "denoising_strength", 0.0, 1.0).value_or(0.75);
   const pipelines::Request first = [&] {
     try {
-      return checked_request(keys, model, context.limits, /*video_route=*/false);
+      return checked_request(keys, model, context.limits, /*video_route=*/false, uploads);
     } catch (const ApiError& e) {
       if (e.param() != "model") throw;
       throw ApiError(e.status(), e.type(), e.code(), checkpoint, e.what());
@@ -108,7 +145,9 @@ void progress(ServerContext& context, httplib::Response& response) {
 
 void add_a1111_routes(httplib::Server& http, ServerContext& context) {
   add_route(http, context, "POST", "/sdapi/v1/txt2img",
-            answering_errors([&](const httplib::Request& q, httplib::Response& r) { txt2img(context, q, r); }));
+            answering_errors([&](const httplib::Request& q, httplib::Response& r) { generate(context, q, r, false); }));
+  add_route(http, context, "POST", "/sdapi/v1/img2img",
+            answering_errors([&](const httplib::Request& q, httplib::Response& r) { generate(context, q, r, true); }));
   add_route(http, context, "GET", "/sdapi/v1/progress",
             answering_errors([&](const httplib::Request&, httplib::Response& r) { progress(context, r); }));
   add_route(http, context, "POST", "/sdapi/v1/interrupt", answering_errors([&](const httplib::Request&, httplib::Response& r) {

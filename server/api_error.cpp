@@ -41,7 +41,10 @@ std::string request_key_named_in(const std::string& message) {
                                           "seed",
                                           "cache",
                                           "sparse",
-                                          "max_sequence_length"};
+                                          "max_sequence_length",
+                                          "image",
+                                          "mask_image",
+                                          "strength"};
   // The message may hold the client's own text (an unknown key of any length): plain scanning, no
   // regex (libstdc++'s recurses per character). First the leading word ("request: 'key' must",
   // "key: ...", "cache.cache-fn must"), then the first quoted key.

@@ -1,5 +1,7 @@
 #include "server/http_common.h"
 
+#include "media/image_input.h"
+
 #include <new>
 #include <random>
 
@@ -62,12 +64,12 @@ void refuse_file_keys(const nlohmann::json& body) {
 void copy_diffusion_keys(const nlohmann::json& body, nlohmann::json& request_keys) {
   refuse_file_keys(body);
   for (const char* key : {"negative_prompt", "num_inference_steps", "guidance_scale", "true_cfg_scale", "seed", "cfg", "cache", "sparse",
-                          "max_sequence_length", "num_frames"})
+                          "max_sequence_length", "num_frames", "strength"})
     if (const auto it = body.find(key); it != body.end() && !it->is_null()) request_keys[key] = *it;
 }
 
 pipelines::Request checked_request(const nlohmann::json& request_keys, const ServedModel& model, const ServeLimits& limits,
-                                   bool video_route) {
+                                   bool video_route, const Uploads& uploads) {
   const pipelines::ModelPipeline& family = model.pipeline->model();
   if (family.video() != video_route)
     throw invalid_request(
@@ -83,6 +85,8 @@ pipelines::Request checked_request(const nlohmann::json& request_keys, const Ser
   } catch (const Error& e) {
     throw from_library_error(e.what());
   }
+  request.image_pixels = uploads.image;
+  request.mask_pixels = uploads.mask;
   try {
     request = model.pipeline->checked(request);
   } catch (const Error& e) {
@@ -98,6 +102,15 @@ pipelines::Request checked_request(const nlohmann::json& request_keys, const Ser
   over("height", *request.height, limits.max_side, "--max-size");
   if (request.num_frames) over("num_frames", *request.num_frames, limits.max_frames, "--max-frames");
   return request;
+}
+
+std::shared_ptr<const media::RgbImage> decode_upload(const std::string& bytes, const std::string& param, std::vector<uint8_t>* alpha) {
+  try {
+    return std::make_shared<const media::RgbImage>(
+        media::decode_input_image(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "the upload '" + param + "'", alpha));
+  } catch (const Error& e) {
+    throw invalid_request(param, e.what(), "invalid_image");
+  }
 }
 
 uint64_t random_seed() {

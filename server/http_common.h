@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "media/jpeg.h"
+
 #include "pipelines/request.h"
 #include "server/api_error.h"
 #include "server/limits.h"
@@ -51,11 +53,22 @@ void copy_diffusion_keys(const nlohmann::json& body, nlohmann::json& request_key
 // no file a client names.
 void refuse_file_keys(const nlohmann::json& body);
 
+// Pictures a route received as uploads (decoded, checked): they go into the request in memory,
+// never as files.
+struct Uploads {
+  std::shared_ptr<const media::RgbImage> image, mask;
+};
+
 // `request_keys` (the library's request JSON) as a Request for `model`, with the model's defaults,
 // checked against the model and the server's limits; every error a 400 naming the field.
 // `video_route`: whether the route makes videos (a model of the other kind is a 400).
 pipelines::Request checked_request(const nlohmann::json& request_keys, const ServedModel& model, const ServeLimits& limits,
-                                   bool video_route);
+                                   bool video_route, const Uploads& uploads = {});
+
+// An uploaded picture (PNG or JPEG bytes) decoded as the command line reads a file; anything else a
+// 400 naming `param`. With `alpha`, a PNG's alpha channel too (media/image_input.h).
+std::shared_ptr<const media::RgbImage> decode_upload(const std::string& bytes, const std::string& param,
+                                                     std::vector<uint8_t>* alpha = nullptr);
 
 // The seed a route uses when the client gives none (OpenAI and AUTOMATIC1111's -1): random.
 uint64_t random_seed();

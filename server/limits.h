@@ -7,7 +7,7 @@
 namespace cubevec::server {
 
 struct ServeLimits {
-  std::size_t max_body_bytes = std::size_t{1} << 20;  // --max-body
+  std::size_t max_body_bytes = std::size_t{32} << 20;  // --max-body: room for a picture upload
   int read_timeout_s = 10, write_timeout_s = 10;      // --read-timeout, --write-timeout: a stalled client is dropped
   int http_threads = 64;                              // --http-threads: connections served at once
   int max_n = 4;                                      // --max-n: pictures per request

@@ -1,5 +1,8 @@
-// OpenAI's images API: POST /v1/images/generations, GET /v1/models, and the files that
+// OpenAI's images API: POST /v1/images/generations, POST /v1/images/edits (a multipart form with the
+// picture and an optional mask: image-to-image or inpainting), GET /v1/models, and the files that
 // response_format "url" points at.
+#include <algorithm>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -13,8 +16,8 @@ namespace {
 
 std::string mime_of(const std::string& format) { return format == "png" ? "image/png" : "image/jpeg"; }
 
-void generate_images(ServerContext& context, const httplib::Request& http_request, httplib::Response& response) {
-  const nlohmann::json body = parse_body(http_request.body, http_request.get_header_value("Content-Type"));
+void generate_images(ServerContext& context, const httplib::Request& http_request, httplib::Response& response, const nlohmann::json& body,
+                     const Uploads& uploads) {
   const std::optional<std::string> prompt = string_field(body, "prompt");
   if (!prompt || prompt->empty()) throw invalid_request("prompt", "'prompt' is required: a non-empty string", "missing_required_parameter");
   const std::string model_name = string_field(body, "model", {}, 256).value_or("");
@@ -31,7 +34,7 @@ void generate_images(ServerContext& context, const httplib::Request& http_reques
   copy_diffusion_keys(body, keys);
   if (size) keys["width"] = size->first, keys["height"] = size->second;
   if (!keys.contains("seed")) keys["seed"] = random_seed();
-  const pipelines::Request first = checked_request(keys, model, context.limits, /*video_route=*/false);
+  const pipelines::Request first = checked_request(keys, model, context.limits, /*video_route=*/false, uploads);
   if (first.seed > static_cast<uint64_t>(INT64_MAX) - static_cast<uint64_t>(n - 1))
     throw invalid_request(
         "seed", "'seed' + n - 1 must stay at most " + std::to_string(INT64_MAX) + " (the pictures' seeds are seed, seed + 1, ...)");
@@ -57,6 +60,64 @@ void generate_images(ServerContext& context, const httplib::Request& http_reques
   answer["size"] = std::to_string(*first.width) + "x" + std::to_string(*first.height);
   answer["model"] = model.name;
   send_json(response, 200, answer);
+}
+
+// The form's text fields as the JSON body /v1/images/generations takes: the numeric fields parsed as
+// numbers, the rest as strings; a file where text belongs (or text where a file belongs) is a 400.
+nlohmann::json form_fields(const httplib::Request& http_request) {
+  static const std::set<std::string> numbers = {"n",    "output_compression", "num_inference_steps", "guidance_scale", "true_cfg_scale",
+                                                "seed", "strength",           "max_sequence_length"};
+  static const std::set<std::string> texts = {"prompt", "model",  "size", "response_format", "output_format", "negative_prompt", "cfg",
+                                              "cache",  "sparse", "user", "quality",         "background"};
+  nlohmann::json body = nlohmann::json::object();
+  for (const auto& [name, item] : http_request.files) {
+    if (name == "image" || name == "image[]" || name == "mask") {
+      if (item.filename.empty()) throw invalid_request(name, "'" + name + "' must be a file (a PNG or JPEG upload), got a text field");
+      continue;
+    }
+    if (!item.filename.empty()) throw invalid_request(name, "'" + name + "' must be a text field, got a file");
+    if (numbers.count(name)) {
+      try {
+        body[name] = nlohmann::json::parse(item.content);
+      } catch (const nlohmann::json::exception&) {
+        throw invalid_request(name, "'" + name + "' must be a number, got '" + item.content.substr(0, 64) + "'", "invalid_type");
+      }
+      if (!body[name].is_number()) throw invalid_request(name, "'" + name + "' must be a number", "invalid_type");
+    } else if (texts.count(name)) {
+      body[name] = item.content;
+    }  // other fields are ignored, as OpenAI ignores them (and /v1/images/generations too)
+  }
+  return body;
+}
+
+// POST /v1/images/edits: `image` (one picture) and optionally `mask`, as OpenAI's API sends them. The
+// mask's fully transparent pixels are repainted (OpenAI's rule); a mask without alpha is read as the
+// command line reads one, white repainted. Both must have one size.
+void edit_images(ServerContext& context, const httplib::Request& http_request, httplib::Response& response) {
+  if (!http_request.is_multipart_form_data())
+    throw invalid_request("image", "POST /v1/images/edits takes a multipart form: the 'image' file, 'prompt', and optionally 'mask'");
+  const nlohmann::json body = form_fields(http_request);
+  const std::size_t pictures = http_request.files.count("image") + http_request.files.count("image[]");
+  if (pictures == 0)
+    throw invalid_request("image", "'image' is required: the picture to edit (a PNG or JPEG file)", "missing_required_parameter");
+  if (pictures > 1) throw invalid_request("image", "one 'image' per request: this server edits one picture");
+  const std::string picture_field = http_request.has_file("image") ? "image" : "image[]";
+  Uploads uploads;
+  uploads.image = decode_upload(http_request.get_file_value(picture_field).content, "image");
+  if (http_request.files.count("mask") > 1) throw invalid_request("mask", "one 'mask' per request");
+  if (http_request.has_file("mask")) {
+    std::vector<uint8_t> alpha;
+    auto mask = std::make_shared<media::RgbImage>(*decode_upload(http_request.get_file_value("mask").content, "mask", &alpha));
+    if (mask->width != uploads.image->width || mask->height != uploads.image->height)
+      throw invalid_request("mask", "the mask is " + std::to_string(mask->width) + "x" + std::to_string(mask->height) + " and the image " +
+                                        std::to_string(uploads.image->width) + "x" + std::to_string(uploads.image->height) +
+                                        "; they must have one size");
+    if (!alpha.empty())
+      for (std::size_t i = 0; i < alpha.size(); ++i)
+        std::fill_n(mask->pixels.begin() + static_cast<std::ptrdiff_t>(3 * i), 3, alpha[i] == 0 ? 255 : 0);
+    uploads.mask = std::move(mask);
+  }
+  generate_images(context, http_request, response, body, uploads);
 }
 
 void serve_image_file(ServerContext& context, const httplib::Request& http_request, httplib::Response& response) {
@@ -114,8 +175,11 @@ std::string base64(const std::string& bytes) {
 }
 
 void add_openai_image_routes(httplib::Server& http, ServerContext& context) {
-  add_route(http, context, "POST", "/v1/images/generations",
-            answering_errors([&](const httplib::Request& q, httplib::Response& r) { generate_images(context, q, r); }));
+  add_route(http, context, "POST", "/v1/images/generations", answering_errors([&](const httplib::Request& q, httplib::Response& r) {
+              generate_images(context, q, r, parse_body(q.body, q.get_header_value("Content-Type")), {});
+            }));
+  add_route(http, context, "POST", "/v1/images/edits",
+            answering_errors([&](const httplib::Request& q, httplib::Response& r) { edit_images(context, q, r); }));
   add_route(http, context, "GET", R"(/v1/images/files/([A-Za-z0-9_]+)\.(png|jpg))",
             answering_errors([&](const httplib::Request& q, httplib::Response& r) { serve_image_file(context, q, r); }));
   add_route(http, context, "GET", "/v1/models",
