@@ -36,7 +36,8 @@ int run(int argc, char** argv) {
                                                {"api", api_suite},
                                                {"serve", serve_suite},
                                                {"serve-flux", serve_flux_suite},
-                                               {"python-ops", python_ops_suite}};
+                                               {"python-ops", python_ops_suite},
+                                               {"images", images_suite}};
   std::string names;
   for (const auto& [name, suite] : suites) names += (names.empty() ? "" : ", ") + name;
 
