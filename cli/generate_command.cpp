@@ -113,6 +113,8 @@ pipelines::Request request_of(const GenerateFlags& f, const CLI::App& command, c
   if (given("--steps")) r.num_inference_steps = f.steps;
   if (given("--guidance")) r.guidance_scale = f.guidance;
   if (image && given("--cfg-scale")) r.true_cfg_scale = f.cfg_scale;
+  for (const auto& [flag, path] : {std::pair<const char*, const std::string*>{"--image", &f.image}, {"--mask", &f.mask}})
+    if (image && given(flag) && path->empty()) throw Error(std::string(flag) + ": expected a PNG or JPEG file, got an empty path");
   r.image = f.image;
   r.mask_image = f.mask;
   if (image && given("--strength")) r.strength = f.strength;

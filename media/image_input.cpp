@@ -23,6 +23,10 @@ void check_dimensions(int64_t width, int64_t height, const std::string& what) {
                 std::to_string(kMaxInputSide) + " a side and at most " + std::to_string(kMaxInputPixels) + " in all are read");
 }
 
+int64_t read_be32(const uint8_t* p) {
+  return static_cast<int64_t>(uint32_t{p[0]} << 24 | uint32_t{p[1]} << 16 | uint32_t{p[2]} << 8 | uint32_t{p[3]});
+}
+
 // --- PNG: libpng's low-level reader, with PIL's conversions and none of libpng's gamma handling ---
 
 struct PngSource {
@@ -47,6 +51,9 @@ void png_read_from_memory(png_structp png, png_bytep out, png_size_t length) {
 }
 
 RgbImage decode_png_rgb(const uint8_t* data, std::size_t size, const std::string& what, std::vector<uint8_t>* alpha) {
+  // The IHDR's size first (bytes 16..23 after the signature and the chunk's length and name), so a
+  // picture too large (or of zero size) is named as such, not as libpng's "Invalid IHDR data".
+  if (size >= 24 && std::memcmp(data + 12, "IHDR", 4) == 0) check_dimensions(read_be32(data + 16), read_be32(data + 20), what);
   PngSource source{data, size, 0, {0}};
   RgbImage out;                 // made before setjmp: a longjmp never skips a destructor
   std::vector<png_bytep> rows;  // likewise
@@ -191,6 +198,7 @@ RgbImage decode_jpeg_rgb(const uint8_t* data, std::size_t size, const std::strin
   int width = 0, height = 0, subsampling = 0, colorspace = 0;
   if (tjDecompressHeader3(tj.handle, data, static_cast<unsigned long>(size), &width, &height, &subsampling, &colorspace) != 0)
     throw Error(what + ": not a readable JPEG image: " + std::string(tjGetErrorStr2(tj.handle)));
+  if (width == 0 || height == 0) throw Error(what + ": not a readable JPEG image: it has no frame header (a truncated file?)");
   if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK)
     throw Error(what + ": a CMYK JPEG; convert it to RGB first (cubevec reads RGB and greyscale JPEGs)");
   check_dimensions(width, height, what);

@@ -165,7 +165,7 @@ class FluxModelPipeline : public FamilyPipelineBase<FluxT2IPipeline, T2IOptions>
     o.mask = r.mask_image;
     o.image_pixels = r.image_pixels;
     o.mask_pixels = r.mask_pixels;
-    if (r.strength) o.strength = *r.strength;
+    if (r.strength) o.strength = *r.strength, o.strength_given = true;
     o.activations = run.activations;
     o.cfg_parallel = run.cfg_parallel;
     o.vae_parallel = run.vae_parallel;

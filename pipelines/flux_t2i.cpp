@@ -81,6 +81,7 @@ void FluxT2IPipeline::check(const T2IOptions& o, bool have_negative) const {
   if (o.cfg != CfgMode::off && !have_negative)
     throw Error("--cfg " + std::string(cfg_mode_name(o.cfg)) + " needs negative embeddings (a negative prompt)");
   if (o.has_mask() && !o.has_image()) throw Error("--mask needs --image (the picture to inpaint)");
+  if (o.strength_given && !o.has_image()) throw Error("--strength applies with --image (how much of the picture is repainted)");
   if (o.has_image()) {
     img2img_start_step(o.steps, o.strength);
     // Read now, so a bad picture fails before any weight loads.

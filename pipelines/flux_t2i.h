@@ -44,6 +44,7 @@ struct T2IOptions {
   std::string image, mask;
   std::shared_ptr<const media::RgbImage> image_pixels, mask_pixels;  // instead of the files, when given
   double strength = 0.6;
+  bool strength_given = false;  // a strength without a picture is a mistake, not a no-op
   bool has_image() const { return !image.empty() || image_pixels; }
   bool has_mask() const { return !mask.empty() || mask_pixels; }
 };

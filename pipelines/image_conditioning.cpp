@@ -11,12 +11,13 @@ namespace cubevec::pipelines {
 
 int img2img_start_step(int steps, double strength) {
   if (!(strength > 0.0 && strength <= 1.0))
-    throw Error("--strength must be in (0, 1], got " + std::to_string(strength) +
+    throw Error("--strength must be in (0, 1], got " + number_for_message(strength) +
                 (strength == 0.0 ? " (0 would run no denoising step: the picture would come back as it went in)" : ""));
   const double init = std::min(static_cast<double>(steps) * strength, static_cast<double>(steps));
   const int start = static_cast<int>(std::max(static_cast<double>(steps) - init, 0.0));
   if (steps - start < 1)
-    throw Error("--strength " + std::to_string(strength) + " leaves no denoising step of " + std::to_string(steps) + " (raise --steps)");
+    throw Error("--strength " + number_for_message(strength) + " leaves no denoising step of " + std::to_string(steps) +
+                " (raise --steps)");
   return start;
 }
 

@@ -78,7 +78,12 @@ Request Request::from_json(const nlohmann::json& json, const std::string& source
       .text("mask_image", q.mask_image)
       .number_in("strength", strength, 0.0, 1.0)
       .integer("seed", seed, 0, kMaxSeed);
-  if (r.has("strength")) q.strength = strength;
+  if (r.has("strength")) {
+    if (!(strength > 0.0)) r.fail("strength", "must be in (0, 1]: 0 would run no denoising step");
+    q.strength = strength;
+  }
+  for (const auto& [key, path] : {std::pair<const char*, const std::string*>{"image", &q.image}, {"mask_image", &q.mask_image}})
+    if (r.has(key) && path->empty()) r.fail(key, "must name a PNG or JPEG file, got an empty string");
   if (r.has("max_sequence_length")) q.text.max_sequence_length = max_sequence_length, q.text.max_sequence_length_given = true;
   if (r.has("width")) q.width = width;
   if (r.has("height")) q.height = height;

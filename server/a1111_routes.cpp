@@ -34,6 +34,7 @@ std::shared_ptr<const media::RgbImage> base64_picture(const nlohmann::json& valu
 
 void generate(ServerContext& context, const httplib::Request& http_request, httplib::Response& response, bool img2img) {
   const nlohmann::json body = parse_body(http_request.body, http_request.get_header_value("Content-Type"));
+  refuse_file_keys(body);
   Uploads uploads;
   if (img2img) {
     const auto images = body.find("init_images");
@@ -83,8 +84,10 @@ void generate(ServerContext& context, const httplib::Request& http_request, http
     try {
       return checked_request(keys, model, context.limits, /*video_route=*/false, uploads);
     } catch (const ApiError& e) {
-      if (e.param() != "model") throw;
-      throw ApiError(e.status(), e.type(), e.code(), checkpoint, e.what());
+      // The library's keys as this route names them.
+      if (e.param() == "model") throw ApiError(e.status(), e.type(), e.code(), checkpoint, e.what());
+      if (e.param() == "strength") throw ApiError(e.status(), e.type(), e.code(), "denoising_strength", e.what());
+      throw;
     }
   }();
   std::vector<pipelines::Request> requests(static_cast<std::size_t>(batch_size * n_iter), first);

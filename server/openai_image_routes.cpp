@@ -70,7 +70,13 @@ nlohmann::json form_fields(const httplib::Request& http_request) {
   static const std::set<std::string> texts = {"prompt", "model",  "size", "response_format", "output_format", "negative_prompt", "cfg",
                                               "cache",  "sparse", "user", "quality",         "background"};
   nlohmann::json body = nlohmann::json::object();
+  nlohmann::json named_files = nlohmann::json::object();  // file names sent as text: refused as in a JSON body
+  for (const char* key : {"prompt_embeds", "mask_image"})
+    if (http_request.has_file(key)) named_files[key] = http_request.get_file_value(key).content;
+  refuse_file_keys(named_files);
   for (const auto& [name, item] : http_request.files) {
+    if (name != "image" && name != "image[]" && name != "mask" && http_request.files.count(name) > 1)
+      throw invalid_request(name, "'" + name.substr(0, 64) + "' is given more than once in the form");
     if (name == "image" || name == "image[]" || name == "mask") {
       if (item.filename.empty()) throw invalid_request(name, "'" + name + "' must be a file (a PNG or JPEG upload), got a text field");
       continue;

@@ -20,7 +20,7 @@ import zlib
 
 import numpy as np
 
-from ._cubevec import Pipeline as _Pipeline
+from ._cubevec import Error, Pipeline as _Pipeline
 
 __all__ = ["FluxPipeline", "WanPipeline", "PipelineOutput"]
 
@@ -119,9 +119,9 @@ def _path(value, name):
         raw = os.fsencode(path)
         text = raw.decode("utf-8")
     except (UnicodeEncodeError, UnicodeDecodeError):
-        raise ValueError(f"{name} must be UTF-8 (cubevec's reports carry it as text), got {path!r}") from None
+        raise ValueError(f"{name} must be UTF-8 (cubevec's reports carry it as text), got {repr(path)[:200]}") from None
     if "\0" in text:
-        raise ValueError(f"{name} holds a NUL character: {path!r}")
+        raise ValueError(f"{name} holds a NUL character: {repr(path)[:200]}")
     if not text:
         raise ValueError(f"{name} must not be empty")
     return text
@@ -159,14 +159,21 @@ def _png_bytes(pixels):
 def _picture(value, name, folder):
     """A picture argument as a file the library reads: a path as it is (PNG or JPEG); a PIL image or
     an H x W x 3 (or H x W grey) uint8 array written losslessly into `folder` first."""
+    if isinstance(value, bytes) and (value[:4] in (b"\x89PNG", b"\xff\xd8\xff\xe0", b"\xff\xd8\xff\xe1") or b"\0" in value):
+        raise TypeError(f"{name}: got a picture's bytes; pass a path, a PIL image or a uint8 array (bytes are read as a path)")
     if isinstance(value, (str, bytes)) or hasattr(value, "__fspath__"):
         path = _path(value, name)
         _existing(path, name, folder=False)
         return path
-    if hasattr(value, "save") and hasattr(value, "mode"):  # a PIL image
+    if hasattr(value, "save") and hasattr(value, "mode"):  # a PIL image, made RGB as diffusers' load_image makes it
         path = os.path.join(folder, f"{name}.png")
-        value.save(path, format="PNG")
+        try:
+            value.convert("RGB").save(path, format="PNG")
+        except Exception as e:  # PIL's own errors (a closed or truncated image, an empty one)
+            raise ValueError(f"{name}: this PIL image cannot be read ({type(e).__name__}: {e})") from None
         return path
+    if isinstance(value, np.matrix):
+        value = np.asarray(value)
     if isinstance(value, np.ndarray):
         if value.dtype != np.uint8 or value.ndim not in (2, 3) or (value.ndim == 3 and value.shape[2] != 3) or 0 in value.shape:
             raise ValueError(f"{name} must be an H x W x 3 (or H x W) uint8 array, got {value.dtype} {list(value.shape)}")
@@ -255,7 +262,15 @@ class _DiffusionPipeline:
             for key, value in (pictures or {}).items():
                 if value is not None:
                     request[key] = _picture(value, key, folder)
-            return self._generate(request, output_type, callback_on_step_end)
+            try:
+                return self._generate(request, output_type, callback_on_step_end)
+            except (ValueError, Error) as e:  # a picture written here is named as the caller gave it, not by its temporary file
+                if folder not in str(e):
+                    raise
+                message = str(e)
+                for key in pictures or {}:
+                    message = message.replace(os.path.join(folder, f"{key}.png"), f"(the {key} given)")
+                raise type(e)(message) from None
 
     def _generate(self, request, output_type, callback_on_step_end):
         if callback_on_step_end is not None and not callable(callback_on_step_end):

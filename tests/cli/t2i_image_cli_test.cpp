@@ -105,6 +105,9 @@ TEST_F(T2iImageCli, BadImagesAndSettingsAreErrorsBeforeAnyWeightLoads) {
       {{"--image", picture, "--strength", "0"}, "0 would run no denoising step"},
       {{"--image", picture, "--strength", "1.5"}, "--strength"},
       {{"--mask", picture}, "--mask needs --image"},
+      {{"--strength", "0.5"}, "--strength applies with --image"},
+      {{"--image", ""}, "--image: expected a PNG or JPEG file, got an empty path"},
+      {{"--image", picture, "--mask", ""}, "--mask: expected a PNG or JPEG file, got an empty path"},
       {{"--image", picture, "--mask", text.string()}, "--mask " + text.string() + ": neither a PNG nor a JPEG image"},
   };
   for (const Case& c : cases) {

@@ -273,7 +273,7 @@ def test_image_to_image_and_inpainting_equal_the_command_lines(flux, tmp_path):
         flux(prompt=PROMPT, image=picture.astype(np.float32), output_type="np")
     with pytest.raises(FileNotFoundError, match=r"no such file \(image\)"):
         flux(prompt=PROMPT, image=str(tmp_path / "missing.png"), output_type="np")
-    with pytest.raises(ValueError, match=r"strength must be in \(0, 1\]"):
+    with pytest.raises(ValueError, match=r"'strength' must be in \(0, 1\]"):
         flux(prompt=PROMPT, image=picture, strength=0.0, output_type="np")
     with pytest.raises(ValueError, match="mask needs image|needs --image|mask_image needs image"):
         flux(prompt=PROMPT, mask_image=mask, output_type="np")

@@ -142,6 +142,24 @@ TEST(ServerImagesIn, BadUploadsAndFieldsAreErrorsNamingThem) {
   cases.push_back({"a path in generations",
                    server.post("/v1/images/generations", json{{"prompt", kPrompt}, {"mask_image", "/etc/passwd"}}.dump()), "mask_image",
                    "reads no file"});
+  cases.push_back({"a prompt given twice",
+                   edits({{"image", good, "a.png", "image/png"}, {"prompt", kPrompt, "", ""}, {"prompt", "again", "", ""}}), "prompt",
+                   "more than once"});
+  cases.push_back({"a path as a form field",
+                   edits({{"image", good, "a.png", "image/png"}, {"prompt", kPrompt, "", ""}, {"prompt_embeds", "/etc/passwd", "", ""}}),
+                   "prompt_embeds", "reads no file"});
+  cases.push_back({"strength without a picture", server.post("/v1/images/generations", json{{"prompt", kPrompt}, {"strength", 0.5}}.dump()),
+                   "strength", "applies with"});
+  cases.push_back(
+      {"a path in img2img",
+       server.post("/sdapi/v1/img2img",
+                   json{{"prompt", kPrompt}, {"init_images", {cubevec::server::base64(good)}}, {"image", "/etc/passwd"}}.dump()),
+       "image", "reads no file"});
+  cases.push_back(
+      {"a1111 strength 0",
+       server.post("/sdapi/v1/img2img",
+                   json{{"prompt", kPrompt}, {"init_images", {cubevec::server::base64(good)}}, {"denoising_strength", 0}}.dump()),
+       "denoising_strength", "no denoising step"});
   cases.push_back({"a1111 without init_images", server.post("/sdapi/v1/img2img", json{{"prompt", kPrompt}}.dump()), "init_images",
                    "'init_images' is required"});
   cases.push_back({"a1111 bad base64", server.post("/sdapi/v1/img2img", json{{"prompt", kPrompt}, {"init_images", {"@@@@"}}}.dump()),
