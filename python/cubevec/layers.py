@@ -22,6 +22,7 @@ import numbers
 import numpy as np
 
 from . import _cubevec
+from ._checks import finite_float
 
 try:  # bfloat16 arrays, where the package exists
     import ml_dtypes as _ml_dtypes
@@ -105,14 +106,7 @@ def _int(value, name, low=None, high=None):
 
 def _real(value, name, low=None, high=None, low_open=False):
     """A finite float that float32 holds (the kernels compute in f32): a larger one would be inf there."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-    try:
-        value = float(value)
-    except OverflowError:
-        raise ValueError(f"{name} must be finite, got an int too large for a float") from None
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
+    value = finite_float(value, name)
     if abs(value) > _FLOAT32_MAX:
         raise ValueError(f"{name} must fit in float32 (|{name}| <= {_FLOAT32_MAX:.4g}), got {value}")
     if low is not None and (value < low or (low_open and value == low)):

@@ -8,7 +8,6 @@ the request, which name the same keys, raise ValueError too).
 
 import errno
 import json
-import math
 import numbers
 import os
 import secrets
@@ -20,6 +19,7 @@ import zlib
 
 import numpy as np
 
+from ._checks import finite_float
 from ._cubevec import Error, Pipeline as _Pipeline
 
 __all__ = ["FluxPipeline", "WanPipeline", "PipelineOutput"]
@@ -63,16 +63,7 @@ def _integer(value, name):
     return int(value)
 
 
-def _number(value, name):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-    try:
-        value = float(value)
-    except OverflowError:
-        raise ValueError(f"{name} must be finite, got an int too large for a float") from None
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
-    return value
+_number = finite_float
 
 
 def _stage_settings(value, name):
