@@ -19,7 +19,6 @@ script runs exactly those PIL calls. It writes, under OUTPUT_DIR:
                         and `<name>.lanczos_WxH` for a few sizes (Image.resize(LANCZOS) of that)
 """
 
-import io
 import json
 import os
 import struct
