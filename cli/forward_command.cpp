@@ -21,6 +21,7 @@
 #include "pipelines/stages/quantize.h"
 #include "base/error.h"
 #include "tensor/finite_check.h"
+#include "models/lora.h"
 #include "tensor/safetensors.h"
 
 namespace cubevec::cli {
@@ -32,7 +33,9 @@ struct ForwardFlags {
   std::string quant, timestep_policy;  // pipelines/stages/quantize.h
   int step_index = 0;                  // the step a timestep-aware quantized model runs at
   bool quant_given = false, step_index_given = false;
-  bool check_weights = true;  // a port is compared number by number: a NaN weight is named up front
+  bool check_weights = true;           // a port is compared number by number: a NaN weight is named up front
+  std::vector<std::string> loras;      // --lora FILE[:SCALE], repeatable: fused in order
+  bool lora_ignore_unmatched = false;  // --lora-ignore-unmatched
 };
 
 int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache, const ParallelFlags& parallel_flags) {
@@ -44,6 +47,12 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
   const parallel::ParallelGroups groups = parallel_flags.resolve();  // before any work
   if (f.quant_given && groups.degrees.tp > 1)
     throw Error("--quant with --tp is not supported yet: the quantized layers would need their shards too");
+  // The LoRA files are read before the model loads: a bad one fails at once.
+  std::vector<std::pair<models::LoraAdapter, double>> loras;
+  for (const std::string& flag : f.loras) {
+    const auto [path, scale] = models::parse_lora_flag(flag);
+    loras.emplace_back(models::read_lora(path), scale);
+  }
   // The quantization files are read and checked before the model loads, as in t2i / t2v.
   std::unique_ptr<pipelines::QuantizeStage> quantize;
   if (f.quant_given) quantize = std::make_unique<pipelines::QuantizeStage>(pipelines::QuantizeOptions{f.quant, f.timestep_policy, false});
@@ -54,6 +63,13 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
   const SafetensorsFile in = SafetensorsFile::open(f.inputs);
   const std::unique_ptr<models::ForwardModel> model = models::load_forward_model(dir, {dtype, f.variant});
   if (f.check_weights) models::require_finite_parameters(model->parameters(), dir);
+  // LoRA fused into the weights (diffusers' fuse_lora), before any quantization of them.
+  for (const auto& [adapter, scale] : loras) {
+    int unmatched = 0;
+    const int fused = models::fuse_lora(model->parameters(), adapter, scale, f.lora_ignore_unmatched, &unmatched);
+    std::fprintf(stderr, "forward: LoRA %s at %g fused into %d layers%s\n", adapter.path.c_str(), scale, fused,
+                 unmatched ? (" (" + std::to_string(unmatched) + " of its layers match none of the model's: skipped)").c_str() : "");
+  }
   // Tensor parallel: this rank's shares of the layers' weights.
   pipelines::StageList stages;
   if (groups.degrees.tp > 1) {
@@ -133,6 +149,11 @@ CommandRunner add_forward_command(CLI::App& app) {
       ->check(output_file_path())
       ->required();
   command->add_option("--dtype", flags->dtype, "f32, or bf16 (bf16 weights, and bf16 activations in the transformers)");
+  command->add_option("--lora", flags->loras,
+                      "A LoRA (diffusers / PEFT safetensors) fused into the weights: FILE or FILE:SCALE (default 1); repeatable, "
+                      "fused in order");
+  command->add_flag("--lora-ignore-unmatched", flags->lora_ignore_unmatched,
+                    "Skip (and count) a LoRA's layers the model does not have, instead of failing");
   command->add_option("--variant", flags->variant, "Read diffusion_pytorch_model.<variant>.safetensors");
   command->add_flag("--check-weights,!--no-check-weights", flags->check_weights,
                     "Check that every weight is finite before the forward (default: on)");

@@ -1,0 +1,95 @@
+// `cubevec forward --lora FILE[:SCALE]` (models/lora.h): a diffusers / PEFT LoRA fused into the tiny
+// Flux transformer equals the torch reference's fused forward (tests/reference/make_lora_reference.py:
+// W + scale (alpha / rank) B A, six layers, one with an alpha) within 1e-4 of the output scale, at
+// two scales; two LoRAs add up; a layer the model lacks is an error listing it (or, with
+// --lora-ignore-unmatched, a count); and every malformed file is an error naming it.
+#include <cmath>
+
+#include "cli/run_cubevec.h"
+#include "common/tensor_testing.h"
+#include "tensor/safetensors.h"
+
+namespace lora_cli_test {  // named after the file: unity batches never mix two files' helpers
+
+using namespace cubevec_cli_test;
+using LoraCli = CliTest;
+
+const std::string kLora = (kData / "lora" / "flux_tiny_lora.safetensors").string();
+const std::string kTransformer = (kData / "flux_tiny" / "transformer").string();
+
+std::string write_inputs(const fs::path& dir) {
+  const cubevec::SafetensorsFile goldens = cubevec::SafetensorsFile::open((kData / "goldens_lora.safetensors").string());
+  cubevec::NamedTensors inputs;
+  for (const char* name : {"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "img_ids", "txt_ids", "guidance"})
+    inputs.push_back({name, goldens.tensor(name)});
+  const std::string path = (dir / "in.safetensors").string();
+  cubevec::write_safetensors(path, inputs);
+  return path;
+}
+
+cubevec::Tensor golden(const std::string& name) {
+  return cubevec::SafetensorsFile::open((kData / "goldens_lora.safetensors").string()).tensor(name);
+}
+
+TEST_F(LoraCli, FusedLoraMatchesTheReferenceAtTwoScalesAndTwoLorasAddUp) {
+  const std::string inputs = write_inputs(dir_), out = (dir_ / "out.safetensors").string();
+  const auto forward = [&](const std::vector<std::string>& loras) {
+    std::vector<std::string> args = {"forward", "--model", kTransformer, "--inputs", inputs, "--out", out};
+    for (const std::string& l : loras) args.insert(args.end(), {"--lora", l});
+    const Process r = run(args);
+    EXPECT_EQ(r.status, 0) << r.err;
+    return cubevec::SafetensorsFile::open(out).tensor("sample");
+  };
+  cubevec::testing::expect_close_rel(forward({kLora + ":0.7"}), golden("expected"), 1e-4, "LoRA at 0.7");
+  cubevec::testing::expect_close_rel(forward({kLora + ":-1"}), golden("expected_scale_minus_1"), 1e-4, "LoRA at -1");
+  cubevec::testing::expect_close_rel(forward({kLora + ":0.7", kLora + ":-1.7"}), golden("expected_scale_minus_1"), 1e-4,
+                                     "two LoRAs: 0.7 - 1.7 = -1");
+  const Process r = run({"forward", "--model", kTransformer, "--inputs", inputs, "--out", out, "--lora", kLora + ":0.7"});
+  EXPECT_NE(r.err.find("fused into 6 layers"), std::string::npos) << r.err;
+}
+
+TEST_F(LoraCli, UnmatchedLayersAndMalformedFilesAreErrorsNamingThem) {
+  const std::string inputs = write_inputs(dir_), out = (dir_ / "out.safetensors").string();
+  const auto a = cubevec::Tensor::zeros({2, 24}, cubevec::DType::f32), b = cubevec::Tensor::zeros({24, 2}, cubevec::DType::f32);
+  const auto lora_file = [&](const std::string& name, const cubevec::NamedTensors& tensors) {
+    const std::string path = (dir_ / name).string();
+    cubevec::write_safetensors(path, tensors);
+    return path;
+  };
+  const std::string unmatched = lora_file("unmatched.safetensors", {{"transformer.transformer_blocks.9.attn.to_q.lora_A.weight", a},
+                                                                    {"transformer.transformer_blocks.9.attn.to_q.lora_B.weight", b}});
+  Process r = run({"forward", "--model", kTransformer, "--inputs", inputs, "--out", out, "--lora", unmatched});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("1 of its 1 layers match no layer of the model (transformer_blocks.9.attn.to_q)"), std::string::npos) << r.err;
+  r = run({"forward", "--model", kTransformer, "--inputs", inputs, "--out", out, "--lora", unmatched, "--lora-ignore-unmatched"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("1 of its layers match none of the model's: skipped"), std::string::npos) << r.err;
+  struct Case {
+    std::string file, expect;
+  };
+  const std::vector<Case> cases = {
+      {(dir_ / "missing.safetensors").string(), "missing.safetensors"},
+      {lora_file("other.safetensors", {{"transformer.x_embedder.weight", a}}), "is not a LoRA weight"},
+      {lora_file("half.safetensors", {{"transformer.x_embedder.lora_A.weight", a}}), "has lora_A but no lora_B"},
+      {lora_file("ranks.safetensors", {{"transformer.x_embedder.lora_A.weight", a},
+                                       {"transformer.x_embedder.lora_B.weight", cubevec::Tensor::zeros({24, 3}, cubevec::DType::f32)}}),
+       "different ranks"},
+      {lora_file("shape.safetensors", {{"transformer.x_embedder.lora_A.weight", cubevec::Tensor::zeros({2, 5}, cubevec::DType::f32)},
+                                       {"transformer.x_embedder.lora_B.weight", b}}),
+       "but its LoRA makes"},
+      {lora_file("nan.safetensors",
+                 {{"transformer.x_embedder.lora_A.weight", cubevec::Tensor::from_vector(std::vector<float>{NAN, 0}, {2, 1})},
+                  {"transformer.x_embedder.lora_B.weight", b}}),
+       "non-finite"},
+  };
+  for (const Case& c : cases) {
+    r = run({"forward", "--model", kTransformer, "--inputs", inputs, "--out", out, "--lora", c.file});
+    EXPECT_NE(r.status, 0) << c.file;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << r.err;
+  }
+  r = run({"forward", "--model", kTransformer, "--inputs", inputs, "--out", out, "--lora", kLora + ":inf"});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("the scale must be a finite number"), std::string::npos) << r.err;
+}
+
+}  // namespace lora_cli_test
