@@ -144,6 +144,8 @@ int run(GenerateFlags f, const CLI::App& command, const DeviceFlags& device_flag
   load.timestep_policy = stage_flags.timestep_policy;
   load.offload = stage_flags.offload;
   load.packed_cache = f.common.packed_cache;
+  load.lora = f.common.lora;
+  load.lora_ignore_unmatched = f.common.lora_ignore_unmatched;
   load.simulate = f.common.simulate;
   load.trace = !f.common.trace_path.empty();
   // Multi-device: the degrees against the ranks mpirun started, before any work; rank 0 writes.

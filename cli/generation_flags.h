@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -17,9 +18,11 @@ struct GenerationFlags {
   std::string dtype = "f32", json_path, trace_path, variant;
   int threads = 0;
   bool simulate = false;
-  bool check_weights = false;  // --check-weights: every loaded weight must be finite
-  std::string memory_limit;    // --memory-limit: a size ("24G"); empty: the available memory
-  std::string packed_cache;    // --packed-cache DIR: map the packed GEMM panels from a file there
+  bool check_weights = false;          // --check-weights: every loaded weight must be finite
+  std::string memory_limit;            // --memory-limit: a size ("24G"); empty: the available memory
+  std::string packed_cache;            // --packed-cache DIR: map the packed GEMM panels from a file there
+  std::vector<std::string> lora;       // --lora FILE[:SCALE], repeatable: fused into the transformer
+  bool lora_ignore_unmatched = false;  // --lora-ignore-unmatched
 
   // --dtype: f32 or bf16, else an Error. bf16 means bf16 weights and bf16 activations (with f32
   // accumulation), as diffusers' torch_dtype=torch.bfloat16.

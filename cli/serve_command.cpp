@@ -45,6 +45,8 @@ struct ServeFlags {
   std::string max_body = "32M";
   double drain_timeout_s = 30;
   std::string dtype = "f32", variant, quant, timestep_policy, memory_limit, packed_cache, trace_path;
+  std::vector<std::string> lora;  // fused into every served model's transformer
+  bool lora_ignore_unmatched = false;
   int offload = 0;
   bool check_weights = false;
 };
@@ -106,6 +108,8 @@ int run(const ServeFlags& f, const DeviceFlags& device_flags, const ParallelFlag
   load.memory_limit = f.memory_limit;
   load.check_weights = f.check_weights;
   load.packed_cache = f.packed_cache;
+  load.lora = f.lora;
+  load.lora_ignore_unmatched = f.lora_ignore_unmatched;
   load.profile = device_flags.resolve();
   // Under mpirun: every rank loads the model sharded by the degrees; rank 0 serves.
   load.groups = parallel_flags.resolve_generation(
@@ -211,6 +215,9 @@ CommandRunner add_serve_command(CLI::App& app) {
   command->add_option("--timestep-policy", f.timestep_policy, "The timestep policy for --quant's W8A8_TIMESTEP layers");
   command->add_option("--offload", f.offload, "Resident transformer blocks under weight streaming (0: off)")->check(CLI::Range(0, 100000));
   command->add_option("--packed-cache", f.packed_cache, kPackedCacheHelp)->check(packed_cache_folder());
+  command->add_option("--lora", f.lora,
+                      "A LoRA (diffusers / PEFT safetensors) fused into every model's transformer: FILE or FILE:SCALE; repeatable");
+  command->add_flag("--lora-ignore-unmatched", f.lora_ignore_unmatched, "Skip (and count) a LoRA's layers a model does not have");
   command
       ->add_option("--trace", f.trace_path,
                    "Record every instance's kernels and write them as a Chrome trace at shutdown, with their CV overlap on stderr "

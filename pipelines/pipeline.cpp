@@ -3,6 +3,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "pipelines/generation.h"
 #include "pipelines/generation_defaults.h"
 #include "pipelines/seconds_since.h"
 #include "ops/gemm/driver.h"
@@ -71,7 +72,9 @@ LoadOptions LoadOptions::from_json(const nlohmann::json& json, const std::string
       .integer("cube_threads", o.cube_threads, 0, 4096)
       .integer("vector_threads", o.vector_threads, 0, 4096)
       .text("device_profile", o.device_profile)
-      .text("packed_cache", o.packed_cache);
+      .text("packed_cache", o.packed_cache)
+      .texts("lora", o.lora)
+      .boolean("lora_ignore_unmatched", o.lora_ignore_unmatched);
   r.reject_unknown();
   o.dtype = parse_dtype(dtype);
   if (!o.memory_limit.empty()) {
@@ -131,6 +134,11 @@ PipelinePlan PipelinePlan::read(const std::string& model_dir, const LoadOptions&
   if (!options.packed_cache.empty()) folder_exists(options.packed_cache, " (--packed-cache names the folder the packed panels go in)");
   if (options.offload > 0)
     plan.stages_.offload = std::make_unique<OffloadStage>(options.offload, plan.model_->block_modules(), plan.profile_.cube_threads);
+  // The LoRA files are read now too: a bad one fails before any weight loads.
+  for (const std::string& flag : options.lora) {
+    const auto [path, scale] = models::parse_lora_flag(flag);
+    plan.loras_.emplace_back(models::read_lora(path), scale);
+  }
   return plan;
 }
 
@@ -174,6 +182,7 @@ models::PackedCacheModel PipelinePlan::packed_cache_model() const {
   // other's: the dtype, variant and quantization are part of the name's hash.
   m.identity = (error ? model_dir_ : folder.string()) + '\n' + std::string(dtype_name(options_.dtype)) + '\n' + options_.variant + '\n' +
                options_.quant + '\n' + options_.timestep_policy;
+  for (const std::string& lora : options_.lora) m.identity += "\nlora " + lora;
   m.tables.emplace_back("transformer", &model_->transformer_parameters());
   if (const models::ParameterTable* vae = model_->vae_parameters()) m.tables.emplace_back("vae", vae);
   m.threads = profile_.cube_threads;
@@ -189,6 +198,15 @@ std::unique_ptr<Pipeline> PipelinePlan::load() && {
       if (const models::ParameterTable* vae = model_->vae_parameters()) models::require_finite_parameters(*vae, model_dir_ + "/vae");
     }
   }
+  // LoRAs fused into the weights (diffusers' fuse_lora) before anything shards, quantizes or packs them.
+  if (!options_.simulate)
+    for (const auto& [adapter, scale] : loras_) {
+      int unmatched = 0;
+      const int fused = models::fuse_lora(model_->transformer_parameters(), adapter, scale, options_.lora_ignore_unmatched, &unmatched);
+      if (unmatched)
+        print_notice_once("--lora " + adapter.path + ": " + std::to_string(unmatched) +
+                          " of its layers match none of the model's (skipped; " + std::to_string(fused) + " fused)");
+    }
   stages_.tensor_parallel = tensor_parallel_stage(groups_, model_->tensor_parallel_plan());
   stages_.after_load(model_->transformer_parameters());
   std::unique_ptr<Pipeline> p(new Pipeline());

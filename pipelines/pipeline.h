@@ -36,6 +36,7 @@
 #include "media/jpeg.h"
 #include "models/packed_cache.h"
 #include "pipelines/model_family.h"
+#include "models/lora.h"
 #include "pipelines/request.h"
 #include "pipelines/run_report.h"
 #include "pipelines/stage_plan.h"
@@ -54,6 +55,8 @@ struct LoadOptions {
   int cube_threads = 0, vector_threads = 0;  // 0: the profile's (or CUBEVEC_*_THREADS)
   std::string device_profile;                // a device profile JSON; empty: the built-in cpu-default
   std::string packed_cache;                  // a folder: the packed GEMM panels mapped from a file there (models/packed_cache.h)
+  std::vector<std::string> lora;             // "FILE" or "FILE:SCALE": LoRAs fused into the transformer, in order (models/lora.h)
+  bool lora_ignore_unmatched = false;        // skip (and count) a LoRA's layers the model lacks
 
   // Set by the command line only:
   bool simulate = false;                           // shape-only weights on the profile's modelled clock
@@ -64,7 +67,8 @@ struct LoadOptions {
   std::optional<DeviceProfile> profile;  // beats device_profile and the thread counts
 
   // {"dtype", "variant", "check_weights", "memory_limit", "quant", "timestep_policy", "offload",
-  //  "cube_threads", "vector_threads", "device_profile", "packed_cache"}: unknown keys, wrong types and
+  //  "cube_threads", "vector_threads", "device_profile", "packed_cache", "lora" (a list),
+  //  "lora_ignore_unmatched"}: unknown keys, wrong types and
   // out-of-range values are errors naming the key.
   static LoadOptions from_json(const nlohmann::json& json, const std::string& source = "options");
   static LoadOptions parse(const std::string& json_text, const std::string& source = "options");
@@ -186,6 +190,7 @@ class PipelinePlan {
   DeviceProfile profile_;
   parallel::ParallelGroups groups_ = parallel::make_simulated_groups({}, 1);  // one process
   std::unique_ptr<ModelPipeline> model_;
+  std::vector<std::pair<models::LoraAdapter, double>> loras_;  // read before any weight loads
   LoadStages stages_;
   std::vector<std::string> from_defaults_;
 };

@@ -203,7 +203,7 @@ class _DiffusionPipeline:
 
     @classmethod
     def from_pretrained(cls, path, dtype="f32", variant=None, quant=None, timestep_policy=None, offload=None,
-                        memory_limit=None, packed_cache=None, check_weights=False):
+                        memory_limit=None, packed_cache=None, check_weights=False, lora=None):
         """Loads a diffusers model folder once.
 
         dtype "f32" or "bf16"; variant: the weight files' variant ("fp16" for
@@ -211,7 +211,9 @@ class _DiffusionPipeline:
         (JSON file); timestep_policy: its timestep policy file (W8A8_TIMESTEP); offload: transformer
         blocks kept resident under weight streaming; memory_limit: bytes (int) or a size such as
         "24G"; packed_cache: a folder for the packed GEMM panels other processes map;
-        check_weights: scan every weight for NaN/inf.
+        check_weights: scan every weight for NaN/inf; lora: a LoRA file (diffusers / PEFT
+        safetensors), a (file, scale) pair, or a list of them, fused into the transformer as
+        diffusers' fuse_lora.
         """
         folder = _path(path, "path")
         if not isinstance(check_weights, (bool, np.bool_)):
@@ -238,6 +240,15 @@ class _DiffusionPipeline:
             elif not isinstance(memory_limit, str):
                 raise TypeError(f"memory_limit must be an int (bytes) or a str such as '24G', got {type(memory_limit).__name__}")
             options["memory_limit"] = _text(memory_limit, "memory_limit")
+        if lora is not None:
+            items = lora if isinstance(lora, list) else [lora]
+            flags = []
+            for item in items:
+                file, scale = item if isinstance(item, tuple) and len(item) == 2 else (item, 1.0)
+                file = _path(file, "lora")
+                _existing(file, "lora", folder=False)
+                flags.append(f"{file}:{repr(_number(scale, 'lora scale'))}")
+            options["lora"] = flags
         _existing(folder, "path", folder=True)
         for key in ("quant", "timestep_policy"):
             if key in options:

@@ -20,7 +20,8 @@ class _DiffusionPipeline:
     def from_pretrained(cls, path: PathLike, dtype: Literal["f32", "bf16"] = "f32", variant: Optional[str] = None,
                         quant: Optional[PathLike] = None, timestep_policy: Optional[PathLike] = None, offload: Optional[int] = None,
                         memory_limit: Union[int, str, None] = None, packed_cache: Optional[PathLike] = None,
-                        check_weights: bool = False) -> Any:
+                        check_weights: bool = False,
+                        lora: Union[PathLike, tuple[PathLike, float], list[Union[PathLike, tuple[PathLike, float]]], None] = None) -> Any:
         """Loads a diffusers model folder once."""
 
 class FluxPipeline(_DiffusionPipeline):

@@ -92,4 +92,34 @@ TEST_F(LoraCli, UnmatchedLayersAndMalformedFilesAreErrorsNamingThem) {
   EXPECT_NE(r.err.find("the scale must be a finite number"), std::string::npos) << r.err;
 }
 
+// --lora on t2i: fused into the shipped tinyflux at load (the library's LoadOptions::lora); scale 0
+// draws the picture without it, another scale a different one.
+TEST_F(LoraCli, TextToImageFusesTheLoraAtLoad) {
+  const cubevec::SafetensorsFile weights = cubevec::SafetensorsFile::open(kTinyFlux + "/transformer/diffusion_pytorch_model.safetensors");
+  const cubevec::Shape to_q = weights.tensor("transformer_blocks.0.attn.to_q.weight").shape();  // [out, in]
+  std::vector<float> down(static_cast<std::size_t>(2 * to_q[1])), up(static_cast<std::size_t>(to_q[0] * 2));
+  for (std::size_t i = 0; i < down.size(); ++i) down[i] = std::sin(0.3f * static_cast<float>(i));
+  for (std::size_t i = 0; i < up.size(); ++i) up[i] = std::cos(0.7f * static_cast<float>(i));
+  const std::string lora = (dir_ / "tiny.safetensors").string();
+  cubevec::write_safetensors(
+      lora, {{"transformer.transformer_blocks.0.attn.to_q.lora_A.weight", cubevec::Tensor::from_vector(down, {2, to_q[1]})},
+             {"transformer.transformer_blocks.0.attn.to_q.lora_B.weight", cubevec::Tensor::from_vector(up, {to_q[0], 2})}});
+  const auto picture = [&](const std::string& name, const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"t2i", "--model", kTinyFlux, "--prompt", "a red circle",        "--steps",
+                                     "3",   "--seed",  "2",       "--out",    (dir_ / name).string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const Process r = run(args);
+    EXPECT_EQ(r.status, 0) << r.err;
+    return read_file((dir_ / name).string());
+  };
+  const std::string plain = picture("plain.png", {}), zero = picture("zero.png", {"--lora", lora + ":0"}),
+                    half = picture("half.png", {"--lora", lora + ":0.5"});
+  EXPECT_EQ(zero, plain);
+  EXPECT_NE(half, plain);
+  const Process bad = run({"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", (dir_ / "x.png").string(), "--lora",
+                           (dir_ / "none.safetensors").string()});
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.err.find("none.safetensors"), std::string::npos) << bad.err;
+}
+
 }  // namespace lora_cli_test

@@ -279,6 +279,41 @@ def test_image_to_image_and_inpainting_equal_the_command_lines(flux, tmp_path):
         flux(prompt=PROMPT, mask_image=mask, output_type="np")
 
 
+def write_tiny_lora(path):
+    """A rank-2 LoRA on tinyflux's transformer_blocks.0.attn.to_q (its shape read from the checkpoint)."""
+    import json as json_module
+    weights = os.path.join(TINYFLUX, "transformer", "diffusion_pytorch_model.safetensors")
+    with open(weights, "rb") as f:
+        header = json_module.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+    out_features, in_features = header["transformer_blocks.0.attn.to_q.weight"]["shape"]
+    tensors = {"transformer.transformer_blocks.0.attn.to_q.lora_A.weight": np.sin(np.arange(2 * in_features) * 0.3).reshape(2, in_features),
+               "transformer.transformer_blocks.0.attn.to_q.lora_B.weight": np.cos(np.arange(out_features * 2) * 0.7).reshape(out_features, 2)}
+    meta, offset, blobs = {}, 0, []
+    for name, array in tensors.items():
+        data = array.astype("<f4").tobytes()
+        meta[name] = {"dtype": "F32", "shape": list(array.shape), "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+        blobs.append(data)
+    text = json_module.dumps(meta).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def test_lora_fused_at_load_equals_the_command_line(tmp_path):
+    lora = tmp_path / "tiny_lora.safetensors"
+    write_tiny_lora(lora)
+    cli = tmp_path / "cli.png"
+    subprocess.run([BINARY, "t2i", "--model", TINYFLUX, "--prompt", PROMPT, "--seed", "2", "--steps", "3", "--width", "32", "--height", "32",
+                    "--lora", f"{lora}:0.5", "--out", str(cli)], check=True, capture_output=True)
+    pipe = cubevec.FluxPipeline.from_pretrained(TINYFLUX, lora=[(str(lora), 0.5)])
+    out = pipe(prompt=PROMPT, generator=2, num_inference_steps=3, width=32, height=32, output_type="np")
+    assert np.array_equal(out.images[0], read_png(cli))
+    with pytest.raises(FileNotFoundError, match=r"no such file \(lora\)"):
+        cubevec.FluxPipeline.from_pretrained(TINYFLUX, lora=str(tmp_path / "missing.safetensors"))
+    with pytest.raises(ValueError, match="lora scale must be finite"):
+        cubevec.FluxPipeline.from_pretrained(TINYFLUX, lora=(str(lora), float("nan")))
+
+
 def run_script(code, tmp_path):
     script = tmp_path / "script.py"
     script.write_text(code)
