@@ -4,11 +4,9 @@ varlen with causal, rf_v2 and ada_bsa against `cubevec sparse-attention` (the C+
 CLI) on the same inputs, RoPE in both modes, __dlpack__ inputs, strided views, threads, Ctrl-C, and
 a named exception for every kind of bad argument."""
 
-import json
 import math
 import os
 import signal
-import struct
 import subprocess
 import threading
 
@@ -16,6 +14,7 @@ import numpy as np
 import pytest
 
 import cubevec
+from safetensors_files import read_safetensors, write_safetensors
 
 SOURCE = os.environ.get("CUBEVEC_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 BINARY = os.environ.get("CUBEVEC_BINARY", os.path.join(SOURCE, "build", "cubevec"))
@@ -217,32 +216,6 @@ def test_attention_varlen(causal):
 
 
 # --- sparse attention against the C++ op through the CLI ------------------------------------------
-
-
-def write_safetensors(path, tensors):
-    header, offset, blobs = {}, 0, []
-    for name, array in tensors.items():
-        data = np.ascontiguousarray(array, np.float32).tobytes()
-        header[name] = {"dtype": "F32", "shape": list(array.shape), "data_offsets": [offset, offset + len(data)]}
-        offset += len(data)
-        blobs.append(data)
-    text = json.dumps(header).encode()
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
-
-
-def read_safetensors(path):
-    data = open(path, "rb").read()
-    length = struct.unpack("<Q", data[:8])[0]
-    header = json.loads(data[8:8 + length])
-    out = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = entry["data_offsets"]
-        dtype = {"F32": np.float32, "U8": np.uint8, "BOOL": np.bool_}[entry["dtype"]]
-        out[name] = np.frombuffer(data[8 + length + begin:8 + length + end], dtype).reshape(entry["shape"])
-    return out
 
 
 @pytest.mark.parametrize("case", [

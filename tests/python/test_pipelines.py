@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import cubevec
+from safetensors_files import write_safetensors
 
 SOURCE = os.environ.get("CUBEVEC_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 BINARY = os.environ.get("CUBEVEC_BINARY", os.path.join(SOURCE, "build", "cubevec"))
@@ -286,17 +287,9 @@ def write_tiny_lora(path):
     with open(weights, "rb") as f:
         header = json_module.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
     out_features, in_features = header["transformer_blocks.0.attn.to_q.weight"]["shape"]
-    tensors = {"transformer.transformer_blocks.0.attn.to_q.lora_A.weight": np.sin(np.arange(2 * in_features) * 0.3).reshape(2, in_features),
-               "transformer.transformer_blocks.0.attn.to_q.lora_B.weight": np.cos(np.arange(out_features * 2) * 0.7).reshape(out_features, 2)}
-    meta, offset, blobs = {}, 0, []
-    for name, array in tensors.items():
-        data = array.astype("<f4").tobytes()
-        meta[name] = {"dtype": "F32", "shape": list(array.shape), "data_offsets": [offset, offset + len(data)]}
-        offset += len(data)
-        blobs.append(data)
-    text = json_module.dumps(meta).encode()
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    write_safetensors(path, {
+        "transformer.transformer_blocks.0.attn.to_q.lora_A.weight": np.sin(np.arange(2 * in_features) * 0.3).reshape(2, in_features),
+        "transformer.transformer_blocks.0.attn.to_q.lora_B.weight": np.cos(np.arange(out_features * 2) * 0.7).reshape(out_features, 2)})
 
 
 def test_lora_fused_at_load_equals_the_command_line(tmp_path):
