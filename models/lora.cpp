@@ -1,7 +1,10 @@
 #include "models/lora.h"
 
+#include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <map>
+#include <set>
 
 #include "base/error.h"
 #include "models/layers.h"
@@ -36,20 +39,30 @@ LoraAdapter read_lora(const std::string& path) {
     std::optional<double> alpha;
   };
   std::map<std::string, Parts> parts;
+  std::set<std::string> seen;  // the keys without the prefix: each once
   for (const SafetensorsEntry& e : file.entries()) {
     std::string key = e.name;
-    if (key.rfind("transformer.", 0) == 0) key = key.substr(12);
+    const bool prefixed = key.rfind("transformer.", 0) == 0;
+    if (prefixed) key = key.substr(12);
+    if (!seen.insert(key).second)
+      throw Error(path + ": tensor '" + e.name + "' is given twice (with and without the 'transformer.' prefix)");
     std::string module;
     Tensor* slot = nullptr;
     if (ends_with(key, ".lora_A.weight")) module = key.substr(0, key.size() - 14), slot = &parts[module].down;
     else if (ends_with(key, ".lora_B.weight")) module = key.substr(0, key.size() - 14), slot = &parts[module].up;
     else if (ends_with(key, ".alpha")) module = key.substr(0, key.size() - 6);
     else throw Error(path + ": tensor '" + e.name + "' is not a LoRA weight (expected <module>.lora_A.weight, .lora_B.weight or .alpha)");
-    const Tensor t = as_f32(file.tensor(e.name));
+    Tensor t;
+    try {
+      t = as_f32(file.tensor(e.name));
+    } catch (const Error& error) {
+      throw Error(path + ": tensor '" + e.name + "': " + error.what());
+    }
     for (int64_t i = 0; i < t.numel(); ++i)
       if (!std::isfinite(t.data<float>()[i])) throw Error(path + ": tensor '" + e.name + "' holds a non-finite value");
     if (slot) {
-      if (t.dim() != 2) throw Error(path + ": tensor '" + e.name + "' must be 2-D, got " + shape_to_string(t.shape()));
+      if (t.dim() != 2 || t.size(0) < 1 || t.size(1) < 1)
+        throw Error(path + ": tensor '" + e.name + "' must be 2-D with a rank of at least 1, got " + shape_to_string(t.shape()));
       *slot = t;
     } else {
       if (t.numel() != 1) throw Error(path + ": tensor '" + e.name + "' (an alpha) must hold one value, got " + shape_to_string(t.shape()));
@@ -82,6 +95,9 @@ int fuse_lora(const ParameterTable& table, const LoraAdapter& adapter, double sc
                 "); --lora-ignore-unmatched skips them");
   }
   if (unmatched) *unmatched = static_cast<int>(missing.size());
+  if (missing.size() == adapter.layers.size())
+    throw Error("--lora " + adapter.path + ": none of its " + std::to_string(adapter.layers.size()) +
+                " layers match a layer of the model (first: " + missing.front() + "); is it a LoRA for this model?");
   int fused = 0;
   for (const LoraLayer& l : adapter.layers) {
     const auto it = table.linears().find(l.module);
@@ -102,6 +118,9 @@ int fuse_lora(const ParameterTable& table, const LoraAdapter& adapter, double sc
         double delta = 0;
         for (int64_t r = 0; r < rank; ++r) delta += static_cast<double>(b[o * rank + r]) * a[r * layer.in + i];
         out[o * layer.in + i] = static_cast<float>(pw[o * layer.in + i] + factor * delta);
+        if (!std::isfinite(out[o * layer.in + i]))
+          throw Error("--lora " + adapter.path + ": layer '" + l.module + "' overflows when fused at scale " + number_for_message(scale) +
+                      " (a weight becomes infinite)");
       }
     if (layer.weight.dtype() == DType::bf16) {
       Tensor rounded = Tensor::empty(w.shape(), DType::bf16);
@@ -119,9 +138,13 @@ std::pair<std::string, double> parse_lora_flag(const std::string& text) {
   if (colon == std::string::npos || colon + 1 == text.size()) return {text, 1.0};
   const std::string number = text.substr(colon + 1);
   char* end = nullptr;
+  errno = 0;
   const double scale = std::strtod(number.c_str(), &end);
-  if (end == number.c_str() || *end != '\0') return {text, 1.0};  // a ':' in the path itself
-  if (!std::isfinite(scale)) throw Error("--lora " + text + ": the scale must be a finite number, got " + number);
+  // Not a number (or one with spaces): the ':' belongs to the path (a path ending in ":NUMBER" needs
+  // its scale given, "a:2:1").
+  if (end == number.c_str() || *end != '\0' || std::isspace(static_cast<unsigned char>(number.front()))) return {text, 1.0};
+  if (!std::isfinite(scale) || (errno == ERANGE && scale == 0 && number.find_first_of("123456789") != std::string::npos))
+    throw Error("--lora " + text + ": the scale must be a finite number, got " + number);
   return {text.substr(0, colon), scale};
 }
 

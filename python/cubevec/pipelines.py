@@ -203,7 +203,7 @@ class _DiffusionPipeline:
 
     @classmethod
     def from_pretrained(cls, path, dtype="f32", variant=None, quant=None, timestep_policy=None, offload=None,
-                        memory_limit=None, packed_cache=None, check_weights=False, lora=None):
+                        memory_limit=None, packed_cache=None, check_weights=False, lora=None, lora_ignore_unmatched=False):
         """Loads a diffusers model folder once.
 
         dtype "f32" or "bf16"; variant: the weight files' variant ("fp16" for
@@ -213,7 +213,7 @@ class _DiffusionPipeline:
         "24G"; packed_cache: a folder for the packed GEMM panels other processes map;
         check_weights: scan every weight for NaN/inf; lora: a LoRA file (diffusers / PEFT
         safetensors), a (file, scale) pair, or a list of them, fused into the transformer as
-        diffusers' fuse_lora.
+        diffusers' fuse_lora (lora_ignore_unmatched: skip a LoRA's layers the model lacks).
         """
         folder = _path(path, "path")
         if not isinstance(check_weights, (bool, np.bool_)):
@@ -242,6 +242,8 @@ class _DiffusionPipeline:
             options["memory_limit"] = _text(memory_limit, "memory_limit")
         if lora is not None:
             items = lora if isinstance(lora, list) else [lora]
+            if not items:
+                raise ValueError("lora must name at least one file (None: no LoRA)")
             flags = []
             for item in items:
                 file, scale = item if isinstance(item, tuple) and len(item) == 2 else (item, 1.0)
@@ -249,6 +251,10 @@ class _DiffusionPipeline:
                 _existing(file, "lora", folder=False)
                 flags.append(f"{file}:{repr(_number(scale, 'lora scale'))}")
             options["lora"] = flags
+        if not isinstance(lora_ignore_unmatched, (bool, np.bool_)):
+            raise TypeError(f"lora_ignore_unmatched must be a bool, got {type(lora_ignore_unmatched).__name__}")
+        if lora_ignore_unmatched:
+            options["lora_ignore_unmatched"] = True
         _existing(folder, "path", folder=True)
         for key in ("quant", "timestep_policy"):
             if key in options:

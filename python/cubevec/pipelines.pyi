@@ -21,7 +21,8 @@ class _DiffusionPipeline:
                         quant: Optional[PathLike] = None, timestep_policy: Optional[PathLike] = None, offload: Optional[int] = None,
                         memory_limit: Union[int, str, None] = None, packed_cache: Optional[PathLike] = None,
                         check_weights: bool = False,
-                        lora: Union[PathLike, tuple[PathLike, float], list[Union[PathLike, tuple[PathLike, float]]], None] = None) -> Any:
+                        lora: Union[PathLike, tuple[PathLike, float], list[Union[PathLike, tuple[PathLike, float]]], None] = None,
+                        lora_ignore_unmatched: bool = False) -> Any:
         """Loads a diffusers model folder once."""
 
 class FluxPipeline(_DiffusionPipeline):

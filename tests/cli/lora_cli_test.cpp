@@ -56,14 +56,23 @@ TEST_F(LoraCli, UnmatchedLayersAndMalformedFilesAreErrorsNamingThem) {
     cubevec::write_safetensors(path, tensors);
     return path;
   };
-  const std::string unmatched = lora_file("unmatched.safetensors", {{"transformer.transformer_blocks.9.attn.to_q.lora_A.weight", a},
-                                                                    {"transformer.transformer_blocks.9.attn.to_q.lora_B.weight", b}});
+  const std::string unmatched =
+      lora_file("unmatched.safetensors", {{"transformer.transformer_blocks.9.attn.to_q.lora_A.weight", a},
+                                          {"transformer.transformer_blocks.9.attn.to_q.lora_B.weight", b},
+                                          {"transformer.x_embedder.lora_A.weight", cubevec::Tensor::zeros({2, 64}, cubevec::DType::f32)},
+                                          {"transformer.x_embedder.lora_B.weight", cubevec::Tensor::zeros({32, 2}, cubevec::DType::f32)}});
   Process r = run({"forward", "--model", kTransformer, "--inputs", inputs, "--out", out, "--lora", unmatched});
   EXPECT_NE(r.status, 0);
-  EXPECT_NE(r.err.find("1 of its 1 layers match no layer of the model (transformer_blocks.9.attn.to_q)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("1 of its 2 layers match no layer of the model (transformer_blocks.9.attn.to_q)"), std::string::npos) << r.err;
   r = run({"forward", "--model", kTransformer, "--inputs", inputs, "--out", out, "--lora", unmatched, "--lora-ignore-unmatched"});
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("1 of its layers match none of the model's: skipped"), std::string::npos) << r.err;
+  // A LoRA none of whose layers the model has is an error even when unmatched layers are skipped.
+  r = run({"forward", "--model", kTransformer, "--inputs", inputs, "--out", out, "--lora-ignore-unmatched", "--lora",
+           lora_file("none_at_all.safetensors", {{"transformer.transformer_blocks.9.attn.to_q.lora_A.weight", a},
+                                                 {"transformer.transformer_blocks.9.attn.to_q.lora_B.weight", b}})});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("none of its 1 layers match a layer of the model"), std::string::npos) << r.err;
   struct Case {
     std::string file, expect;
   };
@@ -77,6 +86,20 @@ TEST_F(LoraCli, UnmatchedLayersAndMalformedFilesAreErrorsNamingThem) {
       {lora_file("shape.safetensors", {{"transformer.x_embedder.lora_A.weight", cubevec::Tensor::zeros({2, 5}, cubevec::DType::f32)},
                                        {"transformer.x_embedder.lora_B.weight", b}}),
        "but its LoRA makes"},
+      {lora_file("none.safetensors", {{"transformer.transformer_blocks.9.attn.to_q.lora_A.weight", a},
+                                      {"transformer.transformer_blocks.9.attn.to_q.lora_B.weight", b}}),
+       "1 of its 1 layers match no layer"},
+      {lora_file("rank0.safetensors", {{"transformer.x_embedder.lora_A.weight", cubevec::Tensor::zeros({0, 64}, cubevec::DType::f32)},
+                                       {"transformer.x_embedder.lora_B.weight", cubevec::Tensor::zeros({24, 0}, cubevec::DType::f32)}}),
+       "a rank of at least 1"},
+      {lora_file("twice.safetensors", {{"transformer.x_embedder.lora_A.weight", a}, {"x_embedder.lora_A.weight", a}}), "is given twice"},
+      {lora_file("ints.safetensors", {{"transformer.x_embedder.lora_A.weight", cubevec::Tensor::zeros({2, 64}, cubevec::DType::i32)},
+                                      {"transformer.x_embedder.lora_B.weight", b}}),
+       "tensor 'transformer.x_embedder.lora_A.weight': expected a float tensor"},
+      {lora_file("huge.safetensors",
+                 {{"transformer.x_embedder.lora_A.weight", cubevec::Tensor::from_vector(std::vector<float>(128, 1e30f), {2, 64})},
+                  {"transformer.x_embedder.lora_B.weight", cubevec::Tensor::from_vector(std::vector<float>(64, 1e30f), {32, 2})}}),
+       "overflows when fused"},
       {lora_file("nan.safetensors",
                  {{"transformer.x_embedder.lora_A.weight", cubevec::Tensor::from_vector(std::vector<float>{NAN, 0}, {2, 1})},
                   {"transformer.x_embedder.lora_B.weight", b}}),

@@ -305,6 +305,11 @@ def test_lora_fused_at_load_equals_the_command_line(tmp_path):
         cubevec.FluxPipeline.from_pretrained(TINYFLUX, lora=str(tmp_path / "missing.safetensors"))
     with pytest.raises(ValueError, match="lora scale must be finite"):
         cubevec.FluxPipeline.from_pretrained(TINYFLUX, lora=(str(lora), float("nan")))
+    with pytest.raises(ValueError, match="lora must name at least one file"):
+        cubevec.FluxPipeline.from_pretrained(TINYFLUX, lora=[])
+    with pytest.raises(TypeError, match="lora_ignore_unmatched must be a bool"):
+        cubevec.FluxPipeline.from_pretrained(TINYFLUX, lora=str(lora), lora_ignore_unmatched="yes")
+    assert cubevec.FluxPipeline.from_pretrained(TINYFLUX, lora=str(lora), lora_ignore_unmatched=True)
 
 
 def run_script(code, tmp_path):
