@@ -23,8 +23,10 @@ void check_dimensions(int64_t width, int64_t height, const std::string& what) {
                 std::to_string(kMaxInputSide) + " a side and at most " + std::to_string(kMaxInputPixels) + " in all are read");
 }
 
-int64_t read_be32(const uint8_t* p) {
-  return static_cast<int64_t>(uint32_t{p[0]} << 24 | uint32_t{p[1]} << 16 | uint32_t{p[2]} << 8 | uint32_t{p[3]});
+uint32_t read_u(const uint8_t* p, int bytes, bool big_endian) {
+  uint32_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= static_cast<uint32_t>(p[big_endian ? i : bytes - 1 - i]) << (8 * (bytes - 1 - i));
+  return v;
 }
 
 // --- PNG: libpng's low-level reader, with PIL's conversions and none of libpng's gamma handling ---
@@ -53,7 +55,7 @@ void png_read_from_memory(png_structp png, png_bytep out, png_size_t length) {
 RgbImage decode_png_rgb(const uint8_t* data, std::size_t size, const std::string& what, std::vector<uint8_t>* alpha) {
   // The IHDR's size first (bytes 16..23 after the signature and the chunk's length and name), so a
   // picture too large (or of zero size) is named as such, not as libpng's "Invalid IHDR data".
-  if (size >= 24 && std::memcmp(data + 12, "IHDR", 4) == 0) check_dimensions(read_be32(data + 16), read_be32(data + 20), what);
+  if (size >= 24 && std::memcmp(data + 12, "IHDR", 4) == 0) check_dimensions(read_u(data + 16, 4, true), read_u(data + 20, 4, true), what);
   PngSource source{data, size, 0, {0}};
   RgbImage out;                 // made before setjmp: a longjmp never skips a destructor
   std::vector<png_bytep> rows;  // likewise
@@ -123,12 +125,6 @@ struct TurboJpeg {
   TurboJpeg(const TurboJpeg&) = delete;
   TurboJpeg& operator=(const TurboJpeg&) = delete;
 };
-
-uint32_t read_u(const uint8_t* p, int bytes, bool big_endian) {
-  uint32_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= static_cast<uint32_t>(p[big_endian ? i : bytes - 1 - i]) << (8 * (bytes - 1 - i));
-  return v;
-}
 
 // The EXIF Orientation tag (1..8) of a JPEG's APP1 segment, or 1 when there is none or it is
 // unreadable (an unreadable EXIF block is not an unreadable picture).

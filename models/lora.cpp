@@ -24,9 +24,9 @@ Tensor as_f32(const Tensor& t) {
   if (c.dtype() == DType::f32) return c;
   if (c.dtype() != DType::bf16 && c.dtype() != DType::f16) throw Error("expected a float tensor, got " + c.brief());
   Tensor out = Tensor::empty(c.shape(), DType::f32);
-  const auto* in = c.data<uint16_t>();
-  float* o = out.mutable_data<float>();
-  for (int64_t i = 0; i < c.numel(); ++i) o[i] = c.dtype() == DType::bf16 ? bf16_to_f32(in[i]) : f16_to_f32(in[i]);
+  const auto n = static_cast<std::size_t>(c.numel());
+  if (c.dtype() == DType::bf16) convert_bf16_to_f32(c.data<uint16_t>(), out.mutable_data<float>(), n);
+  else convert_f16_to_f32(c.data<uint16_t>(), out.mutable_data<float>(), n);
   return out;
 }
 
