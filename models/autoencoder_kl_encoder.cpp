@@ -11,8 +11,8 @@ namespace cubevec::models {
 
 namespace vae {
 
-void Downsample2D::declare(ParameterTable& table, const std::string& prefix, int64_t channels) {
-  conv.declare(table, prefix + ".conv", channels, channels, 3, /*conv_stride=*/2, /*conv_padding=*/0);
+void Downsample2D::declare(ParameterTable& table, const std::string& prefix, int64_t channels, const std::string& conv_suffix) {
+  conv.declare(table, prefix + conv_suffix, channels, channels, 3, /*conv_stride=*/2, /*conv_padding=*/0);
 }
 
 Tensor Downsample2D::operator()(const Tensor& x, const Stream& stream) const {
@@ -90,8 +90,8 @@ Tensor encode_in_tiles(const Tensor& x, int64_t tile, int64_t step, int64_t down
 // --- the distribution ---------------------------------------------------------------------------
 
 LatentDistribution latent_distribution(const Tensor& moments, const Stream& stream) {
-  if (!moments.defined() || moments.dim() != 4 || moments.size(1) % 2 != 0 || moments.size(1) < 2)
-    throw Error("latent_distribution: moments must be [B, 2C, h, w], got " +
+  if (!moments.defined() || (moments.dim() != 4 && moments.dim() != 5) || moments.size(1) % 2 != 0 || moments.size(1) < 2)
+    throw Error("latent_distribution: moments must be [B, 2C, h, w] or [B, 2C, T, h, w], got " +
                 (moments.defined() ? shape_to_string(moments.shape()) : std::string("an undefined tensor")));
   const int64_t c = moments.size(1) / 2;
   const Tensor f32 = moments.dtype() == DType::f32 ? moments : ops::cast(moments, DType::f32, stream);

@@ -23,10 +23,11 @@ namespace cubevec::models {
 namespace vae {
 
 // Downsample2D(use_conv, padding=0): one zero row below and one zero column right of x (diffusers'
-// F.pad(x, (0, 1, 0, 1))), then the 3x3 stride-2 `conv`.
+// F.pad(x, (0, 1, 0, 1))), then the 3x3 stride-2 `conv` (named `<prefix><conv_suffix>`: the Wan
+// VAE's downsamplers call it `resample.1`).
 struct Downsample2D {
   Conv2d conv;
-  void declare(ParameterTable& table, const std::string& prefix, int64_t channels);
+  void declare(ParameterTable& table, const std::string& prefix, int64_t channels, const std::string& conv_suffix = ".conv");
   Tensor operator()(const Tensor& x, const Stream& stream) const;  // [B, C, H, W] -> [B, C, H / 2, W / 2] (rounded down)
 };
 
@@ -99,8 +100,8 @@ class AutoencoderKLEncoder {
   ParameterTable table_;
 };
 
-// The distribution held in moments [B, 2C, h, w]: its first C channels the mean, the rest the
-// log-variance (clamped).
+// The distribution held in moments [B, 2C, h, w] (or a video's [B, 2C, T, h, w]): its first C
+// channels the mean, the rest the log-variance (clamped).
 LatentDistribution latent_distribution(const Tensor& moments, const Stream& stream = ops::default_op_stream());
 
 // A diffusers VAE directory's encoder: dir/config.json plus the weights, stored as `dtype`. Only

@@ -24,8 +24,9 @@ namespace {
 
 int64_t power_of_two(std::size_t exponent) { return int64_t{1} << exponent; }
 
-// What the decoder needs of any config, however it was made.
-void validate(const AutoencoderKLWanConfig& c, const std::string& source) {
+}  // namespace
+
+void validate_autoencoder_kl_wan_config(const AutoencoderKLWanConfig& c, const std::string& source) {
   const auto positive = [&](int64_t v, const char* key) {
     if (v < 1) throw Error(source + ": '" + key + "' must be >= 1, got " + std::to_string(v));
   };
@@ -73,8 +74,6 @@ void validate(const AutoencoderKLWanConfig& c, const std::string& source) {
                 " does not match the decoder, which upsamples space " + std::to_string(c.spatial_upscale()) + "x");
 }
 
-}  // namespace
-
 int64_t AutoencoderKLWanConfig::temporal_upscale() const {
   return power_of_two(static_cast<std::size_t>(std::count(temperal_downsample.begin(), temperal_downsample.end(), true)));
 }
@@ -112,7 +111,7 @@ AutoencoderKLWanConfig AutoencoderKLWanConfig::from_json(const nlohmann::json& j
   if (!r.has("scale_factor_temporal") && c.temperal_downsample.size() + 1 == c.dim_mult.size() && c.dim_mult.size() <= 8)
     c.scale_factor_temporal = c.temporal_upscale();
   if (!r.has("scale_factor_spatial") && c.dim_mult.size() >= 1 && c.dim_mult.size() <= 8) c.scale_factor_spatial = c.spatial_upscale();
-  validate(c, source);
+  validate_autoencoder_kl_wan_config(c, source);
   return c;
 }
 
@@ -362,7 +361,7 @@ std::vector<int64_t> decoder_dims(const AutoencoderKLWanConfig& c) {
 
 AutoencoderKLWan::AutoencoderKLWan(AutoencoderKLWanConfig config)
     : config_(std::move(config)), modules_(std::make_unique<wan_vae::DecoderModules>()) {
-  validate(config_, "AutoencoderKLWan");
+  validate_autoencoder_kl_wan_config(config_, "AutoencoderKLWan");
   wan_vae::DecoderModules& m = *modules_;
   int& slots = m.cache_slots;
   int& upsamplers = m.temporal_upsamplers;

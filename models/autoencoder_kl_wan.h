@@ -81,6 +81,10 @@ struct AutoencoderKLWanConfig {
   static AutoencoderKLWanConfig wan21();
 };
 
+// What the encoder and decoder need of any config, however it was made: an error naming `source`
+// and the key otherwise.
+void validate_autoencoder_kl_wan_config(const AutoencoderKLWanConfig& config, const std::string& source);
+
 namespace wan_vae {
 
 // The state of one chunked decode: per causal conv with a time kernel (a "slot"), the last frames

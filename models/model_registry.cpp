@@ -5,6 +5,7 @@
 #include "models/autoencoder_kl.h"
 #include "models/autoencoder_kl_encoder.h"
 #include "models/autoencoder_kl_wan.h"
+#include "models/autoencoder_kl_wan_encoder.h"
 #include "models/flux_transformer.h"
 #include "models/input_checks.h"
 #include "models/wan_transformer.h"
@@ -116,18 +117,41 @@ class AutoencoderKLEntry : public ForwardModel {
   ParameterTable all_;
 };
 
+// decode(latent), or encode(sample) -> the mean, as AutoencoderKLEntry (a video [B, 3, 1 + 4k, H, W]).
 class AutoencoderKLWanEntry : public ForwardModel {
  public:
-  AutoencoderKLWanEntry(const std::string& dir, const ForwardModelLoad& l) : vae_(load_autoencoder_kl_wan(dir, l.dtype, l.variant)) {}
+  AutoencoderKLWanEntry(const std::string& dir, const ForwardModelLoad& l) : vae_(load_autoencoder_kl_wan(dir, l.dtype, l.variant)) {
+    try {
+      encoder_ = std::make_unique<AutoencoderKLWanEncoder>(load_autoencoder_kl_wan_encoder(dir, l.dtype, l.variant));
+    } catch (const Error& e) {
+      encoder_error_ = e.what();
+    }
+    for (const ParameterTable* table : {&vae_.parameters(), encoder_ ? &encoder_->parameters() : nullptr}) {
+      if (!table) continue;
+      for (const ParameterSpec& spec : table->specs()) all_.add(spec.name, spec.shape, spec.slot, spec.keep_f32);
+      for (const auto& [name, linear] : table->linears()) all_.add_linear(name, linear);
+    }
+  }
   std::string class_name() const override { return "AutoencoderKLWan"; }
-  std::vector<std::string> input_names() const override { return {"latent"}; }
-  ParameterTable& parameters() override { return vae_.mutable_parameters(); }
+  std::vector<std::string> input_names() const override { return {"latent", "sample"}; }
+  ParameterTable& parameters() override { return all_; }
+  std::string output_name(const std::map<std::string, Tensor>& in) const override { return in.count("sample") ? "latent" : "sample"; }
   Tensor forward(const std::map<std::string, Tensor>& in, const ForwardContext&, const Stream& s) const override {
-    return vae_.decode(require_latent(in, "AutoencoderKLWan", vae_.config().z_dim, "T, h, w"), {}, s);
+    const bool encode = in.count("sample") > 0;
+    if (encode && in.count("latent"))
+      throw Error("AutoencoderKLWan.forward: give 'sample' (a video to encode) or 'latent' (a latent to decode), not both");
+    if (!encode) return vae_.decode(require_latent(in, "AutoencoderKLWan", vae_.config().z_dim, "T, h, w"), {}, s);
+    if (!encoder_) throw Error("AutoencoderKLWan.encode: this checkpoint's encoder cannot be loaded: " + encoder_error_);
+    const Tensor sample = input(in, "sample");
+    require_input_dtype(sample, "AutoencoderKLWan.encode", "sample", {DType::f32, DType::bf16});
+    return latent_distribution(encoder_->moments(sample, {}, s), s).mean;
   }
 
  private:
   AutoencoderKLWan vae_;
+  std::unique_ptr<AutoencoderKLWanEncoder> encoder_;
+  std::string encoder_error_;
+  ParameterTable all_;
 };
 
 using Factory = std::function<std::unique_ptr<ForwardModel>(const std::string&, const ForwardModelLoad&)>;

@@ -1,6 +1,6 @@
 // `cubevec forward` on the VAE decoders (the model registry by _class_name): `latent` ->
 // vae.decode(latent).sample against the PyTorch goldens; `sample` -> the AutoencoderKL encoder's
-// `latent` (latent_dist.mean), and its errors; component folders read by weight-file
+// `latent` (latent_dist.mean) and the AutoencoderKLWan encoder's, and their errors; component folders read by weight-file
 // name whatever lies beside, --variant, and the errors for unknown classes and missing weights.
 #include <filesystem>
 #include <fstream>
@@ -61,6 +61,26 @@ TEST_F(ForwardCli, DecodesWithAutoencoderKLWanClamped) {
   ASSERT_EQ(r.status, 0) << r.err;
   cubevec::testing::expect_close_rel(cubevec::SafetensorsFile::open(out).tensor("sample"), goldens.tensor("vae.video"), 1e-4,
                                      "AutoencoderKLWan decode");
+}
+
+TEST_F(ForwardCli, EncodesWithAutoencoderKLWan) {
+  const cubevec::SafetensorsFile goldens = cubevec::SafetensorsFile::open((kData / "goldens_wan_vae_encoder.safetensors").string());
+  const std::string inputs = (dir_ / "in.safetensors").string(), out = (dir_ / "out.safetensors").string();
+  cubevec::write_safetensors(inputs, {{"sample", goldens.tensor("wan_nine_frames.sample")}});
+  auto r = run({"forward", "--model", (kData / "vae_encoder" / "wan").string(), "--inputs", inputs, "--out", out});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("-> latent"), std::string::npos) << r.err;
+  cubevec::testing::expect_close_rel(cubevec::SafetensorsFile::open(out).tensor("latent"), goldens.tensor("wan_nine_frames.expected_mean"),
+                                     1e-4, "AutoencoderKLWan encode");
+  // wan_tiny/vae holds only a few encoder tensors: the encode says which are missing.
+  r = run({"forward", "--model", (kData / "wan_tiny" / "vae").string(), "--inputs", inputs, "--out", out});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("encoder cannot be loaded"), std::string::npos) << r.err;
+  // A frame count that is not 1 + 4k names what fits.
+  cubevec::write_safetensors(inputs, {{"sample", cubevec::Tensor::zeros({1, 3, 4, 16, 16}, cubevec::DType::f32)}});
+  r = run({"forward", "--model", (kData / "vae_encoder" / "wan").string(), "--inputs", inputs, "--out", out});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("1 + 4k frames"), std::string::npos) << r.err;
 }
 
 TEST_F(ForwardCli, ReadsTheWeightsByNameAndTheVariant) {
