@@ -22,6 +22,7 @@
 #include "base/error.h"
 #include "tensor/finite_check.h"
 #include "models/lora.h"
+#include "models/lora_runtime.h"
 #include "tensor/safetensors.h"
 
 namespace cubevec::cli {
@@ -36,6 +37,7 @@ struct ForwardFlags {
   bool check_weights = true;           // a port is compared number by number: a NaN weight is named up front
   std::vector<std::string> loras;      // --lora FILE[:SCALE], repeatable: fused in order
   bool lora_ignore_unmatched = false;  // --lora-ignore-unmatched
+  std::string lora_mode;               // --lora-mode fused | runtime (empty: fused, runtime with --quant)
 };
 
 int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache, const ParallelFlags& parallel_flags) {
@@ -63,11 +65,20 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
   const SafetensorsFile in = SafetensorsFile::open(f.inputs);
   const std::unique_ptr<models::ForwardModel> model = models::load_forward_model(dir, {dtype, f.variant});
   if (f.check_weights) models::require_finite_parameters(model->parameters(), dir);
-  // LoRA fused into the weights (diffusers' fuse_lora), before any quantization of them.
-  for (const auto& [adapter, scale] : loras) {
+  // LoRA fused into the weights (diffusers' fuse_lora), before any quantization of them; or kept
+  // beside them (runtime mode, after the quantization: the int8 layers stay as they are).
+  if (!f.lora_mode.empty() && f.lora_mode != "fused" && f.lora_mode != "runtime")
+    throw Error("--lora-mode must be fused or runtime, got '" + f.lora_mode + "'");
+  if (f.lora_mode == "fused" && f.quant_given && !loras.empty())
+    throw Error("--lora-mode fused with --quant: the quantized layers load their int8 weights from the quantization's own files, so a "
+                "LoRA fused into the float weights would not reach them; use --lora-mode runtime (the default with --quant)");
+  const bool runtime_lora = f.lora_mode == "runtime" || (f.lora_mode.empty() && f.quant_given);
+  if (runtime_lora && groups.degrees.tp > 1)
+    throw Error("--lora-mode runtime with --tp is not supported: the LoRA's matrices would need their shards too");
+  for (const auto& [adapter, scale] : runtime_lora ? std::vector<std::pair<models::LoraAdapter, double>>{} : loras) {
     int unmatched = 0;
     const int fused = models::fuse_lora(model->parameters(), adapter, scale, f.lora_ignore_unmatched, &unmatched);
-    std::fprintf(stderr, "forward: LoRA %s at %g fused into %d layers%s\n", adapter.path.c_str(), scale, fused,
+    std::fprintf(stderr, "forward: LoRA %s (%s) at %g fused into %d layers%s\n", adapter.path.c_str(), adapter.format.c_str(), scale, fused,
                  unmatched ? (" (" + std::to_string(unmatched) + " of its layers match none of the model's: skipped)").c_str() : "");
   }
   // Tensor parallel: this rank's shares of the layers' weights.
@@ -83,6 +94,18 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
     quantize->set_step(f.step_index);
     std::fprintf(stderr, "forward: %s (step %d)\n", quantize->summary().c_str(), f.step_index);
   }
+  models::RuntimeLora runtime;
+  if (runtime_lora)
+    for (const auto& [adapter, scale] : loras) {
+      int unmatched = 0;
+      const std::vector<models::LoraDelta> deltas =
+          models::resolve_lora(model->parameters(), adapter, scale, f.lora_ignore_unmatched, &unmatched);
+      runtime.add(deltas);
+      std::fprintf(stderr, "forward: LoRA %s (%s) at %g applied at run time to %zu layers%s\n", adapter.path.c_str(),
+                   adapter.format.c_str(), scale, deltas.size(),
+                   unmatched ? (" (" + std::to_string(unmatched) + " of its layers match none of the model's: skipped)").c_str() : "");
+    }
+  const models::RuntimeLoraScope runtime_scope(&runtime);
   const std::vector<std::string> names = model->input_names();
   std::string signature;
   for (const std::string& n : names) signature += (signature.empty() ? "" : ", ") + n;
@@ -150,8 +173,11 @@ CommandRunner add_forward_command(CLI::App& app) {
       ->required();
   command->add_option("--dtype", flags->dtype, "f32, or bf16 (bf16 weights, and bf16 activations in the transformers)");
   command->add_option("--lora", flags->loras,
-                      "A LoRA (diffusers / PEFT safetensors) fused into the weights: FILE or FILE:SCALE (default 1); repeatable, "
-                      "fused in order");
+                      "A LoRA (diffusers / PEFT, kohya Flux or Wan safetensors) fused into the weights: FILE or FILE:SCALE "
+                      "(default 1); repeatable, fused in order");
+  command->add_option("--lora-mode", flags->lora_mode,
+                      "fused (added into the weights at load, as diffusers' fuse_lora; the default) or runtime (computed beside "
+                      "each layer, the weights untouched; the default with --quant, whose int8 layers a fused LoRA would not reach)");
   command->add_flag("--lora-ignore-unmatched", flags->lora_ignore_unmatched,
                     "Skip (and count) a LoRA's layers the model does not have, instead of failing");
   command->add_option("--variant", flags->variant, "Read diffusion_pytorch_model.<variant>.safetensors");

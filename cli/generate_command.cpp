@@ -146,6 +146,7 @@ int run(GenerateFlags f, const CLI::App& command, const DeviceFlags& device_flag
   load.packed_cache = f.common.packed_cache;
   load.lora = f.common.lora;
   load.lora_ignore_unmatched = f.common.lora_ignore_unmatched;
+  load.lora_mode = f.common.lora_mode;
   load.simulate = f.common.simulate;
   load.trace = !f.common.trace_path.empty();
   // Multi-device: the degrees against the ranks mpirun started, before any work; rank 0 writes.

@@ -43,10 +43,14 @@ void add_generation_flags(CLI::App& command, GenerationFlags& flags) {
           },
           "SIZE"));
   command.add_option("--packed-cache", flags.packed_cache, kPackedCacheHelp)->check(packed_cache_folder());
-  command.add_option("--lora", flags.lora,
-                     "A LoRA (diffusers / PEFT safetensors) fused into the transformer: FILE or FILE:SCALE (default 1); repeatable");
+  command.add_option(
+      "--lora", flags.lora,
+      "A LoRA (diffusers / PEFT, kohya Flux or Wan safetensors) fused into the transformer: FILE or FILE:SCALE (default 1); repeatable");
   command.add_flag("--lora-ignore-unmatched", flags.lora_ignore_unmatched,
                    "Skip (and count) a LoRA's layers the model does not have, instead of failing");
+  command.add_option("--lora-mode", flags.lora_mode,
+                     "fused (into the weights at load, as diffusers' fuse_lora; the default) or runtime (beside each layer, the weights "
+                     "untouched; the default with --quant, whose int8 layers a fused LoRA would not reach)");
   command.add_option("--json", flags.json_path, "Write the timings as JSON to this file")->check(output_file_path());
   command.add_option("--trace", flags.trace_path, "Write a Chrome trace of every kernel to this file")->check(output_file_path());
 }

@@ -23,6 +23,7 @@ struct GenerationFlags {
   std::string packed_cache;            // --packed-cache DIR: map the packed GEMM panels from a file there
   std::vector<std::string> lora;       // --lora FILE[:SCALE], repeatable: fused into the transformer
   bool lora_ignore_unmatched = false;  // --lora-ignore-unmatched
+  std::string lora_mode;               // --lora-mode fused | runtime (empty: fused, runtime with --quant)
 
   // --dtype: f32 or bf16, else an Error. bf16 means bf16 weights and bf16 activations (with f32
   // accumulation), as diffusers' torch_dtype=torch.bfloat16.

@@ -47,6 +47,8 @@ struct ServeFlags {
   std::string dtype = "f32", variant, quant, timestep_policy, memory_limit, packed_cache, trace_path;
   std::vector<std::string> lora;  // fused into every served model's transformer
   bool lora_ignore_unmatched = false;
+  std::string lora_mode;  // fused | runtime (empty: fused, runtime with --quant)
+  std::string lora_dir;   // the folder requests' "lora" files are named in (none: requests may not name LoRAs)
   int offload = 0;
   bool check_weights = false;
 };
@@ -110,6 +112,11 @@ int run(const ServeFlags& f, const DeviceFlags& device_flags, const ParallelFlag
   load.packed_cache = f.packed_cache;
   load.lora = f.lora;
   load.lora_ignore_unmatched = f.lora_ignore_unmatched;
+  load.lora_mode = f.lora_mode;
+  if (!f.lora_dir.empty()) {
+    if (!std::filesystem::is_directory(f.lora_dir)) throw Error("--lora-dir " + f.lora_dir + ": not a folder");
+    limits.lora_dir = f.lora_dir;
+  }
   load.profile = device_flags.resolve();
   // Under mpirun: every rank loads the model sharded by the degrees; rank 0 serves.
   load.groups = parallel_flags.resolve_generation(
@@ -215,9 +222,16 @@ CommandRunner add_serve_command(CLI::App& app) {
   command->add_option("--timestep-policy", f.timestep_policy, "The timestep policy for --quant's W8A8_TIMESTEP layers");
   command->add_option("--offload", f.offload, "Resident transformer blocks under weight streaming (0: off)")->check(CLI::Range(0, 100000));
   command->add_option("--packed-cache", f.packed_cache, kPackedCacheHelp)->check(packed_cache_folder());
-  command->add_option("--lora", f.lora,
-                      "A LoRA (diffusers / PEFT safetensors) fused into every model's transformer: FILE or FILE:SCALE; repeatable");
+  command->add_option(
+      "--lora", f.lora,
+      "A LoRA (diffusers / PEFT, kohya Flux or Wan safetensors) fused into every model's transformer: FILE or FILE:SCALE; repeatable");
   command->add_flag("--lora-ignore-unmatched", f.lora_ignore_unmatched, "Skip (and count) a LoRA's layers a model does not have");
+  command->add_option("--lora-mode", f.lora_mode,
+                      "fused (into the weights at load, as diffusers' fuse_lora; the default) or runtime (beside each layer, the weights "
+                      "untouched; the default with --quant, whose int8 layers a fused LoRA would not reach)");
+  command->add_option("--lora-dir", f.lora_dir,
+                      "A folder of LoRA files that requests may name in their \"lora\" key (\"NAME.safetensors:0.8\"), applied at run time "
+                      "per request; without it, requests may not name LoRAs");
   command
       ->add_option("--trace", f.trace_path,
                    "Record every instance's kernels and write them as a Chrome trace at shutdown, with their CV overlap on stderr "

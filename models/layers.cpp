@@ -1,5 +1,7 @@
 #include "models/layers.h"
 
+#include <utility>
+
 #include "ops/conv.h"
 #include "ops/gemm/driver.h"
 #include "ops/vector_ops.h"
@@ -16,7 +18,20 @@ void Linear::declare(ParameterTable& table, const std::string& module_name, int6
   table.add_linear(name, this);
 }
 
+namespace {
+thread_local const LinearCallHook* linear_call_hook = nullptr;
+}  // namespace
+
+const LinearCallHook* current_linear_call_hook() { return linear_call_hook; }
+void set_linear_call_hook(const LinearCallHook* hook) { linear_call_hook = hook; }
+
 Tensor Linear::operator()(const Tensor& x, const Stream& stream, ops::MatmulOptions epilogue) const {
+  if (linear_call_hook)
+    if (Tensor y = linear_call_hook->call(*this, x, stream, epilogue); y.defined()) return y;
+  return own_forward(x, stream, std::move(epilogue));
+}
+
+Tensor Linear::own_forward(const Tensor& x, const Stream& stream, ops::MatmulOptions epilogue) const {
   if (!kernel) return float_forward(x, stream, std::move(epilogue));
   if (x.size(-1) != in) throw Error(name + ": expected inputs [..., " + std::to_string(in) + "], got " + shape_to_string(x.shape()));
   Shape rows_shape = x.shape();

@@ -13,6 +13,20 @@
 namespace cubevec::models {
 
 class LinearKernel;
+struct Linear;
+
+// A hook on every Linear call of the calling thread (the runtime LoRA of models/lora_runtime.h):
+// while one is set, Linear::operator() hands it the call, and it may compute the product itself
+// (calling Linear::own_forward for the layer's own part) or return an undefined tensor to leave the
+// call alone. Per thread, so concurrent requests on one model each see their own.
+class LinearCallHook {
+ public:
+  virtual ~LinearCallHook() = default;
+  virtual Tensor call(const Linear& layer, const Tensor& x, const Stream& stream, const ops::MatmulOptions& epilogue) const = 0;
+};
+// The calling thread's hook (null: none); set it through a scope that restores the previous one.
+const LinearCallHook* current_linear_call_hook();
+void set_linear_call_hook(const LinearCallHook* hook);
 
 // PyTorch's Linear: y = x W^T + b, W [out, in]. The first call packs W into the GEMM's panel
 // layout and later calls reuse it (repacked if `weight` is replaced by another tensor; the weight's
@@ -35,8 +49,11 @@ struct Linear {
   void declare(ParameterTable& table, const std::string& name, int64_t in_features, int64_t out_features, bool has_bias = true,
                bool keep_f32 = false);
   // x [..., in] -> [..., out] in x's dtype. `epilogue` may add an activation, a residual and a gate
-  // (its bias, b_is_weight, compute and out fields are set here).
+  // (its bias, b_is_weight, compute and out fields are set here). The thread's LinearCallHook, when
+  // set, sees the call first.
   Tensor operator()(const Tensor& x, const Stream& stream, ops::MatmulOptions epilogue = {}) const;
+  // The same without the hook: the layer's own product (its kernel, or the float GEMM).
+  Tensor own_forward(const Tensor& x, const Stream& stream, ops::MatmulOptions epilogue = {}) const;
   // The float GEMM, whatever `kernel` says (for kernels that fall back to it, and for references).
   Tensor float_forward(const Tensor& x, const Stream& stream, ops::MatmulOptions epilogue = {}) const;
 

@@ -74,7 +74,8 @@ LoadOptions LoadOptions::from_json(const nlohmann::json& json, const std::string
       .text("device_profile", o.device_profile)
       .text("packed_cache", o.packed_cache)
       .texts("lora", o.lora)
-      .boolean("lora_ignore_unmatched", o.lora_ignore_unmatched);
+      .boolean("lora_ignore_unmatched", o.lora_ignore_unmatched)
+      .text("lora_mode", o.lora_mode, {"fused", "runtime"});
   r.reject_unknown();
   o.dtype = parse_dtype(dtype);
   if (!o.memory_limit.empty()) {
@@ -135,6 +136,14 @@ PipelinePlan PipelinePlan::read(const std::string& model_dir, const LoadOptions&
   if (options.offload > 0)
     plan.stages_.offload = std::make_unique<OffloadStage>(options.offload, plan.model_->block_modules(), plan.profile_.cube_threads);
   // The LoRA files are read now too: a bad one fails before any weight loads.
+  if (!options.lora_mode.empty() && options.lora_mode != "fused" && options.lora_mode != "runtime")
+    throw Error("--lora-mode must be fused or runtime, got '" + options.lora_mode + "'");
+  if (options.lora_mode == "fused" && !options.quant.empty() && !options.lora.empty())
+    throw Error(
+        "--lora-mode fused with --quant: the quantized layers load their int8 weights from the quantization's own files, so a "
+        "LoRA fused into the float weights would not reach them; use --lora-mode runtime (the default with --quant)");
+  if (options.lora_mode == "runtime" && plan.groups_.degrees.tp > 1)
+    throw Error("--lora-mode runtime with --tp is not supported: the LoRA's matrices would need their shards too");
   for (const std::string& flag : options.lora) {
     const auto [path, scale] = models::parse_lora_flag(flag);
     plan.loras_.emplace_back(models::read_lora(path), scale);
@@ -198,8 +207,10 @@ std::unique_ptr<Pipeline> PipelinePlan::load() && {
       if (const models::ParameterTable* vae = model_->vae_parameters()) models::require_finite_parameters(*vae, model_dir_ + "/vae");
     }
   }
-  // LoRAs fused into the weights (diffusers' fuse_lora) before anything shards, quantizes or packs them.
-  if (!options_.simulate)
+  // LoRAs fused into the weights (diffusers' fuse_lora) before anything shards, quantizes or packs
+  // them; or, at run time, resolved after the quantization (its layers stay int8).
+  const bool runtime_lora = options_.lora_mode == "runtime" || (options_.lora_mode.empty() && !options_.quant.empty());
+  if (!options_.simulate && !runtime_lora)
     for (const auto& [adapter, scale] : loras_) {
       int unmatched = 0;
       const int fused = models::fuse_lora(model_->transformer_parameters(), adapter, scale, options_.lora_ignore_unmatched, &unmatched);
@@ -210,6 +221,17 @@ std::unique_ptr<Pipeline> PipelinePlan::load() && {
   stages_.tensor_parallel = tensor_parallel_stage(groups_, model_->tensor_parallel_plan());
   stages_.after_load(model_->transformer_parameters());
   std::unique_ptr<Pipeline> p(new Pipeline());
+  if (!options_.simulate && runtime_lora)
+    for (const auto& [adapter, scale] : loras_) {
+      int unmatched = 0;
+      const std::vector<models::LoraDelta> deltas =
+          models::resolve_lora(model_->transformer_parameters(), adapter, scale, options_.lora_ignore_unmatched, &unmatched);
+      p->load_lora_.add(deltas);
+      if (unmatched)
+        print_notice_once("--lora " + adapter.path + ": " + std::to_string(unmatched) +
+                          " of its layers match none of the model's (skipped; " + std::to_string(deltas.size()) + " applied at run time)");
+    }
+  if (!loras_.empty()) p->lora_summary_ = runtime_lora ? "runtime" : "fused";
   if (!options_.packed_cache.empty()) p->packed_cache_ = models::use_packed_cache(options_.packed_cache, packed_cache_model());
   p->model_dir_ = model_dir_;
   p->options_ = options_;
@@ -250,9 +272,36 @@ TextConditioning Pipeline::encode_prompt(const Request& request, const Device& d
   return encode_text(request, model_->cfg_mode(request) != CfgMode::off, device.default_stream());
 }
 
+std::shared_ptr<const models::LoraAdapter> Pipeline::lora_file(const std::string& path) const {
+  // Read once per file as it is now (its size and time): a request names its LoRA every time.
+  std::error_code error;
+  const auto size = std::filesystem::file_size(path, error);
+  const auto time = error ? std::filesystem::file_time_type{} : std::filesystem::last_write_time(path, error);
+  const std::string key = path + '\n' + std::to_string(error ? 0 : size) + '\n' + std::to_string(time.time_since_epoch().count());
+  std::lock_guard lock(lora_files_mutex_);
+  if (const auto it = lora_files_.find(key); it != lora_files_.end()) return it->second;
+  auto adapter = std::make_shared<const models::LoraAdapter>(models::read_lora(path));
+  if (lora_files_.size() >= 16) lora_files_.erase(lora_files_.begin());  // a few resident adapters, not every file ever named
+  lora_files_[key] = adapter;
+  return adapter;
+}
+
+std::vector<std::vector<models::LoraDelta>> Pipeline::request_deltas(const Request& request) const {
+  std::vector<std::vector<models::LoraDelta>> deltas;
+  if (request.lora.empty() || options_.simulate) return deltas;
+  if (groups_.degrees.tp > 1)
+    throw Error("'lora' in a request with --tp is not supported: the LoRA's matrices would need their shards too");
+  for (const std::string& flag : request.lora) {
+    const auto [path, scale] = models::parse_lora_flag(flag);
+    deltas.push_back(models::resolve_lora(model_->transformer_parameters(), *lora_file(path), scale, options_.lora_ignore_unmatched));
+  }
+  return deltas;
+}
+
 Request Pipeline::checked(const Request& request) const {
   std::vector<std::string> from_defaults;
   Request r = model_->with_defaults(request, model_dir_, from_defaults);
+  (void)request_deltas(r);  // the files read and matched against the model before the request queues
   check_request(*model_, r, run_context(options_), /*have_negative=*/true, from_defaults, model_dir_);
   check_heads(groups_, model_->attention_heads());
   (void)request_stages(stages_, r.cache, r.sparse, *r.num_inference_steps, model_->blocks(), sequence_parallel_stage(groups_));
@@ -312,6 +361,16 @@ GenerationResult Pipeline::generate(const Request& request, const GenerateHooks&
     if (hooks.on_step) hooks.on_step({step, steps, seconds, &result.timings, &result.stages});
     if (cancelled()) throw Cancelled();
   };
+  // The LoRAs at run time: the load's and the request's own, on this thread only.
+  models::RuntimeLora lora = load_lora_;
+  for (const std::vector<models::LoraDelta>& deltas : request_deltas(r)) lora.add(deltas);
+  if (!lora_summary_.empty() || !r.lora.empty())
+    result.lora = {{"mode", lora_summary_.empty() ? "runtime" : lora_summary_},
+                   {"load", options_.lora},
+                   {"request", r.lora},
+                   {"runtime_layers", lora.layers()},
+                   {"runtime_rank", lora.total_rank()}};
+  const models::RuntimeLoraScope lora_scope(&lora);
   const Tensor latents = model_->denoise(text, r, run, device, on_step, result.timings, &result.stages);
   PhasePeaks peaks = PhasePeaks::after_denoising();
   result.denoising_flops = declared_flops(device) - flops_before;
@@ -363,6 +422,7 @@ nlohmann::ordered_json generation_report(const Pipeline& pipeline, const Generat
   json["memory_estimate"] = memory_estimate_json(result.memory);
   json["measured_peak_bytes"] = result.phase_peaks;
   if (pipeline.packed_cache()) json["packed_cache"] = pipeline.packed_cache()->json();
+  if (!result.lora.is_null()) json["lora"] = result.lora;
   json["gemm_panels_packed"] = ops::gemm::packed_b_count();  // in this process so far
   return json;
 }

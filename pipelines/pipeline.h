@@ -23,6 +23,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -37,6 +38,7 @@
 #include "models/packed_cache.h"
 #include "pipelines/model_family.h"
 #include "models/lora.h"
+#include "models/lora_runtime.h"
 #include "pipelines/request.h"
 #include "pipelines/run_report.h"
 #include "pipelines/stage_plan.h"
@@ -57,6 +59,10 @@ struct LoadOptions {
   std::string packed_cache;                  // a folder: the packed GEMM panels mapped from a file there (models/packed_cache.h)
   std::vector<std::string> lora;             // "FILE" or "FILE:SCALE": LoRAs fused into the transformer, in order (models/lora.h)
   bool lora_ignore_unmatched = false;        // skip (and count) a LoRA's layers the model lacks
+  // "fused" (into the weights at load, as diffusers' fuse_lora) or "runtime" (models/lora_runtime.h:
+  // beside each layer, the weights untouched); empty: fused, or runtime with a quantization (its
+  // int8 layers come from their own files, so a fused LoRA would not reach them).
+  std::string lora_mode;
 
   // Set by the command line only:
   bool simulate = false;                           // shape-only weights on the profile's modelled clock
@@ -68,7 +74,7 @@ struct LoadOptions {
 
   // {"dtype", "variant", "check_weights", "memory_limit", "quant", "timestep_policy", "offload",
   //  "cube_threads", "vector_threads", "device_profile", "packed_cache", "lora" (a list),
-  //  "lora_ignore_unmatched"}: unknown keys, wrong types and
+  //  "lora_ignore_unmatched", "lora_mode"}: unknown keys, wrong types and
   // out-of-range values are errors naming the key.
   static LoadOptions from_json(const nlohmann::json& json, const std::string& source = "options");
   static LoadOptions parse(const std::string& json_text, const std::string& source = "options");
@@ -111,6 +117,7 @@ struct GenerationResult {
   nlohmann::ordered_json phase_peaks;
   double denoising_flops = 0;     // the kernels' declared FLOPs while denoising
   bool decoded = false;           // false in simulate mode and on ranks that do not decode
+  nlohmann::ordered_json lora;    // the LoRAs applied (null: none)
   nlohmann::ordered_json report;  // all of the above as JSON (the model's fields first)
 };
 
@@ -149,6 +156,14 @@ class Pipeline {
   LoadStages stages_;
   double load_s_ = 0;
   std::optional<models::PackedCacheResult> packed_cache_;
+  // LoRA at run time: the load options' (lora_mode runtime), and each request's own on top.
+  models::RuntimeLora load_lora_;
+  std::string lora_summary_;  // what the load-time LoRAs did, for the report
+  std::shared_ptr<const models::LoraAdapter> lora_file(const std::string& path) const;
+  // The request's own LoRAs resolved on the transformer (none in simulate mode).
+  std::vector<std::vector<models::LoraDelta>> request_deltas(const Request& request) const;
+  mutable std::mutex lora_files_mutex_;
+  mutable std::map<std::string, std::shared_ptr<const models::LoraAdapter>> lora_files_;  // read once per path, size and time
   // The text encoders run on a device of the pipeline's, one request at a time.
   std::unique_ptr<Device> text_device_;
   std::unique_ptr<TextEncoders> text_encoders_;

@@ -78,6 +78,17 @@ Request Request::from_json(const nlohmann::json& json, const std::string& source
       .text("mask_image", q.mask_image)
       .number_in("strength", strength, 0.0, 1.0)
       .integer("seed", seed, 0, kMaxSeed);
+  if (const nlohmann::json& lora = r.raw("lora"); !lora.is_null()) {
+    // One "FILE[:SCALE]" string or a list of them.
+    const nlohmann::json list = lora.is_string() ? nlohmann::json::array({lora}) : lora;
+    if (!list.is_array() || list.empty() || list.size() > 16)
+      r.fail("lora", "must be a \"FILE[:SCALE]\" string or a list of 1 to 16 of them, got " + lora.dump());
+    for (const nlohmann::json& item : list) {
+      if (!item.is_string() || item.get<std::string>().empty() || item.get<std::string>().find('\0') != std::string::npos)
+        r.fail("lora", "must list \"FILE[:SCALE]\" strings, got " + item.dump());
+      q.lora.push_back(item.get<std::string>());
+    }
+  }
   if (r.has("strength")) {
     if (!(strength > 0.0)) r.fail("strength", "must be in (0, 1]: 0 would run no denoising step");
     q.strength = strength;
@@ -152,6 +163,7 @@ nlohmann::ordered_json Request::to_json() const {
   if (!image.empty()) j["image"] = image;
   if (!mask_image.empty()) j["mask_image"] = mask_image;
   if (strength) j["strength"] = *strength;
+  if (!lora.empty()) j["lora"] = lora;
   j["seed"] = seed;
   if (cache.method != CacheMethod::none) j["cache"] = cache.to_json();
   if (sparse) j["sparse"] = sparse_to_json(*sparse);

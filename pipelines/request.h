@@ -6,6 +6,7 @@
 //    "seed": 7, "max_sequence_length": 512, "prompt_embeds": "embeds.safetensors",
 //    "cfg": "off" | "fused" | "streams",
 //    "image": "in.png", "mask_image": "mask.png", "strength": 0.6,
+//    "lora": ["style.safetensors:0.8"] (LoRAs this request applies at run time, models/lora_runtime.h),
 //    "cache": "db" or {"cache": "db", "cache-fn": 1, ...} (the --cache-config file's keys),
 //    "sparse": "ada_bsa" or {"type": "ada_bsa", "sparsity": 0.5, "step_start": 0, "blocks": "0-3",
 //               "mask_refresh": 1, "cdf_threshold": 1.0}}
@@ -21,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -47,6 +49,9 @@ struct Request {
   std::shared_ptr<const media::RgbImage> image_pixels, mask_pixels;
   bool has_image() const { return !image.empty() || image_pixels; }
   bool has_mask() const { return !mask_image.empty() || mask_pixels; }
+  // "FILE" or "FILE:SCALE": LoRAs applied at run time to this request only, over whatever the model
+  // loaded with (a resident pipeline switches them per request without reloading).
+  std::vector<std::string> lora;
   uint64_t seed = 0;
   CacheConfig cache;  // method none: no step cache
   std::optional<SparseConfig> sparse;

@@ -1,11 +1,13 @@
 #include "server/http_common.h"
 
-#include "media/image_input.h"
-
+#include <filesystem>
 #include <new>
 #include <random>
+#include <sstream>
 
 #include "base/error.h"
+#include "media/image_input.h"
+#include "models/lora.h"
 #include "server/request_body.h"
 
 namespace cubevec::server {
@@ -61,10 +63,33 @@ void refuse_file_keys(const nlohmann::json& body) {
       throw invalid_request(key, std::string("'") + key + "' names a file, and this server reads no file a request names; " + instead);
 }
 
+std::vector<std::string> served_lora_files(const std::vector<std::string>& names, const std::string& lora_dir) {
+  if (names.empty()) return {};
+  if (lora_dir.empty())
+    throw invalid_request("lora", "this server applies no LoRA a request names (start it with --lora-dir FOLDER to allow the files there)");
+  // A plain file name in --lora-dir and nothing else: no folders, no "..", no link out of it.
+  std::vector<std::string> files;
+  for (const std::string& item : names) {
+    const auto [name, scale] = models::parse_lora_flag(item);
+    const bool plain = !name.empty() && name.find('/') == std::string::npos && name.find('\\') == std::string::npos && name[0] != '.' &&
+                       name.size() <= 255;
+    const std::filesystem::path path = std::filesystem::path(lora_dir) / name;
+    std::error_code error;
+    if (!plain || !std::filesystem::is_regular_file(std::filesystem::symlink_status(path, error)))
+      throw invalid_request("lora", "'" + name + "' is not a LoRA file of this server's --lora-dir (give a file name from that folder)",
+                            "unknown_lora");
+    std::ostringstream scale_text;
+    scale_text.precision(17);
+    scale_text << scale;
+    files.push_back(path.string() + ":" + scale_text.str());
+  }
+  return files;
+}
+
 void copy_diffusion_keys(const nlohmann::json& body, nlohmann::json& request_keys) {
   refuse_file_keys(body);
   for (const char* key : {"negative_prompt", "num_inference_steps", "guidance_scale", "true_cfg_scale", "seed", "cfg", "cache", "sparse",
-                          "max_sequence_length", "num_frames", "strength"})
+                          "max_sequence_length", "num_frames", "strength", "lora"})
     if (const auto it = body.find(key); it != body.end() && !it->is_null()) request_keys[key] = *it;
 }
 
@@ -87,6 +112,7 @@ pipelines::Request checked_request(const nlohmann::json& request_keys, const Ser
   }
   request.image_pixels = uploads.image;
   request.mask_pixels = uploads.mask;
+  request.lora = served_lora_files(request.lora, limits.lora_dir);
   try {
     request = model.pipeline->checked(request);
   } catch (const Error& e) {

@@ -52,6 +52,9 @@ void copy_diffusion_keys(const nlohmann::json& body, nlohmann::json& request_key
 // Throws the 400 for a key that names a file (prompt_embeds, image, mask_image): the server reads
 // no file a client names.
 void refuse_file_keys(const nlohmann::json& body);
+// A request's "lora" names (NAME or NAME:SCALE) as files of `lora_dir` (NAME a plain file name there,
+// not a link): an invalid_request naming 'lora' for anything else, or for any name without a folder.
+std::vector<std::string> served_lora_files(const std::vector<std::string>& names, const std::string& lora_dir);
 
 // Pictures a route received as uploads (decoded, checked): they go into the request in memory,
 // never as files.

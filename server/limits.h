@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace cubevec::server {
 
@@ -14,6 +15,8 @@ struct ServeLimits {
   int64_t max_side = 2048;                             // --max-size: width and height
   int max_steps = 200;                                 // --max-steps
   int64_t max_frames = 129;                            // --max-frames
+  // --lora-dir: the folder a request's "lora" names files in (empty: requests may not name LoRAs).
+  std::string lora_dir;
 };
 
 }  // namespace cubevec::server

@@ -195,6 +195,22 @@ def _pil_or_arrays(arrays, output_type):
 # --- the pipelines --------------------------------------------------------------------------------
 
 
+def _lora_flags(lora):
+    """A LoRA file, a (file, scale) pair, or a list of them -> ["FILE:SCALE", ...], each file checked."""
+    items = lora if isinstance(lora, list) else [lora]
+    if not items:
+        raise ValueError("lora must name at least one file (None: no LoRA)")
+    if len(items) > 16:
+        raise ValueError(f"lora may list at most 16 files, got {len(items)}")
+    flags = []
+    for item in items:
+        file, scale = item if isinstance(item, tuple) and len(item) == 2 else (item, 1.0)
+        file = _path(file, "lora")
+        _existing(file, "lora", folder=False)
+        flags.append(f"{file}:{repr(_number(scale, 'lora scale'))}")
+    return flags
+
+
 class _DiffusionPipeline:
     _family = None
 
@@ -203,7 +219,8 @@ class _DiffusionPipeline:
 
     @classmethod
     def from_pretrained(cls, path, dtype="f32", variant=None, quant=None, timestep_policy=None, offload=None,
-                        memory_limit=None, packed_cache=None, check_weights=False, lora=None, lora_ignore_unmatched=False):
+                        memory_limit=None, packed_cache=None, check_weights=False, lora=None, lora_ignore_unmatched=False,
+                        lora_mode=None):
         """Loads a diffusers model folder once.
 
         dtype "f32" or "bf16"; variant: the weight files' variant ("fp16" for
@@ -211,9 +228,11 @@ class _DiffusionPipeline:
         (JSON file); timestep_policy: its timestep policy file (W8A8_TIMESTEP); offload: transformer
         blocks kept resident under weight streaming; memory_limit: bytes (int) or a size such as
         "24G"; packed_cache: a folder for the packed GEMM panels other processes map;
-        check_weights: scan every weight for NaN/inf; lora: a LoRA file (diffusers / PEFT
-        safetensors), a (file, scale) pair, or a list of them, fused into the transformer as
-        diffusers' fuse_lora (lora_ignore_unmatched: skip a LoRA's layers the model lacks).
+        check_weights: scan every weight for NaN/inf; lora: a LoRA file (diffusers / PEFT, kohya
+        Flux or Wan safetensors), a (file, scale) pair, or a list of them, fused into the transformer
+        as diffusers' fuse_lora (lora_ignore_unmatched: skip a LoRA's layers the model lacks);
+        lora_mode "fused" or "runtime" (beside each layer, the weights untouched; the default with
+        quant). A call's own lora= applies at run time to that call only.
         """
         folder = _path(path, "path")
         if not isinstance(check_weights, (bool, np.bool_)):
@@ -241,16 +260,11 @@ class _DiffusionPipeline:
                 raise TypeError(f"memory_limit must be an int (bytes) or a str such as '24G', got {type(memory_limit).__name__}")
             options["memory_limit"] = _text(memory_limit, "memory_limit")
         if lora is not None:
-            items = lora if isinstance(lora, list) else [lora]
-            if not items:
-                raise ValueError("lora must name at least one file (None: no LoRA)")
-            flags = []
-            for item in items:
-                file, scale = item if isinstance(item, tuple) and len(item) == 2 else (item, 1.0)
-                file = _path(file, "lora")
-                _existing(file, "lora", folder=False)
-                flags.append(f"{file}:{repr(_number(scale, 'lora scale'))}")
-            options["lora"] = flags
+            options["lora"] = _lora_flags(lora)
+        if lora_mode is not None:
+            if _text(lora_mode, "lora_mode") not in ("fused", "runtime"):
+                raise ValueError(f"lora_mode must be 'fused' or 'runtime', got {lora_mode!r}")
+            options["lora_mode"] = lora_mode
         if not isinstance(lora_ignore_unmatched, (bool, np.bool_)):
             raise TypeError(f"lora_ignore_unmatched must be a bool, got {type(lora_ignore_unmatched).__name__}")
         if lora_ignore_unmatched:
@@ -293,6 +307,8 @@ class _DiffusionPipeline:
                 checked[key] = _text(value, key)
             elif key == "strength":
                 checked[key] = _number(value, key)
+            elif key == "lora":
+                checked[key] = _lora_flags(value)
             elif key in ("height", "width", "num_frames", "num_inference_steps", "max_sequence_length", "seed"):
                 checked[key] = value if key == "seed" else _integer(value, key)
             elif key in ("guidance_scale", "true_cfg_scale"):
@@ -324,12 +340,13 @@ class FluxPipeline(_DiffusionPipeline):
     def __call__(self, prompt=None, negative_prompt=None, height=None, width=None, num_inference_steps=None,
                  guidance_scale=None, true_cfg_scale=None, generator=None, max_sequence_length=None,
                  output_type="pil", callback_on_step_end=None, cache=None, sparse=None, cfg=None, image=None,
-                 mask_image=None, strength=None):
+                 mask_image=None, strength=None, lora=None):
         """Generates one image: .images[0] (a PIL image, or an HxWx3 uint8 array with output_type="np").
 
         image (a path, a PIL image or an H x W x 3 uint8 array) makes it image-to-image
         (FluxImg2ImgPipeline; strength, default 0.6, says how much is repainted), and mask_image
-        (white: repaint) inpainting (FluxInpaintPipeline)."""
+        (white: repaint) inpainting (FluxInpaintPipeline). lora (as from_pretrained's) applies at run
+        time to this call only, over the loaded model."""
         if cfg is None and true_cfg_scale is not None and _number(true_cfg_scale, "true_cfg_scale") > 1:
             if negative_prompt is not None:
                 cfg = "fused"
@@ -339,7 +356,7 @@ class FluxPipeline(_DiffusionPipeline):
                    "num_inference_steps": num_inference_steps, "guidance_scale": guidance_scale,
                    "true_cfg_scale": true_cfg_scale, "seed": _seed(generator),
                    "max_sequence_length": max_sequence_length, "cache": cache, "sparse": sparse, "cfg": cfg,
-                   "strength": strength}
+                   "strength": strength, "lora": lora}
         return self._call(request, output_type, callback_on_step_end, {"image": image, "mask_image": mask_image})
 
 
@@ -350,10 +367,13 @@ class WanPipeline(_DiffusionPipeline):
 
     def __call__(self, prompt=None, negative_prompt=None, height=None, width=None, num_frames=None,
                  num_inference_steps=None, guidance_scale=None, generator=None, max_sequence_length=None,
-                 output_type="np", callback_on_step_end=None, cache=None, sparse=None, cfg=None):
-        """Generates one video: .frames[0] (PIL images, or HxWx3 uint8 arrays with output_type="np")."""
+                 output_type="np", callback_on_step_end=None, cache=None, sparse=None, cfg=None, lora=None):
+        """Generates one video: .frames[0] (PIL images, or HxWx3 uint8 arrays with output_type="np").
+
+        lora (as from_pretrained's) applies at run time to this call only, over the loaded model."""
         request = {"prompt": prompt, "negative_prompt": negative_prompt, "height": height, "width": width,
                    "num_frames": num_frames, "num_inference_steps": num_inference_steps,
                    "guidance_scale": guidance_scale, "seed": _seed(generator),
-                   "max_sequence_length": max_sequence_length, "cache": cache, "sparse": sparse, "cfg": cfg}
+                   "max_sequence_length": max_sequence_length, "cache": cache, "sparse": sparse, "cfg": cfg,
+                   "lora": lora}
         return self._call(request, output_type, callback_on_step_end)

@@ -8,6 +8,7 @@ PathLike = Union[str, bytes, os.PathLike]
 StageSettings = Union[str, dict[str, Any], None]
 StepCallback = Callable[[Any, int, None, dict], Any]
 Picture = Union[PathLike, np.ndarray, Any, None]  # a path, an H x W x 3 uint8 array or a PIL image
+Lora = Union[PathLike, tuple[PathLike, float], list[Union[PathLike, tuple[PathLike, float]]], None]
 
 class PipelineOutput:
     """What a pipeline call returns: .images (a picture) or .frames (a video), and .report."""
@@ -21,8 +22,8 @@ class _DiffusionPipeline:
                         quant: Optional[PathLike] = None, timestep_policy: Optional[PathLike] = None, offload: Optional[int] = None,
                         memory_limit: Union[int, str, None] = None, packed_cache: Optional[PathLike] = None,
                         check_weights: bool = False,
-                        lora: Union[PathLike, tuple[PathLike, float], list[Union[PathLike, tuple[PathLike, float]]], None] = None,
-                        lora_ignore_unmatched: bool = False) -> Any:
+                        lora: Lora = None, lora_ignore_unmatched: bool = False,
+                        lora_mode: Optional[Literal["fused", "runtime"]] = None) -> Any:
         """Loads a diffusers model folder once."""
 
 class FluxPipeline(_DiffusionPipeline):
@@ -33,7 +34,7 @@ class FluxPipeline(_DiffusionPipeline):
                  output_type: Literal["pil", "np"] = "pil", callback_on_step_end: Optional[StepCallback] = None,
                  cache: StageSettings = None, sparse: StageSettings = None,
                  cfg: Optional[Literal["off", "fused", "streams"]] = None, image: Picture = None, mask_image: Picture = None,
-                 strength: Optional[float] = None) -> PipelineOutput: ...
+                 strength: Optional[float] = None, lora: Lora = None) -> PipelineOutput: ...
 
 class WanPipeline(_DiffusionPipeline):
     """Wan text-to-video (diffusers' WanPipeline arguments)."""
@@ -42,4 +43,4 @@ class WanPipeline(_DiffusionPipeline):
                  guidance_scale: Optional[float] = None, generator: Optional[int] = None, max_sequence_length: Optional[int] = None,
                  output_type: Literal["pil", "np"] = "np", callback_on_step_end: Optional[StepCallback] = None,
                  cache: StageSettings = None, sparse: StageSettings = None,
-                 cfg: Optional[Literal["off", "fused", "streams"]] = None) -> PipelineOutput: ...
+                 cfg: Optional[Literal["off", "fused", "streams"]] = None, lora: Lora = None) -> PipelineOutput: ...

@@ -3,7 +3,10 @@
 // W + scale (alpha / rank) B A, six layers, one with an alpha) within 1e-4 of the output scale, at
 // two scales; two LoRAs add up; a layer the model lacks is an error listing it (or, with
 // --lora-ignore-unmatched, a count); and every malformed file is an error naming it.
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <tuple>
 
 #include "cli/run_cubevec.h"
 #include "common/tensor_testing.h"
@@ -46,6 +49,131 @@ TEST_F(LoraCli, FusedLoraMatchesTheReferenceAtTwoScalesAndTwoLorasAddUp) {
                                      "two LoRAs: 0.7 - 1.7 = -1");
   const Process r = run({"forward", "--model", kTransformer, "--inputs", inputs, "--out", out, "--lora", kLora + ":0.7"});
   EXPECT_NE(r.err.find("fused into 6 layers"), std::string::npos) << r.err;
+}
+
+// kohya / sd-scripts names on Flux (fused qkv and linear1 split, the global layers, the final adaLN's
+// swapped rows) and Wan's original names (alphas, diff_b bias differences, a dropped norm diff), each
+// against the reference's fuse of diffusers' conversion.
+TEST_F(LoraCli, KohyaFluxAndOriginalWanFilesMatchDiffusersConversion) {
+  const std::string inputs = write_inputs(dir_), out = (dir_ / "out.safetensors").string();
+  Process r = run({"forward", "--model", kTransformer, "--inputs", inputs, "--out", out, "--lora",
+                   (kData / "lora" / "flux_tiny_kohya.safetensors").string() + ":0.8"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("kohya-flux"), std::string::npos) << r.err;
+  cubevec::testing::expect_close_rel(cubevec::SafetensorsFile::open(out).tensor("sample"), golden("kohya.expected"), 1e-4, "kohya at 0.8");
+  const std::string wan_inputs = (dir_ / "wan_in.safetensors").string();
+  cubevec::write_safetensors(wan_inputs, {{"hidden_states", golden("wan.hidden_states")},
+                                          {"timestep", golden("wan.timestep")},
+                                          {"encoder_hidden_states", golden("wan.encoder_hidden_states")}});
+  r = run({"forward", "--model", (kData / "wan_tiny" / "transformer").string(), "--inputs", wan_inputs, "--out", out, "--lora",
+           (kData / "lora" / "wan_tiny_original.safetensors").string() + ":0.6"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  cubevec::testing::expect_close_rel(cubevec::SafetensorsFile::open(out).tensor("sample"), golden("wan.expected"), 1e-4, "Wan at 0.6");
+  // The kohya file on the Wan model: only final_layer_linear (proj_out) matches; the rest are listed by
+  // their kohya names.
+  r = run({"forward", "--model", (kData / "wan_tiny" / "transformer").string(), "--inputs", wan_inputs, "--out", out, "--lora",
+           (kData / "lora" / "flux_tiny_kohya.safetensors").string()});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("12 of its 13 layers match no layer of the model (lora_unet_double_blocks_0_img_attn_qkv, "), std::string::npos) << r.err;
+}
+
+// Runtime mode (models/lora_runtime.h): every format's golden within 1e-4 as in fused mode, and the
+// fused output within f32 rounding (1e-5 of the output scale); two runtime LoRAs add up.
+TEST_F(LoraCli, RuntimeModeEqualsFusedMode) {
+  const std::string inputs = write_inputs(dir_);
+  const std::string wan_inputs = (dir_ / "wan_in.safetensors").string();
+  cubevec::write_safetensors(wan_inputs, {{"hidden_states", golden("wan.hidden_states")},
+                                          {"timestep", golden("wan.timestep")},
+                                          {"encoder_hidden_states", golden("wan.encoder_hidden_states")}});
+  struct Case {
+    std::string model, inputs;
+    std::vector<std::string> loras;
+    std::string golden;
+  };
+  const std::string kohya = (kData / "lora" / "flux_tiny_kohya.safetensors").string();
+  const std::string wan = (kData / "lora" / "wan_tiny_original.safetensors").string();
+  const std::vector<Case> cases = {{kTransformer, inputs, {kLora + ":0.7"}, "expected"},
+                                   {kTransformer, inputs, {kLora + ":0.7", kLora + ":-1.7"}, "expected_scale_minus_1"},
+                                   {kTransformer, inputs, {kohya + ":0.8"}, "kohya.expected"},
+                                   {(kData / "wan_tiny" / "transformer").string(), wan_inputs, {wan + ":0.6"}, "wan.expected"}};
+  for (const Case& c : cases) {
+    const auto forward = [&](const std::string& mode) {
+      const std::string out = (dir_ / (mode + ".safetensors")).string();
+      std::vector<std::string> args = {"forward", "--model", c.model, "--inputs", c.inputs, "--out", out, "--lora-mode", mode};
+      for (const std::string& l : c.loras) args.insert(args.end(), {"--lora", l});
+      const Process r = run(args);
+      EXPECT_EQ(r.status, 0) << r.err;
+      if (mode == "runtime") {
+        EXPECT_NE(r.err.find("applied at run time"), std::string::npos) << r.err;
+      }
+      return cubevec::SafetensorsFile::open(out).tensor("sample");
+    };
+    const cubevec::Tensor runtime = forward("runtime"), fused = forward("fused");
+    cubevec::testing::expect_close_rel(runtime, golden(c.golden), 1e-4, "runtime " + c.golden);
+    cubevec::testing::expect_close_rel(runtime, fused, 1e-5, "runtime vs fused " + c.golden);
+  }
+  const Process bad = run({"forward", "--model", kTransformer, "--inputs", inputs, "--out", (dir_ / "x.safetensors").string(), "--lora",
+                           kLora, "--lora-mode", "later"});
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.err.find("--lora-mode must be fused or runtime, got 'later'"), std::string::npos) << bad.err;
+}
+
+// A LoRA over W8A8 layers (tinyflux quantized by `cubevec quantize`): runtime mode (the default with
+// --quant) stays within the quantization's tolerance of the float model with the LoRA fused, while
+// the LoRA's own change is several times larger; --lora-mode fused with --quant is refused.
+TEST_F(LoraCli, RuntimeLoraOverW8A8Layers) {
+  using cubevec::testing::random_tensor;
+  const std::string quant = (dir_ / "q").string(), model = cubevec_cli_test::kTinyFlux;
+  const Process q = run({"quantize", "--model", model, "--algo", "W8A8", "--prompt", "a red circle", "--steps", "2", "--out", quant});
+  ASSERT_EQ(q.status, 0) << q.err;
+  const std::string description = quant + "/quant_model_description_w8a8.json";
+  // A rank-4 LoRA on a plain projection, the activation's input, a gated output and a single block.
+  cubevec::NamedTensors lora;
+  const std::vector<std::tuple<std::string, int64_t, int64_t>> layers = {{"transformer_blocks.0.attn.to_q", 192, 192},
+                                                                          {"transformer_blocks.0.ff.net.0.proj", 192, 768},
+                                                                          {"transformer_blocks.1.attn.to_out.0", 192, 192},
+                                                                          {"single_transformer_blocks.0.proj_out", 960, 192}};
+  unsigned seed = 40;
+  for (const auto& [name, in, out] : layers) {
+    lora.push_back({"transformer." + name + ".lora_A.weight", random_tensor({4, in}, seed++, cubevec::DType::f32, 0.15f)});
+    lora.push_back({"transformer." + name + ".lora_B.weight", random_tensor({out, 4}, seed++, cubevec::DType::f32, 0.15f)});
+  }
+  const std::string file = (dir_ / "tiny_lora.safetensors").string();
+  cubevec::write_safetensors(file, lora);
+  std::vector<float> img_ids, txt_ids(4 * 3, 0.0f);
+  for (int y = 0; y < 4; ++y)
+    for (int x = 0; x < 4; ++x) img_ids.insert(img_ids.end(), {0.0f, static_cast<float>(y), static_cast<float>(x)});
+  const std::string inputs = (dir_ / "in.safetensors").string();
+  cubevec::write_safetensors(inputs, {{"hidden_states", random_tensor({1, 16, 16}, 1, cubevec::DType::f32, 1.0f)},
+                                      {"encoder_hidden_states", random_tensor({1, 4, 64}, 2, cubevec::DType::f32, 1.0f)},
+                                      {"pooled_projections", random_tensor({1, 64}, 3, cubevec::DType::f32, 1.0f)},
+                                      {"timestep", cubevec::Tensor::from_vector(std::vector<float>{0.5f}, {1})},
+                                      {"img_ids", cubevec::Tensor::from_vector(img_ids, {16, 3})},
+                                      {"txt_ids", cubevec::Tensor::from_vector(txt_ids, {4, 3})}});
+  const auto forward = [&](const std::vector<std::string>& extra, const std::string& name) {
+    const std::string out = (dir_ / (name + ".safetensors")).string();
+    std::vector<std::string> args = {"forward", "--model", model, "--inputs", inputs, "--out", out};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const Process r = run(args);
+    EXPECT_EQ(r.status, 0) << r.err;
+    return cubevec::testing::values(cubevec::SafetensorsFile::open(out).tensor("sample"));
+  };
+  const std::vector<double> float_lora = forward({"--lora", file}, "float_lora");
+  const std::vector<double> quant_plain = forward({"--quant", description}, "quant");
+  const std::vector<double> quant_lora = forward({"--quant", description, "--lora", file}, "quant_lora");
+  double scale = 0, error = 0, change = 0;
+  for (std::size_t i = 0; i < float_lora.size(); ++i) {
+    scale = std::max(scale, std::fabs(float_lora[i]));
+    error = std::max(error, std::fabs(quant_lora[i] - float_lora[i]));
+    change = std::max(change, std::fabs(quant_lora[i] - quant_plain[i]));
+  }
+  std::printf("[ lora ] over W8A8: max |quant+LoRA - float+LoRA| %.4g, LoRA's change %.4g (output scale %.4g)\n", error, change, scale);
+  EXPECT_LT(error, 0.05 * scale);  // the quantization's tolerance (QuantCli.ForwardAtAStepIndexOfATimestepModel)
+  EXPECT_GT(change, 3 * error);
+  const Process fused = run({"forward", "--model", model, "--inputs", inputs, "--out", (dir_ / "x.safetensors").string(), "--quant",
+                             description, "--lora", file, "--lora-mode", "fused"});
+  EXPECT_NE(fused.status, 0);
+  EXPECT_NE(fused.err.find("would not reach them"), std::string::npos) << fused.err;
 }
 
 TEST_F(LoraCli, UnmatchedLayersAndMalformedFilesAreErrorsNamingThem) {

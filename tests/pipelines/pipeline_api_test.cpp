@@ -4,7 +4,12 @@
 // next call); the request's JSON errors name the key.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -13,6 +18,7 @@
 #include "pipelines/pipeline.h"
 #include "pipelines/quant_export.h"
 #include "quant/files.h"
+#include "tensor/safetensors.h"
 
 namespace pipeline_api_test {
 
@@ -100,6 +106,54 @@ TEST(PipelineApi, TheLibraryGivesTheOneShotPipelinesPixels) {
   const Tensor latents = flux.denoise(text.positive, nullptr, options, device, {}, timings);
   const RgbImage by_hand = to_rgb(flux.decode(latents, options, device, timings));
   EXPECT_TRUE(same_pixels(library.images, {by_hand}));
+}
+
+// Per-request LoRA at run time (Request::lora): a resident pipeline applies it to one request only,
+// matching the same LoRA fused at load within rounding; the next request is the plain picture again,
+// and two requests at once, one with and one without, each get their own.
+TEST(PipelineApi, RequestLorasSwitchPerRequest) {
+  const fs::path dir = fs::temp_directory_path() / ("cubevec_request_lora_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string file = (dir / "tiny.safetensors").string();
+  std::vector<float> a(2 * 192), b(192 * 2), a2(2 * 192), b2(768 * 2);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = a2[i] = static_cast<float>(0.2 * std::sin(0.3 * static_cast<double>(i)));
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(0.3 * std::cos(0.7 * static_cast<double>(i)));
+  for (std::size_t i = 0; i < b2.size(); ++i) b2[i] = static_cast<float>(0.3 * std::cos(0.9 * static_cast<double>(i)));
+  write_safetensors(file, {{"transformer.transformer_blocks.0.attn.to_q.lora_A.weight", Tensor::from_vector(a, {2, 192})},
+                           {"transformer.transformer_blocks.0.attn.to_q.lora_B.weight", Tensor::from_vector(b, {192, 2})},
+                           {"transformer.transformer_blocks.1.ff.net.0.proj.lora_A.weight", Tensor::from_vector(a2, {2, 192})},
+                           {"transformer.transformer_blocks.1.ff.net.0.proj.lora_B.weight", Tensor::from_vector(b2, {768, 2})}});
+  const std::unique_ptr<Pipeline> plain = Pipeline::load(kTinyFlux);
+  LoadOptions fused_options;
+  fused_options.lora = {file + ":0.8"};
+  const std::unique_ptr<Pipeline> fused = Pipeline::load(kTinyFlux, fused_options);
+  Request with_lora = flux_request();
+  with_lora.lora = {file + ":0.8"};
+  const GenerationResult base = plain->generate(flux_request());
+  const GenerationResult runtime = plain->generate(with_lora);
+  const GenerationResult at_load = fused->generate(flux_request());
+  EXPECT_EQ(runtime.lora["runtime_layers"], 2);
+  EXPECT_EQ(at_load.lora["mode"], "fused");
+  const auto max_difference = [](const RgbImage& x, const RgbImage& y) {
+    int worst = 0;
+    for (std::size_t i = 0; i < x.pixels.size(); ++i) worst = std::max(worst, std::abs(int{x.pixels[i]} - int{y.pixels[i]}));
+    return worst;
+  };
+  EXPECT_LE(max_difference(runtime.images[0], at_load.images[0]), 2);  // the same LoRA, rounded in another order
+  EXPECT_GT(max_difference(runtime.images[0], base.images[0]), 20);    // and it changes the picture
+  EXPECT_TRUE(same_pixels(plain->generate(flux_request()).images, base.images));  // nothing left behind
+  GenerationResult x, y;
+  std::thread tx([&] { x = plain->generate(with_lora); });
+  std::thread ty([&] { y = plain->generate(flux_request()); });
+  tx.join();
+  ty.join();
+  EXPECT_TRUE(same_pixels(x.images, runtime.images));
+  EXPECT_TRUE(same_pixels(y.images, base.images));
+  // A request's LoRA is read and matched before any work.
+  Request missing = flux_request();
+  missing.lora = {(dir / "missing.safetensors").string()};
+  EXPECT_NE(message_of([&] { plain->checked(missing); }).find("missing.safetensors"), std::string::npos);
+  fs::remove_all(dir);
 }
 
 TEST(PipelineApi, ACancelledCallLeavesThePipelineUsable) {

@@ -312,6 +312,28 @@ def test_lora_fused_at_load_equals_the_command_line(tmp_path):
     assert cubevec.FluxPipeline.from_pretrained(TINYFLUX, lora=str(lora), lora_ignore_unmatched=True)
 
 
+def test_lora_per_call_at_run_time(tmp_path):
+    lora = tmp_path / "tiny_lora.safetensors"
+    write_tiny_lora(lora)
+    call = dict(prompt=PROMPT, generator=2, num_inference_steps=3, width=32, height=32, output_type="np")
+    pipe = cubevec.FluxPipeline.from_pretrained(TINYFLUX)
+    plain = pipe(**call).images[0]
+    with_lora = pipe(**call, lora=(str(lora), 0.5))
+    assert with_lora.report["lora"]["request"] == [f"{lora}:0.5"]
+    fused = cubevec.FluxPipeline.from_pretrained(TINYFLUX, lora=[(str(lora), 0.5)])(**call).images[0]
+    runtime = cubevec.FluxPipeline.from_pretrained(TINYFLUX, lora=[(str(lora), 0.5)], lora_mode="runtime")(**call).images[0]
+    assert np.array_equal(runtime, with_lora.images[0])  # the load's runtime LoRA and a call's are the same computation
+    assert np.abs(runtime.astype(int) - fused.astype(int)).max() <= 2  # fused: the same LoRA, rounded in another order
+    assert np.abs(with_lora.images[0].astype(int) - plain.astype(int)).max() > 10
+    assert np.array_equal(pipe(**call).images[0], plain)  # the next call is without it again
+    with pytest.raises(ValueError, match="lora_mode must be 'fused' or 'runtime'"):
+        cubevec.FluxPipeline.from_pretrained(TINYFLUX, lora_mode="later")
+    with pytest.raises(FileNotFoundError, match=r"no such file \(lora\)"):
+        pipe(**call, lora=str(tmp_path / "missing.safetensors"))
+    with pytest.raises(ValueError, match="lora may list at most 16 files"):
+        pipe(**call, lora=[str(lora)] * 17)
+
+
 def run_script(code, tmp_path):
     script = tmp_path / "script.py"
     script.write_text(code)

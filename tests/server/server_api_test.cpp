@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "media/avi.h"
 #include "pipelines/pipeline.h"
 #include "server/test_server.h"
+#include "tensor/safetensors.h"
 
 namespace server_api_test {
 
@@ -109,6 +111,49 @@ TEST(ServerApi, UrlResponseServesThePictureAsPngAndJpeg) {
   for (std::size_t i = 0; i < decoded.pixels.size(); ++i) error += std::abs(int(decoded.pixels[i]) - int(expected.pixels[i]));
   EXPECT_LT(error / double(decoded.pixels.size()), 6.0);
   EXPECT_EQ(server.get("/v1/images/files/img_0000000000000000.png")->status, 404);
+}
+
+// Per-request LoRA ("lora": "NAME:SCALE"): only files of --lora-dir, by plain name; the picture is
+// the library's with the same LoRA, and a request without it the plain picture.
+TEST(ServerApi, RequestLorasComeFromTheLoraDirOnly) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("cubevec_server_lora_" + std::to_string(::getpid()));
+  fs::create_directories(dir / "sub");
+  std::vector<float> a(2 * 192), b(192 * 2);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(0.2 * std::sin(0.3 * static_cast<double>(i)));
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(0.4 * std::cos(0.7 * static_cast<double>(i)));
+  cubevec::write_safetensors((dir / "style.safetensors").string(),
+                             {{"transformer.transformer_blocks.0.attn.to_q.lora_A.weight", cubevec::Tensor::from_vector(a, {2, 192})},
+                              {"transformer.transformer_blocks.0.attn.to_q.lora_B.weight", cubevec::Tensor::from_vector(b, {192, 2})}});
+  fs::copy_file(dir / "style.safetensors", dir / "sub" / "inner.safetensors");
+  fs::create_symlink(dir / "style.safetensors", dir / "link.safetensors");
+  cubevec::server::ServeLimits limits;
+  limits.lora_dir = dir.string();
+  TestServer server({}, limits);
+  const auto picture = [&](const json& extra) {
+    const auto r = server.post("/v1/images/generations", body_with(extra).dump());
+    EXPECT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+    return png_of(from_base64(json::parse(r->body)["data"][0]["b64_json"]));
+  };
+  const std::string plain_json = R"({"prompt": ")" + kPrompt + R"(", "num_inference_steps": 3, "width": 48, "height": 32, "seed": 5)";
+  const RgbImage with = picture({{"lora", "style.safetensors:0.9"}});
+  EXPECT_EQ(with.pixels, library_image(plain_json + R"(, "lora": [")" + (dir / "style.safetensors").string() + R"(:0.9"]})").pixels);
+  EXPECT_NE(with.pixels, library_image(plain_json + "}").pixels);
+  EXPECT_EQ(picture(json::object()).pixels, library_image(plain_json + "}").pixels);
+  for (const char* bad : {"../style.safetensors", "sub/inner.safetensors", "link.safetensors", "missing.safetensors", "/etc/passwd",
+                                 ".hidden", "sub"}) {
+    const auto r = server.post("/v1/images/generations", body_with({{"lora", bad}}).dump());
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << bad;
+    EXPECT_EQ(json_of(r)["error"]["param"], "lora") << r->body;
+  }
+  TestServer closed;  // no --lora-dir: no request may name a LoRA
+  const auto r = closed.post("/v1/images/generations", body_with({{"lora", "style.safetensors"}}).dump());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_NE(r->body.find("--lora-dir"), std::string::npos) << r->body;
+  fs::remove_all(dir);
 }
 
 TEST(ServerApi, ModelsHealthAndUnknownRoutes) {
