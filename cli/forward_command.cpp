@@ -70,8 +70,9 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
   if (!f.lora_mode.empty() && f.lora_mode != "fused" && f.lora_mode != "runtime")
     throw Error("--lora-mode must be fused or runtime, got '" + f.lora_mode + "'");
   if (f.lora_mode == "fused" && f.quant_given && !loras.empty())
-    throw Error("--lora-mode fused with --quant: the quantized layers load their int8 weights from the quantization's own files, so a "
-                "LoRA fused into the float weights would not reach them; use --lora-mode runtime (the default with --quant)");
+    throw Error(
+        "--lora-mode fused with --quant: the quantized layers load their int8 weights from the quantization's own files, so a "
+        "LoRA fused into the float weights would not reach them; use --lora-mode runtime (the default with --quant)");
   const bool runtime_lora = f.lora_mode == "runtime" || (f.lora_mode.empty() && f.quant_given);
   if (runtime_lora && groups.degrees.tp > 1)
     throw Error("--lora-mode runtime with --tp is not supported: the LoRA's matrices would need their shards too");

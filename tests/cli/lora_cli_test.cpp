@@ -74,7 +74,8 @@ TEST_F(LoraCli, KohyaFluxAndOriginalWanFilesMatchDiffusersConversion) {
   r = run({"forward", "--model", (kData / "wan_tiny" / "transformer").string(), "--inputs", wan_inputs, "--out", out, "--lora",
            (kData / "lora" / "flux_tiny_kohya.safetensors").string()});
   EXPECT_NE(r.status, 0);
-  EXPECT_NE(r.err.find("12 of its 13 layers match no layer of the model (lora_unet_double_blocks_0_img_attn_qkv, "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("12 of its 13 layers match no layer of the model (lora_unet_double_blocks_0_img_attn_qkv, "), std::string::npos)
+      << r.err;
 }
 
 // Runtime mode (models/lora_runtime.h): every format's golden within 1e-4 as in fused mode, and the
@@ -130,9 +131,9 @@ TEST_F(LoraCli, RuntimeLoraOverW8A8Layers) {
   // A rank-4 LoRA on a plain projection, the activation's input, a gated output and a single block.
   cubevec::NamedTensors lora;
   const std::vector<std::tuple<std::string, int64_t, int64_t>> layers = {{"transformer_blocks.0.attn.to_q", 192, 192},
-                                                                          {"transformer_blocks.0.ff.net.0.proj", 192, 768},
-                                                                          {"transformer_blocks.1.attn.to_out.0", 192, 192},
-                                                                          {"single_transformer_blocks.0.proj_out", 960, 192}};
+                                                                         {"transformer_blocks.0.ff.net.0.proj", 192, 768},
+                                                                         {"transformer_blocks.1.attn.to_out.0", 192, 192},
+                                                                         {"single_transformer_blocks.0.proj_out", 960, 192}};
   unsigned seed = 40;
   for (const auto& [name, in, out] : layers) {
     lora.push_back({"transformer." + name + ".lora_A.weight", random_tensor({4, in}, seed++, cubevec::DType::f32, 0.15f)});

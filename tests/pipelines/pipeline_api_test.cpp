@@ -139,8 +139,8 @@ TEST(PipelineApi, RequestLorasSwitchPerRequest) {
     for (std::size_t i = 0; i < x.pixels.size(); ++i) worst = std::max(worst, std::abs(int{x.pixels[i]} - int{y.pixels[i]}));
     return worst;
   };
-  EXPECT_LE(max_difference(runtime.images[0], at_load.images[0]), 2);  // the same LoRA, rounded in another order
-  EXPECT_GT(max_difference(runtime.images[0], base.images[0]), 20);    // and it changes the picture
+  EXPECT_LE(max_difference(runtime.images[0], at_load.images[0]), 2);             // the same LoRA, rounded in another order
+  EXPECT_GT(max_difference(runtime.images[0], base.images[0]), 20);               // and it changes the picture
   EXPECT_TRUE(same_pixels(plain->generate(flux_request()).images, base.images));  // nothing left behind
   GenerationResult x, y;
   std::thread tx([&] { x = plain->generate(with_lora); });

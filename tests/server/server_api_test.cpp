@@ -141,8 +141,8 @@ TEST(ServerApi, RequestLorasComeFromTheLoraDirOnly) {
   EXPECT_EQ(with.pixels, library_image(plain_json + R"(, "lora": [")" + (dir / "style.safetensors").string() + R"(:0.9"]})").pixels);
   EXPECT_NE(with.pixels, library_image(plain_json + "}").pixels);
   EXPECT_EQ(picture(json::object()).pixels, library_image(plain_json + "}").pixels);
-  for (const char* bad : {"../style.safetensors", "sub/inner.safetensors", "link.safetensors", "missing.safetensors", "/etc/passwd",
-                                 ".hidden", "sub"}) {
+  for (const char* bad :
+       {"../style.safetensors", "sub/inner.safetensors", "link.safetensors", "missing.safetensors", "/etc/passwd", ".hidden", "sub"}) {
     const auto r = server.post("/v1/images/generations", body_with({{"lora", bad}}).dump());
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 400) << bad;
