@@ -5,6 +5,10 @@
 //   img2img / t2i     the shipped tinyflux end to end at 64 x 64, 28 steps: text-to-image against
 //                     image-to-image at strength 0.6 (17 steps, plus the encode) and inpainting; the
 //                     ratio of their times is what strength saves
+//   LoRA              one FLUX.1 double block (3072 wide, 1024 image + 256 text tokens, bf16 weights
+//                     and activations) plain (what a fused LoRA costs: nothing) against the same
+//                     block with a rank-16 LoRA on every Linear at run time (models/lora_runtime.h),
+//                     alternating rounds; the overhead's target is < 5% of the block's time
 #include <chrono>
 #include <cstdio>
 
@@ -12,6 +16,9 @@
 #include "device/device.h"
 #include "media/png.h"
 #include "models/autoencoder_kl_encoder.h"
+#include "models/flux_transformer.h"
+#include "models/lora_runtime.h"
+#include "ops/vector_ops.h"
 #include "models/parameters.h"
 #include "pipelines/pipeline.h"
 
@@ -33,6 +40,63 @@ std::pair<Timing, double> timed_with_flops(Device& device, int runs, const std::
       },
       runs, 1);
   return {t, flops};
+}
+
+// A FLUX.1 double block with and without a rank-16 runtime LoRA on each of its Linears.
+void lora_rows(Context& context, Device& device) {
+  const Stream s = device.default_stream();
+  const models::FluxConfig config = models::FluxConfig::flux1_dev();
+  const int64_t d = config.inner_dim(), image = 1024, text = 256, rank = 16;
+  models::ParameterTable table;
+  models::FluxDoubleBlock block;
+  block.declare(table, 0, config);
+  models::make_random_parameters(table, DType::bf16, 5, 0.02f);
+  models::ParameterTable inputs;
+  Tensor hidden, context_states, temb;
+  inputs.add("hidden", {1, image, d}, &hidden);
+  inputs.add("context", {1, text, d}, &context_states);
+  inputs.add("temb", {1, d}, &temb);
+  models::make_random_parameters(inputs, DType::f32, 11, 1.0f);
+  const models::RopeTable txt = models::axial_rope(Tensor::zeros({text, 3}, DType::f32), config.axes_dims_rope);
+  const models::RopeTable img = models::axial_rope(models::flux_image_ids(64, 64), config.axes_dims_rope);
+  const models::RopeTable rope{ops::concat({txt.cos, img.cos}, 0, s), ops::concat({txt.sin, img.sin}, 0, s)};
+  const models::ForwardContext ctx{.activations = DType::bf16};
+  const models::FluxBlockInputs shared{ops::cast(ops::activation(temb, ops::Activation::silu, s), DType::bf16, s), rope, {1, 32, 32}};
+  const models::BlockState state{ops::cast(hidden, DType::bf16, s), ops::cast(context_states, DType::bf16, s)};
+  // Every Linear of the block gets A [16, in] and B [out, 16] (scale 1, alpha = rank).
+  models::ParameterTable lora_table;
+  std::vector<std::pair<models::Linear*, std::pair<Tensor, Tensor>>> parts;
+  for (const auto& [name, layer] : table.linears()) parts.push_back({layer, {}});
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    lora_table.add("a" + std::to_string(i), {rank, parts[i].first->in}, &parts[i].second.first);
+    lora_table.add("b" + std::to_string(i), {parts[i].first->out, rank}, &parts[i].second.second);
+  }
+  models::make_random_parameters(lora_table, DType::f32, 31, 0.02f);
+  std::vector<models::LoraDelta> deltas;
+  for (const auto& [layer, ab] : parts) deltas.push_back({layer->name, layer, ab.first, ab.second, {}, 1.0, 0.0});
+  models::RuntimeLora lora;
+  lora.add(deltas);
+  const auto forward = [&] { block.forward(state, shared, ctx, s).hidden.data_ptr(); };
+  forward();
+  std::vector<double> plain_s, lora_s;
+  const int rounds = std::max(3, context.repeats / 2);
+  for (int i = 0; i < rounds; ++i) {
+    plain_s.push_back(time_runs(forward, 1, 0).median_s);
+    const models::RuntimeLoraScope scope(&lora);
+    lora_s.push_back(time_runs(forward, 1, 0).median_s);
+  }
+  const Timing plain = summarize(plain_s), with_lora = summarize(lora_s);
+  const std::string label = "FLUX.1 double block 1024+256, bf16, LoRA on " + std::to_string(parts.size()) + " Linears";
+  Result fused{"images", label, "fused (= plain)"};
+  fused.dtype = "bf16";
+  fused.timing = plain;
+  context.add(fused);
+  Result runtime{"images", label, "runtime rank 16"};
+  runtime.dtype = "bf16";
+  runtime.timing = with_lora;
+  runtime.extra["overhead"] = with_lora.median_s / plain.median_s - 1.0;
+  runtime.extra["lora_gflop"] = 2.0 * lora.macs_per_row() * static_cast<double>(image + text) / 1e9;
+  context.add(runtime);
 }
 
 }  // namespace
@@ -65,6 +129,7 @@ void images_suite(Context& context) {
     if (std::string(name).rfind("encode", 0) == 0) r.extra["x_decode_time"] = t.median_s / decode_t.median_s;
     context.add(r);
   }
+  lora_rows(context, device);
 
   // tinyflux end to end: the same prompt and seed as text-to-image, image-to-image and inpainting.
   const auto pipeline = pipelines::Pipeline::load(std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinyflux");

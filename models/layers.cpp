@@ -32,6 +32,8 @@ Tensor Linear::operator()(const Tensor& x, const Stream& stream, ops::MatmulOpti
 }
 
 Tensor Linear::own_forward(const Tensor& x, const Stream& stream, ops::MatmulOptions epilogue) const {
+  if (kernel && epilogue.low_rank_a.defined())
+    throw Error(name + ": the " + kernel->name() + " kernel adds no low-rank update (only the float GEMM does)");
   if (!kernel) return float_forward(x, stream, std::move(epilogue));
   if (x.size(-1) != in) throw Error(name + ": expected inputs [..., " + std::to_string(in) + "], got " + shape_to_string(x.shape()));
   Shape rows_shape = x.shape();

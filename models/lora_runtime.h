@@ -6,10 +6,13 @@
 // of that thread that the LoRA touches goes through it; other threads (concurrent requests) are not
 // affected.
 //
-// The delta is folded into the layer's GEMM as its residual when the layer's epilogue has no
-// activation and no gate (a plain projection); before an activation or a gate it is added to the
-// pre-activation product and the epilogue then applied on the Vector unit (the feed-forward's first
-// projection, the gated output projections).
+// A float layer's deltas are stacked into one A [R, in] and one (factor B)^T [R, out]: x A^T is a
+// thin GEMM, and the layer's own GEMM adds (x A^T)(factor B)^T to each finished tile before its
+// activation (the epilogue's low-rank update), so the LoRA makes no pass over the layer's output.
+// A kernel layer (int8) and a bias difference take the general path: each delta's (x A^T) B^T is
+// its own GEMM whose epilogue carries the running sum (residual + gate d), the layer's GEMM then
+// adding it as its residual; under an activation the sum goes in unactivated and the activation
+// follows on the Vector unit.
 #pragma once
 
 #include <unordered_map>
@@ -27,7 +30,7 @@ class RuntimeLora : public LinearCallHook {
   bool empty() const { return by_layer_.empty(); }
   int layers() const { return static_cast<int>(by_layer_.size()); }  // Linears with a delta
   int64_t total_rank() const { return total_rank_; }                 // summed over every delta
-  // 2 rows (in + out) rank per delta, summed: the delta's multiply-adds per row of x.
+  // rank (in + out) per delta, summed: the deltas' multiply-adds per row of x.
   double macs_per_row() const { return macs_per_row_; }
 
   Tensor call(const Linear& layer, const Tensor& x, const Stream& stream, const ops::MatmulOptions& epilogue) const override;
@@ -38,7 +41,15 @@ class RuntimeLora : public LinearCallHook {
     Tensor up;                   // factor * B [out, rank], f32
     Tensor bias_f32, bias_bf16;  // scale * diff_b [out], or undefined
   };
-  std::unordered_map<const Linear*, std::vector<Delta>> by_layer_;
+  struct LayerDeltas {
+    std::vector<Delta> deltas;
+    Tensor down_f32, down_bf16;  // every delta's A stacked [R, in]
+    Tensor up_t;                 // every delta's (factor B)^T stacked [R, out], f32
+    bool has_bias = false;
+  };
+  Tensor general_path(const Linear& layer, const LayerDeltas& deltas, const Tensor& x, const Stream& stream,
+                      const ops::MatmulOptions& epilogue) const;
+  std::unordered_map<const Linear*, LayerDeltas> by_layer_;
   int64_t total_rank_ = 0;
   double macs_per_row_ = 0;
 };

@@ -97,6 +97,8 @@ void gemm_reference(const gemm::Problem& p) {
       double sum = ep.bias ? ep.bias[j] : 0.0;
       for (int64_t q = 0; q < p.k; ++q)
         sum += element(p.a, p.a_type, i * p.lda + q) * element(p.b, p.b_type, p.trans_b ? j * p.ldb + q : q * p.ldb + j);
+      for (int64_t q = 0; ep.low_rank_a && q < ep.low_rank; ++q)
+        sum += static_cast<double>(ep.low_rank_a[i * ep.ld_low_rank_a + q]) * ep.low_rank_b[q * ep.ld_low_rank_b + j];
       if (ep.activation == gemm::Activation::gelu_tanh)
         sum = 0.5 * sum * (1.0 + std::tanh(0.7978845608028654 * (sum + 0.044715 * sum * sum * sum)));
       else if (ep.activation == gemm::Activation::silu) sum = sum / (1.0 + std::exp(-sum));
@@ -150,6 +152,20 @@ std::vector<Tensor> epilogue_reads(const MatmulOptions& o, const Shape& c_shape,
                   shape_to_string(o.residual.shape()));
     reads.push_back(o.residual);
   }
+  if (o.low_rank_a.defined() || o.low_rank_b.defined()) {
+    const int64_t rows = c_shape.size() >= 2 ? c_shape[c_shape.size() - 2] : 1;
+    const int64_t batches = o.low_rank_a.defined() ? o.low_rank_a.numel() / std::max<int64_t>(1, rows * o.low_rank_a.size(-1)) : 0;
+    const bool ok = o.low_rank_a.defined() && o.low_rank_b.defined() && o.low_rank_a.is_contiguous() && o.low_rank_b.is_contiguous() &&
+                    o.low_rank_a.dtype() == DType::f32 && o.low_rank_b.dtype() == DType::f32 && o.low_rank_b.dim() == 2 &&
+                    o.low_rank_a.size(-1) == o.low_rank_b.size(0) && o.low_rank_b.size(1) == n && o.low_rank_a.size(-1) >= 1 &&
+                    o.low_rank_a.numel() == batches * rows * o.low_rank_a.size(-1) && batches * rows * n == shape_numel(c_shape);
+    if (!ok)
+      throw Error(std::string(op) + ": a low-rank update needs contiguous f32 low_rank_a [rows of C, R] and low_rank_b [R, " +
+                  std::to_string(n) + "], got " + (o.low_rank_a.defined() ? o.low_rank_a.describe() : std::string("none")) + " and " +
+                  (o.low_rank_b.defined() ? o.low_rank_b.describe() : std::string("none")));
+    reads.push_back(o.low_rank_a);
+    reads.push_back(o.low_rank_b);
+  }
   return reads;
 }
 
@@ -179,6 +195,13 @@ gemm::Epilogue epilogue_of(const MatmulOptions& o, int64_t n, int64_t c_offset, 
     ep.residual = o.residual.unsynchronized_data_ptr() + c_offset * static_cast<int64_t>(o.residual.itemsize());
     ep.residual_bf16 = o.residual.dtype() == DType::bf16;
     ep.ld_residual = n;
+  }
+  if (o.low_rank_a.defined()) {
+    ep.low_rank = o.low_rank_b.size(0);
+    ep.low_rank_a = f32_ptr(o.low_rank_a) + c_offset / n * ep.low_rank;
+    ep.low_rank_b = f32_ptr(o.low_rank_b);
+    ep.ld_low_rank_a = ep.low_rank;
+    ep.ld_low_rank_b = n;
   }
   ep.gate = f32_ptr(o.gate);
   if (out.dtype() == DType::bf16) {

@@ -1,6 +1,6 @@
 // Cube kernels: matrix multiplication with fused epilogues.
 //   C[M, N] = A[M, K] x B[K, N]   (or B given as a Linear weight W[N, K]: C = A W^T)
-//   then C = act(C + bias), then C = residual + gate * C   (each step optional)
+//   then C = act(C + bias + low_rank_a low_rank_b), then C = residual + gate * C   (each step optional)
 #pragma once
 
 #include <string_view>
@@ -24,6 +24,9 @@ using GemmActivation = gemm::Activation;
 
 struct MatmulOptions {
   Tensor bias{};  // [N]
+  // A low-rank update before the activation: C += low_rank_a low_rank_b, f32 [M, R] (or [Bt, M, R])
+  // and [R, N] (a runtime LoRA, models/lora_runtime.h). The float GEMMs only, not the int8 kernels.
+  Tensor low_rank_a{}, low_rank_b{};
   GemmActivation activation = GemmActivation::none;
   Tensor residual{};         // [M, N], f32 or bf16
   Tensor gate{};             // [N]; needs residual

@@ -1,5 +1,5 @@
 // What a GEMM does to its result before storing it, fused into the Cube kernel:
-//   x = A B (+ bias[j]);  x = act(x);  if residual: x = residual[i][j] + (gate ? gate[j] : 1) * x;
+//   x = A B (+ bias[j]) (+ sum_q low_rank_a[i][q] low_rank_b[q][j]);  x = act(x);  if residual: x = residual[i][j] + (gate ? gate[j] : 1) * x;
 //   then optionally x is stored as bf16 (rounded to nearest even) for a bf16 result.
 // The residual form is the gated residual add of DiT blocks (hidden + gate * attn_out).
 #pragma once
@@ -21,8 +21,14 @@ struct Epilogue {
   // (i, j) coordinates as C): a bf16 result, with C serving as the f32 accumulator.
   uint16_t* out_bf16 = nullptr;
   int64_t ld_out = 0;
+  // A low-rank update added before the activation (a runtime LoRA, models/lora_runtime.h): f32
+  // low_rank_a [M, low_rank] (row stride ld_low_rank_a) times low_rank_b [low_rank, N] (row stride
+  // ld_low_rank_b); both small enough to stay in cache while the tiles are finished.
+  const float* low_rank_a = nullptr;
+  const float* low_rank_b = nullptr;
+  int64_t ld_low_rank_a = 0, ld_low_rank_b = 0, low_rank = 0;
 
-  bool empty() const { return !bias && activation == Activation::none && !residual && !out_bf16; }
+  bool empty() const { return !bias && !low_rank_a && activation == Activation::none && !residual && !out_bf16; }
 };
 
 // Applies `ep` to rows [0, rows) x columns [0, cols) of a tile whose top-left element is C[i0][j0].

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "common/tensor_testing.h"
+#include "ops/vector_ops.h"
 
 namespace cubevec {
 namespace gemm_test {  // named after the file: unity batches never mix two files' helpers
@@ -89,6 +90,62 @@ TEST(Gemm, EveryBackendThroughTheDevice) {
     for (std::size_t i = 0; i < want.size(); ++i)
       ASSERT_NEAR(c.data<float>()[i], want[i], 2e-4) << ops::gemm_backend_name(backend) << " at " << i;
   }
+}
+
+// The low-rank update (a runtime LoRA's): C = residual + gate act(A W^T + bias + L R), on every
+// backend and the bf16 kernels, batched too, against a double loop. n = 45 leaves a tail of the
+// 16-column blocks, m = 37 a tail of the 4-row blocks.
+TEST(Gemm, LowRankUpdateBeforeTheActivation) {
+  const int64_t m = 37, n = 45, k = 70, rank = 3, batches = 2;
+  const auto a = random_values(batches * m * k, 21), w = random_values(n * k, 22), bias = random_values(n, 23);
+  const auto left = random_values(batches * m * rank, 24), right = random_values(rank * n, 25);
+  const auto residual = random_values(batches * m * n, 26), gate = random_values(n, 27);
+  std::vector<double> want(static_cast<std::size_t>(batches * m * n));
+  for (int64_t i = 0; i < batches * m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double x = bias[j];
+      for (int64_t q = 0; q < k; ++q) x += static_cast<double>(a[i * k + q]) * w[j * k + q];
+      for (int64_t q = 0; q < rank; ++q) x += static_cast<double>(left[i * rank + q]) * right[q * n + j];
+      x = x / (1.0 + std::exp(-x));
+      want[static_cast<std::size_t>(i * n + j)] = residual[i * n + j] + gate[j] * x;
+    }
+  ops::MatmulOptions o{.bias = Tensor::from_vector(bias, {n}),
+                       .low_rank_a = Tensor::from_vector(left, {batches * m, rank}),
+                       .low_rank_b = Tensor::from_vector(right, {rank, n}),
+                       .activation = Activation::silu,
+                       .residual = Tensor::from_vector(residual, {batches * m, n}),
+                       .gate = Tensor::from_vector(gate, {n}),
+                       .b_is_weight = true};
+  const Tensor ta = Tensor::from_vector(a, {batches * m, k}), tw = Tensor::from_vector(w, {n, k});
+  for (auto backend : {ops::GemmBackend::cubevec, ops::GemmBackend::openblas, ops::GemmBackend::eigen, ops::GemmBackend::reference}) {
+    o.backend = backend;
+    const Tensor c = ops::matmul(ta, tw, o);
+    for (std::size_t i = 0; i < want.size(); ++i)
+      ASSERT_NEAR(c.data<float>()[i], want[i], 2e-4) << ops::gemm_backend_name(backend) << " at " << i;
+  }
+  // bf16 inputs (the bf16 / AMX kernels' epilogue): within bf16 rounding of the inputs.
+  o.backend = ops::GemmBackend::cubevec;
+  o.compute = DType::bf16;
+  const Tensor c16 = ops::matmul(ops::cast(ta, DType::bf16), ops::cast(tw, DType::bf16), o);
+  for (std::size_t i = 0; i < want.size(); ++i)
+    ASSERT_NEAR(c16.data<float>()[i], want[i], 0.05 * (1 + std::fabs(want[i]))) << "bf16 at " << i;
+  // Batched: each batch's rows take their own rows of low_rank_a.
+  o.compute = DType::f32;
+  o.low_rank_a = Tensor::from_vector(left, {batches, m, rank});
+  o.residual = Tensor::from_vector(residual, {batches, m, n});
+  const Tensor cb = ops::bmm(ta.reshape({batches, m, k}), tw.transpose(0, 1).contiguous(),
+                             {.bias = o.bias,
+                              .low_rank_a = o.low_rank_a,
+                              .low_rank_b = o.low_rank_b,
+                              .activation = Activation::silu,
+                              .residual = o.residual,
+                              .gate = o.gate});
+  for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(cb.data<float>()[i], want[i], 2e-4) << "bmm at " << i;
+  // Shapes that do not fit are errors naming the update.
+  o.low_rank_a = Tensor::from_vector(left, {batches * m, rank});
+  o.residual = Tensor::from_vector(residual, {batches * m, n});
+  o.low_rank_b = Tensor::from_vector(random_values(rank * 4, 28), {rank, 4});
+  EXPECT_NE(message_of([&] { ops::matmul(ta, tw, o); }).find("a low-rank update needs"), std::string::npos);
 }
 
 TEST(Gemm, LinearKeepsLeadingDimensions) {
