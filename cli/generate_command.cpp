@@ -42,6 +42,8 @@ struct GenerateFlags {
   Task task = Task::t2i;
   std::string model, out, frames_dir, cfg, image, mask;
   double strength = 0.6;
+  bool edit = false, no_auto_resize = false;  // --edit, --no-auto-resize (FLUX.1 Kontext)
+  int64_t max_area = 0;                       // --max-area (FLUX.1 Kontext)
   pipelines::PromptRequest text;
   int64_t width = 0, height = 0, frames = 0;
   int steps = 0;
@@ -118,6 +120,9 @@ pipelines::Request request_of(const GenerateFlags& f, const CLI::App& command, c
   r.image = f.image;
   r.mask_image = f.mask;
   if (image && given("--strength")) r.strength = f.strength;
+  if (image && f.edit) r.edit = true;
+  if (image && given("--max-area")) r.max_area = f.max_area;
+  if (image && f.no_auto_resize) r.auto_resize = false;
   r.cfg = f.cfg;
   r.seed = f.seed;
   r.cache = stage_flags.cache_settings();  // bad files fail before any work
@@ -260,6 +265,14 @@ CommandRunner add_generate_command(CLI::App& app, Task task) {
     command->add_option("--mask", f.mask, "Inpainting: white where --image is repainted, black where it is kept (FluxInpaintPipeline)");
     command->add_option("--strength", f.strength, "How much of --image is repainted, (0, 1]: 1 starts from noise (default 0.6)")
         ->check(in_range(0.0, 1.0));
+    command->add_flag("--edit", f.edit,
+                      "FLUX.1 Kontext editing: --image is a reference the prompt edits (the default on a FluxKontextPipeline folder)");
+    command
+        ->add_option("--max-area", f.max_area,
+                     "Kontext: the output's pixels; width and height are rescaled to it at their aspect ratio (default 1048576)")
+        ->check(in_range(int64_t{256}, int64_t{16384} * 16384));
+    command->add_flag("--no-auto-resize", f.no_auto_resize,
+                      "Kontext: keep --image's own size (floored to 16) instead of the nearest of Kontext's preferred resolutions");
     command->add_option("--out", f.out, "Output picture: FILE.png (lossless) or FILE.jpg")->check(output_file_path());
   } else {
     command->add_option("--model", f.model, "Diffusers Wan model directory (transformer/, vae/, scheduler/)");

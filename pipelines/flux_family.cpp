@@ -66,6 +66,8 @@ MemoryEstimate flux_memory(const FluxT2IPipeline& pipeline, const T2IOptions& o,
   return e;
 }
 
+constexpr int64_t kKontextMaxArea = 1024 * 1024;  // FluxKontextPipeline's max_area default
+
 class FluxModelPipeline : public FamilyPipelineBase<FluxT2IPipeline, T2IOptions> {
  public:
   using FamilyPipelineBase::FamilyPipelineBase;
@@ -73,6 +75,7 @@ class FluxModelPipeline : public FamilyPipelineBase<FluxT2IPipeline, T2IOptions>
   std::string family() const override { return "flux"; }
   std::string task() const override { return "t2i"; }
   bool video() const override { return false; }
+  bool edits_pictures() const override { return p_.kontext(); }
 
   Request with_defaults(const Request& request, const std::string&, std::vector<std::string>&) const override {
     const T2IOptions defaults;
@@ -84,6 +87,20 @@ class FluxModelPipeline : public FamilyPipelineBase<FluxT2IPipeline, T2IOptions>
     if (!r.guidance_scale) r.guidance_scale = defaults.guidance;
     if (!r.true_cfg_scale) r.true_cfg_scale = defaults.cfg_scale;
     if (r.cfg.empty()) r.cfg = "off";
+    if (!r.edit && p_.kontext() && r.has_image()) r.edit = true;  // FluxKontextPipeline edits the picture it is given
+    if (r.edit.value_or(false)) {
+      if (!r.max_area) r.max_area = kKontextMaxArea;
+      if (!r.auto_resize) r.auto_resize = true;
+      // Kontext's size: the requested one rescaled to max_area at its aspect ratio (once: a request
+      // whose defaults are filled in already keeps its size).
+      if (!r.size_fitted) {
+        const auto [w, h] = kontext_output_size(*r.width, *r.height, *r.max_area, p_.size_multiple());
+        r.width = w;
+        r.height = h;
+        r.size_fitted = true;
+      }
+      return r;
+    }
     if (r.has_image() && !r.strength) r.strength = 0.6;  // diffusers' default for image-to-image and inpainting
     return r;
   }
@@ -103,6 +120,9 @@ class FluxModelPipeline : public FamilyPipelineBase<FluxT2IPipeline, T2IOptions>
           "nothing; use --sparse ada_bsa for images");
     if (request.num_frames && *request.num_frames != 1)
       throw Error("--frames " + std::to_string(*request.num_frames) + ": this is an image model (Flux): leave it out or give 1");
+    if (!request.edit.value_or(false) && (request.max_area || request.auto_resize))
+      throw Error(std::string(request.max_area ? "--max-area" : "--no-auto-resize") +
+                  " applies to a Kontext edit (--edit, or a FluxKontextPipeline folder with --image)");
     p_.check(options(request, run), have_negative);
   }
 
@@ -143,7 +163,11 @@ class FluxModelPipeline : public FamilyPipelineBase<FluxT2IPipeline, T2IOptions>
   nlohmann::ordered_json report_fields(const Request& r) const override {
     nlohmann::ordered_json j = {
         {"width", *r.width}, {"height", *r.height}, {"steps", *r.num_inference_steps}, {"cfg", r.cfg}, {"seed", r.seed}};
-    if (r.has_image()) {
+    if (r.edit.value_or(false)) {
+      j["mode"] = "edit";
+      j["max_area"] = *r.max_area;
+      j["auto_resize"] = *r.auto_resize;
+    } else if (r.has_image()) {
       j["mode"] = r.has_mask() ? "inpaint" : "img2img";
       j["strength"] = *r.strength;
       j["denoising_steps"] = *r.num_inference_steps - img2img_start_step(*r.num_inference_steps, *r.strength);
@@ -166,6 +190,8 @@ class FluxModelPipeline : public FamilyPipelineBase<FluxT2IPipeline, T2IOptions>
     o.image_pixels = r.image_pixels;
     o.mask_pixels = r.mask_pixels;
     if (r.strength) o.strength = *r.strength, o.strength_given = true;
+    o.edit = r.edit.value_or(false);
+    o.auto_resize = r.auto_resize.value_or(true);
     o.activations = run.activations;
     o.cfg_parallel = run.cfg_parallel;
     o.vae_parallel = run.vae_parallel;

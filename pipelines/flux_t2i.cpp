@@ -48,6 +48,7 @@ FluxT2IPipeline FluxT2IPipeline::load(const std::string& dir, DType dtype, const
     throw Error(dir + ": not a diffusers Flux model directory (expected transformer/, vae/ and scheduler/)");
   auto vae = std::make_unique<models::AutoencoderKLDecoder>(models::load_autoencoder_kl(dir + "/vae", DType::f32, variant));
   FluxT2IPipeline p(models::FluxTransformer2DModel::load(dir + "/transformer", dtype, variant), std::move(vae), scheduler_of(dir));
+  p.kontext_ = names_kontext_pipeline(dir);
   // The encoder, for image inputs; a VAE saved without it still generates from text.
   try {
     p.encoder_ = std::make_unique<models::AutoencoderKLEncoder>(models::load_autoencoder_kl_encoder(dir + "/vae", DType::f32, variant));
@@ -67,7 +68,9 @@ FluxT2IPipeline FluxT2IPipeline::load_meta(const std::string& dir, DType dtype) 
     vae = std::make_unique<models::AutoencoderKLDecoder>(models::AutoencoderKLConfig::load(dir + "/vae/config.json"));
     models::make_meta_parameters(vae->parameters(), DType::f32);
   }
-  return FluxT2IPipeline(std::move(transformer), std::move(vae), scheduler_of(dir));
+  FluxT2IPipeline p(std::move(transformer), std::move(vae), scheduler_of(dir));
+  p.kontext_ = names_kontext_pipeline(dir);
+  return p;
 }
 
 int64_t FluxT2IPipeline::size_multiple() const { return 2 * (vae_ ? vae_->config().upscale() : 8); }
@@ -80,6 +83,14 @@ void FluxT2IPipeline::check(const T2IOptions& o, bool have_negative) const {
   if (o.steps < 1) throw Error("steps must be at least 1, got " + std::to_string(o.steps));
   if (o.cfg != CfgMode::off && !have_negative)
     throw Error("--cfg " + std::string(cfg_mode_name(o.cfg)) + " needs negative embeddings (a negative prompt)");
+  if (o.edit) {
+    if (!o.has_image()) throw Error("--edit needs --image (the picture to edit)");
+    if (o.has_mask()) throw Error("--mask applies to inpainting; a Kontext edit takes the picture and the prompt only");
+    if (o.strength_given)
+      throw Error("--strength applies to image-to-image; a Kontext edit runs every step from noise with the picture as a reference");
+    if (!o.image_pixels) (void)media::read_input_image(o.image, "--image");
+    return;
+  }
   if (o.has_mask() && !o.has_image()) throw Error("--mask needs --image (the picture to inpaint)");
   if (o.strength_given && !o.has_image()) throw Error("--strength applies with --image (how much of the picture is repainted)");
   if (o.has_image()) {
@@ -104,21 +115,43 @@ Tensor FluxT2IPipeline::image_latents(const T2IOptions& o, const Stream& stream)
                   stream);
 }
 
+Tensor FluxT2IPipeline::reference_latents(const T2IOptions& o, const Stream& stream) const {
+  if (!encoder_)
+    throw Error("--edit needs the VAE's encoder, and this model's cannot be loaded: " +
+                (encoder_error_.empty() ? std::string("the pipeline was made without it") : encoder_error_));
+  const media::RgbImage source = o.image_pixels ? *o.image_pixels : media::read_input_image(o.image, "--image");
+  const int64_t upscale = encoder_->config().upscale();
+  const auto [width, height] = kontext_reference_size(source.width, source.height, o.auto_resize, upscale, 2 * upscale);
+  const media::RgbImage picture = media::resize_lanczos(source, static_cast<int>(width), static_cast<int>(height));
+  // retrieve_latents(..., sample_mode="argmax"): the distribution's mean, not a sample.
+  const models::LatentDistribution d = models::latent_distribution(encoder_->moments(media::image_to_tensor(picture), stream), stream);
+  const auto& c = encoder_->config();
+  return ops::mul(ops::sub(d.mean, filled(1, static_cast<float>(c.shift_factor)), stream), filled(1, static_cast<float>(c.scaling_factor)),
+                  stream);
+}
+
 namespace {
 
 // The Flux transformer as the loop sees it: packed latents in, packed velocity out. diffusers passes
 // t / 1000 and the model multiplies by 1000 again (in bf16 both in bf16, as diffusers' bf16 run).
 class FluxDenoiser : public Denoiser {
  public:
+  // `reference` (Kontext): packed reference tokens appended to the latents' every call (the inputs'
+  // img_ids then cover both), and the prediction cut back to the latents' tokens.
   FluxDenoiser(const models::FluxTransformer2DModel& model, models::FluxInputs cond, std::optional<models::FluxInputs> uncond,
-               double guidance)
-      : model_(model), cond_(std::move(cond)), uncond_(std::move(uncond)), guidance_(static_cast<float>(guidance)) {}
+               double guidance, Tensor reference = {})
+      : model_(model),
+        cond_(std::move(cond)),
+        uncond_(std::move(uncond)),
+        guidance_(static_cast<float>(guidance)),
+        reference_(std::move(reference)) {}
 
   bool has_uncond() const override { return uncond_.has_value(); }
 
   Tensor predict(const Tensor& latents, const models::ForwardContext& ctx, const Stream& s) override {
     const models::CfgBranch branch = ctx.step.branch;
     const int batch = branch == models::CfgBranch::both ? 2 : 1;
+    const Tensor tokens = reference_.defined() ? ops::concat({latents, ops::cast(reference_, latents.dtype(), s)}, 1, s) : latents;
     if (branch != models::CfgBranch::cond && !uncond_) throw Error("the unconditional branch needs negative embeddings");
     models::FluxInputs in = branch == models::CfgBranch::uncond ? *uncond_ : cond_;
     if (branch == models::CfgBranch::both) {
@@ -128,15 +161,16 @@ class FluxDenoiser : public Denoiser {
         both_->pooled_projections = ops::concat({cond_.pooled_projections, uncond_->pooled_projections}, 0, s);
       }
       in = *both_;
-      in.hidden_states = ops::concat({latents, latents}, 0, s);
+      in.hidden_states = ops::concat({tokens, tokens}, 0, s);
     } else {
-      in.hidden_states = latents;
+      in.hidden_states = tokens;
     }
     float t = ctx.step.timestep / 1000.0f;
     if (ctx.activations == DType::bf16) t = bf16_to_f32(f32_to_bf16(bf16_to_f32(f32_to_bf16(ctx.step.timestep)) / 1000.0f));
     in.timestep = filled(batch, t);
     if (model_.config().guidance_embeds) in.guidance = filled(batch, guidance_);
-    return model_.forward(in, s, ctx);
+    const Tensor velocity = model_.forward(in, s, ctx);
+    return reference_.defined() ? velocity.narrow(1, 0, latents.size(1)) : velocity;
   }
 
  private:
@@ -144,6 +178,7 @@ class FluxDenoiser : public Denoiser {
   models::FluxInputs cond_;
   std::optional<models::FluxInputs> uncond_, both_;
   float guidance_;
+  Tensor reference_;
 };
 
 }  // namespace
@@ -180,7 +215,13 @@ Tensor FluxT2IPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddi
   LoopOptions loop{o.activations, transformer_->block_count()};
   Tensor initial = noise;
   Tensor image_packed, mask_packed;  // inpainting: the picture's latents and the mask (1: repaint), packed
-  if (o.has_image()) {
+  Tensor reference, reference_ids;   // Kontext: the picture's packed latents and their img_ids
+  if (o.edit) {
+    if (device.simulate()) throw Error("--edit runs the VAE's encoder on the picture; --simulate does not model it");
+    const Tensor latents = reference_latents(o, main);
+    reference = models::pack_latents(latents, main);
+    reference_ids = kontext_reference_ids(latents.size(2), latents.size(3));
+  } else if (o.has_image()) {
     if (device.simulate()) throw Error("--image: image-to-image runs the VAE's encoder on the picture; --simulate does not model it");
     // FluxImg2ImgPipeline: the schedule from get_timesteps' start, the picture's latents noised to
     // its first sigma (scale_noise); strength 1 starts from the noise alone.
@@ -208,7 +249,8 @@ Tensor FluxT2IPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddi
     }
   }
 
-  const Tensor img_ids = models::flux_image_ids(lh, lw);
+  const Tensor img_ids = reference.defined() ? ops::concat({models::flux_image_ids(lh, lw), reference_ids}, 0, main).contiguous()
+                                             : models::flux_image_ids(lh, lw);
   auto inputs_of = [&](const PromptEmbeddings& e) {
     models::FluxInputs in;
     in.img_ids = img_ids;
@@ -217,7 +259,7 @@ Tensor FluxT2IPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddi
     in.pooled_projections = e.pooled;
     return in;
   };
-  FluxDenoiser denoiser(*transformer_, inputs_of(pos), neg ? std::optional(inputs_of(*neg)) : std::nullopt, o.guidance);
+  FluxDenoiser denoiser(*transformer_, inputs_of(pos), neg ? std::optional(inputs_of(*neg)) : std::nullopt, o.guidance, reference);
   const std::unique_ptr<Guidance> guidance =
       o.cfg_parallel ? make_cfg_parallel_guidance(o.cfg_scale, *o.cfg_parallel) : make_guidance(o.cfg, o.cfg_scale, "t2i.uncond");
   StageList none;

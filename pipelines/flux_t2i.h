@@ -47,6 +47,13 @@ struct T2IOptions {
   bool strength_given = false;  // a strength without a picture is a mistake, not a no-op
   bool has_image() const { return !image.empty() || image_pixels; }
   bool has_mask() const { return !mask.empty() || mask_pixels; }
+  // FLUX.1 Kontext editing (FluxKontextPipeline): the picture is not a starting point but a
+  // reference, encoded (the latent distribution's mean) and appended to the noise's tokens every
+  // step with img_ids whose first coordinate is 1; the whole schedule runs from noise. The reference
+  // is resized to kontext_reference_size() (auto_resize: Kontext's preferred resolutions); width
+  // and height are already Kontext's output size (kontext_output_size, the family's defaults).
+  bool edit = false;
+  bool auto_resize = true;
 };
 
 class FluxT2IPipeline {
@@ -68,6 +75,8 @@ class FluxT2IPipeline {
   // The VAE's encoder, for image inputs: loaded with the pipeline when the VAE checkpoint has it.
   const models::AutoencoderKLEncoder* vae_encoder() const { return encoder_.get(); }
   const FlowMatchConfig& scheduler_config() const { return scheduler_; }
+  // Whether the folder's model_index.json names FluxKontextPipeline: a picture is then edited.
+  bool kontext() const { return kontext_; }
   // Pixels per packed latent token side: 2 x the VAE's upscale (16 for Flux; 8 without a VAE).
   int64_t size_multiple() const;
   // The image size the model is made for: the VAE config's sample_size (1024 for FLUX.1, 64 for
@@ -91,9 +100,13 @@ class FluxT2IPipeline {
   std::unique_ptr<models::AutoencoderKLEncoder> encoder_;
   std::string encoder_error_;  // why there is no encoder
   FlowMatchConfig scheduler_;
+  bool kontext_ = false;
 
   // The picture's latents [1, C, h, w]: (sample - shift_factor) * scaling_factor.
   Tensor image_latents(const T2IOptions& options, const Stream& stream) const;
+  // Kontext's reference: the picture resized to its reference size, encoded (the mean), scaled as
+  // image_latents; [1, C, h, w].
+  Tensor reference_latents(const T2IOptions& options, const Stream& stream) const;
 };
 
 }  // namespace cubevec::pipelines

@@ -2,10 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <string>
+#include <tuple>
 
 #include "base/error.h"
+#include "base/strict_json.h"
 #include "media/image_input.h"
+#include "models/flux_transformer.h"
 
 namespace cubevec::pipelines {
 
@@ -57,6 +61,74 @@ Tensor inpaint_mask(const media::RgbImage& mask, int64_t width, int64_t height, 
       p[y * latent_w + x] = v >= 0.5f ? 1.0f : 0.0f;
     }
   return out;
+}
+
+namespace {
+
+// FLUX.1 Kontext's training resolutions (width, height), as diffusers' PREFERRED_KONTEXT_RESOLUTIONS.
+constexpr std::pair<int64_t, int64_t> kKontextResolutions[] = {
+    {672, 1568}, {688, 1504}, {720, 1456}, {752, 1392}, {800, 1328}, {832, 1248}, {880, 1184}, {944, 1104}, {1024, 1024},
+    {1104, 944}, {1184, 880}, {1248, 832}, {1328, 800}, {1392, 752}, {1456, 720}, {1504, 688}, {1568, 672}};
+
+}  // namespace
+
+std::pair<int64_t, int64_t> kontext_output_size(int64_t width, int64_t height, int64_t max_area, int64_t multiple) {
+  if (width < 1 || height < 1 || max_area < 1 || multiple < 1)
+    throw Error("the Kontext output size needs a positive width, height, --max-area and multiple");
+  const double aspect = static_cast<double>(width) / static_cast<double>(height);
+  // Python's round(): to nearest, ties to even (std::nearbyint in the default rounding mode).
+  const auto w = static_cast<int64_t>(std::nearbyint(std::sqrt(static_cast<double>(max_area) * aspect)));
+  const auto h = static_cast<int64_t>(std::nearbyint(std::sqrt(static_cast<double>(max_area) / aspect)));
+  const int64_t fw = w / multiple * multiple, fh = h / multiple * multiple;
+  if (fw < multiple || fh < multiple)
+    throw Error("--max-area " + std::to_string(max_area) + " leaves a " + std::to_string(fw) + "x" + std::to_string(fh) +
+                " picture at the aspect ratio of " + std::to_string(width) + "x" + std::to_string(height) + " (sides are multiples of " +
+                std::to_string(multiple) + "): give a larger area");
+  return {fw, fh};
+}
+
+std::pair<int64_t, int64_t> kontext_reference_size(int64_t image_width, int64_t image_height, bool auto_resize, int64_t vae_scale_factor,
+                                                   int64_t multiple) {
+  int64_t w = image_width - image_width % vae_scale_factor, h = image_height - image_height % vae_scale_factor;
+  if (w < 1 || h < 1)
+    throw Error("--image is " + std::to_string(image_width) + "x" + std::to_string(image_height) + ": a Kontext reference needs at least " +
+                std::to_string(vae_scale_factor) + " pixels a side");
+  if (auto_resize) {
+    // min over (|aspect - w/h|, w, h): the nearest aspect ratio, ties to the narrower entry.
+    const double aspect = static_cast<double>(w) / static_cast<double>(h);
+    std::tuple<double, int64_t, int64_t> best{INFINITY, 0, 0};
+    for (const auto& [pw, ph] : kKontextResolutions)
+      best = std::min(best,
+                      std::tuple<double, int64_t, int64_t>{std::fabs(aspect - static_cast<double>(pw) / static_cast<double>(ph)), pw, ph});
+    w = std::get<1>(best);
+    h = std::get<2>(best);
+  }
+  w = w / multiple * multiple;
+  h = h / multiple * multiple;
+  if (w < 1 || h < 1)
+    throw Error("--image is " + std::to_string(image_width) + "x" + std::to_string(image_height) + ": a Kontext reference needs at least " +
+                std::to_string(multiple) + " pixels a side");
+  return {w, h};
+}
+
+Tensor kontext_reference_ids(int64_t latent_height, int64_t latent_width) {
+  Tensor ids = models::flux_image_ids(latent_height, latent_width).contiguous();
+  Tensor out = Tensor::empty(ids.shape(), DType::f32);
+  std::copy(ids.data<float>(), ids.data<float>() + ids.numel(), out.mutable_data<float>());
+  for (int64_t i = 0; i < out.size(0); ++i) out.mutable_data<float>()[i * 3] = 1.0f;
+  return out;
+}
+
+bool names_kontext_pipeline(const std::string& model_dir) {
+  const std::string path = model_dir + "/model_index.json";
+  std::error_code error;
+  if (!std::filesystem::exists(path, error)) return false;
+  const nlohmann::json index = read_json_file(path);
+  if (!index.is_object()) throw Error(path + ": expected a JSON object (diffusers' model_index.json)");
+  const auto it = index.find("_class_name");
+  if (it == index.end()) return false;
+  if (!it->is_string()) throw Error(path + ": '_class_name' must be a string, got " + it->dump());
+  return it->get<std::string>() == "FluxKontextPipeline";
 }
 
 }  // namespace cubevec::pipelines

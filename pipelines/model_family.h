@@ -45,6 +45,9 @@ class ModelPipeline {
   virtual std::string family() const = 0;  // "flux", "wan"
   virtual std::string task() const = 0;    // "t2i", "t2v": the command and the report's label
   virtual bool video() const = 0;
+  // Whether a picture given to this model is a reference it edits (FLUX.1 Kontext) rather than a
+  // starting point (image-to-image): no strength applies.
+  virtual bool edits_pictures() const { return false; }
 
   // The weights from `model_dir` replace the shape-only ones the pipeline was made with.
   virtual void load_weights(const std::string& model_dir, DType dtype, const std::string& variant) = 0;

@@ -78,6 +78,12 @@ Request Request::from_json(const nlohmann::json& json, const std::string& source
       .text("mask_image", q.mask_image)
       .number_in("strength", strength, 0.0, 1.0)
       .integer("seed", seed, 0, kMaxSeed);
+  bool edit = false, auto_resize = true;
+  int64_t max_area = 0;
+  r.boolean("edit", edit).boolean("auto_resize", auto_resize).integer("max_area", max_area, 256, kMaxImageSide * kMaxImageSide);
+  if (r.has("edit")) q.edit = edit;
+  if (r.has("auto_resize")) q.auto_resize = auto_resize;
+  if (r.has("max_area")) q.max_area = max_area;
   if (const nlohmann::json& lora = r.raw("lora"); !lora.is_null()) {
     // One "FILE[:SCALE]" string or a list of them.
     const nlohmann::json list = lora.is_string() ? nlohmann::json::array({lora}) : lora;
@@ -164,6 +170,9 @@ nlohmann::ordered_json Request::to_json() const {
   if (!mask_image.empty()) j["mask_image"] = mask_image;
   if (strength) j["strength"] = *strength;
   if (!lora.empty()) j["lora"] = lora;
+  if (edit) j["edit"] = *edit;
+  if (max_area) j["max_area"] = *max_area;
+  if (auto_resize) j["auto_resize"] = *auto_resize;
   j["seed"] = seed;
   if (cache.method != CacheMethod::none) j["cache"] = cache.to_json();
   if (sparse) j["sparse"] = sparse_to_json(*sparse);
@@ -189,6 +198,9 @@ std::string in_request_terms(const std::string& message) {
         {"--image", "image"},
         {"--mask", "mask_image"},
         {"--strength", "strength"},
+        {"--no-auto-resize", "auto_resize"},
+        {"--max-area", "max_area"},
+        {"--edit", "edit"},
         {"--cache-config", "cache"},
         {"--cache-step-start", "cache.cache-step-start"},
         {"--cache-interval", "cache.cache-interval"},

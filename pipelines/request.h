@@ -6,6 +6,7 @@
 //    "seed": 7, "max_sequence_length": 512, "prompt_embeds": "embeds.safetensors",
 //    "cfg": "off" | "fused" | "streams",
 //    "image": "in.png", "mask_image": "mask.png", "strength": 0.6,
+//    "edit": true, "max_area": 1048576, "auto_resize": true (FLUX.1 Kontext editing),
 //    "lora": ["style.safetensors:0.8"] (LoRAs this request applies at run time, models/lora_runtime.h),
 //    "cache": "db" or {"cache": "db", "cache-fn": 1, ...} (the --cache-config file's keys),
 //    "sparse": "ada_bsa" or {"type": "ada_bsa", "sparsity": 0.5, "step_start": 0, "blocks": "0-3",
@@ -45,6 +46,14 @@ struct Request {
   // as files; strength in (0, 1] (diffusers' default 0.6 when an image is given).
   std::string image, mask_image;
   std::optional<double> strength;
+  // FLUX.1 Kontext editing (FluxKontextPipeline): the picture as a reference to edit rather than a
+  // start. Unset: edit when the model is a Kontext one (its model_index.json) and a picture is given.
+  // max_area: the output's pixels (width and height rescaled to it at their aspect ratio; 1024^2);
+  // auto_resize: the reference resized to the nearest of Kontext's preferred resolutions (true).
+  std::optional<bool> edit;
+  std::optional<int64_t> max_area;
+  std::optional<bool> auto_resize;
+  bool size_fitted = false;  // set by the family's defaults once width x height follow max_area; not in the JSON
   // The same pictures in memory (a server's uploads), used instead of the files; not in the JSON.
   std::shared_ptr<const media::RgbImage> image_pixels, mask_pixels;
   bool has_image() const { return !image.empty() || image_pixels; }

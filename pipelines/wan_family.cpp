@@ -80,10 +80,16 @@ class WanModelPipeline : public FamilyPipelineBase<WanT2VPipeline, T2VOptions> {
 
   void check(const Request& request, const RunContext& run, bool have_negative) const override {
     if (request.true_cfg_scale) throw Error("--cfg-scale is Flux's true CFG scale; Wan's CFG scale is --guidance");
-    const char* flag = request.has_image() ? "--image" : request.has_mask() ? "--mask" : request.strength ? "--strength" : nullptr;
+    const char* flag = request.has_image()   ? "--image"
+                       : request.has_mask()  ? "--mask"
+                       : request.strength    ? "--strength"
+                       : request.edit        ? "--edit"
+                       : request.max_area    ? "--max-area"
+                       : request.auto_resize ? "--no-auto-resize"
+                                             : nullptr;
     if (flag)
       throw Error(std::string(flag) +
-                  " is Flux's image-to-image (with --image, --mask, --strength); this Wan2.1 model makes video from text only");
+                  " is for Flux pictures (image-to-image, inpainting, Kontext editing); this Wan2.1 model makes video from text only");
     p_.check(options(request, run), have_negative);
     if (run.vae_parallel) check_row_split(run.vae_parallel->size(), *request.height / 8);
   }

@@ -2,6 +2,7 @@
 // mask, denoising_strength: Flux image-to-image and inpainting), progress, interrupt and the model
 // list. Its fields map onto the library's request: steps -> num_inference_steps, cfg_scale ->
 // guidance_scale, seed -1 -> a random seed; batch_size x n_iter pictures with seeds seed, seed + 1...
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -78,8 +79,9 @@ void generate(ServerContext& context, const httplib::Request& http_request, http
   if (const auto cfg = number_field(body, "cfg_scale", 0.0, 100.0)) keys["guidance_scale"] = *cfg;
   if (const auto width = integer_field(body, "width", 16, context.limits.max_side)) keys["width"] = *width;
   if (const auto height = integer_field(body, "height", 16, context.limits.max_side)) keys["height"] = *height;
-  // The web UI's default strength is 0.75.
-  if (img2img) keys["strength"] = number_field(body, "denoising_strength", 0.0, 1.0).value_or(0.75);
+  // The web UI's default strength is 0.75; a Kontext model edits the picture instead (no strength).
+  const std::optional<double> strength = number_field(body, "denoising_strength", 0.0, 1.0);
+  if (img2img && (strength || !model.pipeline->model().edits_pictures())) keys["strength"] = strength.value_or(0.75);
   const pipelines::Request first = [&] {
     try {
       return checked_request(keys, model, context.limits, /*video_route=*/false, uploads);

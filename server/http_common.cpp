@@ -89,7 +89,7 @@ std::vector<std::string> served_lora_files(const std::vector<std::string>& names
 void copy_diffusion_keys(const nlohmann::json& body, nlohmann::json& request_keys) {
   refuse_file_keys(body);
   for (const char* key : {"negative_prompt", "num_inference_steps", "guidance_scale", "true_cfg_scale", "seed", "cfg", "cache", "sparse",
-                          "max_sequence_length", "num_frames", "strength", "lora"})
+                          "max_sequence_length", "num_frames", "strength", "lora", "edit", "max_area", "auto_resize"})
     if (const auto it = body.find(key); it != body.end() && !it->is_null()) request_keys[key] = *it;
 }
 

@@ -309,7 +309,11 @@ class _DiffusionPipeline:
                 checked[key] = _number(value, key)
             elif key == "lora":
                 checked[key] = _lora_flags(value)
-            elif key in ("height", "width", "num_frames", "num_inference_steps", "max_sequence_length", "seed"):
+            elif key == "auto_resize":
+                if not isinstance(value, (bool, np.bool_)):
+                    raise TypeError(f"_auto_resize must be a bool, got {type(value).__name__}")
+                checked[key] = bool(value)
+            elif key in ("height", "width", "num_frames", "num_inference_steps", "max_sequence_length", "seed", "max_area"):
                 checked[key] = value if key == "seed" else _integer(value, key)
             elif key in ("guidance_scale", "true_cfg_scale"):
                 checked[key] = _number(value, key)
@@ -340,13 +344,16 @@ class FluxPipeline(_DiffusionPipeline):
     def __call__(self, prompt=None, negative_prompt=None, height=None, width=None, num_inference_steps=None,
                  guidance_scale=None, true_cfg_scale=None, generator=None, max_sequence_length=None,
                  output_type="pil", callback_on_step_end=None, cache=None, sparse=None, cfg=None, image=None,
-                 mask_image=None, strength=None, lora=None):
+                 mask_image=None, strength=None, lora=None, max_area=None, _auto_resize=None):
         """Generates one image: .images[0] (a PIL image, or an HxWx3 uint8 array with output_type="np").
 
         image (a path, a PIL image or an H x W x 3 uint8 array) makes it image-to-image
         (FluxImg2ImgPipeline; strength, default 0.6, says how much is repainted), and mask_image
-        (white: repaint) inpainting (FluxInpaintPipeline). lora (as from_pretrained's) applies at run
-        time to this call only, over the loaded model."""
+        (white: repaint) inpainting (FluxInpaintPipeline). On a FLUX.1 Kontext folder (model_index.json
+        names FluxKontextPipeline) image is the reference the prompt edits (FluxKontextPipeline), with
+        max_area (the output's pixels, default 1024 * 1024) and _auto_resize (the reference resized to
+        Kontext's preferred resolutions, default True). lora (as from_pretrained's) applies at run time
+        to this call only, over the loaded model."""
         if cfg is None and true_cfg_scale is not None and _number(true_cfg_scale, "true_cfg_scale") > 1:
             if negative_prompt is not None:
                 cfg = "fused"
@@ -356,7 +363,7 @@ class FluxPipeline(_DiffusionPipeline):
                    "num_inference_steps": num_inference_steps, "guidance_scale": guidance_scale,
                    "true_cfg_scale": true_cfg_scale, "seed": _seed(generator),
                    "max_sequence_length": max_sequence_length, "cache": cache, "sparse": sparse, "cfg": cfg,
-                   "strength": strength, "lora": lora}
+                   "strength": strength, "lora": lora, "max_area": max_area, "auto_resize": _auto_resize}
         return self._call(request, output_type, callback_on_step_end, {"image": image, "mask_image": mask_image})
 
 

@@ -34,7 +34,8 @@ class FluxPipeline(_DiffusionPipeline):
                  output_type: Literal["pil", "np"] = "pil", callback_on_step_end: Optional[StepCallback] = None,
                  cache: StageSettings = None, sparse: StageSettings = None,
                  cfg: Optional[Literal["off", "fused", "streams"]] = None, image: Picture = None, mask_image: Picture = None,
-                 strength: Optional[float] = None, lora: Lora = None) -> PipelineOutput: ...
+                 strength: Optional[float] = None, lora: Lora = None, max_area: Optional[int] = None,
+                 _auto_resize: Optional[bool] = None) -> PipelineOutput: ...
 
 class WanPipeline(_DiffusionPipeline):
     """Wan text-to-video (diffusers' WanPipeline arguments)."""

@@ -67,6 +67,31 @@ TEST_F(T2iImageCli, StrengthOneIsTextToImageAndStrengthCutsTheSteps) {
   EXPECT_EQ(j["step_s"].size(), 6u);
 }
 
+// `t2i --edit` (FLUX.1 Kontext on any Flux folder): the picture is a reference, every step runs,
+// the size follows --max-area, and the report says so; the library's pixels equal the command line's.
+TEST_F(T2iImageCli, EditRunsKontextsPipelineFromTheCommandLine) {
+  const fs::path plain = dir_ / "plain.png", edited = dir_ / "edited.png", report = dir_ / "edit.json";
+  ASSERT_EQ(run(tinyflux_run(kPrompt, plain.string(), 6, 5)).status, 0);
+  const Process r = run({"t2i", "--model", kTinyFlux, "--prompt", "a large yellow square in the center on a blue background", "--steps",
+                         "6", "--seed", "3", "--image", plain.string(), "--edit", "--max-area", "2304", "--no-auto-resize", "--out",
+                         edited.string(), "--json", report.string()});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(report));
+  EXPECT_EQ(j["mode"], "edit");
+  EXPECT_EQ(j["width"], 48);  // 2304 = 48 x 48 at the requested 1:1 (the model's default 64 x 64)
+  EXPECT_EQ(j["step_s"].size(), 6u);
+  const cubevec::media::RgbImage picture = cubevec::media::read_png(edited.string());
+  EXPECT_EQ(picture.width, 48);
+  for (const auto& [flags, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--edit"}, "--edit needs --image"},
+           {{"--image", plain.string(), "--edit", "--strength", "0.5"}, "--strength applies to image-to-image"},
+           {{"--max-area", "4096"}, "--max-area applies to a Kontext edit"}}) {
+    const Process bad = run(with(tinyflux_run(kPrompt, (dir_ / "x.png").string(), 2, 1), flags));
+    EXPECT_NE(bad.status, 0);
+    EXPECT_NE(bad.err.find(message), std::string::npos) << bad.err;
+  }
+}
+
 TEST_F(T2iImageCli, InpaintingKeepsTheBlackPartAndRepaintsTheWhite) {
   const fs::path picture = dir_ / "picture.png", mask = dir_ / "mask.png", out = dir_ / "out.png";
   ASSERT_EQ(run(tinyflux_run(kPrompt, picture.string(), 8, 3)).status, 0);

@@ -334,6 +334,23 @@ def test_lora_per_call_at_run_time(tmp_path):
         pipe(**call, lora=[str(lora)] * 17)
 
 
+def test_kontext_folder_edits_the_picture(tmp_path):
+    folder = tmp_path / "kontext"
+    folder.mkdir()
+    for part in ("transformer", "vae", "scheduler", "text_encoder", "tokenizer"):
+        os.symlink(os.path.join(TINYFLUX, part), folder / part)
+    (folder / "model_index.json").write_text('{"_class_name": "FluxKontextPipeline"}')
+    source = cubevec.FluxPipeline.from_pretrained(TINYFLUX)(prompt=PROMPT, generator=1, output_type="np").images[0]
+    pipe = cubevec.FluxPipeline.from_pretrained(str(folder))
+    out = pipe(prompt="a large yellow square in the center on a blue background", image=source, generator=2, num_inference_steps=4,
+               max_area=48 * 48, _auto_resize=False, output_type="np")
+    assert out.report["mode"] == "edit" and out.images[0].shape == (48, 48, 3)
+    with pytest.raises(TypeError, match="_auto_resize must be a bool"):
+        pipe(prompt=PROMPT, image=source, _auto_resize="no")
+    with pytest.raises(ValueError, match="strength"):
+        pipe(prompt=PROMPT, image=source, strength=0.5, max_area=48 * 48)
+
+
 def run_script(code, tmp_path):
     script = tmp_path / "script.py"
     script.write_text(code)
