@@ -77,14 +77,46 @@ Tensor require_latent(const std::map<std::string, Tensor>& in, const char* model
   return latent;
 }
 
+// What the VAE entry needs of each VAE: its decoder and encoder, how each loads, decodes and encodes.
+struct ImageVae {
+  static constexpr const char* kName = "AutoencoderKL";
+  static constexpr const char* kSample = "an image";
+  using Decoder = AutoencoderKLDecoder;
+  using Encoder = AutoencoderKLEncoder;
+  static Decoder load(const std::string& dir, const ForwardModelLoad& l) { return load_autoencoder_kl(dir, l.dtype, l.variant); }
+  static Encoder load_encoder(const std::string& dir, const ForwardModelLoad& l) {
+    return load_autoencoder_kl_encoder(dir, l.dtype, l.variant);
+  }
+  static Tensor decode(const Decoder& vae, const std::map<std::string, Tensor>& in, const Stream& s) {
+    return vae.decode(require_latent(in, kName, vae.config().latent_channels, "h, w"), s);
+  }
+  static Tensor moments(const Encoder& encoder, const Tensor& sample, const Stream& s) { return encoder.moments(sample, s); }
+};
+
+struct VideoVae {
+  static constexpr const char* kName = "AutoencoderKLWan";
+  static constexpr const char* kSample = "a video";
+  using Decoder = AutoencoderKLWan;
+  using Encoder = AutoencoderKLWanEncoder;
+  static Decoder load(const std::string& dir, const ForwardModelLoad& l) { return load_autoencoder_kl_wan(dir, l.dtype, l.variant); }
+  static Encoder load_encoder(const std::string& dir, const ForwardModelLoad& l) {
+    return load_autoencoder_kl_wan_encoder(dir, l.dtype, l.variant);
+  }
+  static Tensor decode(const Decoder& vae, const std::map<std::string, Tensor>& in, const Stream& s) {
+    return vae.decode(require_latent(in, kName, vae.config().z_dim, "T, h, w"), {}, s);
+  }
+  static Tensor moments(const Encoder& encoder, const Tensor& sample, const Stream& s) { return encoder.moments(sample, {}, s); }
+};
+
 // decode(latent), or encode(sample) -> the latent distribution's mean, unscaled (diffusers'
 // vae.encode(sample).latent_dist.mean). The encoder loads beside the decoder; a checkpoint saved
 // without it still decodes, and says why it cannot encode when asked to.
-class AutoencoderKLEntry : public ForwardModel {
+template <class Vae>
+class VaeEntry : public ForwardModel {
  public:
-  AutoencoderKLEntry(const std::string& dir, const ForwardModelLoad& l) : vae_(load_autoencoder_kl(dir, l.dtype, l.variant)) {
+  VaeEntry(const std::string& dir, const ForwardModelLoad& l) : vae_(Vae::load(dir, l)) {
     try {
-      encoder_ = std::make_unique<AutoencoderKLEncoder>(load_autoencoder_kl_encoder(dir, l.dtype, l.variant));
+      encoder_ = std::make_unique<typename Vae::Encoder>(Vae::load_encoder(dir, l));
     } catch (const Error& e) {
       encoder_error_ = e.what();
     }
@@ -95,61 +127,25 @@ class AutoencoderKLEntry : public ForwardModel {
       for (const auto& [name, linear] : table->linears()) all_.add_linear(name, linear);
     }
   }
-  std::string class_name() const override { return "AutoencoderKL"; }
+  std::string class_name() const override { return Vae::kName; }
   std::vector<std::string> input_names() const override { return {"latent", "sample"}; }
   ParameterTable& parameters() override { return all_; }
   std::string output_name(const std::map<std::string, Tensor>& in) const override { return in.count("sample") ? "latent" : "sample"; }
   Tensor forward(const std::map<std::string, Tensor>& in, const ForwardContext&, const Stream& s) const override {
+    const std::string name = Vae::kName;
     const bool encode = in.count("sample") > 0;
     if (encode && in.count("latent"))
-      throw Error("AutoencoderKL.forward: give 'sample' (an image to encode) or 'latent' (a latent to decode), not both");
-    if (!encode) return vae_.decode(require_latent(in, "AutoencoderKL", vae_.config().latent_channels, "h, w"), s);
-    if (!encoder_) throw Error("AutoencoderKL.encode: this checkpoint's encoder cannot be loaded: " + encoder_error_);
+      throw Error(name + ".forward: give 'sample' (" + Vae::kSample + " to encode) or 'latent' (a latent to decode), not both");
+    if (!encode) return Vae::decode(vae_, in, s);
+    if (!encoder_) throw Error(name + ".encode: this checkpoint's encoder cannot be loaded: " + encoder_error_);
     const Tensor sample = input(in, "sample");
-    require_input_dtype(sample, "AutoencoderKL.encode", "sample", {DType::f32, DType::bf16});
-    return latent_distribution(encoder_->moments(sample, s), s).mean;
+    require_input_dtype(sample, name + ".encode", "sample", {DType::f32, DType::bf16});
+    return latent_distribution(Vae::moments(*encoder_, sample, s), s).mean;
   }
 
  private:
-  AutoencoderKLDecoder vae_;
-  std::unique_ptr<AutoencoderKLEncoder> encoder_;
-  std::string encoder_error_;
-  ParameterTable all_;
-};
-
-// decode(latent), or encode(sample) -> the mean, as AutoencoderKLEntry (a video [B, 3, 1 + 4k, H, W]).
-class AutoencoderKLWanEntry : public ForwardModel {
- public:
-  AutoencoderKLWanEntry(const std::string& dir, const ForwardModelLoad& l) : vae_(load_autoencoder_kl_wan(dir, l.dtype, l.variant)) {
-    try {
-      encoder_ = std::make_unique<AutoencoderKLWanEncoder>(load_autoencoder_kl_wan_encoder(dir, l.dtype, l.variant));
-    } catch (const Error& e) {
-      encoder_error_ = e.what();
-    }
-    for (const ParameterTable* table : {&vae_.parameters(), encoder_ ? &encoder_->parameters() : nullptr}) {
-      if (!table) continue;
-      for (const ParameterSpec& spec : table->specs()) all_.add(spec.name, spec.shape, spec.slot, spec.keep_f32);
-      for (const auto& [name, linear] : table->linears()) all_.add_linear(name, linear);
-    }
-  }
-  std::string class_name() const override { return "AutoencoderKLWan"; }
-  std::vector<std::string> input_names() const override { return {"latent", "sample"}; }
-  ParameterTable& parameters() override { return all_; }
-  std::string output_name(const std::map<std::string, Tensor>& in) const override { return in.count("sample") ? "latent" : "sample"; }
-  Tensor forward(const std::map<std::string, Tensor>& in, const ForwardContext&, const Stream& s) const override {
-    const bool encode = in.count("sample") > 0;
-    if (encode && in.count("latent"))
-      throw Error("AutoencoderKLWan.forward: give 'sample' (a video to encode) or 'latent' (a latent to decode), not both");
-    if (!encode) return vae_.decode(require_latent(in, "AutoencoderKLWan", vae_.config().z_dim, "T, h, w"), {}, s);
-    if (!encoder_) throw Error("AutoencoderKLWan.encode: this checkpoint's encoder cannot be loaded: " + encoder_error_);
-    const Tensor sample = input(in, "sample");
-    require_input_dtype(sample, "AutoencoderKLWan.encode", "sample", {DType::f32, DType::bf16});
-    return latent_distribution(encoder_->moments(sample, {}, s), s).mean;
-  }
-
- private:
-  AutoencoderKLWan vae_;
-  std::unique_ptr<AutoencoderKLWanEncoder> encoder_;
+  typename Vae::Decoder vae_;
+  std::unique_ptr<typename Vae::Encoder> encoder_;
   std::string encoder_error_;
   ParameterTable all_;
 };
@@ -165,8 +161,8 @@ const std::map<std::string, Factory>& registry() {
   static const std::map<std::string, Factory> entries = {
       {"FluxTransformer2DModel", factory<FluxEntry>()},
       {"WanTransformer3DModel", factory<WanEntry>()},
-      {"AutoencoderKL", factory<AutoencoderKLEntry>()},
-      {"AutoencoderKLWan", factory<AutoencoderKLWanEntry>()},
+      {"AutoencoderKL", factory<VaeEntry<ImageVae>>()},
+      {"AutoencoderKLWan", factory<VaeEntry<VideoVae>>()},
   };
   return entries;
 }
