@@ -47,8 +47,9 @@ struct ServeFlags {
   std::string dtype = "f32", variant, quant, timestep_policy, memory_limit, packed_cache, trace_path;
   std::vector<std::string> lora;  // fused into every served model's transformer
   bool lora_ignore_unmatched = false;
-  std::string lora_mode;  // fused | runtime (empty: fused, runtime with --quant)
-  std::string lora_dir;   // the folder requests' "lora" files are named in (none: requests may not name LoRAs)
+  std::string lora_mode;        // fused | runtime (empty: fused, runtime with --quant)
+  std::string lora_dir;         // the folder requests' "lora" files are named in (none: requests may not name LoRAs)
+  bool lora_dir_given = false;  // --lora-dir given (an empty one is an error, not "none")
   int offload = 0;
   bool check_weights = false;
 };
@@ -113,8 +114,8 @@ int run(const ServeFlags& f, const DeviceFlags& device_flags, const ParallelFlag
   load.lora = f.lora;
   load.lora_ignore_unmatched = f.lora_ignore_unmatched;
   load.lora_mode = f.lora_mode;
-  if (!f.lora_dir.empty()) {
-    if (!std::filesystem::is_directory(f.lora_dir)) throw Error("--lora-dir " + f.lora_dir + ": not a folder");
+  if (f.lora_dir_given) {
+    if (f.lora_dir.empty() || !std::filesystem::is_directory(f.lora_dir)) throw Error("--lora-dir '" + f.lora_dir + "': not a folder");
     limits.lora_dir = f.lora_dir;
   }
   load.profile = device_flags.resolve();
@@ -229,9 +230,10 @@ CommandRunner add_serve_command(CLI::App& app) {
   command->add_option("--lora-mode", f.lora_mode,
                       "fused (into the weights at load, as diffusers' fuse_lora; the default) or runtime (beside each layer, the weights "
                       "untouched; the default with --quant, whose int8 layers a fused LoRA would not reach)");
-  command->add_option("--lora-dir", f.lora_dir,
-                      "A folder of LoRA files that requests may name in their \"lora\" key (\"NAME.safetensors:0.8\"), applied at run time "
-                      "per request; without it, requests may not name LoRAs");
+  CLI::Option* lora_dir = command->add_option(
+      "--lora-dir", f.lora_dir,
+      "A folder of LoRA files that requests may name in their \"lora\" key (\"NAME.safetensors:0.8\"), applied at run time "
+      "per request; without it, requests may not name LoRAs");
   command
       ->add_option("--trace", f.trace_path,
                    "Record every instance's kernels and write them as a Chrome trace at shutdown, with their CV overlap on stderr "
@@ -239,7 +241,10 @@ CommandRunner add_serve_command(CLI::App& app) {
       ->check(output_file_path());
   command->add_option("--memory-limit", f.memory_limit, "Refuse what would not fit in this much memory (\"24G\")");
   command->add_flag("--check-weights", f.check_weights, "Every loaded weight must be finite");
-  return [flags, device_flags, parallel_flags] { return run(*flags, *device_flags, *parallel_flags); };
+  return [flags, device_flags, parallel_flags, lora_dir] {
+    flags->lora_dir_given = lora_dir->count() > 0;
+    return run(*flags, *device_flags, *parallel_flags);
+  };
 }
 
 }  // namespace cubevec::cli

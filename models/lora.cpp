@@ -202,10 +202,11 @@ LoraAdapter read_lora(const std::string& path) {
                   " form; one file holds one LoRA format");
     const std::string unique = key->layer + "#" + std::to_string(static_cast<int>(key->part));
     if (!seen.insert(unique).second)
-      throw Error(path + ": tensor '" + e.name + "' is given twice (with and without the 'transformer.' prefix)");
-    // Wan's norm diffs hold zeros: diffusers drops them, and so does cubevec.
-    if (format == "wan" && (key->part == Part::bias || key->part == Part::full_diff) && key->layer.find("norm") != std::string::npos)
-      continue;
+      throw Error(path + ": tensor '" + e.name + "' is given twice (the same layer's " +
+                  (key->part == Part::down ? "A"
+                   : key->part == Part::up ? "B"
+                                           : "part") +
+                  " under two names: with and without a prefix, or as lora_A and lora_down)");
     Tensor t;
     try {
       t = as_f32(file.tensor(e.name));
@@ -214,6 +215,9 @@ LoraAdapter read_lora(const std::string& path) {
     }
     for (int64_t i = 0; i < t.numel(); ++i)
       if (!std::isfinite(t.data<float>()[i])) throw Error(path + ": tensor '" + e.name + "' holds a non-finite value");
+    // Wan's norm diffs (checked like any tensor) are dropped, as diffusers drops them: they hold zeros.
+    if (format == "wan" && (key->part == Part::bias || key->part == Part::full_diff) && key->layer.find("norm") != std::string::npos)
+      continue;
     Parts& p = parts[key->layer];
     switch (key->part) {
       case Part::down:
@@ -240,11 +244,13 @@ LoraAdapter read_lora(const std::string& path) {
     LoraLayer layer;
     layer.name = name;
     if (p.full_diff) {
-      // A whole weight difference: not a low-rank layer; listed as unmatched by its key.
-      layer.modules = {name + ".diff"};
-      layer.bias = p.bias;
-      adapter.layers.push_back(layer);
-      continue;
+      // A whole weight difference, which cubevec does not apply (diffusers ignores it too): listed as
+      // unmatched under a name that says so; a LoRA of the same layer is still read below.
+      LoraLayer diff;
+      diff.name = name + ".diff (a whole weight difference, not applied)";
+      diff.modules = {diff.name};
+      adapter.layers.push_back(diff);
+      if (!p.down.defined() && !p.up.defined() && !p.bias.defined()) continue;
     }
     if (p.down.defined() != p.up.defined() || (!p.down.defined() && !p.bias.defined()))
       throw Error(path + ": layer '" + name + "' has " + (p.down.defined() ? "lora_A but no lora_B" : "no lora_A") + " weight");
@@ -267,6 +273,12 @@ LoraAdapter read_lora(const std::string& path) {
 std::vector<LoraDelta> resolve_lora(const ParameterTable& table, const LoraAdapter& adapter, double scale, bool ignore_unmatched,
                                     int* unmatched) {
   if (!std::isfinite(scale)) throw Error("--lora " + adapter.path + ": the scale must be finite");
+  // A file in one family's names maps a few of its layers onto modules the other family has too
+  // (kohya's final_layer_linear and Wan's head.head are both proj_out): name the mismatch instead.
+  const bool flux_names = adapter.format == "kohya-flux", wan_names = adapter.format == "wan" || adapter.format == "musubi-wan";
+  if ((flux_names && !table.linears().count("x_embedder")) || (wan_names && !table.linears().count("condition_embedder.time_proj")))
+    throw Error("--lora " + adapter.path + ": a LoRA in " + adapter.format + " names is for a " + (flux_names ? "Flux" : "Wan") +
+                " transformer, and this model is not one");
   const auto has_all = [&](const LoraLayer& l) {
     return std::all_of(l.modules.begin(), l.modules.end(), [&](const std::string& m) { return table.linears().count(m) > 0; });
   };

@@ -371,7 +371,23 @@ GenerationResult Pipeline::generate(const Request& request, const GenerateHooks&
                    {"runtime_layers", lora.layers()},
                    {"runtime_rank", lora.total_rank()}};
   const models::RuntimeLoraScope lora_scope(&lora);
-  const Tensor latents = model_->denoise(text, r, run, device, on_step, result.timings, &result.stages);
+  const Tensor latents = [&] {
+    try {
+      return model_->denoise(text, r, run, device, on_step, result.timings, &result.stages);
+    } catch (const Cancelled&) {
+      throw;
+    } catch (const Error& e) {
+      // Latents gone non-finite with LoRAs applied at run time: say which (a scale or values that overflow).
+      const std::string what = e.what();
+      if (lora.empty() || what.find("non-finite") == std::string::npos) throw;
+      std::vector<std::string> applied = lora_summary_ == "runtime" ? options_.lora : std::vector<std::string>{};
+      applied.insert(applied.end(), r.lora.begin(), r.lora.end());
+      std::string files;
+      for (const std::string& f : applied) files += (files.empty() ? "" : ", ") + f;
+      throw Error("--lora " + files + ": with these LoRAs applied at run time, " + what +
+                  " (a LoRA's scale or values too large for the activations)");
+    }
+  }();
   PhasePeaks peaks = PhasePeaks::after_denoising();
   result.denoising_flops = declared_flops(device) - flops_before;
   if (offload_lock.owns_lock()) {

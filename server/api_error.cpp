@@ -44,7 +44,11 @@ std::string request_key_named_in(const std::string& message) {
                                           "max_sequence_length",
                                           "image",
                                           "mask_image",
-                                          "strength"};
+                                          "strength",
+                                          "lora",
+                                          "edit",
+                                          "max_area",
+                                          "auto_resize"};
   // The message may hold the client's own text (an unknown key of any length): plain scanning, no
   // regex (libstdc++'s recurses per character). First the leading word ("request: 'key' must",
   // "key: ...", "cache.cache-fn must"), then the first quoted key.

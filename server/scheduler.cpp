@@ -355,7 +355,9 @@ void Scheduler::run_job(ModelSlot& slot, Job& job, Device& device) {
     std::string message = error.what();
     if (const std::size_t at = message.find("memory_limit"); at != std::string::npos)
       message.replace(at, 12, "the server's --memory-limit");
-    if (message.find("non-finite") != std::string::npos) job.fail(ApiError(500, "server_error", "generation_failed", "", message));
+    // ... unless the request's own LoRAs made it so (their scale or values).
+    if (message.find("non-finite") != std::string::npos && error.param() != "lora")
+      job.fail(ApiError(500, "server_error", "generation_failed", "", message));
     else job.fail(ApiError(400, "invalid_request_error", "cannot_generate", error.param(), message));
   } catch (const std::exception& e) {
     job.fail(ApiError(500, "server_error", "internal_error", "", std::string("internal error: ") + e.what()));

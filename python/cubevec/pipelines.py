@@ -204,6 +204,8 @@ def _lora_flags(lora):
         raise ValueError(f"lora may list at most 16 files, got {len(items)}")
     flags = []
     for item in items:
+        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], (str, bytes, os.PathLike)):
+            raise TypeError("lora=(file, scale): the scale must be a number; give several files as a list, [file1, file2]")
         file, scale = item if isinstance(item, tuple) and len(item) == 2 else (item, 1.0)
         file = _path(file, "lora")
         _existing(file, "lora", folder=False)
@@ -264,6 +266,9 @@ class _DiffusionPipeline:
         if lora_mode is not None:
             if _text(lora_mode, "lora_mode") not in ("fused", "runtime"):
                 raise ValueError(f"lora_mode must be 'fused' or 'runtime', got {lora_mode!r}")
+            if lora_mode == "fused" and quant is not None and lora is not None:
+                raise ValueError("lora_mode='fused' with quant: the quantized layers load their int8 weights from the quantization's "
+                                 "own files, so a fused LoRA would not reach them; use lora_mode='runtime' (the default with quant)")
             options["lora_mode"] = lora_mode
         if not isinstance(lora_ignore_unmatched, (bool, np.bool_)):
             raise TypeError(f"lora_ignore_unmatched must be a bool, got {type(lora_ignore_unmatched).__name__}")

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <unistd.h>
 
@@ -86,9 +87,21 @@ TEST_F(LoraFiles, EveryFormatsNamesMapAsDiffusersConvertsThem) {
   EXPECT_EQ(wan.format, "wan");
   EXPECT_EQ(modules_of(wan, "blocks.2.self_attn.o"), (std::vector<std::string>{"blocks.2.attn1.to_out.0"}));
   EXPECT_EQ(modules_of(wan, "img_emb.proj.3"), (std::vector<std::string>{"condition_embedder.image_embedder.ff.net.2"}));
-  EXPECT_EQ(modules_of(wan, "head.head"), (std::vector<std::string>{"proj_out"}));                              // a bias difference alone
-  EXPECT_EQ(modules_of(wan, "blocks.1.self_attn.q"), (std::vector<std::string>{"blocks.1.self_attn.q.diff"}));  // unmatched
-  EXPECT_EQ(modules_of(wan, "blocks.0.norm3").front(), "(no layer blocks.0.norm3)");                            // dropped
+  EXPECT_EQ(modules_of(wan, "head.head"), (std::vector<std::string>{"proj_out"}));  // a bias difference alone
+  // A whole weight difference is not applied: listed as unmatched under a name that says why.
+  EXPECT_EQ(modules_of(wan, "blocks.1.self_attn.q.diff (a whole weight difference, not applied)").size(), 1u);
+  EXPECT_EQ(modules_of(wan, "blocks.0.norm3").front(), "(no layer blocks.0.norm3)");  // dropped
+  // ... but only after the usual checks.
+  const std::string nan_norm = message_of([&] {
+    models::read_lora(
+        write("nan_norm.safetensors", {{"diffusion_model.blocks.0.norm3.diff", Tensor::from_vector(std::vector<float>{NAN, 0}, {2})}}));
+  });
+  EXPECT_NE(nan_norm.find("non-finite"), std::string::npos) << nan_norm;
+  const std::string twice = message_of([&] {
+    models::read_lora(write("twice.safetensors",
+                            {{"diffusion_model.blocks.0.ffn.0.lora_A.weight", a}, {"diffusion_model.blocks.0.ffn.0.lora_down.weight", a}}));
+  });
+  EXPECT_NE(twice.find("under two names"), std::string::npos) << twice;
   // Two formats in one file.
   const std::string mixed = message_of([&] {
     models::read_lora(write("mixed.safetensors", {{"lora_unet_img_in.lora_down.weight", a}, {"transformer.x_embedder.lora_A.weight", a}}));
@@ -104,6 +117,8 @@ TEST_F(LoraFiles, FusedLayersSplitAndTheFinalAdaLnSwaps) {
   v.declare(table, "single_transformer_blocks.0.attn.to_v", 4, 2);
   mlp.declare(table, "single_transformer_blocks.0.proj_mlp", 4, 3);
   norm_out.declare(table, "norm_out.linear", 4, 4);
+  models::Linear x_embedder;  // makes the table Flux-like for the kohya file
+  x_embedder.declare(table, "x_embedder", 4, 4);
   const Tensor a = ramp({2, 4}), b9 = ramp({9, 2}), b4 = ramp({4, 2});
   const models::LoraAdapter adapter =
       models::read_lora(write("kohya.safetensors", {{"lora_unet_single_blocks_0_linear1.lora_down.weight", a},
@@ -139,9 +154,14 @@ TEST_F(LoraFiles, FusedLayersSplitAndTheFinalAdaLnSwaps) {
                                                     {"lora_unet_single_blocks_0_linear1.lora_up.weight", b4}}));
   const std::string parts = message_of([&] { models::resolve_lora(table, short_b, 1.0); });
   EXPECT_NE(parts.find("is [2, 4] + [2, 4] + [2, 4] + [3, 4], but its LoRA makes [4, 4]"), std::string::npos) << parts;
+  // A file of the other family's names is refused by name, though proj_out exists in both.
+  const models::LoraAdapter wan_head = models::read_lora(
+      write("head.safetensors", {{"diffusion_model.head.head.lora_A.weight", a}, {"diffusion_model.head.head.lora_B.weight", b4}}));
+  EXPECT_NE(message_of([&] { models::resolve_lora(table, wan_head, 1.0); }).find("is for a Wan transformer"), std::string::npos);
   // A bias difference on a layer without a bias.
-  models::Linear no_bias;
+  models::Linear no_bias, time_proj;
   no_bias.declare(table, "proj_out", 4, 6, /*has_bias=*/false);
+  time_proj.declare(table, "condition_embedder.time_proj", 4, 4);  // makes the table Wan-like for the Wan file
   const models::LoraAdapter diff = models::read_lora(write("diff.safetensors", {{"diffusion_model.head.head.diff_b", ramp({6})}}));
   const std::string bias = message_of([&] { models::resolve_lora(table, diff, 1.0); });
   EXPECT_NE(bias.find("'proj_out' has no bias"), std::string::npos) << bias;

@@ -148,6 +148,22 @@ TEST(ServerApi, RequestLorasComeFromTheLoraDirOnly) {
     EXPECT_EQ(r->status, 400) << bad;
     EXPECT_EQ(json_of(r)["error"]["param"], "lora") << r->body;
   }
+  // The AUTOMATIC1111 route takes it too.
+  const auto a1111 = server.post(
+      "/sdapi/v1/txt2img",
+      json{{"prompt", kPrompt}, {"steps", 3}, {"width", 48}, {"height", 32}, {"seed", 5}, {"lora", "style.safetensors:0.9"}}.dump());
+  ASSERT_TRUE(a1111);
+  ASSERT_EQ(a1111->status, 200) << a1111->body;
+  EXPECT_EQ(png_of(from_base64(json::parse(a1111->body)["images"][0])).pixels, with.pixels);
+  // A LoRA whose values overflow the activations is the request's fault: a 400 naming it.
+  std::vector<float> huge(2 * 192, 3e18f);
+  cubevec::write_safetensors((dir / "huge.safetensors").string(),
+                             {{"transformer.transformer_blocks.0.attn.to_q.lora_A.weight", cubevec::Tensor::from_vector(huge, {2, 192})},
+                              {"transformer.transformer_blocks.0.attn.to_q.lora_B.weight", cubevec::Tensor::from_vector(huge, {192, 2})}});
+  const auto overflow = server.post("/v1/images/generations", body_with({{"lora", "huge.safetensors"}}).dump());
+  ASSERT_TRUE(overflow);
+  EXPECT_EQ(overflow->status, 400) << overflow->body;
+  EXPECT_EQ(json_of(overflow)["error"]["param"], "lora") << overflow->body;
   TestServer closed;  // no --lora-dir: no request may name a LoRA
   const auto r = closed.post("/v1/images/generations", body_with({{"lora", "style.safetensors"}}).dump());
   ASSERT_TRUE(r);
