@@ -18,6 +18,7 @@
 #include "cli/stage_flags.h"
 #include "models/model_registry.h"
 #include "ops/vector_ops.h"
+#include "pipelines/memory_estimate.h"
 #include "pipelines/stages/quantize.h"
 #include "base/error.h"
 #include "tensor/finite_check.h"
@@ -125,6 +126,11 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
       throw Error("--ulysses and --ring share a transformer's tokens; " + dir + " is a " + model->class_name());
     stages.add(pipelines::sequence_parallel_stage(groups));
   }
+  // Inputs whose working set would not fit are refused before any work (not left to the OOM killer).
+  if (const uint64_t need = model->estimate_bytes(inputs); need > 0)
+    if (const uint64_t available = pipelines::available_memory_bytes(); available > 0 && need > available)
+      throw Error(f.inputs + ": " + model->class_name() + ".forward on these inputs needs about " + human_bytes(need) + ", more than the " +
+                  human_bytes(available) + " available now");
   const auto t0 = std::chrono::steady_clock::now();
   const models::ForwardContext ctx = stages.context({}, dtype);
   const std::string output = model->output_name(inputs);

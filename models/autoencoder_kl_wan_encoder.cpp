@@ -104,6 +104,17 @@ int64_t AutoencoderKLWanEncoder::latent_frames(int64_t frames) const {
   return 1 + (frames - 1) / config_.temporal_upscale();
 }
 
+uint64_t AutoencoderKLWanEncoder::estimate_peak_bytes(int64_t batch, int64_t height, int64_t width) const {
+  // Widths halve the pixels at each downsample while the channels grow at most 4x: the first
+  // level dominates. Caches: conv_in's 3 input channels plus the first level's convs (2 frames each).
+  const double pixels = static_cast<double>(batch) * static_cast<double>(height) * static_cast<double>(width);
+  const double base = static_cast<double>(config_.base_dim);
+  const double chunk = 4.0 * kFramesPerChunk * base * pixels;  // one activation of a 4-frame chunk, f32
+  const double caches = 4.0 * 2.0 * pixels * (3.0 + base * static_cast<double>(2 * config_.num_res_blocks));
+  const double total = 6.0 * chunk + 2.0 * caches + static_cast<double>(int64_t{64} << 20);
+  return total > 1.8e19 ? UINT64_MAX : static_cast<uint64_t>(total);
+}
+
 Tensor AutoencoderKLWanEncoder::moments_whole(const Tensor& x, const Stream& stream) const {
   const wan_vae::EncoderModules& m = *modules_;
   wan_vae::FeatureCache cache(m.cache_slots, 0);

@@ -89,6 +89,10 @@ class AutoencoderKLWanEncoder {
   // The pipelines' normalization of a latent (its mean or a sample) [B, z_dim, T, h, w], as
   // WanImageToVideoPipeline computes it in f32: (latents - latents_mean) * (1 / latents_std).
   Tensor normalize(const Tensor& latents, const Stream& stream = ops::default_op_stream()) const;
+  // An upper estimate of the allocator's peak while encoding a batch of `batch` videos of H x W: the
+  // feature caches (2 frames per causal conv) and a chunk's working set (about 6 of its widest
+  // activations: 4 frames x base_dim channels at full resolution), f32.
+  uint64_t estimate_peak_bytes(int64_t batch, int64_t height, int64_t width) const;
   // The latent frame count for `frames` video frames (1 + 4k), or an error naming what fits.
   int64_t latent_frames(int64_t frames) const;
 

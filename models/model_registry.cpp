@@ -91,6 +91,7 @@ struct ImageVae {
     return vae.decode(require_latent(in, kName, vae.config().latent_channels, "h, w"), s);
   }
   static Tensor moments(const Encoder& encoder, const Tensor& sample, const Stream& s) { return encoder.moments(sample, s); }
+  static uint64_t encode_bytes(const Encoder&, const Tensor&) { return 0; }
 };
 
 struct VideoVae {
@@ -106,6 +107,9 @@ struct VideoVae {
     return vae.decode(require_latent(in, kName, vae.config().z_dim, "T, h, w"), {}, s);
   }
   static Tensor moments(const Encoder& encoder, const Tensor& sample, const Stream& s) { return encoder.moments(sample, {}, s); }
+  static uint64_t encode_bytes(const Encoder& encoder, const Tensor& sample) {
+    return sample.dim() == 5 ? encoder.estimate_peak_bytes(sample.size(0), sample.size(3), sample.size(4)) : 0;
+  }
 };
 
 // decode(latent), or encode(sample) -> the latent distribution's mean, unscaled (diffusers'
@@ -128,6 +132,10 @@ class VaeEntry : public ForwardModel {
     }
   }
   std::string class_name() const override { return Vae::kName; }
+  uint64_t estimate_bytes(const std::map<std::string, Tensor>& in) const override {
+    const auto it = in.find("sample");
+    return it == in.end() || !encoder_ ? 0 : Vae::encode_bytes(*encoder_, it->second);
+  }
   std::vector<std::string> input_names() const override { return {"latent", "sample"}; }
   ParameterTable& parameters() override { return all_; }
   std::string output_name(const std::map<std::string, Tensor>& in) const override { return in.count("sample") ? "latent" : "sample"; }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <functional>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
@@ -32,6 +33,9 @@ class ForwardModel {
   // What forward() returns for these inputs, as the output file names it: "sample" (a transformer's
   // prediction, a decoded image) or "latent" (an encoded image).
   virtual std::string output_name(const std::map<std::string, Tensor>&) const { return "sample"; }
+  // An estimate of the bytes forward() allocates for these inputs, when the model can tell (0: it
+  // cannot): the command refuses inputs that would not fit before any work.
+  virtual uint64_t estimate_bytes(const std::map<std::string, Tensor>&) const { return 0; }
   // `inputs` by argument name (only names from input_names(); missing optional ones undefined).
   virtual Tensor forward(const std::map<std::string, Tensor>& inputs, const ForwardContext& ctx, const Stream& stream) const = 0;
 };

@@ -88,7 +88,20 @@ void FluxT2IPipeline::check(const T2IOptions& o, bool have_negative) const {
     if (o.has_mask()) throw Error("--mask applies to inpainting; a Kontext edit takes the picture and the prompt only");
     if (o.strength_given)
       throw Error("--strength applies to image-to-image; a Kontext edit runs every step from noise with the picture as a reference");
-    if (!o.image_pixels) (void)media::read_input_image(o.image, "--image");
+    // The reference's size now (a picture too small fails before any work); with --no-auto-resize it
+    // keeps the picture's own size, bounded so its tokens cannot dwarf the output's.
+    const media::RgbImage source = o.image_pixels ? *o.image_pixels : media::read_input_image(o.image, "--image");
+    const int64_t upscale = multiple / 2;
+    const auto [rw, rh] = kontext_reference_size(source.width, source.height, o.auto_resize, upscale, multiple);
+    constexpr int64_t kLargestPreferred = 1568 * 672;
+    const int64_t limit = std::max(4 * o.width * o.height, kLargestPreferred);
+    if (rw * rh > limit)
+      throw Error("--image is " + std::to_string(source.width) + "x" + std::to_string(source.height) +
+                  ": with --no-auto-resize the Kontext reference keeps that size, " + std::to_string(rw * rh / (multiple * multiple)) +
+                  " tokens beside the output's " + std::to_string(o.width * o.height / (multiple * multiple)) +
+                  "; give a reference of at most " + std::to_string(limit) +
+                  " pixels (4x the output's, or Kontext's largest preferred "
+                  "size), or leave auto-resize on");
     return;
   }
   if (o.has_mask() && !o.has_image()) throw Error("--mask needs --image (the picture to inpaint)");

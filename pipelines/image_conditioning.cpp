@@ -80,6 +80,11 @@ std::pair<int64_t, int64_t> kontext_output_size(int64_t width, int64_t height, i
   const auto w = static_cast<int64_t>(std::nearbyint(std::sqrt(static_cast<double>(max_area) * aspect)));
   const auto h = static_cast<int64_t>(std::nearbyint(std::sqrt(static_cast<double>(max_area) / aspect)));
   const int64_t fw = w / multiple * multiple, fh = h / multiple * multiple;
+  constexpr int64_t kMaxSide = 16384;  // the request's own bound on width and height
+  if (fw > kMaxSide || fh > kMaxSide)
+    throw Error("--max-area " + std::to_string(max_area) + " at the aspect ratio of " + std::to_string(width) + "x" +
+                std::to_string(height) + " makes a " + std::to_string(fw) + "x" + std::to_string(fh) + " picture; sides are at most " +
+                std::to_string(kMaxSide));
   if (fw < multiple || fh < multiple)
     throw Error("--max-area " + std::to_string(max_area) + " leaves a " + std::to_string(fw) + "x" + std::to_string(fh) +
                 " picture at the aspect ratio of " + std::to_string(width) + "x" + std::to_string(height) + " (sides are multiples of " +
@@ -90,9 +95,11 @@ std::pair<int64_t, int64_t> kontext_output_size(int64_t width, int64_t height, i
 std::pair<int64_t, int64_t> kontext_reference_size(int64_t image_width, int64_t image_height, bool auto_resize, int64_t vae_scale_factor,
                                                    int64_t multiple) {
   int64_t w = image_width - image_width % vae_scale_factor, h = image_height - image_height % vae_scale_factor;
-  if (w < 1 || h < 1)
-    throw Error("--image is " + std::to_string(image_width) + "x" + std::to_string(image_height) + ": a Kontext reference needs at least " +
-                std::to_string(vae_scale_factor) + " pixels a side");
+  const auto too_small = [&] {
+    return Error("--image is " + std::to_string(image_width) + "x" + std::to_string(image_height) +
+                 ": a Kontext reference needs at least " + std::to_string(multiple) + " pixels a side");
+  };
+  if (w < 1 || h < 1) throw too_small();
   if (auto_resize) {
     // min over (|aspect - w/h|, w, h): the nearest aspect ratio, ties to the narrower entry.
     const double aspect = static_cast<double>(w) / static_cast<double>(h);
@@ -105,9 +112,7 @@ std::pair<int64_t, int64_t> kontext_reference_size(int64_t image_width, int64_t 
   }
   w = w / multiple * multiple;
   h = h / multiple * multiple;
-  if (w < 1 || h < 1)
-    throw Error("--image is " + std::to_string(image_width) + "x" + std::to_string(image_height) + ": a Kontext reference needs at least " +
-                std::to_string(multiple) + " pixels a side");
+  if (w < 1 || h < 1) throw too_small();
   return {w, h};
 }
 
@@ -122,7 +127,9 @@ Tensor kontext_reference_ids(int64_t latent_height, int64_t latent_width) {
 bool names_kontext_pipeline(const std::string& model_dir) {
   const std::string path = model_dir + "/model_index.json";
   std::error_code error;
-  if (!std::filesystem::exists(path, error)) return false;
+  const bool present = std::filesystem::exists(path, error);
+  if (error) throw Error(path + ": " + error.message());  // a link loop, a folder that cannot be searched
+  if (!present) return false;
   const nlohmann::json index = read_json_file(path);
   if (!index.is_object()) throw Error(path + ": expected a JSON object (diffusers' model_index.json)");
   const auto it = index.find("_class_name");

@@ -79,7 +79,9 @@ void generate(ServerContext& context, const httplib::Request& http_request, http
   if (const auto cfg = number_field(body, "cfg_scale", 0.0, 100.0)) keys["guidance_scale"] = *cfg;
   if (const auto width = integer_field(body, "width", 16, context.limits.max_side)) keys["width"] = *width;
   if (const auto height = integer_field(body, "height", 16, context.limits.max_side)) keys["height"] = *height;
-  if (const auto lora = body.find("lora"); lora != body.end() && !lora->is_null()) keys["lora"] = *lora;  // NAME[:SCALE], --lora-dir's
+  // NAME[:SCALE] of --lora-dir's, and a Kontext edit's settings: as the library reads them.
+  for (const char* key : {"lora", "max_area", "auto_resize"})
+    if (const auto it = body.find(key); it != body.end() && !it->is_null()) keys[key] = *it;
   // The web UI's default strength is 0.75; a Kontext model edits the picture instead (no strength).
   const std::optional<double> strength = number_field(body, "denoising_strength", 0.0, 1.0);
   if (img2img && (strength || !model.pipeline->model().edits_pictures())) keys["strength"] = strength.value_or(0.75);

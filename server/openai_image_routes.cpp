@@ -66,7 +66,8 @@ void generate_images(ServerContext& context, const httplib::Request& http_reques
 // numbers, the rest as strings; a file where text belongs (or text where a file belongs) is a 400.
 nlohmann::json form_fields(const httplib::Request& http_request) {
   static const std::set<std::string> numbers = {"n",    "output_compression", "num_inference_steps", "guidance_scale", "true_cfg_scale",
-                                                "seed", "strength",           "max_sequence_length"};
+                                                "seed", "strength",           "max_sequence_length", "max_area"};
+  static const std::set<std::string> booleans = {"edit", "auto_resize"};
   static const std::set<std::string> texts = {"prompt", "model",  "size", "response_format", "output_format", "negative_prompt", "cfg",
                                               "cache",  "sparse", "user", "quality",         "background"};
   nlohmann::json body = nlohmann::json::object();
@@ -89,6 +90,10 @@ nlohmann::json form_fields(const httplib::Request& http_request) {
         throw invalid_request(name, "'" + name + "' must be a number, got '" + item.content.substr(0, 64) + "'", "invalid_type");
       }
       if (!body[name].is_number()) throw invalid_request(name, "'" + name + "' must be a number", "invalid_type");
+    } else if (booleans.count(name)) {
+      if (item.content != "true" && item.content != "false")
+        throw invalid_request(name, "'" + name + "' must be true or false, got '" + item.content.substr(0, 64) + "'", "invalid_type");
+      body[name] = item.content == "true";
     } else if (texts.count(name)) {
       body[name] = item.content;
     }  // other fields are ignored, as OpenAI ignores them (and /v1/images/generations too)

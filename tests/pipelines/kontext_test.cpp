@@ -64,6 +64,8 @@ TEST(Kontext, SizesFollowDiffusersRules) {
     EXPECT_EQ(rh, v(9)) << "case " << i;
   }
   EXPECT_NE(message_of([] { pipelines::kontext_output_size(1000, 10, 300, 16); }).find("--max-area 300"), std::string::npos);
+  EXPECT_NE(message_of([] { pipelines::kontext_output_size(16384, 16, int64_t{1} << 28, 16); }).find("sides are at most 16384"),
+            std::string::npos);
   // The reference's ids: Flux's grid with the first coordinate 1.
   const std::vector<double> ids = values(pipelines::kontext_reference_ids(4, 6)), grid = values(models::flux_image_ids(4, 6));
   ASSERT_EQ(ids.size(), grid.size());
@@ -96,6 +98,21 @@ TEST_F(KontextFolder, FourStepEditMatchesTheReference) {
   ASSERT_EQ(packed.size(1), 16);  // the latents' tokens only: the reference's 12 are cut off
   expect_close_rel(models::unpack_latents(packed, 8, 8, device.default_stream()), golden("edit.expected_latents"), 1e-4, "edited latents");
   expect_close_rel(pipeline.decode(packed, o, device, timings), golden("edit.expected"), 1e-4, "decoded edit");
+  // A reference too small, or (keeping its own size) too large beside the output, fails in check().
+  const auto flat = [](int w, int h) {
+    media::RgbImage p;
+    p.width = w;
+    p.height = h;
+    p.pixels.assign(static_cast<std::size_t>(w * h * 3), 128);
+    return std::make_shared<const media::RgbImage>(p);
+  };
+  pipelines::T2IOptions bad = o;
+  bad.image_pixels = flat(3, 3);
+  EXPECT_NE(message_of([&] { pipeline.check(bad, false); }).find("needs at least 8 pixels a side"), std::string::npos);
+  bad.image_pixels = flat(1100, 1000);
+  EXPECT_NE(message_of([&] { pipeline.check(bad, false); }).find("or leave auto-resize on"), std::string::npos);
+  bad.auto_resize = true;
+  EXPECT_NO_THROW(pipeline.check(bad, false));  // resized to a preferred resolution, it is accepted
   // Without the reference (plain text-to-image from the same noise) the latents differ.
   o.edit = false;
   o.image_pixels.reset();
@@ -104,6 +121,19 @@ TEST_F(KontextFolder, FourStepEditMatchesTheReference) {
   double diff = 0;
   for (std::size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::fabs(a[i] - b[i]));
   EXPECT_GT(diff, 0.1);
+}
+
+TEST_F(KontextFolder, AModelIndexThatCannotBeReadIsAnError) {
+  fs::create_symlink(dir_ / "loop_a", dir_ / "loop_b");
+  fs::create_symlink(dir_ / "loop_b", dir_ / "loop_a");
+  fs::create_symlink(dir_ / "loop_a", dir_ / "model_index.json");
+  EXPECT_NE(message_of([&] { pipelines::names_kontext_pipeline(dir_.string()); }).find("model_index.json"), std::string::npos);
+  fs::remove(dir_ / "model_index.json");
+  EXPECT_FALSE(pipelines::names_kontext_pipeline(dir_.string()));  // no file: not a Kontext folder
+  std::ofstream(dir_ / "model_index.json") << R"({"_class_name": "FluxPipeline"})";
+  EXPECT_FALSE(pipelines::names_kontext_pipeline(dir_.string()));
+  std::ofstream(dir_ / "model_index.json") << R"({"_class_name": 5})";
+  EXPECT_NE(message_of([&] { pipelines::names_kontext_pipeline(dir_.string()); }).find("must be a string"), std::string::npos);
 }
 
 TEST_F(KontextFolder, TheLibraryEditsOnAKontextFolderWithTheDbCache) {
