@@ -1,5 +1,5 @@
-// diffusers' AutoencoderKLWan (the Wan2.1 video VAE), decoder path only, written from
-// docs/models.md, "AutoencoderKLWan decoder". Weights keep diffusers' names
+// diffusers' AutoencoderKLWan (the Wan2.1 video VAE), its decoder (the encoder is
+// models/autoencoder_kl_wan_encoder.h), written from docs/models.md, "AutoencoderKLWan decoder". Weights keep diffusers' names
 // (`decoder.up_blocks.1.upsamplers.0.time_conv.weight`, `post_quant_conv.weight`, ...); each block
 // is a plain sequence of op calls (normalize_channels, activation, conv3d, conv2d, matmul,
 // attention_forward, upsample_nearest2d, add).
