@@ -180,9 +180,8 @@ TEST_F(KontextFolder, TheLibraryEditsOnAKontextFolderWithTheDbCache) {
       R"({"prompt": "a large yellow square in the center on a blue background", "num_inference_steps": 8, "seed": 2})"));
   EXPECT_NE(t2i.images[0].pixels, dense.images[0].pixels);
   // Errors name the flag: a mask or strength with an edit; max_area without one.
-  for (const auto& [extra, flag] : std::vector<std::pair<std::string, std::string>>{{R"(, "strength": 0.5)", "strength"}}) {
-    EXPECT_NE(message_of([&] { edit(extra); }).find(flag), std::string::npos) << extra;
-  }
+  const std::string with_strength = R"(, "strength": 0.5)";
+  EXPECT_NE(message_of([&] { edit(with_strength); }).find("strength"), std::string::npos);
   EXPECT_NE(message_of([&] {
               plain->generate(pipelines::Request::parse(R"({"prompt": "a red circle", "max_area": 4096})"));
             }).find("applies to a Kontext edit"),
