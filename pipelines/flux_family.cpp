@@ -55,10 +55,9 @@ MemoryEstimate flux_memory(const FluxT2IPipeline& pipeline, const T2IOptions& o,
   // the device (device/stream.cpp) pin about as much again, and the allocator rounds to size
   // classes: measured 39-57 D per token on both tiny models (D = 32 and 128), so 64 D.
   const int64_t multiple = pipeline.size_multiple();
-  // A Kontext edit's reference tokens: at most its size bound (FluxT2IPipeline::check), the largest
-  // preferred resolution or 4x the output.
+  // A Kontext edit's reference tokens: at most its size bound (FluxT2IPipeline::check).
   const int64_t image_tokens = (o.width / multiple) * (o.height / multiple);
-  const int64_t reference_tokens = o.edit ? std::max(4 * image_tokens, int64_t{1568 * 672} / (multiple * multiple)) : 0;
+  const int64_t reference_tokens = o.edit ? kontext_reference_pixel_limit(o.width, o.height) / (multiple * multiple) : 0;
   const uint64_t tokens = static_cast<uint64_t>(image_tokens + reference_tokens + text_tokens);
   const uint64_t rope = tokens * static_cast<uint64_t>(c.attention_head_dim) * 2 * 4;
   const uint64_t per_token = 64 * static_cast<uint64_t>(c.inner_dim()) * activation_bytes(o.activations);

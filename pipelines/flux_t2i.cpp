@@ -93,8 +93,7 @@ void FluxT2IPipeline::check(const T2IOptions& o, bool have_negative) const {
     const media::RgbImage source = o.image_pixels ? *o.image_pixels : media::read_input_image(o.image, "--image");
     const int64_t upscale = multiple / 2;
     const auto [rw, rh] = kontext_reference_size(source.width, source.height, o.auto_resize, upscale, multiple);
-    constexpr int64_t kLargestPreferred = 1568 * 672;
-    const int64_t limit = std::max(4 * o.width * o.height, kLargestPreferred);
+    const int64_t limit = kontext_reference_pixel_limit(o.width, o.height);
     if (rw * rh > limit)
       throw Error("--image is " + std::to_string(source.width) + "x" + std::to_string(source.height) +
                   ": with --no-auto-resize the Kontext reference keeps that size, " + std::to_string(rw * rh / (multiple * multiple)) +

@@ -116,6 +116,12 @@ std::pair<int64_t, int64_t> kontext_reference_size(int64_t image_width, int64_t 
   return {w, h};
 }
 
+int64_t kontext_reference_pixel_limit(int64_t width, int64_t height) {
+  int64_t largest = 0;
+  for (const auto& [w, h] : kKontextResolutions) largest = std::max(largest, w * h);
+  return std::max(4 * width * height, largest);
+}
+
 Tensor kontext_reference_ids(int64_t latent_height, int64_t latent_width) {
   Tensor ids = models::flux_image_ids(latent_height, latent_width).contiguous();
   Tensor out = Tensor::empty(ids.shape(), DType::f32);

@@ -43,6 +43,10 @@ std::pair<int64_t, int64_t> kontext_output_size(int64_t width, int64_t height, i
 std::pair<int64_t, int64_t> kontext_reference_size(int64_t image_width, int64_t image_height, bool auto_resize, int64_t vae_scale_factor,
                                                    int64_t multiple);
 
+// The most pixels a Kontext reference may have beside a width x height output: 4x the output's, or
+// Kontext's largest preferred resolution if that is more (the check and the memory estimate).
+int64_t kontext_reference_pixel_limit(int64_t width, int64_t height);
+
 // The reference tokens' img_ids: Flux's (0, row, col) grid of the reference's packed latent with the
 // first coordinate 1 ("image ids are the same as latent ids with the first dimension set to 1").
 Tensor kontext_reference_ids(int64_t latent_height, int64_t latent_width);
