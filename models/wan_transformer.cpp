@@ -53,18 +53,27 @@ WanConfig WanConfig::from_json(const nlohmann::json& json, const std::string& so
   if (r.contains("qk_norm") && r.raw("qk_norm").is_null())
     r.fail("qk_norm",
            "is null (no query/key norm), which cubevec's WanTransformer3DModel does not run; it supports \"rms_norm_across_heads\"");
-  // The image-to-video branch: cubevec's model is the text-to-video one, which has these null.
-  for (const char* key : {"image_dim", "added_kv_proj_dim", "pos_embed_seq_len"})
-    if (r.has(key))
-      r.fail(key, "is " + r.raw(key).dump() +
-                      "; cubevec's WanTransformer3DModel is the text-to-video model, which has it null (no image branch)");
-    else r.ignore({key});
+  r.integer("image_dim", c.image_dim, 1)
+      .integer("added_kv_proj_dim", c.added_kv_proj_dim, 1)
+      .integer("pos_embed_seq_len", c.pos_embed_seq_len, 1);
   r.reject_unknown();
   for (std::size_t i = 0; i < 3; ++i) c.patch_size[i] = patch[i];
   if (c.out_channels == 0) c.out_channels = c.in_channels;
   if (c.freq_dim % 2 != 0) r.fail("freq_dim", "must be even, got " + std::to_string(c.freq_dim));
   if (c.attention_head_dim % 2 != 0)
     r.fail("attention_head_dim", "must be even (RoPE rotates pairs), got " + std::to_string(c.attention_head_dim));
+  // diffusers' image branch needs both: image_dim embeds the image tokens, added_kv_proj_dim attends
+  // to them (one without the other mixes image rows into the text or splits a context with none).
+  if ((c.image_dim > 0) != (c.added_kv_proj_dim > 0))
+    r.fail(c.image_dim > 0 ? "added_kv_proj_dim" : "image_dim", "is null while " +
+                                                                    std::string(c.image_dim > 0 ? "image_dim" : "added_kv_proj_dim") +
+                                                                    " is set; the image branch (Wan2.1 image-to-video) needs both");
+  if (c.added_kv_proj_dim > 0 && c.added_kv_proj_dim != c.inner_dim())
+    r.fail("added_kv_proj_dim", "is " + std::to_string(c.added_kv_proj_dim) +
+                                    "; the added keys and values read the embedded image tokens, " + std::to_string(c.inner_dim()) +
+                                    " wide (num_attention_heads x attention_head_dim)");
+  if (c.pos_embed_seq_len > 0 && c.image_dim == 0)
+    r.fail("pos_embed_seq_len", "is set but image_dim is null (no image branch to add it to)");
   return c;
 }
 
@@ -126,6 +135,12 @@ void WanBlock::declare(ParameterTable& t, int block_index, const WanConfig& c) {
   cross_out.declare(t, p + "attn2.to_out.0", d, d);
   cross_norm_q.declare(t, p + "attn2.norm_q.weight", d);
   cross_norm_k.declare(t, p + "attn2.norm_k.weight", d);
+  image_branch = c.has_image_branch();
+  if (image_branch) {
+    add_k.declare(t, p + "attn2.add_k_proj", c.added_kv_proj_dim, d);
+    add_v.declare(t, p + "attn2.add_v_proj", c.added_kv_proj_dim, d);
+    norm_added_k.declare(t, p + "attn2.norm_added_k.weight", d);
+  }
   ffn_in.declare(t, p + "ffn.net.0.proj", d, c.ffn_dim);
   ffn_out.declare(t, p + "ffn.net.2", c.ffn_dim, d);
 }
@@ -159,7 +174,23 @@ BlockState WanBlock::forward(const BlockState& in, const WanBlockInputs& shared,
                             split_heads(cross_v(shared.context, s), head_dim)};
       },
       s);
-  h2 = cross_out(co, s, {.residual = h2});
+  if (image_branch) {
+    // Image-to-video: the same queries also attend to the image tokens (their own keys and values,
+    // the keys RMS-normed), and the two outputs are summed before the output projection.
+    const AttentionIdentity image_id{
+        index, blocks, AttentionKind::cross, shared.image_context.size(1), shared.grid, prefix + ".attn2.image"};
+    const Tensor io = ctx.attend(
+        image_id,
+        [&] {
+          return AttentionQkv{split_heads(ctx.rms_norm_across_heads(cross_q(cn, s), cross_norm_q.value, eps, s), head_dim),
+                              split_heads(ctx.rms_norm_across_heads(add_k(shared.image_context, s), norm_added_k.value, eps, s), head_dim),
+                              split_heads(add_v(shared.image_context, s), head_dim)};
+        },
+        s);
+    h2 = cross_out(ops::add(co, io, s), s, {.residual = h2});
+  } else {
+    h2 = cross_out(co, s, {.residual = h2});
+  }
   // Feed-forward: GELU-tanh MLP through the FFN's gate.
   const Tensor fn = ops::layernorm_scale_shift(h2, row(mod, 4), row(mod, 3), {}, {}, eps, s);
   return {gated_linear(ffn_out, ffn_in(fn, s, {.activation = ops::GemmActivation::gelu_tanh}), h2, row(mod, 5), s), {}};
@@ -179,6 +210,16 @@ WanTransformer3DModel::WanTransformer3DModel(WanConfig config) : config_(std::mo
   time_proj_.declare(table_, "condition_embedder.time_proj", d, 6 * d);
   text_1_.declare(table_, "condition_embedder.text_embedder.linear_1", c.text_dim, d);
   text_2_.declare(table_, "condition_embedder.text_embedder.linear_2", d, d);
+  if (c.has_image_branch()) {
+    const std::string e = "condition_embedder.image_embedder.";
+    image_norm1_weight_.declare(table_, e + "norm1.weight", c.image_dim);
+    image_norm1_bias_.declare(table_, e + "norm1.bias", c.image_dim);
+    image_ff_in_.declare(table_, e + "ff.net.0.proj", c.image_dim, c.image_dim);
+    image_ff_out_.declare(table_, e + "ff.net.2", c.image_dim, d);
+    image_norm2_weight_.declare(table_, e + "norm2.weight", d);
+    image_norm2_bias_.declare(table_, e + "norm2.bias", d);
+    if (c.pos_embed_seq_len > 0) table_.add(e + "pos_embed", {1, c.pos_embed_seq_len, c.image_dim}, &image_pos_embed_, /*keep_f32=*/true);
+  }
   blocks_.resize(static_cast<std::size_t>(c.num_layers));
   for (std::size_t i = 0; i < blocks_.size(); ++i) blocks_[i].declare(table_, static_cast<int>(i), c);
   table_.add("scale_shift_table", {1, 2, d}, &scale_shift_table_, /*keep_f32=*/true);
@@ -187,7 +228,12 @@ WanTransformer3DModel::WanTransformer3DModel(WanConfig config) : config_(std::mo
 
 std::unique_ptr<WanTransformer3DModel> WanTransformer3DModel::load(const std::string& dir, DType dtype, const std::string& variant) {
   auto model = std::make_unique<WanTransformer3DModel>(WanConfig::load(dir + "/config.json"));
-  load_parameters(model->table_, open_component_weights(dir, variant), dtype);
+  // The original I2V checkpoints carry a query norm for the image tokens that nothing uses
+  // (diffusers' _keys_to_ignore_on_load_unexpected).
+  LoadOptions options;
+  for (int64_t i = 0; i < model->config_.num_layers; ++i)
+    options.ignored_names.push_back("blocks." + std::to_string(i) + ".attn2.norm_added_q.weight");
+  load_parameters(model->table_, open_component_weights(dir, variant), dtype, options);
   return model;
 }
 
@@ -206,6 +252,10 @@ TensorParallelPlan WanTransformer3DModel::tensor_parallel_plan() const {
   for (const WanBlock& b : blocks_) {
     for (const char* m : {"attn1.to_q", "attn1.to_k", "attn1.to_v", "attn2.to_q", "attn2.to_k", "attn2.to_v", "ffn.net.0.proj"})
       plan.column.push_back(b.prefix + "." + m);
+    if (b.image_branch) {
+      for (const char* m : {"attn2.add_k_proj", "attn2.add_v_proj"}) plan.column.push_back(b.prefix + "." + m);
+      plan.channel_vectors.push_back(b.prefix + ".attn2.norm_added_k.weight");
+    }
     for (const char* m : {"attn1.to_out.0", "attn2.to_out.0", "ffn.net.2"}) plan.row.push_back({b.prefix + "." + m, {}});
     for (const char* m : {"attn1.norm_q.weight", "attn1.norm_k.weight", "attn2.norm_q.weight", "attn2.norm_k.weight"})
       plan.channel_vectors.push_back(b.prefix + "." + m);
@@ -215,6 +265,20 @@ TensorParallelPlan WanTransformer3DModel::tensor_parallel_plan() const {
 
 Tensor WanTransformer3DModel::text_embedding(const Tensor& encoder_hidden_states, const Stream& s, DType act) const {
   return text_2_(text_1_(ops::cast(encoder_hidden_states, act, s), s, {.activation = ops::GemmActivation::gelu_tanh}), s);
+}
+
+Tensor WanTransformer3DModel::image_embedding(const Tensor& image_states, const Stream& s, DType act) const {
+  const WanConfig& c = config_;
+  Tensor x = ops::cast(image_states, DType::f32, s);
+  if (c.pos_embed_seq_len > 0)
+    x = ops::add(x.reshape({x.numel() / (c.pos_embed_seq_len * c.image_dim), c.pos_embed_seq_len, c.image_dim}), image_pos_embed_, s);
+  constexpr float kEps = 1e-5f;  // FP32LayerNorm's default
+  const Tensor n1 = ops::cast(
+      ops::fast_layernorm(x, image_norm1_weight_.value, image_norm1_bias_.value, kEps, ops::LayerNormImpl::high_precision, s).out, act, s);
+  const Tensor hidden = ops::activation(image_ff_in_(n1, s), ops::Activation::gelu, s);  // exact GELU
+  const Tensor y = ops::cast(image_ff_out_(hidden, s), DType::f32, s);
+  return ops::cast(
+      ops::fast_layernorm(y, image_norm2_weight_.value, image_norm2_bias_.value, kEps, ops::LayerNormImpl::high_precision, s).out, act, s);
 }
 
 Tensor WanTransformer3DModel::patch_embed(const Tensor& x, const Stream& s, DType act) const {
@@ -273,6 +337,26 @@ WanPrologue WanTransformer3DModel::prologue(const WanInputs& in, const ForwardCo
     throw Error("wan forward: encoder_hidden_states must be [" + std::to_string(batch) + ", L >= 1, " + std::to_string(c.text_dim) + "]" +
                 from_hidden + ", got " + (text.defined() ? shape_to_string(text.shape()) : std::string("nothing")));
 
+  const Tensor& image = in.encoder_hidden_states_image;
+  if (c.has_image_branch()) {
+    require_input_dtype(image, "wan forward", "encoder_hidden_states_image", kFloatInputs);
+    const int64_t rows = c.pos_embed_seq_len > 0 ? c.pos_embed_seq_len : 0;
+    const bool fits = image.defined() && image.dim() == 3 && image.size(2) == c.image_dim && image.size(1) >= 1 &&
+                      (rows == 0 ? image.size(0) == batch : (image.size(0) * image.size(1) == batch * rows && rows % image.size(1) == 0));
+    if (!fits)
+      throw Error("wan forward: encoder_hidden_states_image must be " +
+                  (rows == 0
+                       ? "[" + std::to_string(batch) + ", L >= 1, " + std::to_string(c.image_dim) + "]"
+                       : "[" + std::to_string(batch) + " x k, " + std::to_string(rows) + " / k, " + std::to_string(c.image_dim) +
+                             "] (pos_embed_seq_len " + std::to_string(rows) + " rows per sample, e.g. diffusers' first and last picture)") +
+                  from_hidden + " for this image-to-video transformer, got " +
+                  (image.defined() ? shape_to_string(image.shape()) : std::string("nothing")));
+  } else if (image.defined()) {
+    throw Error(
+        "wan forward: encoder_hidden_states_image was given, but this transformer has no image branch (image_dim is null: a "
+        "text-to-video model)");
+  }
+
   const DType act = ctx.activations;
   WanPrologue out;
   out.frames = frames, out.height = height, out.width = width;
@@ -282,6 +366,7 @@ WanPrologue WanTransformer3DModel::prologue(const WanInputs& in, const ForwardCo
       rope_cache_.get({static_cast<float>(tp), static_cast<float>(hp), static_cast<float>(wp)}, [&] { return wan_rope(tp, hp, wp, c); });
   std::tie(out.temb, out.shared.timestep_proj) = time_embedding(in.timestep, s, act);
   out.shared.context = text_embedding(text, s, act);
+  if (c.has_image_branch()) out.shared.image_context = image_embedding(image, s, act);
   out.state.hidden = patch_embed(x, s, act);
   return out;
 }

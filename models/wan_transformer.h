@@ -1,5 +1,6 @@
-// diffusers' WanTransformer3DModel (Wan2.1 text-to-video, 1.3B and 14B, and any config.json of that
-// class without the image branch), written from docs/models.md, "Wan transformer".
+// diffusers' WanTransformer3DModel (Wan2.1 text-to-video, 1.3B and 14B; image-to-video and
+// first-last-frame with the image branch; any config.json of that class), written from
+// docs/models.md, "Wan transformer" and "Wan image-to-video".
 // Each block is a plain sequence of the fused ops Flux uses (layernorm_scale_shift, linear with
 // fused epilogues, rms_norm, interleaved RoPE, attention_forward); the checkpoint key is beside
 // each weight where it is declared (wan_transformer.cpp).
@@ -32,13 +33,20 @@ struct WanConfig {
   bool cross_attn_norm = true;
   double eps = 1e-6;
   int64_t rope_max_seq_len = 1024;
+  // The image branch (Wan2.1 I2V / FLF2V; 0 = none, diffusers' null): the image encoder's width,
+  // the cross-attention's added key/value input width, and FLF2V's learned position table length.
+  int64_t image_dim = 0;
+  int64_t added_kv_proj_dim = 0;
+  int64_t pos_embed_seq_len = 0;
+
+  bool has_image_branch() const { return image_dim > 0; }
 
   int64_t inner_dim() const { return num_attention_heads * attention_head_dim; }
   // The head dim's RoPE split [t | h | w]: h = w = 2 floor(head_dim / 6), t the rest (44, 42, 42).
   std::array<int64_t, 3> rope_axes() const;
 
-  // From a diffusers transformer/config.json. Keys starting with '_' are ignored; the image-to-video
-  // keys (image_dim, added_kv_proj_dim, pos_embed_seq_len) must be null; qk_norm must be
+  // From a diffusers transformer/config.json. Keys starting with '_' are ignored; image_dim and
+  // added_kv_proj_dim are both null or both set (the image branch); qk_norm must be
   // "rms_norm_across_heads"; unknown keys and wrong types are errors naming `source` and the key.
   static WanConfig from_json(const nlohmann::json& json, const std::string& source);
   static WanConfig load(const std::string& config_path);
@@ -51,6 +59,10 @@ struct WanInputs {
   Tensor hidden_states;          // [B, in_channels, T, H, W] latents
   Tensor timestep;               // [B], raw scheduler timesteps in [0, 1000] (not divided by 1000)
   Tensor encoder_hidden_states;  // [B, L_txt, text_dim] (umT5 states, zero-padded)
+  // The image branch only: the image encoder's penultimate states [B, L_img, image_dim]; with
+  // pos_embed_seq_len P (FLF2V), B x L_img = batch x P rows, e.g. diffusers' [2B, P / 2, image_dim]
+  // (the first and the last picture), taken as [B, P, image_dim].
+  Tensor encoder_hidden_states_image{};
 };
 
 // The RoPE table [T' H' W', head_dim] of a patch grid: token (f, i, j), (t, h, w) row-major, gets
@@ -63,6 +75,7 @@ struct WanBlockInputs {
   Tensor timestep_proj;                  // [B, 6, D]
   RopeTable rope;                        // [T' H' W', head_dim]
   std::array<int64_t, 3> grid{1, 1, 1};  // the patch grid (T', H', W')
+  Tensor image_context{};                // the embedded image tokens [B, L_img, D] (the image branch only)
 };
 
 // One WanTransformerBlock under `blocks.N.`: self-attention with RoPE, cross-attention to the text,
@@ -75,6 +88,9 @@ struct WanBlock {
   Vector1d norm2_weight, norm2_bias;            // norm2: the cross-attention's affine LayerNorm
   Linear cross_q, cross_k, cross_v, cross_out;  // attn2.*
   Vector1d cross_norm_q, cross_norm_k;
+  Linear add_k, add_v;    // attn2.add_k_proj, add_v_proj: the image tokens' key and value (image branch)
+  Vector1d norm_added_k;  // attn2.norm_added_k
+  bool image_branch = false;
   Linear ffn_in, ffn_out;  // ffn.net.0.proj, ffn.net.2
   int64_t head_dim = 0;
   float eps = 1e-6f;
@@ -126,7 +142,10 @@ class WanTransformer3DModel {
   // temb in f32 and cast to `activations` as diffusers does (its time embedder stays f32).
   std::pair<Tensor, Tensor> time_embedding(const Tensor& timestep, const Stream& stream, DType activations = DType::f32) const;
   Tensor text_embedding(const Tensor& encoder_hidden_states, const Stream& stream, DType activations = DType::f32) const;  // [B, L_txt, D]
-  Tensor patch_embed(const Tensor& hidden_states, const Stream& stream, DType activations = DType::f32) const;             // [B, L, D]
+  // condition_embedder.image_embedder: [B, L_img, image_dim] (+ pos_embed) -> LayerNorm, GELU MLP,
+  // LayerNorm -> [B, L_img, D]; the norms in f32 (FP32LayerNorm, eps 1e-5).
+  Tensor image_embedding(const Tensor& image_states, const Stream& stream, DType activations = DType::f32) const;
+  Tensor patch_embed(const Tensor& hidden_states, const Stream& stream, DType activations = DType::f32) const;  // [B, L, D]
   // The output head and unpatchify: h [B, L, D], temb [B, D] -> [B, out_channels, T, H, W].
   Tensor head(const Tensor& h, const Tensor& temb, int64_t frames, int64_t height, int64_t width, const Stream& stream) const;
   const RopeCache& rope_cache() const { return rope_cache_; }
@@ -136,6 +155,9 @@ class WanTransformer3DModel {
   ParameterTable table_;
   Tensor patch_weight_, patch_bias_;  // patch_embedding: Conv3d, kernel = stride = patch_size
   Linear time_1_, time_2_, time_proj_, text_1_, text_2_;
+  Vector1d image_norm1_weight_, image_norm1_bias_, image_norm2_weight_, image_norm2_bias_;
+  Linear image_ff_in_, image_ff_out_;
+  Tensor image_pos_embed_;  // [1, pos_embed_seq_len, image_dim] (FLF2V)
   std::vector<WanBlock> blocks_;
   Tensor scale_shift_table_;  // [1, 2, D]: shift, scale of the output head
   Linear proj_out_;
