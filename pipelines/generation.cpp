@@ -47,11 +47,13 @@ Tensor run_denoising_loop(Denoiser& denoiser, Scheduler& scheduler, Guidance& gu
   const Stream main = device.default_stream();
   const int steps = scheduler.steps();
   Tensor latents = round_to(ops::cast(initial_latents, DType::f32, main), options.activations, main);
-  stages.begin_run({steps, options.blocks, guidance.branches(), device.simulate()});
+  const RunInfo run{steps, options.blocks, guidance.branches(), device.simulate()};
+  stages.begin_run(run);
   DenoiseTimer timer(device, timings, on_step);
   for (int i = 0; i < steps; ++i) {
     throw_if_interrupted();
     timer.begin_step();
+    if (i == options.restart_stages_at) stages.restart(run);
     const models::StepInfo step{i, steps, scheduler.timesteps()[static_cast<std::size_t>(i)],
                                 scheduler.sigmas()[static_cast<std::size_t>(i)], models::CfgBranch::cond};
     stages.before_step(step);

@@ -20,6 +20,7 @@ namespace cubevec::pipelines {
 
 struct T2ITimings {
   double denoise_s = 0, vae_s = 0;
+  double image_s = 0;             // encoding the input picture(s): image-to-video's condition and image tokens
   std::vector<double> step_s;     // measured per step
   double modelled_denoise_s = 0;  // on the device's modelled clock (the NPU in simulate mode)
   std::vector<double> modelled_step_s;
@@ -60,6 +61,9 @@ struct LoopOptions {
   // Run on the latents after each scheduler step (before their rounding to `activations`), with
   // the step's index: inpainting puts the known region back there.
   std::function<Tensor(int, const Tensor&)> after_step{};
+  // Before this step the stages start over as at the run's start (their step counts are kept): the
+  // step where a second expert model takes over (Wan2.2 A14B). -1: never.
+  int restart_stages_at = -1;
 };
 Tensor run_denoising_loop(Denoiser& denoiser, Scheduler& scheduler, Guidance& guidance, StageList& stages, const Tensor& initial_latents,
                           const LoopOptions& options, Device& device, const StepCallback& on_step, T2ITimings& timings);

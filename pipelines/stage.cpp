@@ -32,6 +32,10 @@ void StageList::after_load(models::ParameterTable& parameters) {
 
 void StageList::begin_run(const RunInfo& run) {
   counts_.clear();
+  restart(run);
+}
+
+void StageList::restart(const RunInfo& run) {
   for (std::size_t i = 0; i < stages_.size(); ++i) {
     const double t0 = now_s();
     stages_[i]->begin_run(run);

@@ -80,6 +80,8 @@ class StageList : public models::AttentionPolicy, public models::BlockHook {
 
   void after_load(models::ParameterTable& parameters);
   void begin_run(const RunInfo& run);
+  // Every stage's begin_run again mid-run (a new model takes over), keeping the step counts.
+  void restart(const RunInfo& run);
   void before_step(const models::StepInfo& step);
   // The context a forward of this step gets: the chain as policy / hook when a stage uses them.
   models::ForwardContext context(const models::StepInfo& step, DType activations);

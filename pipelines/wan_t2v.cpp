@@ -1,12 +1,16 @@
 #include "pipelines/wan_t2v.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
 
+#include "media/image_input.h"
 #include "ops/vector_ops.h"
 #include "pipelines/noise.h"
+#include "pipelines/seconds_since.h"
 #include "pipelines/patch_parallel_vae.h"
 #include "base/error.h"
 #include "base/strict_json.h"
@@ -37,31 +41,123 @@ WanSchedulerConfig scheduler_of(const std::string& model_dir) {
   return FlowMatchConfig::from_json(json, path);
 }
 
-// The Wan transformer as the loop sees it: latents [1, C, T, H, W] in, the flow out; the raw
-// timestep (0..1000) goes to the model.
+// The Wan transformer(s) as the loop sees them: latents [1, C, T, H, W] in (image-to-video: with
+// the condition beside them on channels, and the image tokens), the flow out; the raw timestep
+// (0..1000) goes to the model. With two experts, the step's timestep picks the model.
 class WanDenoiser : public Denoiser {
  public:
-  WanDenoiser(const models::WanTransformer3DModel& model, Tensor cond, Tensor uncond)
-      : model_(model), cond_(std::move(cond)), uncond_(std::move(uncond)) {}
+  struct Experts {
+    const models::WanTransformer3DModel* high = nullptr;
+    const models::WanTransformer3DModel* low = nullptr;  // null: one transformer
+    float boundary = 0;                                  // f32(boundary_ratio x num_train_timesteps)
+  };
+  WanDenoiser(Experts experts, Tensor cond, Tensor uncond, Tensor condition, Tensor image_embeds)
+      : experts_(experts),
+        cond_(std::move(cond)),
+        uncond_(std::move(uncond)),
+        condition_(std::move(condition)),
+        image_(std::move(image_embeds)) {}
 
   bool has_uncond() const override { return uncond_.defined(); }
 
   Tensor predict(const Tensor& latents, const models::ForwardContext& ctx, const Stream& s) override {
     const models::CfgBranch branch = ctx.step.branch;
     if (branch != models::CfgBranch::cond && !uncond_.defined()) throw Error("the unconditional branch needs negative embeddings");
+    const models::WanTransformer3DModel& model =
+        experts_.low && static_cast<float>(ctx.step.timestep) < experts_.boundary ? *experts_.low : *experts_.high;
+    const Tensor x = condition_.defined() ? ops::concat({latents, ops::cast(condition_, latents.dtype(), s)}, 1, s) : latents;
+    const bool image = model.config().has_image_branch();
     if (branch == models::CfgBranch::both) {
       if (!both_.defined()) both_ = ops::concat({cond_, uncond_}, 0, s);
-      return model_.forward({ops::concat({latents, latents}, 0, s), filled(2, ctx.step.timestep), both_}, s, ctx);
+      if (image && !image_both_.defined()) image_both_ = ops::concat({image_, image_}, 0, s);
+      return model.forward({ops::concat({x, x}, 0, s), filled(2, ctx.step.timestep), both_, image ? image_both_ : Tensor()}, s, ctx);
     }
-    return model_.forward({latents, filled(1, ctx.step.timestep), branch == models::CfgBranch::cond ? cond_ : uncond_}, s, ctx);
+    return model.forward({x, filled(1, ctx.step.timestep), branch == models::CfgBranch::cond ? cond_ : uncond_, image ? image_ : Tensor()},
+                         s, ctx);
   }
 
  private:
-  const models::WanTransformer3DModel& model_;
-  Tensor cond_, uncond_, both_;
+  Experts experts_;
+  Tensor cond_, uncond_, both_, condition_, image_, image_both_;
 };
 
+// Two experts' CFG: each step combines with its expert's scale (diffusers' guidance_scale for the
+// high-noise expert, guidance_scale_2 for the low-noise one).
+class ExpertGuidance : public Guidance {
+ public:
+  ExpertGuidance(std::unique_ptr<Guidance> high, std::unique_ptr<Guidance> low, float boundary)
+      : high_(std::move(high)), low_(std::move(low)), boundary_(boundary) {}
+  std::string name() const override { return high_->name(); }
+  std::vector<models::CfgBranch> branches() const override { return high_->branches(); }
+  Tensor velocity(Denoiser& denoiser, const Tensor& latents, models::ForwardContext ctx, Device& device) override {
+    Guidance& g = static_cast<float>(ctx.step.timestep) < boundary_ ? *low_ : *high_;
+    return g.velocity(denoiser, latents, ctx, device);
+  }
+
+ private:
+  std::unique_ptr<Guidance> high_, low_;
+  float boundary_;
+};
+
+float boundary_timestep(double ratio, int64_t num_train_timesteps) {
+  return static_cast<float>(ratio * static_cast<double>(num_train_timesteps));
+}
+
+int64_t num_train_timesteps(const WanSchedulerConfig& config) {
+  return std::visit([](const auto& c) { return c.num_train_timesteps; }, config);
+}
+
 }  // namespace
+
+WanModelIndex WanModelIndex::load(const std::string& dir) {
+  const std::string path = dir + "/model_index.json";
+  std::error_code error;
+  const bool present = std::filesystem::exists(path, error);
+  if (error) throw Error(path + ": " + error.message());
+  WanModelIndex index;
+  if (!present) return index;
+  const nlohmann::json json = read_json_file(path);
+  if (!json.is_object()) throw Error(path + ": expected a JSON object (diffusers' model_index.json)");
+  if (const auto it = json.find("_class_name"); it != json.end()) {
+    if (!it->is_string()) throw Error(path + ": '_class_name' must be a string, got " + it->dump());
+    index.class_name = it->get<std::string>();
+  }
+  if (const auto it = json.find("boundary_ratio"); it != json.end() && !it->is_null()) {
+    if (!it->is_number() || !std::isfinite(it->get<double>()) || it->get<double>() <= 0.0 || it->get<double>() >= 1.0)
+      throw Error(
+          path +
+          ": 'boundary_ratio' must be a number in (0, 1) (the share of the timesteps the high-noise expert runs from the top), got " +
+          it->dump());
+    index.boundary_ratio = it->get<double>();
+  }
+  if (const auto it = json.find("expand_timesteps"); it != json.end() && !it->is_null()) {
+    if (!it->is_boolean()) throw Error(path + ": 'expand_timesteps' must be true or false, got " + it->dump());
+    index.expand_timesteps = it->get<bool>();
+  }
+  return index;
+}
+
+std::vector<int> wan_expert_schedule(const std::vector<float>& timesteps, double boundary_ratio, int64_t num_train_timesteps) {
+  const float boundary = boundary_timestep(boundary_ratio, num_train_timesteps);
+  std::vector<int> experts;
+  experts.reserve(timesteps.size());
+  for (float t : timesteps) experts.push_back(t >= boundary ? 0 : 1);
+  return experts;
+}
+
+Tensor wan_frame_mask(int64_t frames, int64_t height, int64_t width, bool last_image) {
+  const int64_t latent = (frames - 1) / 4 + 1;
+  // The pixel frames' mask with the first repeated 4 times: 4 T_lat entries, viewed as [T_lat, 4].
+  std::vector<float> expanded(static_cast<std::size_t>(4 * latent), 0.0f);
+  for (int k = 0; k < 4; ++k) expanded[static_cast<std::size_t>(k)] = 1.0f;
+  if (last_image && frames > 1) expanded.back() = 1.0f;
+  Tensor mask = Tensor::empty({1, 4, latent, height, width}, DType::f32);
+  float* m = static_cast<float*>(mask.mutable_data_ptr());
+  for (int64_t c = 0; c < 4; ++c)
+    for (int64_t t = 0; t < latent; ++t)
+      std::fill_n(m + (c * latent + t) * height * width, height * width, expanded[static_cast<std::size_t>(4 * t + c)]);
+  return mask;
+}
 
 std::string scheduler_name(const WanSchedulerConfig& config) { return make_scheduler(config, 1)->name(); }
 
@@ -79,31 +175,128 @@ std::unique_ptr<Scheduler> make_scheduler(const WanSchedulerConfig& config, int 
 WanT2VPipeline::WanT2VPipeline(std::unique_ptr<models::WanTransformer3DModel> transformer, std::unique_ptr<models::AutoencoderKLWan> vae,
                                WanSchedulerConfig scheduler)
     : transformer_(std::move(transformer)), vae_(std::move(vae)), scheduler_(std::move(scheduler)) {
-  if (vae_ && vae_->config().z_dim != transformer_->config().in_channels)
-    throw Error("the VAE's " + std::to_string(vae_->config().z_dim) + " latent channels (z_dim) do not match the transformer's " +
-                std::to_string(transformer_->config().in_channels) + " input channels");
+  if (vae_) {
+    const int64_t z = vae_->config().z_dim, in = transformer_->config().in_channels;
+    const int64_t i2v = 2 * z + vae_->config().scale_factor_temporal;
+    if (in != z && in != i2v)
+      throw Error("the VAE's " + std::to_string(z) + " latent channels (z_dim) do not fit the transformer's " + std::to_string(in) +
+                  " input channels (text-to-video: z_dim; image-to-video: 2 z_dim + " +
+                  std::to_string(vae_->config().scale_factor_temporal) + " = " + std::to_string(i2v) + ")");
+  }
   if (const auto* euler = std::get_if<FlowMatchConfig>(&scheduler_); euler && euler->use_dynamic_shifting)
     throw Error("the scheduler config uses dynamic shifting, which the Wan pipeline does not (it needs a fixed 'shift')");
 }
 
-WanT2VPipeline WanT2VPipeline::load(const std::string& dir, DType dtype, const std::string& variant) {
+namespace {
+
+void require_wan_folder(const std::string& dir) {
   if (!std::filesystem::is_directory(dir + "/transformer"))
     throw Error(dir + ": not a diffusers Wan model directory (expected transformer/, vae/ and scheduler/)");
+}
+
+// The second expert's folder, which boundary_ratio needs (and which is not used without it).
+void check_experts(const std::string& dir, const WanModelIndex& index) {
+  const bool second = std::filesystem::is_directory(dir + "/transformer_2");
+  if (index.boundary_ratio && !second)
+    throw Error(dir + "/model_index.json sets boundary_ratio (two experts, Wan2.2 A14B) but " + dir +
+                "/transformer_2 (the low-noise expert) is missing");
+  if (!index.boundary_ratio && second)
+    throw Error(dir + " has transformer_2/ (a second expert) but its model_index.json sets no boundary_ratio saying when it runs");
+  if (index.expand_timesteps)
+    throw Error(dir + "/model_index.json sets expand_timesteps (Wan2.2 TI2V's per-token timesteps), which cubevec does not run yet");
+}
+
+void check_expert_pair(const models::WanTransformer3DModel& high, const models::WanTransformer3DModel& low, const std::string& dir) {
+  const models::WanConfig &a = high.config(), &b = low.config();
+  if (a.in_channels != b.in_channels || a.out_channels != b.out_channels || a.patch_size != b.patch_size || a.text_dim != b.text_dim ||
+      a.image_dim != b.image_dim)
+    throw Error(dir +
+                ": transformer/ and transformer_2/ take different inputs (in/out channels, patch size, text_dim or image_dim differ); "
+                "the two experts must be interchangeable");
+}
+
+}  // namespace
+
+WanT2VPipeline WanT2VPipeline::load(const std::string& dir, DType dtype, const std::string& variant) {
+  require_wan_folder(dir);
+  const WanModelIndex index = WanModelIndex::load(dir);
+  check_experts(dir, index);
   auto vae = std::make_unique<models::AutoencoderKLWan>(models::load_autoencoder_kl_wan(dir + "/vae", DType::f32, variant));
-  return WanT2VPipeline(models::WanTransformer3DModel::load(dir + "/transformer", dtype, variant), std::move(vae), scheduler_of(dir));
+  WanT2VPipeline p(models::WanTransformer3DModel::load(dir + "/transformer", dtype, variant), std::move(vae), scheduler_of(dir));
+  if (index.boundary_ratio) {
+    p.transformer_2_ = models::WanTransformer3DModel::load(dir + "/transformer_2", dtype, variant);
+    check_expert_pair(*p.transformer_, *p.transformer_2_, dir);
+    p.boundary_ratio_ = index.boundary_ratio;
+  }
+  if (p.image_to_video()) {
+    // The encoder makes the condition; a VAE saved without it can still be inspected and simulated.
+    try {
+      p.encoder_ =
+          std::make_unique<models::AutoencoderKLWanEncoder>(models::load_autoencoder_kl_wan_encoder(dir + "/vae", DType::f32, variant));
+    } catch (const Error& e) {
+      p.encoder_error_ = e.what();
+    }
+  }
+  return p;
 }
 
 WanT2VPipeline WanT2VPipeline::load_meta(const std::string& dir, DType dtype) {
-  if (!std::filesystem::is_directory(dir + "/transformer"))
-    throw Error(dir + ": not a diffusers Wan model directory (expected transformer/, vae/ and scheduler/)");
-  auto transformer = std::make_unique<models::WanTransformer3DModel>(models::WanConfig::load(dir + "/transformer/config.json"));
-  models::make_meta_parameters(transformer->parameters(), dtype);
+  require_wan_folder(dir);
+  const WanModelIndex index = WanModelIndex::load(dir);
+  check_experts(dir, index);
+  const auto meta_transformer = [&](const std::string& folder) {
+    auto t = std::make_unique<models::WanTransformer3DModel>(models::WanConfig::load(dir + "/" + folder + "/config.json"));
+    models::make_meta_parameters(t->parameters(), dtype);
+    return t;
+  };
   std::unique_ptr<models::AutoencoderKLWan> vae;
   if (std::filesystem::exists(dir + "/vae/config.json")) {
     vae = std::make_unique<models::AutoencoderKLWan>(models::AutoencoderKLWanConfig::load(dir + "/vae/config.json"));
     models::make_meta_parameters(vae->parameters(), DType::f32);
   }
-  return WanT2VPipeline(std::move(transformer), std::move(vae), scheduler_of(dir));
+  WanT2VPipeline p(meta_transformer("transformer"), std::move(vae), scheduler_of(dir));
+  if (index.boundary_ratio) {
+    p.transformer_2_ = meta_transformer("transformer_2");
+    check_expert_pair(*p.transformer_, *p.transformer_2_, dir);
+    p.boundary_ratio_ = index.boundary_ratio;
+  }
+  if (p.image_to_video() && p.vae_) {
+    p.encoder_ = std::make_unique<models::AutoencoderKLWanEncoder>(p.vae_->config());
+    models::make_meta_parameters(p.encoder_->parameters(), DType::f32);
+  }
+  return p;
+}
+
+bool WanT2VPipeline::image_to_video() const { return vae_ && transformer_->config().in_channels != vae_->config().z_dim; }
+
+int64_t WanT2VPipeline::latent_channels() const { return vae_ ? vae_->config().z_dim : transformer_->config().in_channels; }
+
+std::vector<int> WanT2VPipeline::expert_schedule(int steps) const {
+  const std::unique_ptr<Scheduler> scheduler = make_scheduler(scheduler_, steps);
+  if (!boundary_ratio_) return std::vector<int>(static_cast<std::size_t>(scheduler->steps()), 0);
+  return wan_expert_schedule(scheduler->timesteps(), *boundary_ratio_, num_train_timesteps(scheduler_));
+}
+
+Tensor WanT2VPipeline::picture(const std::string& path, const std::shared_ptr<const media::RgbImage>& pixels, const char* flag,
+                               const T2VOptions& o) const {
+  const media::RgbImage resized =
+      media::resize_lanczos(pixels ? *pixels : media::read_input_image(path, flag), static_cast<int>(o.width), static_cast<int>(o.height));
+  return media::image_to_tensor(resized).reshape({1, 3, 1, o.height, o.width});
+}
+
+Tensor WanT2VPipeline::image_condition(const T2VOptions& o, const Stream& s) const {
+  if (!image_to_video()) throw Error("this Wan model is text-to-video (its transformer takes no condition channels)");
+  if (!encoder_)
+    throw Error("image-to-video needs the VAE's encoder (vae/ holding encoder.* and quant_conv.*), which is missing: " +
+                (encoder_error_.empty() ? std::string("the pipeline was made without it") : encoder_error_));
+  // The video the VAE encodes: the first picture, zero frames, and (first-last-frame) the last one.
+  std::vector<Tensor> parts{picture(o.image, o.image_pixels, "--image", o)};
+  const int64_t zeros = o.frames - 1 - (o.has_last_image() ? 1 : 0);
+  if (zeros > 0) parts.push_back(Tensor::zeros({1, 3, zeros, o.height, o.width}, DType::f32));
+  if (o.has_last_image()) parts.push_back(picture(o.last_image, o.last_image_pixels, "--last-image", o));
+  const Tensor video = parts.size() == 1 ? parts[0] : ops::concat(parts, 2, s);
+  const Tensor latents = encoder_->normalize(encoder_->encode(video, {}, s).mean, s);
+  return ops::concat({wan_frame_mask(o.frames, o.height / 8, o.width / 8, o.has_last_image()), latents}, 1, s);
 }
 
 void WanT2VPipeline::check(const T2VOptions& o, bool have_negative) const {
@@ -117,6 +310,26 @@ void WanT2VPipeline::check(const T2VOptions& o, bool have_negative) const {
   if (o.steps < 1) throw Error("steps must be at least 1, got " + std::to_string(o.steps));
   if (o.cfg != CfgMode::off && !have_negative)
     throw Error("--cfg " + std::string(cfg_mode_name(o.cfg)) + " needs negative embeddings (a negative prompt)");
+  if (o.guidance_2 && !boundary_ratio_)
+    throw Error("--guidance-2 is the low-noise expert's CFG scale; this model has one transformer (no boundary_ratio in model_index.json)");
+  if (o.guidance_2 && !(std::isfinite(*o.guidance_2) && *o.guidance_2 >= 0.0))
+    throw Error("--guidance-2 must be a finite number of at least 0, got " + std::to_string(*o.guidance_2));
+  if (image_to_video()) {
+    if (!o.has_image())
+      throw Error("--image FIRST.png is required: this is an image-to-video model (its transformer takes " +
+                  std::to_string(transformer_->config().in_channels) + " input channels: the latents and the picture's condition)");
+    const models::WanConfig& c = transformer_->config();
+    if (o.has_last_image() && c.has_image_branch() && c.pos_embed_seq_len == 0)
+      throw Error(
+          "--last-image (first-last-frame) needs a checkpoint trained for it: this transformer's image branch has no position "
+          "table for two pictures (pos_embed_seq_len is null, as in Wan2.1 I2V; Wan2.1 FLF2V has it)");
+    if (o.has_last_image() && o.frames < 2)
+      throw Error("--last-image needs at least 5 frames (the first and the last picture are different frames), got --frames " +
+                  std::to_string(o.frames));
+  } else if (o.has_image() || o.has_last_image()) {
+    throw Error(std::string(o.has_image() ? "--image" : "--last-image") +
+                " is for image-to-video models (WanImageToVideoPipeline); this Wan model makes video from text only");
+  }
   // The patch grid must tile the latent and fit the RoPE table, checked here so that the error
   // names the flag before any work rather than the RoPE kernel after loading.
   const models::WanConfig& c = transformer_->config();
@@ -149,18 +362,45 @@ Tensor WanT2VPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddin
                 " and " + std::to_string(neg->sequence.size(1)) + " (use --cfg streams)");
 
   const Stream main = device.default_stream();
-  const Shape shape{1, c.in_channels, o.latent_frames(), o.height / 8, o.width / 8};
+  const Shape shape{1, latent_channels(), o.latent_frames(), o.height / 8, o.width / 8};
   if (o.initial_noise.defined() && o.initial_noise.shape() != shape)
     throw Error("initial noise must be " + shape_to_string(shape) + " for " + std::to_string(o.frames) + " frames of " +
                 std::to_string(o.width) + "x" + std::to_string(o.height) + ", got " + shape_to_string(o.initial_noise.shape()));
   const Tensor noise = o.initial_noise.defined() ? o.initial_noise : gaussian_noise(shape, o.seed);
   const std::unique_ptr<Scheduler> scheduler = make_scheduler(scheduler_, o.steps);
-  WanDenoiser denoiser(*transformer_, pos.sequence, neg ? neg->sequence : Tensor());
-  const std::unique_ptr<Guidance> guidance =
-      o.cfg_parallel ? make_cfg_parallel_guidance(o.guidance, *o.cfg_parallel) : make_guidance(o.cfg, o.guidance, "t2v.uncond");
+  // Image-to-video: the condition and the image tokens, made once for every step.
+  Tensor condition, image_tokens;
+  if (image_to_video()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    condition = image_condition(o, main);
+    if (c.has_image_branch()) image_tokens = image_embeds(o, main);
+    timings.image_s += seconds_since(t0);
+  }
+  WanDenoiser::Experts experts{transformer_.get(), transformer_2_.get(), 0.0f};
+  if (transformer_2_) experts.boundary = boundary_timestep(*boundary_ratio_, num_train_timesteps(scheduler_));
+  WanDenoiser denoiser(experts, pos.sequence, neg ? neg->sequence : Tensor(), condition, image_tokens);
+  const auto guidance_of = [&](double scale, const std::string& side_stream) {
+    return o.cfg_parallel ? make_cfg_parallel_guidance(scale, *o.cfg_parallel) : make_guidance(o.cfg, scale, side_stream);
+  };
+  std::unique_ptr<Guidance> guidance = guidance_of(o.guidance, "t2v.uncond");
+  LoopOptions loop{o.activations, transformer_->block_count()};
+  if (transformer_2_) {
+    guidance = std::make_unique<ExpertGuidance>(std::move(guidance), guidance_of(o.guidance_2.value_or(o.guidance), "t2v.uncond"),
+                                                experts.boundary);
+    // The step caches start over with the second expert: what they hold is the first one's.
+    const std::vector<int> schedule = wan_expert_schedule(scheduler->timesteps(), *boundary_ratio_, num_train_timesteps(scheduler_));
+    const auto first_low = std::find(schedule.begin(), schedule.end(), 1);
+    if (first_low != schedule.begin() && first_low != schedule.end())
+      loop.restart_stages_at = static_cast<int>(first_low - schedule.begin());
+  }
   StageList none;
-  return run_denoising_loop(denoiser, *scheduler, *guidance, stages ? *stages : none, noise, {o.activations, transformer_->block_count()},
-                            device, on_step, timings);
+  return run_denoising_loop(denoiser, *scheduler, *guidance, stages ? *stages : none, noise, loop, device, on_step, timings);
+}
+
+Tensor WanT2VPipeline::image_embeds(const T2VOptions& o, const Stream& /*stream*/) const {
+  if (o.image_embeds.defined()) return o.image_embeds;
+  throw Error("this image-to-video transformer takes image tokens (image_dim " + std::to_string(transformer_->config().image_dim) +
+              ") from an image encoder (image_encoder/ + image_processor/), which the folder does not have");
 }
 
 void WanT2VPipeline::decode(const Tensor& latents, const T2VOptions& o, Device& device, const FrameSink& sink, T2ITimings& timings) const {

@@ -1,9 +1,19 @@
-// Text-to-video with a Wan2.1 transformer and its causal 3-D VAE (docs/models.md "WanPipeline"):
-// seeded noise [1, 16, 1 + (F - 1) / 4, H / 8, W / 8], the FlowMatch Euler loop with Wan's shift
+// Video with a Wan transformer and its causal 3-D VAE (docs/models.md "WanPipeline" and "Wan
+// image-to-video"): seeded noise [1, z_dim, 1 + (F - 1) / 4, H / 8, W / 8], the flow-matching loop
 // (the raw timestep t = sigma x 1000 goes to the model), real CFG v = v_u + g (v_c - v_u) as one
 // fused batch or on two overlapping streams, and the frame-by-frame VAE decode with the latents
 // un-normalized per channel. The scheduler is the model's: UniPCMultistepScheduler (what the
-// diffusers Wan2.1 repos ship) or FlowMatchEulerDiscreteScheduler with a shift.
+// diffusers Wan repos ship) or FlowMatchEulerDiscreteScheduler with a shift.
+//
+// The family's variants, from the folder (model_index.json and the transformer's config):
+//   * text-to-video (WanPipeline): the transformer's in_channels is the VAE's z_dim;
+//   * image-to-video (WanImageToVideoPipeline): in_channels is 2 z_dim + 4: every step the latents
+//     go in beside the condition [mask (4 channels) ; the encoded first frame (and, FLF2V, last
+//     frame) with zero frames between], and, when the transformer has the image branch (Wan2.1),
+//     the image encoder's penultimate states of the picture(s) as image tokens;
+//   * two experts (Wan2.2 A14B, boundary_ratio in model_index.json): transformer/ runs the steps
+//     whose timestep is at or above boundary_ratio x num_train_timesteps with guidance, and
+//     transformer_2/ the rest with guidance_2.
 #pragma once
 
 #include <functional>
@@ -12,7 +22,9 @@
 #include <string>
 #include <variant>
 
+#include "media/jpeg.h"
 #include "models/autoencoder_kl_wan.h"
+#include "models/autoencoder_kl_wan_encoder.h"
 #include "models/wan_transformer.h"
 #include "pipelines/flow_match.h"
 #include "pipelines/generation.h"
@@ -26,6 +38,8 @@ struct T2VOptions {
   int64_t frames = 81;                // 1 + 4k
   int steps = 50;
   double guidance = 5.0;  // CFG scale; CFG runs when cfg is not off
+  // Two experts: the low-noise expert's CFG scale (diffusers' guidance_scale_2); unset: guidance.
+  std::optional<double> guidance_2;
   CfgMode cfg = CfgMode::fused;
   // CFG parallel: the branches on the 2 ranks of this group (pipelines/guidance.h); cfg must be on.
   std::optional<parallel::Communicator> cfg_parallel;
@@ -34,9 +48,33 @@ struct T2VOptions {
   uint64_t seed = 0;
   Tensor initial_noise{};          // [1, C, T_lat, H/8, W/8] instead of the seeded noise (parity runs)
   DType activations = DType::f32;  // the transformer's activations: f32 or bf16
+  // Image-to-video: the first frame (and, for first-last-frame, the last) as files or pixels,
+  // resized to width x height as diffusers' VideoProcessor does (Lanczos).
+  std::string image, last_image;
+  std::shared_ptr<const media::RgbImage> image_pixels, last_image_pixels;
+  // The image encoder's penultimate states [n, L, C] (n pictures) instead of running it (parity runs).
+  Tensor image_embeds{};
 
+  bool has_image() const { return !image.empty() || image_pixels; }
+  bool has_last_image() const { return !last_image.empty() || last_image_pixels; }
   int64_t latent_frames() const { return (frames - 1) / 4 + 1; }
 };
+
+// What a Wan folder's model_index.json says about the pipeline (all optional; no file: text-to-video
+// with one transformer).
+struct WanModelIndex {
+  std::string class_name;                // "WanPipeline", "WanImageToVideoPipeline", or empty
+  std::optional<double> boundary_ratio;  // two experts: in (0, 1)
+  bool expand_timesteps = false;         // Wan2.2 TI2V's per-token timesteps
+  static WanModelIndex load(const std::string& model_dir);
+};
+
+// Which expert runs each step: 0 (transformer, high noise) where f32(t) >= f32(boundary_ratio x
+// num_train_timesteps) as diffusers compares them, else 1 (transformer_2).
+std::vector<int> wan_expert_schedule(const std::vector<float>& timesteps, double boundary_ratio, int64_t num_train_timesteps);
+// The image-to-video condition's frame mask [1, 4, T_lat, h, w] (1 where a picture is given): the
+// first picture's frame repeated 4 times, then one per frame, viewed as 4 channels per latent frame.
+Tensor wan_frame_mask(int64_t frames, int64_t height, int64_t width, bool last_image);
 
 // The model's scheduler/scheduler_config.json: UniPC or FlowMatch Euler.
 using WanSchedulerConfig = std::variant<UniPCConfig, FlowMatchConfig>;
@@ -61,8 +99,22 @@ class WanT2VPipeline {
 
   const models::WanTransformer3DModel& transformer() const { return *transformer_; }
   models::WanTransformer3DModel& mutable_transformer() { return *transformer_; }
+  // The low-noise expert (Wan2.2 A14B), or null.
+  const models::WanTransformer3DModel* transformer_2() const { return transformer_2_.get(); }
+  models::WanTransformer3DModel* mutable_transformer_2() { return transformer_2_.get(); }
+  const std::optional<double>& boundary_ratio() const { return boundary_ratio_; }
   const models::AutoencoderKLWan* vae() const { return vae_.get(); }
   const WanSchedulerConfig& scheduler_config() const { return scheduler_; }
+  // Image-to-video: the transformer takes the condition beside the latents (a picture is required).
+  bool image_to_video() const;
+  // The latents' channels (the VAE's z_dim; the transformer's in_channels without a VAE).
+  int64_t latent_channels() const;
+  // The expert of each of `steps` steps (all 0 with one transformer).
+  std::vector<int> expert_schedule(int steps) const;
+  // Image-to-video: the condition [1, 4 + z_dim, T_lat, H/8, W/8] for options' picture(s), as
+  // WanImageToVideoPipeline.prepare_latents makes it (the mask, then the encoded video of the
+  // picture(s) and zero frames, normalized).
+  Tensor image_condition(const T2VOptions& options, const Stream& stream) const;
 
   // Throws for options this model cannot honour (size, frame count, steps, CFG without a negative).
   void check(const T2VOptions& options, bool have_negative) const;
@@ -79,6 +131,16 @@ class WanT2VPipeline {
   std::unique_ptr<models::WanTransformer3DModel> transformer_;
   std::unique_ptr<models::AutoencoderKLWan> vae_;
   WanSchedulerConfig scheduler_;
+  std::unique_ptr<models::WanTransformer3DModel> transformer_2_;
+  std::optional<double> boundary_ratio_;
+  std::unique_ptr<models::AutoencoderKLWanEncoder> encoder_;  // image-to-video only
+  std::string encoder_error_;                                 // why there is none
+
+  // The image encoder's states of options' picture(s) [n, L, image_dim] (options.image_embeds when given).
+  Tensor image_embeds(const T2VOptions& options, const Stream& stream) const;
+  // The picture(s) at width x height as the VAE encodes them: [1, 3, 1, H, W] each in [-1, 1].
+  Tensor picture(const std::string& path, const std::shared_ptr<const media::RgbImage>& pixels, const char* flag,
+                 const T2VOptions& o) const;
 };
 
 }  // namespace cubevec::pipelines
