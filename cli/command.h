@@ -17,6 +17,7 @@ CommandRunner add_t2i_command(CLI::App& app);
 CommandRunner add_t2v_command(CLI::App& app);
 CommandRunner add_forward_command(CLI::App& app);
 CommandRunner add_encode_prompt_command(CLI::App& app);
+CommandRunner add_encode_image_command(CLI::App& app);
 CommandRunner add_tune_cache_command(CLI::App& app);
 CommandRunner add_quantize_command(CLI::App& app);
 CommandRunner add_sparse_attention_command(CLI::App& app);

@@ -24,6 +24,7 @@ CommandLine::CommandLine() {
   add(add_t2v_command);
   add(add_forward_command);
   add(add_encode_prompt_command);
+  add(add_encode_image_command);
   add(add_tune_cache_command);
   add(add_quantize_command);
   add(add_sparse_attention_command);

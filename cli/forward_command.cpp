@@ -1,8 +1,9 @@
 // `cubevec forward`: one model forward on tensors named as diffusers' forward arguments, written as
 // `sample`, so a port can be compared with a PyTorch dump of the same checkpoint (docs/porting.md).
 // The model class comes from the folder's config.json `_class_name` through the registry in
-// models/model_registry.h: the Flux and Wan transformers, and the AutoencoderKL / AutoencoderKLWan
-// decoders (`latent` -> vae.decode(latent).sample).
+// models/model_registry.h: the Flux and Wan transformers, the AutoencoderKL / AutoencoderKLWan
+// decoders (`latent` -> vae.decode(latent).sample) and encoders, and transformers'
+// CLIPVisionModel (`pixel_values` -> penultimate_hidden_state, last_hidden_state, pooler_output).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -64,7 +65,7 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
   // A whole diffusers folder means its transformer; otherwise the folder is the component.
   const std::string dir = std::filesystem::exists(f.model + "/transformer/config.json") ? f.model + "/transformer" : f.model;
   const SafetensorsFile in = SafetensorsFile::open(f.inputs);
-  const std::unique_ptr<models::ForwardModel> model = models::load_forward_model(dir, {dtype, f.variant});
+  const std::unique_ptr<models::ForwardModel> model = models::load_forward_model(dir, {dtype, f.variant, device.default_stream()});
   if (f.check_weights) models::require_finite_parameters(model->parameters(), dir);
   // LoRA fused into the weights (diffusers' fuse_lora), before any quantization of them; or kept
   // beside them (runtime mode, after the quantization: the int8 layers stay as they are).
@@ -133,14 +134,19 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
                   human_bytes(available) + " available now");
   const auto t0 = std::chrono::steady_clock::now();
   const models::ForwardContext ctx = stages.context({}, dtype);
-  const std::string output = model->output_name(inputs);
-  const Tensor sample = ops::cast(model->forward(inputs, ctx, device.default_stream()), DType::f32).contiguous();
-  sample.data_ptr();
-  require_finite(sample,
-                 model->class_name() + ".forward: the output '" + output + "' (a weight or input gives NaN or inf); nothing was written");
+  NamedTensors outputs = model->forward_outputs(inputs, ctx, device.default_stream());
+  for (auto& named : outputs) {
+    named.second = ops::cast(named.second, DType::f32).contiguous();
+    named.second.data_ptr();
+  }
+  for (const auto& [name, tensor] : outputs)
+    require_finite(tensor,
+                   model->class_name() + ".forward: the output '" + name + "' (a weight or input gives NaN or inf); nothing was written");
+  const std::string& output = outputs.front().first;
+  const Tensor& sample = outputs.front().second;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const bool writer = groups.world.rank() == 0;  // rank 0 writes; every rank reports
-  if (writer) write_safetensors(f.out, {{output, sample}});
+  if (writer) write_safetensors(f.out, outputs);
   Tensor first;  // the first argument given, for the summary line
   for (const std::string& n : names)
     if (inputs.count(n)) {
@@ -150,9 +156,10 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
   const std::string who = groups.world.size() > 1 ? " (rank " + std::to_string(groups.world.rank()) + " of " +
                                                         std::to_string(groups.world.size()) + ", " + groups.degrees.describe() + ")"
                                                   : "";
-  std::fprintf(stderr, "forward%s: %s %s -> %s %s in %.3f s%s\n", who.c_str(), model->class_name().c_str(),
+  std::fprintf(stderr, "forward%s: %s %s -> %s %s%s in %.3f s%s\n", who.c_str(), model->class_name().c_str(),
                first.defined() ? shape_to_string(first.shape()).c_str() : "", output.c_str(), shape_to_string(sample.shape()).c_str(),
-               seconds, writer ? (", written to " + f.out).c_str() : "");
+               outputs.size() > 1 ? (" (and " + std::to_string(outputs.size() - 1) + " more)").c_str() : "", seconds,
+               writer ? (", written to " + f.out).c_str() : "");
   print_stage_report(stages);
   cache.save(device);
   return 0;
@@ -161,21 +168,27 @@ int run(const ForwardFlags& f, const DeviceFlags& device_flags, const AttentionT
 }  // namespace
 
 CommandRunner add_forward_command(CLI::App& app) {
-  auto* command =
-      app.add_subcommand("forward",
-                         "One model forward (Flux / Wan transformer, AutoencoderKL / AutoencoderKLWan decode, AutoencoderKL encode) on "
-                         "diffusers-named input tensors; writes `sample` (or `latent`, for an encode)");
+  auto* command = app.add_subcommand("forward",
+                                     "One model forward (Flux / Wan transformer, AutoencoderKL / AutoencoderKLWan decode and encode, "
+                                     "CLIPVisionModel) on diffusers-named input tensors; writes `sample` (`latent` for an encode, "
+                                     "`penultimate_hidden_state` and the other outputs for CLIPVisionModel)");
   auto flags = std::make_shared<ForwardFlags>();
   auto device_flags = add_device_flags(*command);
   auto cache = add_attention_tune_cache_flag(*command);
   auto parallel_flags = add_parallel_flags(*command, /*cfg_parallel=*/false);
-  command->add_option("--model", flags->model, "A component folder (transformer/, vae/), or a diffusers model folder (its transformer/)")
+  command
+      ->add_option("--model", flags->model,
+                   "A component folder (transformer/, vae/, image_encoder/), or a diffusers model folder (its transformer/)")
       ->required();
   command
       ->add_option("--inputs", flags->inputs,
-                   "safetensors with the forward's arguments (hidden_states, ...; for a VAE latent to decode or sample to encode)")
+                   "safetensors with the forward's arguments (hidden_states, ...; for a VAE latent to decode or sample to encode; "
+                   "for CLIPVisionModel pixel_values)")
       ->required();
-  command->add_option("--out", flags->out, "Output safetensors (one tensor: sample, or latent for an encode)")
+  command
+      ->add_option("--out", flags->out,
+                   "Output safetensors (sample, or latent for an encode; CLIPVisionModel: penultimate_hidden_state, "
+                   "last_hidden_state, pooler_output)")
       ->check(output_file_path())
       ->required();
   command->add_option("--dtype", flags->dtype, "f32, or bf16 (bf16 weights, and bf16 activations in the transformers)");

@@ -211,7 +211,7 @@ RgbImage decode_jpeg_rgb(const uint8_t* data, std::size_t size, const std::strin
   return apply_orientation(image, exif_orientation(data, size));
 }
 
-// --- Lanczos, as PIL's Resample.c ------------------------------------------------------------------
+// --- Resampling, as PIL's Resample.c (the 8-bit path) ---------------------------------------------
 
 constexpr int kPrecisionBits = 32 - 8 - 2;
 
@@ -223,16 +223,34 @@ double sinc(double x) {
 
 double lanczos(double x) { return (x > -3.0 && x < 3.0) ? sinc(x) * sinc(x / 3.0) : 0.0; }
 
+// Keys' cubic convolution with a = -0.5 (PIL's bicubic_filter).
+double bicubic(double x) {
+  constexpr double a = -0.5;
+  if (x < 0.0) x = -x;
+  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
+  if (x < 2.0) return (((x - 5) * x + 8) * x - 4) * a;
+  return 0.0;
+}
+
+// A resampling filter: its kernel and the half-width (support) where the kernel is non-zero at scale 1.
+struct Filter {
+  double (*kernel)(double);
+  double support;
+  const char* name;  // for errors
+};
+constexpr Filter kLanczos{lanczos, 3.0, "resize_lanczos"};
+constexpr Filter kBicubic{bicubic, 2.0, "resize_bicubic"};
+
 struct Coefficients {
   int ksize = 0;
   std::vector<int> bounds;   // per output pixel: first input pixel, count
   std::vector<int> weights;  // per output pixel: ksize fixed-point weights
 };
 
-Coefficients precompute(int in_size, int out_size) {
+Coefficients precompute(int in_size, int out_size, const Filter& filter) {
   const double scale = static_cast<double>(in_size) / out_size;
   const double filterscale = std::max(scale, 1.0);
-  const double support = 3.0 * filterscale;
+  const double support = filter.support * filterscale;
   Coefficients c;
   c.ksize = static_cast<int>(std::ceil(support)) * 2 + 1;
   c.bounds.resize(static_cast<std::size_t>(out_size) * 2);
@@ -246,7 +264,7 @@ Coefficients precompute(int in_size, int out_size) {
     xmax = std::min(xmax, in_size) - xmin;
     double ww = 0.0;
     for (int x = 0; x < xmax; ++x) {
-      k[static_cast<std::size_t>(x)] = lanczos((x + xmin - center + 0.5) * ss);
+      k[static_cast<std::size_t>(x)] = filter.kernel((x + xmin - center + 0.5) * ss);
       ww += k[static_cast<std::size_t>(x)];
     }
     for (int x = 0; x < xmax; ++x) {
@@ -286,12 +304,17 @@ RgbImage read_input_image(const std::string& path, const std::string& flag) {
   return decode_input_image(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), what);
 }
 
-RgbImage resize_lanczos(const RgbImage& image, int width, int height) {
+namespace {
+
+// PIL's ImagingResample on 8-bit RGB: the horizontal pass first (only over the input rows the
+// vertical pass reads) into an 8-bit image, then the vertical one; a pass whose size does not change
+// is skipped.
+RgbImage resample(const RgbImage& image, int width, int height, const Filter& filter) {
   if (width < 1 || height < 1 || image.width < 1 || image.height < 1)
-    throw Error("resize_lanczos: sizes must be positive, got " + std::to_string(image.width) + "x" + std::to_string(image.height) + " -> " +
-                std::to_string(width) + "x" + std::to_string(height));
+    throw Error(std::string(filter.name) + ": sizes must be positive, got " + std::to_string(image.width) + "x" +
+                std::to_string(image.height) + " -> " + std::to_string(width) + "x" + std::to_string(height));
   if (width == image.width && height == image.height) return image;
-  const Coefficients horizontal = precompute(image.width, width), vertical = precompute(image.height, height);
+  const Coefficients horizontal = precompute(image.width, width, filter), vertical = precompute(image.height, height, filter);
   // The input rows the vertical pass reads, as PIL keeps only those in its intermediate image.
   const int first = vertical.bounds[0], last = vertical.bounds[(height - 1) * 2] + vertical.bounds[(height - 1) * 2 + 1];
   RgbImage temp;
@@ -334,6 +357,12 @@ RgbImage resize_lanczos(const RgbImage& image, int width, int height) {
   }
   return out;
 }
+
+}  // namespace
+
+RgbImage resize_lanczos(const RgbImage& image, int width, int height) { return resample(image, width, height, kLanczos); }
+
+RgbImage resize_bicubic(const RgbImage& image, int width, int height) { return resample(image, width, height, kBicubic); }
 
 Tensor image_to_tensor(const RgbImage& image) {
   if (image.width < 1 || image.height < 1 ||

@@ -34,6 +34,10 @@ RgbImage decode_input_image(const uint8_t* data, std::size_t size, const std::st
 // stretched by the scale when shrinking, normalized per output pixel and rounded to 22-bit fixed
 // point, the horizontal pass first into an 8-bit image, then the vertical one.
 RgbImage resize_lanczos(const RgbImage& image, int width, int height);
+// PIL's Image.resize((width, height), Image.BICUBIC) on 8-bit RGB, bit for bit: the same scheme
+// with Keys' cubic kernel (a = -0.5, support 2 stretched by the scale when shrinking), as
+// CLIPImageProcessor resizes (models/clip_image_processor.h).
+RgbImage resize_bicubic(const RgbImage& image, int width, int height);
 
 // VaeImageProcessor's preprocess after the resize: [1, 3, H, W] f32, 2 * (v / 255) - 1 computed in
 // f32 as NumPy does it.

@@ -2,7 +2,6 @@
 
 #include "models/component.h"
 #include "models/transformers_config.h"
-#include "ops/attention.h"
 #include "ops/vector_ops.h"
 #include "base/error.h"
 #include "base/strict_json.h"
@@ -41,20 +40,8 @@ ClipTextModel::ClipTextModel(std::string source, ClipTextConfig config, Stream s
   const int64_t e = c.hidden_size;
   table_.add("text_model.embeddings.token_embedding.weight", {c.vocab_size, e}, &token_embedding_);
   table_.add("text_model.embeddings.position_embedding.weight", {c.max_position_embeddings, e}, &position_embedding_);
-  for (std::size_t i = 0; i < layers_.size(); ++i) {
-    const std::string p = "text_model.encoder.layers." + std::to_string(i) + ".";
-    Layer& l = layers_[i];
-    l.ln1_weight.declare(table_, p + "layer_norm1.weight", e);
-    l.ln1_bias.declare(table_, p + "layer_norm1.bias", e);
-    l.q.declare(table_, p + "self_attn.q_proj", e, e);
-    l.k.declare(table_, p + "self_attn.k_proj", e, e);
-    l.v.declare(table_, p + "self_attn.v_proj", e, e);
-    l.out.declare(table_, p + "self_attn.out_proj", e, e);
-    l.ln2_weight.declare(table_, p + "layer_norm2.weight", e);
-    l.ln2_bias.declare(table_, p + "layer_norm2.bias", e);
-    l.fc1.declare(table_, p + "mlp.fc1", e, c.intermediate_size);
-    l.fc2.declare(table_, p + "mlp.fc2", c.intermediate_size, e);
-  }
+  for (std::size_t i = 0; i < layers_.size(); ++i)
+    layers_[i].declare(table_, "text_model.encoder.layers." + std::to_string(i) + ".", e, c.intermediate_size);
   final_weight_.declare(table_, "text_model.final_layer_norm.weight", e);
   final_bias_.declare(table_, "text_model.final_layer_norm.bias", e);
 }
@@ -110,21 +97,15 @@ ClipTextOutput ClipTextModel::forward(const std::vector<int32_t>& ids) const {
   auto* m = static_cast<uint8_t*>(causal.mutable_data_ptr());
   for (int64_t i = 0; i < length; ++i)
     for (int64_t j = 0; j < length; ++j) m[i * length + j] = j <= i ? 1 : 0;
-  ops::AttentionOptions attention;
-  attention.layout = ops::AttentionLayout::bsh;
-  attention.num_heads = c.num_attention_heads;
-  attention.mask = causal;
-  const auto eps = static_cast<float>(c.layer_norm_eps);
-  const ops::Activation act =
-      c.hidden_act == "gelu" ? ops::Activation::gelu : ops::Activation::gelu_fast;  // gelu_fast = x sigmoid(1.702 x)
-  for (const Layer& l : layers_) {
-    const Tensor h = ops::fast_layernorm(x, l.ln1_weight.value, l.ln1_bias.value, eps, ops::LayerNormImpl::high_precision, stream_).out;
-    const Tensor a = ops::attention_forward(l.q(h, stream_), l.k(h, stream_), l.v(h, stream_), attention, stream_);
-    x = l.out(a, stream_, {.residual = x});
-    const Tensor h2 = ops::fast_layernorm(x, l.ln2_weight.value, l.ln2_bias.value, eps, ops::LayerNormImpl::high_precision, stream_).out;
-    x = l.fc2(ops::activation(l.fc1(h2, stream_), act, stream_), stream_, {.residual = x});
-  }
-  Tensor last = ops::fast_layernorm(x, final_weight_.value, final_bias_.value, eps, ops::LayerNormImpl::high_precision, stream_).out;
+  ClipLayerSettings settings;
+  settings.num_heads = c.num_attention_heads;
+  settings.layer_norm_eps = static_cast<float>(c.layer_norm_eps);
+  settings.activation = clip_activation(c.hidden_act);
+  settings.mask = causal;
+  for (const ClipEncoderLayer& l : layers_) x = l.forward(x, settings, stream_);
+  Tensor last =
+      ops::fast_layernorm(x, final_weight_.value, final_bias_.value, settings.layer_norm_eps, ops::LayerNormImpl::high_precision, stream_)
+          .out;
   const int64_t eos = eos_position(ids);
   Tensor pooled = ops::contiguous(last.slice(1, eos, eos + 1).reshape({1, c.hidden_size}), stream_);
   return {last, pooled};

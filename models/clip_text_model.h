@@ -4,6 +4,7 @@
 //   x = token_embedding[ids] + position_embedding[0 .. L)                 (on the host)
 //   per layer (pre-LN): x += out_proj(attention(q, k, v of LN1(x), causal, scale head_dim^-1/2))
 //                       x += fc2(act(fc1(LN2(x))))        act: quick_gelu (x sigmoid(1.702 x)) or gelu
+//                       (models/clip_encoder_layers.h, shared with CLIPVisionModel)
 //   last_hidden_state = final_layer_norm(x)
 //   pooler_output     = last_hidden_state at the end-of-text position, by transformers' rule:
 //                       argmax(ids) when eos_token_id is 2 (the original openai configs, where
@@ -23,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "device/stream.h"
+#include "models/clip_encoder_layers.h"
 #include "models/layers.h"
 
 namespace cubevec::models {
@@ -67,10 +69,6 @@ class ClipTextModel {
   const std::string& source() const { return source_; }
 
  private:
-  struct Layer {
-    Vector1d ln1_weight, ln1_bias, ln2_weight, ln2_bias;
-    Linear q, k, v, out, fc1, fc2;
-  };
   ClipTextModel(std::string source, ClipTextConfig config, Stream stream);
 
   std::string source_;
@@ -78,7 +76,7 @@ class ClipTextModel {
   Stream stream_;
   ParameterTable table_;
   Tensor token_embedding_, position_embedding_;
-  std::vector<Layer> layers_;  // sized once in the constructor: the table points into it
+  std::vector<ClipEncoderLayer> layers_;  // sized once in the constructor: the table points into it
   Vector1d final_weight_, final_bias_;
 };
 

@@ -6,11 +6,14 @@
 #include "models/autoencoder_kl_encoder.h"
 #include "models/autoencoder_kl_wan.h"
 #include "models/autoencoder_kl_wan_encoder.h"
+#include "models/clip_vision_model.h"
 #include "models/flux_transformer.h"
 #include "models/input_checks.h"
 #include "models/wan_transformer.h"
 #include "base/error.h"
 #include "base/strict_json.h"
+#include "ops/op_stream.h"
+#include "ops/vector_ops.h"
 
 namespace cubevec::models {
 
@@ -158,6 +161,34 @@ class VaeEntry : public ForwardModel {
   ParameterTable all_;
 };
 
+// transformers' CLIPVisionModel: pixel_values -> penultimate_hidden_state (the main output),
+// last_hidden_state and pooler_output, f32 (a bf16 or f16 input is widened first).
+class ClipVisionEntry : public ForwardModel {
+ public:
+  ClipVisionEntry(const std::string& dir, const ForwardModelLoad& l)
+      : model_(ClipVisionModel::load(dir, l.dtype, l.stream ? *l.stream : ops::default_op_stream())) {}
+  std::string class_name() const override { return "CLIPVisionModel"; }
+  std::vector<std::string> input_names() const override { return {"pixel_values"}; }
+  ParameterTable& parameters() override { return model_->mutable_parameters(); }
+  std::string output_name(const std::map<std::string, Tensor>&) const override { return "penultimate_hidden_state"; }
+  Tensor forward(const std::map<std::string, Tensor>& in, const ForwardContext& ctx, const Stream& s) const override {
+    return forward_outputs(in, ctx, s).front().second;
+  }
+  std::vector<std::pair<std::string, Tensor>> forward_outputs(const std::map<std::string, Tensor>& in, const ForwardContext&,
+                                                              const Stream& s) const override {
+    Tensor pixels = input(in, "pixel_values");
+    require_input_dtype(pixels, "CLIPVisionModel.forward", "pixel_values", kFloatInputs);
+    if (pixels.defined() && pixels.dtype() != DType::f32) pixels = ops::cast(pixels, DType::f32, s);
+    const ClipVisionModel::Output o = model_->forward(pixels);
+    return {{"penultimate_hidden_state", o.penultimate_hidden_state},
+            {"last_hidden_state", o.last_hidden_state},
+            {"pooler_output", o.pooler_output}};
+  }
+
+ private:
+  std::unique_ptr<ClipVisionModel> model_;
+};
+
 using Factory = std::function<std::unique_ptr<ForwardModel>(const std::string&, const ForwardModelLoad&)>;
 
 template <class Entry>
@@ -167,12 +198,21 @@ Factory factory() {
 
 const std::map<std::string, Factory>& registry() {
   static const std::map<std::string, Factory> entries = {
-      {"FluxTransformer2DModel", factory<FluxEntry>()},
-      {"WanTransformer3DModel", factory<WanEntry>()},
-      {"AutoencoderKL", factory<VaeEntry<ImageVae>>()},
-      {"AutoencoderKLWan", factory<VaeEntry<VideoVae>>()},
+      {"FluxTransformer2DModel", factory<FluxEntry>()}, {"WanTransformer3DModel", factory<WanEntry>()},
+      {"AutoencoderKL", factory<VaeEntry<ImageVae>>()}, {"AutoencoderKLWan", factory<VaeEntry<VideoVae>>()},
+      {"CLIPVisionModel", factory<ClipVisionEntry>()},
   };
   return entries;
+}
+
+// transformers' CLIPVisionModel config: model_type clip_vision_model, or architectures naming
+// CLIPVisionModel or CLIPVisionModelWithProjection (the config reader checks the rest).
+bool is_clip_vision_config(const nlohmann::json& config) {
+  if (config.contains("model_type") && config["model_type"] == "clip_vision_model") return true;
+  if (!config.contains("architectures") || !config["architectures"].is_array()) return false;
+  for (const nlohmann::json& a : config["architectures"])
+    if (a == "CLIPVisionModel" || a == "CLIPVisionModelWithProjection") return true;
+  return false;
 }
 
 }  // namespace
@@ -187,8 +227,10 @@ std::unique_ptr<ForwardModel> load_forward_model(const std::string& dir, const F
   const std::string config_path = dir + "/config.json";
   const nlohmann::json config = read_json_file(config_path);
   if (!config.is_object()) throw Error(config_path + ": expected a JSON object (a diffusers config with _class_name)");
-  // Flux transformer configs written without _class_name (as the tiny test checkpoints) are Flux's.
+  // A transformers config names its class in architectures (or model_type); Flux transformer
+  // configs written without _class_name (as the tiny test checkpoints) are Flux's.
   std::string name = "FluxTransformer2DModel";
+  if (is_clip_vision_config(config)) name = "CLIPVisionModel";
   if (config.contains("_class_name")) {
     if (!config["_class_name"].is_string())
       throw Error(config_path + ": '_class_name' must be a string, got " + config["_class_name"].dump());

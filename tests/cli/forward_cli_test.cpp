@@ -117,7 +117,7 @@ TEST_F(ForwardCli, UnknownClassAndWrongInputNames) {
   const auto r = run({"forward", "--model", model.string(), "--inputs", inputs, "--out", out});
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("_class_name 'UNet2DConditionModel' is not a model cubevec runs (expected one of: AutoencoderKL, "
-                       "AutoencoderKLWan, FluxTransformer2DModel, WanTransformer3DModel)"),
+                       "AutoencoderKLWan, CLIPVisionModel, FluxTransformer2DModel, WanTransformer3DModel)"),
             std::string::npos)
       << r.err;
   cubevec::write_safetensors(inputs, {{"z", cubevec::Tensor::zeros({1, 16, 4, 4}, cubevec::DType::f32)}});

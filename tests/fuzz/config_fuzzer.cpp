@@ -1,5 +1,5 @@
 // libFuzzer target for the JSON config readers a user hands cubevec: model configs (Flux, Wan, the
-// two VAEs, the tiny text encoder), scheduler configs (FlowMatch Euler, UniPC), generation_defaults.json, the timestep
+// two VAEs, the tiny text encoder, CLIPVisionModel and its CLIPImageProcessor), scheduler configs (FlowMatch Euler, UniPC), generation_defaults.json, the timestep
 // policy and device profiles. A cubevec::Error is the expected answer to a bad file; any other
 // exception, a sanitizer report, or an accepted config whose numbers are not finite is a finding.
 #include <cmath>
@@ -11,6 +11,8 @@
 #include "device/device_profile.h"
 #include "models/autoencoder_kl.h"
 #include "models/autoencoder_kl_wan.h"
+#include "models/clip_image_processor.h"
+#include "models/clip_vision_model.h"
 #include "models/flux_transformer.h"
 #include "models/tiny_text_encoder.h"
 #include "models/wan_transformer.h"
@@ -55,6 +57,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   expect_error_or_value([&] { (void)cubevec::models::AutoencoderKLConfig::from_json(json, "fuzz.json"); });
   expect_error_or_value([&] { (void)cubevec::models::AutoencoderKLWanConfig::from_json(json, "fuzz.json"); });
   expect_error_or_value([&] { (void)cubevec::models::TinyTextEncoderConfig::from_json(json, "fuzz.json"); });
+  expect_error_or_value([&] {
+    const cubevec::models::ClipVisionConfig c = cubevec::models::ClipVisionConfig::from_json(json, "fuzz.json");
+    require(c.num_positions() >= 2 && c.hidden_size % c.num_attention_heads == 0 && std::isfinite(c.layer_norm_eps));
+  });
+  expect_error_or_value([&] {
+    const cubevec::models::ClipImageProcessorConfig c = cubevec::models::ClipImageProcessorConfig::from_json(json, "fuzz.json");
+    require(c.crop_height >= 1 && c.crop_width >= 1 && std::isfinite(c.rescale_factor));
+    for (std::size_t i = 0; i < 3; ++i) require(std::isfinite(c.image_mean[i]) && std::isfinite(c.image_std[i]) && c.image_std[i] != 0);
+  });
   expect_error_or_value([&] { (void)cubevec::quant::TimestepPolicy::from_json(json, "fuzz.json"); });
   expect_error_or_value([&] {
     const cubevec::pipelines::GenerationDefaults d = cubevec::pipelines::GenerationDefaults::from_json(json, "fuzz.json");
