@@ -1,6 +1,6 @@
 // Suite `blocks`: one Flux double block and one single block at FLUX.1 width (3072 hidden, 24
 // heads x 128) on 1024 image + 256 text tokens, and one Wan2.1 block at the 1.3B model's width
-// (1536 hidden, 12 heads x 128, FFN 8960) on a 4,680-token video (13 latent frames of 18 x 20
+// (1536 hidden, 12 heads x 128, FFN 8960) and one at Wan2.2-TI2V-5B's (3072 hidden, 24 heads, FFN 14336) on a 4,680-token video (13 latent frames of 18 x 20
 // patches) with 512 text tokens; f32, bf16 weights, and bf16 weights + activations, each with its per-op breakdown (measured
 // kernel time by kernel name), and the same blocks in PyTorch 1.13 on CPU measured in the same run
 // by bench/torch_flux_blocks.py and bench/torch_wan_blocks.py (Debian's /usr/bin/python3; skipped
@@ -73,10 +73,9 @@ void report(Context& context, const std::string& label, const std::string& block
   }
 }
 
-// One Wan2.1-1.3B block on the video sequence, f32 and bf16 weights.
-void wan_block(Context& context, Device& device, const nlohmann::json& torch) {
+// One Wan block of `config`'s width on the video sequence, f32 and bf16 weights.
+void wan_block(Context& context, Device& device, const nlohmann::json& torch, const models::WanConfig& config, const std::string& label) {
   const Stream s = device.default_stream();
-  const models::WanConfig config = models::WanConfig::wan21_1_3b();
   const int64_t d = config.inner_dim(), tokens = kWanFrames * kWanHeight * kWanWidth;
   models::ParameterTable inputs_table;
   Tensor hidden, context_states, timestep_proj;
@@ -102,7 +101,7 @@ void wan_block(Context& context, Device& device, const nlohmann::json& torch) {
           return block.forward({h, {}}, shared, ctx, s).hidden;
         },
         context.repeats);
-    report(context, "wan 4680+512 x1536", "wan", precision.name, run, torch);
+    report(context, label, "wan", precision.name, run, torch);
   }
 }
 
@@ -153,7 +152,11 @@ void blocks_suite(Context& context) {
     for (int b = 0; b < 2; ++b)
       report(context, std::string("flux ") + names[b] + " 1024+256 x3072", names[b], precision.name, runs[b], torch);
   }
-  wan_block(context, device, torch_wan);
+  wan_block(context, device, torch_wan, models::WanConfig::wan21_1_3b(), "wan 4680+512 x1536");
+  // Wan2.2-TI2V-5B's block (3072 wide, 24 heads x 128, FFN 14336) on the same video.
+  const nlohmann::json torch_wan22 =
+      run_torch("torch_wan_blocks.py", threads, std::max(2, context.repeats / 2), "--hidden 3072 --heads 24 --ffn 14336");
+  wan_block(context, device, torch_wan22, models::WanConfig::wan22_5b(), "wan2.2-5b 4680+512 x3072");
 }
 
 }  // namespace cubevec::bench

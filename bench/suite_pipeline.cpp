@@ -1,5 +1,6 @@
 // Suite `pipeline`: the shipped tiny models end to end, as a user runs them, against the same
-// pipelines in PyTorch 1.13 in the same run.
+// pipelines in PyTorch 1.13 in the same run; and the tiny Wan image-to-video model (tests/data/wan_i2v_tiny,
+// random weights, no PyTorch row) with its picture's encoding as a stage of its own.
 //   - cubevec: the built `cubevec t2i --model assets/tinyflux` (the README's prompt, 64x64, 28 steps,
 //     CFG off) and `cubevec t2v --model assets/tinywan` (the README's video prompt at the model's
 //     defaults: 64x64 x 17 frames, 30 steps, CFG 5 fused), each with --dtype f32 and bf16, one
@@ -33,9 +34,11 @@ namespace {
 
 struct Model {
   std::string name, command, prompt, label;
+  std::string folder = "assets/" + name;  // relative to the source tree
+  std::string extra_args = "";
 };
 
-const std::vector<std::string> kStages = {"load", "text_encoding", "denoising", "vae_decode", "encode"};
+const std::vector<std::string> kStages = {"load", "text_encoding", "image_encoding", "denoising", "vae_decode", "encode"};
 
 double median_of(std::vector<double> v) { return summarize(std::move(v)).median_s; }
 
@@ -50,14 +53,14 @@ struct CliRun {
 CliRun run_cli(const Model& m, const std::string& dtype, const std::filesystem::path& dir) {
   const std::string out = (dir / (m.name + (m.command == "t2v" ? ".avi" : ".jpg"))).string();
   const std::string json_path = (dir / "run.json").string();
-  const std::string command = std::string("'") + CUBEVEC_BINARY + "' " + m.command + " --model '" + CUBEVEC_SOURCE_DIR + "/assets/" +
-                              m.name + "' --prompt '" + m.prompt + "' --dtype " + dtype + " --seed 0 --out '" + out + "' --json '" +
-                              json_path + "' 2>/dev/null";
+  const std::string command = std::string("'") + CUBEVEC_BINARY + "' " + m.command + " --model '" + CUBEVEC_SOURCE_DIR + "/" + m.folder +
+                              "' --prompt '" + m.prompt + "' --dtype " + dtype + " --seed 0 " + m.extra_args + " --out '" + out +
+                              "' --json '" + json_path + "' 2>/dev/null";
   if (std::system(command.c_str()) != 0) throw std::runtime_error("failed: " + command);
   const nlohmann::json j = read_json_file(json_path);
   CliRun r;
   for (const auto& [key, value] : j.at("stages_s").items()) {
-    const bool known = key == "load" || key == "text_encoding" || key == "denoising" || key == "vae_decode";
+    const bool known = key == "load" || key == "text_encoding" || key == "image_encoding" || key == "denoising" || key == "vae_decode";
     r.stages[known ? key : "encode"] += value.get<double>();
   }
   r.denoising_flops = j.at("denoising_flops").get<double>();
@@ -88,6 +91,10 @@ void pipeline_suite(Context& context) {
   const std::vector<Model> models = {
       {"tinyflux", "t2i", "a large red circle in the center on a blue background", "tinyflux t2i 64x64, 28 steps"},
       {"tinywan", "t2v", "a red circle moving right on a blue background", "tinywan t2v 64x64x17, 30 steps, CFG"},
+      // The tiny image-to-video model (random weights; no PyTorch sampler): the picture's encoding
+      // (CLIP and the Wan VAE encoder) beside the loop.
+      {"wan_i2v_tiny", "t2v", "a red circle moving right", "tiny Wan I2V 48x32x9, 10 steps, CFG", "tests/data/wan_i2v_tiny",
+       "--image '" + std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/images/rgb.png' --width 48 --height 32 --frames 9 --steps 10"},
   };
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("cubevec-bench-pipeline-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);

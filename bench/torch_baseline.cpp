@@ -4,10 +4,10 @@
 
 namespace cubevec::bench {
 
-nlohmann::json run_torch(const std::string& script_name, int threads, int repeats) {
+nlohmann::json run_torch(const std::string& script_name, int threads, int repeats, const std::string& extra_args) {
   const std::string script = std::string(CUBEVEC_SOURCE_DIR) + "/bench/" + script_name;
-  const std::string command =
-      "/usr/bin/python3 " + script + " --threads " + std::to_string(threads) + " --repeats " + std::to_string(repeats) + " 2>/dev/null";
+  const std::string command = "/usr/bin/python3 " + script + " --threads " + std::to_string(threads) + " --repeats " +
+                              std::to_string(repeats) + (extra_args.empty() ? "" : " " + extra_args) + " 2>/dev/null";
   std::fprintf(stderr, "running the PyTorch baseline: %s\n", command.c_str());
   FILE* pipe = popen(command.c_str(), "r");
   if (!pipe) return nullptr;

@@ -10,6 +10,6 @@ namespace cubevec::bench {
 
 // The JSON of bench/<script_name> run with --threads and --repeats, or null when it cannot run
 // (no python3-torch): the suite then reports its own rows with a note.
-nlohmann::json run_torch(const std::string& script_name, int threads, int repeats);
+nlohmann::json run_torch(const std::string& script_name, int threads, int repeats, const std::string& extra_args = "");
 
 }  // namespace cubevec::bench

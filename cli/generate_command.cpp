@@ -40,14 +40,14 @@ enum class Task { t2i, t2v };
 
 struct GenerateFlags {
   Task task = Task::t2i;
-  std::string model, out, frames_dir, cfg, image, mask;
+  std::string model, out, frames_dir, cfg, image, mask, last_image;
   double strength = 0.6;
   bool edit = false, no_auto_resize = false;  // --edit, --no-auto-resize (FLUX.1 Kontext)
   int64_t max_area = 0;                       // --max-area (FLUX.1 Kontext)
   pipelines::PromptRequest text;
   int64_t width = 0, height = 0, frames = 0;
   int steps = 0;
-  double guidance = 0, cfg_scale = 0;
+  double guidance = 0, cfg_scale = 0, guidance_2 = 0;
   uint64_t seed = 0;
   int fps = 16;  // Wan2.1's frame rate
   int quality = 90;
@@ -108,17 +108,21 @@ pipelines::Request request_of(const GenerateFlags& f, const CLI::App& command, c
   pipelines::Request r;
   r.text = f.text;
   const bool image = f.task == Task::t2i;
-  const auto given = [&](const char* flag) { return command.count(flag) != 0; };
+  // Each command has its own flags: CLI11 throws for a name it does not know.
+  const auto given = [&](const char* flag) { return command.get_option_no_throw(flag) != nullptr && command.count(flag) != 0; };
   if (given("--width")) r.width = f.width;
   if (given("--height")) r.height = f.height;
   if (!image && given("--frames")) r.num_frames = f.frames;
   if (given("--steps")) r.num_inference_steps = f.steps;
   if (given("--guidance")) r.guidance_scale = f.guidance;
+  if (!image && given("--guidance-2")) r.guidance_scale_2 = f.guidance_2;
   if (image && given("--cfg-scale")) r.true_cfg_scale = f.cfg_scale;
-  for (const auto& [flag, path] : {std::pair<const char*, const std::string*>{"--image", &f.image}, {"--mask", &f.mask}})
-    if (image && given(flag) && path->empty()) throw Error(std::string(flag) + ": expected a PNG or JPEG file, got an empty path");
+  for (const auto& [flag, path] :
+       {std::pair<const char*, const std::string*>{"--image", &f.image}, {"--mask", &f.mask}, {"--last-image", &f.last_image}})
+    if (given(flag) && path->empty()) throw Error(std::string(flag) + ": expected a PNG or JPEG file, got an empty path");
   r.image = f.image;
   r.mask_image = f.mask;
+  r.last_image = f.last_image;
   if (image && given("--strength")) r.strength = f.strength;
   if (image && f.edit) r.edit = true;
   if (image && given("--max-area")) r.max_area = f.max_area;
@@ -205,7 +209,9 @@ int run(GenerateFlags f, const CLI::App& command, const DeviceFlags& device_flag
   result.text_s = text_s;
   if (writer) writer->finish();
 
-  std::vector<pipelines::StageTime> stages{{"load", load_s}, {"text encoding", text_s}, {"denoising", result.timings.denoise_s}};
+  std::vector<pipelines::StageTime> stages{{"load", load_s}, {"text encoding", text_s}};
+  if (result.timings.image_s > 0) stages.push_back({"image encoding", result.timings.image_s});
+  stages.push_back({"denoising", result.timings.denoise_s});
   if (writer) {
     stages.push_back({"VAE decode", result.timings.vae_s - writer->encode_seconds()});
     stages.push_back({"JPEG + AVI", writer->encode_seconds()});
@@ -232,7 +238,9 @@ int run(GenerateFlags f, const CLI::App& command, const DeviceFlags& device_flag
 CommandRunner add_generate_command(CLI::App& app, Task task) {
   const bool image = task == Task::t2i;
   auto* command = image ? app.add_subcommand("t2i", "Text to image with a diffusers Flux model directory, written as PNG or JPEG")
-                        : app.add_subcommand("t2v", "Text to video with a diffusers Wan2.1 model directory, written as an MJPEG AVI");
+                        : app.add_subcommand("t2v",
+                                             "Text (and image) to video with a diffusers Wan model directory (Wan2.1 T2V / I2V / FLF2V, "
+                                             "Wan2.2 A14B), written as an MJPEG AVI");
   auto flags = std::make_shared<GenerateFlags>();
   flags->task = task;
   flags->cfg = image ? "off" : "fused";
@@ -300,8 +308,16 @@ CommandRunner add_generate_command(CLI::App& app, Task task) {
     command->add_option("--steps", f.steps, "Denoising steps (default 50, or generation_defaults.json's)")->check(in_range(1, 1000));
     command->add_option("--guidance", f.guidance, "CFG scale: v = v_u + g (v_c - v_u) (default 5, or generation_defaults.json's)")
         ->check(in_range(0.0, 100.0));
+    command
+        ->add_option("--guidance-2", f.guidance_2,
+                     "Two experts (Wan2.2 A14B): the low-noise expert's CFG scale (diffusers' guidance_scale_2; default --guidance)")
+        ->check(in_range(0.0, 100.0));
     command->add_option("--cfg", f.cfg, "CFG: fused (one batch of 2, default), streams (two overlapping streams) or off");
     command->add_option("--seed", f.seed, "Noise seed");
+    command->add_option("--image", f.image,
+                        "Image-to-video: the first frame (PNG or JPEG), resized to the output size (WanImageToVideoPipeline folders)");
+    command->add_option("--last-image", f.last_image,
+                        "First-last-frame: the last frame (PNG or JPEG), with --image as the first (a checkpoint trained for it)");
     command->add_option("--out", f.out, "Output MJPEG AVI file")->check(output_file_path());
     command->add_option("--frames-dir", f.frames_dir, "Also write each frame, lossless, as DIR/frame_NNNNN.png");
     command->add_option("--fps", f.fps, "Frame rate of the AVI (default 16, Wan2.1's)")->check(in_range(1, 240));

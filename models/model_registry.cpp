@@ -53,11 +53,18 @@ class WanEntry : public ForwardModel {
  public:
   WanEntry(const std::string& dir, const ForwardModelLoad& l) : model_(WanTransformer3DModel::load(dir, l.dtype, l.variant)) {}
   std::string class_name() const override { return "WanTransformer3DModel"; }
-  std::vector<std::string> input_names() const override { return {"hidden_states", "timestep", "encoder_hidden_states"}; }
+  // An image-to-video transformer also takes the image encoder's states.
+  std::vector<std::string> input_names() const override {
+    std::vector<std::string> names{"hidden_states", "timestep", "encoder_hidden_states"};
+    if (model_->config().has_image_branch()) names.push_back("encoder_hidden_states_image");
+    return names;
+  }
   ParameterTable& parameters() override { return model_->mutable_parameters(); }
   std::optional<TensorParallelPlan> tensor_parallel_plan() const override { return model_->tensor_parallel_plan(); }
   Tensor forward(const std::map<std::string, Tensor>& in, const ForwardContext& ctx, const Stream& s) const override {
-    return model_->forward({input(in, "hidden_states"), input(in, "timestep"), input(in, "encoder_hidden_states")}, s, ctx);
+    return model_->forward(
+        {input(in, "hidden_states"), input(in, "timestep"), input(in, "encoder_hidden_states"), input(in, "encoder_hidden_states_image")},
+        s, ctx);
   }
 
  private:

@@ -87,7 +87,16 @@ WanConfig WanConfig::wan21_1_3b() {
   return c;
 }
 
-WanConfig WanConfig::wan21_14b() { return WanConfig{}; }  // diffusers' code defaults are the 14B model
+WanConfig WanConfig::wan21_14b() { return WanConfig{}; }
+
+WanConfig WanConfig::wan22_5b() {
+  WanConfig c;
+  c.num_attention_heads = 24;
+  c.ffn_dim = 14336;
+  c.num_layers = 30;
+  c.in_channels = c.out_channels = 48;
+  return c;
+}  // diffusers' code defaults are the 14B model
 
 // --- RoPE ---------------------------------------------------------------------------------------
 

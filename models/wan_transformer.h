@@ -52,6 +52,7 @@ struct WanConfig {
   static WanConfig load(const std::string& config_path);
   static WanConfig wan21_1_3b();  // 30 blocks, 1536 wide, 12 heads, ffn 8960
   static WanConfig wan21_14b();   // 40 blocks, 5120 wide, 40 heads, ffn 13824
+  static WanConfig wan22_5b();    // TI2V-5B: 30 blocks, 3072 wide, 24 heads, ffn 14336, 48 channels in and out
 };
 
 // forward's arguments, named as diffusers' forward names them.

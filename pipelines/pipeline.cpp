@@ -118,6 +118,17 @@ PipelinePlan PipelinePlan::read(const std::string& model_dir, const LoadOptions&
     throw Error("--timestep-policy applies with --quant (a W8A8_TIMESTEP description)");
   plan.model_ =
       family.empty() ? load_model_pipeline_meta(model_dir, options.dtype) : model_family(family).load_meta(model_dir, options.dtype);
+  // Two experts (Wan2.2 A14B): the stages that change the weights work on one transformer so far.
+  if (plan.model_->second_expert_parameters()) {
+    const char* flag = !options.quant.empty()          ? "--quant"
+                       : options.offload > 0           ? "--offload"
+                       : plan.groups_.degrees.tp > 1   ? "--tp"
+                       : !options.packed_cache.empty() ? "--packed-cache"
+                                                       : nullptr;
+    if (flag)
+      throw Error(std::string(flag) + " on a two-expert model (" + model_dir +
+                  ": transformer/ and transformer_2/) is not supported yet: it would change the first expert's weights only");
+  }
   // The quantization files are read now, so a bad one fails before any weight loads.
   if (!options.quant.empty()) {
     int simulate_steps = options.simulate_quant_steps;
@@ -204,6 +215,8 @@ std::unique_ptr<Pipeline> PipelinePlan::load() && {
     model_->load_weights(model_dir_, options_.dtype, options_.variant);
     if (options_.check_weights) {
       models::require_finite_parameters(model_->transformer_parameters(), model_dir_ + "/transformer");
+      if (const models::ParameterTable* second = model_->second_expert_parameters())
+        models::require_finite_parameters(*second, model_dir_ + "/transformer_2");
       if (const models::ParameterTable* vae = model_->vae_parameters()) models::require_finite_parameters(*vae, model_dir_ + "/vae");
     }
   }
@@ -232,6 +245,8 @@ std::unique_ptr<Pipeline> PipelinePlan::load() && {
                           " of its layers match none of the model's (skipped; " + std::to_string(deltas.size()) + " applied at run time)");
     }
   if (!loras_.empty()) p->lora_summary_ = runtime_lora ? "runtime" : "fused";
+  if (!loras_.empty() && model_->second_expert_parameters())
+    print_notice_once("--lora applies to transformer/ (the high-noise expert) only, as diffusers' load_lora_weights does by default");
   if (!options_.packed_cache.empty()) p->packed_cache_ = models::use_packed_cache(options_.packed_cache, packed_cache_model());
   p->model_dir_ = model_dir_;
   p->options_ = options_;
@@ -416,7 +431,9 @@ GenerationResult Pipeline::generate(const Request& request, const GenerateHooks&
   result.allocator = peaks.finish();
   result.phase_peaks = peaks.json();
 
-  std::vector<StageTime> times{{"load", load_s_}, {"text encoding", result.text_s}, {"denoising", result.timings.denoise_s}};
+  std::vector<StageTime> times{{"load", load_s_}, {"text encoding", result.text_s}};
+  if (result.timings.image_s > 0) times.push_back({"image encoding", result.timings.image_s});
+  times.push_back({"denoising", result.timings.denoise_s});
   if (result.decoded) times.push_back({"VAE decode", result.timings.vae_s});
   result.report = generation_report(*this, result, times, device);
   return result;

@@ -62,7 +62,7 @@ Request Request::from_json(const nlohmann::json& json, const std::string& source
   Request q;
   int64_t width = 0, height = 0, frames = 0, seed = 0;
   int steps = 0, max_sequence_length = 0;
-  double guidance = 0, true_cfg = 0, strength = 0;
+  double guidance = 0, guidance_2 = 0, true_cfg = 0, strength = 0;
   r.text("prompt", q.text.prompt)
       .text("negative_prompt", q.text.negative_prompt)
       .text("prompt_embeds", q.text.prompt_embeds)
@@ -72,10 +72,12 @@ Request Request::from_json(const nlohmann::json& json, const std::string& source
       .integer("num_frames", frames, 1, kMaxFrames)
       .integer("num_inference_steps", steps, 1, kMaxSteps)
       .number_in("guidance_scale", guidance, 0.0, kMaxGuidance)
+      .number_in("guidance_scale_2", guidance_2, 0.0, kMaxGuidance)
       .number_in("true_cfg_scale", true_cfg, 0.0, kMaxGuidance)
       .text("cfg", q.cfg, {"off", "fused", "streams"})
       .text("image", q.image)
       .text("mask_image", q.mask_image)
+      .text("last_image", q.last_image)
       .number_in("strength", strength, 0.0, 1.0)
       .integer("seed", seed, 0, kMaxSeed);
   bool edit = false, auto_resize = true;
@@ -99,7 +101,8 @@ Request Request::from_json(const nlohmann::json& json, const std::string& source
     if (!(strength > 0.0)) r.fail("strength", "must be in (0, 1]: 0 would run no denoising step");
     q.strength = strength;
   }
-  for (const auto& [key, path] : {std::pair<const char*, const std::string*>{"image", &q.image}, {"mask_image", &q.mask_image}})
+  for (const auto& [key, path] :
+       {std::pair<const char*, const std::string*>{"image", &q.image}, {"mask_image", &q.mask_image}, {"last_image", &q.last_image}})
     if (r.has(key) && path->empty()) r.fail(key, "must name a PNG or JPEG file, got an empty string");
   if (r.has("max_sequence_length")) q.text.max_sequence_length = max_sequence_length, q.text.max_sequence_length_given = true;
   if (r.has("width")) q.width = width;
@@ -108,6 +111,7 @@ Request Request::from_json(const nlohmann::json& json, const std::string& source
   if (r.has("num_inference_steps")) q.num_inference_steps = steps;
   if (r.has("guidance_scale")) q.guidance_scale = guidance;
   if (r.has("true_cfg_scale")) q.true_cfg_scale = true_cfg;
+  if (r.has("guidance_scale_2")) q.guidance_scale_2 = guidance_2;
   q.seed = static_cast<uint64_t>(seed);
   if (const nlohmann::json& cache = r.raw("cache"); !cache.is_null()) {
     if (cache.is_string()) {
@@ -137,7 +141,8 @@ Request Request::from_json(const nlohmann::json& json, const std::string& source
                                                               {"negative_prompt", &q.text.negative_prompt},
                                                               {"prompt_embeds", &q.text.prompt_embeds},
                                                               {"image", &q.image},
-                                                              {"mask_image", &q.mask_image}};
+                                                              {"mask_image", &q.mask_image},
+                                                              {"last_image", &q.last_image}};
   for (const auto& [key, text] : texts)
     if (text->find('\0') != std::string::npos) r.fail(key, "holds a NUL character (\\u0000), which no text may hold");
   return q;
@@ -164,10 +169,12 @@ nlohmann::ordered_json Request::to_json() const {
   if (num_frames) j["num_frames"] = *num_frames;
   if (num_inference_steps) j["num_inference_steps"] = *num_inference_steps;
   if (guidance_scale) j["guidance_scale"] = *guidance_scale;
+  if (guidance_scale_2) j["guidance_scale_2"] = *guidance_scale_2;
   if (true_cfg_scale) j["true_cfg_scale"] = *true_cfg_scale;
   if (!cfg.empty()) j["cfg"] = cfg;
   if (!image.empty()) j["image"] = image;
   if (!mask_image.empty()) j["mask_image"] = mask_image;
+  if (!last_image.empty()) j["last_image"] = last_image;
   if (strength) j["strength"] = *strength;
   if (!lora.empty()) j["lora"] = lora;
   if (edit) j["edit"] = *edit;
@@ -191,10 +198,12 @@ std::string in_request_terms(const std::string& message) {
         {"--height", "height"},
         {"--frames", "num_frames"},
         {"--steps", "num_inference_steps"},
+        {"--guidance-2", "guidance_scale_2"},
         {"--guidance", "guidance_scale"},
         {"--cfg-scale", "true_cfg_scale"},
         {"--cfg", "cfg"},
         {"--seed", "seed"},
+        {"--last-image", "last_image"},
         {"--image", "image"},
         {"--mask", "mask_image"},
         {"--strength", "strength"},

@@ -6,6 +6,7 @@
 //    "seed": 7, "max_sequence_length": 512, "prompt_embeds": "embeds.safetensors",
 //    "cfg": "off" | "fused" | "streams",
 //    "image": "in.png", "mask_image": "mask.png", "strength": 0.6,
+//    "last_image": "last.png" (Wan first-last-frame), "guidance_scale_2": 3.0 (Wan2.2's low-noise expert),
 //    "edit": true, "max_area": 1048576, "auto_resize": true (FLUX.1 Kontext editing),
 //    "lora": ["style.safetensors:0.8"] (LoRAs this request applies at run time, models/lora_runtime.h),
 //    "cache": "db" or {"cache": "db", "cache-fn": 1, ...} (the --cache-config file's keys),
@@ -41,10 +42,13 @@ struct Request {
   std::optional<int> num_inference_steps;
   std::optional<double> guidance_scale;
   std::optional<double> true_cfg_scale;  // Flux's true CFG
-  std::string cfg;                       // "off", "fused", "streams"; empty: the model's default
+  // Two experts (Wan2.2 A14B): the low-noise expert's CFG scale; unset: guidance_scale.
+  std::optional<double> guidance_scale_2;
+  std::string cfg;  // "off", "fused", "streams"; empty: the model's default
   // Image-to-image (Flux): the picture to start from and, for inpainting, the mask (white: repaint),
   // as files; strength in (0, 1] (diffusers' default 0.6 when an image is given).
-  std::string image, mask_image;
+  // Image-to-video (Wan): image is the first frame, last_image the last (first-last-frame).
+  std::string image, mask_image, last_image;
   std::optional<double> strength;
   // FLUX.1 Kontext editing (FluxKontextPipeline): the picture as a reference to edit rather than a
   // start. Unset: edit when the model is a Kontext one (its model_index.json) and a picture is given.
@@ -55,9 +59,10 @@ struct Request {
   std::optional<bool> auto_resize;
   bool size_fitted = false;  // set by the family's defaults once width x height follow max_area; not in the JSON
   // The same pictures in memory (a server's uploads), used instead of the files; not in the JSON.
-  std::shared_ptr<const media::RgbImage> image_pixels, mask_pixels;
+  std::shared_ptr<const media::RgbImage> image_pixels, mask_pixels, last_image_pixels;
   bool has_image() const { return !image.empty() || image_pixels; }
   bool has_mask() const { return !mask_image.empty() || mask_pixels; }
+  bool has_last_image() const { return !last_image.empty() || last_image_pixels; }
   // "FILE" or "FILE:SCALE": LoRAs applied at run time to this request only, over whatever the model
   // loaded with (a resident pipeline switches them per request without reloading).
   std::vector<std::string> lora;

@@ -1,6 +1,8 @@
-// The Wan family (text to video, WanTransformer3DModel) behind the library's ModelPipeline: its
-// defaults (the folder's generation_defaults.json, else Wan2.1's 832x480, 81 frames, 50 steps,
-// CFG 5 fused), its text conditioning (umT5), its checks, memory estimate and report.
+// The Wan family (WanTransformer3DModel: text-to-video, image-to-video, first-last-frame, two
+// experts) behind the library's ModelPipeline: its defaults (the folder's
+// generation_defaults.json, else Wan2.1's 832x480, 81 frames, 50 steps, CFG 5 fused), its text
+// conditioning (umT5), its checks, memory estimate and report.
+#include <algorithm>
 #include <cstdio>
 
 #include "pipelines/generation_defaults.h"
@@ -23,7 +25,14 @@ MemoryEstimate wan_memory(const WanT2VPipeline& pipeline, const T2VOptions& o, i
       transformer_bytes(pipeline.transformer().parameters(), block_modules(pipeline.transformer()), o.activations, offload, cube_threads);
   e.weights = transformer.weights;
   e.packed = transformer.packed;
+  // Two experts: both resident (the second's weights and packed panels too).
+  if (const models::WanTransformer3DModel* second = pipeline.transformer_2()) {
+    const TransformerBytes t2 = transformer_bytes(second->parameters(), block_modules(*second), o.activations, offload, cube_threads);
+    e.weights += t2.weights;
+    e.packed += t2.packed;
+  }
   if (pipeline.vae()) e.weights += stored_bytes(pipeline.vae()->parameters(), DType::f32);
+  if (const models::ClipVisionModel* clip = pipeline.image_encoder()) e.weights += stored_bytes(clip->parameters(), DType::f32);
   // A Wan block holds, per video token, the residual stream and its norm (2 D), q, k, v and the
   // self-attention output (4 D), the cross-attention query and output (2 D), and the FFN hidden
   // before and after its activation (2 ffn_dim): 8 D + 2 F. The kernels launched ahead of the
@@ -35,6 +44,15 @@ MemoryEstimate wan_memory(const WanT2VPipeline& pipeline, const T2VOptions& o, i
   const uint64_t rope = tokens * static_cast<uint64_t>(c.attention_head_dim) * 2 * 4;
   e.denoising = static_cast<uint64_t>(batch) * (tokens * per_token + text) * activation_bytes(o.activations) + rope + kWorkspaceBytes;
   if (pipeline.vae()) e.vae_decode = static_cast<uint64_t>(pipeline.vae()->estimate_peak_bytes(1, o.height / 8, o.width / 8));
+  if (pipeline.image_to_video()) {
+    // The video the encoder reads ([1, 3, F, H, W] f32), its working set, and the condition kept
+    // for every step; the encoder's weights are the VAE file's other half.
+    const uint64_t video = 3 * static_cast<uint64_t>(o.frames * o.height * o.width) * 4;
+    const uint64_t condition =
+        static_cast<uint64_t>((4 + pipeline.latent_channels()) * o.latent_frames() * (o.height / 8) * (o.width / 8)) * 4;
+    e.denoising += condition * static_cast<uint64_t>(batch);
+    if (pipeline.vae()) e.vae_decode = std::max(e.vae_decode, video + pipeline.image_encoder_peak_bytes(o));
+  }
   return e;
 }
 
@@ -70,6 +88,10 @@ class WanModelPipeline : public FamilyPipelineBase<WanT2VPipeline, T2VOptions> {
     return r;
   }
 
+  const models::ParameterTable* second_expert_parameters() const override {
+    return p_.transformer_2() ? &p_.transformer_2()->parameters() : nullptr;
+  }
+
   CfgMode cfg_mode(const Request& request) const override { return request.cfg.empty() ? CfgMode::fused : parse_cfg_mode(request.cfg); }
   TextInput text_input() const override { return TextInput::of(p_.transformer().config()); }
 
@@ -80,16 +102,15 @@ class WanModelPipeline : public FamilyPipelineBase<WanT2VPipeline, T2VOptions> {
 
   void check(const Request& request, const RunContext& run, bool have_negative) const override {
     if (request.true_cfg_scale) throw Error("--cfg-scale is Flux's true CFG scale; Wan's CFG scale is --guidance");
-    const char* flag = request.has_image()   ? "--image"
-                       : request.has_mask()  ? "--mask"
+    const char* flag = request.has_mask()    ? "--mask"
                        : request.strength    ? "--strength"
                        : request.edit        ? "--edit"
                        : request.max_area    ? "--max-area"
                        : request.auto_resize ? "--no-auto-resize"
                                              : nullptr;
     if (flag)
-      throw Error(std::string(flag) +
-                  " is for Flux pictures (image-to-image, inpainting, Kontext editing); this Wan2.1 model makes video from text only");
+      throw Error(std::string(flag) + " is for Flux pictures (image-to-image, inpainting, Kontext editing); a Wan model takes --image " +
+                  "(and --last-image) as the first (and last) frame of an image-to-video model");
     p_.check(options(request, run), have_negative);
     if (run.vae_parallel) check_row_split(run.vae_parallel->size(), *request.height / 8);
   }
@@ -118,18 +139,34 @@ class WanModelPipeline : public FamilyPipelineBase<WanT2VPipeline, T2VOptions> {
                   o.steps, r.cfg.c_str(), o.guidance, static_cast<long long>(mc.num_layers), static_cast<long long>(mc.inner_dim()),
                   dtype.c_str(), profile.name.c_str(), profile.cube_threads, profile.vector_threads,
                   simulate ? ", SIMULATED (modelled times)" : "");
-    return {"scheduler: " + scheduler_name(p_.scheduler_config()), line};
+    std::vector<std::string> lines{"scheduler: " + scheduler_name(p_.scheduler_config()), line};
+    if (p_.transformer_2()) {
+      const std::vector<int> experts = p_.expert_schedule(o.steps);
+      const auto high = std::count(experts.begin(), experts.end(), 0);
+      std::snprintf(line, sizeof line,
+                    "two experts (boundary_ratio %.3g): transformer/ runs %lld step(s) with guidance %.2f, transformer_2/ %lld with %.2f",
+                    *p_.boundary_ratio(), static_cast<long long>(high), o.guidance, static_cast<long long>(experts.size()) - high,
+                    o.guidance_2.value_or(o.guidance));
+      lines.push_back(line);
+    }
+    if (p_.image_to_video())
+      lines.push_back(std::string("image-to-video: ") + (o.has_last_image() ? "first and last frame given" : "first frame given") +
+                      (p_.transformer().config().has_image_branch() ? ", image tokens from the image encoder" : ""));
+    return lines;
   }
 
   nlohmann::ordered_json report_fields(const Request& r) const override {
-    return {{"frames", *r.num_frames},
-            {"width", *r.width},
-            {"height", *r.height},
-            {"steps", *r.num_inference_steps},
-            {"cfg", r.cfg},
-            {"guidance", *r.guidance_scale},
-            {"seed", r.seed},
-            {"scheduler", scheduler_name(p_.scheduler_config())}};
+    nlohmann::ordered_json j = {{"frames", *r.num_frames},         {"width", *r.width}, {"height", *r.height},
+                                {"steps", *r.num_inference_steps}, {"cfg", r.cfg},      {"guidance", *r.guidance_scale}};
+    if (p_.transformer_2()) {
+      j["guidance_2"] = r.guidance_scale_2.value_or(*r.guidance_scale);
+      j["boundary_ratio"] = *p_.boundary_ratio();
+    }
+    if (!r.image.empty()) j["image"] = r.image;
+    if (!r.last_image.empty()) j["last_image"] = r.last_image;
+    j["seed"] = r.seed;
+    j["scheduler"] = scheduler_name(p_.scheduler_config());
+    return j;
   }
 
  private:
@@ -140,7 +177,12 @@ class WanModelPipeline : public FamilyPipelineBase<WanT2VPipeline, T2VOptions> {
     o.frames = *r.num_frames;
     o.steps = *r.num_inference_steps;
     o.guidance = *r.guidance_scale;
+    o.guidance_2 = r.guidance_scale_2;
     o.cfg = cfg_mode(r);
+    o.image = r.image;
+    o.image_pixels = r.image_pixels;
+    o.last_image = r.last_image;
+    o.last_image_pixels = r.last_image_pixels;
     o.seed = r.seed;
     o.activations = run.activations;
     o.cfg_parallel = run.cfg_parallel;

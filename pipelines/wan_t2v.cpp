@@ -237,6 +237,7 @@ WanT2VPipeline WanT2VPipeline::load(const std::string& dir, DType dtype, const s
       p.encoder_error_ = e.what();
     }
   }
+  p.load_image_encoder(dir, /*meta=*/false);
   return p;
 }
 
@@ -264,12 +265,17 @@ WanT2VPipeline WanT2VPipeline::load_meta(const std::string& dir, DType dtype) {
     p.encoder_ = std::make_unique<models::AutoencoderKLWanEncoder>(p.vae_->config());
     models::make_meta_parameters(p.encoder_->parameters(), DType::f32);
   }
+  p.load_image_encoder(dir, /*meta=*/true);
   return p;
 }
 
 bool WanT2VPipeline::image_to_video() const { return vae_ && transformer_->config().in_channels != vae_->config().z_dim; }
 
 int64_t WanT2VPipeline::latent_channels() const { return vae_ ? vae_->config().z_dim : transformer_->config().in_channels; }
+
+uint64_t WanT2VPipeline::image_encoder_peak_bytes(const T2VOptions& o) const {
+  return encoder_ ? encoder_->estimate_peak_bytes(1, o.height, o.width) : 0;
+}
 
 std::vector<int> WanT2VPipeline::expert_schedule(int steps) const {
   const std::unique_ptr<Scheduler> scheduler = make_scheduler(scheduler_, steps);
@@ -370,7 +376,16 @@ Tensor WanT2VPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddin
   const std::unique_ptr<Scheduler> scheduler = make_scheduler(scheduler_, o.steps);
   // Image-to-video: the condition and the image tokens, made once for every step.
   Tensor condition, image_tokens;
-  if (image_to_video()) {
+  if (image_to_video() && device.simulate()) {
+    // Shape-only: the pictures are neither read nor encoded (their encoders are not modelled).
+    condition = Tensor::meta({1, 4 + latent_channels(), o.latent_frames(), o.height / 8, o.width / 8}, DType::f32);
+    if (c.has_image_branch()) {
+      const int64_t pictures = o.has_last_image() ? 2 : 1;
+      image_tokens = o.image_embeds.defined() ? o.image_embeds
+                     : image_encoder_         ? Tensor::meta({pictures, image_encoder_->config().num_positions(), c.image_dim}, DType::f32)
+                                              : image_embeds(o, main);  // the error naming what is missing
+    }
+  } else if (image_to_video()) {
     const auto t0 = std::chrono::steady_clock::now();
     condition = image_condition(o, main);
     if (c.has_image_branch()) image_tokens = image_embeds(o, main);
@@ -397,10 +412,36 @@ Tensor WanT2VPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddin
   return run_denoising_loop(denoiser, *scheduler, *guidance, stages ? *stages : none, noise, loop, device, on_step, timings);
 }
 
-Tensor WanT2VPipeline::image_embeds(const T2VOptions& o, const Stream& /*stream*/) const {
+Tensor WanT2VPipeline::image_embeds(const T2VOptions& o, const Stream& s) const {
   if (o.image_embeds.defined()) return o.image_embeds;
-  throw Error("this image-to-video transformer takes image tokens (image_dim " + std::to_string(transformer_->config().image_dim) +
-              ") from an image encoder (image_encoder/ + image_processor/), which the folder does not have");
+  if (!image_encoder_)
+    throw Error("this image-to-video transformer takes image tokens (image_dim " + std::to_string(transformer_->config().image_dim) +
+                ") from an image encoder (image_encoder/ + image_processor/), which the folder does not have");
+  // The encoder sees the pictures as given (its processor resizes and crops them), not the
+  // video-sized ones: diffusers' encode_image(image) runs before the VideoProcessor.
+  std::vector<Tensor> pixels{
+      models::clip_pixel_values(o.image_pixels ? *o.image_pixels : media::read_input_image(o.image, "--image"), image_processor_)};
+  if (o.has_last_image())
+    pixels.push_back(models::clip_pixel_values(
+        o.last_image_pixels ? *o.last_image_pixels : media::read_input_image(o.last_image, "--last-image"), image_processor_));
+  return image_encoder_->penultimate_hidden_state(pixels.size() == 1 ? pixels[0] : ops::concat(pixels, 0, s));
+}
+
+void WanT2VPipeline::load_image_encoder(const std::string& dir, bool meta) {
+  if (!transformer_->config().has_image_branch()) return;
+  const std::string encoder = dir + "/image_encoder", processor = dir + "/image_processor/preprocessor_config.json";
+  if (!std::filesystem::is_directory(encoder)) return;  // the error comes when a picture needs it
+  if (!std::filesystem::exists(processor))
+    throw Error(dir + " has image_encoder/ but no image_processor/preprocessor_config.json (the CLIPImageProcessor settings)");
+  image_processor_ = models::ClipImageProcessorConfig::load(processor);
+  // f32, as diffusers' Wan I2V examples load it.
+  image_encoder_ = meta ? models::ClipVisionModel::with_meta_weights(models::ClipVisionConfig::load(encoder + "/config.json"), DType::f32,
+                                                                     ops::default_op_stream())
+                        : models::ClipVisionModel::load(encoder, DType::f32, ops::default_op_stream());
+  const int64_t width = image_encoder_->config().hidden_size, image_dim = transformer_->config().image_dim;
+  if (width != image_dim)
+    throw Error(encoder + ": the image encoder's hidden_size " + std::to_string(width) + " does not match the transformer's image_dim " +
+                std::to_string(image_dim));
 }
 
 void WanT2VPipeline::decode(const Tensor& latents, const T2VOptions& o, Device& device, const FrameSink& sink, T2ITimings& timings) const {

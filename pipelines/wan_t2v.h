@@ -25,6 +25,8 @@
 #include "media/jpeg.h"
 #include "models/autoencoder_kl_wan.h"
 #include "models/autoencoder_kl_wan_encoder.h"
+#include "models/clip_image_processor.h"
+#include "models/clip_vision_model.h"
 #include "models/wan_transformer.h"
 #include "pipelines/flow_match.h"
 #include "pipelines/generation.h"
@@ -109,6 +111,10 @@ class WanT2VPipeline {
   bool image_to_video() const;
   // The latents' channels (the VAE's z_dim; the transformer's in_channels without a VAE).
   int64_t latent_channels() const;
+  // The image encoder (Wan2.1 I2V / FLF2V: image_encoder/, a CLIPVisionModel, f32), or null.
+  const models::ClipVisionModel* image_encoder() const { return image_encoder_.get(); }
+  // Image-to-video: the VAE encoder's peak for options' size (0 without an encoder).
+  uint64_t image_encoder_peak_bytes(const T2VOptions& options) const;
   // The expert of each of `steps` steps (all 0 with one transformer).
   std::vector<int> expert_schedule(int steps) const;
   // Image-to-video: the condition [1, 4 + z_dim, T_lat, H/8, W/8] for options' picture(s), as
@@ -135,6 +141,11 @@ class WanT2VPipeline {
   std::optional<double> boundary_ratio_;
   std::unique_ptr<models::AutoencoderKLWanEncoder> encoder_;  // image-to-video only
   std::string encoder_error_;                                 // why there is none
+  std::unique_ptr<models::ClipVisionModel> image_encoder_;    // the image branch's pictures -> tokens
+  models::ClipImageProcessorConfig image_processor_;
+
+  // image_encoder/ and image_processor/ when the transformer has the image branch (meta: shapes only).
+  void load_image_encoder(const std::string& dir, bool meta);
 
   // The image encoder's states of options' picture(s) [n, L, image_dim] (options.image_embeds when given).
   Tensor image_embeds(const T2VOptions& options, const Stream& stream) const;

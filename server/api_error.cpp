@@ -29,32 +29,26 @@ ApiError queue_full(const std::string& model, int queued, int limit) {
 ApiError unavailable(const std::string& message) { return ApiError(503, "server_error", "unavailable", "", message); }
 
 std::string request_key_named_in(const std::string& message) {
-  static const std::set<std::string> keys{"prompt",
-                                          "negative_prompt",
-                                          "width",
-                                          "height",
-                                          "num_frames",
-                                          "num_inference_steps",
-                                          "guidance_scale",
-                                          "true_cfg_scale",
-                                          "cfg",
-                                          "seed",
-                                          "cache",
-                                          "sparse",
-                                          "max_sequence_length",
-                                          "image",
-                                          "mask_image",
-                                          "strength",
-                                          "lora",
-                                          "edit",
-                                          "max_area",
-                                          "auto_resize"};
+  static const std::set<std::string> keys{"prompt",         "negative_prompt",
+                                          "width",          "height",
+                                          "num_frames",     "num_inference_steps",
+                                          "guidance_scale", "guidance_scale_2",
+                                          "true_cfg_scale", "cfg",
+                                          "seed",           "cache",
+                                          "sparse",         "max_sequence_length",
+                                          "image",          "mask_image",
+                                          "last_image",     "strength",
+                                          "lora",           "edit",
+                                          "max_area",       "auto_resize"};
   // The message may hold the client's own text (an unknown key of any length): plain scanning, no
   // regex (libstdc++'s recurses per character). First the leading word ("request: 'key' must",
   // "key: ...", "cache.cache-fn must"), then the first quoted key.
   const auto word_at = [&](std::size_t at) {
     std::size_t end = at;
-    while (end < message.size() && (std::islower(static_cast<unsigned char>(message[end])) || message[end] == '_')) ++end;
+    // Keys are lower case, '_' and (after the first letter: guidance_scale_2) digits.
+    while (end < message.size() && (std::islower(static_cast<unsigned char>(message[end])) || message[end] == '_' ||
+                                    (end > at && std::isdigit(static_cast<unsigned char>(message[end])))))
+      ++end;
     return message.substr(at, end - at);
   };
   std::size_t start = message.rfind("request: ", 0) == 0 ? 9 : 0;

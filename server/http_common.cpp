@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <new>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "base/error.h"
@@ -58,7 +59,8 @@ void refuse_file_keys(const nlohmann::json& body) {
   // A path in a request would make the server read a file a client names: never.
   for (const auto& [key, instead] : {std::pair<const char*, const char*>{"prompt_embeds", "send 'prompt'"},
                                      {"image", "images go in as uploads, not paths"},
-                                     {"mask_image", "images go in as uploads, not paths"}})
+                                     {"mask_image", "images go in as uploads, not paths"},
+                                     {"last_image", "images go in as uploads, not paths"}})
     if (const auto it = body.find(key); it != body.end() && !it->is_null())
       throw invalid_request(key, std::string("'") + key + "' names a file, and this server reads no file a request names; " + instead);
 }
@@ -89,7 +91,7 @@ std::vector<std::string> served_lora_files(const std::vector<std::string>& names
 void copy_diffusion_keys(const nlohmann::json& body, nlohmann::json& request_keys) {
   refuse_file_keys(body);
   for (const char* key : {"negative_prompt", "num_inference_steps", "guidance_scale", "true_cfg_scale", "seed", "cfg", "cache", "sparse",
-                          "max_sequence_length", "num_frames", "strength", "lora", "edit", "max_area", "auto_resize"})
+                          "max_sequence_length", "num_frames", "strength", "lora", "edit", "max_area", "auto_resize", "guidance_scale_2"})
     if (const auto it = body.find(key); it != body.end() && !it->is_null()) request_keys[key] = *it;
 }
 
@@ -112,6 +114,7 @@ pipelines::Request checked_request(const nlohmann::json& request_keys, const Ser
   }
   request.image_pixels = uploads.image;
   request.mask_pixels = uploads.mask;
+  request.last_image_pixels = uploads.last_image;
   request.lora = served_lora_files(request.lora, limits.lora_dir);
   try {
     request = model.pipeline->checked(request);
@@ -161,6 +164,45 @@ std::string base_url(const httplib::Request& request) {
   for (const char c : host)
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == ':' || c == '-' || c == '[' || c == ']')) return "";
   return host.empty() ? "" : "http://" + host;
+}
+
+nlohmann::json form_fields(const httplib::Request& http_request, const std::set<std::string>& file_fields) {
+  static const std::set<std::string> numbers = {
+      "n",    "output_compression", "num_inference_steps", "guidance_scale", "guidance_scale_2", "true_cfg_scale",
+      "seed", "strength",           "max_sequence_length", "max_area",       "num_frames"};
+  static const std::set<std::string> booleans = {"edit", "auto_resize"};
+  static const std::set<std::string> texts = {"prompt", "model",  "size", "response_format", "output_format", "negative_prompt", "cfg",
+                                              "cache",  "sparse", "user", "quality",         "background",    "seconds"};
+  nlohmann::json body = nlohmann::json::object();
+  nlohmann::json named_files = nlohmann::json::object();  // file names sent as text: refused as in a JSON body
+  for (const char* key : {"prompt_embeds", "mask_image", "last_image"})
+    if (!file_fields.count(key) && http_request.has_file(key)) named_files[key] = http_request.get_file_value(key).content;
+  refuse_file_keys(named_files);
+  for (const auto& [name, item] : http_request.files) {
+    const bool file = file_fields.count(name) != 0;
+    if (!file && http_request.files.count(name) > 1)
+      throw invalid_request(name, "'" + name.substr(0, 64) + "' is given more than once in the form");
+    if (file) {
+      if (item.filename.empty()) throw invalid_request(name, "'" + name + "' must be a file (a PNG or JPEG upload), got a text field");
+      continue;
+    }
+    if (!item.filename.empty()) throw invalid_request(name, "'" + name + "' must be a text field, got a file");
+    if (numbers.count(name)) {
+      try {
+        body[name] = nlohmann::json::parse(item.content);
+      } catch (const nlohmann::json::exception&) {
+        throw invalid_request(name, "'" + name + "' must be a number, got '" + item.content.substr(0, 64) + "'", "invalid_type");
+      }
+      if (!body[name].is_number()) throw invalid_request(name, "'" + name + "' must be a number", "invalid_type");
+    } else if (booleans.count(name)) {
+      if (item.content != "true" && item.content != "false")
+        throw invalid_request(name, "'" + name + "' must be true or false, got '" + item.content.substr(0, 64) + "'", "invalid_type");
+      body[name] = item.content == "true";
+    } else if (texts.count(name)) {
+      body[name] = item.content;
+    }  // other fields are ignored, as OpenAI ignores them (and /v1/images/generations too)
+  }
+  return body;
 }
 
 }  // namespace cubevec::server

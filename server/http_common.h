@@ -59,8 +59,14 @@ std::vector<std::string> served_lora_files(const std::vector<std::string>& names
 // Pictures a route received as uploads (decoded, checked): they go into the request in memory,
 // never as files.
 struct Uploads {
-  std::shared_ptr<const media::RgbImage> image, mask;
+  std::shared_ptr<const media::RgbImage> image, mask, last_image;
 };
+
+// A multipart form's text fields as the JSON body the route's JSON form takes: the numeric fields
+// parsed as numbers, edit / auto_resize as booleans, the rest as strings, unknown fields ignored (as
+// OpenAI ignores them). `file_fields` must be files (each checked by the route); a file where text
+// belongs, text where a file belongs, or a text field twice is a 400 naming it.
+nlohmann::json form_fields(const httplib::Request& http_request, const std::set<std::string>& file_fields);
 
 // `request_keys` (the library's request JSON) as a Request for `model`, with the model's defaults,
 // checked against the model and the server's limits; every error a 400 naming the field.

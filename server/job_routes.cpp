@@ -210,8 +210,30 @@ std::string prometheus_text(ServerContext& context) {
   return out;
 }
 
+// An image-to-video request's pictures from its multipart form: the first frame as OpenAI's
+// `input_reference` (or `image`), the last one (first-last-frame) as `last_image`.
+Uploads video_uploads(const httplib::Request& request) {
+  Uploads uploads;
+  const std::size_t firsts = request.files.count("input_reference") + request.files.count("image");
+  if (firsts > 1) throw invalid_request("input_reference", "one first frame per request: give 'input_reference' (or 'image') once");
+  if (firsts == 1) {
+    const std::string field = request.has_file("input_reference") ? "input_reference" : "image";
+    uploads.image = decode_upload(request.get_file_value(field).content, field);
+  }
+  if (request.files.count("last_image") > 1) throw invalid_request("last_image", "one 'last_image' per request");
+  if (request.has_file("last_image")) {
+    if (!uploads.image) throw invalid_request("last_image", "'last_image' (the last frame) needs the first frame too ('input_reference')");
+    uploads.last_image = decode_upload(request.get_file_value("last_image").content, "last_image");
+  }
+  return uploads;
+}
+
 void submit_job(ServerContext& context, const httplib::Request& request, httplib::Response& response, bool video_api) {
-  const nlohmann::json body = parse_body(request.body, request.get_header_value("Content-Type"));
+  // POST /v1/videos also takes a multipart form: OpenAI's fields and the pictures as files.
+  const bool form = video_api && request.is_multipart_form_data();
+  const nlohmann::json body = form ? form_fields(request, {"input_reference", "image", "last_image"})
+                                   : parse_body(request.body, request.get_header_value("Content-Type"));
+  const Uploads uploads = form ? video_uploads(request) : Uploads{};
   const std::string model_name = string_field(body, "model", {}, 256).value_or("");
   const ServedModel& model = context.scheduler.model(model_name);
   nlohmann::json keys;
@@ -254,7 +276,8 @@ void submit_job(ServerContext& context, const httplib::Request& request, httplib
     keys.erase("model");
     refuse_file_keys(keys);
   }
-  const pipelines::Request checked = checked_request(keys, model, context.limits, video_api ? true : model.pipeline->model().video());
+  const pipelines::Request checked =
+      checked_request(keys, model, context.limits, video_api ? true : model.pipeline->model().video(), uploads);
   const std::shared_ptr<Job> job = context.scheduler.submit(model.name, {checked}, video_api ? "video" : "native").front();
   send_json(response, video_api ? 200 : 202,
             video_api ? video_json(*job, context.scheduler.options().video_fps) : job_json(*job, base_url(request)));

@@ -62,52 +62,13 @@ void generate_images(ServerContext& context, const httplib::Request& http_reques
   send_json(response, 200, answer);
 }
 
-// The form's text fields as the JSON body /v1/images/generations takes: the numeric fields parsed as
-// numbers, the rest as strings; a file where text belongs (or text where a file belongs) is a 400.
-nlohmann::json form_fields(const httplib::Request& http_request) {
-  static const std::set<std::string> numbers = {"n",    "output_compression", "num_inference_steps", "guidance_scale", "true_cfg_scale",
-                                                "seed", "strength",           "max_sequence_length", "max_area"};
-  static const std::set<std::string> booleans = {"edit", "auto_resize"};
-  static const std::set<std::string> texts = {"prompt", "model",  "size", "response_format", "output_format", "negative_prompt", "cfg",
-                                              "cache",  "sparse", "user", "quality",         "background"};
-  nlohmann::json body = nlohmann::json::object();
-  nlohmann::json named_files = nlohmann::json::object();  // file names sent as text: refused as in a JSON body
-  for (const char* key : {"prompt_embeds", "mask_image"})
-    if (http_request.has_file(key)) named_files[key] = http_request.get_file_value(key).content;
-  refuse_file_keys(named_files);
-  for (const auto& [name, item] : http_request.files) {
-    if (name != "image" && name != "image[]" && name != "mask" && http_request.files.count(name) > 1)
-      throw invalid_request(name, "'" + name.substr(0, 64) + "' is given more than once in the form");
-    if (name == "image" || name == "image[]" || name == "mask") {
-      if (item.filename.empty()) throw invalid_request(name, "'" + name + "' must be a file (a PNG or JPEG upload), got a text field");
-      continue;
-    }
-    if (!item.filename.empty()) throw invalid_request(name, "'" + name + "' must be a text field, got a file");
-    if (numbers.count(name)) {
-      try {
-        body[name] = nlohmann::json::parse(item.content);
-      } catch (const nlohmann::json::exception&) {
-        throw invalid_request(name, "'" + name + "' must be a number, got '" + item.content.substr(0, 64) + "'", "invalid_type");
-      }
-      if (!body[name].is_number()) throw invalid_request(name, "'" + name + "' must be a number", "invalid_type");
-    } else if (booleans.count(name)) {
-      if (item.content != "true" && item.content != "false")
-        throw invalid_request(name, "'" + name + "' must be true or false, got '" + item.content.substr(0, 64) + "'", "invalid_type");
-      body[name] = item.content == "true";
-    } else if (texts.count(name)) {
-      body[name] = item.content;
-    }  // other fields are ignored, as OpenAI ignores them (and /v1/images/generations too)
-  }
-  return body;
-}
-
 // POST /v1/images/edits: `image` (one picture) and optionally `mask`, as OpenAI's API sends them. The
 // mask's fully transparent pixels are repainted (OpenAI's rule); a mask without alpha is read as the
 // command line reads one, white repainted. Both must have one size.
 void edit_images(ServerContext& context, const httplib::Request& http_request, httplib::Response& response) {
   if (!http_request.is_multipart_form_data())
     throw invalid_request("image", "POST /v1/images/edits takes a multipart form: the 'image' file, 'prompt', and optionally 'mask'");
-  const nlohmann::json body = form_fields(http_request);
+  const nlohmann::json body = form_fields(http_request, {"image", "image[]", "mask"});
   const std::size_t pictures = http_request.files.count("image") + http_request.files.count("image[]");
   if (pictures == 0)
     throw invalid_request("image", "'image' is required: the picture to edit (a PNG or JPEG file)", "missing_required_parameter");

@@ -19,6 +19,6 @@ from ._cubevec import Error
 from . import layers, pipelines
 from .layers import (ActivationLayer, LayerNorm, RMSNorm, attention_forward, attention_forward_varlen, fast_layernorm,
                      get_activation_layer, layernorm_scale_shift, rotary_position_embedding, sparse_attention)
-from .pipelines import FluxPipeline, PipelineOutput, WanPipeline
+from .pipelines import FluxPipeline, PipelineOutput, WanImageToVideoPipeline, WanPipeline
 
 __all__ = ["Error"] + pipelines.__all__ + layers.__all__

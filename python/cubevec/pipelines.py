@@ -1,4 +1,4 @@
-"""Diffusion pipelines called like diffusers' (FluxPipeline, WanPipeline): a model folder is loaded
+"""Diffusion pipelines called like diffusers' (FluxPipeline, WanPipeline, WanImageToVideoPipeline): a model folder is loaded
 once, then called any number of times, from any number of threads.
 
 Every argument is checked here, before any work, with diffusers' name in the message: TypeError for
@@ -22,7 +22,7 @@ import numpy as np
 from ._checks import finite_float
 from ._cubevec import Error, Pipeline as _Pipeline
 
-__all__ = ["FluxPipeline", "WanPipeline", "PipelineOutput"]
+__all__ = ["FluxPipeline", "WanPipeline", "WanImageToVideoPipeline", "PipelineOutput"]
 
 
 class PipelineOutput:
@@ -308,7 +308,7 @@ class _DiffusionPipeline:
                 continue
             if key in ("prompt", "negative_prompt"):
                 checked[key] = _text(value, key, prompt=True)
-            elif key in ("cfg", "image", "mask_image"):
+            elif key in ("cfg", "image", "mask_image", "last_image"):
                 checked[key] = _text(value, key)
             elif key == "strength":
                 checked[key] = _number(value, key)
@@ -320,7 +320,7 @@ class _DiffusionPipeline:
                 checked[key] = bool(value)
             elif key in ("height", "width", "num_frames", "num_inference_steps", "max_sequence_length", "seed", "max_area"):
                 checked[key] = value if key == "seed" else _integer(value, key)
-            elif key in ("guidance_scale", "true_cfg_scale"):
+            elif key in ("guidance_scale", "guidance_scale_2", "true_cfg_scale"):
                 checked[key] = _number(value, key)
             else:
                 checked[key] = _stage_settings(value, key)
@@ -378,14 +378,40 @@ class WanPipeline(_DiffusionPipeline):
     _family = "wan"
 
     def __call__(self, prompt=None, negative_prompt=None, height=None, width=None, num_frames=None,
-                 num_inference_steps=None, guidance_scale=None, generator=None, max_sequence_length=None,
-                 output_type="np", callback_on_step_end=None, cache=None, sparse=None, cfg=None, lora=None):
+                 num_inference_steps=None, guidance_scale=None, guidance_scale_2=None, generator=None,
+                 max_sequence_length=None, output_type="np", callback_on_step_end=None, cache=None, sparse=None,
+                 cfg=None, lora=None):
         """Generates one video: .frames[0] (PIL images, or HxWx3 uint8 arrays with output_type="np").
 
-        lora (as from_pretrained's) applies at run time to this call only, over the loaded model."""
+        guidance_scale_2 is the low-noise expert's CFG scale on a two-expert folder (Wan2.2 A14B:
+        model_index.json's boundary_ratio; default guidance_scale). lora (as from_pretrained's)
+        applies at run time to this call only, over the loaded model."""
         request = {"prompt": prompt, "negative_prompt": negative_prompt, "height": height, "width": width,
                    "num_frames": num_frames, "num_inference_steps": num_inference_steps,
-                   "guidance_scale": guidance_scale, "seed": _seed(generator),
+                   "guidance_scale": guidance_scale, "guidance_scale_2": guidance_scale_2, "seed": _seed(generator),
                    "max_sequence_length": max_sequence_length, "cache": cache, "sparse": sparse, "cfg": cfg,
                    "lora": lora}
         return self._call(request, output_type, callback_on_step_end)
+
+
+class WanImageToVideoPipeline(_DiffusionPipeline):
+    """Wan image-to-video (diffusers' WanImageToVideoPipeline arguments): image is the first frame and,
+    on a first-last-frame checkpoint (Wan2.1 FLF2V; any Wan2.2 I2V), last_image the last; .frames[0]
+    is the list of frames."""
+
+    _family = "wan"
+
+    def __call__(self, image=None, prompt=None, negative_prompt=None, height=None, width=None, num_frames=None,
+                 num_inference_steps=None, guidance_scale=None, guidance_scale_2=None, generator=None,
+                 max_sequence_length=None, output_type="np", callback_on_step_end=None, last_image=None, cache=None,
+                 sparse=None, cfg=None, lora=None):
+        """Generates one video from a picture (a path, a PIL image or an H x W x 3 uint8 array), resized
+        to width x height: .frames[0] (PIL images, or HxWx3 uint8 arrays with output_type="np")."""
+        if image is None:
+            raise ValueError("image is required: the first frame (a path, a PIL image or an H x W x 3 uint8 array)")
+        request = {"prompt": prompt, "negative_prompt": negative_prompt, "height": height, "width": width,
+                   "num_frames": num_frames, "num_inference_steps": num_inference_steps,
+                   "guidance_scale": guidance_scale, "guidance_scale_2": guidance_scale_2, "seed": _seed(generator),
+                   "max_sequence_length": max_sequence_length, "cache": cache, "sparse": sparse, "cfg": cfg,
+                   "lora": lora}
+        return self._call(request, output_type, callback_on_step_end, {"image": image, "last_image": last_image})

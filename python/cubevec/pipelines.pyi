@@ -41,7 +41,18 @@ class WanPipeline(_DiffusionPipeline):
     """Wan text-to-video (diffusers' WanPipeline arguments)."""
     def __call__(self, prompt: Optional[str] = None, negative_prompt: Optional[str] = None, height: Optional[int] = None,
                  width: Optional[int] = None, num_frames: Optional[int] = None, num_inference_steps: Optional[int] = None,
-                 guidance_scale: Optional[float] = None, generator: Optional[int] = None, max_sequence_length: Optional[int] = None,
-                 output_type: Literal["pil", "np"] = "np", callback_on_step_end: Optional[StepCallback] = None,
-                 cache: StageSettings = None, sparse: StageSettings = None,
+                 guidance_scale: Optional[float] = None, guidance_scale_2: Optional[float] = None, generator: Optional[int] = None,
+                 max_sequence_length: Optional[int] = None, output_type: Literal["pil", "np"] = "np",
+                 callback_on_step_end: Optional[StepCallback] = None, cache: StageSettings = None, sparse: StageSettings = None,
                  cfg: Optional[Literal["off", "fused", "streams"]] = None, lora: Lora = None) -> PipelineOutput: ...
+
+class WanImageToVideoPipeline(_DiffusionPipeline):
+    """Wan image-to-video and first-last-frame (diffusers' WanImageToVideoPipeline arguments)."""
+    def __call__(self, image: Picture = None, prompt: Optional[str] = None, negative_prompt: Optional[str] = None,
+                 height: Optional[int] = None, width: Optional[int] = None, num_frames: Optional[int] = None,
+                 num_inference_steps: Optional[int] = None, guidance_scale: Optional[float] = None,
+                 guidance_scale_2: Optional[float] = None, generator: Optional[int] = None,
+                 max_sequence_length: Optional[int] = None, output_type: Literal["pil", "np"] = "np",
+                 callback_on_step_end: Optional[StepCallback] = None, last_image: Picture = None, cache: StageSettings = None,
+                 sparse: StageSettings = None, cfg: Optional[Literal["off", "fused", "streams"]] = None,
+                 lora: Lora = None) -> PipelineOutput: ...

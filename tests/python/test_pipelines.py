@@ -413,3 +413,57 @@ def test_a_pipeline_made_without_load_is_a_type_error_not_a_crash():
         unloaded.generate('{"prompt": "a red circle"}')
     with pytest.raises(TypeError, match="not loaded"):
         unloaded.family
+
+
+I2V = os.path.join(SOURCE, "tests", "data", "wan_i2v_tiny")
+FLF2V = os.path.join(SOURCE, "tests", "data", "wan_flf2v_tiny")
+A14B = os.path.join(SOURCE, "tests", "data", "wan22_tiny_a14b")
+FIRST = os.path.join(SOURCE, "tests", "data", "images", "rgb.png")
+LAST = os.path.join(SOURCE, "tests", "data", "images", "photo.jpg")
+I2V_ARGS = dict(prompt="a red circle moving right", num_inference_steps=2, generator=4, width=48, height=32, num_frames=9)
+
+
+def test_image_to_video_frames_equal_the_command_lines(tmp_path):
+    i2v = cubevec.WanImageToVideoPipeline.from_pretrained(I2V)
+    subprocess.run([BINARY, "t2v", "--model", I2V, "--prompt", I2V_ARGS["prompt"], "--image", FIRST, "--steps", "2", "--seed", "4",
+                    "--width", "48", "--height", "32", "--frames", "9", "--out", str(tmp_path / "v.avi"), "--frames-dir",
+                    str(tmp_path)], check=True, capture_output=True)
+    out = i2v(image=FIRST, **I2V_ARGS)
+    assert len(out.frames[0]) == 9
+    for i, frame in enumerate(out.frames[0]):
+        assert np.array_equal(frame, read_png(tmp_path / f"frame_{i:05d}.png")), i
+    # The same picture as an array gives the same video; another picture another one.
+    as_array = i2v(image=read_png(tmp_path / "frame_00000.png"), **I2V_ARGS)
+    assert not np.array_equal(as_array.frames[0][4], out.frames[0][4])
+    again = i2v(image=np.array(out.frames[0][0]), **I2V_ARGS)
+    assert np.array_equal(again.frames[0][0], as_array.frames[0][0])
+
+
+def test_first_last_frame_and_two_experts():
+    flf = cubevec.WanImageToVideoPipeline.from_pretrained(FLF2V)
+    with_last = flf(image=FIRST, last_image=LAST, **I2V_ARGS)
+    assert len(with_last.frames[0]) == 9
+    a14b = cubevec.WanPipeline.from_pretrained(A14B)
+    args = {k: v for k, v in I2V_ARGS.items()}
+    one = a14b(guidance_scale=4.0, **args)
+    two = a14b(guidance_scale=4.0, guidance_scale_2=1.0, **args)
+    assert one.report["boundary_ratio"] == 0.75 and two.report["guidance_2"] == 1.0
+    assert not np.array_equal(one.frames[0][8], two.frames[0][8])
+
+
+def test_image_to_video_errors_name_the_argument():
+    i2v = cubevec.WanImageToVideoPipeline.from_pretrained(I2V)
+    with pytest.raises(ValueError, match="image is required"):
+        i2v(**I2V_ARGS)
+    with pytest.raises(ValueError, match="last_image"):  # no first-last-frame table in this checkpoint
+        i2v(image=FIRST, last_image=LAST, **I2V_ARGS)
+    with pytest.raises(ValueError, match="guidance_scale_2"):
+        i2v(image=FIRST, guidance_scale_2=2.0, **I2V_ARGS)
+    with pytest.raises(ValueError, match="must be an H x W x 3"):
+        i2v(image=np.zeros((4, 4), dtype=np.float32), **I2V_ARGS)
+    with pytest.raises(TypeError, match="image must be a path"):
+        i2v(image=3, **I2V_ARGS)
+    with pytest.raises(ValueError, match="image"):  # a picture for a text-to-video model
+        cubevec.WanImageToVideoPipeline.from_pretrained(A14B)(image=FIRST, **I2V_ARGS)
+    with pytest.raises(FileNotFoundError, match="does-not-exist.png"):
+        i2v(image=os.path.join(SOURCE, "does-not-exist.png"), **I2V_ARGS)

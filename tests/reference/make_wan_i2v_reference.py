@@ -66,6 +66,7 @@ import shutil
 import sys
 
 import numpy as np
+from safetensors_io import write_safetensors
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -668,6 +669,53 @@ def write_i2v_folder(name, config, model, extra_tensors, vae_src):
                model_index("WanImageToVideoPipeline", image_components=True, transformer_2=False, boundary_ratio=None))
 
 
+TEXT_ENCODER_CONFIG = {"_class_name": "CubevecTinyTextEncoder", "hidden_act": "gelu_tanh", "hidden_size": 24,
+                       "intermediate_size": 48, "layer_norm_eps": 1e-05, "max_position_embeddings": 10,
+                       "num_attention_heads": 2, "num_hidden_layers": 1, "pad_token_id": 0, "pooled_projection_dim": 1,
+                       "vocab_size": 23}
+
+
+def add_front_end_parts(folder, image_encoder):
+    """What a whole pipeline folder has beside the models the goldens use, so the command line, the server
+    and Python can run it from a prompt and a picture: a random tiny text encoder (cubevec's
+    CubevecTinyTextEncoder format, 24 wide = the transformers' text_dim) with the shipped tinywan's
+    word tokenizer, and (image_encoder) tests/data/clip_vision_tiny as image_encoder/ + image_processor/.
+    Its own generator: the goldens do not change."""
+    gen = torch.Generator().manual_seed(9900)
+    c = TEXT_ENCODER_CONFIG
+    e, i, v, p = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["max_position_embeddings"]
+    shapes = {"embeddings.token_embedding.weight": [v, e], "embeddings.position_embedding.weight": [p, e],
+              "final_layer_norm.weight": [e], "final_layer_norm.bias": [e],
+              "pooled_projection.weight": [c["pooled_projection_dim"], e], "pooled_projection.bias": [c["pooled_projection_dim"]]}
+    for layer in range(c["num_hidden_layers"]):
+        q = f"layers.{layer}."
+        for n in ("layer_norm1", "layer_norm2"):
+            shapes[q + n + ".weight"] = [e]
+            shapes[q + n + ".bias"] = [e]
+        for n in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            shapes[q + "self_attn." + n + ".weight"] = [e, e]
+            shapes[q + "self_attn." + n + ".bias"] = [e]
+        shapes[q + "mlp.fc1.weight"], shapes[q + "mlp.fc1.bias"] = [i, e], [i]
+        shapes[q + "mlp.fc2.weight"], shapes[q + "mlp.fc2.bias"] = [e, i], [e]
+    tensors = {}
+    for name, shape in sorted(shapes.items()):
+        t = torch.randn(shape, generator=gen, dtype=torch.float64) * (0.2 if len(shape) > 1 else 0.05)
+        if name.endswith("norm1.weight") or name.endswith("norm2.weight") or name == "final_layer_norm.weight":
+            t = t + 1.0
+        tensors[name] = bf16_representable(t.float()).contiguous()
+    write_json(os.path.join(folder, "text_encoder", "config.json"), c)
+    write_safetensors(os.path.join(folder, "text_encoder", "model.safetensors"), tensors, {"format": "pt"})
+    copy_folder(os.path.join(ROOT, "assets", "tinywan", "tokenizer"), os.path.join(folder, "tokenizer"))
+    if image_encoder:
+        clip = os.path.join(SRC_DIR, "clip_vision_tiny")
+        os.makedirs(os.path.join(folder, "image_encoder"), exist_ok=True)
+        os.makedirs(os.path.join(folder, "image_processor"), exist_ok=True)
+        for name in ("config.json", "model.safetensors"):
+            shutil.copyfile(os.path.join(clip, name), os.path.join(folder, "image_encoder", name))
+        shutil.copyfile(os.path.join(clip, "preprocessor_config.json"),
+                        os.path.join(folder, "image_processor", "preprocessor_config.json"))
+
+
 def main():
     report = {}
     whole_vae_dir = os.path.join(SRC_DIR, "vae_encoder", "wan")
@@ -693,6 +741,10 @@ def main():
     copy_folder(os.path.join(SRC_DIR, "wan_tiny", "scheduler"), os.path.join(a14b_dir, "scheduler"))
     write_json(os.path.join(a14b_dir, "model_index.json"),
                model_index("WanPipeline", image_components=False, transformer_2=True, boundary_ratio=A14B_BOUNDARY))
+
+    add_front_end_parts(os.path.join(OUT_DIR, "wan_i2v_tiny"), image_encoder=True)
+    add_front_end_parts(os.path.join(OUT_DIR, "wan_flf2v_tiny"), image_encoder=True)
+    add_front_end_parts(a14b_dir, image_encoder=False)
 
     # ---- goldens -----------------------------------------------------------------------------------
     g = Goldens(9100, {

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -29,10 +30,14 @@ class TestServer {
     std::vector<cubevec::server::ServedModel> models;
     models.push_back({"tinyflux", kTinyFlux, cubevec::pipelines::Pipeline::load(kTinyFlux)});
     if (with_wan) models.push_back({"tinywan", kTinyWan, cubevec::pipelines::Pipeline::load(kTinyWan)});
-    scheduler_ = std::make_unique<cubevec::server::Scheduler>(std::move(models), options);
-    http_ = std::make_unique<cubevec::server::HttpServer>(*scheduler_, limits);
-    port_ = http_->bind("127.0.0.1", 0);
-    thread_ = std::thread([this] { http_->run(); });
+    start(std::move(models), options, limits);
+  }
+  // The named model folders instead of the tiny models.
+  TestServer(const std::vector<std::pair<std::string, std::string>>& folders, cubevec::server::SchedulerOptions options = {},
+             cubevec::server::ServeLimits limits = {}) {
+    std::vector<cubevec::server::ServedModel> models;
+    for (const auto& [name, dir] : folders) models.push_back({name, dir, cubevec::pipelines::Pipeline::load(dir)});
+    start(std::move(models), options, limits);
   }
   ~TestServer() {
     http_->stop();
@@ -55,6 +60,14 @@ class TestServer {
   httplib::Result del(const std::string& path) const { return client().Delete(path.c_str()); }
 
  private:
+  void start(std::vector<cubevec::server::ServedModel> models, const cubevec::server::SchedulerOptions& options,
+             const cubevec::server::ServeLimits& limits) {
+    scheduler_ = std::make_unique<cubevec::server::Scheduler>(std::move(models), options);
+    http_ = std::make_unique<cubevec::server::HttpServer>(*scheduler_, limits);
+    port_ = http_->bind("127.0.0.1", 0);
+    thread_ = std::thread([this] { http_->run(); });
+  }
+
   std::unique_ptr<cubevec::server::Scheduler> scheduler_;
   std::unique_ptr<cubevec::server::HttpServer> http_;
   int port_ = 0;

@@ -1,0 +1,180 @@
+// `cubevec t2v` on the Wan family's other folders as a user runs them: the tiny two-expert model
+// (tests/data/wan22_tiny_a14b, Wan2.2 A14B's layout) and the tiny image-to-video model
+// (tests/data/wan_i2v_tiny with the tiny CLIPVisionModel as its image encoder), through the command
+// line, matching the library's run of the same request frame for frame (the library's numerics are
+// checked against PyTorch in tests/pipelines/wan_i2v_pipeline_test.cpp), the run's description
+// and JSON report, and one-line errors for the bad inputs.
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/run_cubevec.h"
+#include "media/png.h"
+#include "pipelines/pipeline.h"
+#include "tensor/safetensors.h"
+
+#include "common/tensor_testing.h"
+
+namespace wan_family_cli_test {
+
+using WanFamilyCli = cubevec_cli_test::CliTest;
+using cubevec_cli_test::read_file;
+namespace fs = std::filesystem;
+
+std::string data(const std::string& rel) { return std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/" + rel; }
+
+// The goldens' 512-row prompt and negative prompt states as a --prompt-embeds file.
+std::string write_embeds(const fs::path& dir, const std::string& golden_case) {
+  const cubevec::SafetensorsFile goldens = cubevec::SafetensorsFile::open(data("goldens_wan_i2v.safetensors"));
+  const std::string path = (dir / (golden_case + "_embeds.safetensors")).string();
+  cubevec::write_safetensors(path, {{"prompt_embeds", goldens.tensor(golden_case + ".prompt_embeds")},
+                                    {"negative_prompt_embeds", goldens.tensor(golden_case + ".negative_prompt_embeds")}});
+  return path;
+}
+
+// The frames the command wrote losslessly must be the library's for the same request.
+void expect_same_frames(const std::string& frames_dir, const std::vector<cubevec::media::RgbImage>& library) {
+  ASSERT_EQ(library.size(), 9u);
+  for (std::size_t i = 0; i < library.size(); ++i) {
+    char name[32];
+    std::snprintf(name, sizeof name, "/frame_%05zu.png", i);
+    EXPECT_EQ(cubevec::media::read_png(frames_dir + name).pixels, library[i].pixels) << name;
+  }
+}
+
+TEST_F(WanFamilyCli, TwoExpertsRunAndReport) {
+  const std::string model = data("wan22_tiny_a14b"), embeds = write_embeds(dir_, "pipeline_a14b");
+  const std::string out = (dir_ / "a.avi").string(), frames = (dir_ / "frames").string(), json = (dir_ / "a.json").string();
+  const auto r = run({"t2v", "--model",      model,  "--prompt-embeds", embeds, "--frames",     "9", "--width", "48", "--height",
+                      "32",  "--steps",      "4",    "--guidance",      "4",    "--guidance-2", "3", "--seed",  "5",  "--out",
+                      out,   "--frames-dir", frames, "--json",          json});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("two experts (boundary_ratio 0.75): transformer/ runs 2 step(s) with guidance 4.00, transformer_2/ 2 with 3.00"),
+            std::string::npos)
+      << r.err;
+  const auto report = nlohmann::json::parse(read_file(json));
+  EXPECT_EQ(report["guidance_2"], 3.0);
+  EXPECT_EQ(report["boundary_ratio"], 0.75);
+  const auto request = cubevec::pipelines::Request::parse(R"({"prompt_embeds": ")" + embeds +
+                                                          R"(", "num_frames": 9, "width": 48, "height": 32, "num_inference_steps": 4,
+      "guidance_scale": 4, "guidance_scale_2": 3, "seed": 5})");
+  expect_same_frames(frames, cubevec::pipelines::Pipeline::load(model)->generate(request).images);
+}
+
+// wan_i2v_tiny is a whole folder: the tiny CLIPVisionModel as its image_encoder/ + image_processor/,
+// a random 24-wide text encoder with tinywan's word tokenizer.
+fs::path i2v_folder(const fs::path&) { return data("wan_i2v_tiny"); }
+
+TEST_F(WanFamilyCli, ImageToVideoRunsTheImageEncoder) {
+  const std::string model = i2v_folder(dir_).string(), embeds = write_embeds(dir_, "pipeline_i2v");
+  const std::string out = (dir_ / "a.avi").string(), frames = (dir_ / "frames").string();
+  const auto r = run(
+      {"t2v",     "--model", model,     "--prompt-embeds",      embeds,   "--frames", "9",     "--width", "48",           "--height", "32",
+       "--steps", "3",       "--image", data("images/rgb.png"), "--seed", "5",        "--out", out,       "--frames-dir", frames});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("image-to-video: first frame given, image tokens from the image encoder"), std::string::npos) << r.err;
+  const auto request = cubevec::pipelines::Request::parse(R"({"prompt_embeds": ")" + embeds + R"(", "image": ")" + data("images/rgb.png") +
+                                                          R"(", "num_frames": 9, "width": 48, "height": 32, "num_inference_steps": 3,
+      "seed": 5})");
+  const auto library = cubevec::pipelines::Pipeline::load(model)->generate(request);
+  expect_same_frames(frames, library.images);
+  // From a prompt (the folder's text encoder) too.
+  const auto prompt =
+      run({"t2v", "--model", model, "--prompt", "a red circle moving right", "--frames", "9", "--width", "48", "--height", "32", "--steps",
+           "2", "--image", data("images/rgb.png"), "--out", (dir_ / "p.avi").string(), "--json", (dir_ / "p.json").string()});
+  ASSERT_EQ(prompt.status, 0) << prompt.err;
+  const auto report = nlohmann::json::parse(read_file((dir_ / "p.json").string()));
+  EXPECT_GT(report["stages_s"]["image_encoding"].get<double>(), 0.0) << report;
+  // The picture matters: another first frame gives another video.
+  const auto other = run({"t2v", "--model", model, "--prompt-embeds", embeds, "--frames", "9", "--width", "48", "--height", "32", "--steps",
+                          "3", "--image", data("images/photo.jpg"), "--seed", "5", "--out", (dir_ / "b.avi").string()});
+  ASSERT_EQ(other.status, 0) << other.err;
+  EXPECT_NE(read_file(out), read_file((dir_ / "b.avi").string()));
+}
+
+TEST_F(WanFamilyCli, BadInputsAreOneLineErrors) {
+  const std::string a14b = data("wan22_tiny_a14b"), i2v = i2v_folder(dir_).string();
+  const std::string embeds = write_embeds(dir_, "pipeline_i2v"), out = (dir_ / "x.avi").string();
+  const std::vector<std::string> common = {"--prompt-embeds", embeds, "--frames", "9", "--width", "48",
+                                           "--height",        "32",   "--steps",  "2", "--out",   out};
+  const auto error = [&](const std::string& model, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"t2v", "--model", model};
+    args.insert(args.end(), common.begin(), common.end());
+    args.insert(args.end(), extra.begin(), extra.end());
+    const auto r = run(args);
+    EXPECT_NE(r.status, 0);
+    EXPECT_FALSE(fs::exists(out));
+    return r.err;
+  };
+  EXPECT_NE(error(a14b, {"--image", data("images/rgb.png")}).find("--image is for image-to-video models"), std::string::npos);
+  // The stages that rewrite the weights work on one transformer so far: refused, not half applied.
+  EXPECT_NE(error(a14b, {"--offload", "1"}).find("--offload on a two-expert model"), std::string::npos);
+  EXPECT_NE(error(a14b, {"--quant", (dir_ / "none").string()}).find("--quant on a two-expert model"), std::string::npos);
+  EXPECT_NE(error(i2v, {}).find("--image FIRST.png is required"), std::string::npos);
+  EXPECT_NE(
+      error(i2v, {"--image", data("images/rgb.png"), "--last-image", data("images/photo.jpg")}).find("--last-image (first-last-frame)"),
+      std::string::npos);
+  EXPECT_NE(error(i2v, {"--image", data("images/rgb.png"), "--guidance-2", "3"}).find("--guidance-2"), std::string::npos);
+  EXPECT_NE(error(i2v, {"--image", (dir_ / "missing.png").string()}).find("missing.png"), std::string::npos);
+  EXPECT_NE(error(i2v, {"--image", ""}).find("--image: expected a PNG or JPEG file"), std::string::npos);
+  EXPECT_NE(error(i2v, {"--image", embeds}).find(embeds), std::string::npos);  // not a picture
+  EXPECT_NE(error(i2v, {"--image", data("images/rgb.png"), "--mask", data("images/rgb.png")}).find("--mask"), std::string::npos);
+}
+
+TEST_F(WanFamilyCli, ForwardRunsTheImageToVideoTransformer) {
+  const cubevec::SafetensorsFile goldens = cubevec::SafetensorsFile::open(data("goldens_wan_i2v.safetensors"));
+  const std::string inputs = (dir_ / "in.safetensors").string(), out = (dir_ / "out.safetensors").string();
+  for (const auto& [folder, c] :
+       {std::pair<std::string, std::string>{"wan_i2v_tiny", "transformer_i2v"}, {"wan_flf2v_tiny", "transformer_flf2v"}}) {
+    cubevec::write_safetensors(inputs, {{"hidden_states", goldens.tensor(c + ".hidden_states")},
+                                        {"timestep", goldens.tensor(c + ".timestep")},
+                                        {"encoder_hidden_states", goldens.tensor(c + ".encoder_hidden_states")},
+                                        {"encoder_hidden_states_image", goldens.tensor(c + ".encoder_hidden_states_image")}});
+    const auto r = run({"forward", "--model", data(folder + "/transformer"), "--inputs", inputs, "--out", out});
+    ASSERT_EQ(r.status, 0) << r.err;
+    cubevec::testing::expect_close_rel(cubevec::SafetensorsFile::open(out).tensor("sample"), goldens.tensor(c + ".sample"), 1e-4, c);
+  }
+  // Without the image states: named.
+  cubevec::write_safetensors(inputs, {{"hidden_states", goldens.tensor("transformer_i2v.hidden_states")},
+                                      {"timestep", goldens.tensor("transformer_i2v.timestep")},
+                                      {"encoder_hidden_states", goldens.tensor("transformer_i2v.encoder_hidden_states")}});
+  const auto bad = run({"forward", "--model", data("wan_i2v_tiny/transformer"), "--inputs", inputs, "--out", out});
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("encoder_hidden_states_image must be [2, L >= 1, 32]"), std::string::npos) << bad.err;
+  // A text-to-video transformer does not take them.
+  cubevec::write_safetensors(inputs, {{"encoder_hidden_states_image", goldens.tensor("transformer_i2v.encoder_hidden_states_image")}});
+  const auto t2v = run({"forward", "--model", data("wan22_tiny_a14b/transformer"), "--inputs", inputs, "--out", out});
+  EXPECT_NE(t2v.err.find("unknown tensor 'encoder_hidden_states_image'"), std::string::npos) << t2v.err;
+}
+
+TEST_F(WanFamilyCli, SimulateTheFullSizeConfigs) {
+  const std::string configs = std::string(CUBEVEC_SOURCE_DIR) + "/assets/configs/";
+  const std::string profile = std::string(CUBEVEC_SOURCE_DIR) + "/assets/devices/ascend-910b.json";
+  const auto simulate = [&](const std::string& model, std::vector<std::string> extra) {
+    const std::string json = (dir_ / "sim.json").string();
+    std::vector<std::string> args = {"t2v", "--simulate", "--model", configs + model,    "--prompt", "a cat",  "--steps",
+                                     "2",   "--dtype",    "bf16",    "--device-profile", profile,    "--json", json};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const auto r = run(args);
+    EXPECT_EQ(r.status, 0) << r.err;
+    return std::pair{r.err, r.status == 0 ? nlohmann::json::parse(read_file(json)) : nlohmann::json()};
+  };
+  const auto [t2v_err, t2v] = simulate("wan2.1-t2v-14b", {});
+  const auto [a14b_err, a14b] = simulate("wan2.2-t2v-a14b", {});
+  const auto [i2v_err, i2v] = simulate("wan2.1-i2v-14b-480p", {"--image", data("images/rgb.png")});
+  // Two steps of UniPC (shift 3): t = 999 then 749, so each expert runs one.
+  EXPECT_NE(a14b_err.find("two experts (boundary_ratio 0.875): transformer/ runs 1 step(s) with guidance 5.00, transformer_2/ 1"),
+            std::string::npos)
+      << a14b_err;
+  EXPECT_NE(i2v_err.find("image-to-video: first frame given, image tokens from the image encoder"), std::string::npos) << i2v_err;
+  // Each step runs one 14B expert: the step costs what Wan2.1-14B's does; the estimate holds both.
+  const double t2v_step = t2v["modelled_step_mean_s"].get<double>();
+  EXPECT_NEAR(a14b["modelled_step_mean_s"].get<double>(), t2v_step, 0.01 * t2v_step);
+  EXPECT_GT(a14b["memory_estimate"]["weights_bytes"].get<double>(), 1.9 * t2v["memory_estimate"]["weights_bytes"].get<double>());
+  // Image-to-video adds the 257 image tokens' keys and values to every cross-attention and 20 input channels.
+  EXPECT_GT(i2v["modelled_step_mean_s"].get<double>(), t2v_step);
+  EXPECT_LT(i2v["modelled_step_mean_s"].get<double>(), 1.2 * t2v_step);
+}
+
+}  // namespace wan_family_cli_test
