@@ -154,6 +154,20 @@ void WanBlock::declare(ParameterTable& t, int block_index, const WanConfig& c) {
   ffn_out.declare(t, p + "ffn.net.2", c.ffn_dim, d);
 }
 
+Tensor WanBlock::attend_cross(const std::function<Tensor()>& query, const Tensor& tokens, const Linear& k, const Linear& v,
+                              const Vector1d& k_norm, const std::string& module, const WanBlockInputs& shared, const ForwardContext& ctx,
+                              const Stream& s) const {
+  // No RoPE, no mask; k RMS-normed across all heads.
+  const AttentionIdentity id{index, blocks, AttentionKind::cross, tokens.size(1), shared.grid, prefix + module};
+  return ctx.attend(
+      id,
+      [&] {
+        return AttentionQkv{query(), split_heads(ctx.rms_norm_across_heads(k(tokens, s), k_norm.value, eps, s), head_dim),
+                            split_heads(v(tokens, s), head_dim)};
+      },
+      s);
+}
+
 BlockState WanBlock::forward(const BlockState& in, const WanBlockInputs& shared, const ForwardContext& ctx, const Stream& s) const {
   const Tensor& h = in.hidden;
   // M = scale_shift_table + timestep_proj in f32: shift, scale, gate (self-attention), then the FFN's.
@@ -174,32 +188,20 @@ BlockState WanBlock::forward(const BlockState& in, const WanBlockInputs& shared,
   // Cross-attention to the text: affine LayerNorm, no RoPE, no mask, no gate.
   const Tensor cn =
       cross_attn_norm ? ops::fast_layernorm(h2, norm2_weight.value, norm2_bias.value, eps, ops::LayerNormImpl::high_precision, s).out : h2;
-  const AttentionIdentity cross_id{index, blocks, AttentionKind::cross, shared.context.size(1), shared.grid, prefix + ".attn2"};
-  const Tensor co = ctx.attend(
-      cross_id,
-      [&] {
-        return AttentionQkv{split_heads(ctx.rms_norm_across_heads(cross_q(cn, s), cross_norm_q.value, eps, s), head_dim),
-                            split_heads(ctx.rms_norm_across_heads(cross_k(shared.context, s), cross_norm_k.value, eps, s), head_dim),
-                            split_heads(cross_v(shared.context, s), head_dim)};
-      },
-      s);
-  if (image_branch) {
-    // Image-to-video: the same queries also attend to the image tokens (their own keys and values,
-    // the keys RMS-normed), and the two outputs are summed before the output projection.
-    const AttentionIdentity image_id{
-        index, blocks, AttentionKind::cross, shared.image_context.size(1), shared.grid, prefix + ".attn2.image"};
-    const Tensor io = ctx.attend(
-        image_id,
-        [&] {
-          return AttentionQkv{split_heads(ctx.rms_norm_across_heads(cross_q(cn, s), cross_norm_q.value, eps, s), head_dim),
-                              split_heads(ctx.rms_norm_across_heads(add_k(shared.image_context, s), norm_added_k.value, eps, s), head_dim),
-                              split_heads(add_v(shared.image_context, s), head_dim)};
-        },
-        s);
-    h2 = cross_out(ops::add(co, io, s), s, {.residual = h2});
-  } else {
-    h2 = cross_out(co, s, {.residual = h2});
-  }
+  // The queries attend to the text and, with the image branch (image-to-video), to the image tokens
+  // through their own keys and values; the two outputs are summed before the output projection.
+  // The queries (RMS-normed across all heads) are computed once, when the first attention that is
+  // not replayed from a cache needs them.
+  Tensor q;
+  const auto query = [&] {
+    if (!q.defined()) q = split_heads(ctx.rms_norm_across_heads(cross_q(cn, s), cross_norm_q.value, eps, s), head_dim);
+    return q;
+  };
+  const Tensor co = attend_cross(query, shared.context, cross_k, cross_v, cross_norm_k, ".attn2", shared, ctx, s);
+  h2 = cross_out(
+      image_branch ? ops::add(co, attend_cross(query, shared.image_context, add_k, add_v, norm_added_k, ".attn2.image", shared, ctx, s), s)
+                   : co,
+      s, {.residual = h2});
   // Feed-forward: GELU-tanh MLP through the FFN's gate.
   const Tensor fn = ops::layernorm_scale_shift(h2, row(mod, 4), row(mod, 3), {}, {}, eps, s);
   return {gated_linear(ffn_out, ffn_in(fn, s, {.activation = ops::GemmActivation::gelu_tanh}), h2, row(mod, 5), s), {}};

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -102,6 +103,10 @@ struct WanBlock {
   void declare(ParameterTable& table, int block_index, const WanConfig& config);
   // state.hidden: the video tokens [B, L, D]; returns the new state.
   BlockState forward(const BlockState& in, const WanBlockInputs& shared, const ForwardContext& ctx, const Stream& stream) const;
+  // One cross-attention of `query` (the normed state's heads, made on first use) to `tokens` (the
+  // text, or the image tokens) through the key / value projections k, v, as module prefix + `module`.
+  Tensor attend_cross(const std::function<Tensor()>& query, const Tensor& tokens, const Linear& k, const Linear& v, const Vector1d& k_norm,
+                      const std::string& module, const WanBlockInputs& shared, const ForwardContext& ctx, const Stream& stream) const;
 };
 
 struct WanPrologue {
