@@ -85,6 +85,7 @@ struct BlockIdentity {
   int index = 0;       // flat block index
   int count = 0;       // blocks in the model
   std::string module;  // "transformer_blocks.3", "single_transformer_blocks.0", "blocks.7"
+  int model = 0;       // which of the pipeline's transformers (1: Wan2.2 A14B's transformer_2)
 };
 using BlockCompute = std::function<BlockState(const BlockState&)>;
 

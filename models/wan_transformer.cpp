@@ -385,7 +385,7 @@ WanPrologue WanTransformer3DModel::prologue(const WanInputs& in, const ForwardCo
 BlockIdentity WanTransformer3DModel::block_identity(int index) const {
   if (index < 0 || index >= block_count())
     throw Error("wan: block " + std::to_string(index) + " is out of range (the model has " + std::to_string(block_count()) + ")");
-  return {index, block_count(), blocks_[static_cast<std::size_t>(index)].prefix};
+  return {index, block_count(), blocks_[static_cast<std::size_t>(index)].prefix, model_index_};
 }
 
 BlockState WanTransformer3DModel::block(int index, const BlockState& in, const WanBlockInputs& shared, const ForwardContext& ctx,

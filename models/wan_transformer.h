@@ -140,6 +140,8 @@ class WanTransformer3DModel {
   // The blocks' attention and FFN Linears and the q / k RMSNorm weights over all heads.
   TensorParallelPlan tensor_parallel_plan() const;
   BlockIdentity block_identity(int index) const;
+  // Which of its pipeline's transformers this is (BlockIdentity::model): 1 for a second expert.
+  void set_model_index(int model) { model_index_ = model; }
   BlockState block(int index, const BlockState& in, const WanBlockInputs& shared, const ForwardContext& ctx, const Stream& stream) const;
   Tensor epilogue(const BlockState& state, const WanPrologue& prologue, const Stream& stream) const;
 
@@ -168,6 +170,7 @@ class WanTransformer3DModel {
   Tensor scale_shift_table_;  // [1, 2, D]: shift, scale of the output head
   Linear proj_out_;
   RopeCache rope_cache_;
+  int model_index_ = 0;
 };
 
 }  // namespace cubevec::models

@@ -76,6 +76,7 @@ class ModelPipeline {
   virtual const models::ParameterTable* vae_parameters() const = 0;  // null without a VAE
   // A second expert's weights (Wan2.2 A14B's transformer_2), or null with one transformer.
   virtual const models::ParameterTable* second_expert_parameters() const { return nullptr; }
+  virtual models::ParameterTable* mutable_second_expert_parameters() { return nullptr; }
 
   // Seeded noise -> final latents, the stages' plug points in every forward.
   virtual Tensor denoise(const TextConditioning& text, const Request& request, const RunContext& run, Device& device,

@@ -118,10 +118,10 @@ PipelinePlan PipelinePlan::read(const std::string& model_dir, const LoadOptions&
     throw Error("--timestep-policy applies with --quant (a W8A8_TIMESTEP description)");
   plan.model_ =
       family.empty() ? load_model_pipeline_meta(model_dir, options.dtype) : model_family(family).load_meta(model_dir, options.dtype);
-  // Two experts (Wan2.2 A14B): the stages that change the weights work on one transformer so far.
+  // Two experts (Wan2.2 A14B): the stages that change the weights work on one transformer so far
+  // (offload streams both: OffloadStage::after_load_second_model).
   if (plan.model_->second_expert_parameters()) {
     const char* flag = !options.quant.empty()          ? "--quant"
-                       : options.offload > 0           ? "--offload"
                        : plan.groups_.degrees.tp > 1   ? "--tp"
                        : !options.packed_cache.empty() ? "--packed-cache"
                                                        : nullptr;
@@ -233,6 +233,7 @@ std::unique_ptr<Pipeline> PipelinePlan::load() && {
     }
   stages_.tensor_parallel = tensor_parallel_stage(groups_, model_->tensor_parallel_plan());
   stages_.after_load(model_->transformer_parameters());
+  if (models::ParameterTable* second = model_->mutable_second_expert_parameters()) stages_.after_load_second_model(*second);
   std::unique_ptr<Pipeline> p(new Pipeline());
   if (!options_.simulate && runtime_lora)
     for (const auto& [adapter, scale] : loras_) {

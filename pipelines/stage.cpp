@@ -30,6 +30,10 @@ void StageList::after_load(models::ParameterTable& parameters) {
   }
 }
 
+void Stage::after_load_second_model(models::ParameterTable& /*parameters*/) {
+  throw Error("the " + name() + " stage works on one transformer; a second expert (transformer_2/) is not supported with it yet");
+}
+
 void StageList::begin_run(const RunInfo& run) {
   counts_.clear();
   restart(run);

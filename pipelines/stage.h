@@ -34,6 +34,9 @@ class Stage {
 
   // After the model is loaded: the layer registry, to swap Linears (quantization).
   virtual void after_load(models::ParameterTable& /*parameters*/) {}
+  // A second model's weights (Wan2.2 A14B's transformer_2, BlockIdentity::model 1). A stage that
+  // changes weights must handle it or refuse: this default refuses, naming the stage.
+  virtual void after_load_second_model(models::ParameterTable& parameters);
   virtual void begin_run(const RunInfo& /*run*/) {}
   virtual void before_step(const models::StepInfo& /*step*/) {}
 

@@ -72,6 +72,11 @@ void LoadStages::after_load(models::ParameterTable& parameters) {
     if (stage) stage->after_load(parameters);
 }
 
+void LoadStages::after_load_second_model(models::ParameterTable& parameters) {
+  for (Stage* stage : {tensor_parallel.get(), offload.get(), quantize.get()})
+    if (stage) stage->after_load_second_model(parameters);
+}
+
 StageList request_stages(const LoadStages& shared, const CacheConfig& cache, const std::optional<SparseConfig>& sparse, int steps,
                          int blocks, std::unique_ptr<Stage> sequence_parallel) {
   return build_stage_list(lend(shared.quantize), cache, steps, blocks, sparse ? std::make_unique<SparseAttentionStage>(*sparse) : nullptr,

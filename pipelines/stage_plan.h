@@ -35,6 +35,8 @@ StageList build_stage_list(std::unique_ptr<Stage> quantize, const CacheConfig& c
 struct LoadStages {
   std::unique_ptr<Stage> tensor_parallel, offload, quantize;
   void after_load(models::ParameterTable& parameters);
+  // A second expert's weights, after after_load of the first's.
+  void after_load_second_model(models::ParameterTable& parameters);
 };
 
 // A request's stages: `shared`'s lent (not owned: they outlive the request), the cache and sparse

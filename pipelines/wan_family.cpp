@@ -29,7 +29,8 @@ MemoryEstimate wan_memory(const WanT2VPipeline& pipeline, const T2VOptions& o, i
   if (const models::WanTransformer3DModel* second = pipeline.transformer_2()) {
     const TransformerBytes t2 = transformer_bytes(second->parameters(), block_modules(*second), o.activations, offload, cube_threads);
     e.weights += t2.weights;
-    e.packed += t2.packed;
+    // Under --offload only the active expert's blocks are packed (the other's go at the switch).
+    e.packed = offload > 0 ? std::max(e.packed, t2.packed) : e.packed + t2.packed;
   }
   if (pipeline.vae()) e.weights += stored_bytes(pipeline.vae()->parameters(), DType::f32);
   if (const models::ClipVisionModel* clip = pipeline.image_encoder()) e.weights += stored_bytes(clip->parameters(), DType::f32);
@@ -90,6 +91,9 @@ class WanModelPipeline : public FamilyPipelineBase<WanT2VPipeline, T2VOptions> {
 
   const models::ParameterTable* second_expert_parameters() const override {
     return p_.transformer_2() ? &p_.transformer_2()->parameters() : nullptr;
+  }
+  models::ParameterTable* mutable_second_expert_parameters() override {
+    return p_.mutable_transformer_2() ? &p_.mutable_transformer_2()->mutable_parameters() : nullptr;
   }
 
   CfgMode cfg_mode(const Request& request) const override { return request.cfg.empty() ? CfgMode::fused : parse_cfg_mode(request.cfg); }

@@ -225,6 +225,7 @@ WanT2VPipeline WanT2VPipeline::load(const std::string& dir, DType dtype, const s
   WanT2VPipeline p(models::WanTransformer3DModel::load(dir + "/transformer", dtype, variant), std::move(vae), scheduler_of(dir));
   if (index.boundary_ratio) {
     p.transformer_2_ = models::WanTransformer3DModel::load(dir + "/transformer_2", dtype, variant);
+    p.transformer_2_->set_model_index(1);
     check_expert_pair(*p.transformer_, *p.transformer_2_, dir);
     p.boundary_ratio_ = index.boundary_ratio;
   }
@@ -258,6 +259,7 @@ WanT2VPipeline WanT2VPipeline::load_meta(const std::string& dir, DType dtype) {
   WanT2VPipeline p(meta_transformer("transformer"), std::move(vae), scheduler_of(dir));
   if (index.boundary_ratio) {
     p.transformer_2_ = meta_transformer("transformer_2");
+    p.transformer_2_->set_model_index(1);
     check_expert_pair(*p.transformer_, *p.transformer_2_, dir);
     p.boundary_ratio_ = index.boundary_ratio;
   }

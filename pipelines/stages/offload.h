@@ -17,6 +17,11 @@
 // conditional one: each forward streams the blocks, so every block is packed twice per step (a
 // window that spanned both forwards would hold every block); --cfg fused runs both branches as one
 // batch and packs each block once.
+//
+// Two experts (Wan2.2 A14B: BlockIdentity::model 0 and 1): each model's blocks stream the same way,
+// and when a forward of the other model begins, every panel and mapped page of the model that ran
+// before is let go: only the active expert stays resident. The switch happens once per run (the
+// high-noise expert's steps come first); the next run packs the first expert again.
 #pragma once
 
 #include <future>
@@ -38,31 +43,40 @@ class OffloadStage : public Stage {
   ~OffloadStage() override;
   std::string name() const override { return "offload"; }
   void after_load(models::ParameterTable& parameters) override;
+  void after_load_second_model(models::ParameterTable& parameters) override;
   bool uses_blocks() const override { return true; }
   models::BlockState run_block(const models::StepInfo& step, const models::BlockIdentity& id, const models::BlockState& in,
                                const models::BlockCompute& compute, const Stream& stream) override;
   std::string summary() const override;
   nlohmann::ordered_json report() const override;
 
-  // For tests: the blocks whose Linears held packed panels when each block call began.
+  // For tests: the blocks (of the model running) whose Linears held packed panels when each block
+  // call began, and the most blocks of the other model found packed at a block call.
   std::vector<std::vector<int>> residency() const;
+  int other_model_packed_max() const;
 
  private:
-  void start_prefetch(int block, const Stream& stream);
-  void wait_prefetch(int block, const Stream& stream);
-  // The modelled host-to-device copy of `block` on the copy stream, after the work queued so far on `stream`.
-  Event model_copy(int block, const Stream& stream);
-  bool packed(int block) const;
+  using Key = std::pair<int, int>;  // (model, block)
+  void start_prefetch(Key key, const Stream& stream);
+  void wait_prefetch(Key key, const Stream& stream);
+  // The modelled host-to-device copy of a block on the copy stream, after the work queued so far on `stream`.
+  Event model_copy(Key key, const Stream& stream);
+  bool packed(Key key) const;
+  // Lets go of every panel and mapped page of `model` (its prefetches finished first).
+  void release_model(int model);
+  void load_model(models::ParameterTable& parameters);
 
   int resident_;
   std::vector<std::string> modules_;
   int cube_threads_;
-  std::vector<std::vector<const models::Linear*>> linears_;  // per block
-  std::vector<double> block_bytes_;                          // per block: the streamed weights' bytes
+  std::vector<std::vector<std::vector<const models::Linear*>>> linears_;  // per model, per block
+  std::vector<std::vector<double>> block_bytes_;                          // per model, per block: the streamed weights' bytes
   mutable std::mutex mutex_;
-  std::map<int, std::future<std::size_t>> in_flight_;  // block -> bytes packed
-  std::map<int, Event> copies_;                        // block -> its latest modelled copy
+  std::map<Key, std::future<std::size_t>> in_flight_;  // block -> bytes packed
+  std::map<Key, Event> copies_;                        // block -> its latest modelled copy
   std::vector<std::vector<int>> residency_;
+  int active_model_ = 0, model_switches_ = 0, other_model_packed_max_ = 0;
+  std::size_t switch_released_bytes_ = 0;
   double pack_seconds_ = 0, wait_seconds_ = 0;
   std::size_t packed_bytes_ = 0, released_bytes_ = 0;
   int prefetches_ = 0, releases_ = 0;

@@ -15,6 +15,7 @@
 
 #include "media/image_input.h"
 #include "ops/vector_ops.h"
+#include "pipelines/stages/offload.h"
 #include "pipelines/wan_t2v.h"
 #include "tensor/safetensors.h"
 
@@ -166,6 +167,32 @@ TEST(WanI2VPipeline, TwoExpertsRunMatchesWanPipeline) {
   double diff = 0;
   for (std::size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::abs(a[i] - b[i]));
   EXPECT_GT(diff, 1e-3);
+}
+
+TEST(WanI2VPipeline, OffloadKeepsOnlyTheActiveExpert) {
+  // Fresh pipelines (the offload stage releases the panels of the one it streams).
+  const pipelines::WanT2VPipeline resident = pipelines::WanT2VPipeline::load(data_path("wan22_tiny_a14b"));
+  pipelines::T2VOptions o = golden_options("pipeline_a14b", 4);
+  o.guidance_2 = 3.0;
+  const auto [want, unused] = run(resident, "pipeline_a14b", o);
+  pipelines::WanT2VPipeline streamed = pipelines::WanT2VPipeline::load(data_path("wan22_tiny_a14b"));
+  // One stage for both runs, as a loaded pipeline keeps it across requests.
+  pipelines::StageList stages;
+  auto stage = std::make_unique<pipelines::OffloadStage>(1, pipelines::block_modules(streamed.transformer()), 1);
+  const pipelines::OffloadStage& seen = *stage;
+  stages.add(std::move(stage));
+  stages.after_load(streamed.mutable_transformer().mutable_parameters());
+  stages.stages().front()->after_load_second_model(streamed.mutable_transformer_2()->mutable_parameters());
+  for (int pass = 0; pass < 2; ++pass) {  // the second run packs the first expert again
+    const pipelines::PromptEmbeddings pos{golden("pipeline_a14b.prompt_embeds"), {}};
+    const pipelines::PromptEmbeddings neg{golden("pipeline_a14b.negative_prompt_embeds"), {}};
+    pipelines::T2ITimings timings;
+    const Tensor got = streamed.denoise(pos, &neg, o, default_device(), {}, timings, &stages);
+    expect_close_rel(got, want, 0, "offloaded two experts, run " + std::to_string(pass));
+    EXPECT_EQ(seen.other_model_packed_max(), 0) << "the idle expert held panels";
+    EXPECT_EQ(seen.report()["expert_switches"], 2 * pass + 1);  // high noise, then low noise: once a run, and back at the next
+    EXPECT_GT(seen.report()["expert_switch_released_bytes"].get<double>(), 0.0);
+  }
 }
 
 // A copy of a tiny model folder to break.
