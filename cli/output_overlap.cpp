@@ -37,6 +37,13 @@ bool inside(const fs::path& child, const fs::path& folder) {
   return true;
 }
 
+// A file --frames-dir would overwrite: DIR/frame_NNNNN.png.
+bool is_frame_file(const fs::path& file, const fs::path& frames_dir) {
+  const std::string name = file.filename().string();
+  return file.parent_path() == frames_dir && name.size() == 15 && name.rfind("frame_", 0) == 0 && name.substr(11) == ".png" &&
+         name.find_first_not_of("0123456789", 6) == 11;
+}
+
 }  // namespace
 
 void check_outputs_against_inputs(const CLI::App& command) {
@@ -59,6 +66,14 @@ void check_outputs_against_inputs(const CLI::App& command) {
     for (std::size_t j = i + 1; j < outputs.size(); ++j)
       if (canonical_or_empty(outputs[j].path) == target)
         throw Error(outputs[j].flag + " " + outputs[j].path + ": is also the " + out.flag + " file; give each output its own path");
+    // --frames-dir is a folder of frame_NNNNN.png files: none of them may be another file of the run.
+    if (out.flag == "--frames-dir") {
+      for (const std::vector<PathFlag>* others : {&outputs, &inputs})
+        for (const PathFlag& other : *others)
+          if (&other != &out && is_frame_file(canonical_or_empty(other.path), target))
+            throw Error(out.flag + " " + out.path + ": would overwrite the " + other.flag + " file " + other.path +
+                        " with a frame; write the frames to another folder");
+    }
     for (const PathFlag& in : inputs) {
       const fs::path source = canonical_or_empty(in.path);
       if (source.empty()) continue;

@@ -1,5 +1,7 @@
 #include "models/clip_image_processor.h"
 
+#include <cmath>
+
 #include <algorithm>
 
 #include "base/config_reader.h"
@@ -58,8 +60,13 @@ void read_channels(ConfigReader& r, const std::string& key, std::array<double, 3
     r.numbers(key, values);
     if (values.size() != 3) r.fail(key, "must be 3 numbers (one per RGB channel) or one number, got " + json_for_message(v));
   }
-  for (double x : values)
+  // Pixels are O(1) after the rescale: values far outside that make inf or NaN, not a picture.
+  for (double x : values) {
     if (nonzero && x == 0.0) r.fail(key, "must not hold 0 (the pixels are divided by it), got " + json_for_message(v));
+    if (!(std::fabs(x) <= 1e3) || (nonzero && std::fabs(x) < 1e-6))
+      r.fail(key, std::string("must hold numbers ") + (nonzero ? "of magnitude 1e-6 to 1000" : "within +-1000") + ", got " +
+                      json_for_message(v));
+  }
   std::copy(values.begin(), values.end(), out.begin());
 }
 
@@ -78,6 +85,8 @@ ClipImageProcessorConfig ClipImageProcessorConfig::from_json(const nlohmann::jso
       .boolean("do_normalize", c.do_normalize)
       .boolean("do_convert_rgb", c.do_convert_rgb)
       .number("rescale_factor", c.rescale_factor);
+  if (!(std::fabs(c.rescale_factor) <= 1e3))
+    r.fail("rescale_factor", "must be a number within +-1000 (1/255 for 8-bit pictures), got " + std::to_string(c.rescale_factor));
   read_size(r, "size", true, c.shortest_edge, c.resize_height, c.resize_width);
   int64_t unused_edge = 0;
   read_size(r, "crop_size", false, unused_edge, c.crop_height, c.crop_width);

@@ -199,7 +199,8 @@ void check_experts(const std::string& dir, const WanModelIndex& index) {
   const bool second = std::filesystem::is_directory(dir + "/transformer_2");
   if (index.boundary_ratio && !second)
     throw Error(dir + "/model_index.json sets boundary_ratio (two experts, Wan2.2 A14B) but " + dir +
-                "/transformer_2 (the low-noise expert) is missing");
+                "/transformer_2 (the low-noise expert) " +
+                (std::filesystem::exists(dir + "/transformer_2") ? "is not a folder" : "is missing"));
   if (!index.boundary_ratio && second)
     throw Error(dir + " has transformer_2/ (a second expert) but its model_index.json sets no boundary_ratio saying when it runs");
   if (index.expand_timesteps)
@@ -208,11 +209,21 @@ void check_experts(const std::string& dir, const WanModelIndex& index) {
 
 void check_expert_pair(const models::WanTransformer3DModel& high, const models::WanTransformer3DModel& low, const std::string& dir) {
   const models::WanConfig &a = high.config(), &b = low.config();
-  if (a.in_channels != b.in_channels || a.out_channels != b.out_channels || a.patch_size != b.patch_size || a.text_dim != b.text_dim ||
-      a.image_dim != b.image_dim)
-    throw Error(dir +
-                ": transformer/ and transformer_2/ take different inputs (in/out channels, patch size, text_dim or image_dim differ); "
-                "the two experts must be interchangeable");
+  const auto text = [](const std::array<int64_t, 3>& p) {
+    return "[" + std::to_string(p[0]) + ", " + std::to_string(p[1]) + ", " + std::to_string(p[2]) + "]";
+  };
+  const struct {
+    const char* key;
+    std::string first, second;
+  } fields[] = {{"in_channels", std::to_string(a.in_channels), std::to_string(b.in_channels)},
+                {"out_channels", std::to_string(a.out_channels), std::to_string(b.out_channels)},
+                {"patch_size", text(a.patch_size), text(b.patch_size)},
+                {"text_dim", std::to_string(a.text_dim), std::to_string(b.text_dim)},
+                {"image_dim", std::to_string(a.image_dim), std::to_string(b.image_dim)}};
+  for (const auto& f : fields)
+    if (f.first != f.second)
+      throw Error(dir + ": transformer/ and transformer_2/ take different inputs: " + f.key + " is " + f.first + " and " + f.second +
+                  " (the two experts must be interchangeable)");
 }
 
 }  // namespace
@@ -331,6 +342,11 @@ void WanT2VPipeline::check(const T2VOptions& o, bool have_negative) const {
       throw Error(
           "--last-image (first-last-frame) needs a checkpoint trained for it: this transformer's image branch has no position "
           "table for two pictures (pos_embed_seq_len is null, as in Wan2.1 I2V; Wan2.1 FLF2V has it)");
+    if (!o.has_last_image() && c.pos_embed_seq_len > 0)
+      throw Error(
+          "--last-image LAST.png is required: this checkpoint is first-last-frame (FLF2V: its image branch's position table, "
+          "pos_embed_seq_len " +
+          std::to_string(c.pos_embed_seq_len) + ", covers two pictures)");
     if (o.has_last_image() && o.frames < 2)
       throw Error("--last-image needs at least 5 frames (the first and the last picture are different frames), got --frames " +
                   std::to_string(o.frames));
@@ -440,6 +456,20 @@ void WanT2VPipeline::load_image_encoder(const std::string& dir, bool meta) {
   image_encoder_ = meta ? models::ClipVisionModel::with_meta_weights(models::ClipVisionConfig::load(encoder + "/config.json"), DType::f32,
                                                                      ops::default_op_stream())
                         : models::ClipVisionModel::load(encoder, DType::f32, ops::default_op_stream());
+  // The processor must make the encoder's image_size x image_size pictures (its crop; checked on a
+  // picture of that size, which the resize and crop map as any picture's shorter side).
+  const int64_t size = image_encoder_->config().image_size;
+  if (!image_processor_.do_center_crop && !(image_processor_.do_resize && image_processor_.shortest_edge == 0))
+    throw Error(processor +
+                " neither crops nor resizes to a fixed size (do_center_crop false, size by shortest_edge): its pixel_values "
+                "would keep each picture's aspect, but " +
+                encoder + " takes " + std::to_string(size) + "x" + std::to_string(size) + " pictures");
+  const auto [rh, rw] = models::clip_resize_output_size(size, size, image_processor_);
+  const int64_t out_h = image_processor_.do_center_crop ? image_processor_.crop_height : rh;
+  const int64_t out_w = image_processor_.do_center_crop ? image_processor_.crop_width : rw;
+  if (out_h != size || out_w != size)
+    throw Error(processor + " makes " + std::to_string(out_w) + "x" + std::to_string(out_h) + " pixel_values, but " + encoder +
+                "/config.json's image_size is " + std::to_string(size) + " (the encoder takes image_size x image_size pictures)");
   const int64_t width = image_encoder_->config().hidden_size, image_dim = transformer_->config().image_dim;
   if (width != image_dim)
     throw Error(encoder + ": the image encoder's hidden_size " + std::to_string(width) + " does not match the transformer's image_dim " +

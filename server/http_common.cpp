@@ -60,7 +60,8 @@ void refuse_file_keys(const nlohmann::json& body) {
   for (const auto& [key, instead] : {std::pair<const char*, const char*>{"prompt_embeds", "send 'prompt'"},
                                      {"image", "images go in as uploads, not paths"},
                                      {"mask_image", "images go in as uploads, not paths"},
-                                     {"last_image", "images go in as uploads, not paths"}})
+                                     {"last_image", "images go in as uploads, not paths"},
+                                     {"input_reference", "the first frame goes in as a multipart upload, not a path or text"}})
     if (const auto it = body.find(key); it != body.end() && !it->is_null())
       throw invalid_request(key, std::string("'") + key + "' names a file, and this server reads no file a request names; " + instead);
 }

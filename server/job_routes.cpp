@@ -276,8 +276,15 @@ void submit_job(ServerContext& context, const httplib::Request& request, httplib
     keys.erase("model");
     refuse_file_keys(keys);
   }
-  const pipelines::Request checked =
-      checked_request(keys, model, context.limits, video_api ? true : model.pipeline->model().video(), uploads);
+  const pipelines::Request checked = [&] {
+    try {
+      return checked_request(keys, model, context.limits, video_api ? true : model.pipeline->model().video(), uploads);
+    } catch (const ApiError& e) {
+      // OpenAI's video API names the first frame input_reference.
+      if (video_api && e.param() == "image") throw ApiError(e.status(), e.type(), e.code(), "input_reference", e.what());
+      throw;
+    }
+  }();
   const std::shared_ptr<Job> job = context.scheduler.submit(model.name, {checked}, video_api ? "video" : "native").front();
   send_json(response, video_api ? 200 : 202,
             video_api ? video_json(*job, context.scheduler.options().video_fps) : job_json(*job, base_url(request)));

@@ -153,6 +153,15 @@ TEST_F(WanFamilyCli, BadInputsAreOneLineErrors) {
   EXPECT_NE(error(i2v, {"--image", ""}).find("--image: expected a PNG or JPEG file"), std::string::npos);
   EXPECT_NE(error(i2v, {"--image", embeds}).find(embeds), std::string::npos);  // not a picture
   EXPECT_NE(error(i2v, {"--image", data("images/rgb.png"), "--mask", data("images/rgb.png")}).find("--mask"), std::string::npos);
+  // --frames-dir must not overwrite an input or another output with a frame.
+  const fs::path frames = dir_ / "frames";
+  fs::create_directories(frames);
+  fs::copy_file(data("images/photo.jpg"), frames / "frame_00000.png");
+  const std::string picture = read_file((frames / "frame_00000.png").string());
+  EXPECT_NE(error(i2v, {"--image", (frames / "frame_00000.png").string(), "--frames-dir", frames.string()})
+                .find("would overwrite the --image file"),
+            std::string::npos);
+  EXPECT_EQ(read_file((frames / "frame_00000.png").string()), picture);
 }
 
 TEST_F(WanFamilyCli, ForwardRunsTheImageToVideoTransformer) {

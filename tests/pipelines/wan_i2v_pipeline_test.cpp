@@ -224,6 +224,35 @@ TEST(WanI2VPipeline, FolderErrorsNameWhatIsWrong) {
   }
   {
     ScratchModel m("wan22_tiny_a14b");
+    fs::remove_all(m.dir / "transformer_2");
+    m.write("transformer_2", "not a folder");
+    EXPECT_NE(message_of([&] {
+                pipelines::WanT2VPipeline::load_meta(m.dir.string());
+              }).find("transformer_2 (the low-noise expert) is not a folder"),
+              std::string::npos);
+  }
+  {
+    ScratchModel m("wan22_tiny_a14b");
+    const fs::path path = m.dir / "transformer_2" / "config.json";
+    std::string config(fs::file_size(path), '\0');
+    std::ifstream(path).read(config.data(), static_cast<std::streamsize>(config.size()));
+    const auto at = config.find("\"text_dim\": 24");
+    ASSERT_NE(at, std::string::npos) << config;
+    m.write("transformer_2/config.json", config.replace(at, 15, "\"text_dim\": 16"));
+    EXPECT_NE(message_of([&] { pipelines::WanT2VPipeline::load_meta(m.dir.string()); }).find("text_dim is 24 and 16"), std::string::npos);
+  }
+  // The image processor must make the encoder's picture size, with finite settings: refused at load.
+  for (const auto& [config, expected] :
+       {std::pair<std::string, std::string>{R"({"crop_size": 56, "size": {"shortest_edge": 56}})", "makes 56x56 pixel_values"},
+        {R"({"do_center_crop": false})", "neither crops nor resizes to a fixed size"},
+        {R"({"rescale_factor": 1e38})", "rescale_factor"},
+        {R"({"image_std": [1e-45, 1, 1]})", "image_std"}}) {
+    ScratchModel m("wan_i2v_tiny");
+    m.write("image_processor/preprocessor_config.json", config);
+    EXPECT_NE(message_of([&] { pipelines::WanT2VPipeline::load_meta(m.dir.string()); }).find(expected), std::string::npos) << config;
+  }
+  {
+    ScratchModel m("wan22_tiny_a14b");
     m.write("model_index.json", R"({"_class_name": "WanPipeline"})");
     EXPECT_NE(message_of([&] { pipelines::WanT2VPipeline::load_meta(m.dir.string()); }).find("sets no boundary_ratio"), std::string::npos);
   }
@@ -245,6 +274,10 @@ TEST(WanI2VPipeline, OptionErrorsNameTheFlag) {
   EXPECT_NE(message_of([&] { pipeline("wan_i2v_tiny").check(o, true); }).find("--last-image (first-last-frame) needs a checkpoint"),
             std::string::npos);
   EXPECT_NO_THROW(pipeline("wan_flf2v_tiny").check(o, true));
+  // A first-last-frame checkpoint needs the last picture too (diffusers fails on its shapes late).
+  o.last_image.clear();
+  EXPECT_NE(message_of([&] { pipeline("wan_flf2v_tiny").check(o, true); }).find("--last-image LAST.png is required"), std::string::npos);
+  o.last_image = data_path("images/photo.jpg");
   o.frames = 1;
   EXPECT_NE(message_of([&] { pipeline("wan_flf2v_tiny").check(o, true); }).find("--last-image needs at least 5 frames"), std::string::npos);
   o.frames = 10;

@@ -110,9 +110,9 @@ TEST(ServerVideoIn, BadUploadsAndFieldsAreNamed) {
   EXPECT_EQ(param(form), "input_reference");
   form = video_form("i2v");
   form.pop_back();  // no picture for an image-to-video model
-  EXPECT_EQ(param(form), "image");
+  EXPECT_EQ(param(form), "input_reference");
   form = video_form("a14b");  // a picture for a text-to-video model
-  EXPECT_EQ(param(form), "image");
+  EXPECT_EQ(param(form), "input_reference");
   form = video_form("i2v");
   form.push_back({"last_image", file_bytes(data("images/photo.jpg")), "last.jpg", "image/jpeg"});  // no FLF2V table
   EXPECT_EQ(param(form), "last_image");
@@ -126,6 +126,10 @@ TEST(ServerVideoIn, BadUploadsAndFieldsAreNamed) {
   const auto r = server.post("/v1/videos", json{{"model", "i2v"}, {"prompt", kVideoPrompt}, {"last_image", "/etc/passwd"}}.dump());
   EXPECT_EQ(r->status, 400);
   EXPECT_EQ(json_of(r)["error"]["param"], "last_image");
+  const auto named =
+      server.post("/v1/videos", json{{"model", "a14b"}, {"prompt", kVideoPrompt}, {"input_reference", "/etc/passwd"}}.dump());
+  EXPECT_EQ(named->status, 400);
+  EXPECT_EQ(json_of(named)["error"]["param"], "input_reference");
 }
 
 }  // namespace server_video_in_test
