@@ -21,6 +21,9 @@ using dit::split_heads;
 // Row k of a [B, n, D] modulation tensor: a [B, D] view.
 Tensor row(const Tensor& mod, int64_t k) { return mod.select(1, k); }
 
+// The largest number of distinct values per-token timesteps may take (TI2V uses 2).
+constexpr std::size_t kMaxTokenTimesteps = 16;
+
 }  // namespace
 
 // --- config -------------------------------------------------------------------------------------
@@ -116,6 +119,18 @@ RopeTable wan_rope(int64_t frames, int64_t height, int64_t width, const WanConfi
   return axial_rope(Tensor::from_vector(ids, {frames * height * width, 3}), {axes[0], axes[1], axes[2]});
 }
 
+// --- per-token timesteps -------------------------------------------------------------------------
+
+Tensor WanTokenTimesteps::per_token(const Tensor& rows, const Stream& s) const {
+  Tensor sum;
+  for (std::size_t u = 0; u < masks.size(); ++u) {
+    const int64_t i = static_cast<int64_t>(u);
+    const Tensor term = ops::mul(masks[u], ops::contiguous(rows.slice(0, i, i + 1), s), s);  // [B, L, 1] x [1, D]
+    sum = sum.defined() ? ops::add(sum, term, s) : term;
+  }
+  return sum;
+}
+
 // --- block --------------------------------------------------------------------------------------
 
 void WanBlock::declare(ParameterTable& t, int block_index, const WanConfig& c) {
@@ -170,10 +185,20 @@ Tensor WanBlock::attend_cross(const std::function<Tensor()>& query, const Tensor
 
 BlockState WanBlock::forward(const BlockState& in, const WanBlockInputs& shared, const ForwardContext& ctx, const Stream& s) const {
   const Tensor& h = in.hidden;
-  // M = scale_shift_table + timestep_proj in f32: shift, scale, gate (self-attention), then the FFN's.
-  const Tensor mod = ops::add(ops::cast(shared.timestep_proj, DType::f32, s), scale_shift_table, s);
+  // M = scale_shift_table + timestep_proj in f32: shift, scale, gate (self-attention), then the FFN's;
+  // per-token timesteps: each distinct value's rows, spread over its tokens ([B, L, D] each).
+  const WanTokenTimesteps& tokens = shared.tokens;
+  const Tensor mod =
+      ops::add(ops::cast(tokens.defined() ? tokens.timestep_proj : shared.timestep_proj, DType::f32, s), scale_shift_table, s);
+  const auto m = [&](int64_t k) { return tokens.defined() ? tokens.per_token(ops::contiguous(row(mod, k), s), s) : row(mod, k); };
+  // h + gate * linear(x), in f32 and rounded once.
+  const auto gated = [&](const Linear& linear, const Tensor& x, const Tensor& residual, int64_t k) {
+    if (!tokens.defined()) return gated_linear(linear, x, residual, row(mod, k), s);
+    const Tensor sum = ops::add(ops::cast(residual, DType::f32, s), ops::mul(ops::cast(linear(x, s), DType::f32, s), m(k), s), s);
+    return ops::cast(sum, residual.dtype(), s);
+  };
   // Self-attention: q and k RMS-normed over all D channels (before the head split), RoPE, no mask.
-  const Tensor xn = ops::layernorm_scale_shift(h, row(mod, 1), row(mod, 0), {}, {}, eps, s);
+  const Tensor xn = ops::layernorm_scale_shift(h, m(1), m(0), {}, {}, eps, s);
   const AttentionIdentity self_id{index, blocks, AttentionKind::self, 0, shared.grid, prefix + ".attn1"};
   const Tensor o = ctx.attend(
       self_id,
@@ -184,7 +209,7 @@ BlockState WanBlock::forward(const BlockState& in, const WanBlockInputs& shared,
                             split_heads(to_v(xn, s), head_dim)};
       },
       s);
-  Tensor h2 = gated_linear(to_out, o, h, row(mod, 2), s);
+  Tensor h2 = gated(to_out, o, h, 2);
   // Cross-attention to the text: affine LayerNorm, no RoPE, no mask, no gate.
   const Tensor cn =
       cross_attn_norm ? ops::fast_layernorm(h2, norm2_weight.value, norm2_bias.value, eps, ops::LayerNormImpl::high_precision, s).out : h2;
@@ -203,8 +228,8 @@ BlockState WanBlock::forward(const BlockState& in, const WanBlockInputs& shared,
                    : co,
       s, {.residual = h2});
   // Feed-forward: GELU-tanh MLP through the FFN's gate.
-  const Tensor fn = ops::layernorm_scale_shift(h2, row(mod, 4), row(mod, 3), {}, {}, eps, s);
-  return {gated_linear(ffn_out, ffn_in(fn, s, {.activation = ops::GemmActivation::gelu_tanh}), h2, row(mod, 5), s), {}};
+  const Tensor fn = ops::layernorm_scale_shift(h2, m(4), m(3), {}, {}, eps, s);
+  return {gated(ffn_out, ffn_in(fn, s, {.activation = ops::GemmActivation::gelu_tanh}), h2, 5), {}};
 }
 
 // --- the model ----------------------------------------------------------------------------------
@@ -278,6 +303,29 @@ Tensor WanTransformer3DModel::text_embedding(const Tensor& encoder_hidden_states
   return text_2_(text_1_(ops::cast(encoder_hidden_states, act, s), s, {.activation = ops::GemmActivation::gelu_tanh}), s);
 }
 
+WanTokenTimesteps WanTransformer3DModel::token_timesteps(const Tensor& timestep, const Stream& s, DType act) const {
+  if (!timestep.has_storage()) throw Error("wan forward: per-token timesteps need their values (simulate mode has none)");
+  const Tensor values = ops::contiguous(ops::cast(timestep, DType::f32, s), s);
+  const float* v = values.data<float>();
+  const int64_t batch = values.size(0), tokens = values.size(1);
+  std::vector<float> distinct;
+  for (int64_t i = 0; i < values.numel(); ++i)
+    if (std::find(distinct.begin(), distinct.end(), v[i]) == distinct.end()) {
+      if (distinct.size() == kMaxTokenTimesteps)
+        throw Error("wan forward: the per-token timesteps take more than " + std::to_string(kMaxTokenTimesteps) +
+                    " distinct values; cubevec embeds each distinct value once and supports up to that many (TI2V uses 2)");
+      distinct.push_back(v[i]);
+    }
+  WanTokenTimesteps out;
+  std::tie(out.temb, out.timestep_proj) = time_embedding(Tensor::from_vector(distinct, {static_cast<int64_t>(distinct.size())}), s, act);
+  for (const float value : distinct) {
+    std::vector<float> mask(static_cast<std::size_t>(values.numel()));
+    for (std::size_t i = 0; i < mask.size(); ++i) mask[i] = v[i] == value ? 1.0f : 0.0f;
+    out.masks.push_back(Tensor::from_vector(mask, {batch, tokens, 1}));
+  }
+  return out;
+}
+
 Tensor WanTransformer3DModel::image_embedding(const Tensor& image_states, const Stream& s, DType act) const {
   const WanConfig& c = config_;
   Tensor x = ops::cast(image_states, DType::f32, s);
@@ -305,12 +353,14 @@ Tensor WanTransformer3DModel::patch_embed(const Tensor& x, const Stream& s, DTyp
   return act == DType::f32 ? ops::contiguous(seq, s) : ops::cast(seq, act, s);
 }
 
-Tensor WanTransformer3DModel::head(const Tensor& h, const Tensor& temb, int64_t frames, int64_t height, int64_t width,
-                                   const Stream& s) const {
+Tensor WanTransformer3DModel::head(const Tensor& h, const Tensor& temb, int64_t frames, int64_t height, int64_t width, const Stream& s,
+                                   const WanTokenTimesteps* tokens) const {
   const auto& p = config_.patch_size;
   // [shift, scale] = scale_shift_table + temb (not the 6-way projection) in f32; shift first.
-  const Tensor mod = ops::add(ops::cast(temb, DType::f32, s).unsqueeze(1), scale_shift_table_, s);
-  const Tensor y = proj_out_(ops::layernorm_scale_shift(h, row(mod, 1), row(mod, 0), {}, {}, static_cast<float>(config_.eps), s), s);
+  const bool per_token = tokens && tokens->defined();
+  const Tensor mod = ops::add(ops::cast(per_token ? tokens->temb : temb, DType::f32, s).unsqueeze(1), scale_shift_table_, s);
+  const auto m = [&](int64_t k) { return per_token ? tokens->per_token(ops::contiguous(row(mod, k), s), s) : row(mod, k); };
+  const Tensor y = proj_out_(ops::layernorm_scale_shift(h, m(1), m(0), {}, {}, static_cast<float>(config_.eps), s), s);
   // Unpatchify: each token's outputs are (pt, ph, pw, C) with the channel minor.
   const int64_t b = h.size(0), c = config_.out_channels;
   const int64_t tp = frames / p[0], hp = height / p[1], wp = width / p[2];
@@ -341,9 +391,15 @@ WanPrologue WanTransformer3DModel::prologue(const WanInputs& in, const ForwardCo
                 "x" + std::to_string(height / p[1]) + "x" + std::to_string(width / p[2]) + ", above rope_max_seq_len " +
                 std::to_string(c.rope_max_seq_len) + " on an axis");
   const std::string from_hidden = " (the batch from hidden_states " + shape_to_string(x.shape()) + ")";
-  if (!in.timestep.defined() || in.timestep.dim() != 1 || in.timestep.size(0) != batch)
-    throw Error("wan forward: timestep must be [" + std::to_string(batch) + "]" + from_hidden + ", got " +
+  const int64_t token_count = (frames / p[0]) * (height / p[1]) * (width / p[2]);
+  const bool per_token = in.timestep.defined() && in.timestep.dim() == 2;
+  if (!in.timestep.defined() || in.timestep.dim() < 1 || in.timestep.dim() > 2 || in.timestep.size(0) != batch ||
+      (per_token && in.timestep.size(1) != token_count))
+    throw Error("wan forward: timestep must be [" + std::to_string(batch) + "], or [" + std::to_string(batch) + ", " +
+                std::to_string(token_count) + "] (one per token)" + from_hidden + ", got " +
                 (in.timestep.defined() ? shape_to_string(in.timestep.shape()) : std::string("nothing")));
+  if (per_token && ctx.sequence)
+    throw Error("wan forward: per-token timesteps with the tokens split across ranks (--ulysses / --ring) are not supported yet");
   if (!text.defined() || text.dim() != 3 || text.size(0) != batch || text.size(1) < 1 || text.size(2) != c.text_dim)
     throw Error("wan forward: encoder_hidden_states must be [" + std::to_string(batch) + ", L >= 1, " + std::to_string(c.text_dim) + "]" +
                 from_hidden + ", got " + (text.defined() ? shape_to_string(text.shape()) : std::string("nothing")));
@@ -375,7 +431,11 @@ WanPrologue WanTransformer3DModel::prologue(const WanInputs& in, const ForwardCo
   out.shared.grid = {tp, hp, wp};
   out.shared.rope =
       rope_cache_.get({static_cast<float>(tp), static_cast<float>(hp), static_cast<float>(wp)}, [&] { return wan_rope(tp, hp, wp, c); });
-  std::tie(out.temb, out.shared.timestep_proj) = time_embedding(in.timestep, s, act);
+  if (per_token) {
+    out.shared.tokens = token_timesteps(in.timestep, s, act);
+  } else {
+    std::tie(out.temb, out.shared.timestep_proj) = time_embedding(in.timestep, s, act);
+  }
   out.shared.context = text_embedding(text, s, act);
   if (c.has_image_branch()) out.shared.image_context = image_embedding(image, s, act);
   out.state.hidden = patch_embed(x, s, act);
@@ -394,7 +454,7 @@ BlockState WanTransformer3DModel::block(int index, const BlockState& in, const W
 }
 
 Tensor WanTransformer3DModel::epilogue(const BlockState& state, const WanPrologue& p, const Stream& s) const {
-  return head(state.hidden, p.temb, p.frames, p.height, p.width, s);
+  return head(state.hidden, p.temb, p.frames, p.height, p.width, s, &p.shared.tokens);
 }
 
 Tensor WanTransformer3DModel::forward(const WanInputs& in, const Stream& s, const ForwardContext& ctx) const {

@@ -58,8 +58,10 @@ struct WanConfig {
 
 // forward's arguments, named as diffusers' forward names them.
 struct WanInputs {
-  Tensor hidden_states;          // [B, in_channels, T, H, W] latents
-  Tensor timestep;               // [B], raw scheduler timesteps in [0, 1000] (not divided by 1000)
+  Tensor hidden_states;  // [B, in_channels, T, H, W] latents
+  // [B], raw scheduler timesteps in [0, 1000] (not divided by 1000), or [B, L] one per token
+  // (L = T' H' W' patches; Wan2.2 TI2V's expand_timesteps: the first frame's tokens at 0).
+  Tensor timestep;
   Tensor encoder_hidden_states;  // [B, L_txt, text_dim] (umT5 states, zero-padded)
   // The image branch only: the image encoder's penultimate states [B, L_img, image_dim]; with
   // pos_embed_seq_len P (FLF2V), B x L_img = batch x P rows, e.g. diffusers' [2B, P / 2, image_dim]
@@ -71,6 +73,17 @@ struct WanInputs {
 // angles f w_t | i w_h | j w_w (theta 10000), each repeated twice (the interleaved layout).
 RopeTable wan_rope(int64_t frames, int64_t height, int64_t width, const WanConfig& config);
 
+// Per-token timesteps, kept by their distinct values (TI2V has two: 0 and t): each value's
+// embeddings once, and where it applies, instead of diffusers' [B, L, 6, D] of copies.
+struct WanTokenTimesteps {
+  Tensor temb;                // [U, D]: the time embedder's output per distinct value
+  Tensor timestep_proj;       // [U, 6, D]
+  std::vector<Tensor> masks;  // U masks [B, L, 1] f32: 1 where the token has value u
+  bool defined() const { return !masks.empty(); }
+  // sum_u masks[u] rows[u]: rows [U, D] f32 -> [B, L, D] f32.
+  Tensor per_token(const Tensor& rows, const Stream& stream) const;
+};
+
 // What every block of one forward shares.
 struct WanBlockInputs {
   Tensor context;                        // the projected text [B, L_txt, D]
@@ -78,6 +91,7 @@ struct WanBlockInputs {
   RopeTable rope;                        // [T' H' W', head_dim]
   std::array<int64_t, 3> grid{1, 1, 1};  // the patch grid (T', H', W')
   Tensor image_context{};                // the embedded image tokens [B, L_img, D] (the image branch only)
+  WanTokenTimesteps tokens{};            // per-token timesteps (then timestep_proj is unused)
 };
 
 // One WanTransformerBlock under `blocks.N.`: self-attention with RoPE, cross-attention to the text,
@@ -112,7 +126,7 @@ struct WanBlock {
 struct WanPrologue {
   BlockState state;  // the patch-embedded video tokens [B, L, D]
   WanBlockInputs shared;
-  Tensor temb;                                // [B, D] (the head's modulation input)
+  Tensor temb;                                // [B, D] (the head's modulation input; per-token: shared.tokens.temb)
   int64_t frames = 0, height = 0, width = 0;  // latent size
 };
 
@@ -149,13 +163,17 @@ class WanTransformer3DModel {
   // temb [B, D] = time_embedder(sinusoid(timestep)); timestep_proj [B, 6, D] = time_proj(SiLU(temb)),
   // temb in f32 and cast to `activations` as diffusers does (its time embedder stays f32).
   std::pair<Tensor, Tensor> time_embedding(const Tensor& timestep, const Stream& stream, DType activations = DType::f32) const;
+  // Per-token timesteps [B, L]: each distinct value's temb and timestep_proj, and its token mask.
+  WanTokenTimesteps token_timesteps(const Tensor& timestep, const Stream& stream, DType activations = DType::f32) const;
   Tensor text_embedding(const Tensor& encoder_hidden_states, const Stream& stream, DType activations = DType::f32) const;  // [B, L_txt, D]
   // condition_embedder.image_embedder: [B, L_img, image_dim] (+ pos_embed) -> LayerNorm, GELU MLP,
   // LayerNorm -> [B, L_img, D]; the norms in f32 (FP32LayerNorm, eps 1e-5).
   Tensor image_embedding(const Tensor& image_states, const Stream& stream, DType activations = DType::f32) const;
   Tensor patch_embed(const Tensor& hidden_states, const Stream& stream, DType activations = DType::f32) const;  // [B, L, D]
   // The output head and unpatchify: h [B, L, D], temb [B, D] -> [B, out_channels, T, H, W].
-  Tensor head(const Tensor& h, const Tensor& temb, int64_t frames, int64_t height, int64_t width, const Stream& stream) const;
+  // Per-token timesteps (`tokens` defined): each token's shift and scale from its value's temb.
+  Tensor head(const Tensor& h, const Tensor& temb, int64_t frames, int64_t height, int64_t width, const Stream& stream,
+              const WanTokenTimesteps* tokens = nullptr) const;
   const RopeCache& rope_cache() const { return rope_cache_; }
 
  private:

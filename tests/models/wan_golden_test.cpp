@@ -227,7 +227,8 @@ TEST(WanConfigErrors, ForwardInputShapes) {
       << error(text);
   models::WanInputs steps = in;
   steps.timestep = Tensor::zeros({1}, DType::f32);
-  EXPECT_NE(error(steps).find("timestep must be [2] (the batch from hidden_states [2, 4, 3, 4, 6]), got [1]"), std::string::npos)
+  EXPECT_NE(error(steps).find("timestep must be [2], or [2, 18] (one per token) (the batch from hidden_states [2, 4, 3, 4, 6]), got [1]"),
+            std::string::npos)
       << error(steps);
   // Each argument's dtype is checked by name, before a kernel that does not know the name sees it.
   models::WanInputs integer = in;
