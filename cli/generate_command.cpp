@@ -60,12 +60,22 @@ struct GenerateFlags {
 // DIR/frame_00000.png ...
 class FrameWriter {
  public:
-  FrameWriter(const GenerateFlags& f, int64_t width, int64_t height)
+  FrameWriter(const GenerateFlags& f, int64_t width, int64_t height, int64_t frames)
       : avi_(f.out, static_cast<int>(width), static_cast<int>(height), f.fps), dir_(f.frames_dir), quality_(f.quality) {
     if (!dir_.empty()) {
       std::error_code error;
       std::filesystem::create_directories(dir_, error);
       if (error || !std::filesystem::is_directory(dir_)) throw Error(dir_ + ": cannot create the frames directory");
+      // A frame's path that is a folder, a link or a device fails now, not after the denoising.
+      for (int64_t i = 0; i < frames; ++i) {
+        char name[32];
+        std::snprintf(name, sizeof name, "/frame_%05lld.png", static_cast<long long>(i));
+        const auto status = std::filesystem::symlink_status(dir_ + name, error);
+        if (!error && std::filesystem::exists(status) && !std::filesystem::is_regular_file(status))
+          throw Error("--frames-dir " + dir_ + ": " + dir_ + name +
+                      " is not a regular file (a folder, a link or a device); the frame "
+                      "cannot be written there");
+      }
     }
   }
 
@@ -185,7 +195,7 @@ int run(GenerateFlags f, const CLI::App& command, const DeviceFlags& device_flag
 
   // The output files are opened before denoising, so a bad path fails at once, not after it.
   std::optional<FrameWriter> writer;
-  if (!image && !f.common.simulate && writer_rank) writer.emplace(f, *request.width, *request.height);
+  if (!image && !f.common.simulate && writer_rank) writer.emplace(f, *request.width, *request.height, *request.num_frames);
   std::fprintf(stderr, "%s: text: %s\n", f.name(), text.source.c_str());
   std::fprintf(stderr, "%s: estimated peak memory %s\n", f.name(), memory.describe().c_str());
   for (const std::string& line : description) std::fprintf(stderr, "%s: %s\n", f.name(), line.c_str());

@@ -162,6 +162,11 @@ TEST_F(WanFamilyCli, BadInputsAreOneLineErrors) {
                 .find("would overwrite the --image file"),
             std::string::npos);
   EXPECT_EQ(read_file((frames / "frame_00000.png").string()), picture);
+  // A frame's path that is a folder fails before any work (not after the denoising).
+  const fs::path blocked = dir_ / "blocked";
+  fs::create_directories(blocked / "frame_00004.png");
+  EXPECT_NE(error(i2v, {"--image", data("images/rgb.png"), "--frames-dir", blocked.string()}).find("frame_00004.png is not a regular file"),
+            std::string::npos);
 }
 
 TEST_F(WanFamilyCli, ForwardRunsTheImageToVideoTransformer) {
