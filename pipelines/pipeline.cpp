@@ -121,10 +121,10 @@ PipelinePlan PipelinePlan::read(const std::string& model_dir, const LoadOptions&
   // Two experts (Wan2.2 A14B): the stages that change the weights work on one transformer so far
   // (offload streams both: OffloadStage::after_load_second_model).
   if (plan.model_->second_expert_parameters()) {
-    const char* flag = !options.quant.empty()          ? "--quant"
-                       : plan.groups_.degrees.tp > 1   ? "--tp"
-                       : !options.packed_cache.empty() ? "--packed-cache"
-                                                       : nullptr;
+    const char* flag = !options.quant.empty() && !options.simulate ? "--quant"
+                       : plan.groups_.degrees.tp > 1               ? "--tp"
+                       : !options.packed_cache.empty()             ? "--packed-cache"
+                                                                   : nullptr;
     if (flag)
       throw Error(std::string(flag) + " on a two-expert model (" + model_dir +
                   ": transformer/ and transformer_2/) is not supported yet: it would change the first expert's weights only");

@@ -73,7 +73,19 @@ std::string QuantizeStage::name() const {
   return "quantize " + (meta_algorithm_ ? std::string(quant::algorithm_name(*meta_algorithm_)) : description_->model_quant_type);
 }
 
-void QuantizeStage::after_load(models::ParameterTable& table) {
+void QuantizeStage::after_load(models::ParameterTable& table) { quantize(table, ""); }
+
+void QuantizeStage::after_load_second_model(models::ParameterTable& table) {
+  // A description file names one model's modules; each expert needs its own (not supported yet). In
+  // simulate mode an algorithm name quantizes every block Linear, of both experts alike.
+  if (!meta_algorithm_)
+    throw Error("--quant " + options_.description +
+                " on a two-expert model (transformer_2/): each expert needs its own "
+                "quantization description, which cubevec does not take yet (simulate mode takes an algorithm name for both)");
+  quantize(table, "transformer_2/");
+}
+
+void QuantizeStage::quantize(models::ParameterTable& table, const std::string& model) {
   if (table.linears().empty()) throw Error("--quant " + options_.description + ": this model has no Linear layers to quantize");
   std::vector<std::pair<models::Linear*, std::shared_ptr<const quant::QuantizedLinear>>> built;
   if (meta_algorithm_) {
@@ -113,12 +125,12 @@ void QuantizeStage::after_load(models::ParameterTable& table) {
                 " quantizes none");
   // Everything read and checked: swap, and release the float weights of the swapped layers.
   for (auto& [linear, q] : built) {
-    if (q->static_steps() > 0) static_rows_[linear->name] = q->static_steps();
+    if (q->static_steps() > 0) static_rows_[model + linear->name] = q->static_steps();
     install_quantized(*linear, q);
-    swapped_[linear->name] = std::string(quant::algorithm_name(q->algorithm()));
+    swapped_[model + linear->name] = std::string(quant::algorithm_name(q->algorithm()));
     quantized_bytes_ += q->weight_bytes();
   }
-  float_bytes_ = 0;
+  if (model.empty()) float_bytes_ = 0;  // a second model's add to the first's
   for (const auto& spec : table.specs())
     if (spec.slot->has_storage()) float_bytes_ += spec.slot->nbytes();
 }

@@ -34,6 +34,7 @@ class QuantizeStage : public Stage {
   explicit QuantizeStage(QuantizeOptions options);
   std::string name() const override;  // "quantize W8A8_DYNAMIC"
   void after_load(models::ParameterTable& parameters) override;
+  void after_load_second_model(models::ParameterTable& parameters) override;
   // Checks that every step the policy makes static has its row of scales in every
   // W8A8_TIMESTEP layer before the first step runs.
   void begin_run(const RunInfo& run) override;
@@ -52,6 +53,8 @@ class QuantizeStage : public Stage {
   std::optional<quant::Algorithm> meta_algorithm_;  // simulate with an algorithm name
   std::shared_ptr<const quant::TimestepPolicy> policy_;
   void check_static_rows(int first, int count) const;
+  // Swaps `table`'s layers; `model` prefixes its module names in the report ("" or "transformer_2/").
+  void quantize(models::ParameterTable& table, const std::string& model);
   std::map<std::string, std::string> swapped_;  // module -> algorithm
   std::map<std::string, int> static_rows_;      // W8A8_TIMESTEP module -> steps with static scales
   std::size_t quantized_bytes_ = 0, float_bytes_ = 0;

@@ -219,6 +219,10 @@ TEST_F(WanFamilyCli, SimulateTheFullSizeConfigs) {
   const double t2v_step = t2v["modelled_step_mean_s"].get<double>();
   EXPECT_NEAR(a14b["modelled_step_mean_s"].get<double>(), t2v_step, 0.01 * t2v_step);
   EXPECT_GT(a14b["memory_estimate"]["weights_bytes"].get<double>(), 1.9 * t2v["memory_estimate"]["weights_bytes"].get<double>());
+  // Simulate mode's algorithm name quantizes both experts' block Linears (400 each), priced at the int8 rate.
+  const auto [quant_err, quant] = simulate("wan2.2-t2v-a14b", {"--quant", "W8A8_DYNAMIC"});
+  EXPECT_NE(quant_err.find("800 Linears quantized"), std::string::npos) << quant_err;
+  EXPECT_LT(quant["modelled_step_mean_s"].get<double>(), 0.9 * a14b["modelled_step_mean_s"].get<double>());
   // Image-to-video adds the 257 image tokens' keys and values to every cross-attention and 20 input channels.
   EXPECT_GT(i2v["modelled_step_mean_s"].get<double>(), t2v_step);
   EXPECT_LT(i2v["modelled_step_mean_s"].get<double>(), 1.2 * t2v_step);
