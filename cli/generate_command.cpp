@@ -68,13 +68,12 @@ class FrameWriter {
       if (error || !std::filesystem::is_directory(dir_)) throw Error(dir_ + ": cannot create the frames directory");
       // A frame's path that is a folder, a link or a device fails now, not after the denoising.
       for (int64_t i = 0; i < frames; ++i) {
-        char name[32];
-        std::snprintf(name, sizeof name, "/frame_%05lld.png", static_cast<long long>(i));
-        const auto status = std::filesystem::symlink_status(dir_ + name, error);
+        const std::string path = frame_path(i);
+        const auto status = std::filesystem::symlink_status(path, error);
         if (!error && std::filesystem::exists(status) && !std::filesystem::is_regular_file(status))
-          throw Error("--frames-dir " + dir_ + ": " + dir_ + name +
-                      " is not a regular file (a folder, a link or a device); the frame "
-                      "cannot be written there");
+          throw Error("--frames-dir " + dir_ + ": " + path +
+                      " is not a regular file (a folder, a link or a device); the frame cannot be "
+                      "written there");
       }
     }
   }
@@ -85,11 +84,10 @@ class FrameWriter {
       const media::RgbImage image = media::to_rgb(frames.select(2, i));
       avi_.add_frame(media::encode_jpeg(image, quality_, avi_.path()));
       if (!dir_.empty()) {
-        char name[32];
-        std::snprintf(name, sizeof name, "/frame_%05d.png", avi_.frame_count() - 1);
+        const std::string path = frame_path(avi_.frame_count() - 1);
         // Each frame waits in a closed temporary until the video is finished.
-        frames_.push_back(std::make_unique<OutputFile>(dir_ + name, "--frames-dir"));
-        const std::vector<uint8_t> png = media::encode_png(image, dir_ + name);
+        frames_.push_back(std::make_unique<OutputFile>(path, "--frames-dir"));
+        const std::vector<uint8_t> png = media::encode_png(image, path);
         frames_.back()->write(png.data(), png.size());
         frames_.back()->close();
       }
@@ -106,6 +104,13 @@ class FrameWriter {
   double encode_seconds() const { return encode_s_; }
 
  private:
+  // DIR/frame_NNNNN.png, the name --frames-dir promises.
+  std::string frame_path(int64_t index) const {
+    char name[32];
+    std::snprintf(name, sizeof name, "/frame_%05lld.png", static_cast<long long>(index));
+    return dir_ + name;
+  }
+
   media::MjpegAviWriter avi_;
   std::string dir_;
   std::vector<std::unique_ptr<OutputFile>> frames_;

@@ -1,11 +1,13 @@
 #include "pipelines/wan_t2v.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <memory>
 
 #include "media/image_input.h"
 #include "ops/vector_ops.h"
@@ -43,16 +45,19 @@ WanSchedulerConfig scheduler_of(const std::string& model_dir) {
 
 // The Wan transformer(s) as the loop sees them: latents [1, C, T, H, W] in (image-to-video: with
 // the condition beside them on channels, and the image tokens), the flow out; the raw timestep
-// (0..1000) goes to the model. With two experts, the step's timestep picks the model.
+// (0..1000) goes to the model. With two experts, the run's expert schedule picks the model.
 class WanDenoiser : public Denoiser {
  public:
+  // experts[e] runs the steps whose schedule entry is e (wan_expert_schedule; empty: expert 0 always).
   struct Experts {
-    const models::WanTransformer3DModel* high = nullptr;
-    const models::WanTransformer3DModel* low = nullptr;  // null: one transformer
-    float boundary = 0;                                  // f32(boundary_ratio x num_train_timesteps)
+    std::array<const models::WanTransformer3DModel*, 2> models{};
+    std::vector<int> schedule;
+    const models::WanTransformer3DModel& of(int step) const {
+      return *models[schedule.empty() ? 0 : static_cast<std::size_t>(schedule.at(static_cast<std::size_t>(step)))];
+    }
   };
   WanDenoiser(Experts experts, Tensor cond, Tensor uncond, Tensor condition, Tensor image_embeds)
-      : experts_(experts),
+      : experts_(std::move(experts)),
         cond_(std::move(cond)),
         uncond_(std::move(uncond)),
         condition_(std::move(condition)),
@@ -63,8 +68,7 @@ class WanDenoiser : public Denoiser {
   Tensor predict(const Tensor& latents, const models::ForwardContext& ctx, const Stream& s) override {
     const models::CfgBranch branch = ctx.step.branch;
     if (branch != models::CfgBranch::cond && !uncond_.defined()) throw Error("the unconditional branch needs negative embeddings");
-    const models::WanTransformer3DModel& model =
-        experts_.low && static_cast<float>(ctx.step.timestep) < experts_.boundary ? *experts_.low : *experts_.high;
+    const models::WanTransformer3DModel& model = experts_.of(ctx.step.index);
     const Tensor x = condition_.defined() ? ops::concat({latents, ops::cast(condition_, latents.dtype(), s)}, 1, s) : latents;
     const bool image = model.config().has_image_branch();
     if (branch == models::CfgBranch::both) {
@@ -85,23 +89,19 @@ class WanDenoiser : public Denoiser {
 // high-noise expert, guidance_scale_2 for the low-noise one).
 class ExpertGuidance : public Guidance {
  public:
-  ExpertGuidance(std::unique_ptr<Guidance> high, std::unique_ptr<Guidance> low, float boundary)
-      : high_(std::move(high)), low_(std::move(low)), boundary_(boundary) {}
+  ExpertGuidance(std::unique_ptr<Guidance> high, std::unique_ptr<Guidance> low, std::vector<int> schedule)
+      : high_(std::move(high)), low_(std::move(low)), schedule_(std::move(schedule)) {}
   std::string name() const override { return high_->name(); }
   std::vector<models::CfgBranch> branches() const override { return high_->branches(); }
   Tensor velocity(Denoiser& denoiser, const Tensor& latents, models::ForwardContext ctx, Device& device) override {
-    Guidance& g = static_cast<float>(ctx.step.timestep) < boundary_ ? *low_ : *high_;
+    Guidance& g = schedule_.at(static_cast<std::size_t>(ctx.step.index)) == 1 ? *low_ : *high_;
     return g.velocity(denoiser, latents, ctx, device);
   }
 
  private:
   std::unique_ptr<Guidance> high_, low_;
-  float boundary_;
+  std::vector<int> schedule_;
 };
-
-float boundary_timestep(double ratio, int64_t num_train_timesteps) {
-  return static_cast<float>(ratio * static_cast<double>(num_train_timesteps));
-}
 
 int64_t num_train_timesteps(const WanSchedulerConfig& config) {
   return std::visit([](const auto& c) { return c.num_train_timesteps; }, config);
@@ -138,7 +138,8 @@ WanModelIndex WanModelIndex::load(const std::string& dir) {
 }
 
 std::vector<int> wan_expert_schedule(const std::vector<float>& timesteps, double boundary_ratio, int64_t num_train_timesteps) {
-  const float boundary = boundary_timestep(boundary_ratio, num_train_timesteps);
+  // diffusers compares the f32 timestep with the Python float in f32.
+  const float boundary = static_cast<float>(boundary_ratio * static_cast<double>(num_train_timesteps));
   std::vector<int> experts;
   experts.reserve(timesteps.size());
   for (float t : timesteps) experts.push_back(t >= boundary ? 0 : 1);
@@ -228,18 +229,22 @@ void check_expert_pair(const models::WanTransformer3DModel& high, const models::
 
 }  // namespace
 
+void WanT2VPipeline::add_second_expert(std::unique_ptr<models::WanTransformer3DModel> expert, const std::string& dir,
+                                       double boundary_ratio) {
+  expert->set_model_index(1);
+  check_expert_pair(*transformer_, *expert, dir);
+  transformer_2_ = std::move(expert);
+  boundary_ratio_ = boundary_ratio;
+}
+
 WanT2VPipeline WanT2VPipeline::load(const std::string& dir, DType dtype, const std::string& variant) {
   require_wan_folder(dir);
   const WanModelIndex index = WanModelIndex::load(dir);
   check_experts(dir, index);
   auto vae = std::make_unique<models::AutoencoderKLWan>(models::load_autoencoder_kl_wan(dir + "/vae", DType::f32, variant));
   WanT2VPipeline p(models::WanTransformer3DModel::load(dir + "/transformer", dtype, variant), std::move(vae), scheduler_of(dir));
-  if (index.boundary_ratio) {
-    p.transformer_2_ = models::WanTransformer3DModel::load(dir + "/transformer_2", dtype, variant);
-    p.transformer_2_->set_model_index(1);
-    check_expert_pair(*p.transformer_, *p.transformer_2_, dir);
-    p.boundary_ratio_ = index.boundary_ratio;
-  }
+  if (index.boundary_ratio)
+    p.add_second_expert(models::WanTransformer3DModel::load(dir + "/transformer_2", dtype, variant), dir, *index.boundary_ratio);
   if (p.image_to_video()) {
     // The encoder makes the condition; a VAE saved without it can still be inspected and simulated.
     try {
@@ -268,12 +273,7 @@ WanT2VPipeline WanT2VPipeline::load_meta(const std::string& dir, DType dtype) {
     models::make_meta_parameters(vae->parameters(), DType::f32);
   }
   WanT2VPipeline p(meta_transformer("transformer"), std::move(vae), scheduler_of(dir));
-  if (index.boundary_ratio) {
-    p.transformer_2_ = meta_transformer("transformer_2");
-    p.transformer_2_->set_model_index(1);
-    check_expert_pair(*p.transformer_, *p.transformer_2_, dir);
-    p.boundary_ratio_ = index.boundary_ratio;
-  }
+  if (index.boundary_ratio) p.add_second_expert(meta_transformer("transformer_2"), dir, *index.boundary_ratio);
   if (p.image_to_video() && p.vae_) {
     p.encoder_ = std::make_unique<models::AutoencoderKLWanEncoder>(p.vae_->config());
     models::make_meta_parameters(p.encoder_->parameters(), DType::f32);
@@ -405,23 +405,28 @@ Tensor WanT2VPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddin
     }
   } else if (image_to_video()) {
     const auto t0 = std::chrono::steady_clock::now();
-    condition = image_condition(o, main);
-    if (c.has_image_branch()) image_tokens = image_embeds(o, main);
+    // Each picture file is read once, for the condition and for the image encoder.
+    T2VOptions read = o;
+    if (!read.image_pixels) read.image_pixels = std::make_shared<const media::RgbImage>(media::read_input_image(o.image, "--image"));
+    if (o.has_last_image() && !read.last_image_pixels)
+      read.last_image_pixels = std::make_shared<const media::RgbImage>(media::read_input_image(o.last_image, "--last-image"));
+    condition = image_condition(read, main);
+    if (c.has_image_branch()) image_tokens = image_embeds(read, main);
     timings.image_s += seconds_since(t0);
   }
-  WanDenoiser::Experts experts{transformer_.get(), transformer_2_.get(), 0.0f};
-  if (transformer_2_) experts.boundary = boundary_timestep(*boundary_ratio_, num_train_timesteps(scheduler_));
-  WanDenoiser denoiser(experts, pos.sequence, neg ? neg->sequence : Tensor(), condition, image_tokens);
+  WanDenoiser::Experts experts{{transformer_.get(), transformer_2_.get()}, {}};
+  if (transformer_2_) experts.schedule = wan_expert_schedule(scheduler->timesteps(), *boundary_ratio_, num_train_timesteps(scheduler_));
+  const std::vector<int> schedule = experts.schedule;
+  WanDenoiser denoiser(std::move(experts), pos.sequence, neg ? neg->sequence : Tensor(), condition, image_tokens);
   const auto guidance_of = [&](double scale, const std::string& side_stream) {
     return o.cfg_parallel ? make_cfg_parallel_guidance(scale, *o.cfg_parallel) : make_guidance(o.cfg, scale, side_stream);
   };
   std::unique_ptr<Guidance> guidance = guidance_of(o.guidance, "t2v.uncond");
   LoopOptions loop{o.activations, transformer_->block_count()};
   if (transformer_2_) {
-    guidance = std::make_unique<ExpertGuidance>(std::move(guidance), guidance_of(o.guidance_2.value_or(o.guidance), "t2v.uncond"),
-                                                experts.boundary);
+    guidance =
+        std::make_unique<ExpertGuidance>(std::move(guidance), guidance_of(o.guidance_2.value_or(o.guidance), "t2v.uncond"), schedule);
     // The step caches start over with the second expert: what they hold is the first one's.
-    const std::vector<int> schedule = wan_expert_schedule(scheduler->timesteps(), *boundary_ratio_, num_train_timesteps(scheduler_));
     const auto first_low = std::find(schedule.begin(), schedule.end(), 1);
     if (first_low != schedule.begin() && first_low != schedule.end())
       loop.restart_stages_at = static_cast<int>(first_low - schedule.begin());

@@ -144,6 +144,8 @@ class WanT2VPipeline {
   std::unique_ptr<models::ClipVisionModel> image_encoder_;    // the image branch's pictures -> tokens
   models::ClipImageProcessorConfig image_processor_;
 
+  // transformer_2/ (Wan2.2 A14B's low-noise expert), checked against the first.
+  void add_second_expert(std::unique_ptr<models::WanTransformer3DModel> expert, const std::string& dir, double boundary_ratio);
   // image_encoder/ and image_processor/ when the transformer has the image branch (meta: shapes only).
   void load_image_encoder(const std::string& dir, bool meta);
 
