@@ -74,6 +74,15 @@ ConfigReader& ConfigReader::integer(const std::string& key, int& out, int64_t mi
   return *this;
 }
 
+ConfigReader& ConfigReader::unsigned_integer(const std::string& key, uint64_t& out) {
+  const nlohmann::json* v = value_of(key);
+  if (!v) return *this;
+  if (!v->is_number_integer() || (!v->is_number_unsigned() && v->get<int64_t>() < 0))
+    fail(key, "must be an integer in [0, 18446744073709551615], got " + json_for_message(*v));
+  out = v->get<uint64_t>();
+  return *this;
+}
+
 ConfigReader& ConfigReader::number(const std::string& key, double& out) {
   const nlohmann::json* v = value_of(key);
   if (!v) return *this;

@@ -46,6 +46,8 @@ class ConfigReader {
   // the type and range, else an Error naming the source, the key, what was expected and the value.
   ConfigReader& integer(const std::string& key, int64_t& out, int64_t min, int64_t max = kMaxConfigInt);
   ConfigReader& integer(const std::string& key, int& out, int64_t min, int64_t max = kMaxConfigInt);
+  // Any integer in [0, 2^64 - 1] (a seed: JSON text may hold every uint64_t).
+  ConfigReader& unsigned_integer(const std::string& key, uint64_t& out);
   ConfigReader& number(const std::string& key, double& out);                             // any finite number
   ConfigReader& positive_number(const std::string& key, double& out);                    // finite and > 0
   ConfigReader& number_in(const std::string& key, double& out, double min, double max);  // finite, in [min, max]

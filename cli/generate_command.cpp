@@ -64,8 +64,15 @@ class FrameWriter {
       : avi_(f.out, static_cast<int>(width), static_cast<int>(height), f.fps), dir_(f.frames_dir), quality_(f.quality) {
     if (!dir_.empty()) {
       std::error_code error;
-      std::filesystem::create_directories(dir_, error);
-      if (error || !std::filesystem::is_directory(dir_)) throw Error(dir_ + ": cannot create the frames directory");
+      // The folder itself, not its parents: a mistyped parent is an error, not a new tree.
+      std::filesystem::path folder(dir_);
+      if (!folder.has_filename()) folder = folder.parent_path();  // "frames/"
+      const std::filesystem::path parent = folder.parent_path();
+      if (!parent.empty() && !std::filesystem::is_directory(parent, error))
+        throw Error("--frames-dir " + dir_ + ": its parent folder " + parent.string() +
+                    " does not exist (cubevec creates the frames folder, not its parents)");
+      std::filesystem::create_directory(dir_, error);
+      if (error || !std::filesystem::is_directory(dir_)) throw Error("--frames-dir " + dir_ + ": cannot create the frames folder");
       // A frame's path that is a folder, a link or a device fails now, not after the denoising.
       for (int64_t i = 0; i < frames; ++i) {
         const std::string path = frame_path(i);

@@ -19,7 +19,6 @@ constexpr int64_t kMaxFrames = 4097;
 constexpr int kMaxSteps = 1000;
 constexpr double kMaxGuidance = 100.0;
 constexpr int kMaxSequenceLength = 4096;
-constexpr int64_t kMaxSeed = INT64_MAX;
 
 SparseConfig sparse_from_json(const nlohmann::json& json, const std::string& source) {
   SparseConfig c;
@@ -60,7 +59,7 @@ nlohmann::ordered_json sparse_to_json(const SparseConfig& c) {
 Request Request::from_json(const nlohmann::json& json, const std::string& source) {
   ConfigReader r(json, source, "generation request");
   Request q;
-  int64_t width = 0, height = 0, frames = 0, seed = 0;
+  int64_t width = 0, height = 0, frames = 0;
   int steps = 0, max_sequence_length = 0;
   double guidance = 0, guidance_2 = 0, true_cfg = 0, strength = 0;
   r.text("prompt", q.text.prompt)
@@ -79,7 +78,7 @@ Request Request::from_json(const nlohmann::json& json, const std::string& source
       .text("mask_image", q.mask_image)
       .text("last_image", q.last_image)
       .number_in("strength", strength, 0.0, 1.0)
-      .integer("seed", seed, 0, kMaxSeed);
+      .unsigned_integer("seed", q.seed);
   bool edit = false, auto_resize = true;
   int64_t max_area = 0;
   r.boolean("edit", edit).boolean("auto_resize", auto_resize).integer("max_area", max_area, 256, kMaxImageSide * kMaxImageSide);
@@ -112,7 +111,6 @@ Request Request::from_json(const nlohmann::json& json, const std::string& source
   if (r.has("guidance_scale")) q.guidance_scale = guidance;
   if (r.has("true_cfg_scale")) q.true_cfg_scale = true_cfg;
   if (r.has("guidance_scale_2")) q.guidance_scale_2 = guidance_2;
-  q.seed = static_cast<uint64_t>(seed);
   if (const nlohmann::json& cache = r.raw("cache"); !cache.is_null()) {
     if (cache.is_string()) {
       const std::string method = cache.get<std::string>();

@@ -4,7 +4,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string>
 
+#include "server/api_error.h"
+#include "server/http_common.h"
 #include "server/routes.h"
 
 namespace cubevec::server {
@@ -28,8 +31,20 @@ HttpServer::HttpServer(Scheduler& scheduler, const ServeLimits& limits)
   // Range requests would cut a JSON answer short (or send a job's id half): every answer is whole.
   // httplib parses the header before routing, so the parsed ranges are dropped here and in the
   // error handler.
-  http.set_pre_routing_handler([](const httplib::Request& request, httplib::Response&) {
+  //
+  // Two Content-Length headers leave the body's end ambiguous (httplib would take the first, a proxy
+  // in front perhaps the last: request smuggling), so such a request is refused before its body is
+  // read, and the connection closed.
+  http.set_pre_routing_handler([](const httplib::Request& request, httplib::Response& response) {
     const_cast<httplib::Request&>(request).ranges.clear();
+    if (const std::size_t count = request.get_header_value_count("Content-Length"); count > 1) {
+      response.set_header("Connection", "close");
+      send_error(response, invalid_request("",
+                                           "the request has " + std::to_string(count) +
+                                               " Content-Length headers; one is expected (its body's end is ambiguous)",
+                                           "duplicate_content_length"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
     return httplib::Server::HandlerResponse::Unhandled;
   });
   // Errors httplib answers itself (no such route, a body over --max-body, a malformed request)

@@ -8,6 +8,7 @@
 #include <random>
 #include <utility>
 
+#include "base/config_reader.h"
 #include "base/error.h"
 #include "parallel/mpi_runtime.h"
 #include "server/rank_relay.h"
@@ -94,7 +95,7 @@ const ServedModel& Scheduler::model(const std::string& name, const std::string& 
   }
   if (name.empty()) throw invalid_request(param, "'" + param + "' is required: this server has several models (" + names + ")");
   throw ApiError(404, "invalid_request_error", "model_not_found", param,
-                 "the model '" + name + "' does not exist on this server; it serves " + names);
+                 "the model " + json_for_message(name) + " does not exist on this server; it serves " + names);  // quoted, escaped
 }
 
 std::string Scheduler::new_id(const std::string& prefix) {

@@ -96,8 +96,8 @@ def _seed(generator):
         return secrets.randbits(63)
     if isinstance(generator, bool) or not isinstance(generator, numbers.Integral):
         raise TypeError(f"generator must be an int seed (cubevec has no torch.Generator), got {type(generator).__name__}")
-    if not 0 <= int(generator) < 2 ** 63:
-        raise ValueError(f"generator must be a seed in [0, 2**63), got {generator}")
+    if not 0 <= int(generator) < 2 ** 64:
+        raise ValueError(f"generator must be a seed in [0, 2**64), got {generator}")
     return int(generator)
 
 

@@ -263,6 +263,12 @@ TEST(Request, JsonErrorsNameTheKeyAndTheValue) {
   EXPECT_NE(error(R"({"prompt": "x", "num_inference_steps": 0})").find("'num_inference_steps'"), std::string::npos);
   EXPECT_NE(error(R"({"prompt": "x", "guidance_scale": 1e9})").find("'guidance_scale'"), std::string::npos);
   EXPECT_NE(error(R"({"prompt": "x", "seed": -1})").find("'seed'"), std::string::npos);
+  // Every uint64_t seed the command line takes (--seed) is a request's too; beyond, named.
+  EXPECT_NE(error(R"({"prompt": "x", "seed": 18446744073709551616})").find("'seed' must be an integer in [0, 18446744073709551615]"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"prompt": "x", "seed": 1.5})").find("'seed'"), std::string::npos);
+  EXPECT_EQ(Request::parse(R"({"prompt": "x", "seed": 18446744073709551615})").seed, 18446744073709551615u);
+  EXPECT_EQ(Request::parse(R"({"prompt": "x", "seed": 9223372036854775808})").seed, 9223372036854775808u);
   EXPECT_NE(error(R"({"prompt": "x", "cfg": "maybe"})").find("'cfg'"), std::string::npos);
   EXPECT_NE(error(R"({"prompt": "x", "cache": "fast"})").find("'cache' must be one of none, attention, dit-block, db"), std::string::npos);
   EXPECT_NE(error(R"({"prompt": "x", "cache": {"cache": "db", "cache-fn": 0}})").find("'cache-fn'"), std::string::npos);

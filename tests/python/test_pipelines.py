@@ -149,7 +149,7 @@ def test_ctrl_c_interrupts_a_long_call(flux):
     ({"prompt": "bad \ud800 text"}, ValueError, "prompt is not valid Unicode"),
     ({"negative_prompt": b"bytes"}, TypeError, "negative_prompt must be a str"),
     ({"generator": -1}, ValueError, "generator must be a seed in"),
-    ({"generator": 2 ** 63}, ValueError, "generator must be a seed in"),
+    ({"generator": 2 ** 64}, ValueError, "generator must be a seed in [0, 2**64)"),
     ({"cache": {"cache": "db", "cache-threshold": float("nan")}}, ValueError, r"cache\['cache-threshold'\] must be finite"),
     ({"cache": object()}, TypeError, "cache must be a method name"),
     ({"sparse": {"type": "ada_bsa", "sparsity": 2.0}}, ValueError, "sparsity"),

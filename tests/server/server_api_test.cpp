@@ -219,6 +219,8 @@ TEST(ServerApi, EachBadRequestIsAnOpenAiErrorNamingTheField) {
       {R"({"prompt": "a red circle", "guidance_scale": "high"})", 400, "guidance_scale", "guidance_scale"},
       {R"({"prompt": "a red circle", "seed": -1})", 400, "seed", "seed"},
       {R"({"prompt": "a red circle", "model": "sdxl"})", 404, "model", "sdxl"},
+      // A NUL or a control character in the name is shown escaped, not raw.
+      {R"({"prompt": "a red circle", "model": "tiny\u0000flux"})", 404, "model", R"(the model "tiny\u0000flux" does not exist)"},
       {R"({"prompt": "a red circle", "response_format": "gif"})", 400, "response_format", "b64_json, url"},
       {R"({"prompt": "a red circle", "output_format": "webp"})", 400, "output_format", "webp"},
       {R"({"prompt": "a red circle", "prompt_embeds": "/etc/passwd"})", 400, "prompt_embeds", "reads no file"},
@@ -634,6 +636,40 @@ TEST(ServerApi, AStalledClientIsDroppedAndOthersAreServed) {
   EXPECT_EQ(got, 0) << "the connection was not closed";
   EXPECT_LT(seconds, 8.0);
   EXPECT_EQ(answer.find("200 OK"), std::string::npos) << answer;
+}
+
+// Two Content-Length headers make the body's end ambiguous: refused with a 400 naming them, before
+// the body is read, and the connection closed (nothing after it is taken as another request).
+TEST(ServerApi, DuplicateContentLengthIsRefused) {
+  cubevec::server::ServeLimits limits;
+  limits.read_timeout_s = 2;
+  TestServer server({}, limits);
+  const int sock = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(sock, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(server.port()));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(sock, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  const std::string body = R"({"prompt": "a"})";
+  const std::string smuggled = "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+  const std::string request =
+      "POST /v1/images/generations HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+      "Content-Length: " +
+      std::to_string(body.size()) + "\r\nContent-Length: " + std::to_string(body.size() + smuggled.size()) + "\r\n\r\n" + body + smuggled;
+  ASSERT_EQ(::send(sock, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+  char buffer[4096];
+  timeval wait{10, 0};
+  ::setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
+  ssize_t got = 0;
+  std::string answer;
+  while ((got = ::recv(sock, buffer, sizeof buffer, 0)) > 0) answer.append(buffer, static_cast<std::size_t>(got));
+  ::close(sock);
+  EXPECT_EQ(got, 0) << "the connection was not closed";
+  EXPECT_EQ(answer.rfind("HTTP/1.1 400", 0), 0u) << answer;
+  EXPECT_NE(answer.find("duplicate_content_length"), std::string::npos) << answer;
+  EXPECT_NE(answer.find("2 Content-Length headers"), std::string::npos) << answer;
+  EXPECT_EQ(answer.find("HTTP/1.1 200"), std::string::npos) << "the smuggled request was answered: " << answer;
 }
 
 }  // namespace server_api_test
