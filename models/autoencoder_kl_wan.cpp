@@ -8,6 +8,7 @@
 #include <tbb/parallel_for.h>
 
 #include "models/component.h"
+#include "models/wan_vae_regroup.h"
 #include "ops/attention.h"
 #include "ops/conv.h"
 #include "ops/vector_ops.h"
@@ -46,13 +47,41 @@ void validate_autoencoder_kl_wan_config(const AutoencoderKLWanConfig& c, const s
       throw Error(source + ": decoder width " + std::to_string(c.decoder_dim()) + " x dim_mult " + std::to_string(m) +
                   " exceeds 65536 channels");
   }
-  for (std::size_t i = 0; i + 1 < c.dim_mult.size(); ++i)
+  for (std::size_t i = 0; !c.is_residual && i + 1 < c.dim_mult.size(); ++i)
     if (c.decoder_dim() * c.dim_mult[c.dim_mult.size() - 1 - i] < 2)
       throw Error(source + ": up block " + std::to_string(i) + " upsamples and halves its width, which needs at least 2 channels, got " +
                   std::to_string(c.decoder_dim() * c.dim_mult[c.dim_mult.size() - 1 - i]));
   if (c.temperal_downsample.size() + 1 != c.dim_mult.size())
     throw Error(source + ": 'temperal_downsample' must have len(dim_mult) - 1 = " + std::to_string(c.dim_mult.size() - 1) +
                 " entries, got " + std::to_string(c.temperal_downsample.size()));
+  if (c.patch_size < 1 || c.patch_size > 64)
+    throw Error(source + ": 'patch_size' must be in [1, 64] (null for 1), got " + std::to_string(c.patch_size));
+  for (const auto& [channels, key] : {std::pair{c.in_channels, "in_channels"}, std::pair{c.out_channels, "out_channels"}})
+    if (channels % (c.patch_size * c.patch_size) != 0)
+      throw Error(source + ": '" + key + "' " + std::to_string(channels) + " must be a multiple of 'patch_size' squared (" +
+                  std::to_string(c.patch_size * c.patch_size) + "): the video's channels times its pixel cells");
+  if (c.is_residual) {
+    // The shortcuts regroup whole channels: AvgDown3D averages runs of in ft fs^2 / out of them,
+    // DupUp3D repeats each out ft fs^2 / in times.
+    const std::size_t n = c.dim_mult.size();
+    for (std::size_t i = 0; i < n; ++i) {
+      const int64_t in = c.base_dim * (i == 0 ? 1 : c.dim_mult[i - 1]), out = c.base_dim * c.dim_mult[i];
+      const int64_t cells = i + 1 < n ? (c.temperal_downsample[i] ? 8 : 4) : 1;
+      if (in * cells % out != 0)
+        throw Error(source + ": 'is_residual': encoder level " + std::to_string(i) + "'s shortcut (AvgDown3D) cannot average " +
+                    std::to_string(in) + " channels x " + std::to_string(cells) + " cell positions into " + std::to_string(out) +
+                    " channels; check 'base_dim' and 'dim_mult'");
+    }
+    const std::vector<bool> temporal = c.temperal_upsample();
+    for (std::size_t i = 0; i + 1 < n; ++i) {
+      const int64_t in = c.decoder_dim() * c.dim_mult[i == 0 ? n - 1 : n - i], out = c.decoder_dim() * c.dim_mult[n - 1 - i];
+      const int64_t cells = temporal[i] ? 8 : 4;
+      if (out * cells % in != 0)
+        throw Error(source + ": 'is_residual': decoder up block " + std::to_string(i) + "'s shortcut (DupUp3D) cannot spread " +
+                    std::to_string(in) + " channels over " + std::to_string(out) + " channels x " + std::to_string(cells) +
+                    " cell positions; check 'decoder_base_dim' and 'dim_mult'");
+    }
+  }
   if (!(c.dropout >= 0.0 && c.dropout <= 1.0)) throw Error(source + ": 'dropout' must be in [0, 1], got " + std::to_string(c.dropout));
   for (const auto& [list, key] : {std::pair{&c.latents_mean, "latents_mean"}, std::pair{&c.latents_std, "latents_std"}})
     if (static_cast<int64_t>(list->size()) != c.z_dim)
@@ -71,7 +100,8 @@ void validate_autoencoder_kl_wan_config(const AutoencoderKLWanConfig& c, const s
                 " does not match the decoder, which upsamples time " + std::to_string(c.temporal_upscale()) + "x");
   if (c.scale_factor_spatial != c.spatial_upscale())
     throw Error(source + ": 'scale_factor_spatial' " + std::to_string(c.scale_factor_spatial) +
-                " does not match the decoder, which upsamples space " + std::to_string(c.spatial_upscale()) + "x");
+                " does not match the decoder, which upsamples space " + std::to_string(c.spatial_upscale()) +
+                "x (2^(len(dim_mult) - 1) x patch_size)");
 }
 
 int64_t AutoencoderKLWanConfig::temporal_upscale() const {
@@ -82,8 +112,7 @@ AutoencoderKLWanConfig AutoencoderKLWanConfig::from_json(const nlohmann::json& j
   ConfigReader r(json, source, "AutoencoderKLWan");
   r.expect_class({"AutoencoderKLWan"});
   AutoencoderKLWanConfig c;
-  bool is_residual = false, clip_output = true;
-  int64_t patch_size = 1;
+  bool clip_output = true;
   r.integer("base_dim", c.base_dim, 1)
       .integer("decoder_base_dim", c.decoder_base_dim, 1)
       .integer("z_dim", c.z_dim, 1)
@@ -94,8 +123,8 @@ AutoencoderKLWanConfig AutoencoderKLWanConfig::from_json(const nlohmann::json& j
       .number_in("dropout", c.dropout, 0.0, 1.0)
       .numbers("latents_mean", c.latents_mean)
       .numbers("latents_std", c.latents_std)
-      .boolean("is_residual", is_residual)
-      .integer("patch_size", patch_size, 1)
+      .boolean("is_residual", c.is_residual)
+      .integer("patch_size", c.patch_size, 1, 64)
       .integer("in_channels", c.in_channels, 1)
       .integer("out_channels", c.out_channels, 1)
       .integer("scale_factor_temporal", c.scale_factor_temporal, 1)
@@ -104,9 +133,6 @@ AutoencoderKLWanConfig AutoencoderKLWanConfig::from_json(const nlohmann::json& j
   r.reject_unknown();
   for (const char* key : {"latents_mean", "latents_std"})
     if (r.contains(key) && !r.has(key)) r.fail(key, "must be a list of finite numbers, got null");
-  if (is_residual) r.fail("is_residual", "true (Wan2.2's residual VAE) is not supported; the decoder supports false");
-  if (patch_size != 1)
-    r.fail("patch_size", std::to_string(patch_size) + " (Wan2.2's patchified VAE) is not supported; the decoder supports null or 1");
   // Left out or null: what the architecture gives (checked against it otherwise).
   if (!r.has("scale_factor_temporal") && c.temperal_downsample.size() + 1 == c.dim_mult.size() && c.dim_mult.size() <= 8)
     c.scale_factor_temporal = c.temporal_upscale();
@@ -266,14 +292,18 @@ Tensor AttentionBlock::operator()(const Tensor& x_in, const Stream& stream, cons
   return ops::add(x.reshape({b, c, t * hw}), o.reshape({b, t * hw, c}).transpose(1, 2), stream).reshape(x.shape());
 }
 
-void Resample::declare(ParameterTable& table, const std::string& prefix, int64_t channels, Mode resample_mode, int& slots,
-                       int& upsamplers) {
+void Resample::declare(ParameterTable& table, const std::string& prefix, int64_t channels, Mode resample_mode, int& slots, int& upsamplers,
+                       int64_t out_channels) {
   mode = resample_mode;
-  resample.declare(table, prefix + ".resample.1", channels, channels / 2, 3, 1, 1);
+  resample.declare(table, prefix + ".resample.1", channels, out_channels > 0 ? out_channels : channels / 2, 3, 1, 1);
   if (mode == Mode::upsample3d) {
     time_conv.declare(table, prefix + ".time_conv", channels, 2 * channels, {3, 1, 1}, {1, 0, 0}, slots);
     first_chunk_slot = upsamplers++;
   }
+}
+
+bool Resample::first_chunk(const FeatureCache& cache) const {
+  return mode == Mode::upsample3d && !cache.started.at(static_cast<std::size_t>(first_chunk_slot));
 }
 
 Tensor Resample::operator()(const Tensor& x, FeatureCache& cache, const Stream& stream) const {
@@ -343,14 +373,44 @@ Tensor UpBlock::operator()(Tensor x, FeatureCache& cache, const Stream& stream) 
   return has_upsampler ? upsampler(x, cache, stream) : x;
 }
 
+void ResidualUpBlock::declare(ParameterTable& table, const std::string& prefix, int64_t in, int64_t out_channels, int64_t num_resnets,
+                              bool upsample, bool temporal, int& slots, int& upsamplers) {
+  out = out_channels;
+  time_factor = upsample && temporal ? 2 : 1;
+  body.resnets.resize(static_cast<std::size_t>(num_resnets));
+  for (std::size_t j = 0; j < body.resnets.size(); ++j)
+    body.resnets[j].declare(table, prefix + ".resnets." + std::to_string(j), j == 0 ? in : out, out, slots);
+  body.has_upsampler = upsample;
+  if (upsample)
+    body.upsampler.declare(table, prefix + ".upsampler", out, temporal ? Resample::Mode::upsample3d : Resample::Mode::upsample2d, slots,
+                           upsamplers, out);
+}
+
+Tensor ResidualUpBlock::operator()(Tensor x, FeatureCache& cache, const Stream& stream) const {
+  if (!body.has_upsampler) return body(std::move(x), cache, stream);  // the last block: no shortcut
+  const bool first_chunk = body.upsampler.first_chunk(cache);         // before the upsampler starts
+  const Tensor y = body(x, cache, stream);
+  Tensor sum = ops::add(y, dup_up_3d(x, out, time_factor, 2, first_chunk, stream), stream);
+  cache.pace(stream);
+  return sum;
+}
+
 }  // namespace wan_vae
 
 // --- the decoder --------------------------------------------------------------------------------
 
+std::vector<const wan_vae::UpBlock*> wan_vae::DecoderModules::up_block_bodies() const {
+  std::vector<const UpBlock*> bodies;
+  for (const UpBlock& block : up_blocks) bodies.push_back(&block);
+  for (const ResidualUpBlock& block : residual_up_blocks) bodies.push_back(&block.body);
+  return bodies;
+}
+
 namespace {
 
 // The decoder's widths: dims[0] for conv_in and the mid block, then up block i maps
-// in_i -> dims[i + 1] with in_0 = dims[0] and in_i = dims[i] / 2 (the previous upsampler halved it).
+// in_i -> dims[i + 1] with in_0 = dims[0] and in_i = dims[i] / 2 (the previous upsampler halved it),
+// or in_i = dims[i] with is_residual (the upsamplers keep the width).
 std::vector<int64_t> decoder_dims(const AutoencoderKLWanConfig& c) {
   std::vector<int64_t> dims = {c.decoder_dim() * c.dim_mult.back()};
   for (auto it = c.dim_mult.rbegin(); it != c.dim_mult.rend(); ++it) dims.push_back(c.decoder_dim() * *it);
@@ -372,12 +432,17 @@ AutoencoderKLWan::AutoencoderKLWan(AutoencoderKLWanConfig config)
   m.conv_in.declare(table_, "decoder.conv_in", z, dims[0], {3, 3, 3}, {1, 1, 1}, slots);
   m.mid_block.declare(table_, "decoder.mid_block", dims[0], slots);
   const std::size_t n = config_.dim_mult.size();
-  m.up_blocks.resize(n);
+  if (config_.is_residual) m.residual_up_blocks.resize(n);
+  else m.up_blocks.resize(n);
   for (std::size_t i = 0; i < n; ++i) {
-    const int64_t in = i == 0 ? dims[0] : dims[i] / 2;
+    const std::string prefix = "decoder.up_blocks." + std::to_string(i);
     const bool upsample = i + 1 < n;
-    m.up_blocks[i].declare(table_, "decoder.up_blocks." + std::to_string(i), in, dims[i + 1], config_.num_res_blocks + 1, upsample,
-                           upsample && temporal[i], slots, upsamplers);
+    if (config_.is_residual)
+      m.residual_up_blocks[i].declare(table_, prefix, dims[i], dims[i + 1], config_.num_res_blocks + 1, upsample, upsample && temporal[i],
+                                      slots, upsamplers);
+    else
+      m.up_blocks[i].declare(table_, prefix, i == 0 ? dims[0] : dims[i] / 2, dims[i + 1], config_.num_res_blocks + 1, upsample,
+                             upsample && temporal[i], slots, upsamplers);
   }
   m.norm_out.declare(table_, "decoder.norm_out", dims.back(), false);
   m.conv_out.declare(table_, "decoder.conv_out", dims.back(), config_.out_channels, {3, 3, 3}, {1, 1, 1}, slots);
@@ -413,9 +478,11 @@ Tensor AutoencoderKLWan::decode_chunk(const Tensor& z, wan_vae::FeatureCache& ca
   // Each block takes x over, so no activation outlives its last use.
   x = m.mid_block(std::move(x), cache, stream);
   for (const wan_vae::UpBlock& block : m.up_blocks) x = block(std::move(x), cache, stream);
+  for (const wan_vae::ResidualUpBlock& block : m.residual_up_blocks) x = block(std::move(x), cache, stream);
   x = m.norm_out(x, stream, true);
   cache.pace(stream);
-  return m.conv_out(x, cache, stream);
+  x = m.conv_out(x, cache, stream);
+  return config_.patch_size > 1 ? wan_vae::unpatchify(x, config_.patch_size, stream) : x;
 }
 
 void AutoencoderKLWan::decode_frames(const Tensor& z, const std::function<void(const Tensor& frames)>& sink,
@@ -466,10 +533,10 @@ int64_t AutoencoderKLWan::feature_cache_bytes(int64_t batch, int64_t latent_h, i
   add(m.conv_in);
   add_resnet(m.mid_block.resnet0);
   add_resnet(m.mid_block.resnet1);
-  for (const wan_vae::UpBlock& block : m.up_blocks) {
-    for (const wan_vae::ResidualBlock& r : block.resnets) add_resnet(r);
-    if (block.has_upsampler) {
-      if (block.upsampler.mode == wan_vae::Resample::Mode::upsample3d) add(block.upsampler.time_conv);
+  for (const wan_vae::UpBlock* block : m.up_block_bodies()) {
+    for (const wan_vae::ResidualBlock& r : block->resnets) add_resnet(r);
+    if (block->has_upsampler) {
+      if (block->upsampler.mode == wan_vae::Resample::Mode::upsample3d) add(block->upsampler.time_conv);
       h *= 2;
       w *= 2;
     }
@@ -480,14 +547,18 @@ int64_t AutoencoderKLWan::feature_cache_bytes(int64_t batch, int64_t latent_h, i
 
 int64_t AutoencoderKLWan::estimate_peak_bytes(int64_t batch, int64_t latent_h, int64_t latent_w) const {
   // The largest activation of one chunk (one latent frame -> temporal_upscale frames): the widest
-  // tensor at each resolution, times the frames it has there.
+  // tensor at each resolution, times the frames it has there. The widths come from
+  // decoder_base_dim; with is_residual the upsamplers keep them, so each level's output (and its
+  // shortcut's) is the next level's input, counted there.
   const std::vector<int64_t> dims = decoder_dims(config_);
-  const std::vector<bool> temporal = config_.temperal_upsample();
-  int64_t largest = 0, h = latent_h, w = latent_w, frames = 1;
-  for (std::size_t i = 0; i < modules_->up_blocks.size(); ++i) {
-    const wan_vae::UpBlock& block = modules_->up_blocks[i];
-    const int64_t width = std::max(block.resnets.empty() ? int64_t{0} : block.resnets.front().conv1.in, dims[i + 1]);
-    largest = std::max(largest, 4 * batch * width * frames * h * w);
+  const std::vector<const wan_vae::UpBlock*> blocks = modules_->up_block_bodies();
+  int64_t largest = 0, shortcut_input = 0, h = latent_h, w = latent_w, frames = 1;
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    const wan_vae::UpBlock& block = *blocks[i];
+    const int64_t in = block.resnets.empty() ? int64_t{0} : block.resnets.front().conv1.in;
+    largest = std::max(largest, 4 * batch * std::max(in, dims[i + 1]) * frames * h * w);
+    // A residual up block keeps its input for the shortcut while it runs.
+    if (config_.is_residual && block.has_upsampler) shortcut_input = std::max(shortcut_input, 4 * batch * in * frames * h * w);
     if (block.has_upsampler) {
       if (block.upsampler.mode == wan_vae::Resample::Mode::upsample3d) frames *= 2;
       // The time conv's doubled output and the nearest-upsampled frame.
@@ -499,9 +570,11 @@ int64_t AutoencoderKLWan::estimate_peak_bytes(int64_t batch, int64_t latent_h, i
   // A conv step of a residual block holds its input (for the residual), the conv's input (the
   // SiLU output), the padded copy (frames + 2), the conv's output and the new cache frames: about
   // 5 of the largest activations (the host waits after each step), 6 with the allocator's size
-  // classes; plus the caches and the GEMM's packing workspace (a few MiB per thread).
+  // classes (also more than a shortcut's sum: the upsampled frames, DupUp3D's two copies and the
+  // sum, or conv_out's output and its unpatchified copy); plus the shortcut's kept input, the
+  // caches and the GEMM's packing workspace (a few MiB per thread).
   constexpr int64_t kGemmWorkspace = int64_t{64} << 20;
-  return feature_cache_bytes(batch, latent_h, latent_w) + 6 * largest + kGemmWorkspace;
+  return feature_cache_bytes(batch, latent_h, latent_w) + 6 * largest + shortcut_input + kGemmWorkspace;
 }
 
 AutoencoderKLWan load_autoencoder_kl_wan(const std::string& dir, DType dtype, const std::string& variant) {

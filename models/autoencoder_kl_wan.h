@@ -1,26 +1,32 @@
-// diffusers' AutoencoderKLWan (the Wan2.1 video VAE), its decoder (the encoder is
-// models/autoencoder_kl_wan_encoder.h), written from docs/models.md, "AutoencoderKLWan decoder". Weights keep diffusers' names
-// (`decoder.up_blocks.1.upsamplers.0.time_conv.weight`, `post_quant_conv.weight`, ...); each block
-// is a plain sequence of op calls (normalize_channels, activation, conv3d, conv2d, matmul,
-// attention_forward, upsample_nearest2d, add).
+// diffusers' AutoencoderKLWan (the Wan2.1 and Wan2.2 video VAEs), its decoder (the encoder is
+// models/autoencoder_kl_wan_encoder.h), written from docs/models.md, "AutoencoderKLWan decoder" and
+// "Wan2.2 VAE". Weights keep diffusers' names (`decoder.up_blocks.1.upsamplers.0.time_conv.weight`,
+// `post_quant_conv.weight`, ...); each block is a plain sequence of op calls (normalize_channels,
+// activation, conv3d, conv2d, matmul, attention_forward, upsample_nearest2d, add).
 //
 // Decoding is causal in time and runs chunk by chunk as diffusers' _decode does: one latent frame
 // at a time, each causal conv keeping the last two frames of its input from the previous chunk
 // (its feature cache), so the activations held at any moment are those of one chunk plus the
 // caches, whatever the frame count. The first latent frame gives 1 video frame, every later one 4
-// (Wan2.1: T latent frames -> 1 + 4 (T - 1) video frames, 8x spatially).
+// (Wan2.1: T latent frames -> 1 + 4 (T - 1) video frames, 8x spatially; Wan2.2 16x).
 //
-// Memory (f32, batch B, latent h x w, video H = 8h x W = 8w, decoder width d = 96 for Wan2.1) is
-// independent of the frame count and linear in B H W:
+// Wan2.2 (is_residual, patch_size 2): each upsampling up block adds a parameter-free shortcut of its
+// input (DupUp3D, models/wan_vae_regroup.h), its upsampler keeps the width, and the decoder's 12
+// output channels are unpatchified into 3 channels at twice the height and width.
+//
+// Memory (f32, batch B, decoder output h' x w' = 2^(levels - 1) x the latent, decoder width d = 96
+// for Wan2.1, 256 for Wan2.2) is independent of the frame count and linear in B h' w':
 //  * the feature caches, feature_cache_bytes(): 2 frames per causal conv at that conv's width and
-//    resolution, 8 bytes x batch x (7 d H W + 6 (2d) (H/2) (W/2) + ...), dominated by the
+//    resolution, 8 bytes x batch x (7 d h' w' + 6 (2d) (h'/2) (w'/2) + ...), dominated by the
 //    full-resolution convs: 3.78 GB for Wan2.1 at 832 x 480;
-//  * one chunk's working set: about 6 activations of 4 frames x d x H x W x 4 B (613 MB at
-//    832 x 480) at the full-resolution residual blocks (the host waits for the device after each
-//    conv step, see FeatureCache), plus the GEMM's packing workspace.
-// estimate_peak_bytes() adds these up (7.5 GB at 832 x 480, printed by FeatureCacheAtWan21Size in
-// tests/models/autoencoder_kl_wan_test.cpp; a one-off decode at those widths peaked at 7.14 GB);
-// MemoryIsBoundedByOneChunk in the same file checks the bound at a third of the width.
+//  * one chunk's working set: about 6 activations of 4 frames x d x h' x w' x 4 B (613 MB for
+//    Wan2.1 at 832 x 480) at the full-resolution residual blocks (the host waits for the device after
+//    each conv step, see FeatureCache), plus the GEMM's packing workspace; with is_residual also the
+//    block input each shortcut keeps until the block's end.
+// estimate_peak_bytes() adds these up (7.5 GB for Wan2.1 at 832 x 480, printed by
+// FeatureCacheAtWan21Size in tests/models/autoencoder_kl_wan_test.cpp; a one-off decode at those
+// widths peaked at 7.14 GB); MemoryIsBoundedByOneChunk in the same file checks the bound at a third
+// of the width, and tests/models/wan22_vae_golden_test.cpp for the residual layout.
 #pragma once
 
 #include <array>
@@ -51,8 +57,14 @@ struct AutoencoderKLWanConfig {
                                    0.4134,  -0.0715, 0.5517,  -0.3632, -0.1922, -0.9497, 0.2503,  -0.2921};
   std::vector<double> latents_std{2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
                                   3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160};
-  int64_t in_channels = 3;  // the encoder's
+  // Channels of the encoder's input and the decoder's output, after patchify: video channels x
+  // patch_size^2 (Wan2.2: 12).
+  int64_t in_channels = 3;
   int64_t out_channels = 3;
+  // Wan2.2's layout: residual down / up blocks with parameter-free shortcuts, upsamplers keeping
+  // the width; and the video folded into patch_size x patch_size pixel cells around the model.
+  bool is_residual = false;
+  int64_t patch_size = 1;  // null in config.json: 1
   int64_t scale_factor_temporal = 4;
   int64_t scale_factor_spatial = 8;
 
@@ -60,8 +72,11 @@ struct AutoencoderKLWanConfig {
   int64_t decoder_dim() const { return decoder_base_dim > 0 ? decoder_base_dim : base_dim; }
   // temperal_downsample reversed: up block i upsamples in time when entry i is true.
   std::vector<bool> temperal_upsample() const { return {temperal_downsample.rbegin(), temperal_downsample.rend()}; }
-  // Video pixels per latent pixel: 2^(len(dim_mult) - 1) (8 for Wan2.1).
-  int64_t spatial_upscale() const { return int64_t{1} << (dim_mult.size() - 1); }
+  // Video pixels per latent pixel: 2^(len(dim_mult) - 1) x patch_size (8 for Wan2.1, 16 for Wan2.2).
+  int64_t spatial_upscale() const { return (int64_t{1} << (dim_mult.size() - 1)) * patch_size; }
+  // The video's channels: the decoder's output and the encoder's input unpatchified (3 for both).
+  int64_t video_channels() const { return out_channels / (patch_size * patch_size); }
+  int64_t encoder_video_channels() const { return in_channels / (patch_size * patch_size); }
   // Video frames per latent frame after the first: 2^(number of temporal upsamples) (4 for Wan2.1).
   int64_t temporal_upscale() const;
   // 1 + temporal_upscale() (latent_frames - 1): 21 latent frames -> 81 video frames.
@@ -70,10 +85,10 @@ struct AutoencoderKLWanConfig {
   // From a diffusers vae/config.json (every key optional, defaulting to diffusers' code defaults,
   // which are Wan2.1's). Keys starting with '_' are ignored except _class_name, which must be
   // "AutoencoderKLWan" when present; clip_output (an older diffusers key) must be a boolean and is
-  // ignored (diffusers always clamps). is_residual must be false and patch_size null or 1 (Wan2.2's
-  // VAE is not supported); scale_factor_temporal / scale_factor_spatial must agree with the
-  // architecture; latents_mean / latents_std must list z_dim numbers. An unknown key, a wrong type
-  // or an unsupported value is an error naming `source` and the key.
+  // ignored (diffusers always clamps). is_residual is a boolean, patch_size null or a positive
+  // integer dividing the channels' cells; scale_factor_temporal / scale_factor_spatial must agree
+  // with the architecture; latents_mean / latents_std must list z_dim numbers. An unknown key, a
+  // wrong type or an unsupported value is an error naming `source` and the key.
   static AutoencoderKLWanConfig from_json(const nlohmann::json& json, const std::string& source);
   static AutoencoderKLWanConfig load(const std::string& config_path);
   // Wan2.1's VAE (diffusers' defaults): base_dim 96, z_dim 16, dim_mult [1, 2, 4, 4], 2 res blocks,
@@ -174,10 +189,11 @@ struct AttentionBlock {
 };
 
 // WanResample in its decoder modes. upsample2d: per frame, nearest 2x then `resample.1`
-// (Conv2d C -> C/2, 3x3 pad 1). upsample3d: first the causal `time_conv` (C -> 2C, kernel (3, 1, 1),
-// 2 zero frames in front) turning each frame into two (channels [0, C) the earlier, [C, 2C) the
-// later), except that the very first frame of the video passes through alone and is never context;
-// then the upsample2d path.
+// (Conv2d C -> C/2, 3x3 pad 1; C -> C in the residual layout, diffusers' upsample_out_dim).
+// upsample3d: first the causal `time_conv` (C -> 2C, kernel (3, 1, 1), 2 zero frames in front)
+// turning each frame into two (channels [0, C) the earlier, [C, 2C) the later), except that the
+// very first frame of the video passes through alone and is never context; then the upsample2d
+// path.
 struct Resample {
   enum class Mode { upsample2d, upsample3d };
   Mode mode = Mode::upsample2d;
@@ -185,8 +201,12 @@ struct Resample {
   CausalConv3d time_conv;     // upsample3d only
   int first_chunk_slot = -1;  // upsample3d: index into FeatureCache::started
 
-  void declare(ParameterTable& table, const std::string& prefix, int64_t channels, Mode resample_mode, int& slots, int& upsamplers);
-  Tensor operator()(const Tensor& x, FeatureCache& cache, const Stream& stream) const;  // -> [B, C/2, T', 2H, 2W]
+  // out_channels: resample.1's width (0: channels / 2, Wan2.1's).
+  void declare(ParameterTable& table, const std::string& prefix, int64_t channels, Mode resample_mode, int& slots, int& upsamplers,
+               int64_t out_channels = 0);
+  // Whether the next call is the decode's first chunk (upsample3d; false for upsample2d).
+  bool first_chunk(const FeatureCache& cache) const;
+  Tensor operator()(const Tensor& x, FeatureCache& cache, const Stream& stream) const;  // -> [B, out, T', 2H, 2W]
 };
 
 // WanMidBlock: resnets.0 -> attentions.0 -> resnets.1.
@@ -208,16 +228,34 @@ struct UpBlock {
   Tensor operator()(Tensor x, FeatureCache& cache, const Stream& stream) const;  // x by value, as MidBlock's
 };
 
+// WanResidualUpBlock (is_residual): the same residual blocks, then (all but the last block)
+// `upsampler`, keeping the width, plus the parameter-free shortcut DupUp3D(in, out, 2 when temporal
+// else 1, 2) of the block's input. diffusers' first_chunk (the chunk holding latent frame 0) is
+// when the temporal upsampler has not started: the shortcut then drops its first frame, as the
+// upsampler passes that frame alone.
+struct ResidualUpBlock {
+  UpBlock body;  // its upsampler is named `upsampler`
+  int64_t out = 0, time_factor = 1;
+
+  void declare(ParameterTable& table, const std::string& prefix, int64_t in, int64_t out_channels, int64_t num_resnets, bool upsample,
+               bool temporal, int& slots, int& upsamplers);
+  // x by value, as UpBlock's; the blocks with a shortcut keep it to the end.
+  Tensor operator()(Tensor x, FeatureCache& cache, const Stream& stream) const;
+};
+
 // Every module of the decoder path, named as the checkpoint names them.
 struct DecoderModules {
-  CausalConv3d post_quant_conv;    // `post_quant_conv` (1x1x1, z_dim -> z_dim)
-  CausalConv3d conv_in;            // `decoder.conv_in`
-  MidBlock mid_block;              // `decoder.mid_block`
-  std::vector<UpBlock> up_blocks;  // `decoder.up_blocks.i`
-  RMSNorm norm_out;                // `decoder.norm_out`, then SiLU
-  CausalConv3d conv_out;           // `decoder.conv_out`
-  int cache_slots = 0;             // causal convs with a feature cache
+  CausalConv3d post_quant_conv;                     // `post_quant_conv` (1x1x1, z_dim -> z_dim)
+  CausalConv3d conv_in;                             // `decoder.conv_in`
+  MidBlock mid_block;                               // `decoder.mid_block`
+  std::vector<UpBlock> up_blocks;                   // `decoder.up_blocks.i` (Wan2.1; empty with is_residual)
+  std::vector<ResidualUpBlock> residual_up_blocks;  // `decoder.up_blocks.i` (is_residual)
+  RMSNorm norm_out;                                 // `decoder.norm_out`, then SiLU
+  CausalConv3d conv_out;                            // `decoder.conv_out`
+  int cache_slots = 0;                              // causal convs with a feature cache
   int temporal_upsamplers = 0;
+  // Each up block's residual blocks and upsampler, in either layout.
+  std::vector<const UpBlock*> up_block_bodies() const;
 };
 
 }  // namespace wan_vae
@@ -249,16 +287,17 @@ class AutoencoderKLWan {
   Tensor unnormalize(const Tensor& latents, const Stream& stream = ops::default_op_stream()) const;
 
   // z [B, z_dim, T, h, w] f32 or bf16 (any strides), already un-normalized. Calls `sink` with each
-  // chunk's video frames in order, f32 [B, out_channels, f, 8h, 8w] (with one latent frame per
-  // chunk: f = 1 for the first chunk, 4 after). Memory is bounded by one chunk: the host waits
-  // for the device step by step (see FeatureCache).
+  // chunk's video frames in order, f32 [B, video_channels(), f, s h, s w] with s = spatial_upscale()
+  // (with one latent frame per chunk: f = 1 for the first chunk, 4 after). Memory is bounded by one
+  // chunk: the host waits for the device step by step (see FeatureCache).
   void decode_frames(const Tensor& z, const std::function<void(const Tensor& frames)>& sink, const WanDecodeOptions& options = {},
                      const Stream& stream = ops::default_op_stream()) const;
-  // The whole video [B, out_channels, 1 + 4 (T - 1), 8h, 8w] f32: decode_frames' chunks concatenated.
+  // The whole video [B, video_channels(), 1 + 4 (T - 1), s h, s w] f32: decode_frames' chunks concatenated.
   Tensor decode(const Tensor& z, const WanDecodeOptions& options = {}, const Stream& stream = ops::default_op_stream()) const;
 
   // The pieces of decode_frames: a fresh feature cache, and one chunk z [B, z_dim, t, h, w] (f32,
-  // the frames after those already decoded with `cache`) to its video frames, unclamped.
+  // the frames after those already decoded with `cache`) to its video frames, unclamped (and
+  // unpatchified when patch_size > 1).
   wan_vae::FeatureCache make_feature_cache() const;
   Tensor decode_chunk(const Tensor& z, wan_vae::FeatureCache& cache, const Stream& stream = ops::default_op_stream()) const;
 

@@ -5,6 +5,7 @@
 
 #include "base/error.h"
 #include "models/component.h"
+#include "models/wan_vae_regroup.h"
 #include "ops/conv.h"
 #include "ops/vector_ops.h"
 
@@ -56,6 +57,27 @@ Tensor Downsample::operator()(const Tensor& x, FeatureCache& cache, const Stream
   return y;
 }
 
+void ResidualDownBlock::declare(ParameterTable& table, const std::string& prefix, int64_t in, int64_t out_channels, int64_t num_resnets,
+                                bool downsample, bool temporal, int& slots) {
+  out = out_channels;
+  time_factor = downsample && temporal ? 2 : 1;
+  space_factor = downsample ? 2 : 1;
+  resnets.resize(static_cast<std::size_t>(num_resnets));
+  for (std::size_t j = 0; j < resnets.size(); ++j)
+    resnets[j].declare(table, prefix + ".resnets." + std::to_string(j), j == 0 ? in : out, out, slots);
+  has_downsampler = downsample;
+  if (downsample) downsampler.declare(table, prefix + ".downsampler", out, temporal, slots);
+}
+
+Tensor ResidualDownBlock::operator()(const Tensor& x, FeatureCache& cache, const Stream& stream) const {
+  Tensor y = x;
+  for (const ResidualBlock& resnet : resnets) y = resnet(y, cache, stream);
+  if (has_downsampler) y = downsampler(y, cache, stream);
+  y = ops::add(y, avg_down_3d(x, out, time_factor, space_factor, stream), stream);
+  cache.pace(stream);
+  return y;
+}
+
 }  // namespace wan_vae
 
 AutoencoderKLWanEncoder::AutoencoderKLWanEncoder(AutoencoderKLWanConfig config)
@@ -76,9 +98,15 @@ AutoencoderKLWanEncoder::AutoencoderKLWanEncoder(AutoencoderKLWanConfig config)
   for (int64_t mult : config_.dim_mult) dims.push_back(config_.base_dim * mult);
   m.conv_in.declare(table_, "encoder.conv_in", config_.in_channels, dims[0], {3, 3, 3}, {1, 1, 1}, slots);
   const std::size_t levels = config_.dim_mult.size();
+  if (config_.is_residual) {
+    m.residual_down_blocks.resize(levels);
+    for (std::size_t i = 0; i < levels; ++i)
+      m.residual_down_blocks[i].declare(table_, "encoder.down_blocks." + std::to_string(i), dims[i], dims[i + 1], config_.num_res_blocks,
+                                        i + 1 < levels, i + 1 < levels && config_.temperal_downsample[i], slots);
+  }
   // The table holds pointers into the layers: the list must never reallocate.
   m.down_blocks.reserve(levels * static_cast<std::size_t>(config_.num_res_blocks) + levels - 1);
-  for (std::size_t i = 0; i < levels; ++i) {
+  for (std::size_t i = 0; !config_.is_residual && i < levels; ++i) {
     int64_t in = dims[i];
     for (int64_t j = 0; j < config_.num_res_blocks; ++j) {
       wan_vae::DownLayer& layer = m.down_blocks.emplace_back();
@@ -106,12 +134,17 @@ int64_t AutoencoderKLWanEncoder::latent_frames(int64_t frames) const {
 
 uint64_t AutoencoderKLWanEncoder::estimate_peak_bytes(int64_t batch, int64_t height, int64_t width) const {
   // Widths halve the pixels at each downsample while the channels grow at most 4x: the first
-  // level dominates. Caches: conv_in's 3 input channels plus the first level's convs (2 frames each).
-  const double pixels = static_cast<double>(batch) * static_cast<double>(height) * static_cast<double>(width);
+  // level dominates. Caches: conv_in's input channels plus the first level's convs (2 frames
+  // each). The encoder runs at the patchified resolution; a residual block also keeps its input and
+  // AvgDown3D's regrouped copy of it.
+  const double cells = static_cast<double>(config_.patch_size * config_.patch_size);
+  const double pixels = static_cast<double>(batch) * static_cast<double>(height) * static_cast<double>(width) / cells;
   const double base = static_cast<double>(config_.base_dim);
   const double chunk = 4.0 * kFramesPerChunk * base * pixels;  // one activation of a 4-frame chunk, f32
-  const double caches = 4.0 * 2.0 * pixels * (3.0 + base * static_cast<double>(2 * config_.num_res_blocks));
-  const double total = 6.0 * chunk + 2.0 * caches + static_cast<double>(int64_t{64} << 20);
+  const double caches =
+      4.0 * 2.0 * pixels * (static_cast<double>(config_.in_channels) + base * static_cast<double>(2 * config_.num_res_blocks));
+  const double activations = config_.is_residual ? 8.0 : 6.0;
+  const double total = activations * chunk + 2.0 * caches + static_cast<double>(int64_t{64} << 20);
   return total > 1.8e19 ? UINT64_MAX : static_cast<uint64_t>(total);
 }
 
@@ -122,9 +155,11 @@ Tensor AutoencoderKLWanEncoder::moments_whole(const Tensor& x, const Stream& str
   const int64_t frames = x.size(2);
   for (int64_t start = 0; start < frames;) {
     const int64_t count = start == 0 ? 1 : kFramesPerChunk;
-    Tensor h = m.conv_in(x.narrow(2, start, count), cache, stream);
+    // Patchified per chunk (it is per frame): no second copy of the whole video.
+    Tensor h = m.conv_in(wan_vae::patchify(x.narrow(2, start, count), config_.patch_size, stream), cache, stream);
     for (const wan_vae::DownLayer& layer : m.down_blocks)
       h = layer.is_downsample ? layer.downsample(h, cache, stream) : layer.residual(h, cache, stream);
+    for (const wan_vae::ResidualDownBlock& block : m.residual_down_blocks) h = block(h, cache, stream);
     h = m.mid_block(std::move(h), cache, stream);
     h = m.norm_out(h, stream, true);
     cache.pace(stream);
@@ -138,13 +173,16 @@ Tensor AutoencoderKLWanEncoder::moments_whole(const Tensor& x, const Stream& str
 
 Tensor AutoencoderKLWanEncoder::moments(const Tensor& x_in, const WanEncodeOptions& options, const Stream& stream) const {
   const int64_t scale = config_.spatial_upscale();
-  if (!x_in.defined() || x_in.dim() != 5 || x_in.size(1) != config_.in_channels ||
+  if (!x_in.defined() || x_in.dim() != 5 || x_in.size(1) != config_.encoder_video_channels() ||
       (x_in.dtype() != DType::f32 && x_in.dtype() != DType::bf16) || x_in.size(0) < 1 || x_in.size(3) < scale || x_in.size(4) < scale ||
       x_in.size(3) % scale != 0 || x_in.size(4) % scale != 0)
-    throw Error("AutoencoderKLWan encode: the video must be f32 or bf16 [B, " + std::to_string(config_.in_channels) +
+    throw Error("AutoencoderKLWan encode: the video must be f32 or bf16 [B, " + std::to_string(config_.encoder_video_channels()) +
                 ", T, H, W] with H and W positive multiples of " + std::to_string(scale) + ", got " +
                 (x_in.defined() ? x_in.describe() : std::string("an undefined tensor")));
   const int64_t latent_t = latent_frames(x_in.size(2));
+  if (options.tiling && config_.patch_size > 1)
+    throw Error("AutoencoderKLWan encode: tiling is not supported with patch_size " + std::to_string(config_.patch_size) +
+                " (Wan2.2's VAE); encode without tiling");
   if (options.tiling &&
       (options.tile_sample_min < scale || options.tile_sample_stride < scale || options.tile_sample_stride > options.tile_sample_min ||
        options.tile_sample_min % scale != 0 || options.tile_sample_stride % scale != 0))

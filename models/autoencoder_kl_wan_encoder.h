@@ -1,16 +1,21 @@
 // diffusers' AutoencoderKLWan, encoder path (WanEncoder3d, WanResample's downsample modes,
 // AutoencoderKLWan._encode and tiled_encode), written from docs/models.md, "AutoencoderKLWan
-// encoder". Weights keep diffusers' names (`encoder.down_blocks.5.time_conv.weight`,
-// `quant_conv.weight`, ...) and load from the same checkpoint as the decoder; the blocks the decoder
-// shares (the causal conv and its feature cache, the RMS norm, the residual and mid blocks) are
-// wan_vae::'s, the zero-padded stride-2 conv is vae::Downsample2D.
+// encoder" and "Wan2.2 VAE". Weights keep diffusers' names
+// (`encoder.down_blocks.5.time_conv.weight`, `quant_conv.weight`, ...) and load from the same
+// checkpoint as the decoder; the blocks the decoder shares (the causal conv and its feature cache,
+// the RMS norm, the residual and mid blocks) are wan_vae::'s, the zero-padded stride-2 conv is
+// vae::Downsample2D.
 //
 // Encoding is causal in time and runs in diffusers' chunks: the first frame alone, then 4 frames at
 // a time, each causal conv keeping the last frames of its input from the chunk before. A video of
-// 1 + 4k frames gives 1 + k latent frames (Wan2.1: 8x smaller in space). moments() is
-// quant_conv(encoder(x)), [B, 2 z_dim, T', H/8, W/8]: the Gaussian's mean and log-variance stacked
-// on channels; encode() returns the distribution unscaled (the pipelines normalize it with
-// latents_mean / latents_std, normalize()).
+// 1 + 4k frames gives 1 + k latent frames (Wan2.1: 8x smaller in space, Wan2.2: 16x). moments() is
+// quant_conv(encoder(x)), [B, 2 z_dim, T', H/s, W/s] (s = spatial_upscale()): the Gaussian's mean
+// and log-variance stacked on channels; encode() returns the distribution unscaled (the pipelines
+// normalize it with latents_mean / latents_std, normalize()).
+//
+// Wan2.2 (patch_size 2, is_residual): each chunk is patchified first (3 -> 12 channels at half the
+// height and width, models/wan_vae_regroup.h), and the down blocks are one block per level whose
+// output adds the parameter-free shortcut AvgDown3D of its input.
 #pragma once
 
 #include <memory>
@@ -46,14 +51,29 @@ struct DownLayer {
   Downsample downsample;
 };
 
+// WanResidualDownBlock (is_residual): `resnets.j` (in -> out first), then (all but the last level)
+// `downsampler`, plus the shortcut AvgDown3D(in, out, 2 when temporal else 1, 2 when downsampling
+// else 1) of the block's input, per chunk and without a cache (the last level's is the identity).
+struct ResidualDownBlock {
+  std::vector<ResidualBlock> resnets;
+  Downsample downsampler;
+  bool has_downsampler = false;
+  int64_t out = 0, time_factor = 1, space_factor = 1;
+
+  void declare(ParameterTable& table, const std::string& prefix, int64_t in, int64_t out_channels, int64_t num_resnets, bool downsample,
+               bool temporal, int& slots);
+  Tensor operator()(const Tensor& x, FeatureCache& cache, const Stream& stream) const;
+};
+
 // Every module of the encoder path, named as the checkpoint names them.
 struct EncoderModules {
-  CausalConv3d conv_in;                // `encoder.conv_in`
-  std::vector<DownLayer> down_blocks;  // `encoder.down_blocks.k`
-  MidBlock mid_block;                  // `encoder.mid_block`
-  RMSNorm norm_out;                    // `encoder.norm_out`, then SiLU
-  CausalConv3d conv_out;               // `encoder.conv_out` (2 z_dim)
-  CausalConv3d quant_conv;             // `quant_conv` (1x1x1, 2 z_dim -> 2 z_dim)
+  CausalConv3d conv_in;                                 // `encoder.conv_in`
+  std::vector<DownLayer> down_blocks;                   // `encoder.down_blocks.k` (Wan2.1; empty with is_residual)
+  std::vector<ResidualDownBlock> residual_down_blocks;  // `encoder.down_blocks.i` (is_residual)
+  MidBlock mid_block;                                   // `encoder.mid_block`
+  RMSNorm norm_out;                                     // `encoder.norm_out`, then SiLU
+  CausalConv3d conv_out;                                // `encoder.conv_out` (2 z_dim)
+  CausalConv3d quant_conv;                              // `quant_conv` (1x1x1, 2 z_dim -> 2 z_dim)
   int cache_slots = 0;
 };
 
@@ -62,7 +82,8 @@ struct EncoderModules {
 struct WanEncodeOptions {
   // diffusers' enable_tiling(): tiles of tile_sample_min pixels every tile_sample_stride, used when
   // the video is larger than one tile (diffusers' defaults 256 and 192). Off by default, as in
-  // diffusers; the result differs from the whole encode where tiles meet.
+  // diffusers; the result differs from the whole encode where tiles meet. Refused with
+  // patch_size > 1 (diffusers' tiled encode of a patchified video is not ported).
   bool tiling = false;
   int64_t tile_sample_min = 256;
   int64_t tile_sample_stride = 192;
@@ -80,9 +101,10 @@ class AutoencoderKLWanEncoder {
   ParameterTable& mutable_parameters() { return table_; }
   const wan_vae::EncoderModules& modules() const { return *modules_; }
 
-  // x [B, in_channels, 1 + 4k, H, W] f32 or bf16 in [-1, 1] (any strides; H and W positive
-  // multiples of the spatial factor) -> [B, 2 z_dim, 1 + k (for Wan2.1), H/8, W/8] f32, in
-  // diffusers' chunks with the host paced step by step (memory bounded by one chunk).
+  // x [B, encoder_video_channels() (3), 1 + 4k, H, W] f32 or bf16 in [-1, 1] (any strides; H and W
+  // positive multiples of s = spatial_upscale()) -> [B, 2 z_dim, 1 + k (for Wan2.1 and 2.2), H/s, W/s]
+  // f32, in diffusers' chunks (each patchified when patch_size > 1) with the host paced step by
+  // step (memory bounded by one chunk).
   Tensor moments(const Tensor& x, const WanEncodeOptions& options = {}, const Stream& stream = ops::default_op_stream()) const;
   // The distribution of moments(x).
   LatentDistribution encode(const Tensor& x, const WanEncodeOptions& options = {}, const Stream& stream = ops::default_op_stream()) const;
@@ -91,7 +113,8 @@ class AutoencoderKLWanEncoder {
   Tensor normalize(const Tensor& latents, const Stream& stream = ops::default_op_stream()) const;
   // An upper estimate of the allocator's peak while encoding a batch of `batch` videos of H x W: the
   // feature caches (2 frames per causal conv) and a chunk's working set (about 6 of its widest
-  // activations: 4 frames x base_dim channels at full resolution), f32.
+  // activations: 4 frames x base_dim channels at the encoder's full resolution, H/p x W/p with
+  // patch_size p; with is_residual 2 more for the kept block input and its AvgDown3D copy), f32.
   uint64_t estimate_peak_bytes(int64_t batch, int64_t height, int64_t width) const;
   // The latent frame count for `frames` video frames (1 + 4k), or an error naming what fits.
   int64_t latent_frames(int64_t frames) const;

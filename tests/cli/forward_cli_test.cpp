@@ -1,6 +1,6 @@
 // `cubevec forward` on the VAE decoders (the model registry by _class_name): `latent` ->
 // vae.decode(latent).sample against the PyTorch goldens; `sample` -> the AutoencoderKL encoder's
-// `latent` (latent_dist.mean) and the AutoencoderKLWan encoder's, and their errors; component folders read by weight-file
+// `latent` (latent_dist.mean) and the AutoencoderKLWan encoder's (Wan2.1's and Wan2.2's VAE), and their errors; component folders read by weight-file
 // name whatever lies beside, --variant, and the errors for unknown classes and missing weights.
 #include <filesystem>
 #include <fstream>
@@ -81,6 +81,24 @@ TEST_F(ForwardCli, EncodesWithAutoencoderKLWan) {
   r = run({"forward", "--model", (kData / "vae_encoder" / "wan").string(), "--inputs", inputs, "--out", out});
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.err.find("1 + 4k frames"), std::string::npos) << r.err;
+}
+
+// The Wan2.2 VAE (is_residual, patch_size 2): 3-channel video frames out, a 3-channel video in.
+TEST_F(ForwardCli, DecodesAndEncodesWithTheWan22Vae) {
+  const cubevec::SafetensorsFile goldens = cubevec::SafetensorsFile::open((kData / "goldens_wan22.safetensors").string());
+  const std::string inputs = (dir_ / "in.safetensors").string(), out = (dir_ / "out.safetensors").string();
+  const std::string vae = (kData / "wan22_vae_tiny").string();
+  cubevec::write_safetensors(inputs, {{"latent", goldens.tensor("vae22_decode.z")}});
+  auto r = run({"forward", "--model", vae, "--inputs", inputs, "--out", out});
+  ASSERT_EQ(r.status, 0) << r.err;
+  cubevec::testing::expect_close_rel(cubevec::SafetensorsFile::open(out).tensor("sample"), goldens.tensor("vae22_decode.video"), 1e-4,
+                                     "Wan2.2 VAE decode");
+  cubevec::write_safetensors(inputs, {{"sample", goldens.tensor("vae22_encode.video")}});
+  r = run({"forward", "--model", vae, "--inputs", inputs, "--out", out});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("-> latent"), std::string::npos) << r.err;
+  cubevec::testing::expect_close_rel(cubevec::SafetensorsFile::open(out).tensor("latent"), goldens.tensor("vae22_encode.mean"), 1e-4,
+                                     "Wan2.2 VAE encode");
 }
 
 TEST_F(ForwardCli, ReadsTheWeightsByNameAndTheVariant) {

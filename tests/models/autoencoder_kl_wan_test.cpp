@@ -380,9 +380,8 @@ TEST(AutoencoderKLWanConfig, BadConfigsNameTheFileAndTheKey) {
       {[](auto& j) { j["latents_std"][3] = 1e-320; },
        ": every 'latents_std' entry must be a finite number of magnitude in [1e-6, 1e6], got 1e-320"},
       {[](auto& j) { j["latents_mean"][0] = 1e308; }, ": every 'latents_mean' entry must be a finite number in [-1e6, 1e6], got 1e+308"},
-      {[](auto& j) { j["is_residual"] = true; }, ": 'is_residual' true (Wan2.2's residual VAE) is not supported"},
       {[](auto& j) { j["is_residual"] = "no"; }, ": 'is_residual' must be true or false, got \"no\""},
-      {[](auto& j) { j["patch_size"] = 2; }, ": 'patch_size' 2 (Wan2.2's patchified VAE) is not supported"},
+      {[](auto& j) { j["patch_size"] = 2; }, ": 'in_channels' 3 must be a multiple of 'patch_size' squared (4)"},
       {[](auto& j) { j["scale_factor_temporal"] = 8; }, ": 'scale_factor_temporal' 8 does not match the decoder, which upsamples time 4x"},
       {[](auto& j) { j["scale_factor_spatial"] = 16; }, ": 'scale_factor_spatial' 16 does not match the decoder, which upsamples space 8x"},
       {[](auto& j) { j["clip_output"] = 1; }, ": 'clip_output' must be true or false, got 1"},
@@ -723,9 +722,9 @@ TEST(LoadAutoencoderKLWan, MismatchesListDecoderNamesOnly) {
     EXPECT_EQ(msg.find(ignored), std::string::npos) << ignored << "\n" << msg;
   // A bad config.json is named.
   TempDir bad;
-  write_vae_dir(bad, ref, R"({"_class_name": "AutoencoderKLWan", "base_dim": 4, "z_dim": 4, "is_residual": true})");
+  write_vae_dir(bad, ref, R"({"_class_name": "AutoencoderKLWan", "base_dim": 4, "z_dim": 4, "is_residual": "yes"})");
   const std::string msg2 = message_of([&] { models::load_autoencoder_kl_wan(bad.path.string()); });
-  EXPECT_NE(msg2.find("config.json: 'is_residual' true"), std::string::npos) << msg2;
+  EXPECT_NE(msg2.find("config.json: 'is_residual' must be true or false"), std::string::npos) << msg2;
 }
 
 // --- memory -----------------------------------------------------------------------------------------

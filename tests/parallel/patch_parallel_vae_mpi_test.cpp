@@ -1,6 +1,7 @@
 // The patch-parallel VAE decode (pipelines/patch_parallel_vae.h) under mpirun with 2 and 4 ranks:
-// every rank builds the same random decoder and latent, decodes it alone (the reference) and
-// shared with the other ranks, and checks the two agree within 1e-5 of the output scale. The
+// every rank builds the same random decoder (Wan2.1's and Wan2.2's layouts, AutoencoderKL) and
+// latent, decodes it alone (the reference) and shared with the other ranks, and checks the two
+// agree within 1e-5 of the output scale. The
 // shapes give uneven bands (5 latent rows over 2 or 4 ranks, one row for some) and several tiles
 // per rank.
 #include <gtest/gtest.h>
@@ -50,6 +51,31 @@ TEST(PatchParallelVae, WanRowBandsWithHaloExchangeDecodeTheOneDeviceVideo) {
   shared.clamp = false;
   shared.rows = &rows;
   const Tensor together = vae.decode(z, shared, stream);
+  ASSERT_EQ(together.shape(), alone.shape());
+  expect_close_rel(together, alone, 1e-5, "rank " + std::to_string(world.rank()) + " of " + std::to_string(world.size()));
+}
+
+// The same in Wan2.2's layout (is_residual, patch_size 2): the DupUp3D shortcuts and the
+// unpatchify work on each band's rows; the gathered video is the one-device video.
+TEST(PatchParallelVae, Wan22RowBandsDecodeTheOneDeviceVideo) {
+  const parallel::Communicator world = parallel::Communicator::world();
+  const Stream stream = default_device().default_stream();
+  models::AutoencoderKLWanConfig c = small_wan();
+  c.is_residual = true;
+  c.patch_size = 2;
+  c.in_channels = 12;
+  c.out_channels = 12;
+  c.scale_factor_spatial = 8;
+  models::AutoencoderKLWan vae(c);
+  models::make_random_parameters(vae.parameters(), DType::f32, 22, 0.3f);
+  const Tensor z = random_tensor({1, 3, 3, 5, 3}, 5, DType::f32, 1.0f);
+  const Tensor alone = vae.decode(z, {.clamp = false}, stream);
+  const PatchParallelRows rows(world, z.size(3));
+  models::WanDecodeOptions shared;
+  shared.clamp = false;
+  shared.rows = &rows;
+  const Tensor together = vae.decode(z, shared, stream);
+  ASSERT_EQ(together.shape(), (Shape{1, 3, 5, 40, 24}));
   ASSERT_EQ(together.shape(), alone.shape());
   expect_close_rel(together, alone, 1e-5, "rank " + std::to_string(world.rank()) + " of " + std::to_string(world.size()));
 }
