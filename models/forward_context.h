@@ -100,12 +100,15 @@ class BlockHook {
 
 // Sequence parallelism's plug point. split: state.hidden [B, N, D] keeps this rank's share of the
 // image / video tokens, and `rope` (its first `text_rows` rows are text, kept whole) the matching
-// rows; join: state.hidden becomes all N tokens again, in order.
+// rows; join: state.hidden becomes all N tokens again, in order. keep_tokens: of a per-token tensor
+// [B, N, ...] (all N tokens), the rows the last split kept of the hidden state (Wan2.2 TI2V's
+// per-token timestep masks).
 class SequenceSplit {
  public:
   virtual ~SequenceSplit() = default;
   virtual void split(BlockState& state, RopeTable& rope, int64_t text_rows, const Stream& stream) = 0;
   virtual void join(BlockState& state, const Stream& stream) = 0;
+  virtual Tensor keep_tokens(const Tensor& per_token, const Stream& stream) const = 0;
 };
 
 // Tensor parallelism's plug point. x [..., C / T] holds this rank's share of the channels and

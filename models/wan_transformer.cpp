@@ -398,8 +398,6 @@ WanPrologue WanTransformer3DModel::prologue(const WanInputs& in, const ForwardCo
     throw Error("wan forward: timestep must be [" + std::to_string(batch) + "], or [" + std::to_string(batch) + ", " +
                 std::to_string(token_count) + "] (one per token)" + from_hidden + ", got " +
                 (in.timestep.defined() ? shape_to_string(in.timestep.shape()) : std::string("nothing")));
-  if (per_token && ctx.sequence)
-    throw Error("wan forward: per-token timesteps with the tokens split across ranks (--ulysses / --ring) are not supported yet");
   if (!text.defined() || text.dim() != 3 || text.size(0) != batch || text.size(1) < 1 || text.size(2) != c.text_dim)
     throw Error("wan forward: encoder_hidden_states must be [" + std::to_string(batch) + ", L >= 1, " + std::to_string(c.text_dim) + "]" +
                 from_hidden + ", got " + (text.defined() ? shape_to_string(text.shape()) : std::string("nothing")));
@@ -461,9 +459,14 @@ Tensor WanTransformer3DModel::forward(const WanInputs& in, const Stream& s, cons
   WanPrologue p = prologue(in, ctx, s);
   BlockState state = p.state;
   ctx.split_sequence(state, p.shared.rope, 0, s);
+  // Split tokens (--ulysses / --ring): the blocks take this rank's rows of the per-token masks, the
+  // head (after the join) all of them.
+  WanBlockInputs shared = p.shared;
+  if (ctx.sequence)
+    for (Tensor& mask : shared.tokens.masks) mask = ctx.sequence->keep_tokens(mask, s);
   for (int i = 0; i < block_count(); ++i)
     state = ctx.run_block(
-        block_identity(i), state, [&](const BlockState& x) { return block(i, x, p.shared, ctx, s); }, s);
+        block_identity(i), state, [&](const BlockState& x) { return block(i, x, shared, ctx, s); }, s);
   ctx.join_sequence(state, s);
   return epilogue(state, p, s);
 }

@@ -1,6 +1,7 @@
 // The Wan family (WanTransformer3DModel: text-to-video, image-to-video, first-last-frame, two
-// experts) behind the library's ModelPipeline: its defaults (the folder's
-// generation_defaults.json, else Wan2.1's 832x480, 81 frames, 50 steps, CFG 5 fused), its text
+// experts, TI2V) behind the library's ModelPipeline: its defaults (the folder's
+// generation_defaults.json, else Wan2.1's 832x480, 81 frames, 50 steps, CFG 5 fused; TI2V-5B's
+// 1280x704 x 121), its text
 // conditioning (umT5), its checks, memory estimate and report.
 #include <algorithm>
 #include <cstdio>
@@ -38,19 +39,21 @@ MemoryEstimate wan_memory(const WanT2VPipeline& pipeline, const T2VOptions& o, i
   // self-attention output (4 D), the cross-attention query and output (2 D), and the FFN hidden
   // before and after its activation (2 ffn_dim): 8 D + 2 F. The kernels launched ahead of the
   // device pin about as much again: measured 2.1x that on the tiny model, so 24 D + 4 F.
-  const uint64_t tokens =
-      static_cast<uint64_t>((o.latent_frames() / c.patch_size[0]) * (o.height / 8 / c.patch_size[1]) * (o.width / 8 / c.patch_size[2]));
+  const int64_t h = o.height / pipeline.spatial_scale(), w = o.width / pipeline.spatial_scale();
+  const uint64_t tokens = static_cast<uint64_t>((o.latent_frames() / c.patch_size[0]) * (h / c.patch_size[1]) * (w / c.patch_size[2]));
   const uint64_t per_token = 24 * static_cast<uint64_t>(c.inner_dim()) + 4 * static_cast<uint64_t>(c.ffn_dim);
   const uint64_t text = static_cast<uint64_t>(text_tokens) * 2 * static_cast<uint64_t>(c.inner_dim());  // cross-attention k, v
   const uint64_t rope = tokens * static_cast<uint64_t>(c.attention_head_dim) * 2 * 4;
   e.denoising = static_cast<uint64_t>(batch) * (tokens * per_token + text) * activation_bytes(o.activations) + rope + kWorkspaceBytes;
-  if (pipeline.vae()) e.vae_decode = static_cast<uint64_t>(pipeline.vae()->estimate_peak_bytes(1, o.height / 8, o.width / 8));
-  if (pipeline.image_to_video()) {
-    // The video the encoder reads ([1, 3, F, H, W] f32), its working set, and the condition kept
-    // for every step; the encoder's weights are the VAE file's other half.
-    const uint64_t video = 3 * static_cast<uint64_t>(o.frames * o.height * o.width) * 4;
-    const uint64_t condition =
-        static_cast<uint64_t>((4 + pipeline.latent_channels()) * o.latent_frames() * (o.height / 8) * (o.width / 8)) * 4;
+  if (pipeline.vae()) e.vae_decode = static_cast<uint64_t>(pipeline.vae()->estimate_peak_bytes(1, h, w));
+  const bool first_frame = pipeline.text_image_to_video() && o.has_image();
+  if (pipeline.image_to_video() || first_frame) {
+    // The video the encoder reads ([1, 3, F, H, W] f32; TI2V: one frame), its working set, and the
+    // condition kept for every step; the encoder's weights are the VAE file's other half.
+    const uint64_t video = 3 * static_cast<uint64_t>((first_frame ? 1 : o.frames) * o.height * o.width) * 4;
+    const uint64_t condition = static_cast<uint64_t>(first_frame ? pipeline.latent_channels() * h * w
+                                                                 : (4 + pipeline.latent_channels()) * o.latent_frames() * h * w) *
+                               4;
     e.denoising += condition * static_cast<uint64_t>(batch);
     if (pipeline.vae()) e.vae_decode = std::max(e.vae_decode, video + pipeline.image_encoder_peak_bytes(o));
   }
@@ -66,10 +69,11 @@ class WanModelPipeline : public FamilyPipelineBase<WanT2VPipeline, T2VOptions> {
   bool video() const override { return true; }
 
   // The settings the request leaves out, from the folder's generation_defaults.json (the shipped
-  // tinywan's 64x64 x 17 frames instead of Wan2.1's 832x480 x 81), else Wan2.1's.
+  // tinywan's 64x64 x 17 frames instead of Wan2.1's 832x480 x 81), else the model's (Wan2.1's;
+  // TI2V-5B's 1280x704 x 121).
   Request with_defaults(const Request& request, const std::string& model_dir, std::vector<std::string>& from_defaults) const override {
     const GenerationDefaults d = GenerationDefaults::load(model_dir);
-    const T2VOptions wan21;
+    const T2VOptions model = p_.default_options();
     Request r = request;
     const auto take = [&](const char* flag, const auto& file_value, auto& field, auto fallback) {
       if (field) return;
@@ -80,12 +84,12 @@ class WanModelPipeline : public FamilyPipelineBase<WanT2VPipeline, T2VOptions> {
         field = fallback;
       }
     };
-    take("--width", d.width, r.width, wan21.width);
-    take("--height", d.height, r.height, wan21.height);
-    take("--frames", d.frames, r.num_frames, wan21.frames);
-    take("--steps", d.steps, r.num_inference_steps, wan21.steps);
-    take("--guidance", d.guidance, r.guidance_scale, wan21.guidance);
-    if (r.cfg.empty()) r.cfg = std::string(cfg_mode_name(wan21.cfg));
+    take("--width", d.width, r.width, model.width);
+    take("--height", d.height, r.height, model.height);
+    take("--frames", d.frames, r.num_frames, model.frames);
+    take("--steps", d.steps, r.num_inference_steps, model.steps);
+    take("--guidance", d.guidance, r.guidance_scale, model.guidance);
+    if (r.cfg.empty()) r.cfg = std::string(cfg_mode_name(model.cfg));
     return r;
   }
 
@@ -116,7 +120,7 @@ class WanModelPipeline : public FamilyPipelineBase<WanT2VPipeline, T2VOptions> {
       throw Error(std::string(flag) + " is for Flux pictures (image-to-image, inpainting, Kontext editing); a Wan model takes --image " +
                   "(and --last-image) as the first (and last) frame of an image-to-video model");
     p_.check(options(request, run), have_negative);
-    if (run.vae_parallel) check_row_split(run.vae_parallel->size(), *request.height / 8);
+    if (run.vae_parallel) check_row_split(run.vae_parallel->size(), *request.height / p_.spatial_scale());
   }
 
   MemoryEstimate estimate_memory(const Request& request, const RunContext& run, int64_t text_tokens, int offload,
@@ -139,20 +143,28 @@ class WanModelPipeline : public FamilyPipelineBase<WanT2VPipeline, T2VOptions> {
                   "%lld frames of %lldx%lld (latent %lld x %lld x %lld), %d steps, cfg %s (scale %.2f), transformer %lld blocks x %lld "
                   "wide (%s), profile %s: %d Cube + %d Vector thread(s)%s",
                   static_cast<long long>(o.frames), static_cast<long long>(o.width), static_cast<long long>(o.height),
-                  static_cast<long long>(o.latent_frames()), static_cast<long long>(o.height / 8), static_cast<long long>(o.width / 8),
-                  o.steps, r.cfg.c_str(), o.guidance, static_cast<long long>(mc.num_layers), static_cast<long long>(mc.inner_dim()),
-                  dtype.c_str(), profile.name.c_str(), profile.cube_threads, profile.vector_threads,
-                  simulate ? ", SIMULATED (modelled times)" : "");
+                  static_cast<long long>(o.latent_frames()), static_cast<long long>(o.height / p_.spatial_scale()),
+                  static_cast<long long>(o.width / p_.spatial_scale()), o.steps, r.cfg.c_str(), o.guidance,
+                  static_cast<long long>(mc.num_layers), static_cast<long long>(mc.inner_dim()), dtype.c_str(), profile.name.c_str(),
+                  profile.cube_threads, profile.vector_threads, simulate ? ", SIMULATED (modelled times)" : "");
     std::vector<std::string> lines{"scheduler: " + scheduler_name(p_.scheduler_config()), line};
     if (p_.transformer_2()) {
       const std::vector<int> experts = p_.expert_schedule(o.steps);
       const auto high = std::count(experts.begin(), experts.end(), 0);
-      std::snprintf(line, sizeof line,
-                    "two experts (boundary_ratio %.3g): transformer/ runs %lld step(s) with guidance %.2f, transformer_2/ %lld with %.2f",
-                    *p_.boundary_ratio(), static_cast<long long>(high), o.guidance, static_cast<long long>(experts.size()) - high,
-                    o.guidance_2.value_or(o.guidance));
+      if (o.cfg == CfgMode::off)  // no guidance scale applies
+        std::snprintf(line, sizeof line, "two experts (boundary_ratio %.3g): transformer/ runs %lld step(s), transformer_2/ %lld (CFG off)",
+                      *p_.boundary_ratio(), static_cast<long long>(high), static_cast<long long>(experts.size()) - high);
+      else
+        std::snprintf(line, sizeof line,
+                      "two experts (boundary_ratio %.3g): transformer/ runs %lld step(s) with guidance %.2f, transformer_2/ %lld with %.2f",
+                      *p_.boundary_ratio(), static_cast<long long>(high), o.guidance, static_cast<long long>(experts.size()) - high,
+                      o.guidance_2.value_or(o.guidance));
       lines.push_back(line);
     }
+    if (p_.text_image_to_video())
+      lines.push_back(
+          std::string("Wan2.2 TI2V (per-token timesteps): ") +
+          (o.has_image() ? "text-image-to-video, the first frame given (its latent frame fixed, at timestep 0)" : "text-to-video"));
     if (p_.image_to_video())
       lines.push_back(std::string("image-to-video: ") + (o.has_last_image() ? "first and last frame given" : "first frame given") +
                       (p_.transformer().config().has_image_branch() ? ", image tokens from the image encoder" : ""));

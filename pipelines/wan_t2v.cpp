@@ -44,8 +44,10 @@ WanSchedulerConfig scheduler_of(const std::string& model_dir) {
 }
 
 // The Wan transformer(s) as the loop sees them: latents [1, C, T, H, W] in (image-to-video: with
-// the condition beside them on channels, and the image tokens), the flow out; the raw timestep
-// (0..1000) goes to the model. With two experts, the run's expert schedule picks the model.
+// the condition beside them on channels, and the image tokens; TI2V with a picture: with frame 0
+// replaced by the picture's latent frame and per-token timesteps, 0 on that frame), the flow out;
+// the raw timestep (0..1000) goes to the model. With two experts, the run's expert schedule picks
+// the model.
 class WanDenoiser : public Denoiser {
  public:
   // experts[e] runs the steps whose schedule entry is e (wan_expert_schedule; empty: expert 0 always).
@@ -56,12 +58,14 @@ class WanDenoiser : public Denoiser {
       return *models[schedule.empty() ? 0 : static_cast<std::size_t>(schedule.at(static_cast<std::size_t>(step)))];
     }
   };
-  WanDenoiser(Experts experts, Tensor cond, Tensor uncond, Tensor condition, Tensor image_embeds)
+  // `condition`: image-to-video's channels, or (first_frame) TI2V's latent frame 0.
+  WanDenoiser(Experts experts, Tensor cond, Tensor uncond, Tensor condition, Tensor image_embeds, bool first_frame)
       : experts_(std::move(experts)),
         cond_(std::move(cond)),
         uncond_(std::move(uncond)),
         condition_(std::move(condition)),
-        image_(std::move(image_embeds)) {}
+        image_(std::move(image_embeds)),
+        first_frame_(first_frame) {}
 
   bool has_uncond() const override { return uncond_.defined(); }
 
@@ -69,20 +73,26 @@ class WanDenoiser : public Denoiser {
     const models::CfgBranch branch = ctx.step.branch;
     if (branch != models::CfgBranch::cond && !uncond_.defined()) throw Error("the unconditional branch needs negative embeddings");
     const models::WanTransformer3DModel& model = experts_.of(ctx.step.index);
-    const Tensor x = condition_.defined() ? ops::concat({latents, ops::cast(condition_, latents.dtype(), s)}, 1, s) : latents;
+    const Tensor x = !condition_.defined() ? latents
+                     : first_frame_        ? wan_first_frame_blend(latents, condition_, s)
+                                           : ops::concat({latents, ops::cast(condition_, latents.dtype(), s)}, 1, s);
+    const auto timestep = [&](int64_t batch) {
+      return first_frame_ ? wan_first_frame_timesteps(ctx.step.timestep, batch, latents.size(2), latents.size(3), latents.size(4))
+                          : filled(batch, ctx.step.timestep);
+    };
     const bool image = model.config().has_image_branch();
     if (branch == models::CfgBranch::both) {
       if (!both_.defined()) both_ = ops::concat({cond_, uncond_}, 0, s);
       if (image && !image_both_.defined()) image_both_ = ops::concat({image_, image_}, 0, s);
-      return model.forward({ops::concat({x, x}, 0, s), filled(2, ctx.step.timestep), both_, image ? image_both_ : Tensor()}, s, ctx);
+      return model.forward({ops::concat({x, x}, 0, s), timestep(2), both_, image ? image_both_ : Tensor()}, s, ctx);
     }
-    return model.forward({x, filled(1, ctx.step.timestep), branch == models::CfgBranch::cond ? cond_ : uncond_, image ? image_ : Tensor()},
-                         s, ctx);
+    return model.forward({x, timestep(1), branch == models::CfgBranch::cond ? cond_ : uncond_, image ? image_ : Tensor()}, s, ctx);
   }
 
  private:
   Experts experts_;
   Tensor cond_, uncond_, both_, condition_, image_, image_both_;
+  bool first_frame_ = false;
 };
 
 // Two experts' CFG: each step combines with its expert's scale (diffusers' guidance_scale for the
@@ -146,6 +156,26 @@ std::vector<int> wan_expert_schedule(const std::vector<float>& timesteps, double
   return experts;
 }
 
+Tensor wan_first_frame_blend(const Tensor& latents, const Tensor& condition, const Stream& s) {
+  const bool fits = latents.dim() == 5 && condition.dim() == 5 && condition.size(2) == 1 &&
+                    (condition.size(0) == 1 || condition.size(0) == latents.size(0)) && condition.size(1) == latents.size(1) &&
+                    condition.size(3) == latents.size(3) && condition.size(4) == latents.size(4);
+  if (!fits)
+    throw Error("the first-frame condition " + shape_to_string(condition.shape()) + " does not fit latents " +
+                shape_to_string(latents.shape()) + " (expected [1 or B, C, 1, h, w] for latents [B, C, T, h, w])");
+  Tensor first = ops::cast(condition, latents.dtype(), s);
+  if (first.size(0) != latents.size(0)) first = ops::concat(std::vector<Tensor>(static_cast<std::size_t>(latents.size(0)), first), 0, s);
+  if (latents.size(2) == 1) return first;
+  return ops::concat({first, latents.narrow(2, 1, latents.size(2) - 1)}, 2, s);
+}
+
+Tensor wan_first_frame_timesteps(float t, int64_t batch, int64_t latent_frames, int64_t latent_h, int64_t latent_w) {
+  const int64_t per_frame = (latent_h / 2) * (latent_w / 2), tokens = latent_frames * per_frame;
+  std::vector<float> values(static_cast<std::size_t>(batch * tokens), t);
+  for (int64_t b = 0; b < batch; ++b) std::fill_n(values.begin() + b * tokens, per_frame, 0.0f);
+  return Tensor::from_vector(values, {batch, tokens});
+}
+
 Tensor wan_frame_mask(int64_t frames, int64_t height, int64_t width, bool last_image) {
   const int64_t latent = (frames - 1) / 4 + 1;
   // The pixel frames' mask with the first repeated 4 times: 4 T_lat entries, viewed as [T_lat, 4].
@@ -204,8 +234,6 @@ void check_experts(const std::string& dir, const WanModelIndex& index) {
                 (std::filesystem::exists(dir + "/transformer_2") ? "is not a folder" : "is missing"));
   if (!index.boundary_ratio && second)
     throw Error(dir + " has transformer_2/ (a second expert) but its model_index.json sets no boundary_ratio saying when it runs");
-  if (index.expand_timesteps)
-    throw Error(dir + "/model_index.json sets expand_timesteps (Wan2.2 TI2V's per-token timesteps), which cubevec does not run yet");
 }
 
 void check_expert_pair(const models::WanTransformer3DModel& high, const models::WanTransformer3DModel& low, const std::string& dir) {
@@ -229,6 +257,23 @@ void check_expert_pair(const models::WanTransformer3DModel& high, const models::
 
 }  // namespace
 
+void WanT2VPipeline::apply_model_index(const WanModelIndex& index, const std::string& dir) {
+  if (!index.expand_timesteps) return;
+  const models::WanConfig& c = transformer_->config();
+  if (image_to_video())
+    throw Error(dir +
+                "/model_index.json sets expand_timesteps (Wan2.2 TI2V: the picture replaces latent frame 0), but the transformer "
+                "takes " +
+                std::to_string(c.in_channels) + " input channels, an image-to-video condition beside the latents");
+  // diffusers takes every second latent row and column for the per-token timesteps: the patch must be (1, 2, 2).
+  if (c.patch_size != std::array<int64_t, 3>{1, 2, 2})
+    throw Error(dir +
+                "/model_index.json sets expand_timesteps, whose per-token timesteps assume the transformer's patch_size [1, 2, 2] "
+                "(one token per frame and 2x2 latent pixels), got [" +
+                std::to_string(c.patch_size[0]) + ", " + std::to_string(c.patch_size[1]) + ", " + std::to_string(c.patch_size[2]) + "]");
+  expand_timesteps_ = true;
+}
+
 void WanT2VPipeline::add_second_expert(std::unique_ptr<models::WanTransformer3DModel> expert, const std::string& dir,
                                        double boundary_ratio) {
   expert->set_model_index(1);
@@ -245,7 +290,8 @@ WanT2VPipeline WanT2VPipeline::load(const std::string& dir, DType dtype, const s
   WanT2VPipeline p(models::WanTransformer3DModel::load(dir + "/transformer", dtype, variant), std::move(vae), scheduler_of(dir));
   if (index.boundary_ratio)
     p.add_second_expert(models::WanTransformer3DModel::load(dir + "/transformer_2", dtype, variant), dir, *index.boundary_ratio);
-  if (p.image_to_video()) {
+  p.apply_model_index(index, dir);
+  if (p.image_to_video() || p.text_image_to_video()) {
     // The encoder makes the condition; a VAE saved without it can still be inspected and simulated.
     try {
       p.encoder_ =
@@ -274,7 +320,8 @@ WanT2VPipeline WanT2VPipeline::load_meta(const std::string& dir, DType dtype) {
   }
   WanT2VPipeline p(meta_transformer("transformer"), std::move(vae), scheduler_of(dir));
   if (index.boundary_ratio) p.add_second_expert(meta_transformer("transformer_2"), dir, *index.boundary_ratio);
-  if (p.image_to_video() && p.vae_) {
+  p.apply_model_index(index, dir);
+  if ((p.image_to_video() || p.text_image_to_video()) && p.vae_) {
     p.encoder_ = std::make_unique<models::AutoencoderKLWanEncoder>(p.vae_->config());
     models::make_meta_parameters(p.encoder_->parameters(), DType::f32);
   }
@@ -283,6 +330,18 @@ WanT2VPipeline WanT2VPipeline::load_meta(const std::string& dir, DType dtype) {
 }
 
 bool WanT2VPipeline::image_to_video() const { return vae_ && transformer_->config().in_channels != vae_->config().z_dim; }
+
+int64_t WanT2VPipeline::spatial_scale() const { return vae_ ? vae_->config().spatial_upscale() : 8; }
+
+T2VOptions WanT2VPipeline::default_options() const {
+  T2VOptions o;
+  if (expand_timesteps_) {  // Wan2.2 TI2V-5B's 720p (diffusers' example and the model card)
+    o.width = 1280;
+    o.height = 704;
+    o.frames = 121;
+  }
+  return o;
+}
 
 int64_t WanT2VPipeline::latent_channels() const { return vae_ ? vae_->config().z_dim : transformer_->config().in_channels; }
 
@@ -304,10 +363,12 @@ Tensor WanT2VPipeline::picture(const std::string& path, const std::shared_ptr<co
 }
 
 Tensor WanT2VPipeline::image_condition(const T2VOptions& o, const Stream& s) const {
-  if (!image_to_video()) throw Error("this Wan model is text-to-video (its transformer takes no condition channels)");
+  if (!image_to_video() && !expand_timesteps_) throw Error("this Wan model is text-to-video (its transformer takes no condition channels)");
   if (!encoder_)
     throw Error("image-to-video needs the VAE's encoder (vae/ holding encoder.* and quant_conv.*), which is missing: " +
                 (encoder_error_.empty() ? std::string("the pipeline was made without it") : encoder_error_));
+  // TI2V: the picture alone, as a one-frame video.
+  if (expand_timesteps_) return encoder_->normalize(encoder_->encode(picture(o.image, o.image_pixels, "--image", o), {}, s).mean, s);
   // The video the VAE encodes: the first picture, zero frames, and (first-last-frame) the last one.
   std::vector<Tensor> parts{picture(o.image, o.image_pixels, "--image", o)};
   const int64_t zeros = o.frames - 1 - (o.has_last_image() ? 1 : 0);
@@ -315,14 +376,15 @@ Tensor WanT2VPipeline::image_condition(const T2VOptions& o, const Stream& s) con
   if (o.has_last_image()) parts.push_back(picture(o.last_image, o.last_image_pixels, "--last-image", o));
   const Tensor video = parts.size() == 1 ? parts[0] : ops::concat(parts, 2, s);
   const Tensor latents = encoder_->normalize(encoder_->encode(video, {}, s).mean, s);
-  return ops::concat({wan_frame_mask(o.frames, o.height / 8, o.width / 8, o.has_last_image()), latents}, 1, s);
+  return ops::concat({wan_frame_mask(o.frames, o.height / spatial_scale(), o.width / spatial_scale(), o.has_last_image()), latents}, 1, s);
 }
 
 void WanT2VPipeline::check(const T2VOptions& o, bool have_negative) const {
-  // Multiples of 8 for the VAE here; the loop below adds the transformer's own patch size.
-  if (o.width <= 0 || o.height <= 0 || o.width % 8 != 0 || o.height % 8 != 0)
-    throw Error("width and height must be positive multiples of 8 (the VAE's scale), got " + std::to_string(o.width) + "x" +
-                std::to_string(o.height));
+  // Multiples of the VAE's scale here; the loop below adds the transformer's own patch size.
+  const int64_t scale = spatial_scale();
+  if (o.width <= 0 || o.height <= 0 || o.width % scale != 0 || o.height % scale != 0)
+    throw Error("width and height must be positive multiples of " + std::to_string(scale) + " (the VAE's scale), got " +
+                std::to_string(o.width) + "x" + std::to_string(o.height));
   if (o.frames < 1 || (o.frames - 1) % 4 != 0)
     throw Error("--frames must be 1 + 4k (1, 5, 9, 13, ...: the VAE makes 4 frames of each latent frame after the first), got " +
                 std::to_string(o.frames));
@@ -350,7 +412,9 @@ void WanT2VPipeline::check(const T2VOptions& o, bool have_negative) const {
     if (o.has_last_image() && o.frames < 2)
       throw Error("--last-image needs at least 5 frames (the first and the last picture are different frames), got --frames " +
                   std::to_string(o.frames));
-  } else if (o.has_image() || o.has_last_image()) {
+  } else if (expand_timesteps_ && o.has_last_image()) {
+    throw Error("--last-image: Wan2.2 TI2V takes a first frame only (--image); first-last-frame needs a Wan2.1 FLF2V checkpoint");
+  } else if (!expand_timesteps_ && (o.has_image() || o.has_last_image())) {
     throw Error(std::string(o.has_image() ? "--image" : "--last-image") +
                 " is for image-to-video models (WanImageToVideoPipeline); this Wan model makes video from text only");
   }
@@ -361,8 +425,8 @@ void WanT2VPipeline::check(const T2VOptions& o, bool have_negative) const {
     const char* flag;
     int64_t value, latent, patch;
   } axes[] = {{"--frames", o.frames, o.latent_frames(), c.patch_size[0]},
-              {"--height", o.height, o.height / 8, c.patch_size[1]},
-              {"--width", o.width, o.width / 8, c.patch_size[2]}};
+              {"--height", o.height, o.height / scale, c.patch_size[1]},
+              {"--width", o.width, o.width / scale, c.patch_size[2]}};
   for (const auto& a : axes) {
     if (a.latent % a.patch != 0)
       throw Error(std::string(a.flag) + " " + std::to_string(a.value) + " gives " + std::to_string(a.latent) +
@@ -386,7 +450,8 @@ Tensor WanT2VPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddin
                 " and " + std::to_string(neg->sequence.size(1)) + " (use --cfg streams)");
 
   const Stream main = device.default_stream();
-  const Shape shape{1, latent_channels(), o.latent_frames(), o.height / 8, o.width / 8};
+  const int64_t h = o.height / spatial_scale(), w = o.width / spatial_scale();
+  const Shape shape{1, latent_channels(), o.latent_frames(), h, w};
   if (o.initial_noise.defined() && o.initial_noise.shape() != shape)
     throw Error("initial noise must be " + shape_to_string(shape) + " for " + std::to_string(o.frames) + " frames of " +
                 std::to_string(o.width) + "x" + std::to_string(o.height) + ", got " + shape_to_string(o.initial_noise.shape()));
@@ -394,9 +459,16 @@ Tensor WanT2VPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddin
   const std::unique_ptr<Scheduler> scheduler = make_scheduler(scheduler_, o.steps);
   // Image-to-video: the condition and the image tokens, made once for every step.
   Tensor condition, image_tokens;
-  if (image_to_video() && device.simulate()) {
+  const bool first_frame = expand_timesteps_ && o.has_image();
+  if (first_frame && device.simulate()) {
+    condition = Tensor::meta({1, latent_channels(), 1, h, w}, DType::f32);
+  } else if (first_frame) {
+    const auto t0 = std::chrono::steady_clock::now();
+    condition = image_condition(o, main);
+    timings.image_s += seconds_since(t0);
+  } else if (image_to_video() && device.simulate()) {
     // Shape-only: the pictures are neither read nor encoded (their encoders are not modelled).
-    condition = Tensor::meta({1, 4 + latent_channels(), o.latent_frames(), o.height / 8, o.width / 8}, DType::f32);
+    condition = Tensor::meta({1, 4 + latent_channels(), o.latent_frames(), h, w}, DType::f32);
     if (c.has_image_branch()) {
       const int64_t pictures = o.has_last_image() ? 2 : 1;
       image_tokens = o.image_embeds.defined() ? o.image_embeds
@@ -417,7 +489,7 @@ Tensor WanT2VPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddin
   WanDenoiser::Experts experts{{transformer_.get(), transformer_2_.get()}, {}};
   if (transformer_2_) experts.schedule = wan_expert_schedule(scheduler->timesteps(), *boundary_ratio_, num_train_timesteps(scheduler_));
   const std::vector<int> schedule = experts.schedule;
-  WanDenoiser denoiser(std::move(experts), pos.sequence, neg ? neg->sequence : Tensor(), condition, image_tokens);
+  WanDenoiser denoiser(std::move(experts), pos.sequence, neg ? neg->sequence : Tensor(), condition, image_tokens, first_frame);
   const auto guidance_of = [&](double scale, const std::string& side_stream) {
     return o.cfg_parallel ? make_cfg_parallel_guidance(scale, *o.cfg_parallel) : make_guidance(o.cfg, scale, side_stream);
   };
@@ -432,7 +504,10 @@ Tensor WanT2VPipeline::denoise(const PromptEmbeddings& pos, const PromptEmbeddin
       loop.restart_stages_at = static_cast<int>(first_low - schedule.begin());
   }
   StageList none;
-  return run_denoising_loop(denoiser, *scheduler, *guidance, stages ? *stages : none, noise, loop, device, on_step, timings);
+  const Tensor latents =
+      run_denoising_loop(denoiser, *scheduler, *guidance, stages ? *stages : none, noise, loop, device, on_step, timings);
+  // TI2V: the picture's frame goes back in after the last step, as the model saw it every step.
+  return first_frame ? wan_first_frame_blend(latents, condition, main) : latents;
 }
 
 Tensor WanT2VPipeline::image_embeds(const T2VOptions& o, const Stream& s) const {

@@ -13,7 +13,10 @@
 //     the image encoder's penultimate states of the picture(s) as image tokens;
 //   * two experts (Wan2.2 A14B, boundary_ratio in model_index.json): transformer/ runs the steps
 //     whose timestep is at or above boundary_ratio x num_train_timesteps with guidance, and
-//     transformer_2/ the rest with guidance_2.
+//     transformer_2/ the rest with guidance_2;
+//   * text-image-to-video (Wan2.2 TI2V-5B, expand_timesteps in model_index.json, the Wan2.2 VAE's
+//     16x): text alone, or a first frame whose encoded latent frame replaces latent frame 0 before
+//     every step and after the loop, its tokens at timestep 0 (docs/models.md "Wan2.2 TI2V-5B").
 #pragma once
 
 #include <functional>
@@ -36,7 +39,7 @@
 namespace cubevec::pipelines {
 
 struct T2VOptions {
-  int64_t width = 832, height = 480;  // multiples of 8 x the transformer's spatial patch
+  int64_t width = 832, height = 480;  // multiples of the VAE's scale (8; Wan2.2's 16) x the transformer's spatial patch
   int64_t frames = 81;                // 1 + 4k
   int steps = 50;
   double guidance = 5.0;  // CFG scale; CFG runs when cfg is not off
@@ -48,10 +51,10 @@ struct T2VOptions {
   // Patch-parallel VAE: the ranks of this group share the decode's rows (pipelines/patch_parallel_vae.h).
   std::optional<parallel::Communicator> vae_parallel;
   uint64_t seed = 0;
-  Tensor initial_noise{};          // [1, C, T_lat, H/8, W/8] instead of the seeded noise (parity runs)
+  Tensor initial_noise{};          // [1, C, T_lat, H/s, W/s] (s the VAE's scale) instead of the seeded noise (parity runs)
   DType activations = DType::f32;  // the transformer's activations: f32 or bf16
   // Image-to-video: the first frame (and, for first-last-frame, the last) as files or pixels,
-  // resized to width x height as diffusers' VideoProcessor does (Lanczos).
+  // resized to width x height as diffusers' VideoProcessor does (Lanczos). TI2V: the first only.
   std::string image, last_image;
   std::shared_ptr<const media::RgbImage> image_pixels, last_image_pixels;
   // The image encoder's penultimate states [n, L, C] (n pictures) instead of running it (parity runs).
@@ -70,6 +73,15 @@ struct WanModelIndex {
   bool expand_timesteps = false;         // Wan2.2 TI2V's per-token timesteps
   static WanModelIndex load(const std::string& model_dir);
 };
+
+// Wan2.2 TI2V's first-frame rule (expand_timesteps with a picture). The model input: latents
+// [B, C, T, h, w] with frame 0 replaced by `condition` [1 or B, C, 1, h, w] (diffusers' blend
+// (1 - mask) condition + mask latents, which is exactly that for finite values), in latents' dtype.
+Tensor wan_first_frame_blend(const Tensor& latents, const Tensor& condition, const Stream& stream);
+// The per-token timesteps [batch, T (h/2) (w/2)] (the transformer's token order): 0 for latent
+// frame 0's tokens, t for the rest (diffusers' (mask[0][0][:, ::2, ::2] * t).flatten(); the
+// stride 2 is the TI2V transformer's spatial patch).
+Tensor wan_first_frame_timesteps(float t, int64_t batch, int64_t latent_frames, int64_t latent_h, int64_t latent_w);
 
 // Which expert runs each step: 0 (transformer, high noise) where f32(t) >= f32(boundary_ratio x
 // num_train_timesteps) as diffusers compares them, else 1 (transformer_2).
@@ -109,6 +121,12 @@ class WanT2VPipeline {
   const WanSchedulerConfig& scheduler_config() const { return scheduler_; }
   // Image-to-video: the transformer takes the condition beside the latents (a picture is required).
   bool image_to_video() const;
+  // Wan2.2 TI2V (expand_timesteps): text-to-video, or text-image-to-video when a first frame is given.
+  bool text_image_to_video() const { return expand_timesteps_; }
+  // Video pixels per latent pixel: the VAE's spatial scale (8; Wan2.2's VAE 16; 8 without a VAE).
+  int64_t spatial_scale() const;
+  // What a request leaves out: Wan2.1's 832x480 x 81 frames, 50 steps, CFG 5; TI2V's 1280x704 x 121.
+  T2VOptions default_options() const;
   // The latents' channels (the VAE's z_dim; the transformer's in_channels without a VAE).
   int64_t latent_channels() const;
   // The image encoder (Wan2.1 I2V / FLF2V: image_encoder/, a CLIPVisionModel, f32), or null.
@@ -119,13 +137,14 @@ class WanT2VPipeline {
   std::vector<int> expert_schedule(int steps) const;
   // Image-to-video: the condition [1, 4 + z_dim, T_lat, H/8, W/8] for options' picture(s), as
   // WanImageToVideoPipeline.prepare_latents makes it (the mask, then the encoded video of the
-  // picture(s) and zero frames, normalized).
+  // picture(s) and zero frames, normalized). TI2V: the picture's latent frame [1, z_dim, 1, H/16,
+  // W/16] (the normalized encoder mean of the picture as a one-frame video).
   Tensor image_condition(const T2VOptions& options, const Stream& stream) const;
 
   // Throws for options this model cannot honour (size, frame count, steps, CFG without a negative).
   void check(const T2VOptions& options, bool have_negative) const;
 
-  // Seeded noise -> latents [1, C, T_lat, H/8, W/8] (f32) on `device`, with the stages' plug points in
+  // Seeded noise -> latents [1, C, T_lat, H/s, W/s] (f32) on `device`, with the stages' plug points in
   // every forward (none when `stages` is null). `negative` is needed iff options.cfg is not off.
   Tensor denoise(const PromptEmbeddings& positive, const PromptEmbeddings* negative, const T2VOptions& options, Device& device,
                  const StepCallback& on_step, T2ITimings& timings, StageList* stages = nullptr) const;
@@ -139,11 +158,14 @@ class WanT2VPipeline {
   WanSchedulerConfig scheduler_;
   std::unique_ptr<models::WanTransformer3DModel> transformer_2_;
   std::optional<double> boundary_ratio_;
+  bool expand_timesteps_ = false;
   std::unique_ptr<models::AutoencoderKLWanEncoder> encoder_;  // image-to-video only
   std::string encoder_error_;                                 // why there is none
   std::unique_ptr<models::ClipVisionModel> image_encoder_;    // the image branch's pictures -> tokens
   models::ClipImageProcessorConfig image_processor_;
 
+  // model_index.json's pipeline settings, checked against the models.
+  void apply_model_index(const WanModelIndex& index, const std::string& dir);
   // transformer_2/ (Wan2.2 A14B's low-noise expert), checked against the first.
   void add_second_expert(std::unique_ptr<models::WanTransformer3DModel> expert, const std::string& dir, double boundary_ratio);
   // image_encoder/ and image_processor/ when the transformer has the image branch (meta: shapes only).

@@ -53,8 +53,16 @@ void SequenceParallelStage::split(models::BlockState& state, models::RopeTable& 
     throw Error(name() + ": " + std::to_string(tokens) + " tokens cannot be shared by " + std::to_string(u * r) +
                 " ranks (each needs at least one)");
   state.hidden = ops::contiguous(state.hidden.narrow(1, offset, mine), stream);
+  token_offset_ = offset, token_count_ = mine, split_tokens_ = tokens;
   rope.cos = keep_rows(rope.cos, text_rows, offset, mine, stream);
   rope.sin = keep_rows(rope.sin, text_rows, offset, mine, stream);
+}
+
+Tensor SequenceParallelStage::keep_tokens(const Tensor& per_token, const Stream& stream) const {
+  if (per_token.dim() < 2 || per_token.size(1) != split_tokens_)
+    throw Error(name() + ": a per-token tensor " + shape_to_string(per_token.shape()) + " does not hold the " +
+                std::to_string(split_tokens_) + " tokens the hidden state was split from");
+  return ops::contiguous(per_token.narrow(1, token_offset_, token_count_), stream);
 }
 
 void SequenceParallelStage::join(models::BlockState& state, const Stream& stream) {

@@ -38,6 +38,7 @@ class SequenceParallelStage : public Stage, public models::SequenceSplit {
 
   void split(models::BlockState& state, models::RopeTable& rope, int64_t text_rows, const Stream& stream) override;
   void join(models::BlockState& state, const Stream& stream) override;
+  Tensor keep_tokens(const Tensor& per_token, const Stream& stream) const override;
 
   std::string summary() const override;
   nlohmann::ordered_json report() const override;
@@ -48,9 +49,10 @@ class SequenceParallelStage : public Stage, public models::SequenceSplit {
   Tensor ring_attention(const models::AttentionIdentity& id, const models::AttentionQkv& qkv, int64_t text, const Stream& stream);
 
   parallel::Communicator ulysses_, ring_;
-  std::vector<int64_t> token_sizes_;         // the shares of this rank's Ulysses group, in its rank order
-  std::vector<int64_t> ring_sizes_;          // each ring member's span (its Ulysses group's tokens)
-  std::map<std::string, int64_t> head_dim_;  // per attention module, from its last projection
+  std::vector<int64_t> token_sizes_;                               // the shares of this rank's Ulysses group, in its rank order
+  std::vector<int64_t> ring_sizes_;                                // each ring member's span (its Ulysses group's tokens)
+  int64_t token_offset_ = 0, token_count_ = 0, split_tokens_ = 0;  // the last split: this rank's rows of how many
+  std::map<std::string, int64_t> head_dim_;                        // per attention module, from its last projection
   int64_t all_to_all_calls_ = 0, ring_transfers_ = 0;
 };
 

@@ -96,6 +96,24 @@ TEST_F(ParallelCli, UlyssesForwardMatchesOneDeviceOnFluxAndWan) {
   }
 }
 
+// Wan2.2 TI2V's per-token timesteps (frame 0's tokens at 0) with the tokens split: each rank's
+// blocks take its rows of the timestep masks (the tiny TI2V transformer, 18 tokens).
+TEST_F(ParallelCli, PerTokenTimestepsFollowTheSplitTokens) {
+  const cubevec::SafetensorsFile g = cubevec::SafetensorsFile::open((kData / "goldens_wan22.safetensors").string());
+  const std::string inputs = (dir_ / "ti2v.inputs.safetensors").string();
+  cubevec::write_safetensors(inputs, {{"hidden_states", g.tensor("transformer_ti2v.hidden_states")},
+                                      {"timestep", g.tensor("transformer_ti2v.timestep")},
+                                      {"encoder_hidden_states", g.tensor("transformer_ti2v.encoder_hidden_states")}});
+  const std::string model = (kData / "wan22_ti2v_tiny" / "transformer").string();
+  for (const auto& degrees : {std::vector<std::string>{"--ulysses", "2"}, std::vector<std::string>{"--ring", "2"}}) {
+    const std::string out = (dir_ / "ti2v.safetensors").string();
+    const auto sharded = run_mpi(2, with({"forward", "--model", model, "--inputs", inputs, "--out", out}, degrees), dir_);
+    ASSERT_EQ(sharded.status, 0) << sharded.err;
+    cubevec::testing::expect_close_rel(cubevec::SafetensorsFile::open(out).tensor("sample"), g.tensor("transformer_ti2v.sample"), 1e-4,
+                                       "TI2V per-token forward, " + degrees[0] + " 2");
+  }
+}
+
 // Ring attention alone (2 ranks) and with Ulysses (2 x 2 on 4 ranks), tensor parallel alone and
 // with ring, on the tiny Flux (joint attention: the text keys attended once on each rank; the
 // single blocks' proj_out over [attention; MLP] shares) and the tiny Wan (self and cross attention,

@@ -25,8 +25,8 @@ namespace fs = std::filesystem;
 std::string data(const std::string& rel) { return std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/" + rel; }
 
 // The goldens' 512-row prompt and negative prompt states as a --prompt-embeds file.
-std::string write_embeds(const fs::path& dir, const std::string& golden_case) {
-  const cubevec::SafetensorsFile goldens = cubevec::SafetensorsFile::open(data("goldens_wan_i2v.safetensors"));
+std::string write_embeds(const fs::path& dir, const std::string& golden_case, const std::string& file = "goldens_wan_i2v.safetensors") {
+  const cubevec::SafetensorsFile goldens = cubevec::SafetensorsFile::open(data(file));
   const std::string path = (dir / (golden_case + "_embeds.safetensors")).string();
   cubevec::write_safetensors(path, {{"prompt_embeds", goldens.tensor(golden_case + ".prompt_embeds")},
                                     {"negative_prompt_embeds", goldens.tensor(golden_case + ".negative_prompt_embeds")}});
@@ -35,6 +35,7 @@ std::string write_embeds(const fs::path& dir, const std::string& golden_case) {
 
 // The frames the command wrote losslessly must be the library's for the same request.
 void expect_same_frames(const std::string& frames_dir, const std::vector<cubevec::media::RgbImage>& library) {
+  ASSERT_FALSE(library.empty());
   ASSERT_EQ(library.size(), 9u);
   for (std::size_t i = 0; i < library.size(); ++i) {
     char name[32];
@@ -94,6 +95,11 @@ TEST_F(WanFamilyCli, TwoExpertsRunAndReport) {
     std::snprintf(name, sizeof name, "/frame_%05d.png", i);
     EXPECT_EQ(cubevec::media::read_png(streamed + name).pixels, cubevec::media::read_png(frames + name).pixels) << name;
   }
+  // Without CFG no guidance scale applies: the description does not print one.
+  const auto off = run({"t2v", "--model", model, "--prompt-embeds", embeds, "--frames", "9", "--width", "48", "--height", "32", "--steps",
+                        "4", "--cfg", "off", "--guidance-2", "3", "--out", (dir_ / "c.avi").string()});
+  ASSERT_EQ(off.status, 0) << off.err;
+  EXPECT_NE(off.err.find("transformer/ runs 2 step(s), transformer_2/ 2 (CFG off)"), std::string::npos) << off.err;
 }
 
 // wan_i2v_tiny is a whole folder: the tiny CLIPVisionModel as its image_encoder/ + image_processor/,
@@ -125,6 +131,43 @@ TEST_F(WanFamilyCli, ImageToVideoRunsTheImageEncoder) {
                           "3", "--image", data("images/photo.jpg"), "--seed", "5", "--out", (dir_ / "b.avi").string()});
   ASSERT_EQ(other.status, 0) << other.err;
   EXPECT_NE(read_file(out), read_file((dir_ / "b.avi").string()));
+}
+
+// Wan2.2 TI2V (tests/data/wan22_ti2v_tiny: the tiny Wan2.2 VAE, expand_timesteps): with a first
+// frame and without, through the command line, the library's frames; the bad inputs named.
+TEST_F(WanFamilyCli, TextImageToVideoRunsWithAndWithoutAPicture) {
+  const std::string model = data("wan22_ti2v_tiny"), embeds = write_embeds(dir_, "pipeline_ti2v", "goldens_wan22_ti2v.safetensors");
+  const std::vector<std::string> common = {"t2v",      model, "--prompt-embeds", embeds, "--frames",   "9", "--width", "96",
+                                           "--height", "64",  "--steps",         "3",    "--guidance", "4", "--seed",  "5"};
+  for (const bool picture : {true, false}) {
+    std::vector<std::string> args = common;
+    args.insert(args.begin() + 1, "--model");
+    const std::string frames = (dir_ / (picture ? "with" : "without")).string();
+    for (const std::string& a :
+         {std::string("--out"), (dir_ / (picture ? "a.avi" : "b.avi")).string(), std::string("--frames-dir"), frames})
+      args.push_back(a);
+    if (picture) args.insert(args.end(), {"--image", data("images/rgb.png")});
+    const auto r = run(args);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.err.find(picture ? "Wan2.2 TI2V (per-token timesteps): text-image-to-video, the first frame given"
+                                 : "Wan2.2 TI2V (per-token timesteps): text-to-video"),
+              std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find("latent 3 x 4 x 6"), std::string::npos) << r.err;  // the Wan2.2 VAE's 16x
+    const std::string image = picture ? R"(, "image": ")" + data("images/rgb.png") + "\"" : std::string();
+    const auto request = cubevec::pipelines::Request::parse(R"({"prompt_embeds": ")" + embeds + "\"" + image +
+                                                            R"(, "num_frames": 9, "width": 96, "height": 64, "num_inference_steps": 3,
+        "guidance_scale": 4, "seed": 5})");
+    expect_same_frames(frames, cubevec::pipelines::Pipeline::load(model)->generate(request).images);
+  }
+  EXPECT_NE(read_file((dir_ / "a.avi").string()), read_file((dir_ / "b.avi").string()));
+  const auto last = run({"t2v", "--model", model, "--prompt-embeds", embeds, "--frames", "9", "--width", "96", "--height", "64", "--image",
+                         data("images/rgb.png"), "--last-image", data("images/photo.jpg"), "--out", (dir_ / "c.avi").string()});
+  EXPECT_NE(last.err.find("--last-image: Wan2.2 TI2V takes a first frame only"), std::string::npos) << last.err;
+  const auto size = run({"t2v", "--model", model, "--prompt-embeds", embeds, "--frames", "9", "--width", "88", "--height", "64", "--out",
+                         (dir_ / "c.avi").string()});
+  EXPECT_NE(size.err.find("positive multiples of 16 (the VAE's scale), got 88x64"), std::string::npos) << size.err;
+  EXPECT_FALSE(fs::exists(dir_ / "c.avi"));
 }
 
 TEST_F(WanFamilyCli, BadInputsAreOneLineErrors) {
@@ -162,6 +205,11 @@ TEST_F(WanFamilyCli, BadInputsAreOneLineErrors) {
                 .find("would overwrite the --image file"),
             std::string::npos);
   EXPECT_EQ(read_file((frames / "frame_00000.png").string()), picture);
+  // The frames folder is created, its parents are not (a mistyped path is not a new tree).
+  EXPECT_NE(error(i2v, {"--image", data("images/rgb.png"), "--frames-dir", (dir_ / "no" / "such").string()})
+                .find("its parent folder " + (dir_ / "no").string() + " does not exist"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(dir_ / "no"));
   // A frame's path that is a folder fails before any work (not after the denoising).
   const fs::path blocked = dir_ / "blocked";
   fs::create_directories(blocked / "frame_00004.png");
@@ -226,6 +274,16 @@ TEST_F(WanFamilyCli, SimulateTheFullSizeConfigs) {
   // Image-to-video adds the 257 image tokens' keys and values to every cross-attention and 20 input channels.
   EXPECT_GT(i2v["modelled_step_mean_s"].get<double>(), t2v_step);
   EXPECT_LT(i2v["modelled_step_mean_s"].get<double>(), 1.2 * t2v_step);
+  // TI2V-5B at its own default size (1280x704 x 121: latent 31 x 44 x 80 with the Wan2.2 VAE's 16x), with and without a picture.
+  const auto [ti2v_err, ti2v] = simulate("wan2.2-ti2v-5b", {"--image", data("images/rgb.png")});
+  EXPECT_NE(ti2v_err.find("121 frames of 1280x704 (latent 31 x 44 x 80)"), std::string::npos) << ti2v_err;
+  EXPECT_NE(ti2v_err.find("text-image-to-video, the first frame given"), std::string::npos) << ti2v_err;
+  const auto [ti2v_text_err, ti2v_text] = simulate("wan2.2-ti2v-5b", {});
+  EXPECT_NE(ti2v_text_err.find("Wan2.2 TI2V (per-token timesteps): text-to-video"), std::string::npos) << ti2v_text_err;
+  // 27,280 tokens through 30 blocks 3072 wide: cheaper per step than Wan2.1-14B's 32,760 through 40 x 5120.
+  EXPECT_LT(ti2v["modelled_step_mean_s"].get<double>(), 0.5 * t2v_step);
+  EXPECT_GT(ti2v["modelled_step_mean_s"].get<double>(), 0.0);
+  EXPECT_GT(ti2v_text["modelled_step_mean_s"].get<double>(), 0.0);
 }
 
 }  // namespace wan_family_cli_test
