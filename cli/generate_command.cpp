@@ -172,6 +172,7 @@ int run(GenerateFlags f, const CLI::App& command, const DeviceFlags& device_flag
   load.check_weights = f.common.check_weights;
   load.memory_limit = f.common.memory_limit;
   load.quant = stage_flags.quant_given() ? stage_flags.quant : "";
+  load.quant_2 = stage_flags.quant_2;
   load.timestep_policy = stage_flags.timestep_policy;
   load.offload = stage_flags.offload;
   load.packed_cache = f.common.packed_cache;

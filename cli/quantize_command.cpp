@@ -2,7 +2,10 @@
 // Calibration runs the float model over the given prompts (or prompt embeddings) and steps with
 // every Linear's input range recorded (pipelines/quant_export.h), then writes
 // quant_model_description_{algo}.json and quant_model_weight_{algo}.safetensors into --out, and
-// reports each layer's cosine against float on its calibration rows, worst first.
+// reports each layer's cosine against float on its calibration rows, worst first. A two-expert
+// folder (Wan2.2 A14B) gets one pair per expert, each calibrated on the steps it runs:
+// transformer/'s in --out, transformer_2/'s in --out/transformer_2 (t2v takes them as --quant and
+// --quant-2).
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -33,19 +36,38 @@ struct QuantizeFlags {
 
 // The output folder exists and takes files, and the report does not land on an output file: all
 // checked before calibration, so a bad path does not cost the run.
-void check_outputs(const QuantizeFlags& f, quant::Algorithm algorithm) {
+void check_outputs(const QuantizeFlags& f, const std::string& dir, quant::Algorithm algorithm) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  fs::create_directories(f.out, ec);
-  if (!fs::is_directory(f.out)) throw Error("--out " + f.out + ": cannot create the output folder" + (ec ? " (" + ec.message() + ")" : ""));
+  fs::create_directories(dir, ec);
+  if (!fs::is_directory(dir)) throw Error("--out " + dir + ": cannot create the output folder" + (ec ? " (" + ec.message() + ")" : ""));
   // --json itself was checked while parsing (cli/output_flag.h); here: the pair, and the report
   // not landing on it.
   const std::string algo(quant::algorithm_name(algorithm));
-  for (const std::string& file : {quant::description_file(f.out, algo), quant::weight_file(f.out, algo)}) {
+  for (const std::string& file : {quant::description_file(dir, algo), quant::weight_file(dir, algo)}) {
     check_output_path(file, "--out");
     if (!f.json_path.empty() && fs::weakly_canonical(f.json_path) == fs::weakly_canonical(file))
       throw Error("--json " + f.json_path + ": is one of the quantization files this run writes; give the report another name");
   }
+}
+
+// One expert's export and its report lines; the JSON part of the report.
+nlohmann::ordered_json export_one(models::ParameterTable& table, const pipelines::CalibrationStage& calibration,
+                                  const pipelines::QuantExportOptions& options, const QuantizeFlags& f, const std::string& dir,
+                                  const std::string& what) {
+  const pipelines::QuantExportResult result = pipelines::export_quantized(table, calibration, options, f.steps, dir);
+  std::fprintf(stderr, "\n%sper-layer cosine of the quantized output against float on calibration rows (worst first):\n", what.c_str());
+  for (std::size_t i = 0; i < result.layers.size() && i < static_cast<std::size_t>(f.top); ++i)
+    std::fprintf(stderr, "  %-56s %.6f\n", result.layers[i].module.c_str(), result.layers[i].cosine);
+  if (!result.layers.empty())
+    std::fprintf(stderr, "  ... %zu layers, worst %.6f, best %.6f\n", result.layers.size(), result.layers.front().cosine,
+                 result.layers.back().cosine);
+  std::fprintf(stderr, "wrote %s and %s (int8 layers %.2f MiB, float %.2f MiB)\n", result.description_path.c_str(),
+               result.weight_path.c_str(), static_cast<double>(result.int8_bytes) / (1 << 20),
+               static_cast<double>(result.float_bytes) / (1 << 20));
+  nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+  for (const auto& l : result.layers) layers.push_back({{"module", l.module}, {"cosine", l.cosine}});
+  return {{"description", result.description_path}, {"weights", result.weight_path}, {"excluded", result.excluded}, {"layers", layers}};
 }
 
 int run(const QuantizeFlags& f, const DeviceFlags& device_flags) {
@@ -59,7 +81,7 @@ int run(const QuantizeFlags& f, const DeviceFlags& device_flags) {
     throw Error("calibration needs data: give --prompt TEXT (one or more) or --calibration-embeds FILE (one or more)");
   const DType dtype = parse_dtype(f.dtype);
   if (dtype != DType::f32 && dtype != DType::bf16) throw Error("--dtype must be f32 or bf16, got " + f.dtype);
-  check_outputs(f, *algorithm);
+  check_outputs(f, f.out, *algorithm);
   Device device(device_flags.resolve());
   FixedShapeRun model(f.model, dtype, f.variant, {f.steps, f.width, f.height, f.frames, f.seed}, device);
 
@@ -81,6 +103,17 @@ int run(const QuantizeFlags& f, const DeviceFlags& device_flags) {
   pipelines::CalibrationStage& calibration = *calibration_owner;
   stages.add(std::move(calibration_owner));
   stages.after_load(model.model().transformer_parameters());
+  // Two experts: the low-noise one observed by a calibration of its own, on the steps it runs.
+  models::ParameterTable* second = model.model().mutable_second_expert_parameters();
+  pipelines::CalibrationStage* calibration_2 = nullptr;
+  const std::string out_2 = f.out + "/transformer_2";
+  if (second) {
+    check_outputs(f, out_2, *algorithm);
+    auto owner = std::make_unique<pipelines::CalibrationStage>(options);
+    calibration_2 = owner.get();
+    calibration_2->after_load(*second);
+    stages.add(std::move(owner));
+  }
   if (calibration.stats().empty())
     throw Error("--exclude leaves no Linear to quantize (all " + std::to_string(calibration.excluded().size()) + " match)");
   for (const std::string& pattern : f.exclude) {
@@ -107,30 +140,21 @@ int run(const QuantizeFlags& f, const DeviceFlags& device_flags) {
     }
   }
   calibration.detach(model.model().transformer_parameters());
-  const pipelines::QuantExportResult result =
-      pipelines::export_quantized(model.model().transformer_parameters(), calibration, options, f.steps, f.out);
-
-  std::fprintf(stderr, "\nper-layer cosine of the quantized output against float on calibration rows (worst first):\n");
-  for (std::size_t i = 0; i < result.layers.size() && i < static_cast<std::size_t>(f.top); ++i)
-    std::fprintf(stderr, "  %-56s %.6f\n", result.layers[i].module.c_str(), result.layers[i].cosine);
-  if (!result.layers.empty())
-    std::fprintf(stderr, "  ... %zu layers, worst %.6f, best %.6f\n", result.layers.size(), result.layers.front().cosine,
-                 result.layers.back().cosine);
-  std::fprintf(stderr, "wrote %s and %s (int8 layers %.2f MiB, float %.2f MiB)\n", result.description_path.c_str(),
-               result.weight_path.c_str(), static_cast<double>(result.int8_bytes) / (1 << 20),
-               static_cast<double>(result.float_bytes) / (1 << 20));
-  if (!f.json_path.empty()) {
-    nlohmann::ordered_json layers = nlohmann::ordered_json::array();
-    for (const auto& l : result.layers) layers.push_back({{"module", l.module}, {"cosine", l.cosine}});
-    const nlohmann::ordered_json json = {{"model", f.model},
-                                         {"algorithm", f.algo},
-                                         {"steps", f.steps},
-                                         {"description", result.description_path},
-                                         {"weights", result.weight_path},
-                                         {"excluded", result.excluded},
-                                         {"layers", layers}};
-    write_output_file(f.json_path, "--json", json.dump(2) + "\n");
+  if (calibration_2) {
+    calibration_2->detach(*second);
+    const auto& stats = calibration_2->stats();
+    if (std::none_of(stats.begin(), stats.end(), [](const auto& s) { return s.second->all.seen; }))
+      throw Error("transformer_2/ (the low-noise expert) ran in none of the " + std::to_string(f.steps) +
+                  " calibration steps (it runs the steps below the boundary_ratio): give more --steps");
   }
+  nlohmann::ordered_json json = {{"model", f.model}, {"algorithm", f.algo}, {"steps", f.steps}};
+  json.update(export_one(model.model().transformer_parameters(), calibration, options, f, f.out, calibration_2 ? "transformer/: " : ""));
+  if (calibration_2) {
+    json["transformer_2"] = export_one(*second, *calibration_2, options, f, out_2, "transformer_2/: ");
+    std::fprintf(stderr, "run the two experts quantized with --quant %s --quant-2 %s\n", json["description"].get<std::string>().c_str(),
+                 json["transformer_2"]["description"].get<std::string>().c_str());
+  }
+  if (!f.json_path.empty()) write_output_file(f.json_path, "--json", json.dump(2) + "\n");
   return 0;
 }
 

@@ -44,7 +44,7 @@ struct ServeFlags {
   server::ServeLimits limits;
   std::string max_body = "32M";
   double drain_timeout_s = 30;
-  std::string dtype = "f32", variant, quant, timestep_policy, memory_limit, packed_cache, trace_path;
+  std::string dtype = "f32", variant, quant, quant_2, timestep_policy, memory_limit, packed_cache, trace_path;
   std::vector<std::string> lora;  // fused into every served model's transformer
   bool lora_ignore_unmatched = false;
   std::string lora_mode;        // fused | runtime (empty: fused, runtime with --quant)
@@ -106,6 +106,7 @@ int run(const ServeFlags& f, const DeviceFlags& device_flags, const ParallelFlag
   load.dtype = f.dtype == "bf16" ? DType::bf16 : DType::f32;
   load.variant = f.variant;
   load.quant = f.quant;
+  load.quant_2 = f.quant_2;
   load.timestep_policy = f.timestep_policy;
   load.offload = f.offload;
   load.memory_limit = f.memory_limit;
@@ -220,6 +221,7 @@ CommandRunner add_serve_command(CLI::App& app) {
   command->add_option("--dtype", f.dtype, "f32 or bf16 weights and activations (default f32)");
   command->add_option("--variant", f.variant, "Load diffusion_pytorch_model.<variant>.safetensors");
   command->add_option("--quant", f.quant, "MindIE SD quantization description (quant_model_description_*.json)");
+  command->add_option("--quant-2", f.quant_2, "Two experts (Wan2.2 A14B): transformer_2/'s quantization description");
   command->add_option("--timestep-policy", f.timestep_policy, "The timestep policy for --quant's W8A8_TIMESTEP layers");
   command->add_option("--offload", f.offload, "Resident transformer blocks under weight streaming (0: off)")->check(CLI::Range(0, 100000));
   command->add_option("--packed-cache", f.packed_cache, kPackedCacheHelp)->check(packed_cache_folder());

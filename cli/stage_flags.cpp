@@ -30,6 +30,9 @@ std::shared_ptr<StageFlags> add_stage_flags(CLI::App& command) {
   add("--quant", f->quant,
       "MindIE SD quant description (quant_model_description_*.json; its weight file beside it); in --simulate "
       "also an algorithm name (W8A16, W8A8, W8A8_DYNAMIC, W8A8_TIMESTEP)");
+  add("--quant-2", f->quant_2,
+      "Two experts (Wan2.2 A14B): transformer_2/'s quant description (--quant then describes transformer/); cubevec quantize "
+      "writes it into its --out folder's transformer_2/");
   add("--timestep-policy", f->timestep_policy, "W8A8_TIMESTEP: JSON {\"default\": \"dynamic\", \"static\": [steps...]}");
   add("--cache", f->cache,
       "Step cache: none, attention (MindIE AttentionCache), dit-block (MindIE DiTBlockCache), db (cache-dit DBCache/FBCache)");
@@ -108,7 +111,7 @@ std::unique_ptr<pipelines::Stage> StageFlags::quantize_stage(bool simulate, int 
     if (!timestep_policy.empty()) throw Error("--timestep-policy applies with --quant (a W8A8_TIMESTEP description)");
     return nullptr;
   }
-  return std::make_unique<pipelines::QuantizeStage>(pipelines::QuantizeOptions{quant, timestep_policy, simulate, steps});
+  return std::make_unique<pipelines::QuantizeStage>(pipelines::QuantizeOptions{quant, timestep_policy, simulate, steps, quant_2});
 }
 
 std::unique_ptr<pipelines::SparseAttentionStage> StageFlags::sparse_stage() const {

@@ -28,7 +28,7 @@
 namespace cubevec::cli {
 
 struct StageFlags {
-  std::string quant, timestep_policy;
+  std::string quant, timestep_policy, quant_2;
   std::string cache = "none", cache_config;
   pipelines::CacheConfig values;    // the flags' values (defaults where not given)
   int step_end = 0, block_end = 0;  // --cache-step-end, --cache-block-end when given

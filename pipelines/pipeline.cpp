@@ -67,6 +67,7 @@ LoadOptions LoadOptions::from_json(const nlohmann::json& json, const std::string
       .boolean("check_weights", o.check_weights)
       .text("memory_limit", o.memory_limit)
       .text("quant", o.quant)
+      .text("quant_2", o.quant_2)
       .text("timestep_policy", o.timestep_policy)
       .integer("offload", o.offload, 0, 1 << 20)
       .integer("cube_threads", o.cube_threads, 0, 4096)
@@ -118,13 +119,15 @@ PipelinePlan PipelinePlan::read(const std::string& model_dir, const LoadOptions&
     throw Error("--timestep-policy applies with --quant (a W8A8_TIMESTEP description)");
   plan.model_ =
       family.empty() ? load_model_pipeline_meta(model_dir, options.dtype) : model_family(family).load_meta(model_dir, options.dtype);
-  // Two experts (Wan2.2 A14B): the stages that change the weights work on one transformer so far
-  // (offload streams both: OffloadStage::after_load_second_model).
+  // Two experts (Wan2.2 A14B): quantization takes one description per expert, offload streams both
+  // (the stages' after_load_second_model) and the packed cache holds both; tensor parallel still
+  // works on one transformer.
+  if (!options.quant_2.empty() && !plan.model_->second_expert_parameters())
+    throw Error("--quant-2 is the second expert's (transformer_2/) quantization; " + model_dir + " has one transformer");
+  if (!options.quant_2.empty() && options.quant.empty())
+    throw Error("--quant-2 " + options.quant_2 + " needs --quant for transformer/ (the high-noise expert) too");
   if (plan.model_->second_expert_parameters()) {
-    const char* flag = !options.quant.empty() && !options.simulate ? "--quant"
-                       : plan.groups_.degrees.tp > 1               ? "--tp"
-                       : !options.packed_cache.empty()             ? "--packed-cache"
-                                                                   : nullptr;
+    const char* flag = plan.groups_.degrees.tp > 1 ? "--tp" : nullptr;
     if (flag)
       throw Error(std::string(flag) + " on a two-expert model (" + model_dir +
                   ": transformer/ and transformer_2/) is not supported yet: it would change the first expert's weights only");
@@ -136,8 +139,8 @@ PipelinePlan PipelinePlan::read(const std::string& model_dir, const LoadOptions&
       std::vector<std::string> unused;
       simulate_steps = *plan.model_->with_defaults(*first_request, model_dir, unused).num_inference_steps;
     }
-    plan.stages_.quantize =
-        std::make_unique<QuantizeStage>(QuantizeOptions{options.quant, options.timestep_policy, options.simulate, simulate_steps});
+    plan.stages_.quantize = std::make_unique<QuantizeStage>(
+        QuantizeOptions{options.quant, options.timestep_policy, options.simulate, simulate_steps, options.quant_2});
   }
   if (!options.packed_cache.empty() && options.offload > 0)
     throw Error("--packed-cache maps every layer's panels for the whole run; it does not combine with --offload, which streams them");
@@ -201,9 +204,10 @@ models::PackedCacheModel PipelinePlan::packed_cache_model() const {
   // Loads of one folder that pack differently get files of their own instead of replacing each
   // other's: the dtype, variant and quantization are part of the name's hash.
   m.identity = (error ? model_dir_ : folder.string()) + '\n' + std::string(dtype_name(options_.dtype)) + '\n' + options_.variant + '\n' +
-               options_.quant + '\n' + options_.timestep_policy;
+               options_.quant + '\n' + options_.quant_2 + '\n' + options_.timestep_policy;
   for (const std::string& lora : options_.lora) m.identity += "\nlora " + lora;
   m.tables.emplace_back("transformer", &model_->transformer_parameters());
+  if (const models::ParameterTable* second = model_->second_expert_parameters()) m.tables.emplace_back("transformer_2", second);
   if (const models::ParameterTable* vae = model_->vae_parameters()) m.tables.emplace_back("vae", vae);
   m.threads = profile_.cube_threads;
   return m;

@@ -53,6 +53,7 @@ struct LoadOptions {
   bool check_weights = false;                // every loaded weight must be finite
   std::string memory_limit;                  // refuse what would not fit ("24G"); empty: the memory available
   std::string quant, timestep_policy;        // MindIE SD quantization description (and its policy)
+  std::string quant_2;                       // two experts: transformer_2/'s description (transformer/'s is quant)
   int offload = 0;                           // resident blocks under weight streaming (0: every weight resident)
   int cube_threads = 0, vector_threads = 0;  // 0: the profile's (or CUBEVEC_*_THREADS)
   std::string device_profile;                // a device profile JSON; empty: the built-in cpu-default
@@ -72,7 +73,7 @@ struct LoadOptions {
   std::optional<parallel::Communicator> cfg_parallel, vae_parallel;
   std::optional<DeviceProfile> profile;  // beats device_profile and the thread counts
 
-  // {"dtype", "variant", "check_weights", "memory_limit", "quant", "timestep_policy", "offload",
+  // {"dtype", "variant", "check_weights", "memory_limit", "quant", "quant_2", "timestep_policy", "offload",
   //  "cube_threads", "vector_threads", "device_profile", "packed_cache", "lora" (a list),
   //  "lora_ignore_unmatched", "lora_mode"}: unknown keys, wrong types and
   // out-of-range values are errors naming the key.

@@ -231,6 +231,7 @@ std::string in_request_terms(const std::string& message) {
         {"--lora-ignore-unmatched", "lora_ignore_unmatched"},
         {"--lora-mode", "lora_mode"},
         {"--lora", "lora"},
+        {"--quant-2", "quant_2"},
         {"--quant", "quant"},
         {"--timestep-policy", "timestep_policy"},
         {"--offload", "offload"},

@@ -65,6 +65,13 @@ QuantizeStage::QuantizeStage(QuantizeOptions options) : options_(std::move(optio
   } else {
     description_ = quant::Description::load(options_.description);
   }
+  if (!options_.description_2.empty()) {
+    if (meta_algorithm_)
+      throw Error("--quant-2 " + options_.description_2 + ": with an algorithm name, --quant " + options_.description +
+                  " quantizes both experts already (simulate mode); --quant-2 takes the second expert's description file beside a "
+                  "description file");
+    description_2_ = quant::Description::load(options_.description_2);
+  }
   policy_ = std::make_shared<const quant::TimestepPolicy>(
       options_.timestep_policy.empty() ? quant::TimestepPolicy() : quant::TimestepPolicy::load(options_.timestep_policy));
 }
@@ -73,19 +80,19 @@ std::string QuantizeStage::name() const {
   return "quantize " + (meta_algorithm_ ? std::string(quant::algorithm_name(*meta_algorithm_)) : description_->model_quant_type);
 }
 
-void QuantizeStage::after_load(models::ParameterTable& table) { quantize(table, ""); }
+void QuantizeStage::after_load(models::ParameterTable& table) { quantize(table, description_ ? &*description_ : nullptr, ""); }
 
 void QuantizeStage::after_load_second_model(models::ParameterTable& table) {
-  // A description file names one model's modules; each expert needs its own (not supported yet). In
+  // A description file names one model's modules: the second expert has its own (--quant-2). In
   // simulate mode an algorithm name quantizes every block Linear, of both experts alike.
-  if (!meta_algorithm_)
+  if (!meta_algorithm_ && !description_2_)
     throw Error("--quant " + options_.description +
-                " on a two-expert model (transformer_2/): each expert needs its own "
-                "quantization description, which cubevec does not take yet (simulate mode takes an algorithm name for both)");
-  quantize(table, "transformer_2/");
+                " describes transformer/ only: a two-expert model needs the low-noise expert's description too, --quant-2 "
+                "FILE for transformer_2/ (cubevec quantize on the folder writes it into its --out folder's transformer_2/)");
+  quantize(table, description_2_ ? &*description_2_ : nullptr, "transformer_2/");
 }
 
-void QuantizeStage::quantize(models::ParameterTable& table, const std::string& model) {
+void QuantizeStage::quantize(models::ParameterTable& table, const quant::Description* description, const std::string& model) {
   if (table.linears().empty()) throw Error("--quant " + options_.description + ": this model has no Linear layers to quantize");
   std::vector<std::pair<models::Linear*, std::shared_ptr<const quant::QuantizedLinear>>> built;
   if (meta_algorithm_) {
@@ -95,7 +102,7 @@ void QuantizeStage::quantize(models::ParameterTable& table, const std::string& m
                                                               meta_tensors(*meta_algorithm_, *linear, options_.simulate_steps), policy_,
                                                               "--quant " + options_.description + ": " + name)});
   } else {
-    const quant::Description& d = *description_;
+    const quant::Description& d = *description;
     // Every module the description quantizes must be a Linear of the model.
     for (const std::string& module : d.quantized_modules())
       if (!table.linears().count(module)) {
@@ -147,8 +154,11 @@ void QuantizeStage::check_static_rows(int first, int count) const {
     for (const auto& [module, rows] : static_rows_)
       if (step >= rows)
         throw Error(
-            (description_ ? description_->weight_path() : options_.description) + ": layer '" + module + "' has static scales for " +
-            std::to_string(rows) + " steps (0 to " + std::to_string(rows - 1) + "), but " +
+            (module.starts_with("transformer_2/") && description_2_ ? description_2_->weight_path()
+             : description_                                         ? description_->weight_path()
+                                                                    : options_.description) +
+            ": layer '" + module + "' has static scales for " + std::to_string(rows) + " steps (0 to " + std::to_string(rows - 1) +
+            "), but " +
             (options_.timestep_policy.empty() ? std::string("the timestep policy") : "the timestep policy " + options_.timestep_policy) +
             " makes step " + std::to_string(step) + " static");
   }
@@ -169,11 +179,13 @@ std::string QuantizeStage::summary() const {
 nlohmann::ordered_json QuantizeStage::report() const {
   std::map<std::string, int> counts;
   for (const auto& [module, algo] : swapped_) ++counts[algo];
-  return {{"description", options_.description},
-          {"timestep_policy", options_.timestep_policy},
-          {"layers", counts},
-          {"int8_weight_bytes", quantized_bytes_},
-          {"float_weight_bytes", float_bytes_}};
+  nlohmann::ordered_json j = {{"description", options_.description},
+                              {"timestep_policy", options_.timestep_policy},
+                              {"layers", counts},
+                              {"int8_weight_bytes", quantized_bytes_},
+                              {"float_weight_bytes", float_bytes_}};
+  if (!options_.description_2.empty()) j["description_2"] = options_.description_2;
+  return j;
 }
 
 }  // namespace cubevec::pipelines

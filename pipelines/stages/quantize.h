@@ -5,6 +5,9 @@
 // the step context (before_step: the calling thread's step, so requests sharing the layers on
 // different threads each quantize at their own step).
 //   --quant quant_model_description_w8a8_dynamic.json [--timestep-policy POLICY.json]
+// A two-expert model (Wan2.2 A14B) takes one description per expert, as msModelSlim quantizes each
+// transformer on its own: --quant for transformer/, --quant-2 for transformer_2/ (cubevec quantize
+// writes the second into its --out folder's transformer_2/).
 // In simulate mode --quant may name an algorithm instead of a file ("W8A8_DYNAMIC"): every Linear
 // of the transformer blocks then gets shape-only int8 weights of that scheme, so the NPU's int8
 // rate prices them.
@@ -25,7 +28,8 @@ struct QuantizeOptions {
   std::string description;      // a description file, or (simulate) an algorithm name
   std::string timestep_policy;  // a policy file, or empty (every step dynamic, as MindIE's default)
   bool simulate = false;
-  int simulate_steps = 1;  // simulate with W8A8_TIMESTEP: rows of shape-only static scales
+  int simulate_steps = 1;       // simulate with W8A8_TIMESTEP: rows of shape-only static scales
+  std::string description_2{};  // the second expert's (transformer_2/) description file, or empty
 };
 
 class QuantizeStage : public Stage {
@@ -49,12 +53,13 @@ class QuantizeStage : public Stage {
 
  private:
   QuantizeOptions options_;
-  std::optional<quant::Description> description_;
+  std::optional<quant::Description> description_, description_2_;
   std::optional<quant::Algorithm> meta_algorithm_;  // simulate with an algorithm name
   std::shared_ptr<const quant::TimestepPolicy> policy_;
   void check_static_rows(int first, int count) const;
-  // Swaps `table`'s layers; `model` prefixes its module names in the report ("" or "transformer_2/").
-  void quantize(models::ParameterTable& table, const std::string& model);
+  // Swaps `table`'s layers as `description` says (null: the simulate algorithm); `model` prefixes
+  // its module names in the report ("" or "transformer_2/").
+  void quantize(models::ParameterTable& table, const quant::Description* description, const std::string& model);
   std::map<std::string, std::string> swapped_;  // module -> algorithm
   std::map<std::string, int> static_rows_;      // W8A8_TIMESTEP module -> steps with static scales
   std::size_t quantized_bytes_ = 0, float_bytes_ = 0;

@@ -222,12 +222,13 @@ class _DiffusionPipeline:
     @classmethod
     def from_pretrained(cls, path, dtype="f32", variant=None, quant=None, timestep_policy=None, offload=None,
                         memory_limit=None, packed_cache=None, check_weights=False, lora=None, lora_ignore_unmatched=False,
-                        lora_mode=None):
+                        lora_mode=None, quant_2=None):
         """Loads a diffusers model folder once.
 
         dtype "f32" or "bf16"; variant: the weight files' variant ("fp16" for
         diffusion_pytorch_model.fp16.safetensors); quant: a MindIE SD quantization description
-        (JSON file); timestep_policy: its timestep policy file (W8A8_TIMESTEP); offload: transformer
+        (JSON file; on a two-expert folder, Wan2.2 A14B, transformer/'s, and quant_2 transformer_2/'s);
+        timestep_policy: its timestep policy file (W8A8_TIMESTEP); offload: transformer
         blocks kept resident under weight streaming; memory_limit: bytes (int) or a size such as
         "24G"; packed_cache: a folder for the packed GEMM panels other processes map;
         check_weights: scan every weight for NaN/inf; lora: a LoRA file (diffusers / PEFT, kohya
@@ -244,9 +245,12 @@ class _DiffusionPipeline:
             options["variant"] = _text(variant, "variant")
             if not variant:
                 raise ValueError("variant must not be empty (None: the files without a variant)")
-        for key, value in (("quant", quant), ("timestep_policy", timestep_policy), ("packed_cache", packed_cache)):
+        for key, value in (("quant", quant), ("quant_2", quant_2), ("timestep_policy", timestep_policy),
+                           ("packed_cache", packed_cache)):
             if value is not None:
                 options[key] = _path(value, key)
+        if quant_2 is not None and quant is None:
+            raise ValueError("quant_2 (transformer_2/'s quantization) needs quant for transformer/ too")
         if timestep_policy is not None and quant is None:
             raise ValueError("timestep_policy applies with quant (a W8A8_TIMESTEP description)")
         if packed_cache is not None and offload is not None:
@@ -275,7 +279,7 @@ class _DiffusionPipeline:
         if lora_ignore_unmatched:
             options["lora_ignore_unmatched"] = True
         _existing(folder, "path", folder=True)
-        for key in ("quant", "timestep_policy"):
+        for key in ("quant", "quant_2", "timestep_policy"):
             if key in options:
                 _existing(options[key], key, folder=False)
         native = _Pipeline.load(folder, json.dumps(options))

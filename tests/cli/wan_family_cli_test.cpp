@@ -4,6 +4,7 @@
 // line, matching the library's run of the same request frame for frame (the library's numerics are
 // checked against PyTorch in tests/pipelines/wan_i2v_pipeline_test.cpp), the run's description
 // and JSON report, and one-line errors for the bad inputs.
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -102,6 +103,116 @@ TEST_F(WanFamilyCli, TwoExpertsRunAndReport) {
   EXPECT_NE(off.err.find("transformer/ runs 2 step(s), transformer_2/ 2 (CFG off)"), std::string::npos) << off.err;
 }
 
+// The packed cache holds both experts' panels: the second run maps every Linear of both and
+// packs none of them, with the frames of a run without the cache.
+TEST_F(WanFamilyCli, PackedCacheHoldsBothExperts) {
+  const std::string cache = (dir_ / "cache").string();
+  const std::vector<std::string> t2v = {"t2v",      data("wan22_tiny_a14b"),
+                                        "--prompt", "a red circle moving right",
+                                        "--frames", "9",
+                                        "--width",  "48",
+                                        "--height", "32",
+                                        "--steps",  "4",
+                                        "--seed",   "5"};
+  const auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = t2v;
+    args.insert(args.begin() + 1, "--model");
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run(args);
+  };
+  ASSERT_EQ(with({"--out", (dir_ / "plain.avi").string()}).status, 0);
+  ASSERT_EQ(with({"--out", (dir_ / "first.avi").string(), "--packed-cache", cache}).status, 0);
+  const auto second = with({"--out", (dir_ / "second.avi").string(), "--packed-cache", cache, "--json", (dir_ / "s.json").string()});
+  ASSERT_EQ(second.status, 0) << second.err;
+  const auto report = nlohmann::json::parse(read_file((dir_ / "s.json").string()))["packed_cache"];
+  EXPECT_EQ(report["state"], "mapped") << report;
+  EXPECT_EQ(report["packed"], 0) << report;
+  // Every Linear of both tiny experts (2 blocks x 10 each, plus the embedders and the head) and the VAE's.
+  EXPECT_GT(report["layers"].get<int>(), 40) << report;
+  EXPECT_EQ(read_file((dir_ / "second.avi").string()), read_file((dir_ / "plain.avi").string()));
+}
+
+// Two experts quantized one description each, as msModelSlim quantizes each transformer:
+// `cubevec quantize` writes transformer/'s pair in --out and transformer_2/'s in --out/transformer_2,
+// each calibrated on the steps its expert runs; t2v takes them as --quant and --quant-2.
+TEST_F(WanFamilyCli, EachExpertTakesItsOwnQuantization) {
+  const std::string model = data("wan22_tiny_a14b"), q = (dir_ / "q").string();
+  const auto made = run({"quantize", "--model", model, "--algo", "W8A8_DYNAMIC", "--prompt", "a red circle moving right", "--steps", "4",
+                         "--width", "48", "--height", "32", "--frames", "9", "--out", q, "--json", (dir_ / "q.json").string()});
+  ASSERT_EQ(made.status, 0) << made.err;
+  const std::string first = q + "/quant_model_description_w8a8_dynamic.json";
+  const std::string second = q + "/transformer_2/quant_model_description_w8a8_dynamic.json";
+  ASSERT_TRUE(fs::exists(first) && fs::exists(second)) << made.err;
+  EXPECT_NE(made.err.find("run the two experts quantized with --quant " + first + " --quant-2 " + second), std::string::npos) << made.err;
+  const auto report = nlohmann::json::parse(read_file((dir_ / "q.json").string()));
+  EXPECT_EQ(report["transformer_2"]["layers"].size(), report["layers"].size());
+  const auto t2v = [&](const std::vector<std::string>& quant, const std::string& name) {
+    std::vector<std::string> args = {"t2v",
+                                     "--model",
+                                     model,
+                                     "--prompt",
+                                     "a red circle moving right",
+                                     "--frames",
+                                     "9",
+                                     "--width",
+                                     "48",
+                                     "--height",
+                                     "32",
+                                     "--steps",
+                                     "4",
+                                     "--seed",
+                                     "5",
+                                     "--out",
+                                     (dir_ / (name + ".avi")).string(),
+                                     "--json",
+                                     (dir_ / (name + ".json")).string(),
+                                     "--frames-dir",
+                                     (dir_ / name).string()};
+    args.insert(args.end(), quant.begin(), quant.end());
+    return run(args);
+  };
+  const auto both = t2v({"--quant", first, "--quant-2", second}, "both");
+  ASSERT_EQ(both.status, 0) << both.err;
+  const auto stages = nlohmann::json::parse(read_file((dir_ / "both.json").string()))["stages"];
+  bool reported = false;
+  for (const auto& stage : stages)
+    if (stage.contains("settings") && stage["settings"].contains("description_2")) {
+      reported = true;
+      EXPECT_EQ(stage["settings"]["layers"]["W8A8_DYNAMIC"].get<std::size_t>(), 2 * report["layers"].size()) << stage;
+    }
+  EXPECT_TRUE(reported) << stages;
+  // The int8 video stays near the float one; each expert's own file matters (swapped, another video).
+  ASSERT_EQ(t2v({}, "float").status, 0);
+  ASSERT_EQ(t2v({"--quant", second, "--quant-2", first}, "swapped").status, 0);
+  double squared = 0, swapped = 0;
+  std::size_t values = 0;
+  for (int i = 0; i < 9; ++i) {
+    char name[32];
+    std::snprintf(name, sizeof name, "/frame_%05d.png", i);
+    const auto a = cubevec::media::read_png((dir_ / "both").string() + name),
+               f = cubevec::media::read_png((dir_ / "float").string() + name);
+    const auto w = cubevec::media::read_png((dir_ / "swapped").string() + name);
+    for (std::size_t k = 0; k < a.pixels.size(); ++k) {
+      squared += (double(a.pixels[k]) - double(f.pixels[k])) * (double(a.pixels[k]) - double(f.pixels[k]));
+      ++values;
+      swapped = std::max(swapped, std::abs(double(w.pixels[k]) - double(a.pixels[k])));
+    }
+  }
+  const double mse = squared / static_cast<double>(values);
+  EXPECT_GT(mse, 0.0) << "the quantized run gave the float frames";
+  EXPECT_GE(10.0 * std::log10(255.0 * 255.0 / mse), 30.0) << "int8 frames vs float, PSNR in dB (mse " << mse << ")";
+  EXPECT_GT(swapped, 0.0) << "the experts' files swapped gave the same video";
+  // One description for two experts, a second without a first, a second for one transformer: named.
+  EXPECT_NE(t2v({"--quant", first}, "x").err.find("describes transformer/ only: a two-expert model needs the low-noise expert's"),
+            std::string::npos);
+  EXPECT_NE(t2v({"--quant-2", second}, "x").err.find("--quant-2 " + second + " needs --quant"), std::string::npos);
+  const auto one =
+      run({"t2v", "--model", data("wan_i2v_tiny"), "--prompt", "a red circle moving right", "--image", data("images/rgb.png"), "--frames",
+           "9", "--width", "48", "--height", "32", "--quant", first, "--quant-2", second, "--out", (dir_ / "x.avi").string()});
+  EXPECT_NE(one.err.find("--quant-2 is the second expert's (transformer_2/) quantization"), std::string::npos) << one.err;
+  EXPECT_FALSE(fs::exists(dir_ / "x.avi"));
+}
+
 // wan_i2v_tiny is a whole folder: the tiny CLIPVisionModel as its image_encoder/ + image_processor/,
 // a random 24-wide text encoder with tinywan's word tokenizer.
 fs::path i2v_folder(const fs::path&) { return data("wan_i2v_tiny"); }
@@ -186,7 +297,7 @@ TEST_F(WanFamilyCli, BadInputsAreOneLineErrors) {
   };
   EXPECT_NE(error(a14b, {"--image", data("images/rgb.png")}).find("--image is for image-to-video models"), std::string::npos);
   // The stages that rewrite the weights work on one transformer so far: refused, not half applied.
-  EXPECT_NE(error(a14b, {"--quant", (dir_ / "none").string()}).find("--quant on a two-expert model"), std::string::npos);
+  EXPECT_NE(error(a14b, {"--tp", "2"}).find("--tp"), std::string::npos);
   EXPECT_NE(error(i2v, {}).find("--image FIRST.png is required"), std::string::npos);
   EXPECT_NE(
       error(i2v, {"--image", data("images/rgb.png"), "--last-image", data("images/photo.jpg")}).find("--last-image (first-last-frame)"),

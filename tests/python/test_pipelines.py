@@ -489,3 +489,21 @@ def test_wan22_ti2v_with_and_without_a_first_frame(tmp_path):
         cubevec.WanImageToVideoPipeline.from_pretrained(TI2V)(image=FIRST, last_image=LAST, **TI2V_ARGS)
     with pytest.raises(ValueError, match="multiples of 16"):
         cubevec.WanPipeline.from_pretrained(TI2V)(**dict(TI2V_ARGS, width=88))
+
+
+def test_two_experts_quantized_one_description_each(tmp_path):
+    """quant= describes transformer/, quant_2= transformer_2/ (cubevec quantize writes both)."""
+    subprocess.run([BINARY, "quantize", "--model", A14B, "--algo", "W8A8_DYNAMIC", "--prompt", I2V_ARGS["prompt"], "--steps", "4",
+                    "--width", "48", "--height", "32", "--frames", "9", "--out", str(tmp_path)], check=True, capture_output=True)
+    first = tmp_path / "quant_model_description_w8a8_dynamic.json"
+    second = tmp_path / "transformer_2" / "quant_model_description_w8a8_dynamic.json"
+    quantized = cubevec.WanPipeline.from_pretrained(A14B, quant=first, quant_2=second)(**dict(I2V_ARGS, num_inference_steps=4))
+    plain = cubevec.WanPipeline.from_pretrained(A14B)(**dict(I2V_ARGS, num_inference_steps=4))
+    # int8 stays near float (PSNR over the video, 8-bit levels); each expert quantized changes something.
+    error = np.stack([a.astype(np.float64) - b.astype(np.float64) for a, b in zip(quantized.frames[0], plain.frames[0])])
+    mse = float((error ** 2).mean())
+    assert mse > 0 and 10 * np.log10(255 ** 2 / mse) >= 30, mse
+    with pytest.raises(ValueError, match="quant_2 .* needs quant"):
+        cubevec.WanPipeline.from_pretrained(A14B, quant_2=second)
+    with pytest.raises(cubevec.Error, match="quant .* describes transformer/ only: .* quant_2 FILE for transformer_2/"):
+        cubevec.WanPipeline.from_pretrained(A14B, quant=first)
