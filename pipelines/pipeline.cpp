@@ -119,19 +119,12 @@ PipelinePlan PipelinePlan::read(const std::string& model_dir, const LoadOptions&
     throw Error("--timestep-policy applies with --quant (a W8A8_TIMESTEP description)");
   plan.model_ =
       family.empty() ? load_model_pipeline_meta(model_dir, options.dtype) : model_family(family).load_meta(model_dir, options.dtype);
-  // Two experts (Wan2.2 A14B): quantization takes one description per expert, offload streams both
-  // (the stages' after_load_second_model) and the packed cache holds both; tensor parallel still
-  // works on one transformer.
+  // Two experts (Wan2.2 A14B): quantization takes one description per expert, offload streams both,
+  // tensor parallel cuts both (the stages' after_load_second_model) and the packed cache holds both.
   if (!options.quant_2.empty() && !plan.model_->second_expert_parameters())
     throw Error("--quant-2 is the second expert's (transformer_2/) quantization; " + model_dir + " has one transformer");
   if (!options.quant_2.empty() && options.quant.empty())
     throw Error("--quant-2 " + options.quant_2 + " needs --quant for transformer/ (the high-noise expert) too");
-  if (plan.model_->second_expert_parameters()) {
-    const char* flag = plan.groups_.degrees.tp > 1 ? "--tp" : nullptr;
-    if (flag)
-      throw Error(std::string(flag) + " on a two-expert model (" + model_dir +
-                  ": transformer/ and transformer_2/) is not supported yet: it would change the first expert's weights only");
-  }
   // The quantization files are read now, so a bad one fails before any weight loads.
   if (!options.quant.empty()) {
     int simulate_steps = options.simulate_quant_steps;

@@ -248,11 +248,16 @@ void check_expert_pair(const models::WanTransformer3DModel& high, const models::
                 {"out_channels", std::to_string(a.out_channels), std::to_string(b.out_channels)},
                 {"patch_size", text(a.patch_size), text(b.patch_size)},
                 {"text_dim", std::to_string(a.text_dim), std::to_string(b.text_dim)},
-                {"image_dim", std::to_string(a.image_dim), std::to_string(b.image_dim)}};
+                {"image_dim", std::to_string(a.image_dim), std::to_string(b.image_dim)},
+                // One module tree: offload, tensor parallel and the packed cache plan the experts alike.
+                {"num_layers", std::to_string(a.num_layers), std::to_string(b.num_layers)},
+                {"num_attention_heads", std::to_string(a.num_attention_heads), std::to_string(b.num_attention_heads)},
+                {"attention_head_dim", std::to_string(a.attention_head_dim), std::to_string(b.attention_head_dim)},
+                {"ffn_dim", std::to_string(a.ffn_dim), std::to_string(b.ffn_dim)}};
   for (const auto& f : fields)
     if (f.first != f.second)
-      throw Error(dir + ": transformer/ and transformer_2/ take different inputs: " + f.key + " is " + f.first + " and " + f.second +
-                  " (the two experts must be interchangeable)");
+      throw Error(dir + ": transformer/ and transformer_2/ differ: " + f.key + " is " + f.first + " and " + f.second +
+                  " (the two experts must be interchangeable, one module tree)");
 }
 
 }  // namespace

@@ -25,6 +25,8 @@ class TensorParallelStage : public Stage, public models::TensorSplit {
 
   std::string name() const override { return "tensor parallel x" + std::to_string(group_.size()); }
   void after_load(models::ParameterTable& parameters) override;
+  // Two experts (Wan2.2 A14B): the second is cut by the same plan (the experts share one module tree).
+  void after_load_second_model(models::ParameterTable& parameters) override { after_load(parameters); }
   models::TensorSplit* tensor_split() override { return group_.size() > 1 ? this : nullptr; }
   Tensor rms_norm_across_heads(const Tensor& x, const Tensor& weight, float eps, const Stream& stream) override;
 

@@ -5,6 +5,7 @@
 // rank and no rank hangs.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -14,6 +15,7 @@
 #include "models/parameters.h"
 #include "media/avi.h"
 #include "media/jpeg.h"
+#include "media/png.h"
 #include "tensor/safetensors.h"
 
 #include "common/tensor_testing.h"
@@ -198,6 +200,41 @@ TEST_F(ParallelCli, DegreesMustMatchTheRanksBeforeAnyWork) {
   const auto timeout = run({"forward", "--model", model, "--inputs", inputs, "--out", out, "--comm-timeout", "0"});
   EXPECT_EQ(timeout.status, 1);
   EXPECT_NE(timeout.err.find("--comm-timeout must be a positive number of seconds, got 0"), std::string::npos) << timeout.err;
+}
+
+// Two experts (the tiny Wan2.2 A14B): tensor parallel cuts both experts by the one plan; the
+// lossless frames stay within 2 levels of one device's.
+TEST_F(ParallelCli, TwoExpertsUnderTensorParallelDrawTheOneDeviceFrames) {
+  const std::vector<std::string> t2v = {"t2v",
+                                        "--model",
+                                        (kData / "wan22_tiny_a14b").string(),
+                                        "--prompt",
+                                        "a red circle moving right",
+                                        "--frames",
+                                        "9",
+                                        "--width",
+                                        "48",
+                                        "--height",
+                                        "32",
+                                        "--steps",
+                                        "4",
+                                        "--seed",
+                                        "5"};
+  const auto frames = [&](const std::string& name) {
+    std::vector<cubevec::media::RgbImage> out;
+    for (int i = 0; i < 9; ++i) {
+      char file[32];
+      std::snprintf(file, sizeof file, "/frame_%05d.png", i);
+      out.push_back(cubevec::media::read_png((dir_ / name).string() + file));
+    }
+    return out;
+  };
+  ASSERT_EQ(run(with(t2v, {"--out", (dir_ / "one.avi").string(), "--frames-dir", (dir_ / "one").string()})).status, 0);
+  const auto tp = run_mpi(2, with(t2v, {"--tp", "2", "--out", (dir_ / "tp.avi").string(), "--frames-dir", (dir_ / "tp").string()}), dir_);
+  ASSERT_EQ(tp.status, 0) << tp.err;
+  EXPECT_NE(tp.err.find("tensor parallel x2"), std::string::npos) << tp.err;
+  const auto one = frames("one"), sharded = frames("tp");
+  for (std::size_t i = 0; i < one.size(); ++i) EXPECT_LE(worst_level_difference(sharded[i], one[i]), 2) << "frame " << i;
 }
 
 TEST_F(ParallelCli, CfgParallelAndUlyssesDrawTheOneDevicePicture) {

@@ -241,6 +241,17 @@ TEST(WanI2VPipeline, FolderErrorsNameWhatIsWrong) {
     m.write("transformer_2/config.json", config.replace(at, 15, "\"text_dim\": 16"));
     EXPECT_NE(message_of([&] { pipelines::WanT2VPipeline::load_meta(m.dir.string()); }).find("text_dim is 24 and 16"), std::string::npos);
   }
+  {
+    // One module tree: a second expert of another depth is refused (offload and tensor parallel plan both alike).
+    ScratchModel m("wan22_tiny_a14b");
+    const fs::path path = m.dir / "transformer_2" / "config.json";
+    std::string config(fs::file_size(path), '\0');
+    std::ifstream(path).read(config.data(), static_cast<std::streamsize>(config.size()));
+    const auto at = config.find("\"num_layers\": 2");
+    ASSERT_NE(at, std::string::npos) << config;
+    m.write("transformer_2/config.json", config.replace(at, 15, "\"num_layers\": 1"));
+    EXPECT_NE(message_of([&] { pipelines::WanT2VPipeline::load_meta(m.dir.string()); }).find("num_layers is 2 and 1"), std::string::npos);
+  }
   // The image processor must make the encoder's picture size, with finite settings: refused at load.
   for (const auto& [config, expected] :
        {std::pair<std::string, std::string>{R"({"crop_size": 56, "size": {"shortest_edge": 56}})", "makes 56x56 pixel_values"},
