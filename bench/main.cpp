@@ -11,6 +11,7 @@
 #include "ops/gemm/cpu_caches.h"
 #include "parallel/mpi_runtime.h"
 #include "base/error.h"
+#include "base/json_text.h"
 
 using namespace cubevec::bench;
 
@@ -115,7 +116,7 @@ int run(int argc, char** argv) {
         json["results"].push_back(row);
       }
       std::ofstream out(json_path);
-      out << json.dump(2) << "\n";
+      out << cubevec::dump_json(json, 2) << "\n";
       if (!out) throw cubevec::Error(json_path + ": cannot write the JSON results");
     }
   } catch (const std::exception& e) {

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "pipelines/pipeline.h"
+#include "base/json_text.h"
 
 #define CUBEVEC_EXPORT __attribute__((visibility("default")))
 
@@ -121,7 +122,7 @@ CUBEVEC_EXPORT cubevec_result* cubevec_generate(cubevec_pipeline* pipeline, cons
         };
       auto r = std::make_unique<cubevec_result>();
       r->result = pipeline->pipeline->generate(request, hooks);
-      r->json = r->result.report.dump();
+      r->json = cubevec::dump_json(r->result.report);
       return r.release();
     });
   } catch (const cubevec::pipelines::Cancelled&) {

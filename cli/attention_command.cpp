@@ -17,6 +17,7 @@
 #include "cli/range_flag.h"
 #include "tensor/half.h"
 #include "base/output_file.h"
+#include "base/json_text.h"
 
 namespace cubevec::cli {
 
@@ -102,7 +103,7 @@ int run(const AttentionFlags& f, const DeviceFlags& device_flags, const Attentio
     const nlohmann::ordered_json json = {
         {"key", key.text()},       {"opt_mode", f.opt_mode}, {"implementation", impl},          {"tune_cache_hit", cached},
         {"first_call_s", first_s}, {"median_s", median_s},   {"gflops", flops / median_s / 1e9}};
-    write_output_file(f.json_path, "--json", json.dump(2) + "\n");
+    write_output_file(f.json_path, "--json", dump_json(json, 2) + "\n");
   }
   return 0;
 }

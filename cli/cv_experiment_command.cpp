@@ -10,6 +10,7 @@
 #include "cli/range_flag.h"
 #include "pipelines/cv_experiment.h"
 #include "base/output_file.h"
+#include "base/json_text.h"
 
 namespace cubevec::cli {
 
@@ -62,7 +63,7 @@ int run(const CvFlags& flags, const DeviceFlags& device_flags) {
                              {"modelled_speedup_vs_serialized", serial_modelled / r.modelled_s}});
   }
   if (!flags.json_path.empty()) {
-    write_output_file(flags.json_path, "--json", json.dump(2) + "\n");
+    write_output_file(flags.json_path, "--json", dump_json(json, 2) + "\n");
   }
   if (!flags.trace_path.empty()) {
     std::vector<TraceSection> sections;

@@ -8,6 +8,7 @@
 #include "pipelines/memory_estimate.h"
 #include "base/error.h"
 #include "base/output_file.h"
+#include "base/json_text.h"
 
 namespace cubevec::cli {
 
@@ -79,7 +80,7 @@ void write_outputs(const GenerationFlags& flags, const std::string& label, Devic
     std::fprintf(stderr, "trace written to %s\n", flags.trace_path.c_str());
   }
   if (!flags.json_path.empty()) {
-    write_output_file(flags.json_path, "--json", json.dump(2) + "\n");
+    write_output_file(flags.json_path, "--json", dump_json(json, 2) + "\n");
   }
 }
 

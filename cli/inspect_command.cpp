@@ -7,6 +7,7 @@
 #include "cli/command.h"
 #include "tensor/checkpoint.h"
 #include "base/output_file.h"
+#include "base/json_text.h"
 
 namespace cubevec::cli {
 
@@ -114,7 +115,7 @@ int run_inspect(const std::string& path, const std::string& json_path) {
   json["total_bytes"] = total_bytes;
 
   if (!json_path.empty()) {
-    write_output_file(json_path, "--json", json.dump(2) + "\n");
+    write_output_file(json_path, "--json", dump_json(json, 2) + "\n");
   }
   return 0;
 }

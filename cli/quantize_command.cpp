@@ -20,6 +20,7 @@
 #include "pipelines/prompt_embeds_file.h"
 #include "base/error.h"
 #include "base/output_file.h"
+#include "base/json_text.h"
 
 namespace cubevec::cli {
 
@@ -154,7 +155,7 @@ int run(const QuantizeFlags& f, const DeviceFlags& device_flags) {
     std::fprintf(stderr, "run the two experts quantized with --quant %s --quant-2 %s\n", json["description"].get<std::string>().c_str(),
                  json["transformer_2"]["description"].get<std::string>().c_str());
   }
-  if (!f.json_path.empty()) write_output_file(f.json_path, "--json", json.dump(2) + "\n");
+  if (!f.json_path.empty()) write_output_file(f.json_path, "--json", dump_json(json, 2) + "\n");
   return 0;
 }
 

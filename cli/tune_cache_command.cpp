@@ -15,6 +15,7 @@
 #include "pipelines/cache_tuner.h"
 #include "base/error.h"
 #include "base/output_file.h"
+#include "base/json_text.h"
 
 namespace cubevec::cli {
 
@@ -67,7 +68,7 @@ int run(const CacheTuneFlags& f, const DeviceFlags& device_flags, const Attentio
     throw Error("no setting reached " + std::to_string(f.target).substr(0, 4) +
                 "x on this run (see the trials above); try a lower "
                 "--target-speedup, more --steps or another --cache-step-start / --cache-interval");
-  const std::string json = result.chosen->config.to_json().dump(2);
+  const std::string json = dump_json(result.chosen->config.to_json(), 2);
   std::printf("%s\n", json.c_str());
   std::fprintf(stderr, "chosen: %.2fx at MSE %.4g\n", result.chosen->speedup, result.chosen->mse);
   if (!f.out.empty()) {

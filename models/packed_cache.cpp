@@ -13,6 +13,7 @@
 
 #include "base/content_hash.h"
 #include "base/error.h"
+#include "base/json_text.h"
 #include "base/output_file.h"
 #include "base/regular_file.h"
 #include "models/layers.h"
@@ -102,7 +103,7 @@ std::string lay_out(const PackedCacheModel& model, std::vector<CachedLayer>& lay
   for (;;) {
     uint64_t at = data_start;
     for (CachedLayer& l : layers) l.offset = at, at = round_up(at + l.layout.bytes, kAlign);
-    std::string header = header_json(model, layers, checksum).dump();
+    std::string header = dump_json(header_json(model, layers, checksum));
     const uint64_t needed = round_up(kPreamble + header.size(), kAlign);
     if (needed <= data_start) return header;
     data_start = needed;
@@ -338,7 +339,7 @@ void write_cache_file(const std::string& path, const PackedCacheModel& model, st
     out.write(panels->data(), panels->bytes());
     l.linear->release_packed();
   }
-  const std::string final_header = header_json(model, layers, checksum).dump();
+  const std::string final_header = dump_json(header_json(model, layers, checksum));
   if (final_header.size() != header.size()) throw Error("--packed-cache: the header changed size while writing (an internal error)");
   out.write_at(kPreamble, final_header.data(), final_header.size());
   out.commit_now();

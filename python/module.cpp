@@ -23,6 +23,7 @@
 #include "pipelines/request.h"
 #include "python/call_guards.h"
 #include "python/layers.h"
+#include "base/json_text.h"
 
 namespace py = pybind11;
 using cubevec::pipelines::Pipeline;
@@ -110,7 +111,7 @@ class PythonPipeline {
     for (const auto& image : result.images) images.append(to_array(image));
     py::dict out;
     out["images"] = images;
-    out["report"] = result.report.dump();
+    out["report"] = cubevec::dump_json(result.report);
     return out;
   }
 

@@ -9,6 +9,7 @@
 #include "server/request_body.h"
 #include "tokenizers/t5_tokenizer_json.h"
 #include "server/routes.h"
+#include "base/json_text.h"
 
 namespace cubevec::server {
 
@@ -125,8 +126,7 @@ void generate(ServerContext& context, const httplib::Request& http_request, http
       {"sd_model_name", model.name},
       {"batch_size", batch_size},
       {"interrupted", interrupted}};
-  send_json(response, 200,
-            {{"images", images}, {"parameters", body}, {"info", info.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)}});
+  send_json(response, 200, {{"images", images}, {"parameters", body}, {"info", dump_json(info)}});
 }
 
 void progress(ServerContext& context, httplib::Response& response) {

@@ -10,13 +10,14 @@
 #include "media/image_input.h"
 #include "models/lora.h"
 #include "server/request_body.h"
+#include "base/json_text.h"
 
 namespace cubevec::server {
 
 void send_json(httplib::Response& response, int status, const nlohmann::ordered_json& body) {
   response.status = status;
   // Invalid UTF-8 from a request (echoed in a message) is replaced, never a throw mid-response.
-  response.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), "application/json");
+  response.set_content(dump_json(body), "application/json");
 }
 
 void send_error(httplib::Response& response, const ApiError& error) {

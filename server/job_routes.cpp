@@ -15,6 +15,7 @@
 #include "server/request_body.h"
 #include "server/routes.h"
 #include "tensor/caching_allocator.h"
+#include "base/json_text.h"
 
 namespace cubevec::server {
 
@@ -149,7 +150,7 @@ void stream_events(ServerContext& context, const httplib::Request& request, http
           const bool last = event.name == "completed" || event.name == "failed" || event.name == "cancelled";
           nlohmann::ordered_json data = event.data;
           if (last) data = job_json(*job, base);
-          text += "event: " + event.name + "\ndata: " + data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n\n";
+          text += "event: " + event.name + "\ndata: " + dump_json(data) + "\n\n";
         }
         if (events.empty()) text = ": keep-alive\n\n";
         *next += events.size();

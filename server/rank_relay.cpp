@@ -8,11 +8,12 @@
 
 #include "base/error.h"
 #include "parallel/mpi_runtime.h"
+#include "base/json_text.h"
 
 namespace cubevec::server {
 
 void RankRelay::send(const nlohmann::json& command) const {
-  const std::string text = command.dump();
+  const std::string text = dump_json(command);
   // The length first (8 bytes from rank 0, none from the others), then the text.
   std::vector<std::size_t> sizes(static_cast<std::size_t>(world_.size()), 0);
   sizes[0] = sizeof(uint64_t);

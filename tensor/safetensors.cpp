@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "base/json_text.h"
+
 namespace cubevec {
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
@@ -70,7 +72,7 @@ void write_safetensors(OutputFile& out, const NamedTensors& tensors, const std::
         {"dtype", safetensors_dtype_name(t.dtype())}, {"shape", t.shape()}, {"data_offsets", {offset, offset + t.nbytes()}}};
     offset += t.nbytes();
   }
-  std::string text = header.dump();
+  std::string text = dump_json(header);  // tensor names and metadata may hold any bytes
   text.append((8 - text.size() % 8) % 8, ' ');
 
   unsigned char length[8];

@@ -9,6 +9,9 @@
 #include <limits>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
+#include "base/json_text.h"
 #include "cli/run_cubevec.h"
 #include "ops/vector_ops.h"
 #include "tensor/safetensors.h"
@@ -148,6 +151,19 @@ TEST_F(OutputsCli, ARunInsideOneLongKernelIsEndedByTheWatchdog) {
   EXPECT_NE(read_file(err_path).find("error: interrupted by SIGINT; the run "), std::string::npos) << read_file(err_path);
   EXPECT_EQ(read_file(picture), "the previous picture");
   EXPECT_EQ(entries(dir_), 2) << "keep.jpg and stderr.txt: no temporary";
+}
+
+// A path that is not UTF-8 (Linux paths are bytes) is written to the JSON report with each
+// offending byte as \xHH: the report is valid JSON, and the run succeeds with both outputs.
+TEST_F(OutputsCli, ANonUtf8OutputPathIsEscapedInTheReport) {
+  const std::string picture = (dir_ / "\xff\xfe.jpg").string(), report = (dir_ / "r.json").string();
+  const auto r = run({"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--steps", "2", "--out", picture, "--json", report});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(fs::exists(picture));
+  const nlohmann::json json = nlohmann::json::parse(read_file(report));
+  EXPECT_NE(json.dump().find("\\\\xFF\\\\xFE.jpg"), std::string::npos) << json.dump();
+  EXPECT_EQ(cubevec::utf8_or_escaped("caf\xc3\xa9 \xed\xa0\x80 \xc0\xaf \xf4\x90\x80\x80 ok"),
+            "caf\xc3\xa9 \\xED\\xA0\\x80 \\xC0\\xAF \\xF4\\x90\\x80\\x80 ok");  // surrogate, overlong, > U+10FFFF
 }
 
 TEST_F(OutputsCli, AnOutputMayNotReplaceAnInput) {
