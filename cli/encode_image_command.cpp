@@ -63,6 +63,7 @@ int run(const EncodeImageFlags& f, const DeviceFlags& device_flags) {
   Device device(device_flags.resolve());
   const DType weights = models::encoder_weight_dtype(files.encoder_dir, dtype);
   const auto model = models::ClipVisionModel::load(files.encoder_dir, weights, device.default_stream());
+  models::compute_in_run_dtype(model->parameters(), dtype);
   const Tensor hidden = model->penultimate_hidden_state(pixel_values).contiguous();
   require_finite(hidden, "CLIPVisionModel: output 'penultimate_hidden_state' (a weight gives NaN or inf); nothing was written");
   write_safetensors(f.out, {{"pixel_values", pixel_values}, {"penultimate_hidden_state", hidden}},

@@ -78,6 +78,7 @@ int run(const EncodePromptFlags& f, const DeviceFlags& device_flags) {
     if (f.max_length == 1) throw Error("--max-length must be at least 2 for CLIP (<|startoftext|> and <|endoftext|>), got 1");
     const tokenizers::ClipTokenizer tokenizer = tokenizers::ClipTokenizer::load(tokenizer_dir);
     const auto model = models::ClipTextModel::load(dir, weights, stream);
+    models::compute_in_run_dtype(model->parameters(), dtype);
     if (f.max_length > model->config().max_position_embeddings)
       throw Error("--max-length " + std::to_string(f.max_length) + " exceeds " + dir + "'s max_position_embeddings " +
                   std::to_string(model->config().max_position_embeddings));
@@ -93,6 +94,7 @@ int run(const EncodePromptFlags& f, const DeviceFlags& device_flags) {
   } else {
     const tokenizers::T5Tokenizer tokenizer = tokenizers::T5Tokenizer::load(tokenizer_dir);
     const auto model = models::T5EncoderModel::load(dir, weights, stream);
+    models::compute_in_run_dtype(model->parameters(), dtype);
     if (f.pipeline == "wan" && !model->config().umt5)
       throw Error(dir + " is a T5EncoderModel; --pipeline wan is for Wan's UMT5EncoderModel");
     if (f.pipeline == "flux" && model->config().umt5)

@@ -52,7 +52,7 @@ Tensor Linear::float_forward(const Tensor& x, const Stream& stream, ops::MatmulO
   const Tensor x2 = (x.is_contiguous() ? x : ops::contiguous(x, stream)).reshape({x.numel() / in, in});
   epilogue.bias = bias;
   epilogue.b_is_weight = true;
-  epilogue.compute = weight.dtype() == DType::bf16 ? DType::bf16 : DType::f32;
+  epilogue.compute = compute_dtype();
   epilogue.out = x.dtype();
   if (weight.has_storage() && epilogue.backend == ops::GemmBackend::cubevec)
     epilogue.packed_weight = packed_weight(epilogue.compute, stream.device().profile().cube_threads);
@@ -63,9 +63,10 @@ Tensor Linear::float_forward(const Tensor& x, const Stream& stream, ops::MatmulO
 std::shared_ptr<const ops::gemm::PackedB> Linear::packed_weight(DType compute, int threads) const {
   std::lock_guard lock(pack_cache->mutex);
   const void* source = weight.unsynchronized_data_ptr();
-  if (!pack_cache->packed || pack_cache->source != source) {
+  if (!pack_cache->packed || pack_cache->source != source || pack_cache->compute != compute) {
     pack_cache->packed = ops::pack_weight(weight, compute, threads);
     pack_cache->source = source;
+    pack_cache->compute = compute;
   }
   return pack_cache->packed;
 }
@@ -77,13 +78,14 @@ std::size_t Linear::prepack(int threads) const {
 
 std::shared_ptr<const ops::gemm::PackedB> Linear::packed_panels(int threads) const {
   if (kernel || !weight.has_storage()) throw Error(name + ": only a float layer with its weight in memory has packed panels");
-  return packed_weight(weight.dtype() == DType::bf16 ? DType::bf16 : DType::f32, threads);
+  return packed_weight(compute_dtype(), threads);
 }
 
 void Linear::adopt_packed(std::shared_ptr<const ops::gemm::PackedB> panels) const {
   std::lock_guard lock(pack_cache->mutex);
   pack_cache->packed = std::move(panels);
   pack_cache->source = weight.unsynchronized_data_ptr();
+  pack_cache->compute = compute_dtype();
 }
 
 std::size_t Linear::release_packed() const {

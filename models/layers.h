@@ -31,7 +31,9 @@ void set_linear_call_hook(const LinearCallHook* hook);
 // PyTorch's Linear: y = x W^T + b, W [out, in]. The first call packs W into the GEMM's panel
 // layout and later calls reuse it (repacked if `weight` is replaced by another tensor; the weight's
 // values must not be changed in place). The result has x's dtype (f32 or bf16); a bf16 weight
-// makes the GEMM round its inputs to bf16 and sum in f32. Every Linear is registered in its
+// makes the GEMM round its inputs to bf16 and sum in f32, unless `widen_bf16` is set: then the
+// weight is widened to f32 exactly while packed and x stays f32 (--dtype f32 on a bf16 checkpoint
+// means f32 arithmetic, as transformers' from_pretrained upcasts). Every Linear is registered in its
 // model's ParameterTable under its diffusers module name, and `kernel`, when set, replaces the
 // float GEMM (a quantized layer, a tensor-parallel shard).
 struct Linear {
@@ -40,6 +42,7 @@ struct Linear {
   int64_t in = 0, out = 0;
   std::string name;  // the diffusers module name, e.g. "transformer_blocks.0.attn.to_q"
   std::shared_ptr<const LinearKernel> kernel;
+  bool widen_bf16 = false;  // a bf16 weight computed in f32 (f32 panels; the bf16 weight is the only copy)
   struct PackCache;
   std::shared_ptr<PackCache> pack_cache = std::make_shared<PackCache>();
 
@@ -56,6 +59,8 @@ struct Linear {
   Tensor own_forward(const Tensor& x, const Stream& stream, ops::MatmulOptions epilogue = {}) const;
   // The float GEMM, whatever `kernel` says (for kernels that fall back to it, and for references).
   Tensor float_forward(const Tensor& x, const Stream& stream, ops::MatmulOptions epilogue = {}) const;
+  // What the float GEMM computes in: bf16 for a bf16 weight (unless widen_bf16), else f32.
+  DType compute_dtype() const { return weight.dtype() == DType::bf16 && !widen_bf16 ? DType::bf16 : DType::f32; }
 
   // Weight streaming (pipelines/stages/offload.h): packs the weight now, on the calling thread, for
   // the Cube unit's `threads` (what the first call would do); and lets the packed panels go (the
@@ -84,6 +89,7 @@ struct Linear {
 struct Linear::PackCache {
   std::mutex mutex;
   const void* source = nullptr;  // the weight's storage and offset the packed copy was made from
+  DType compute = DType::f32;    // ... and the GEMM's compute dtype (widen_bf16 may change it)
   std::shared_ptr<const ops::gemm::PackedB> packed;
 };
 

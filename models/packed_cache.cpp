@@ -59,7 +59,7 @@ std::vector<CachedLayer> layers_of(const PackedCacheModel& model) {
       layer.linear = linear;
       layer.n = linear->out;
       layer.k = linear->in;
-      layer.compute = linear->weight.dtype() == DType::bf16 ? g::Element::bf16 : g::Element::f32;
+      layer.compute = linear->compute_dtype() == DType::bf16 ? g::Element::bf16 : g::Element::f32;
       layer.layout = g::packed_layout(layer.n, layer.k, layer.compute, isa, model.threads);
       layers.push_back(std::move(layer));
     }

@@ -98,6 +98,12 @@ DType encoder_weight_dtype(const Checkpoint& checkpoint, DType run_dtype) {
   return DType::f32;
 }
 
+void compute_in_run_dtype(const ParameterTable& table, DType run_dtype) {
+  if (run_dtype != DType::f32) return;
+  for (const auto& [name, linear] : table.linears())
+    if (linear->weight.dtype() == DType::bf16) linear->widen_bf16 = true;
+}
+
 TextEncodingMemory estimate_text_encoding_memory(const std::string& encoder_dir, DType run_dtype, int64_t length) {
   const Checkpoint checkpoint = open_component_weights(encoder_dir, "", "model");
   const DType kept = encoder_weight_dtype(checkpoint, run_dtype);
@@ -107,8 +113,8 @@ TextEncodingMemory estimate_text_encoding_memory(const std::string& encoder_dir,
     uint64_t count = 1;
     for (const int64_t d : e.shape) count *= static_cast<uint64_t>(d);
     const bool matrix = e.shape.size() >= 2;
-    // Matrices at the kept dtype plus their packed panels; vectors f32.
-    m.weights += matrix ? count * dtype_size(kept) * 2 : count * 4;
+    // Matrices at the kept dtype plus their packed panels (f32 in an f32 run); vectors f32.
+    m.weights += matrix ? count * (dtype_size(kept) + dtype_size(run_dtype)) : count * 4;
   }
   const nlohmann::json config = read_json_file(encoder_dir + "/config.json");
   const auto number = [&](const char* key, int64_t fallback) {
@@ -156,6 +162,8 @@ std::unique_ptr<FluxTextEncoder> FluxTextEncoder::load(const std::string& model_
   const std::string clip_dir = model_dir + "/text_encoder", t5_dir = model_dir + "/text_encoder_2";
   e->clip_ = ClipTextModel::load(clip_dir, encoder_weight_dtype(clip_dir, run_dtype), stream);
   e->t5_ = T5EncoderModel::load(t5_dir, encoder_weight_dtype(t5_dir, run_dtype), stream);
+  compute_in_run_dtype(e->clip_->parameters(), run_dtype);
+  compute_in_run_dtype(e->t5_->parameters(), run_dtype);
   if (e->t5_->config().umt5) throw Error(t5_dir + "/config.json: Flux's text_encoder_2 is a T5EncoderModel, this is a UMT5EncoderModel");
   return e;
 }
@@ -198,6 +206,7 @@ std::unique_ptr<WanTextEncoder> WanTextEncoder::load(const std::string& model_di
   e->tokenizer_ = tokenizers::T5Tokenizer::load(model_dir + "/tokenizer");
   const std::string dir = model_dir + "/text_encoder";
   e->umt5_ = T5EncoderModel::load(dir, encoder_weight_dtype(dir, run_dtype), stream);
+  compute_in_run_dtype(e->umt5_->parameters(), run_dtype);
   return e;
 }
 

@@ -8,7 +8,8 @@
 //                    text_encoder/ (UMT5EncoderModel) + tokenizer/ (T5) with the attention mask,
 //                    then every row past the prompt's tokens (and its </s>) set to zero.
 // Weights stored bf16 are kept bf16 (mmap'd) whatever the run's dtype, so T5-XXL takes 9.5 GB,
-// not 19; the encoders are freed when the caller drops them, before denoising.
+// not 19 (an f32 run widens them while packing: f32 arithmetic); the encoders are freed when the
+// caller drops them, before denoising.
 #pragma once
 
 #include <memory>
@@ -44,6 +45,10 @@ void check_text_component_classes(const std::string& model_dir);
 // stores them so (no f32 copy of a bf16 file), else f32.
 DType encoder_weight_dtype(const std::string& encoder_dir, DType run_dtype);
 DType encoder_weight_dtype(const Checkpoint& checkpoint, DType run_dtype);
+// An f32 run computes in f32 whatever the checkpoint stores (as transformers' from_pretrained
+// upcasts): every Linear of `table` whose weight was kept bf16 is widened exactly while packed
+// (Linear::widen_bf16), with no f32 copy of the weight. A bf16 run is left alone.
+void compute_in_run_dtype(const ParameterTable& table, DType run_dtype);
 
 // What encoding one prompt of `length` tokens needs, from the folder's files alone (checked
 // before anything loads): the weights at the dtype they will be kept in, twice for the matrices

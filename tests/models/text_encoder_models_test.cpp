@@ -12,8 +12,10 @@
 #include <fstream>
 
 #include "models/clip_text_model.h"
+#include "models/pipeline_text_encoders.h"
 #include "models/t5_encoder.h"
 #include "ops/op_stream.h"
+#include "ops/vector_ops.h"
 #include "base/error.h"
 #include "tensor/safetensors.h"
 #include "base/strict_json.h"
@@ -107,6 +109,43 @@ TEST(T5EncoderModel, Umt5HasABiasPerLayerAndMatchesTheTorchReference) {
   const auto length = static_cast<int64_t>(ids.size());
   expect_near_scaled(model->forward(ids, ints("umt5_mask.attention_mask")).reshape({length, 24}), "umt5_mask.last_hidden_state", 1e-4,
                      "umt5");
+}
+
+// --dtype f32 on a bf16-stored encoder means f32 arithmetic (issue 42): the matrices stay bf16 in
+// memory (encoder_weight_dtype keeps them) and are widened exactly while packed, so the states meet
+// the f32 tolerance; left to the bf16 GEMM (activations rounded to bf16) they would not.
+TEST(TextEncoders, Bf16StoredWeightsComputeInF32UnderAnF32Run) {
+  const Stream stream = ops::default_op_stream();
+  // CLIP: the test checkpoint stores its matrices in bf16.
+  ASSERT_EQ(models::encoder_weight_dtype(data_dir() + "clip", DType::f32), DType::bf16);
+  const auto clip = ClipTextModel::load(data_dir() + "clip", DType::bf16, stream);
+  const std::vector<int32_t> cat = ints("clip_cat.input_ids");
+  const auto rows = static_cast<int64_t>(cat.size());
+  const Tensor rounded = clip->forward(cat).last_hidden_state.reshape({rows, 24});
+  models::compute_in_run_dtype(clip->parameters(), DType::f32);
+  expect_near_scaled(clip->forward(cat).last_hidden_state.reshape({rows, 24}), "clip_cat.last_hidden_state", 1e-4, "clip widened");
+  // The test has power: the bf16 GEMM's rounding is far outside 1e-4 of the scale.
+  const std::vector<double> got = values(rounded), want = values(goldens().tensor("clip_cat.last_hidden_state"));
+  double worst = 0, scale = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    worst = std::max(worst, std::fabs(got[i] - want[i])), scale = std::max(scale, std::fabs(want[i]));
+  EXPECT_GT(worst, 1e-4 * scale);
+  // umT5 stored in bf16 (a copy written here; the weights are bf16-representable).
+  cubevec::testing::TempDir dir("umt5_bf16");
+  const SafetensorsFile f32 = SafetensorsFile::open(data_dir() + "umt5/model.safetensors");
+  NamedTensors stored;
+  for (const SafetensorsEntry& e : f32.entries()) {
+    const Tensor t = f32.tensor(e.name);
+    stored.push_back({e.name, t.dim() >= 2 ? ops::cast(t, DType::bf16, stream) : t});
+  }
+  write_safetensors((dir.path / "model.safetensors").string(), stored);
+  std::filesystem::copy_file(data_dir() + "umt5/config.json", dir.path / "config.json");
+  ASSERT_EQ(models::encoder_weight_dtype(dir.path.string(), DType::f32), DType::bf16);
+  const auto umt5 = T5EncoderModel::load(dir.path.string(), DType::bf16, stream);
+  models::compute_in_run_dtype(umt5->parameters(), DType::f32);
+  const std::vector<int32_t> ids = ints("umt5_mask.input_ids");
+  expect_near_scaled(umt5->forward(ids, ints("umt5_mask.attention_mask")).reshape({static_cast<int64_t>(ids.size()), 24}),
+                     "umt5_mask.last_hidden_state", 1e-4, "umt5 stored bf16, widened");
 }
 
 TEST(T5EncoderModel, RelativePositionBucketsMatchTransformersBoundaries) {
