@@ -40,6 +40,10 @@ struct QuantizeFlags {
 void check_outputs(const QuantizeFlags& f, const std::string& dir, quant::Algorithm algorithm) {
   namespace fs = std::filesystem;
   std::error_code ec;
+  // The second expert's folder is cubevec's to make inside --out: a link there would send its
+  // files anywhere (over another model's).
+  if (dir != f.out && fs::is_symlink(fs::symlink_status(dir, ec)))
+    throw Error("--out " + f.out + ": " + dir + " is a symbolic link; the second expert's files go into a real folder there");
   fs::create_directories(dir, ec);
   if (!fs::is_directory(dir)) throw Error("--out " + dir + ": cannot create the output folder" + (ec ? " (" + ec.message() + ")" : ""));
   // --json itself was checked while parsing (cli/output_flag.h); here: the pair, and the report

@@ -189,6 +189,9 @@ nlohmann::json form_fields(const httplib::Request& http_request, const std::set<
       continue;
     }
     if (!item.filename.empty()) throw invalid_request(name, "'" + name + "' must be a text field, got a file");
+    // A NUL would end the text early for the number parser and the messages ("5\0-1" read as 5).
+    if (item.content.find('\0') != std::string::npos)
+      throw invalid_request(name, "'" + utf8_or_escaped(name.substr(0, 64)) + "' holds a NUL character", "invalid_value");
     if (numbers.count(name)) {
       try {
         body[name] = nlohmann::json::parse(item.content);

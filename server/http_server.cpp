@@ -2,15 +2,43 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <string>
 
+#include "base/json_text.h"
 #include "server/api_error.h"
 #include "server/http_common.h"
 #include "server/routes.h"
 
 namespace cubevec::server {
+
+namespace {
+
+// Why the request's body has no one clear end, or "": several Content-Length headers, a value that
+// is not one number, a Transfer-Encoding beside a Content-Length, or one that is not "chunked".
+std::string ambiguous_framing(const httplib::Request& request) {
+  const std::size_t lengths = request.get_header_value_count("Content-Length");
+  if (lengths > 1)
+    return "the request has " + std::to_string(lengths) + " Content-Length headers; one is expected (its body's end is ambiguous)";
+  const std::string length = request.get_header_value("Content-Length");
+  if (lengths == 1 && (length.empty() || length.size() > 18 || length.find_first_not_of("0123456789") != std::string::npos))
+    return "the request's Content-Length is not one decimal number, got '" + utf8_or_escaped(length.substr(0, 40)) + "'";
+  const std::size_t encodings = request.get_header_value_count("Transfer-Encoding");
+  if (encodings > 0 && lengths > 0) return "the request has both Content-Length and Transfer-Encoding; one framing is expected";
+  if (encodings > 1) return "the request has " + std::to_string(encodings) + " Transfer-Encoding headers; one is expected";
+  if (encodings == 1) {
+    std::string encoding = request.get_header_value("Transfer-Encoding");
+    std::transform(encoding.begin(), encoding.end(), encoding.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (encoding != "chunked")
+      return "the request's Transfer-Encoding is '" + utf8_or_escaped(encoding.substr(0, 40)) + "'; this server takes chunked only";
+  }
+  return "";
+}
+
+}  // namespace
 
 HttpServer::HttpServer(Scheduler& scheduler, const ServeLimits& limits)
     : context_(std::make_unique<ServerContext>(scheduler, limits)), http_(std::make_unique<httplib::Server>()) {
@@ -26,26 +54,26 @@ HttpServer::HttpServer(Scheduler& scheduler, const ServeLimits& limits)
     const int yes = 1;
     ::setsockopt(socket, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
   });
-  http.set_keep_alive_timeout(2);  // an idle kept-alive connection holds a connection thread
-  http.set_keep_alive_max_count(100);
+  // One request per connection: httplib cannot close a kept-alive connection from a handler, so a
+  // request refused for its framing (below) could leave its body to be read as the next request
+  // (request smuggling). A generation server's requests are few and long; reconnecting costs
+  // nothing that matters.
+  http.set_keep_alive_timeout(2);
+  http.set_keep_alive_max_count(1);
   // Range requests would cut a JSON answer short (or send a job's id half): every answer is whole.
   // httplib parses the header before routing, so the parsed ranges are dropped here and in the
   // error handler.
   //
-  // Two Content-Length headers leave the body's end ambiguous (httplib would take the first, a proxy
-  // in front perhaps the last: request smuggling), so such a request is refused before its body is
-  // read, and the connection closed.
+  // A body whose end is ambiguous (httplib would read it one way, a proxy in front perhaps another:
+  // request smuggling) is refused before it is read, and the connection closed (one request per
+  // connection).
   http.set_pre_routing_handler([](const httplib::Request& request, httplib::Response& response) {
     const_cast<httplib::Request&>(request).ranges.clear();
-    if (const std::size_t count = request.get_header_value_count("Content-Length"); count > 1) {
-      response.set_header("Connection", "close");
-      send_error(response, invalid_request("",
-                                           "the request has " + std::to_string(count) +
-                                               " Content-Length headers; one is expected (its body's end is ambiguous)",
-                                           "duplicate_content_length"));
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
+    const std::string framing = ambiguous_framing(request);
+    if (framing.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    response.set_header("Connection", "close");
+    send_error(response, invalid_request("", framing, "ambiguous_framing"));
+    return httplib::Server::HandlerResponse::Handled;
   });
   // Errors httplib answers itself (no such route, a body over --max-body, a malformed request)
   // get the same JSON error object as the routes'.

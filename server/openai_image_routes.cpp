@@ -2,6 +2,7 @@
 // picture and an optional mask: image-to-image or inpainting), GET /v1/models, and the files that
 // response_format "url" points at.
 #include <algorithm>
+#include <cstdint>
 #include <set>
 #include <string>
 #include <vector>
@@ -35,9 +36,9 @@ void generate_images(ServerContext& context, const httplib::Request& http_reques
   if (size) keys["width"] = size->first, keys["height"] = size->second;
   if (!keys.contains("seed")) keys["seed"] = random_seed();
   const pipelines::Request first = checked_request(keys, model, context.limits, /*video_route=*/false, uploads);
-  if (first.seed > static_cast<uint64_t>(INT64_MAX) - static_cast<uint64_t>(n - 1))
+  if (first.seed > UINT64_MAX - static_cast<uint64_t>(n - 1))
     throw invalid_request(
-        "seed", "'seed' + n - 1 must stay at most " + std::to_string(INT64_MAX) + " (the pictures' seeds are seed, seed + 1, ...)");
+        "seed", "'seed' + n - 1 must stay at most " + std::to_string(UINT64_MAX) + " (the pictures' seeds are seed, seed + 1, ...)");
   // n pictures: seeds seed, seed + 1, ... (as diffusers' generator list would be seeded).
   std::vector<pipelines::Request> requests(static_cast<std::size_t>(n), first);
   for (int i = 0; i < n; ++i) requests[static_cast<std::size_t>(i)].seed = first.seed + static_cast<uint64_t>(i);

@@ -1,11 +1,14 @@
 #include "pipelines/stages/quantize.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <vector>
 
 #include "models/layers.h"
+#include "ops/vector_ops.h"
+#include "tensor/safetensors.h"
 #include "base/error.h"
 
 namespace cubevec::pipelines {
@@ -46,6 +49,32 @@ quant::QuantTensors meta_tensors(quant::Algorithm algorithm, const models::Linea
   }
   if (algorithm == quant::Algorithm::w8a8) t.bias = Tensor();
   return t;
+}
+
+// The weight file holds the whole model (msModelSlim writes the float parameters too, FLOAT in the
+// description): those must be this model's own, or the description was made for another model or
+// expert with the same module names, and would give a silently wrong picture. Compared in f32 at
+// bf16's precision (the model may hold bf16 roundings of the file's values).
+void require_own_float_weights(const models::ParameterTable& table, const quant::Description& d, const SafetensorsFile& weights,
+                               const std::string& model) {
+  for (const auto& spec : table.specs()) {
+    const auto entry = d.entries.find(spec.name);
+    if (!spec.slot->has_storage() || entry == d.entries.end() || entry->second != "FLOAT" || !weights.contains(spec.name)) continue;
+    const Tensor file = ops::cast(weights.tensor(spec.name), DType::f32).contiguous();
+    const Tensor own = ops::cast(*spec.slot, DType::f32).contiguous();
+    const auto mismatch = [&](const std::string& how) {
+      return Error(d.path + ": its weight file's FLOAT tensor '" + spec.name + "' " + how + " " + (model.empty() ? "transformer/" : model) +
+                   "'s own: the description was made for another model or expert (a two-expert model takes --quant for transformer/ "
+                   "and --quant-2 for transformer_2/)");
+    };
+    if (file.shape() != own.shape()) throw mismatch("has another shape than");
+    const float* a = file.data<float>();
+    const float* b = own.data<float>();
+    for (int64_t i = 0; i < file.numel(); ++i)
+      if (!(std::fabs(a[i] - b[i]) <= 1e-2f * std::max(std::fabs(a[i]), std::fabs(b[i])) + 1e-6f))
+        throw mismatch("differs (element " + std::to_string(i) + ": " + std::to_string(a[i]) + " against " + std::to_string(b[i]) +
+                       ") from");
+  }
 }
 
 }  // namespace
@@ -114,6 +143,7 @@ void QuantizeStage::quantize(models::ParameterTable& table, const quant::Descrip
       }
     const std::string weights_path = d.weight_path();
     const SafetensorsFile weights = SafetensorsFile::open(weights_path);
+    require_own_float_weights(table, d, weights, model);
     for (const auto& [name, linear] : table.linears()) {
       const std::optional<std::string> value = d.algorithm_value(name);
       if (!value) continue;
@@ -126,10 +156,6 @@ void QuantizeStage::quantize(models::ParameterTable& table, const quant::Descrip
                                                             weights_path + ": layer '" + name + "'")});
     }
   }
-  const bool timestep = std::any_of(built.begin(), built.end(), [](const auto& b) { return b.second->static_steps() > 0; });
-  if (!options_.timestep_policy.empty() && !timestep)
-    throw Error("--timestep-policy " + options_.timestep_policy + " applies to W8A8_TIMESTEP layers, but --quant " + options_.description +
-                " quantizes none");
   // Everything read and checked: swap, and release the float weights of the swapped layers.
   for (auto& [linear, q] : built) {
     if (q->static_steps() > 0) static_rows_[model + linear->name] = q->static_steps();
@@ -164,7 +190,13 @@ void QuantizeStage::check_static_rows(int first, int count) const {
   }
 }
 
-void QuantizeStage::begin_run(const RunInfo& run) { check_static_rows(0, run.steps); }
+void QuantizeStage::begin_run(const RunInfo& run) {
+  // Checked over every model quantized (two experts: either may hold the W8A8_TIMESTEP layers).
+  if (!options_.timestep_policy.empty() && static_rows_.empty())
+    throw Error("--timestep-policy " + options_.timestep_policy + " applies to W8A8_TIMESTEP layers, but --quant " + options_.description +
+                (options_.description_2.empty() ? "" : " and --quant-2 " + options_.description_2) + " quantize none");
+  check_static_rows(0, run.steps);
+}
 void QuantizeStage::before_step(const models::StepInfo& step) { t_quant_step = step.index; }
 void QuantizeStage::set_step(int step) {
   check_static_rows(step, 1);

@@ -122,6 +122,12 @@ TEST(ServerVideoIn, BadUploadsAndFieldsAreNamed) {
   form = video_form("i2v");
   form.push_back({"num_inference_steps", "2", "", ""});
   EXPECT_EQ(param(form), "num_inference_steps");  // twice
+  // A NUL in a text field is refused, not read up to it ("5\0-1" was seed 5).
+  for (const char* field : {"seed", "num_frames", "guidance_scale", "size"}) {
+    form = video_form("i2v");
+    form.push_back({field, std::string("5\0-1", 4), "", ""});
+    EXPECT_EQ(param(form), field);
+  }
   // A JSON body naming a picture file is refused: the server reads no file a request names.
   const auto r = server.post("/v1/videos", json{{"model", "i2v"}, {"prompt", kVideoPrompt}, {"last_image", "/etc/passwd"}}.dump());
   EXPECT_EQ(r->status, 400);
