@@ -1,8 +1,9 @@
 // `cubevec sparse-attention`: MindIE SD's sparse_attention on q, k, v from a safetensors file, for
 // checking a port against MindIE SD's own output on the same inputs: writes `out` (q's layout)
-// and `kept_blocks` (u8 [B, N, Lq, Lk]: rf_v2 batch 0's mask over the pooled blocks of the
-// reordered sequence, [1, N, L, L]; ada_bsa the mask per batch and head), and prints the kept
-// fraction and the time.
+// and `kept_blocks` (u8 [B, N, Lq, Lk], each batch element's own mask: rf_v2's over the pooled
+// blocks of the reordered sequence, as MindIE's get_blockwise_mask returns it, though the attention
+// uses batch 0's for every batch; ada_bsa's per batch and head), and prints the kept fraction and
+// the time.
 #include <chrono>
 #include <cstdio>
 #include <optional>

@@ -6,14 +6,14 @@
 //   rf_v2 (RainFusion 2.0): the image tokens are reordered into 8 x 8 spatial tiles per frame
 //     (frame 0 raster when h or w is not a multiple of 8), text moved after them; q and k are
 //     mean-pooled over 128-token blocks (image and text separately); softmax(q_pool k_pool^T *
-//     scale) per head; each query block keeps its ceil(L * (1 - sparsity)) best key blocks (ties
-//     all kept), text and first-frame blocks are kept whole (rows and columns); batch 0's mask
-//     serves every batch (as MindIE); then the inverse reorder.
+//     scale) per batch and head; each query block keeps its ceil(L * (1 - sparsity)) best key
+//     blocks (ties all kept), text and first-frame blocks are kept whole (rows and columns); the
+//     kernel uses batch 0's mask for every batch (as MindIE); then the inverse reorder.
 //   ada_bsa: strided antidiagonal estimate (groups of 8 tokens, each query group reversed, scale /
 //     8), softmax over key groups, summed into 128 x 128 blocks; per query block the smallest set
 //     of key blocks whose estimated mass reaches cdf_threshold, capped at int(L * (1 - sparsity))
-//     when L >= 10; the first key block always kept, the last (and with keep_sink the first)
-//     forced; per batch and head.
+//     when L >= 10 (in float32, as the kernel's attributes: L = 10 at 0.8 keeps 2); the first key
+//     block always kept, the last (and with keep_sink the first) forced; per batch and head.
 //   none: dense attention.
 //
 // Numerics are f32 (MindIE rounds pooled scores to bf16 / fp16 on the NPU, so masks may differ
@@ -60,10 +60,12 @@ struct SparseMaskStats {
 
 struct SparseMask {
   SparseType type = SparseType::none;
-  // u8 [B, N, Lq, Lk] (rf_v2: [1, N, L, L] over the pooled blocks of the reordered sequence, batch
-  // 0's mask for every batch; ada_bsa: per batch). Undefined for none.
+  // u8 [B, N, Lq, Lk], each batch's own mask (rf_v2: [B, N, L, L] over the pooled blocks of the
+  // reordered sequence, as MindIE's get_blockwise_mask; ada_bsa: the estimate's). Undefined for none.
   Tensor kept_blocks;
-  Tensor kernel_mask;             // what the block-sparse kernel walks (rf_v2: the first ceil(S/128) pooled blocks)
+  // What the block-sparse kernel walks: ada_bsa kept_blocks; rf_v2 batch 0's first ceil(S/128)
+  // pooled blocks, [1, N, Lk, Lk], for every batch (MindIE hands rain_fusion_attention mask[0]).
+  Tensor kernel_mask;
   double expected_density = 1.0;  // the kept fraction the cost model assumes (from the shapes)
   std::shared_ptr<SparseMaskStats> stats = std::make_shared<SparseMaskStats>();
   // rf_v2 when the image length is not a multiple of 128 and there is text: MindIE's pooled

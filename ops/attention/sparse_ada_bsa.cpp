@@ -24,6 +24,15 @@ constexpr double kEps = 1e-5;                                // the kernel's gua
 
 }  // namespace
 
+Params make_params(float scale, double cdf_threshold, bool keep_sink, bool keep_recent, double sparsity) {
+  // row_sparse = 1.0 - sparsity is formed in double (Python) and only then rounded to float.
+  return {scale, static_cast<float>(cdf_threshold), keep_sink, keep_recent, static_cast<float>(1.0 - sparsity)};
+}
+
+float cap_of(int64_t lk, float row_sparse) { return static_cast<float>(lk) * row_sparse; }
+
+int64_t capped_count(int64_t lk, float row_sparse) { return static_cast<int64_t>(cap_of(lk, row_sparse)); }
+
 void block_scores(const float* q, int64_t q_ld, int64_t sq, const float* k, int64_t k_ld, int64_t sk, int64_t d, float scale,
                   float* scores) {
   const int64_t gq = ceil_div(sq, kStride), gk = sk / kStride, lq = ceil_div(sq, kSparseBlock), lk = ceil_div(sk, kSparseBlock);
@@ -98,10 +107,10 @@ void select_row(const float* scores, int64_t lk, const Params& params, uint8_t* 
   std::vector<float> sorted(static_cast<std::size_t>((lk + 31) / 32 * 32), 0.0f);  // zero-padded as the kernel's
   std::copy(v.begin(), v.end(), sorted.begin());
   std::sort(sorted.begin(), sorted.end(), std::greater<float>());
-  double count = static_cast<double>(lk);  // the kernel's cnt: an index when the threshold cut it
+  int64_t count = lk;  // the kernel's cnt: an index when the threshold cut it
   float guard = 0.0f;
-  if (params.threshold < 1.0) {
-    const float target = static_cast<float>(params.threshold) * total;
+  if (params.threshold < 1.0f) {
+    const float target = params.threshold * total;
     // The first 16-wide piece that takes the prefix past the target, then the element inside it.
     float sum = 0;
     std::size_t piece = 0;
@@ -120,13 +129,16 @@ void select_row(const float* scores, int64_t lk, const Params& params, uint8_t* 
     for (std::size_t i = piece; i < piece + 16 && i < sorted.size(); ++i) {
       sum += sorted[i];
       guard = sorted[i];
-      count = static_cast<double>(i);
+      count = static_cast<int64_t>(i);
       if (sum >= target) break;
     }
   }
-  const double cap = static_cast<double>(lk) * params.row_sparse;
-  if (count > cap && lk >= 10) {
-    const auto kk = std::max<int64_t>(1, static_cast<int64_t>(cap));
+  // The cap compares the index with the float32 product: at L = 10, sparsity 0.8, a cut at index
+  // 2 passes (2 > 2.0f is false) and a capped row keeps 2 ranked blocks.
+  const float cap = cap_of(lk, params.row_sparse);
+  if (static_cast<float>(count) > cap && lk >= 10) {
+    // kk < 1 would read before the kernel's sorted array; check_sparse_attention refuses it.
+    const int64_t kk = std::max<int64_t>(1, static_cast<int64_t>(cap));
     guard = sorted[static_cast<std::size_t>(kk - 1)];
   }
   guard -= static_cast<float>(kEps);
@@ -137,9 +149,9 @@ void select_row(const float* scores, int64_t lk, const Params& params, uint8_t* 
 
 double expected_density(int64_t sk, const Params& params) {
   const int64_t lk = ceil_div(sk, kSparseBlock);
-  if (lk < 10 || params.row_sparse >= 1.0) return 1.0;
+  if (lk < 10 || params.row_sparse >= 1.0f) return 1.0;
   const double l = static_cast<double>(lk);
-  const double kk = std::max(1.0, std::floor(l * params.row_sparse));
+  const double kk = static_cast<double>(std::max<int64_t>(1, capped_count(lk, params.row_sparse)));
   // The top kk of the ranked blocks, the last block (forced), and block 0 (forced with keep_sink,
   // otherwise kept anyway, counted when it is not among the top kk).
   const double per_row = kk + 1.0 + (params.keep_sink ? 1.0 : 1.0 - kk / l);

@@ -148,9 +148,10 @@ SparseAttentionOptions check_sparse_attention(const Tensor& q, const Tensor& k, 
       fail("sparsity must be below 1 for rf_v2 (it keeps ceil(L * (1 - sparsity)) blocks per row), got " + number(o.sparsity));
   } else {
     const int64_t lk = ceil_div(s, attn::kSparseBlock);
-    if (lk >= 10 && static_cast<int64_t>(static_cast<double>(lk) * (1.0 - o.sparsity)) < 1)
+    const attn::ada_bsa::Params p = attn::ada_bsa::make_params(1.0f, o.cdf_threshold, o.keep_sink, o.keep_recent, o.sparsity);
+    if (lk >= 10 && attn::ada_bsa::capped_count(lk, p.row_sparse) < 1)
       fail("sparsity " + number(o.sparsity) + " keeps no block in rows of " + std::to_string(lk) +
-           " blocks (ada_bsa keeps int(L * (1 - sparsity)))");
+           " blocks (ada_bsa keeps int(L * (1 - sparsity)), in float32)");
   }
   return o;
 }
@@ -169,8 +170,10 @@ SparseMask estimate_sparse_mask(const Tensor& q, const Tensor& k, const SparseAt
   if (o.sparse_type == SparseType::rf_v2) {
     const LatentShape latent = *o.latent_shape_q;
     const int64_t image = s - o.txt_len, l = attn::rf_v2::pooled_blocks(image, o.txt_len);
-    mask.kept_blocks = stream.device().empty({1, n, l, l}, DType::u8, stream);
-    mask.kernel_mask = mask.kept_blocks.narrow(2, 0, lk).narrow(3, 0, lk);
+    // Every batch's own mask, as MindIE's get_blockwise_mask returns it; the kernel walks batch 0's
+    // for every batch (MindIE passes mask[0] to rain_fusion_attention).
+    mask.kept_blocks = stream.device().empty({b, n, l, l}, DType::u8, stream);
+    mask.kernel_mask = mask.kept_blocks.narrow(0, 0, 1).narrow(2, 0, lk).narrow(3, 0, lk);
     mask.expected_density = attn::rf_v2::expected_density(latent, o.txt_len, o.sparsity);
     if (o.txt_len > 0 && image % attn::kSparseBlock != 0)
       mask.note = "rf_v2: the image part (" + std::to_string(image) +
@@ -178,24 +181,24 @@ SparseMask estimate_sparse_mask(const Tensor& q, const Tensor& k, const SparseAt
                   "line up with the kernel's blocks; their indices are used as MindIE SD uses them";
     const auto order = std::make_shared<const std::vector<int32_t>>(attn::rf_v2::sequence_order(latent, o.txt_len));
     const Tensor out = mask.kept_blocks;
-    const double flops = static_cast<double>(n) *
+    const double flops = static_cast<double>(b * n) *
                          (4.0 * static_cast<double>(s * d) + 2.0 * static_cast<double>(l * l * d) + 4.0 * static_cast<double>(l * l));
-    const double bytes = static_cast<double>(2 * n * s * d) * static_cast<double>(q.itemsize());
+    const double bytes = static_cast<double>(2 * b * n * s * d) * static_cast<double>(q.itemsize());
     stream.launch({"sparse_estimate_rf_v2", Unit::cube, flops, bytes, DType::f32}, {qc, kc}, {out},
-                  [qc, kc, out, order, layout, n, d, image, l, lk, latent, o, scale, stats] {
+                  [qc, kc, out, order, layout, b, n, d, image, l, lk, latent, o, scale, stats] {
                     std::atomic<int64_t> kept{0};
-                    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 1), [&](const tbb::blocked_range<int64_t>& r) {
+                    tbb::parallel_for(tbb::blocked_range<int64_t>(0, b * n, 1), [&](const tbb::blocked_range<int64_t>& r) {
                       std::vector<float> scores(static_cast<std::size_t>(l * l));
-                      for (int64_t h = r.begin(); h < r.end(); ++h) {
-                        // Batch 0 decides for every batch, as MindIE's rf_v2.
-                        const std::vector<float> qh = head_rows(qc, layout, 0, h, order.get()),
-                                                 kh = head_rows(kc, layout, 0, h, order.get());
-                        uint8_t* m = reinterpret_cast<uint8_t*>(out.unsynchronized_data_ptr()) + h * l * l;
+                      for (int64_t i = r.begin(); i < r.end(); ++i) {
+                        const std::vector<float> qh = head_rows(qc, layout, i / n, i % n, order.get()),
+                                                 kh = head_rows(kc, layout, i / n, i % n, order.get());
+                        uint8_t* m = reinterpret_cast<uint8_t*>(out.unsynchronized_data_ptr()) + i * l * l;
                         attn::rf_v2::head_mask({qh.data(), kh.data(), d, image, o.txt_len, d, latent[1] * latent[2], scale, o.sparsity}, m,
                                                scores.data());
+                        if (i >= n) continue;  // the statistics count what the kernel walks: batch 0's
                         int64_t count = 0;
-                        for (int64_t i = 0; i < lk; ++i)
-                          for (int64_t j = 0; j < lk; ++j) count += m[i * l + j];
+                        for (int64_t row = 0; row < lk; ++row)
+                          for (int64_t j = 0; j < lk; ++j) count += m[row * l + j];
                         kept += count;
                       }
                     });
@@ -206,7 +209,7 @@ SparseMask estimate_sparse_mask(const Tensor& q, const Tensor& k, const SparseAt
     return mask;
   }
   // ada_bsa: per batch and head.
-  attn::ada_bsa::Params params{scale, o.cdf_threshold, o.keep_sink, o.keep_recent, 1.0 - o.sparsity};
+  const attn::ada_bsa::Params params = attn::ada_bsa::make_params(scale, o.cdf_threshold, o.keep_sink, o.keep_recent, o.sparsity);
   if (lk < 10 && o.sparsity > 0.0)
     mask.note = "ada_bsa: rows of fewer than 10 key blocks (S <= 1152, here " + std::to_string(s) +
                 ") keep every block, as MindIE SD's kernel; sparsity applies from S > 1152";

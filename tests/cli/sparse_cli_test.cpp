@@ -1,9 +1,12 @@
 // Sparse attention as a user runs it: `cubevec sparse-attention` writes out and kept_blocks equal to
-// ops::sparse_attention on the same file; `t2v --sparse` on the tiny Wan model reports the stage;
+// ops::sparse_attention on the same file (rf_v2's per batch element, as MindIE's); `t2v --sparse`
+// on the tiny Wan model reports the stage;
 // `--simulate --sparse rf_v2 --sparsity 0.8` models a cheaper Wan2.1-14B step; bad flags and
 // inputs are one-line errors.
 #include <algorithm>
+#include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "cli/run_cubevec.h"
 #include "ops/sparse_attention.h"
@@ -17,6 +20,13 @@ namespace fs = std::filesystem;
 using SparseCli = cubevec_cli_test::CliTest;
 
 using cubevec_cli_test::kWan;
+
+// A u8 tensor's bytes, row-major.
+std::vector<uint8_t> bytes_of(const cubevec::Tensor& t) {
+  const cubevec::Tensor c = t.contiguous();
+  const auto* p = static_cast<const uint8_t*>(c.data_ptr());
+  return {p, p + c.numel()};
+}
 
 std::string write_qkv(const fs::path& dir, const cubevec::Shape& shape) {
   const std::string path = (dir / "case.safetensors").string();
@@ -48,6 +58,33 @@ TEST_F(SparseCli, PortingCheckWritesOutAndKeptBlocks) {
       run({"sparse-attention", "--inputs", in, "--sparse-type", "ada_bsa", "--sparsity", "0.5", "--cdf-threshold", "0.9", "--out", out});
   ASSERT_EQ(ada.status, 0) << ada.err;
   EXPECT_EQ(cubevec::SafetensorsFile::open(out).tensor("kept_blocks").shape(), (cubevec::Shape{1, 2, 6, 6}));
+}
+
+// MindIE's get_blockwise_mask gives each batch element its own rf_v2 mask ([B, N, L, L]); the
+// attention itself uses batch 0's for all of them.
+TEST_F(SparseCli, RfV2KeptBlocksPerBatch) {
+  const std::string in = write_qkv(dir_, {2, 2, 3 * 16 * 16, 16}), out = (dir_ / "out.safetensors").string();
+  const auto r =
+      run({"sparse-attention", "--inputs", in, "--sparse-type", "rf_v2", "--sparsity", "0.5", "--latent-shape", "3,16,16", "--out", out});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const cubevec::SafetensorsFile file = cubevec::SafetensorsFile::open(out);
+  const cubevec::SafetensorsFile inputs = cubevec::SafetensorsFile::open(in);
+  const cubevec::Tensor kept = file.tensor("kept_blocks");
+  ASSERT_EQ(kept.shape(), (cubevec::Shape{2, 2, 6, 6}));
+  cubevec::ops::SparseAttentionOptions o;
+  o.sparse_type = cubevec::ops::SparseType::rf_v2;
+  o.sparsity = 0.5;
+  o.latent_shape_q = cubevec::ops::LatentShape{3, 16, 16};
+  const cubevec::Tensor q = inputs.tensor("q"), k = inputs.tensor("k"), v = inputs.tensor("v");
+  EXPECT_EQ(cubevec::testing::values(file.tensor("out")), cubevec::testing::values(cubevec::ops::sparse_attention(q, k, v, o).out));
+  // Batch b's mask is the one batch b alone gives, and the two differ (it is not batch 0's copied).
+  std::vector<std::vector<uint8_t>> per_batch;
+  for (int64_t b = 0; b < 2; ++b) {
+    const auto alone = cubevec::ops::sparse_attention(q.narrow(0, b, 1), k.narrow(0, b, 1), v.narrow(0, b, 1), o).kept_blocks;
+    per_batch.push_back(bytes_of(kept.narrow(0, b, 1)));
+    EXPECT_EQ(per_batch.back(), bytes_of(alone)) << "batch " << b;
+  }
+  EXPECT_NE(per_batch[0], per_batch[1]);
 }
 
 TEST_F(SparseCli, T2vWithSparseAttentionAndSimulate) {

@@ -161,26 +161,29 @@ TEST(SparseRfV2, MaskAndOutputAgainstTheReferences) {
     const Qkv x = make_qkv(b, s, s, n, d, DType::f32, 11);
     const ops::SparseAttentionResult r = ops::sparse_attention(x.q, x.k, x.v, rf_v2(c.latent, c.txt, c.sparsity));
     const int64_t l = ops::attn::rf_v2::pooled_blocks(image, c.txt);
-    ASSERT_EQ(r.kept_blocks.shape(), (Shape{1, n, l, l}));
+    // Every batch's own mask (MindIE's get_blockwise_mask); the kernel walks batch 0's.
+    ASSERT_EQ(r.kept_blocks.shape(), (Shape{b, n, l, l}));
     const std::vector<int32_t> order = ops::attn::rf_v2::sequence_order(c.latent, c.txt);
     const Tensor kept = r.kept_blocks.contiguous();
     int64_t kept_count = 0;
-    for (int64_t ni = 0; ni < n; ++ni) {
-      // Batch 0's head in the kernel's order, as the reference sees it.
-      std::vector<double> q, k;
-      for (int32_t src : order)
-        for (int64_t cc = 0; cc < d; ++cc) {
-          q.push_back(x.qd[static_cast<std::size_t>((src * n + ni) * d + cc)]);
-          k.push_back(x.kd[static_cast<std::size_t>((src * n + ni) * d + cc)]);
-        }
-      const std::vector<uint8_t> want =
-          rf_v2_reference_mask(q, k, image, c.txt, d, c.latent[1] * c.latent[2], 1.0 / std::sqrt(double(d)), c.sparsity);
-      const auto* got = static_cast<const uint8_t*>(kept.data_ptr()) + ni * l * l;
-      for (int64_t i = 0; i < l * l; ++i) ASSERT_EQ(got[i], want[static_cast<std::size_t>(i)]) << "head " << ni << " block " << i;
-      kept_count += std::count(got, got + l * l, uint8_t{1});
-    }
-    EXPECT_LT(kept_count, n * l * l) << "the case must prune something";
-    const Tensor kernel_mask = r.kept_blocks.narrow(2, 0, blocks(s)).narrow(3, 0, blocks(s));
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t ni = 0; ni < n; ++ni) {
+        // The head in the kernel's order, as the reference sees it.
+        std::vector<double> q, k;
+        for (int32_t src : order)
+          for (int64_t cc = 0; cc < d; ++cc) {
+            q.push_back(x.qd[static_cast<std::size_t>(((bi * s + src) * n + ni) * d + cc)]);
+            k.push_back(x.kd[static_cast<std::size_t>(((bi * s + src) * n + ni) * d + cc)]);
+          }
+        const std::vector<uint8_t> want =
+            rf_v2_reference_mask(q, k, image, c.txt, d, c.latent[1] * c.latent[2], 1.0 / std::sqrt(double(d)), c.sparsity);
+        const auto* got = static_cast<const uint8_t*>(kept.data_ptr()) + (bi * n + ni) * l * l;
+        for (int64_t i = 0; i < l * l; ++i)
+          ASSERT_EQ(got[i], want[static_cast<std::size_t>(i)]) << "batch " << bi << " head " << ni << " block " << i;
+        kept_count += std::count(got, got + l * l, uint8_t{1});
+      }
+    EXPECT_LT(kept_count, b * n * l * l) << "the case must prune something";
+    const Tensor kernel_mask = r.kept_blocks.narrow(0, 0, 1).narrow(2, 0, blocks(s)).narrow(3, 0, blocks(s));
     expect_matches(values(r.out), reference_with_kernel_mask(x, b, s, n, d, kernel_mask, order, 1.0 / std::sqrt(double(d))), DType::f32, s,
                    d, "rf_v2 output");
   }
@@ -260,13 +263,14 @@ std::vector<uint8_t> ada_reference_row(const std::vector<float>& scores, const o
   std::sort(ranked.begin(), ranked.end(), std::greater<>());
   std::size_t take = ranked.size();
   double compared = static_cast<double>(l);  // what the kernel compares with the cap
-  if (p.threshold < 1.0) {
+  if (p.threshold < 1.0f) {
     double mass = 0;
     for (take = 0; take < ranked.size() && mass < p.threshold * total;) mass += ranked[take++].first;
     compared = static_cast<double>(take) - 1;  // the kernel's count is then an index: a set one over the cap passes
   }
-  const double cap = static_cast<double>(l) * p.row_sparse;
-  if (l >= 10 && compared > cap) take = std::min(ranked.size(), static_cast<std::size_t>(cap));
+  // The cap is a float32 product, as the kernel's (row_sparse is a float attribute).
+  const float cap = static_cast<float>(l) * p.row_sparse;
+  if (l >= 10 && compared > static_cast<double>(cap)) take = std::min(ranked.size(), static_cast<std::size_t>(cap));
   std::vector<uint8_t> keep(static_cast<std::size_t>(l), 0);
   for (std::size_t i = 0; i < take; ++i) keep[static_cast<std::size_t>(ranked[i].second)] = 1;
   for (int64_t j : forced) keep[static_cast<std::size_t>(j)] = 1;
@@ -283,9 +287,9 @@ TEST(SparseAdaBsa, RowSelectionKeepsTheSmallestSetReachingTheThreshold) {
     std::vector<float> scores(static_cast<std::size_t>(l));
     for (float& x : scores) x = u(rng) * u(rng);  // skewed, distinct
     ops::attn::ada_bsa::Params p;
-    p.threshold = trial % 3 == 0 ? 1.0 : 0.3 + 0.6 * u(rng);
+    p.threshold = trial % 3 == 0 ? 1.0f : 0.3f + 0.6f * u(rng);
     p.keep_sink = trial % 2 == 0;
-    p.row_sparse = trial % 5 == 0 ? 1.0 : 0.2 + 0.7 * u(rng);
+    p.row_sparse = trial % 5 == 0 ? 1.0f : 0.2f + 0.7f * u(rng);
     std::vector<uint8_t> got(static_cast<std::size_t>(l));
     ops::attn::ada_bsa::select_row(scores.data(), l, p, got.data());
     const std::vector<uint8_t> want = ada_reference_row(scores, p);
@@ -293,6 +297,24 @@ TEST(SparseAdaBsa, RowSelectionKeepsTheSmallestSetReachingTheThreshold) {
     cut += std::count(got.begin(), got.end(), uint8_t{0}) > 0;
   }
   EXPECT_GT(cut, 200) << "most rows must drop blocks";
+}
+
+// MindIE's row_sparse = 1.0 - sparsity reaches the kernel as a float attribute, and the cap is a
+// float32 product: at L = 10 and sparsity 0.8 it is 2.0f, not the double 1.9999999999999996.
+TEST(SparseAdaBsa, CapIsTheFloat32Product) {
+  const auto row_sparse = [](double sparsity) { return ops::attn::ada_bsa::make_params(1.0f, 1.0, true, true, sparsity).row_sparse; };
+  EXPECT_EQ(ops::attn::ada_bsa::capped_count(10, row_sparse(0.8)), 2);
+  EXPECT_EQ(ops::attn::ada_bsa::capped_count(10, row_sparse(0.9)), 1);
+  EXPECT_EQ(ops::attn::ada_bsa::capped_count(15, row_sparse(0.8)), 3);
+  EXPECT_EQ(ops::attn::ada_bsa::capped_count(10, row_sparse(0.5)), 5);
+  // Sorted ranked mass 0.3, 0.25, 0.2, ...: a 0.7 cut stops at index 2, which 2.0f does not cap.
+  const std::vector<float> scores{0.05f, 0.3f, 0.25f, 0.2f, 0.1f, 0.04f, 0.03f, 0.02f, 0.01f, 0.5f};
+  std::vector<uint8_t> got(scores.size());
+  ops::attn::ada_bsa::select_row(scores.data(), 10, ops::attn::ada_bsa::make_params(1.0f, 0.7, false, true, 0.8), got.data());
+  EXPECT_EQ(got, (std::vector<uint8_t>{1, 1, 1, 1, 0, 0, 0, 0, 0, 1}));
+  // Without a cut the cap keeps the 2 best ranked blocks (block 0 and the last are kept anyway).
+  ops::attn::ada_bsa::select_row(scores.data(), 10, ops::attn::ada_bsa::make_params(1.0f, 1.0, false, true, 0.8), got.data());
+  EXPECT_EQ(got, (std::vector<uint8_t>{1, 1, 1, 0, 0, 0, 0, 0, 0, 1}));
 }
 
 TEST(SparseAdaBsa, OutputIsTheDoubleLoopWithItsMask) {
@@ -370,6 +392,10 @@ TEST(SparseAttention, BadArgumentsNameTheArgument) {
   const Tensor long_q = random_tensor({1, 1400, 1, 8}, 3);
   EXPECT_NE(message_of([&] { ops::sparse_attention(long_q, long_q, long_q, o); }).find("sparsity 0.99 keeps no block in rows of 11 blocks"),
             std::string::npos);
+  // 0.9 at L = 10 keeps int(10 * 0.1f) = 1 block (the double product would truncate to 0).
+  o.sparsity = 0.9;
+  const Tensor q1280 = random_tensor({1, 1280, 1, 8}, 3);
+  EXPECT_NO_THROW(ops::sparse_attention(q1280, q1280, q1280, o));
   EXPECT_NE(message_of([] { ops::parse_sparse_type("rf_v3"); }).find("rf_v2 with a mask reused across steps"), std::string::npos);
   EXPECT_NE(message_of([] { ops::parse_sparse_type("dense"); }).find("unknown sparse_type 'dense'"), std::string::npos);
 }
