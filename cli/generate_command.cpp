@@ -342,7 +342,10 @@ CommandRunner add_generate_command(CLI::App& app, Task task) {
     command->add_option("--last-image", f.last_image,
                         "First-last-frame: the last frame (PNG or JPEG), with --image as the first (a checkpoint trained for it)");
     command->add_option("--out", f.out, "Output MJPEG AVI file")->check(output_file_path());
-    command->add_option("--frames-dir", f.frames_dir, "Also write each frame, lossless, as DIR/frame_NNNNN.png");
+    command->add_option("--frames-dir", f.frames_dir, "Also write each frame, lossless, as DIR/frame_NNNNN.png")
+        ->check(CLI::Validator(
+            [](const std::string& dir) { return dir.empty() ? std::string("an empty path (a folder is expected)") : std::string(); },
+            "DIR"));
     command->add_option("--fps", f.fps, "Frame rate of the AVI (default 16, Wan2.1's)")->check(in_range(1, 240));
     command->add_option("--quality", f.quality, "JPEG quality of the frames (default 90)")->check(in_range(1, 100));
   }

@@ -333,6 +333,7 @@ TEST_F(WanFamilyCli, BadInputsAreOneLineErrors) {
                 .find("its parent folder " + (dir_ / "no").string() + " does not exist"),
             std::string::npos);
   EXPECT_FALSE(fs::exists(dir_ / "no"));
+  EXPECT_NE(error(i2v, {"--image", data("images/rgb.png"), "--frames-dir", ""}).find("--frames-dir"), std::string::npos);
   // A frame's path that is a folder fails before any work (not after the denoising).
   const fs::path blocked = dir_ / "blocked";
   fs::create_directories(blocked / "frame_00004.png");
