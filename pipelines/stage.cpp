@@ -36,13 +36,17 @@ void Stage::after_load_second_model(models::ParameterTable& /*parameters*/) {
 
 void StageList::begin_run(const RunInfo& run) {
   counts_.clear();
-  restart(run);
+  for (std::size_t i = 0; i < stages_.size(); ++i) {
+    const double t0 = now_s();
+    stages_[i]->begin_run(run);
+    seconds_[i] += now_s() - t0;
+  }
 }
 
 void StageList::restart(const RunInfo& run) {
   for (std::size_t i = 0; i < stages_.size(); ++i) {
     const double t0 = now_s();
-    stages_[i]->begin_run(run);
+    stages_[i]->restart(run);
     seconds_[i] += now_s() - t0;
   }
 }

@@ -38,6 +38,10 @@ class Stage {
   // changes weights must handle it or refuse: this default refuses, naming the stage.
   virtual void after_load_second_model(models::ParameterTable& parameters);
   virtual void begin_run(const RunInfo& /*run*/) {}
+  // Mid-run, a new model takes over (two experts): drop what the stage holds of the old one
+  // (cached residuals, attention outputs, sparse masks) but keep the run's counts for the report.
+  // By default: begin_run.
+  virtual void restart(const RunInfo& run) { begin_run(run); }
   virtual void before_step(const models::StepInfo& /*step*/) {}
 
   // Attention plug point. `next` runs the stages below and finally dense attention; a stage may
@@ -83,7 +87,7 @@ class StageList : public models::AttentionPolicy, public models::BlockHook {
 
   void after_load(models::ParameterTable& parameters);
   void begin_run(const RunInfo& run);
-  // Every stage's begin_run again mid-run (a new model takes over), keeping the step counts.
+  // Every stage's restart mid-run (a new model takes over), keeping the step counts.
   void restart(const RunInfo& run);
   void before_step(const models::StepInfo& step);
   // The context a forward of this step gets: the chain as policy / hook when a stage uses them.

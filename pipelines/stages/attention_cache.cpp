@@ -10,6 +10,8 @@ void AttentionCacheStage::begin_run(const RunInfo&) {
   replayed_ = 0;
 }
 
+void AttentionCacheStage::restart(const RunInfo&) { kept_.clear(); }
+
 bool AttentionCacheStage::reuses(int s) const {
   return config_.step_start < s && s <= step_end_ && (s - config_.step_start) % config_.step_interval != 0;
 }

@@ -20,6 +20,7 @@ class AttentionCacheStage : public Stage {
   AttentionCacheStage(CacheConfig config, int steps, int blocks);
   std::string name() const override { return "cache attention"; }
   void begin_run(const RunInfo& run) override;
+  void restart(const RunInfo& run) override;  // the old model's state dropped, the counts kept
   bool uses_attention() const override { return !bypass_; }
   Tensor attend(const models::StepInfo& step, const models::AttentionIdentity& id, const models::AttentionProjection& project,
                 const Stream& stream, const AttendNext& next) override;

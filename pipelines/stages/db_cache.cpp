@@ -49,6 +49,8 @@ void DbCacheStage::begin_run(const RunInfo& run) {
   cached_steps_.clear();
 }
 
+void DbCacheStage::restart(const RunInfo&) { branches_.clear(); }
+
 DbCacheStage::Decision DbCacheStage::decide(const CacheConfig& c, int step, double diff, bool have_previous, const Counters& n) {
   if (step < c.warmup) return {false, "warm-up"};
   if (c.max_cached >= 0 && n.cached_steps >= c.max_cached) return {false, "max cached steps"};

@@ -27,6 +27,7 @@ class DbCacheStage : public Stage {
   explicit DbCacheStage(CacheConfig config);
   std::string name() const override;  // "cache db F8B0" (+ " TaylorSeer 2")
   void begin_run(const RunInfo& run) override;
+  void restart(const RunInfo& run) override;  // the old model's state dropped, the counts kept
   bool uses_blocks() const override { return true; }
   models::BlockState run_block(const models::StepInfo& step, const models::BlockIdentity& id, const models::BlockState& in,
                                const models::BlockCompute& compute, const Stream& stream) override;

@@ -12,6 +12,8 @@ void DiTBlockCacheStage::begin_run(const RunInfo&) {
   replayed_spans_ = 0;
 }
 
+void DiTBlockCacheStage::restart(const RunInfo&) { kept_.clear(); }
+
 bool DiTBlockCacheStage::compute_step(int s) const {
   return s >= config_.step_start && (s - config_.step_start) % config_.step_interval == 0;
 }

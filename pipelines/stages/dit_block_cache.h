@@ -22,6 +22,7 @@ class DiTBlockCacheStage : public Stage {
   DiTBlockCacheStage(CacheConfig config, int steps, int blocks);
   std::string name() const override { return "cache dit-block"; }
   void begin_run(const RunInfo& run) override;
+  void restart(const RunInfo& run) override;  // the old model's state dropped, the counts kept
   bool uses_blocks() const override { return !bypass_; }
   models::BlockState run_block(const models::StepInfo& step, const models::BlockIdentity& id, const models::BlockState& in,
                                const models::BlockCompute& compute, const Stream& stream) override;

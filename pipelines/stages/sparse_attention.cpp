@@ -71,6 +71,8 @@ void SparseAttentionStage::begin_run(const RunInfo& run) {
   estimates_ = sparse_calls_ = 0;
 }
 
+void SparseAttentionStage::restart(const RunInfo&) { masks_.clear(); }
+
 void SparseAttentionStage::before_step(const models::StepInfo& step) {
   if (step.index >= static_cast<int>(uses_.size())) {
     uses_.resize(static_cast<std::size_t>(step.index) + 1);

@@ -44,6 +44,7 @@ class SparseAttentionStage : public Stage {
   void check_steps(int steps) const;
   const SparseConfig& config() const { return config_; }
   void begin_run(const RunInfo& run) override;
+  void restart(const RunInfo& run) override;  // the old model's state dropped, the counts kept
   void before_step(const models::StepInfo& step) override;
   bool uses_attention() const override { return true; }
   Tensor attend(const models::StepInfo& step, const models::AttentionIdentity& id, const models::AttentionProjection& project,

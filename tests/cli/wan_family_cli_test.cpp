@@ -103,6 +103,48 @@ TEST_F(WanFamilyCli, TwoExpertsRunAndReport) {
   EXPECT_NE(off.err.find("transformer/ runs 2 step(s), transformer_2/ 2 (CFG off)"), std::string::npos) << off.err;
 }
 
+// At the switch the stages drop what they hold of the first expert and keep the run's counts:
+// sparse masks estimated once per run (--sparse-mask-refresh 4) are estimated again when
+// transformer_2/ takes over at step 2, and the report still has step 0's estimates.
+TEST_F(WanFamilyCli, StagesStartOverAtTheExpertSwitchAndKeepTheirCounts) {
+  const std::string json = (dir_ / "s.json").string();
+  const auto r = run({"t2v",
+                      "--model",
+                      data("wan22_tiny_a14b"),
+                      "--prompt",
+                      "a red circle moving right",
+                      "--frames",
+                      "9",
+                      "--width",
+                      "48",
+                      "--height",
+                      "32",
+                      "--steps",
+                      "4",
+                      "--sparse",
+                      "rf_v2",
+                      "--sparse-mask-refresh",
+                      "4",
+                      "--out",
+                      (dir_ / "s.avi").string(),
+                      "--json",
+                      json});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto stages = nlohmann::json::parse(read_file(json))["stages"];
+  bool found = false;
+  for (const auto& stage : stages)
+    if (stage["settings"].contains("mask_estimates_per_step")) {
+      found = true;
+      const auto& per_step = stage["settings"]["mask_estimates_per_step"];
+      ASSERT_EQ(per_step.size(), 4u) << stage;
+      EXPECT_GT(per_step[0].get<int>(), 0) << stage;  // the first expert's, kept in the report
+      EXPECT_EQ(per_step[1].get<int>(), 0) << stage;
+      EXPECT_EQ(per_step[2].get<int>(), per_step[0].get<int>()) << stage;  // the second expert's own masks
+      EXPECT_EQ(per_step[3].get<int>(), 0) << stage;
+    }
+  EXPECT_TRUE(found) << stages;
+}
+
 // The packed cache holds both experts' panels: the second run maps every Linear of both and
 // packs none of them, with the frames of a run without the cache.
 TEST_F(WanFamilyCli, PackedCacheHoldsBothExperts) {
