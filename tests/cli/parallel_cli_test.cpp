@@ -205,30 +205,8 @@ TEST_F(ParallelCli, DegreesMustMatchTheRanksBeforeAnyWork) {
 // Two experts (the tiny Wan2.2 A14B): tensor parallel cuts both experts by the one plan; the
 // lossless frames stay within 2 levels of one device's.
 TEST_F(ParallelCli, TwoExpertsUnderTensorParallelDrawTheOneDeviceFrames) {
-  const std::vector<std::string> t2v = {"t2v",
-                                        "--model",
-                                        (kData / "wan22_tiny_a14b").string(),
-                                        "--prompt",
-                                        "a red circle moving right",
-                                        "--frames",
-                                        "9",
-                                        "--width",
-                                        "48",
-                                        "--height",
-                                        "32",
-                                        "--steps",
-                                        "4",
-                                        "--seed",
-                                        "5"};
-  const auto frames = [&](const std::string& name) {
-    std::vector<cubevec::media::RgbImage> out;
-    for (int i = 0; i < 9; ++i) {
-      char file[32];
-      std::snprintf(file, sizeof file, "/frame_%05d.png", i);
-      out.push_back(cubevec::media::read_png((dir_ / name).string() + file));
-    }
-    return out;
-  };
+  const std::vector<std::string>& t2v = cubevec_cli_test::kTinyA14bRun;
+  const auto frames = [&](const std::string& name) { return cubevec_cli_test::read_frames((dir_ / name).string(), 9); };
   ASSERT_EQ(run(with(t2v, {"--out", (dir_ / "one.avi").string(), "--frames-dir", (dir_ / "one").string()})).status, 0);
   const auto tp = run_mpi(2, with(t2v, {"--tp", "2", "--out", (dir_ / "tp.avi").string(), "--frames-dir", (dir_ / "tp").string()}), dir_);
   ASSERT_EQ(tp.status, 0) << tp.err;

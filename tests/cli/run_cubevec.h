@@ -9,12 +9,15 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "media/png.h"
 
 namespace cubevec_cli_test {
 
@@ -26,6 +29,33 @@ inline const std::string kTinyWan = std::string(CUBEVEC_SOURCE_DIR) + "/assets/t
 inline const std::string kFlux = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/flux_tiny";
 inline const std::string kWan = std::string(CUBEVEC_SOURCE_DIR) + "/tests/data/wan_tiny";
 inline const fs::path kData = fs::path(CUBEVEC_SOURCE_DIR) / "tests" / "data";
+// The tiny two-expert model (Wan2.2 A14B's layout) at its test size: 4 steps, 2 per expert.
+inline const std::vector<std::string> kTinyA14bRun = {"t2v",
+                                                      "--model",
+                                                      (kData / "wan22_tiny_a14b").string(),
+                                                      "--prompt",
+                                                      "a red circle moving right",
+                                                      "--frames",
+                                                      "9",
+                                                      "--width",
+                                                      "48",
+                                                      "--height",
+                                                      "32",
+                                                      "--steps",
+                                                      "4",
+                                                      "--seed",
+                                                      "5"};
+
+// DIR/frame_00000.png ... of `count` frames (what --frames-dir writes).
+inline std::vector<cubevec::media::RgbImage> read_frames(const std::string& dir, int count) {
+  std::vector<cubevec::media::RgbImage> frames;
+  for (int i = 0; i < count; ++i) {
+    char name[32];
+    std::snprintf(name, sizeof name, "/frame_%05d.png", i);
+    frames.push_back(cubevec::media::read_png(dir + name));
+  }
+  return frames;
+}
 
 inline void write_text(const fs::path& path, const std::string& text) { std::ofstream(path, std::ios::binary | std::ios::trunc) << text; }
 

@@ -34,15 +34,19 @@ std::string write_embeds(const fs::path& dir, const std::string& golden_case, co
   return path;
 }
 
+// The tiny two-expert run with `extra` flags.
+std::vector<std::string> a14b_run(const std::vector<std::string>& extra) {
+  std::vector<std::string> args = cubevec_cli_test::kTinyA14bRun;
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
 // The frames the command wrote losslessly must be the library's for the same request.
 void expect_same_frames(const std::string& frames_dir, const std::vector<cubevec::media::RgbImage>& library) {
   ASSERT_FALSE(library.empty());
   ASSERT_EQ(library.size(), 9u);
-  for (std::size_t i = 0; i < library.size(); ++i) {
-    char name[32];
-    std::snprintf(name, sizeof name, "/frame_%05zu.png", i);
-    EXPECT_EQ(cubevec::media::read_png(frames_dir + name).pixels, library[i].pixels) << name;
-  }
+  const auto written = cubevec_cli_test::read_frames(frames_dir, 9);
+  for (std::size_t i = 0; i < library.size(); ++i) EXPECT_EQ(written[i].pixels, library[i].pixels) << "frame " << i;
 }
 
 TEST_F(WanFamilyCli, TwoExpertsRunAndReport) {
@@ -108,27 +112,7 @@ TEST_F(WanFamilyCli, TwoExpertsRunAndReport) {
 // transformer_2/ takes over at step 2, and the report still has step 0's estimates.
 TEST_F(WanFamilyCli, StagesStartOverAtTheExpertSwitchAndKeepTheirCounts) {
   const std::string json = (dir_ / "s.json").string();
-  const auto r = run({"t2v",
-                      "--model",
-                      data("wan22_tiny_a14b"),
-                      "--prompt",
-                      "a red circle moving right",
-                      "--frames",
-                      "9",
-                      "--width",
-                      "48",
-                      "--height",
-                      "32",
-                      "--steps",
-                      "4",
-                      "--sparse",
-                      "rf_v2",
-                      "--sparse-mask-refresh",
-                      "4",
-                      "--out",
-                      (dir_ / "s.avi").string(),
-                      "--json",
-                      json});
+  const auto r = run(a14b_run({"--sparse", "rf_v2", "--sparse-mask-refresh", "4", "--out", (dir_ / "s.avi").string(), "--json", json}));
   ASSERT_EQ(r.status, 0) << r.err;
   const auto stages = nlohmann::json::parse(read_file(json))["stages"];
   bool found = false;
@@ -149,19 +133,7 @@ TEST_F(WanFamilyCli, StagesStartOverAtTheExpertSwitchAndKeepTheirCounts) {
 // packs none of them, with the frames of a run without the cache.
 TEST_F(WanFamilyCli, PackedCacheHoldsBothExperts) {
   const std::string cache = (dir_ / "cache").string();
-  const std::vector<std::string> t2v = {"t2v",      data("wan22_tiny_a14b"),
-                                        "--prompt", "a red circle moving right",
-                                        "--frames", "9",
-                                        "--width",  "48",
-                                        "--height", "32",
-                                        "--steps",  "4",
-                                        "--seed",   "5"};
-  const auto with = [&](std::vector<std::string> extra) {
-    std::vector<std::string> args = t2v;
-    args.insert(args.begin() + 1, "--model");
-    args.insert(args.end(), extra.begin(), extra.end());
-    return run(args);
-  };
+  const auto with = [&](const std::vector<std::string>& extra) { return run(a14b_run(extra)); };
   ASSERT_EQ(with({"--out", (dir_ / "plain.avi").string()}).status, 0);
   ASSERT_EQ(with({"--out", (dir_ / "first.avi").string(), "--packed-cache", cache}).status, 0);
   const auto second = with({"--out", (dir_ / "second.avi").string(), "--packed-cache", cache, "--json", (dir_ / "s.json").string()});
@@ -197,27 +169,8 @@ TEST_F(WanFamilyCli, EachExpertTakesItsOwnQuantization) {
   EXPECT_NE(linked.err.find("transformer_2 is a symbolic link"), std::string::npos) << linked.err;
   EXPECT_TRUE(fs::is_empty(dir_ / "elsewhere"));
   const auto t2v = [&](const std::vector<std::string>& quant, const std::string& name) {
-    std::vector<std::string> args = {"t2v",
-                                     "--model",
-                                     model,
-                                     "--prompt",
-                                     "a red circle moving right",
-                                     "--frames",
-                                     "9",
-                                     "--width",
-                                     "48",
-                                     "--height",
-                                     "32",
-                                     "--steps",
-                                     "4",
-                                     "--seed",
-                                     "5",
-                                     "--out",
-                                     (dir_ / (name + ".avi")).string(),
-                                     "--json",
-                                     (dir_ / (name + ".json")).string(),
-                                     "--frames-dir",
-                                     (dir_ / name).string()};
+    std::vector<std::string> args = a14b_run(
+        {"--out", (dir_ / (name + ".avi")).string(), "--json", (dir_ / (name + ".json")).string(), "--frames-dir", (dir_ / name).string()});
     args.insert(args.end(), quant.begin(), quant.end());
     return run(args);
   };
@@ -235,16 +188,14 @@ TEST_F(WanFamilyCli, EachExpertTakesItsOwnQuantization) {
   ASSERT_EQ(t2v({}, "float").status, 0);
   double squared = 0;
   std::size_t values = 0;
-  for (int i = 0; i < 9; ++i) {
-    char name[32];
-    std::snprintf(name, sizeof name, "/frame_%05d.png", i);
-    const auto a = cubevec::media::read_png((dir_ / "both").string() + name),
-               f = cubevec::media::read_png((dir_ / "float").string() + name);
-    for (std::size_t k = 0; k < a.pixels.size(); ++k) {
-      squared += (double(a.pixels[k]) - double(f.pixels[k])) * (double(a.pixels[k]) - double(f.pixels[k]));
+  const auto quantized = cubevec_cli_test::read_frames((dir_ / "both").string(), 9);
+  const auto plain = cubevec_cli_test::read_frames((dir_ / "float").string(), 9);
+  for (std::size_t i = 0; i < quantized.size(); ++i)
+    for (std::size_t k = 0; k < quantized[i].pixels.size(); ++k) {
+      const double d = double(quantized[i].pixels[k]) - double(plain[i].pixels[k]);
+      squared += d * d;
       ++values;
     }
-  }
   const double mse = squared / static_cast<double>(values);
   EXPECT_GT(mse, 0.0) << "the quantized run gave the float frames";
   EXPECT_GE(10.0 * std::log10(255.0 * 255.0 / mse), 30.0) << "int8 frames vs float, PSNR in dB (mse " << mse << ")";

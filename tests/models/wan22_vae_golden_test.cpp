@@ -74,28 +74,8 @@ double check(const Tensor& got, const Tensor& want, double rel, const std::strin
   return worst / scale;
 }
 
-// Wan2.2's vae/config.json (convert_wan_to_diffusers.py's vae22 values; the 48 latents_mean /
-// latents_std are placeholders here, only their count matters).
-nlohmann::json wan22_config() {
-  return {{"_class_name", "AutoencoderKLWan"},
-          {"attn_scales", nlohmann::json::array()},
-          {"base_dim", 160},
-          {"decoder_base_dim", 256},
-          {"z_dim", 48},
-          {"dim_mult", {1, 2, 4, 4}},
-          {"num_res_blocks", 2},
-          {"temperal_downsample", {false, true, true}},
-          {"dropout", 0.0},
-          {"latents_mean", std::vector<double>(48, 0.0)},
-          {"latents_std", std::vector<double>(48, 1.0)},
-          {"is_residual", true},
-          {"in_channels", 12},
-          {"out_channels", 12},
-          {"patch_size", 2},
-          {"scale_factor_spatial", 16},
-          {"scale_factor_temporal", 4},
-          {"clip_output", false}};
-}
+// Wan2.2's vae/config.json: the shipped full-size config (convert_wan_to_diffusers.py's vae22 values).
+nlohmann::json wan22_config() { return read_json_file(std::string(CUBEVEC_SOURCE_DIR) + "/assets/configs/wan2.2-ti2v-5b/vae/config.json"); }
 
 // --- config -----------------------------------------------------------------------------------------
 

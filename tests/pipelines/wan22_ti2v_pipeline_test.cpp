@@ -17,6 +17,7 @@
 #include "pipelines/wan_t2v.h"
 #include "tensor/safetensors.h"
 
+#include "common/scratch_model.h"
 #include "common/tensor_testing.h"
 
 namespace cubevec {
@@ -131,40 +132,16 @@ TEST(Wan22TI2VPipeline, OptionErrorsNameTheFlag) {
   EXPECT_NE(message_of([&] { ti2v().check(o, true); }).find("positive multiples of 16 (the VAE's scale), got 88x64"), std::string::npos);
 }
 
-// A copy of the tiny TI2V folder to break.
-struct ScratchModel {
-  fs::path dir;
-  ScratchModel() {
-    dir = fs::temp_directory_path() / ("cubevec_wan22_ti2v_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
-                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir);
-    fs::copy(data_path("wan22_ti2v_tiny"), dir, fs::copy_options::recursive);
-  }
-  ~ScratchModel() { fs::remove_all(dir); }
-  std::string read(const std::string& rel) const {
-    std::string text(fs::file_size(dir / rel), '\0');
-    std::ifstream(dir / rel).read(text.data(), static_cast<std::streamsize>(text.size()));
-    return text;
-  }
-  void write(const std::string& rel, const std::string& text) const { std::ofstream(dir / rel) << text; }
-  void replace(const std::string& rel, const std::string& from, const std::string& to) const {
-    std::string text = read(rel);
-    const auto at = text.find(from);
-    ASSERT_NE(at, std::string::npos) << from << " in " << text;
-    write(rel, text.replace(at, from.size(), to));
-  }
-};
-
 TEST(Wan22TI2VPipeline, FolderErrorsNameWhatIsWrong) {
   {
-    ScratchModel m;
+    ScratchModel m("wan22_ti2v_tiny");
     m.replace("model_index.json", "\"expand_timesteps\": true", "\"expand_timesteps\": \"yes\"");
     EXPECT_NE(message_of([&] { pipelines::WanT2VPipeline::load_meta(m.dir.string()); }).find("'expand_timesteps' must be true or false"),
               std::string::npos);
   }
   {
     // diffusers' per-token rule takes every second latent row and column: the patch must be (1, 2, 2).
-    ScratchModel m;
+    ScratchModel m("wan22_ti2v_tiny");
     const std::string config = m.read("transformer/config.json");
     const auto at = config.find("\"patch_size\"");
     ASSERT_NE(at, std::string::npos) << config;
@@ -174,7 +151,7 @@ TEST(Wan22TI2VPipeline, FolderErrorsNameWhatIsWrong) {
   }
   {
     // Without expand_timesteps the same folder is plain text-to-video: a picture is refused.
-    ScratchModel m;
+    ScratchModel m("wan22_ti2v_tiny");
     m.replace("model_index.json", "\"expand_timesteps\": true", "\"expand_timesteps\": false");
     const pipelines::WanT2VPipeline p = pipelines::WanT2VPipeline::load_meta(m.dir.string());
     EXPECT_FALSE(p.text_image_to_video());

@@ -19,6 +19,7 @@
 #include "pipelines/wan_t2v.h"
 #include "tensor/safetensors.h"
 
+#include "common/scratch_model.h"
 #include "common/tensor_testing.h"
 
 namespace cubevec {
@@ -195,19 +196,6 @@ TEST(WanI2VPipeline, OffloadKeepsOnlyTheActiveExpert) {
   }
 }
 
-// A copy of a tiny model folder to break.
-struct ScratchModel {
-  fs::path dir;
-  explicit ScratchModel(const std::string& from) {
-    dir = fs::temp_directory_path() / ("cubevec_wan_i2v_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
-                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir);
-    fs::copy(data_path(from), dir, fs::copy_options::recursive);
-  }
-  ~ScratchModel() { fs::remove_all(dir); }
-  void write(const std::string& rel, const std::string& text) const { std::ofstream(dir / rel) << text; }
-};
-
 TEST(WanI2VPipeline, FolderErrorsNameWhatIsWrong) {
   {
     ScratchModel m("wan22_tiny_a14b");
@@ -233,23 +221,13 @@ TEST(WanI2VPipeline, FolderErrorsNameWhatIsWrong) {
   }
   {
     ScratchModel m("wan22_tiny_a14b");
-    const fs::path path = m.dir / "transformer_2" / "config.json";
-    std::string config(fs::file_size(path), '\0');
-    std::ifstream(path).read(config.data(), static_cast<std::streamsize>(config.size()));
-    const auto at = config.find("\"text_dim\": 24");
-    ASSERT_NE(at, std::string::npos) << config;
-    m.write("transformer_2/config.json", config.replace(at, 15, "\"text_dim\": 16"));
+    m.replace("transformer_2/config.json", "\"text_dim\": 24", "\"text_dim\": 16");
     EXPECT_NE(message_of([&] { pipelines::WanT2VPipeline::load_meta(m.dir.string()); }).find("text_dim is 24 and 16"), std::string::npos);
   }
   {
     // One module tree: a second expert of another depth is refused (offload and tensor parallel plan both alike).
     ScratchModel m("wan22_tiny_a14b");
-    const fs::path path = m.dir / "transformer_2" / "config.json";
-    std::string config(fs::file_size(path), '\0');
-    std::ifstream(path).read(config.data(), static_cast<std::streamsize>(config.size()));
-    const auto at = config.find("\"num_layers\": 2");
-    ASSERT_NE(at, std::string::npos) << config;
-    m.write("transformer_2/config.json", config.replace(at, 15, "\"num_layers\": 1"));
+    m.replace("transformer_2/config.json", "\"num_layers\": 2", "\"num_layers\": 1");
     EXPECT_NE(message_of([&] { pipelines::WanT2VPipeline::load_meta(m.dir.string()); }).find("num_layers is 2 and 1"), std::string::npos);
   }
   // The image processor must make the encoder's picture size, with finite settings: refused at load.
