@@ -22,9 +22,9 @@ ModelledCost model_kernel(const DeviceProfile& profile, const KernelDesc& kernel
   }
   const bool cube = kernel.unit == Unit::cube;
   if (kernel.flops > 0) {
-    const double efficiency =
-        !cube ? profile.vector_efficiency
-              : (kernel.scores > 0 ? profile.attention_efficiency : profile.cube_efficiency) * tile_efficiency(profile, kernel.cube_work);
+    const double efficiency = !cube ? profile.vector_efficiency
+                                    : (kernel.scores > 0 ? profile.attention_efficiency_at(kernel.key_length) : profile.cube_efficiency) *
+                                          tile_efficiency(profile, kernel.cube_work);
     cost.compute_s = kernel.flops / (profile.peak_tflops(cube, kernel.dtype) * 1e12 * efficiency);
   }
   if (cube && kernel.scores > 0 && profile.attention_vector_ops > 0) {

@@ -5,7 +5,8 @@
 //
 // compute, with the profile's "kernels" figures (otherwise every efficiency is 1):
 //  - Cube: FLOPs / (peak for the dtype x class efficiency x tile efficiency). The class efficiency
-//    is cube_efficiency for GEMMs and convolutions, attention_efficiency for attention. The tile
+//    is cube_efficiency for GEMMs and convolutions, attention_efficiency for attention (by its key
+//    length when the profile has "attention_keys": DeviceProfile::attention_efficiency_at). The tile
 //    efficiency counts the padding of the last tile and the idle cores of the last wave: a kernel's
 //    `batches` x ceil(m / tile_m) x ceil(n / tile_n) tiles run in waves of ai_cores, so
 //    useful work / (waves x ai_cores x tile area).

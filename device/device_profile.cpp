@@ -63,6 +63,7 @@ class FieldReader {
     return table;
   }
   FieldReader object(const std::string& key) { return FieldReader(get(key), where_ + "." + key); }
+  bool has(const std::string& key) const { return object_.contains(key); }
   void reject_unknown() const {
     for (const auto& [key, value] : object_.items())
       if (!seen_.count(key)) throw Error(where_ + ": unknown field \"" + key + "\"");
@@ -148,11 +149,31 @@ DeviceProfile parse_device_profile(const std::string& json_text, const std::stri
     p.cube_tile_m = static_cast<int>(tile[0].get<uint64_t>());
     p.cube_tile_n = static_cast<int>(tile[1].get<uint64_t>());
     p.attention_vector_ops = kernels.number_in("attention_vector_ops", 0, 1e3, "operations per score");
+    if (kernels.has("attention_keys")) {  // optional: profiles without it keep one efficiency
+      FieldReader keys = kernels.object("attention_keys");
+      auto& k = p.attention_keys;
+      k.reference = keys.number_in("reference", 1, 1e9, "keys");
+      k.half_rate = keys.number_in("half_rate", 0, 1e9, "keys");
+      k.shortest = keys.number_in("shortest", 1, 1e9, "keys");
+      k.longest = keys.number_in("longest", 1, 1e9, "keys");
+      keys.reject_unknown();
+      if (!(k.shortest <= k.reference && k.reference <= k.longest))
+        throw Error(source + ".kernels.attention_keys: expected shortest <= reference <= longest, got " + std::to_string(k.shortest) +
+                    ", " + std::to_string(k.reference) + ", " + std::to_string(k.longest));
+    }
     p.host_issue_us = kernels.number_in("host_issue_us", 0, 1e6, "microseconds");
     kernels.reject_unknown();
   }
   top.reject_unknown();
   return p;
+}
+
+double DeviceProfile::attention_efficiency_at(int64_t key_length) const {
+  const AttentionKeys& k = attention_keys;
+  if (k.reference <= 0 || key_length <= 0) return attention_efficiency;
+  const auto rate = [&](double keys) { return keys / (keys + k.half_rate); };
+  const double keys = std::clamp(static_cast<double>(key_length), k.shortest, k.longest);
+  return std::min(1.0, attention_efficiency * rate(keys) / rate(k.reference));
 }
 
 DeviceProfile load_device_profile(const std::string& path) { return parse_device_profile(read_regular_file(path), path); }

@@ -43,7 +43,16 @@ struct DeviceProfile {
   double vector_efficiency = 1;          // a Vector kernel's fraction of the Vector peak
   int cube_tile_m = 0, cube_tile_n = 0;  // one AI core's output tile (0: no quantization)
   double attention_vector_ops = 0;       // Vector operations per attention score (the online softmax)
-  double host_issue_us = 0;              // host time to issue one kernel to a stream (eager launch)
+  // Optional ("attention_keys"): attention's efficiency by its key length S, the kernel's inner
+  // loop: attention_efficiency x g(S) / g(reference) with g(S) = S / (S + half_rate), S clamped to
+  // [shortest, longest], the range the figures behind half_rate were measured over. reference = 0:
+  // one efficiency for every length.
+  struct AttentionKeys {
+    double reference = 0, half_rate = 0, shortest = 0, longest = 0;
+  } attention_keys;
+  // attention_efficiency at `key_length` keys (0: unknown, the reference efficiency).
+  double attention_efficiency_at(int64_t key_length) const;
+  double host_issue_us = 0;  // host time to issue one kernel to a stream (eager launch)
 
   // Peak of `unit` for `dtype`; throws naming the profile when it has no figure for that dtype.
   double peak_tflops(bool cube, DType dtype) const;

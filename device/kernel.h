@@ -25,6 +25,9 @@ struct KernelDesc {
     int64_t batches = 0, m = 0, n = 0;
   } cube_work{};
   double scores = 0;  // attention: score elements, whose softmax runs on the Vector cores (a mixed kernel)
+  // Attention: the keys each query attends to (the kernel's inner loop), which its modelled
+  // efficiency depends on (DeviceProfile::attention_keys); 0: unknown (no length dependence).
+  int64_t key_length = 0;
   // A comm-unit kernel's link: to another card (peer_gbps + peer_latency_us) or to the host
   // (host_gbps: weight streaming's host-to-device copies).
   enum class Link : uint8_t { peer, host };

@@ -176,6 +176,7 @@ KernelDesc cube_desc(const Inputs& in, double flops, bool materialized) {
   if (materialized) bytes += 3.0 * 4.0 * static_cast<double>(in.batch * in.heads) * static_cast<double>(in.sq * in.sk);
   KernelDesc desc{"", Unit::cube, flops, bytes, in.q.dtype()};  // priced at the activation dtype
   desc.cube_work = {in.batch * in.heads, in.sq, 0};             // tiled by query blocks
+  desc.key_length = in.sk;
   return desc;
 }
 

@@ -123,7 +123,8 @@ TEST_F(SparseCli, T2vWithSparseAttentionAndSimulate) {
   EXPECT_NE(r.err.find("mask estimates (every 2 steps); kept"), std::string::npos) << r.err;
   EXPECT_NE(cubevec_cli_test::read_file(json).find("\"kept_fraction_per_step\""), std::string::npos);
 
-  // The modelled Wan2.1-14B step: cheaper with 80% of the blocks skipped.
+  // The modelled Wan2.1-14B step: cheaper with 80% of the blocks skipped (self-attention is about
+  // 40% of the dense step, so skipping 80% of it saves over a fifth).
   const auto modelled = [&](std::vector<std::string> extra) {
     std::vector<std::string> args = {"t2v",
                                      "--simulate",
@@ -138,14 +139,14 @@ TEST_F(SparseCli, T2vWithSparseAttentionAndSimulate) {
     args.insert(args.end(), extra.begin(), extra.end());
     const auto p = run(args);
     EXPECT_EQ(p.status, 0) << p.err;
-    // "modelled denoising   23.3   (11.646 s/step ...)": the number after the parenthesis.
+    // "modelled denoising   47.6   (23.818 s/step ...)": the number after the parenthesis.
     const std::size_t line = p.err.find("modelled denoising"), open = p.err.find('(', line);
     EXPECT_NE(line, std::string::npos) << p.err;
     return line == std::string::npos || open == std::string::npos ? 0.0 : std::stod(p.err.substr(open + 1));
   };
   const double dense = modelled({}), sparse = modelled({"--sparse", "rf_v2", "--sparsity", "0.8"});
   EXPECT_GT(dense, 0.0);
-  EXPECT_LT(sparse, 0.7 * dense) << "dense " << dense << " s/step, rf_v2 0.8 " << sparse << " s/step";
+  EXPECT_LT(sparse, 0.8 * dense) << "dense " << dense << " s/step, rf_v2 0.8 " << sparse << " s/step";
 }
 
 TEST_F(SparseCli, BadFlagsAndInputsAreOneLineErrors) {

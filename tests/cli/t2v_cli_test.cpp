@@ -180,6 +180,36 @@ TEST_F(T2VCli, SimulateFullSizeWan14B) {
   EXPECT_LT(step, 500.0);
 }
 
+// The modelled self-attention follows its 32,760-key length (the profile's attention_keys): against
+// the same profile without the curve, each self-attention kernel is faster by exactly
+// g(32760) / g(4608) with g(S) = S / (S + 3050), and FLUX's length, the reference, is unchanged.
+TEST_F(T2VCli, SimulatedAttentionFollowsItsKeyLength) {
+  const std::string shipped = std::string(CUBEVEC_SOURCE_DIR) + "/assets/devices/ascend-910b.json";
+  nlohmann::json flat = nlohmann::json::parse(read_file(shipped));
+  ASSERT_TRUE(flat["kernels"].contains("attention_keys"));
+  flat["kernels"].erase("attention_keys");
+  const std::string flat_path = (dir_ / "flat.json").string();
+  std::ofstream(flat_path) << flat.dump();
+  // The longest self-attention kernel's modelled time in a one-step trace.
+  const auto self_attention_us = [&](const std::string& profile, const std::string& tag) {
+    const std::string trace = (dir_ / (tag + ".trace.json")).string();
+    const auto r = run({"t2v", "--simulate", "--model", std::string(CUBEVEC_SOURCE_DIR) + "/assets/configs/wan2.1-t2v-14b", "--steps", "1",
+                        "--device-profile", profile, "--dtype", "bf16", "--trace", trace});
+    EXPECT_EQ(r.status, 0) << r.err;
+    double longest = 0;
+    const nlohmann::json doc = nlohmann::json::parse(read_file(trace));  // named: a range-for over a temporary's member dangles
+    for (const auto& e : doc["traceEvents"])
+      if (e.value("ph", "") == "X" && e["name"].get<std::string>().rfind("attention", 0) == 0 && e.contains("args") &&
+          e["args"].contains("modelled_us"))
+        longest = std::max(longest, e["args"]["modelled_us"].get<double>());
+    return longest;
+  };
+  const double curved = self_attention_us(shipped, "curved"), one_rate = self_attention_us(flat_path, "flat");
+  const auto g = [](double keys) { return keys / (keys + 3050.0); };
+  ASSERT_GT(curved, 0.0);
+  EXPECT_NEAR(one_rate / curved, g(32760) / g(4608), 1e-3) << one_rate << " us against " << curved << " us";
+}
+
 TEST_F(T2VCli, BadInputsAreOneLineErrors) {
   const std::string embeds = write_wan_embeds(dir_, false), with_negative = write_wan_embeds(dir_, true), out = (dir_ / "x.avi").string();
   const struct {

@@ -113,6 +113,19 @@ TEST(DeviceProfile, ErrorsNameTheFieldAndWhatWasExpected) {
   fails(swap(modelled, "[128, 256]", "[0, 256]"), "p.json.kernels.cube_tile: expected [rows, columns]");
   fails(swap(modelled, "\"host_issue_us\": 20", "\"host_issue_us\": -1"), "p.json.kernels.host_issue_us: expected a number from 0");
   fails(swap(modelled, "\"host_issue_us\": 20", "\"host_issue_us\": 20, \"waves\": 1"), "p.json.kernels: unknown field \"waves\"");
+  // The optional attention_keys curve: every field required when present, ordered lengths.
+  const std::string keyed =
+      swap(modelled, "\"host_issue_us\": 20",
+           R"("host_issue_us": 20, "attention_keys": {"reference": 4608, "half_rate": 3050, "shortest": 4096, "longest": 131072})");
+  const DeviceProfile with_keys = parse_device_profile(keyed, "p.json");
+  EXPECT_DOUBLE_EQ(with_keys.attention_keys.half_rate, 3050);
+  EXPECT_DOUBLE_EQ(with_keys.attention_efficiency_at(4608), 0.3);
+  EXPECT_DOUBLE_EQ(k.attention_efficiency_at(32760), 0.3) << "without the curve: one efficiency";
+  fails(swap(keyed, "\"half_rate\": 3050, ", ""), "p.json.kernels.attention_keys: missing required field \"half_rate\"");
+  fails(swap(keyed, "\"reference\": 4608", "\"reference\": 200000"),
+        "p.json.kernels.attention_keys: expected shortest <= reference <= longest");
+  fails(swap(keyed, "\"longest\": 131072", "\"longest\": 131072, \"dim\": 128"), "p.json.kernels.attention_keys: unknown field \"dim\"");
+  fails(swap(keyed, "\"half_rate\": 3050", "\"half_rate\": -1"), "p.json.kernels.attention_keys.half_rate: expected a number from 0");
 }
 
 TEST(DeviceProfile, CommunicationIsModelledOnlyFromLinkFigures) {

@@ -82,6 +82,33 @@ TEST(CostModel, KernelClassesGetTheirEfficiencyAndAttentionTheLongerOfItsTwoUnit
   EXPECT_DOUBLE_EQ(model_kernel(p, norm).compute_s, 1e9 / (10e12 * 0.8));
 }
 
+// With "attention_keys", attention's efficiency follows S / (S + half_rate) relative to the
+// reference length, clamped to the measured range; GEMMs and unknown lengths keep their figure.
+TEST(CostModel, AttentionEfficiencyFollowsItsKeyLength) {
+  DeviceProfile p = kernel_model_profile();
+  p.attention_keys = {4000, 1000, 2000, 64000};  // reference, half_rate, shortest, longest
+  KernelDesc attention{"attention", Unit::cube, 1e12, 0, DType::bf16};
+  attention.cube_work = {4, 64, 0};
+  attention.scores = 1;  // the Cube side is the longer
+  const auto seconds_at = [&](int64_t keys) {
+    attention.key_length = keys;
+    return model_kernel(p, attention).compute_s;
+  };
+  const double at_reference = 1e12 / (100e12 * 0.25);
+  EXPECT_DOUBLE_EQ(seconds_at(4000), at_reference);
+  EXPECT_DOUBLE_EQ(seconds_at(0), at_reference) << "unknown length: the reference efficiency";
+  // 16,000 keys: (16000 / 17000) / (4000 / 5000) = 1.1765 x the reference efficiency.
+  EXPECT_DOUBLE_EQ(seconds_at(16000), 1e12 / (100e12 * 0.25 * (16000.0 / 17000) / (4000.0 / 5000)));
+  EXPECT_DOUBLE_EQ(seconds_at(500), seconds_at(2000)) << "below the measured range: clamped to its shortest";
+  EXPECT_DOUBLE_EQ(seconds_at(1000000), seconds_at(64000)) << "above it: clamped to its longest";
+  EXPECT_GT(seconds_at(2000), at_reference);
+  p.attention_efficiency = 0.9;  // never above the peak, whatever the curve says
+  EXPECT_DOUBLE_EQ(seconds_at(64000), 1e12 / 100e12);
+  KernelDesc gemm{"gemm", Unit::cube, 1e12, 0, DType::bf16};
+  gemm.key_length = 64000;  // ignored: not attention
+  EXPECT_DOUBLE_EQ(model_kernel(p, gemm).compute_s, 1e12 / (100e12 * 0.5));
+}
+
 TEST(CostModel, HostIssueClockHoldsBackKernelsShorterThanTheirIssue) {
   DeviceProfile p = kernel_model_profile();
   p.host_issue_us = 100;
