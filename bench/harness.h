@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "ops/gemm/int8.h"
+
 namespace cubevec::bench {
 
 struct Timing {
@@ -29,6 +31,11 @@ struct Machine {
   double vnni_peak_gops = 0;        // AVX512-VNNI int8 peak (2 ops per product), all threads; 0 without it
   double bf16_dot_peak_gflops = 0;  // AVX512-BF16 vdpbf16ps peak, all threads; 0 without it
   double amx_peak_gflops = 0;       // AMX-BF16 tdpbf16ps peak, all threads; 0 without it
+  double amx_int8_peak_gops = 0;    // AMX-INT8 tdpbusd peak (2 ops per product), all threads; 0 without it
+  // The int8 peak of `kernel`'s instructions (AMX-INT8 or VNNI; 0 for the portable kernel).
+  double int8_peak_gops(ops::gemm::Int8Isa kernel) const {
+    return kernel == ops::gemm::Int8Isa::amx ? amx_int8_peak_gops : kernel == ops::gemm::Int8Isa::portable ? 0 : vnni_peak_gops;
+  }
 };
 
 // Measures FMA peak (with the widest vectors the CPU has) and triad bandwidth; takes ~2 s.

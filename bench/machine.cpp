@@ -14,7 +14,8 @@
 
 namespace cubevec::bench {
 
-float amx_loop(long iterations);  // machine_amx.cpp
+float amx_loop(long iterations);     // machine_amx.cpp
+int amx_int8_loop(long iterations);  // machine_amx.cpp
 
 namespace {
 
@@ -142,6 +143,8 @@ Machine measure_machine() {
   if (avx512 && __builtin_cpu_supports("avx512vnni")) m.vnni_peak_gops = vnni_gops(m.threads);
   if (ops::gemm::has_bf16_dot()) m.bf16_dot_peak_gflops = peak_rate(m.threads, 20'000'000, kChains * 16 * 2 * 2, bf16_dot_loop);
   if (ops::gemm::amx_ready()) m.amx_peak_gflops = peak_rate(m.threads, 2'000'000, 4 * 16 * 16 * 32 * 2, amx_loop);
+  if (ops::gemm::int8_isa_supported(ops::gemm::Int8Isa::amx))
+    m.amx_int8_peak_gops = peak_rate(m.threads, 2'000'000, 4 * 16 * 16 * 64 * 2, amx_int8_loop);
   return m;
 }
 

@@ -1,5 +1,6 @@
-// The AMX-BF16 peak loop, compiled with -mamx-tile -mamx-bf16 (bench/CMakeLists.txt) and called
-// only where ops::gemm::amx_ready() granted the tile state.
+// The AMX-BF16 and AMX-INT8 peak loops, compiled with -mamx-tile -mamx-bf16 -mamx-int8
+// (bench/CMakeLists.txt) and called only where ops::gemm::amx_ready() granted the tile state (the
+// int8 one only where ops::gemm::int8_isa_supported(Int8Isa::amx)).
 #include <immintrin.h>
 
 #include <cstdint>
@@ -40,6 +41,32 @@ float amx_loop(long iterations) {
     _tile_dpbf16ps(1, 4, 7);
     _tile_dpbf16ps(2, 5, 6);
     _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, out, 64);
+  return out[0];
+}
+
+// Four independent tdpbusd chains (each 16 x 16 outputs x 64 u8 x s8 products = 32,768 int ops).
+int amx_int8_loop(long iterations) {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
+  _tile_loadconfig(&config);
+  alignas(64) static thread_local uint8_t operand[16 * 64];
+  for (int i = 0; i < 16 * 64; ++i) operand[i] = 1;
+  alignas(64) static thread_local int32_t out[16 * 16];
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, operand, 64);
+  _tile_loadd(5, operand, 64);
+  _tile_loadd(6, operand, 64);
+  _tile_loadd(7, operand, 64);
+  for (long i = 0; i < iterations; ++i) {
+    _tile_dpbusd(0, 4, 6);
+    _tile_dpbusd(1, 4, 7);
+    _tile_dpbusd(2, 5, 6);
+    _tile_dpbusd(3, 5, 7);
   }
   _tile_stored(0, out, 64);
   return out[0];

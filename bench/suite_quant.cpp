@@ -1,8 +1,8 @@
 // Suite `quant`: the int8 path against the float one, in the same run.
-//   * the int8 GEMM (u8 x s8 -> s32, VNNI) at the `gemm` shapes, GOP/s and the fraction of the
-//     VNNI peak measured in this run, beside cubevec's f32 and bf16 GEMMs and the per-token
+//   * the int8 GEMM (u8 x s8 -> s32, AMX-INT8 or VNNI) at the `gemm` shapes, GOP/s and the fraction
+//     of its kernel's peak (AMX-INT8 or VNNI) measured in this run, beside cubevec's f32 and bf16 GEMMs and the per-token
 //     activation quantization (the Vector kernel that feeds it); then every int8 variant the
-//     calibration weighs (each VNNI kernel at each L2 share), the chosen one's impl ending in " *";
+//     calibration weighs (each int8 kernel at each L2 share), the chosen one's impl ending in " *";
 //   * one Flux double and one single block (the `blocks` shapes) with W8A16, W8A8_DYNAMIC and W8A8
 //     against the f32 block;
 //   * the shipped tinyflux with each algorithm, exported here from a calibration run on its
@@ -64,7 +64,8 @@ void int8_variant_rows(Context& context, const Device& device, const ops::Quanti
     r.dtype = "i8";
     r.timing = arena.execute([&] { return time_runs([&] { g::gemm_int8_variant(p, threads, variant.l2_share); }, runs); });
     r.gflops = ops_count / r.timing.median_s / 1e9;
-    r.peak_fraction = context.machine.vnni_peak_gops > 0 ? r.gflops / context.machine.vnni_peak_gops : 0;
+    const double peak = context.machine.int8_peak_gops(*variant.int8);
+    r.peak_fraction = peak > 0 ? r.gflops / peak : 0;
     r.extra["chosen"] = chosen ? 1 : 0;
     for (const auto& rate : entry.considered)
       if (rate.variant == variant) r.extra["calibration_gops"] = rate.gflops;
@@ -103,7 +104,7 @@ void gemm_cases(Context& context, Device& device) {
           time_runs([&] { ops::matmul(a, w, o, s).data_ptr(); }, runs), context.machine.fma_peak_gflops);
     }
     row("int8 gemm", "i8", time_runs([&] { ops::matmul_int8(qa, packed, {.col_scale = q.weight_scale}, s).data_ptr(); }, runs),
-        context.machine.vnni_peak_gops);
+        context.machine.int8_peak_gops(packed->isa));
     int8_variant_rows(context, device, qa, q, name, ops_count, runs);
     const Timing quantize = time_runs([&] { ops::quantize_activations(a, 4 * packed->k_quads, {}, s).data.data_ptr(); }, runs);
     Result r{"quant", "quantize per token " + std::to_string(m) + "x" + std::to_string(k), "vector"};

@@ -23,8 +23,8 @@ std::size_t bytes_of(const Tensor& t) { return t.defined() ? t.nbytes() : 0; }
 ops::PackedInt8Weight pack(const Tensor& weight) {
   if (weight.has_storage()) return ops::pack_int8_weight(weight);
   auto meta = std::make_shared<ops::gemm::PackedInt8>();
-  meta->n = weight.size(0), meta->k = weight.size(1), meta->k_quads = (meta->k + 3) / 4;
   meta->isa = ops::gemm::best_int8_isa();
+  meta->n = weight.size(0), meta->k = weight.size(1), meta->k_quads = ops::gemm::int8_k_quads(meta->k, meta->isa);
   return meta;
 }
 

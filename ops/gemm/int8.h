@@ -4,8 +4,8 @@
 //   acc[m][n] = sum_k (a[m][k] + 128) w[n][k] - 128 colsum[n] = sum_k a[m][k] w[n][k].
 // Then, fused, y = (acc + int_bias[n]) * row_scale[m] * col_scale[n] + bias[n], an activation, a
 // (gated) residual, and an f32 or bf16 store.
-// Micro-kernels: AVX512-VNNI (14 x 32), AVX-VNNI (6 x 16 on ymm, for AVX2-class CPUs), and a
-// portable one; each in its own file compiled for its ISA.
+// Micro-kernels: AMX-INT8 (32 x 32 on tiles), AVX512-VNNI (14 x 32), AVX-VNNI (6 x 16 on ymm, for
+// AVX2-class CPUs), and a portable one; each in its own file compiled for its ISA.
 #pragma once
 
 #include <cstdint>
@@ -20,11 +20,11 @@
 
 namespace cubevec::ops::gemm {
 
-enum class Int8Isa { avx512_vnni, avx_vnni, portable };
+enum class Int8Isa { amx, avx512_vnni, avx_vnni, portable };
 bool int8_isa_supported(Int8Isa isa);
 std::string_view int8_isa_name(Int8Isa isa);
 std::optional<Int8Isa> parse_int8_isa(std::string_view name);
-// The int8 ISA CUBEVEC_INT8_ISA=avx512_vnni|avx_vnni|portable forces (read once; an unknown or
+// The int8 ISA CUBEVEC_INT8_ISA=amx|avx512_vnni|avx_vnni|portable forces (read once; an unknown or
 // unsupported one is an Error), or nullopt: the calibration chooses.
 std::optional<Int8Isa> forced_int8_isa();
 // The widest int8 ISA this CPU has, or the forced one.
@@ -33,10 +33,14 @@ Int8Isa best_int8_isa();
 // calibration's choice for large shapes (measured now if the tuning file has none; ops/gemm/tuner.h).
 Int8Isa chosen_int8_isa(int threads);
 
+// K in quads as `isa`'s packing pads it: to whole quads, and for AMX to whole 64-deep tiles. The
+// activations are quantized to 4 x int8_k_quads(K, isa) columns.
+int64_t int8_k_quads(int64_t k, Int8Isa isa);
+
 // W [N, K] s8 packed once into the micro-kernel's panels: NR columns per panel, K in quads
 // (4 consecutive k of one column in one 32-bit lane), zero-padded; with the column sums.
 struct PackedInt8 {
-  int64_t n = 0, k = 0, k_quads = 0;  // K rounded up to a multiple of 4, in quads
+  int64_t n = 0, k = 0, k_quads = 0;  // K padded as int8_k_quads says, in quads
   Int8Isa isa = Int8Isa::portable;
   int nr = 0;
   // In the caching allocator (counted in its peak and under its limit).

@@ -16,19 +16,22 @@ namespace cubevec::ops::gemm {
 namespace {
 
 constexpr auto kInt8IsaNames = enum_names<Int8Isa>(
-    "int8 ISA", {{Int8Isa::avx512_vnni, "avx512_vnni"}, {Int8Isa::avx_vnni, "avx_vnni"}, {Int8Isa::portable, "portable"}});
+    "int8 ISA",
+    {{Int8Isa::amx, "amx"}, {Int8Isa::avx512_vnni, "avx512_vnni"}, {Int8Isa::avx_vnni, "avx_vnni"}, {Int8Isa::portable, "portable"}});
 
 struct Int8Plan {
   void (*micro)(int64_t, const uint8_t*, const int8_t*, int32_t*, int64_t);
   void (*epilogue)(const Int8Output&, const int32_t*, int64_t, int64_t, int64_t, int64_t, int64_t);
   int mr, nr;
+  bool a_in_k_blocks;  // A packed [k_quads / 16][MR][64] (AMX tiles) instead of [k_quads][MR][4]
 };
 
 Int8Plan plan_of(Int8Isa isa) {
   switch (isa) {
-    case Int8Isa::avx512_vnni: return {int8_microkernel_avx512_vnni, int8_epilogue_avx512, kMrInt8Avx512, kNrInt8Avx512};
-    case Int8Isa::avx_vnni: return {int8_microkernel_avx_vnni, int8_epilogue_portable, kMrInt8AvxVnni, kNrInt8AvxVnni};
-    case Int8Isa::portable: return {int8_microkernel_portable, int8_epilogue_portable, kMrInt8Portable, kNrInt8Portable};
+    case Int8Isa::amx: return {int8_microkernel_amx, int8_epilogue_avx512, kMrInt8Amx, kNrInt8Amx, true};
+    case Int8Isa::avx512_vnni: return {int8_microkernel_avx512_vnni, int8_epilogue_avx512, kMrInt8Avx512, kNrInt8Avx512, false};
+    case Int8Isa::avx_vnni: return {int8_microkernel_avx_vnni, int8_epilogue_portable, kMrInt8AvxVnni, kNrInt8AvxVnni, false};
+    case Int8Isa::portable: return {int8_microkernel_portable, int8_epilogue_portable, kMrInt8Portable, kNrInt8Portable, false};
   }
   throw Error("int8 GEMM: invalid ISA");
 }
@@ -43,16 +46,18 @@ struct Scratch {
   T* ptr;
 };
 
-// Rows [i0, i0 + rows) of A into MR-row panels [k_quads][MR][4], rows past the end as the s8 zero
-// (128): their results are computed and dropped.
-void pack_a(const Int8Problem& p, int mr, int64_t i0, int64_t rows, uint8_t* out) {
-  const int64_t kq = p.b->k_quads;
+// Rows [i0, i0 + rows) of A into MR-row panels, rows past the end as the s8 zero (128): their
+// results are computed and dropped. Each panel is [k_quads][MR][4] for the VNNI kernels, or in
+// k blocks of 16 quads, [k_quads / 16][MR][64], for the AMX tiles.
+void pack_a(const Int8Problem& p, const Int8Plan& plan, int64_t i0, int64_t rows, uint8_t* out) {
+  const int64_t kq = p.b->k_quads, mr = plan.mr;
+  const int64_t run = plan.a_in_k_blocks ? kKQuadsPerAmxBlock : 1;  // quads copied together
   for (int64_t ir = 0; ir < rows; ir += mr, out += kq * 4 * mr) {
     const int64_t n = std::min<int64_t>(mr, rows - ir);
     if (n < mr) std::memset(out, 128, static_cast<std::size_t>(kq * 4 * mr));
     for (int64_t r = 0; r < n; ++r) {
       const uint8_t* src = p.a + (i0 + ir + r) * p.lda;
-      for (int64_t q = 0; q < kq; ++q) std::memcpy(out + (q * mr + r) * 4, src + 4 * q, 4);
+      for (int64_t q = 0; q < kq; q += run) std::memcpy(out + (q * mr + r * run) * 4, src + 4 * q, static_cast<std::size_t>(4 * run));
     }
   }
 }
@@ -65,7 +70,7 @@ void run_part(const Int8Problem& p, const Int8Plan& plan, int64_t mc, int64_t ro
   alignas(64) int32_t tile[32 * 32];
   for (int64_t ic = row0; ic < row1; ic += mc) {
     const int64_t rows = std::min(mc, row1 - ic);
-    pack_a(p, plan.mr, ic, rows, a_block.ptr);
+    pack_a(p, plan, ic, rows, a_block.ptr);
     for (int64_t jp = panel0; jp < panel1; ++jp) {
       const int8_t* b_panel = p.b->panels.data() + jp * kq * 4 * plan.nr;
       const int64_t j0 = jp * plan.nr, cols = std::min<int64_t>(plan.nr, p.n - j0);
@@ -85,8 +90,15 @@ static bool has_avx_vnni() {
   return __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 4) & 1u) != 0;
 }
 
+// AMX-INT8 is CPUID leaf 7, EDX bit 25; the tile state itself comes from amx_ready().
+static bool has_amx_int8() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 25) & 1u) != 0;
+}
+
 bool int8_isa_supported(Int8Isa isa) {
   switch (isa) {
+    case Int8Isa::amx: return has_amx_int8() && amx_ready();
     case Int8Isa::avx512_vnni:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
     case Int8Isa::avx_vnni: return __builtin_cpu_supports("avx2") && has_avx_vnni();
@@ -117,11 +129,16 @@ std::optional<Int8Isa> forced_int8_isa() {
 Int8Isa best_int8_isa() {
   static const Int8Isa best = [] {
     if (const auto forced = forced_int8_isa()) return *forced;
-    for (Int8Isa isa : {Int8Isa::avx512_vnni, Int8Isa::avx_vnni})
+    for (Int8Isa isa : {Int8Isa::amx, Int8Isa::avx512_vnni, Int8Isa::avx_vnni})
       if (int8_isa_supported(isa)) return isa;
     return Int8Isa::portable;
   }();
   return best;
+}
+
+int64_t int8_k_quads(int64_t k, Int8Isa isa) {
+  const int64_t quads = (k + 3) / 4;
+  return isa == Int8Isa::amx ? (quads + kKQuadsPerAmxBlock - 1) / kKQuadsPerAmxBlock * kKQuadsPerAmxBlock : quads;
 }
 
 std::shared_ptr<const PackedInt8> pack_int8_weight(const int8_t* w, int64_t n, int64_t k, int64_t ldw, Int8Isa isa) {
@@ -130,7 +147,7 @@ std::shared_ptr<const PackedInt8> pack_int8_weight(const int8_t* w, int64_t n, i
     throw Error("pack_int8_weight: expected a weight [N, K] with N, K >= 1, got N " + std::to_string(n) + ", K " + std::to_string(k));
   auto out = std::make_shared<PackedInt8>();
   const Int8Plan plan = plan_of(isa);
-  out->n = n, out->k = k, out->k_quads = (k + 3) / 4, out->isa = isa, out->nr = plan.nr;
+  out->n = n, out->k = k, out->k_quads = int8_k_quads(k, isa), out->isa = isa, out->nr = plan.nr;
   const int64_t panels = (n + plan.nr - 1) / plan.nr, kq = out->k_quads;
   out->panels.assign(static_cast<std::size_t>(panels * kq * 4 * plan.nr), 0);
   out->column_sums.assign(static_cast<std::size_t>(n), 0);

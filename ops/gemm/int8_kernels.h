@@ -31,6 +31,12 @@ inline constexpr int kMrInt8Avx512 = 14, kNrInt8Avx512 = 32;
 void int8_microkernel_avx512_vnni(int64_t k_quads, const uint8_t* a, const int8_t* b, int32_t* c, int64_t ldc);
 inline constexpr int kMrInt8AvxVnni = 6, kNrInt8AvxVnni = 16;
 void int8_microkernel_avx_vnni(int64_t k_quads, const uint8_t* a, const int8_t* b, int32_t* c, int64_t ldc);
+// AMX-INT8: C[32 x 32] from four 16 x 16 s32 tile accumulators. A is packed in k blocks of 64:
+// [k_quads / 16][MR][64] (u8; each block two A tiles of 16 rows); B is the AVX512-VNNI panel
+// [k_quads][32][4] read as two B tiles of 16 columns (128-byte rows). k_quads must be a multiple of
+// 16 (the packing pads K to 64 with zeros). Called only where amx_ready() granted the tile state.
+inline constexpr int kMrInt8Amx = 32, kNrInt8Amx = 32, kKQuadsPerAmxBlock = 16;
+void int8_microkernel_amx(int64_t k_quads, const uint8_t* a, const int8_t* b, int32_t* c, int64_t ldc);
 inline constexpr int kMrInt8Portable = 4, kNrInt8Portable = 16;
 void int8_microkernel_portable(int64_t k_quads, const uint8_t* a, const int8_t* b, int32_t* c, int64_t ldc);
 

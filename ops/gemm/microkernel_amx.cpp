@@ -2,40 +2,13 @@
 // AMX-BF16 once the kernel has granted the process the tile state (driver.cpp, amx_ready()).
 #include <immintrin.h>
 
+#include "ops/gemm/amx_tiles.h"
 #include "ops/gemm/microkernel_bf16.h"
 
 namespace cubevec::ops::gemm {
 
-namespace {
-
-// The 64-byte tile configuration (palette 1): tiles 0-3 hold C (16 x 16 f32 each), 4-5 A (16 rows
-// x 32 bf16), 6-7 B (16 k pairs x 16 columns x 2 bf16). Every tile is 16 rows of 64 bytes.
-struct alignas(64) TileConfig {
-  unsigned char palette_id = 1;
-  unsigned char start_row = 0;
-  unsigned char reserved[14] = {};
-  unsigned short colsb[16] = {};
-  unsigned char rows[16] = {};
-};
-
-// Tile registers are per thread and start unconfigured; nothing else in cubevec configures them,
-// so one load per thread suffices.
-void configure_tiles() {
-  static thread_local bool configured = false;
-  if (configured) return;
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.colsb[t] = 64;
-    config.rows[t] = 16;
-  }
-  _tile_loadconfig(&config);
-  configured = true;
-}
-
-}  // namespace
-
 void microkernel_bf16_amx(int64_t kpairs, const uint16_t* a, const uint16_t* b, float* c, int64_t ldc, bool accumulate) {
-  configure_tiles();
+  configure_amx_tiles();
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);

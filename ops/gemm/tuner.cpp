@@ -32,9 +32,11 @@ constexpr const char* kFormat = "cubevec-tuning";
 constexpr int kVersion = 1;
 constexpr int kShares[] = {2, 4, 8};
 
-// Preference among kernels when their rates are close: the one with the most compute per instruction.
+// Preference among kernels when their rates are close: the one with the most compute per instruction
+// (0 first, below kRanks).
+constexpr int kRanks = 4;
 int preference_rank(const GemmVariant& v) {
-  if (v.int8) return *v.int8 == Int8Isa::avx512_vnni ? 0 : *v.int8 == Int8Isa::avx_vnni ? 1 : 2;
+  if (v.int8) return static_cast<int>(*v.int8);  // amx, avx512_vnni, avx_vnni, portable
   return v.bf16 == Bf16Path::amx ? 0 : v.bf16 == Bf16Path::dot ? 1 : 2;
 }
 
@@ -56,13 +58,21 @@ json variant_json(const GemmVariant& v) {
   return {{"kernel", std::string(v.kernel_name())}, {"l2_share", v.l2_share}, {"prefetch", v.prefetch}};
 }
 
-GemmVariant parse_variant(const json& object) {
+// The kernel names of the two kinds overlap ("amx" is both), so the entry's family says which.
+GemmVariant parse_variant(const json& object, GemmFamily family) {
   if (!object.is_object()) throw Error("a variant must be an object");
   GemmVariant v;
   const std::string kernel = field_text(object, "kernel");
-  if (const auto path = parse_bf16_path(kernel)) v.bf16 = *path;
-  else if (const auto int8 = parse_int8_isa(kernel)) v.int8 = *int8;
-  else throw Error("unknown kernel '" + kernel + "' (expected amx, avx512bf16, f32, avx512_vnni, avx_vnni or portable)");
+  if (family == GemmFamily::int8) {
+    const auto int8 = parse_int8_isa(kernel);
+    if (!int8) throw Error("unknown int8 kernel '" + kernel + "' (expected amx, avx512_vnni, avx_vnni or portable)");
+    v.int8 = *int8;
+  } else {
+    const auto path = parse_bf16_path(kernel);
+    if (!path)
+      throw Error("unknown " + std::string(kFamilyNames.name(family)) + " kernel '" + kernel + "' (expected amx, avx512bf16 or f32)");
+    v.bf16 = *path;
+  }
   v.l2_share = static_cast<int>(field_int(object, "l2_share", 1, 64));
   if (!object.contains("prefetch") || !object["prefetch"].is_boolean()) throw Error("field 'prefetch' must be true or false");
   v.prefetch = object["prefetch"].get<bool>();
@@ -144,7 +154,7 @@ std::vector<GemmVariant> candidate_variants(GemmFamily family, Isa isa) {
     std::vector<Int8Isa> kernels;
     if (const auto forced = forced_int8_isa()) kernels = {*forced};
     else
-      for (Int8Isa k : {Int8Isa::avx512_vnni, Int8Isa::avx_vnni})
+      for (Int8Isa k : {Int8Isa::amx, Int8Isa::avx512_vnni, Int8Isa::avx_vnni})
         if (int8_isa_supported(k)) kernels.push_back(k);
     if (kernels.empty()) kernels = {Int8Isa::portable};  // measured only where nothing faster exists
     std::vector<GemmVariant> out;
@@ -173,7 +183,7 @@ std::vector<GemmVariant> candidate_variants(GemmFamily family, Isa isa) {
 GemmVariant choose_variant(const std::vector<VariantRate>& rates) {
   if (rates.empty()) throw Error("gemm calibration: no variant was measured");
   // Each kernel's best share, then the preferred kernel unless another is clearly faster.
-  std::optional<VariantRate> best_of[3];
+  std::optional<VariantRate> best_of[kRanks];
   for (const VariantRate& r : rates) {
     auto& slot = best_of[preference_rank(r.variant)];
     if (!slot || r.gflops > slot->gflops) slot = r;
@@ -330,10 +340,22 @@ json gemm_entry_json(const GemmTuneEntry& entry, const std::string& cpu, const C
           {"considered", considered}};
 }
 
+// Whether an entry's measurements cover every kernel its family would measure here today: a file
+// written before cubevec had a kernel (AMX-INT8 came after VNNI) must not keep it from being tried.
+bool considers_every_candidate(const GemmTuneEntry& entry) {
+  for (const GemmVariant& candidate : candidate_variants(entry.key.family, entry.key.isa)) {
+    bool measured = false;
+    for (const VariantRate& r : entry.considered)
+      measured = measured || (r.variant.int8 == candidate.int8 && r.variant.bf16 == candidate.bf16);
+    if (!measured) return false;
+  }
+  return true;
+}
+
 ParsedGemmSection parse_gemm_section(const json& section, const std::string& cpu, const CpuCaches& caches) {
   if (!section.is_array()) throw Error("field 'gemm' must be an array");
   ParsedGemmSection out;
-  std::size_t stale = 0, unavailable = 0;
+  std::size_t stale = 0, unavailable = 0, incomplete = 0;
   std::vector<std::pair<GemmTuneKey, std::size_t>> seen;  // this CPU's keys and where they stood
   for (std::size_t index = 0; index < section.size(); ++index) {
     const json& e = section[index];
@@ -351,10 +373,10 @@ ParsedGemmSection parse_gemm_section(const json& section, const std::string& cpu
       entry.key.shape = kShapeNames.parse(field_text(e, "shape"));
       entry.key.threads = static_cast<int>(field_int(e, "threads", 1, 4096));
       if (!e.contains("choice")) throw Error("field 'choice' is missing");
-      entry.choice = parse_variant(e["choice"]);
+      entry.choice = parse_variant(e["choice"], entry.key.family);
       if (!e.contains("considered") || !e["considered"].is_array()) throw Error("field 'considered' must be an array");
       for (const json& r : e["considered"]) {
-        VariantRate rate{parse_variant(r), 0};
+        VariantRate rate{parse_variant(r, entry.key.family), 0};
         if (!r.contains("gflops") || !r["gflops"].is_number() || !(r["gflops"].get<double>() >= 0) ||
             !std::isfinite(r["gflops"].get<double>()))
           throw Error("a considered variant's 'gflops' must be a non-negative number");
@@ -371,17 +393,15 @@ ParsedGemmSection parse_gemm_section(const json& section, const std::string& cpu
         if (key == entry.key) throw Error("repeats the key of gemm entry " + std::to_string(at) + " (" + key.text() + ")");
       seen.push_back({entry.key, index});
       const bool int8 = entry.key.family == GemmFamily::int8;
-      for (const VariantRate& r : entry.considered)
-        if (r.variant.int8.has_value() != int8)
-          throw Error("a considered variant's kernel is not of the " + std::string(gemm_family_name(entry.key.family)) + " family");
-      if (entry.choice.int8.has_value() != int8)
-        throw Error("the choice's kernel '" + std::string(entry.choice.kernel_name()) + "' is not of the " +
-                    std::string(gemm_family_name(entry.key.family)) + " family");
       if (!isa_supported(entry.key.isa) || !bf16_path_available(entry.choice.bf16) ||
           (entry.choice.int8 && !int8_isa_supported(*entry.choice.int8)) ||
           (entry.choice.prefetch && (entry.key.isa != Isa::avx512 || entry.choice.bf16 != Bf16Path::f32 || int8)) ||
           (entry.key.family == GemmFamily::f32 && entry.choice.bf16 != Bf16Path::f32)) {
         ++unavailable;  // same CPU, but this build or kernel cannot run the choice: measure again
+        continue;
+      }
+      if (!considers_every_candidate(entry)) {
+        ++incomplete;  // measured before a kernel this CPU can run existed (or while one was forced)
         continue;
       }
       out.entries.push_back(entry);
@@ -395,6 +415,9 @@ ParsedGemmSection parse_gemm_section(const json& section, const std::string& cpu
   if (unavailable)
     out.warnings += std::to_string(unavailable) + " GEMM entr" + (unavailable == 1 ? "y names" : "ies name") +
                     " a kernel or ISA this process cannot run and will be measured again; ";
+  if (incomplete)
+    out.warnings += std::to_string(incomplete) + " GEMM entr" + (incomplete == 1 ? "y was" : "ies were") +
+                    " measured without a kernel this process can run and will be measured again; ";
   if (!out.warnings.empty()) out.warnings.resize(out.warnings.size() - 2);
   return out;
 }

@@ -118,4 +118,37 @@ TEST_F(TuneCli, AGenerationRunWritesWhatItCalibrated) {
   EXPECT_EQ(read_file(file), before);
 }
 
+// CUBEVEC_INT8_ISA forces the int8 kernel: an unknown name or one this CPU lacks is a one-line
+// error naming the variable (never an illegal instruction); a kernel the CPU has is the only one
+// measured.
+TEST_F(TuneCli, ForcingAnInt8KernelIsCheckedAgainstTheCpu) {
+  namespace g = cubevec::ops::gemm;
+  const auto tune_with = [&](const std::string& isa) {
+    const std::string file = (dir_ / ("tuning-" + isa + ".json")).string();
+    return cubevec_cli_test::run_program({"/usr/bin/env", "CUBEVEC_INT8_ISA=" + isa, CUBEVEC_BINARY, "tune", "--tune-cache", file,
+                                          "--families", "int8", "--shapes", "skinny", "--cube-threads", "1"},
+                                         dir_);
+  };
+  const auto unknown = tune_with("sse2");
+  EXPECT_EQ(unknown.status, 1);
+  EXPECT_NE(unknown.err.find("CUBEVEC_INT8_ISA=sse2: unknown int8 ISA (expected one of: amx, avx512_vnni, avx_vnni, portable)"),
+            std::string::npos)
+      << unknown.err;
+  for (g::Int8Isa isa : {g::Int8Isa::amx, g::Int8Isa::avx512_vnni, g::Int8Isa::avx_vnni, g::Int8Isa::portable}) {
+    const std::string name(g::int8_isa_name(isa));
+    SCOPED_TRACE(name);
+    const auto run = tune_with(name);
+    if (!g::int8_isa_supported(isa)) {
+      EXPECT_EQ(run.status, 1);
+      EXPECT_NE(run.err.find("CUBEVEC_INT8_ISA=" + name + ": this CPU does not support that ISA"), std::string::npos) << run.err;
+      continue;
+    }
+    ASSERT_EQ(run.status, 0) << run.err;
+    const nlohmann::json doc = nlohmann::json::parse(read_file((dir_ / ("tuning-" + name + ".json")).string()));
+    ASSERT_EQ(doc["gemm"].size(), 1u);
+    EXPECT_EQ(doc["gemm"][0]["choice"]["kernel"], name);
+    for (const auto& considered : doc["gemm"][0]["considered"]) EXPECT_EQ(considered["kernel"], name);
+  }
+}
+
 }  // namespace tune_cli_test

@@ -111,7 +111,7 @@ TEST(GemmVariants, EveryF32VariantMatchesTheDoubleLoop) {
 TEST(GemmVariants, EveryInt8VariantMatchesTheIntegerLoop) {
   std::mt19937 rng(5);
   std::uniform_int_distribution<int> dist(-127, 127);
-  const int64_t m = 45, n = 70, k = 1600;  // edge tiles on every kernel (MR 14 / 6 / 4, NR 32 / 16)
+  const int64_t m = 45, n = 70, k = 1600;  // edge tiles on every kernel (MR 32 / 14 / 6 / 4, NR 32 / 16); K 25 AMX blocks
   std::vector<uint8_t> a(static_cast<std::size_t>(m * k));
   std::vector<int8_t> w(static_cast<std::size_t>(n * k));
   for (uint8_t& v : a) v = static_cast<uint8_t>(dist(rng) + 128);
@@ -122,7 +122,7 @@ TEST(GemmVariants, EveryInt8VariantMatchesTheIntegerLoop) {
   g::CpuCaches tiny;
   tiny.l2 = 64 << 10;  // several row blocks of 14 rows
   std::vector<g::GemmVariant> variants;
-  for (g::Int8Isa kernel : {g::Int8Isa::avx512_vnni, g::Int8Isa::avx_vnni, g::Int8Isa::portable})
+  for (g::Int8Isa kernel : {g::Int8Isa::amx, g::Int8Isa::avx512_vnni, g::Int8Isa::avx_vnni, g::Int8Isa::portable})
     if (g::int8_isa_supported(kernel))
       for (int share : {2, 4, 8}) variants.push_back({g::Bf16Path::f32, share, false, kernel});
   for (const g::GemmVariant& v : g::candidate_variants(g::GemmFamily::int8, g::best_isa()))
@@ -206,8 +206,9 @@ TEST(TuningFile, EntriesSurviveARoundTrip) {
   writer.store(sample_entry(5));
   g::GemmTuneEntry int8 = sample_entry(2);
   int8.key.family = g::GemmFamily::int8;
-  int8.choice = {g::Bf16Path::f32, 8, false, g::Int8Isa::portable};
-  int8.considered = {{int8.choice, 20.0}};
+  int8.considered.clear();
+  for (const g::GemmVariant& v : g::candidate_variants(g::GemmFamily::int8, int8.key.isa)) int8.considered.push_back({v, 20.0});
+  int8.choice = int8.considered.back().variant;
   writer.store(int8);
   writer.save();  // creates the missing directory
   g::GemmTuner reader;
@@ -224,6 +225,27 @@ TEST(TuningFile, EntriesSurviveARoundTrip) {
   }
   EXPECT_TRUE(reader.find(sample_entry(5).key).has_value());
   EXPECT_FALSE(reader.find(sample_entry(3).key).has_value());
+}
+
+// An entry measured before a kernel this CPU can run was added (a file from before AMX-INT8) is
+// measured again rather than keeping the old choice for good.
+TEST(TuningFile, AnEntryThatNeverMeasuredAnAvailableKernelIsMeasuredAgain) {
+  TempDir dir;
+  const std::string path = (dir.path / "tuning.json").string();
+  g::GemmTuneEntry int8 = sample_entry(2);
+  int8.key.family = g::GemmFamily::int8;
+  const std::vector<g::GemmVariant> candidates = g::candidate_variants(g::GemmFamily::int8, int8.key.isa);
+  int8.considered.clear();
+  for (const g::GemmVariant& v : candidates)
+    if (v.int8 != candidates.front().int8) int8.considered.push_back({v, 20.0});  // all but the first kernel
+  if (int8.considered.empty()) GTEST_SKIP() << "this CPU has one int8 kernel";
+  int8.choice = int8.considered.front().variant;
+  const nlohmann::json entry = g::gemm_entry_json(int8, g::cpu_model_name(), g::this_cpu_caches());
+  write_text(path, nlohmann::json{{"format", "cubevec-tuning"}, {"version", 1}, {"gemm", {entry}}}.dump());
+  g::GemmTuner tuner;
+  const std::string warning = tuner.set_file(path, true);
+  EXPECT_NE(warning.find("1 GEMM entry was measured without a kernel this process can run"), std::string::npos) << warning;
+  EXPECT_TRUE(tuner.entries().empty());
 }
 
 TEST(TuningFile, AnotherCpusEntriesAreIgnoredWithAWarningAndKept) {
@@ -263,13 +285,13 @@ TEST(TuningFile, MalformedFilesAreErrorsWhenNamedAndLeftAloneOtherwise) {
       {R"({"format": "cubevec-tuning", "version": 1, "gemm": {}})", "field 'gemm' must be an array"},
       {with("family", "f16"), "unknown GEMM family 'f16'"},
       {with("threads", 0), "field 'threads' must be in [1, 4096]"},
-      {with("choice", {{"kernel", "sse"}, {"l2_share", 2}}), "unknown kernel 'sse'"},
+      {with("choice", {{"kernel", "sse"}, {"l2_share", 2}}), "unknown f32 kernel 'sse'"},
       {with("choice", {{"kernel", "f32"}, {"l2_share", 1000}, {"prefetch", false}}), "field 'l2_share'"},
       {with("choice", {{"kernel", "f32"}, {"l2_share", 2}, {"prefetch", 1}}), "field 'prefetch'"},
       {with("considered", {{{"kernel", "f32"}, {"l2_share", 2}, {"prefetch", true}, {"gflops", -1}}}), "'gflops'"},
       {with("caches", "big"), "field 'caches'"},
-      {with("choice", {{"kernel", "avx512_vnni"}, {"l2_share", 2}, {"prefetch", false}}), "is not of the f32 family"},
-      {with("family", "int8"), "is not of the int8 family"},
+      {with("choice", {{"kernel", "avx512_vnni"}, {"l2_share", 2}, {"prefetch", false}}), "unknown f32 kernel 'avx512_vnni'"},
+      {with("family", "int8"), "unknown int8 kernel 'f32'"},
   };
   std::vector<std::pair<std::string, std::string>> all(std::begin(cases), std::end(cases));
   all.push_back({nlohmann::json{{"format", "cubevec-tuning"}, {"version", 1}, {"gemm", {good, good}}}.dump(),

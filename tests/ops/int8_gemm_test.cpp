@@ -24,7 +24,7 @@ using ops::gemm::Int8Isa;
 
 std::vector<Int8Isa> supported_isas() {
   std::vector<Int8Isa> out;
-  for (Int8Isa isa : {Int8Isa::avx512_vnni, Int8Isa::avx_vnni, Int8Isa::portable})
+  for (Int8Isa isa : {Int8Isa::amx, Int8Isa::avx512_vnni, Int8Isa::avx_vnni, Int8Isa::portable})
     if (ops::gemm::int8_isa_supported(isa)) out.push_back(isa);
   return out;
 }
@@ -32,7 +32,8 @@ std::vector<Int8Isa> supported_isas() {
 struct Shape3 {
   int64_t m, n, k;
 };
-const Shape3 kShapes[] = {{1, 1, 1}, {7, 17, 13}, {29, 33, 64}, {64, 70, 129}, {15, 3, 515}, {200, 48, 96}};
+// Edges of every kernel's tiles (AMX: 32 x 32, K in blocks of 64), K past a block, several blocks.
+const Shape3 kShapes[] = {{1, 1, 1}, {7, 17, 13}, {29, 33, 64}, {64, 70, 129}, {15, 3, 515}, {200, 48, 96}, {33, 65, 65}, {97, 130, 320}};
 
 std::vector<uint8_t> random_u8(std::size_t n, unsigned seed) {
   std::mt19937 rng(seed);
@@ -52,12 +53,12 @@ TEST(Int8Gemm, ExactIntegerSumsOnEveryIsa) {
     for (const Shape3& s : kShapes) {
       SCOPED_TRACE(std::string(ops::gemm::int8_isa_name(isa)) + " " + std::to_string(s.m) + "x" + std::to_string(s.n) + "x" +
                    std::to_string(s.k));
-      const int64_t kp = (s.k + 3) / 4 * 4;
-      std::vector<uint8_t> a = random_u8(static_cast<std::size_t>(s.m * kp), 1);
-      for (int64_t i = 0; i < s.m; ++i)
-        for (int64_t k = s.k; k < kp; ++k) a[static_cast<std::size_t>(i * kp + k)] = 128;  // padding: the s8 zero
+      // The activations are padded to the packing's K; whatever the padding holds adds nothing.
+      const int64_t kp = 4 * ops::gemm::int8_k_quads(s.k, isa);
+      const std::vector<uint8_t> a = random_u8(static_cast<std::size_t>(s.m * kp), 1);
       const std::vector<int8_t> w = random_s8(static_cast<std::size_t>(s.n * s.k), 2);
       const auto packed = ops::gemm::pack_int8_weight(w.data(), s.n, s.k, s.k, isa);
+      ASSERT_EQ(4 * packed->k_quads, kp);
       std::vector<float> c(static_cast<std::size_t>(s.m * s.n), -1.0f);
       ops::gemm::Int8Problem p;
       p.m = s.m, p.n = s.n, p.a = a.data(), p.lda = kp, p.b = packed.get(), p.c = c.data(), p.ldc = s.n;
@@ -73,10 +74,8 @@ TEST(Int8Gemm, ExactIntegerSumsOnEveryIsa) {
 }
 
 TEST(Int8Gemm, EveryEpilogue) {
-  const int64_t m = 23, n = 37, k = 45, kp = 48;
-  std::vector<uint8_t> a = random_u8(static_cast<std::size_t>(m * kp), 3);
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t q = k; q < kp; ++q) a[static_cast<std::size_t>(i * kp + q)] = 128;
+  const int64_t m = 23, n = 37, k = 45, kp = 64;  // kp: the widest padding (AMX's 64)
+  const std::vector<uint8_t> a = random_u8(static_cast<std::size_t>(m * kp), 3);
   const std::vector<int8_t> w = random_s8(static_cast<std::size_t>(n * k), 4);
   std::vector<int32_t> int_bias(static_cast<std::size_t>(n));
   std::vector<float> row(static_cast<std::size_t>(m)), col(static_cast<std::size_t>(n)), bias(static_cast<std::size_t>(n)),
@@ -194,7 +193,8 @@ TEST(Int8Quantize, MatmulInt8EndToEnd) {
   const Tensor wt = Tensor::from_vector(w, {20, 30});
   const Tensor col = random_tensor({20}, 13, DType::f32, 0.01f), bias = random_tensor({20}, 14, DType::f32, 1.0f);
   const auto packed = ops::pack_int8_weight(wt);
-  const ops::QuantizedActivations q = ops::quantize_activations(x, 32, {});
+  const int64_t kp = 4 * packed->k_quads;  // 32, or 64 for AMX's tiles
+  const ops::QuantizedActivations q = ops::quantize_activations(x, kp, {});
   ops::Int8MatmulOptions o;
   o.col_scale = col, o.bias = bias;
   for (DType out : {DType::f32, DType::bf16}) {
@@ -205,13 +205,13 @@ TEST(Int8Quantize, MatmulInt8EndToEnd) {
       for (int64_t j = 0; j < 20; ++j) {
         double acc = 0;
         for (int64_t kk = 0; kk < 30; ++kk)
-          acc += (static_cast<double>(q.data.data<uint8_t>()[i * 32 + kk]) - 128) * w[static_cast<std::size_t>(j * 30 + kk)];
+          acc += (static_cast<double>(q.data.data<uint8_t>()[i * kp + kk]) - 128) * w[static_cast<std::size_t>(j * 30 + kk)];
         const double want = acc * q.row_scale.data<float>()[i] * col.data<float>()[j] + bias.data<float>()[j];
         ASSERT_NEAR(got[static_cast<std::size_t>(i * 20 + j)], want,
                     out == DType::bf16 ? std::abs(want) / 128 + 1e-6 : 1e-5 * std::max(1.0, std::abs(want)));
       }
   }
-  EXPECT_NE(message_of([&] { ops::matmul_int8(ops::quantize_activations(x, 36, {}), packed, o); }).find("quantized for K = 30"),
+  EXPECT_NE(message_of([&] { ops::matmul_int8(ops::quantize_activations(x, kp + 4, {}), packed, o); }).find("quantized for K = 30"),
             std::string::npos);
 }
 
