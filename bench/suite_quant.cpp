@@ -1,7 +1,8 @@
 // Suite `quant`: the int8 path against the float one, in the same run.
 //   * the int8 GEMM (u8 x s8 -> s32, AMX-INT8 or VNNI) at the `gemm` shapes, GOP/s and the fraction
 //     of its kernel's peak (AMX-INT8 or VNNI) measured in this run, beside cubevec's f32 and bf16 GEMMs and the per-token
-//     activation quantization (the Vector kernel that feeds it); then every int8 variant the
+//     activation quantization (the Vector kernel that feeds it) and the two fused (quantized as A is
+//     packed, what a W8A8 Linear runs); then every int8 variant the
 //     calibration weighs (each int8 kernel at each L2 share), the chosen one's impl ending in " *";
 //   * one Flux double and one single block (the `blocks` shapes) with W8A16, W8A8_DYNAMIC and W8A8
 //     against the f32 block;
@@ -113,6 +114,17 @@ void gemm_cases(Context& context, Device& device) {
     r.peak_fraction = r.gbps / context.machine.triad_gbps;
     r.extra["share_of_int8_gemm"] = quantize.median_s / seconds["int8 gemm"];
     context.add(r);
+    // What a W8A8_DYNAMIC Linear runs: the quantization fused into the GEMM's packing of A, against
+    // the two kernels one after the other.
+    const Timing fused = time_runs([&] { ops::matmul_int8_quantizing(a, {}, packed, {.col_scale = q.weight_scale}, s).data_ptr(); }, runs);
+    Result f{"quant", "gemm " + name, "int8 gemm, quantize fused"};
+    f.dtype = "i8";
+    f.timing = fused;
+    f.gflops = ops_count / fused.median_s / 1e9;
+    f.peak_fraction = context.machine.int8_peak_gops(packed->isa) > 0 ? f.gflops / context.machine.int8_peak_gops(packed->isa) : 0;
+    f.extra["x_quantize_then_gemm"] = (quantize.median_s + seconds["int8 gemm"]) / fused.median_s;
+    f.extra["x_f32"] = seconds["f32"] / fused.median_s;
+    context.add(f);
   }
 }
 

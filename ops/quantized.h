@@ -49,4 +49,11 @@ struct Int8MatmulOptions {
 Tensor matmul_int8(const QuantizedActivations& a, const PackedInt8Weight& w, const Int8MatmulOptions& options = {},
                    const Stream& stream = default_op_stream());
 
+// The two above as one Cube kernel: x [..., K] (f32 or bf16, any strides) is quantized as
+// `quant` says block by block while the GEMM packs A (no pass of its own over the activations);
+// the result equals matmul_int8(quantize_activations(x, ...), w, options) bit for bit, shaped
+// [..., N].
+Tensor matmul_int8_quantizing(const Tensor& x, const ActivationQuant& quant, const PackedInt8Weight& w,
+                              const Int8MatmulOptions& options = {}, const Stream& stream = default_op_stream());
+
 }  // namespace cubevec::ops

@@ -73,11 +73,10 @@ struct DynamicPath {
   ops::PackedInt8Weight packed;
   Tensor weight_scale, bias, mul_scale;
   Tensor run(const Tensor& x, const ops::MatmulOptions& e, const Stream& s) const {
-    const ops::QuantizedActivations q = ops::quantize_activations(x, 4 * packed->k_quads, {true, 1, 0, mul_scale}, s);
     ops::Int8MatmulOptions o = int8_epilogue(e);
     o.col_scale = weight_scale;
     o.bias = bias;
-    return ops::matmul_int8(q, packed, o, s);
+    return ops::matmul_int8_quantizing(x, {true, 1, 0, mul_scale}, packed, o, s);  // quantized as A is packed
   }
 };
 
@@ -103,12 +102,10 @@ struct StaticRow {
 
 Tensor run_static(const ops::PackedInt8Weight& packed, const StaticRow& row, const Tensor& mul_scale, const Tensor& x,
                   const ops::MatmulOptions& e, const Stream& s) {
-  const ops::QuantizedActivations q =
-      ops::quantize_activations(x, 4 * packed->k_quads, {false, row.input_scale, row.input_offset, mul_scale}, s);
   ops::Int8MatmulOptions o = int8_epilogue(e);
   o.int_bias = row.quant_bias;
   o.col_scale = row.deq_scale;
-  return ops::matmul_int8(q, packed, o, s);
+  return ops::matmul_int8_quantizing(x, {false, row.input_scale, row.input_offset, mul_scale}, packed, o, s);
 }
 
 // Row `i` of the static tensors (1-D input_scale / offset, 2-D deq_scale / quant_bias for timestep).

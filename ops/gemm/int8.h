@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -55,10 +56,19 @@ struct PackedInt8 {
 };
 std::shared_ptr<const PackedInt8> pack_int8_weight(const int8_t* w, int64_t n, int64_t k, int64_t ldw, Int8Isa isa);
 
+// Writes rows [r0, r1) of the activations quantized (u8 rows of `ld_out` bytes, the packing's padded
+// K) into `out` and their scales into row_scale[0, r1 - r0): the activation quantization fused into
+// the packing of A (the GEMM quantizes each block of rows as it packs it, so the quantized
+// activations never make a pass through memory of their own).
+using QuantizeRows = std::function<void(int64_t r0, int64_t r1, uint8_t* out, int64_t ld_out, float* row_scale)>;
+
 struct Int8Problem {
   int64_t m = 0, n = 0;
   const uint8_t* a = nullptr;  // [M, packed.k_quads * 4] u8 (s8 + 128), row stride lda
   int64_t lda = 0;
+  // Instead of `a`: float activations quantized block by block while A is packed; the epilogue then
+  // takes the row scales it produced (epilogue.row_scale is ignored).
+  QuantizeRows quantize_rows;
   const PackedInt8* b = nullptr;
   float* c = nullptr;  // [M, N] f32 (with rest.out_bf16 set, an f32 scratch), row stride ldc
   int64_t ldc = 0;

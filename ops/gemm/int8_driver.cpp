@@ -49,28 +49,39 @@ struct Scratch {
 // Rows [i0, i0 + rows) of A into MR-row panels, rows past the end as the s8 zero (128): their
 // results are computed and dropped. Each panel is [k_quads][MR][4] for the VNNI kernels, or in
 // k blocks of 16 quads, [k_quads / 16][MR][64], for the AMX tiles.
-void pack_a(const Int8Problem& p, const Int8Plan& plan, int64_t i0, int64_t rows, uint8_t* out) {
+void pack_a(const uint8_t* a, int64_t lda, const Int8Problem& p, const Int8Plan& plan, int64_t i0, int64_t rows, uint8_t* out) {
   const int64_t kq = p.b->k_quads, mr = plan.mr;
   const int64_t run = plan.a_in_k_blocks ? kKQuadsPerAmxBlock : 1;  // quads copied together
   for (int64_t ir = 0; ir < rows; ir += mr, out += kq * 4 * mr) {
     const int64_t n = std::min<int64_t>(mr, rows - ir);
     if (n < mr) std::memset(out, 128, static_cast<std::size_t>(kq * 4 * mr));
     for (int64_t r = 0; r < n; ++r) {
-      const uint8_t* src = p.a + (i0 + ir + r) * p.lda;
+      const uint8_t* src = a + (i0 + ir + r) * lda;
       for (int64_t q = 0; q < kq; q += run) std::memcpy(out + (q * mr + r * run) * 4, src + 4 * q, static_cast<std::size_t>(4 * run));
     }
   }
 }
 
-// C rows [row0, row1) x panels [panel0, panel1), in A blocks of mc rows.
+// C rows [row0, row1) x panels [panel0, panel1), in A blocks of mc rows. With quantize_rows, each
+// block is quantized into a row-major scratch that stays in cache, then packed from there; the
+// part keeps its own row scales (parts split by panels quantize the same rows, each for itself).
 void run_part(const Int8Problem& p, const Int8Plan& plan, int64_t mc, int64_t row0, int64_t row1, int64_t panel0, int64_t panel1) {
   const int64_t kq = p.b->k_quads, k_bytes = 4 * kq;
-  const Int8Output output{p.c, p.ldc, p.b->column_sums.data(), p.epilogue};
+  Int8Output output{p.c, p.ldc, p.b->column_sums.data(), p.epilogue};
   Scratch<uint8_t> a_block(static_cast<std::size_t>(mc * k_bytes));
+  const bool fused = static_cast<bool>(p.quantize_rows);
+  Scratch<uint8_t> quantized(fused ? static_cast<std::size_t>(mc * k_bytes) : 0);
+  Scratch<float> row_scales(fused ? static_cast<std::size_t>(p.m) : 0);  // indexed by the global row
+  if (fused) output.epilogue.row_scale = row_scales.ptr;
   alignas(64) int32_t tile[32 * 32];
   for (int64_t ic = row0; ic < row1; ic += mc) {
     const int64_t rows = std::min(mc, row1 - ic);
-    pack_a(p, plan, ic, rows, a_block.ptr);
+    if (fused) {
+      p.quantize_rows(ic, ic + rows, quantized.ptr, k_bytes, row_scales.ptr + ic);
+      pack_a(quantized.ptr, k_bytes, p, plan, 0, rows, a_block.ptr);
+    } else {
+      pack_a(p.a, p.lda, p, plan, ic, rows, a_block.ptr);
+    }
     for (int64_t jp = panel0; jp < panel1; ++jp) {
       const int8_t* b_panel = p.b->panels.data() + jp * kq * 4 * plan.nr;
       const int64_t j0 = jp * plan.nr, cols = std::min<int64_t>(plan.nr, p.n - j0);
@@ -186,6 +197,22 @@ void gemm_int8_variant(const Int8Problem& p, int threads, int l2_share, const Cp
   // The A block stays in its share of the L2 while every B panel of the part passes over it.
   const int64_t k_bytes = 4 * p.b->k_quads, share = std::max(l2_share, 1);
   const int64_t mc = std::clamp<int64_t>(caches.l2 / share / std::max<int64_t>(k_bytes, 1) / plan.mr * plan.mr, plan.mr, 64 * plan.mr);
+  if (p.quantize_rows && !by_rows && parts > 1) {
+    // Split by panels, every part would quantize all the rows: quantize them once, in parallel,
+    // into a scratch the parts share (few rows: this is the skinny case).
+    Scratch<uint8_t> quantized(static_cast<std::size_t>(p.m * k_bytes));
+    Scratch<float> row_scales(static_cast<std::size_t>(p.m));
+    const int64_t chunk = (p.m + parts - 1) / parts;
+    tbb::parallel_for(int64_t{0}, parts, [&](int64_t part) {
+      const int64_t r0 = part * chunk, r1 = std::min(p.m, r0 + chunk);
+      if (r0 < r1) p.quantize_rows(r0, r1, quantized.ptr + r0 * k_bytes, k_bytes, row_scales.ptr + r0);
+    });
+    Int8Problem shared = p;
+    shared.quantize_rows = nullptr;
+    shared.a = quantized.ptr, shared.lda = k_bytes, shared.epilogue.row_scale = row_scales.ptr;
+    gemm_int8_variant(shared, threads, l2_share, caches);
+    return;
+  }
   tbb::parallel_for(int64_t{0}, parts, [&](int64_t part) {
     const int64_t lo = part * per_part, hi = std::min(extent, lo + per_part);
     if (lo >= hi) return;

@@ -215,6 +215,57 @@ TEST(Int8Quantize, MatmulInt8EndToEnd) {
             std::string::npos);
 }
 
+// matmul_int8_quantizing quantizes each block of rows as the GEMM packs A: the same bits as the
+// separate quantize_activations pass followed by matmul_int8, for every int8 kernel this CPU has,
+// dynamic and static (with SmoothQuant), f32 and bf16 activations, a strided view, a row with a
+// NaN, row counts that split into several A blocks and parts, and every epilogue.
+TEST(Int8Quantize, FusedQuantizeOnPackEqualsTheSeparatePassBitForBit) {
+  const int64_t n = 70, k = 150;
+  const std::vector<int8_t> w = random_s8(static_cast<std::size_t>(n * k), 31);
+  const Tensor col = random_tensor({n}, 32, DType::f32, 0.01f, 0.02f), bias = random_tensor({n}, 33, DType::f32, 1.0f);
+  const Tensor mul = random_tensor({k}, 34, DType::f32, 0.5f, 1.0f), gate = random_tensor({n}, 35, DType::f32, 1.0f);
+  const Tensor int_bias = Tensor::from_vector(std::vector<int32_t>(static_cast<std::size_t>(n), -37), {n});
+  for (Int8Isa isa : supported_isas())
+    for (const int64_t m : {int64_t{1}, int64_t{45}, int64_t{700}})
+      for (int variant = 0; variant < 4; ++variant) {
+        SCOPED_TRACE(std::string(ops::gemm::int8_isa_name(isa)) + " m " + std::to_string(m) + " variant " + std::to_string(variant));
+        const ops::PackedInt8Weight packed = ops::gemm::pack_int8_weight(w.data(), n, k, k, isa);
+        // variant 0: dynamic f32; 1: dynamic bf16 through a transposed view, smoothed; 2: static
+        // with a bias and a NaN row; 3: static smoothed, GELU, gated residual, bf16 out.
+        Tensor x = random_tensor({m, k}, 36 + static_cast<unsigned>(variant), DType::f32, 2.0f);
+        if (variant == 1) x = random_tensor({k, m}, 40, DType::bf16, 2.0f).transpose(0, 1);
+        if (variant == 2 && m > 1) x.mutable_data<float>()[k + 3] = std::numeric_limits<float>::quiet_NaN();
+        ops::ActivationQuant q;
+        q.dynamic = variant < 2;
+        q.scale = 0.03f, q.offset = variant == 3 ? 2.0f : 0.0f;
+        if (variant % 2 == 1) q.mul_scale = mul;
+        ops::Int8MatmulOptions o;
+        o.col_scale = col;
+        if (variant >= 2) o.int_bias = int_bias, o.bias = bias;
+        if (variant == 3) {
+          o.activation = ops::GemmActivation::gelu_tanh;
+          o.residual = random_tensor({m, n}, 41, DType::f32, 1.0f);
+          o.gate = gate;
+          o.out = DType::bf16;
+        }
+        const Tensor separate = ops::matmul_int8(ops::quantize_activations(x, 4 * packed->k_quads, q), packed, o);
+        const Tensor fused = ops::matmul_int8_quantizing(x, q, packed, o);
+        ASSERT_EQ(fused.shape(), separate.shape());
+        const std::vector<double> a = values(separate), b = values(fused);
+        for (std::size_t i = 0; i < a.size(); ++i) {
+          if (std::isnan(a[i]) && std::isnan(b[i])) continue;  // the NaN row: NaN both ways
+          ASSERT_EQ(a[i], b[i]) << "element " << i;
+        }
+      }
+  // [..., K] keeps its leading dimensions; a K the weight was not packed for is refused.
+  const ops::PackedInt8Weight packed = ops::gemm::pack_int8_weight(w.data(), n, k, k, ops::gemm::best_int8_isa());
+  EXPECT_EQ(ops::matmul_int8_quantizing(random_tensor({2, 3, k}, 50), {}, packed).shape(), (Shape{2, 3, n}));
+  EXPECT_NE(message_of([&] {
+              ops::matmul_int8_quantizing(random_tensor({2, k + 1}, 51), {}, packed);
+            }).find("x has K = 151, the weight 150"),
+            std::string::npos);
+}
+
 TEST(Int8WeightGemm, WeightOnlyMatchesTheDequantizedProduct) {
   const int64_t m = 13, n = 29, k = 41;
   const Tensor x = random_tensor({m, k}, 21, DType::f32, 1.0f);
