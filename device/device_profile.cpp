@@ -153,7 +153,7 @@ DeviceProfile parse_device_profile(const std::string& json_text, const std::stri
       FieldReader keys = kernels.object("attention_keys");
       auto& k = p.attention_keys;
       k.reference = keys.number_in("reference", 1, 1e9, "keys");
-      k.half_rate = keys.number_in("half_rate", 0, 1e9, "keys");
+      k.half_rate = keys.number_in("half_rate", 1, 1e9, "keys");
       k.shortest = keys.number_in("shortest", 1, 1e9, "keys");
       k.longest = keys.number_in("longest", 1, 1e9, "keys");
       keys.reject_unknown();

@@ -37,9 +37,14 @@ std::string_view attention_layout_name(AttentionLayout layout);  // "BSND", ...
 inline int64_t seq_dim(AttentionLayout layout) { return layout == AttentionLayout::bnsd ? 2 : 1; }
 inline int64_t head_dim_index(AttentionLayout layout) { return layout == AttentionLayout::bnsd ? 1 : 2; }
 
-enum class AttentionImpl { math, flash, cv_pipelined };
-AttentionImpl parse_attention_impl(std::string_view name);  // "math", "flash", "cv_pipelined"
+// flash_bf16: flash attention whose Q K^T and P V are bf16 tile products on AMX-BF16 (f32 sums and
+// online softmax); q, k, v are rounded to bf16 and so is P. Offered to the autotuner for bf16
+// activations on CPUs with AMX; elsewhere asking for it is an error.
+enum class AttentionImpl { math, flash, cv_pipelined, flash_bf16 };
+AttentionImpl parse_attention_impl(std::string_view name);  // "math", "flash", "cv_pipelined", "flash_bf16"
 std::string_view attention_impl_name(AttentionImpl impl);
+// Whether this CPU can run `impl` (flash_bf16 needs AMX-BF16; the others run everywhere).
+bool attention_impl_available(AttentionImpl impl);
 
 // MindIE's opt_mode: runtime (time the candidates on the first call for a key, keep the fastest),
 // static (a fixed table), manual (op_type and kernel_layout as given).

@@ -196,6 +196,13 @@ void launch_batch(AttentionImpl impl, const std::string& prefix, const std::func
       cube.name = prefix + "_flash";
       stream.launch(cube, reads, outs, [batch_of] { attn::run_flash(batch_of()); });
       return;
+    case AttentionImpl::flash_bf16:
+      if (!attn::flash_amx_available() && !stream.device().simulate())
+        throw Error("attention: op_type flash_bf16 needs AMX-BF16, which this CPU (or its kernel) does not offer");
+      cube.name = prefix + "_flash_bf16";
+      cube.dtype = DType::bf16;  // its products are bf16 whatever the activations
+      stream.launch(cube, reads, outs, [batch_of] { attn::run_flash_amx(batch_of()); });
+      return;
     case AttentionImpl::cv_pipelined: {
       // Both halves share one pipeline, made by whichever starts first (their tensors are ready by then).
       struct Shared {
@@ -249,16 +256,25 @@ struct Candidate {
   AttentionLayout kernel_layout;
 };
 
-AttentionTuneChoice static_choice(const Inputs& in) { return {AttentionImpl::flash, in.layout, 0.0}; }
+// bf16 activations take the bf16 tile products where the CPU has them: the rounding is the
+// activations' own.
+bool bf16_flash_for(const Inputs& in) { return in.q.dtype() == DType::bf16 && attn::flash_amx_available(); }
+
+AttentionTuneChoice static_choice(const Inputs& in) {
+  return {bf16_flash_for(in) ? AttentionImpl::flash_bf16 : AttentionImpl::flash, in.layout, 0.0};
+}
 
 // MindIE's runtime mode: time each candidate (one warm-up call, then the best of two timed
 // calls, each synchronized), keep the fastest. A candidate that throws is skipped; if all do, the
 // math path is the answer, cached like any other.
 AttentionTuneChoice tune(const Inputs& in, const Stream& stream) {
-  const Candidate candidates[] = {{AttentionImpl::flash, AttentionLayout::bnsd},
-                                  {AttentionImpl::flash, AttentionLayout::bsnd},
-                                  {AttentionImpl::cv_pipelined, AttentionLayout::bnsd},
-                                  {AttentionImpl::cv_pipelined, AttentionLayout::bsnd}};
+  std::vector<Candidate> candidates = {{AttentionImpl::flash, AttentionLayout::bnsd},
+                                       {AttentionImpl::flash, AttentionLayout::bsnd},
+                                       {AttentionImpl::cv_pipelined, AttentionLayout::bnsd},
+                                       {AttentionImpl::cv_pipelined, AttentionLayout::bsnd}};
+  if (bf16_flash_for(in))
+    candidates.insert(candidates.end(),
+                      {{AttentionImpl::flash_bf16, AttentionLayout::bnsd}, {AttentionImpl::flash_bf16, AttentionLayout::bsnd}});
   stream.synchronize();
   AttentionTuneChoice best{in.block_mask.defined() ? AttentionImpl::flash : AttentionImpl::math, in.layout, 0.0};
   double best_s = 0;
@@ -289,9 +305,12 @@ namespace {
 constexpr auto kLayoutNames = enum_names<AttentionLayout>(
     "attention layout", {{AttentionLayout::bsnd, "BSND"}, {AttentionLayout::bnsd, "BNSD"}, {AttentionLayout::bsh, "BSH"}},
     /*ignore_case=*/true);
-constexpr auto kImplNames = enum_names<AttentionImpl>(
-    "attention op_type", {{AttentionImpl::math, "math"}, {AttentionImpl::flash, "flash"}, {AttentionImpl::cv_pipelined, "cv_pipelined"}},
-    /*ignore_case=*/true);
+constexpr auto kImplNames = enum_names<AttentionImpl>("attention op_type",
+                                                      {{AttentionImpl::math, "math"},
+                                                       {AttentionImpl::flash, "flash"},
+                                                       {AttentionImpl::cv_pipelined, "cv_pipelined"},
+                                                       {AttentionImpl::flash_bf16, "flash_bf16"}},
+                                                      /*ignore_case=*/true);
 constexpr auto kOptModeNames = enum_names<AttentionOptMode>(
     "attention opt_mode",
     {{AttentionOptMode::runtime, "runtime"}, {AttentionOptMode::static_table, "static"}, {AttentionOptMode::manual, "manual"}},
@@ -302,13 +321,16 @@ AttentionLayout parse_attention_layout(std::string_view name) { return kLayoutNa
 std::string_view attention_layout_name(AttentionLayout layout) { return kLayoutNames.name(layout); }
 AttentionImpl parse_attention_impl(std::string_view name) { return kImplNames.parse(name); }
 std::string_view attention_impl_name(AttentionImpl impl) { return kImplNames.name(impl); }
+bool attention_impl_available(AttentionImpl impl) { return impl != AttentionImpl::flash_bf16 || attn::flash_amx_available(); }
 AttentionOptMode parse_attention_opt_mode(std::string_view name) { return kOptModeNames.parse(name); }
 std::string_view attention_opt_mode_name(AttentionOptMode mode) { return kOptModeNames.name(mode); }
 
 // The static table's pick, or in runtime mode the tuner's (tuned once per key; the static pick
 // in simulate mode, where nothing can be timed).
 AttentionTuneChoice automatic_choice(const Inputs& in, AttentionOptMode mode, AttentionLayout layout, const Stream& stream) {
-  if (mode == AttentionOptMode::static_table || stream.device().simulate()) return static_choice(in);
+  // Simulate mode models the NPU's kernel, not this CPU's: the same pick on every host.
+  if (stream.device().simulate()) return {AttentionImpl::flash, in.layout, 0.0};
+  if (mode == AttentionOptMode::static_table) return static_choice(in);
   const AttentionTuneKey key{in.batch, in.heads, in.d, in.sq, in.sk, in.q.dtype(), layout, in.mask_kind};
   if (auto found = AttentionTuner::global().find(key)) return *found;
   const AttentionTuneChoice choice = tune(in, stream);

@@ -104,13 +104,18 @@ QBlockState::QBlockState(const FlashGeometry& g)
       alpha(m.size()),
       row_cols(static_cast<std::size_t>(g.kernels->mr)) {}
 
-void begin_q_block(const FlashGeometry& g, const HeadProblem& head, DType dtype, int64_t q0, QBlockState& st) {
-  const int64_t mr = g.kernels->mr, d = g.d;
+void reset_q_block(const FlashGeometry& g, const HeadProblem& head, int64_t q0, QBlockState& st) {
+  const int64_t mr = g.kernels->mr;
   st.q0 = q0;
   st.panels = static_cast<int>(std::min<int64_t>(kPanelsPerBlock, (head.sq - q0 + mr - 1) / mr));
   std::fill(st.m.begin(), st.m.end(), -std::numeric_limits<float>::infinity());
   std::fill(st.l.begin(), st.l.end(), 0.0f);
   std::fill(std::begin(st.o_started), std::end(st.o_started), false);
+}
+
+void begin_q_block(const FlashGeometry& g, const HeadProblem& head, DType dtype, int64_t q0, QBlockState& st) {
+  const int64_t mr = g.kernels->mr, d = g.d;
+  reset_q_block(g, head, q0, st);
   std::vector<float> row(static_cast<std::size_t>(d));
   for (int p = 0; p < st.panels; ++p) {
     float* panel = st.q.data() + p * mr * d;

@@ -65,6 +65,8 @@ struct QBlockState {
 
 // Resets `st` for the q-block starting at row q0 and packs its Q rows.
 void begin_q_block(const FlashGeometry& g, const HeadProblem& head, DType dtype, int64_t q0, QBlockState& st);
+// The reset alone (kernels that pack Q their own way).
+void reset_q_block(const FlashGeometry& g, const HeadProblem& head, int64_t q0, QBlockState& st);
 
 // Whether key block kb holds any key that the micro-panel starting at query row panel_q0 may see
 // (false for causal blocks entirely above the diagonal, and for key blocks that no query block of

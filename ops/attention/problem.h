@@ -52,5 +52,8 @@ struct TileKernels;
 void run_math(const AttentionBatch& batch);
 // `kernels`: the tile kernels of one ISA (tests run each); null for the widest this CPU has.
 void run_flash(const AttentionBatch& batch, const TileKernels* kernels = nullptr);
+// Flash attention with bf16 tile products on AMX-BF16 (flash_amx.cpp); throws where AMX is absent.
+bool flash_amx_available();
+void run_flash_amx(const AttentionBatch& batch);
 
 }  // namespace cubevec::ops::attn

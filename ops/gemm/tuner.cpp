@@ -485,6 +485,10 @@ std::string GemmTuner::set_file(const std::string& path, bool strict) {
     foreign_entries_ = json::array();
   }
   if (path.empty()) return "";
+  // A forced kernel the environment names wrongly is its own error, not the file's: reading the
+  // entries asks which kernels are candidates (considers_every_candidate).
+  forced_bf16_path();
+  forced_int8_isa();
   std::error_code ec;
   if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec)))
     return "tuning file " + path + " does not exist yet; calibrations will be written there";

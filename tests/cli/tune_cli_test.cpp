@@ -149,6 +149,15 @@ TEST_F(TuneCli, ForcingAnInt8KernelIsCheckedAgainstTheCpu) {
     EXPECT_EQ(doc["gemm"][0]["choice"]["kernel"], name);
     for (const auto& considered : doc["gemm"][0]["considered"]) EXPECT_EQ(considered["kernel"], name);
   }
+  // A bad value is the variable's error even with a valid tuning file holding int8 entries (it was
+  // reported as the file's, with the advice to delete it).
+  const auto with_file = cubevec_cli_test::run_program(
+      {"/usr/bin/env", "CUBEVEC_INT8_ISA=AMX", CUBEVEC_BINARY, "tune", "--tune-cache", (dir_ / "tuning-portable.json").string(),
+       "--families", "int8", "--shapes", "skinny", "--cube-threads", "1"},
+      dir_);
+  EXPECT_EQ(with_file.status, 1);
+  EXPECT_NE(with_file.err.find("error: CUBEVEC_INT8_ISA=AMX: unknown int8 ISA"), std::string::npos) << with_file.err;
+  EXPECT_EQ(with_file.err.find("not valid"), std::string::npos) << with_file.err;
 }
 
 }  // namespace tune_cli_test

@@ -27,6 +27,14 @@ namespace cubevec::testing {
 inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // Options that run `impl` with q, k, v handed to it in `kernel_layout` (opt_mode manual).
+// `impls` plus flash_bf16 where this CPU runs it and the activations are bf16 (for f32 inputs it
+// rounds them to bf16, beyond the f32 tolerances the tests hold the other implementations to).
+inline std::vector<ops::AttentionImpl> with_flash_bf16(std::vector<ops::AttentionImpl> impls, DType dtype) {
+  if (dtype == DType::bf16 && ops::attention_impl_available(ops::AttentionImpl::flash_bf16))
+    impls.push_back(ops::AttentionImpl::flash_bf16);
+  return impls;
+}
+
 inline ops::AttentionOptions manual(ops::AttentionImpl impl, ops::AttentionLayout kernel_layout = ops::AttentionLayout::bnsd) {
   ops::AttentionOptions o;
   o.opt_mode = ops::AttentionOptMode::manual;

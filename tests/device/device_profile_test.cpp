@@ -125,7 +125,7 @@ TEST(DeviceProfile, ErrorsNameTheFieldAndWhatWasExpected) {
   fails(swap(keyed, "\"reference\": 4608", "\"reference\": 200000"),
         "p.json.kernels.attention_keys: expected shortest <= reference <= longest");
   fails(swap(keyed, "\"longest\": 131072", "\"longest\": 131072, \"dim\": 128"), "p.json.kernels.attention_keys: unknown field \"dim\"");
-  fails(swap(keyed, "\"half_rate\": 3050", "\"half_rate\": -1"), "p.json.kernels.attention_keys.half_rate: expected a number from 0");
+  fails(swap(keyed, "\"half_rate\": 3050", "\"half_rate\": 0"), "p.json.kernels.attention_keys.half_rate: expected a number from 1");
 }
 
 TEST(DeviceProfile, CommunicationIsModelledOnlyFromLinkFigures) {

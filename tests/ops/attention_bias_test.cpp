@@ -89,7 +89,7 @@ TEST(AttentionBias, FourDimensionalBiasBroadcastOverTheBatchMatchesTheDoubleLoop
   for (DType dtype : {DType::f32, DType::bf16}) {
     const Qkv x = make_qkv(b, sq, sk, n, d, dtype, 11);
     const auto want = reference_with_bias(x, b, sq, sk, n, d, bias, 1, n, 0.25);
-    for (AttentionImpl impl : {AttentionImpl::math, AttentionImpl::flash, AttentionImpl::cv_pipelined})
+    for (AttentionImpl impl : with_flash_bf16({AttentionImpl::math, AttentionImpl::flash, AttentionImpl::cv_pipelined}, dtype))
       for (AttentionLayout kl : {AttentionLayout::bnsd, AttentionLayout::bsnd}) {
         ops::AttentionOptions o = manual(impl, kl);
         o.mask = bias_t;

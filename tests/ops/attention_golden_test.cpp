@@ -20,6 +20,8 @@
 //   bf16, flash / cv_pipelined / runtime / static:  |got - e| <= 2^-5 * M + 1e-3
 //         (these keep the scores and probabilities in f32, so they differ from the rounded path
 //         by up to half a bf16 ulp of every score and probability)
+//   flash_bf16 (where the CPU has AMX-BF16), f32 or bf16 cases: the bf16 flash bound (it rounds
+//         q, k, v and the probabilities to bf16 and sums in f32)
 // A NaN expected value (a row whose mask is false everywhere) must be NaN; a NaN result where the
 // golden is finite is a failure.
 #include <gtest/gtest.h>
@@ -210,11 +212,12 @@ struct AttentionRun {
 
 std::vector<AttentionRun> attention_runs() {
   std::vector<AttentionRun> runs;
-  for (auto impl : {ops::AttentionImpl::math, ops::AttentionImpl::flash, ops::AttentionImpl::cv_pipelined})
+  for (auto impl : {ops::AttentionImpl::math, ops::AttentionImpl::flash, ops::AttentionImpl::cv_pipelined, ops::AttentionImpl::flash_bf16})
     for (auto kernel_layout : {ops::AttentionLayout::bnsd, ops::AttentionLayout::bsnd})
-      runs.push_back({"manual " + std::string(ops::attention_impl_name(impl)) + ", kernel layout " +
-                          std::string(ops::attention_layout_name(kernel_layout)),
-                      ops::AttentionOptMode::manual, impl, kernel_layout, impl == ops::AttentionImpl::math});
+      if (ops::attention_impl_available(impl))
+        runs.push_back({"manual " + std::string(ops::attention_impl_name(impl)) + ", kernel layout " +
+                            std::string(ops::attention_layout_name(kernel_layout)),
+                        ops::AttentionOptMode::manual, impl, kernel_layout, impl == ops::AttentionImpl::math});
   // The automatic modes may choose any implementation: the looser (flash) bf16 bound.
   runs.push_back({"runtime", ops::AttentionOptMode::runtime, ops::AttentionImpl::flash, ops::AttentionLayout::bnsd, false});
   runs.push_back({"static", ops::AttentionOptMode::static_table, ops::AttentionImpl::flash, ops::AttentionLayout::bnsd, false});
@@ -252,8 +255,10 @@ TEST(GoldenAttention, AttentionForwardEveryImplementation) {
         options.kernel_layout = run.kernel_layout;
         try {
           const Tensor out = ops::attention_forward(q, k, v, options);
+          // flash_bf16 rounds q, k, v and P to bf16 whatever they come in: the bf16 bound.
+          const bool f32_sums = dtype == "f32" && run.impl != ops::AttentionImpl::flash_bf16;
           expect_matches_golden(*file, c, run.label, out,
-                                [&](double max_e) { return dtype == "f32" ? f32_bound(sk, d, max_e) : bf16_bound(run.math, max_e); });
+                                [&](double max_e) { return f32_sums ? f32_bound(sk, d, max_e) : bf16_bound(run.math, max_e); });
           ++runs_done;
         } catch (const std::exception& e) {
           ADD_FAILURE() << c.name << " [" << run.label << "]: threw: " << e.what();
@@ -276,8 +281,9 @@ TEST(GoldenAttention, VarlenEveryImplementation) {
   auto file = open_attention_golden();
   ASSERT_TRUE(file);
   const auto cases = cases_of(*file, "attention_varlen");
-  const ops::AttentionImpl impls[] = {ops::AttentionImpl::math, ops::AttentionImpl::flash, ops::AttentionImpl::cv_pipelined};
-  std::printf("[ golden   ] attention_varlen: %zu cases x %zu implementations from %s\n", cases.size(), std::size(impls),
+  std::vector<ops::AttentionImpl> impls = {ops::AttentionImpl::math, ops::AttentionImpl::flash, ops::AttentionImpl::cv_pipelined};
+  if (ops::attention_impl_available(ops::AttentionImpl::flash_bf16)) impls.push_back(ops::AttentionImpl::flash_bf16);
+  std::printf("[ golden   ] attention_varlen: %zu cases x %zu implementations from %s\n", cases.size(), impls.size(),
               std::filesystem::path(attention_golden_path()).filename().c_str());
   int cases_run = 0, runs_done = 0;
   for (const AttentionCase& c : cases) {
@@ -301,7 +307,8 @@ TEST(GoldenAttention, VarlenEveryImplementation) {
         try {
           const Tensor out = ops::attention_forward_varlen(q, k, v, cu_q, cu_k, options);
           expect_matches_golden(*file, c, label, out, [&](double max_e) {
-            return dtype == "f32" ? f32_bound(max_sk, d, max_e) : bf16_bound(impl == ops::AttentionImpl::math, max_e);
+            const bool f32_sums = dtype == "f32" && impl != ops::AttentionImpl::flash_bf16;
+            return f32_sums ? f32_bound(max_sk, d, max_e) : bf16_bound(impl == ops::AttentionImpl::math, max_e);
           });
           ++runs_done;
         } catch (const std::exception& e) {
@@ -314,7 +321,7 @@ TEST(GoldenAttention, VarlenEveryImplementation) {
     }
   }
   EXPECT_GT(cases_run, 0) << attention_golden_path() << " holds no attention_varlen case";
-  EXPECT_EQ(runs_done, cases_run * static_cast<int>(std::size(impls))) << "some varlen runs did not complete";
+  EXPECT_EQ(runs_done, cases_run * static_cast<int>(impls.size())) << "some varlen runs did not complete";
 }
 
 }  // namespace attention_golden_test

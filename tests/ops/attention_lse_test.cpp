@@ -66,7 +66,7 @@ TEST(AttentionLse, FlashAndCvPipelinedReturnTheDoubleLoopsLogSumExp) {
     const double scale = 1.0 / std::sqrt(double(d));
     const auto want_out = reference_bsnd(x, b, sq, sk, n, d, &mask, b, 1, scale);
     const auto want_lse = reference_lse(x, b, sq, sk, n, d, &mask, scale);
-    for (AttentionImpl impl : {AttentionImpl::flash, AttentionImpl::cv_pipelined})
+    for (AttentionImpl impl : with_flash_bf16({AttentionImpl::flash, AttentionImpl::cv_pipelined}, dtype))
       for (AttentionLayout kl : {AttentionLayout::bnsd, AttentionLayout::bsnd}) {
         const std::string what = std::string(ops::attention_impl_name(impl)) + "/" + std::string(ops::attention_layout_name(kl)) + " " +
                                  std::string(dtype_name(dtype));

@@ -86,6 +86,61 @@ TEST(AttentionFlash, EveryIsaMatchesTheDoubleLoop) {
   }
 }
 
+// flash_bf16 (AMX-BF16 tiles of 32 query rows x 128 keys, head dims padded to 32) around the same
+// edges, both input dtypes: within the bf16 bound of the double loop (it rounds q, k, v and P).
+TEST(AttentionFlash, Bf16TilesMatchTheDoubleLoop) {
+  if (!ops::attention_impl_available(AttentionImpl::flash_bf16)) {
+    const Qkv x = make_qkv(1, 8, 8, 1, 16, DType::bf16, 3);
+    EXPECT_NE(
+        message_of([&] { ops::attention_forward(x.q, x.k, x.v, manual(AttentionImpl::flash_bf16)); }).find("flash_bf16 needs AMX-BF16"),
+        std::string::npos);
+    return;
+  }
+  struct Case {
+    int64_t sq, sk, d;
+    bool mask, causal;
+  };
+  const Case cases[] = {{1, 1, 1, false, false},     {33, 129, 72, false, false}, {129, 257, 128, true, false},
+                        {200, 130, 17, false, true}, {24, 300, 96, true, true},   {70, 40, 130, false, false},
+                        {3, 511, 33, true, false},   {128, 128, 64, false, true}, {97, 60, 7, false, true}};
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    unsigned seed = 300;
+    for (const Case& c : cases) {
+      const std::string what = std::string("flash_bf16 ") + std::string(dtype_name(dtype)) + " sq=" + std::to_string(c.sq) +
+                               " sk=" + std::to_string(c.sk) + " d=" + std::to_string(c.d) + (c.mask ? " mask" : "") +
+                               (c.causal ? " causal" : "");
+      const Qkv x = make_qkv(1, c.sq, c.sk, 1, c.d, dtype, seed += 10);
+      const std::vector<uint8_t> mask = random_mask(c.sq * c.sk, seed, 0.7);
+      Tensor out = Tensor::empty({c.sq, c.d}, dtype);
+      ops::attn::AttentionBatch batch;
+      batch.d = c.d;
+      batch.dtype = dtype;
+      batch.scale = 0.37f;
+      ops::attn::HeadProblem h;
+      h.q = x.q.data_ptr();
+      h.k = x.k.data_ptr();
+      h.v = x.v.data_ptr();
+      h.out = out.mutable_data_ptr();
+      h.q_ld = h.k_ld = h.v_ld = h.out_ld = c.d;
+      h.sq = c.sq;
+      h.sk = c.sk;
+      h.mask = c.mask ? mask.data() : nullptr;
+      h.mask_ld = c.sk;
+      h.causal = c.causal;
+      batch.heads.push_back(h);
+      ops::attn::run_flash_amx(batch);
+      // The reference on the operands as the tiles see them: f32 inputs rounded to bf16.
+      auto rounded = [](std::vector<double> v) {
+        for (double& e : v) e = bf16_to_f32(f32_to_bf16(static_cast<float>(e)));
+        return v;
+      };
+      const std::vector<double> q = rounded(x.qd), k = rounded(x.kd), v = rounded(x.vd);
+      const auto want = reference_head({c.sq, c.sk, c.d, q.data(), k.data(), v.data(), c.mask ? mask.data() : nullptr, c.causal}, 0.37);
+      expect_matches(values(out), want, DType::bf16, c.sk, c.d, what);
+    }
+  }
+}
+
 // --- the public API, every implementation -----------------------------------------------------------
 
 TEST(AttentionForward, EveryImplementationMatchesTheDoubleLoopOnManyTiles) {
@@ -98,7 +153,7 @@ TEST(AttentionForward, EveryImplementationMatchesTheDoubleLoopOnManyTiles) {
     const Tensor mask_t = bool_tensor(mask, {b, 1, sq, sk});
     const auto want_masked = reference_bsnd(x, b, sq, sk, n, d, &mask, b, 1, 1.0 / std::sqrt(72.0));
     const auto want_plain = reference_bsnd(x, b, sq, sk, n, d, nullptr, 1, 1, 0.25);
-    for (AttentionImpl impl : kImpls) {
+    for (AttentionImpl impl : with_flash_bf16({std::begin(kImpls), std::end(kImpls)}, dtype)) {
       for (AttentionLayout kl : {AttentionLayout::bnsd, AttentionLayout::bsnd}) {
         const std::string what = std::string(ops::attention_impl_name(impl)) + "/" + std::string(ops::attention_layout_name(kl)) + " " +
                                  std::string(dtype_name(dtype));
@@ -356,7 +411,7 @@ TEST(AttentionForward, BadArgumentsGiveClearErrors) {
       {run(q, k, v, manual(AttentionImpl::flash, AttentionLayout::bsh)), "kernel_layout BSH needs BSH input (layout BSND given)"},
       {message_of([] { ops::parse_attention_layout("SBH"); }), "unknown attention layout 'SBH' (expected one of: BSND, BNSD, BSH)"},
       {message_of([] { ops::parse_attention_impl("laser"); }),
-       "unknown attention op_type 'laser' (expected one of: math, flash, cv_pipelined)"},
+       "unknown attention op_type 'laser' (expected one of: math, flash, cv_pipelined, flash_bf16)"},
       {message_of([] { ops::parse_attention_opt_mode("auto"); }),
        "unknown attention opt_mode 'auto' (expected one of: runtime, static, manual)"},
   };

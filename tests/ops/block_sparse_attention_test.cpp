@@ -129,7 +129,7 @@ TEST(BlockSparseAttention, EveryImplementationAndLayoutWithBroadcastMasks) {
             for (int64_t c = 0; c < d; ++c)
               want[static_cast<std::size_t>(((bi * s + i) * n + ni) * d + c)] = o[static_cast<std::size_t>(i * d + c)];
         }
-      for (AttentionImpl impl : {AttentionImpl::flash, AttentionImpl::cv_pipelined})
+      for (AttentionImpl impl : with_flash_bf16({AttentionImpl::flash, AttentionImpl::cv_pipelined}, dtype))
         for (AttentionLayout kl : {AttentionLayout::bnsd, AttentionLayout::bsnd}) {
           const std::string what = std::string(ops::attention_impl_name(impl)) + "/" + std::string(ops::attention_layout_name(kl)) + " " +
                                    std::string(dtype_name(dtype)) + " mask batches " + std::to_string(mask_batches);
@@ -150,7 +150,7 @@ TEST(BlockSparseAttention, AllKeptIsTodaysFlashBitForBit) {
   for (DType dtype : {DType::f32, DType::bf16}) {
     const Qkv x = make_qkv(1, s, s, n, d, dtype, 5);
     const Tensor all = bool_tensor(std::vector<uint8_t>(static_cast<std::size_t>(n * l * l), 1), {1, n, l, l});
-    for (AttentionImpl impl : {AttentionImpl::flash, AttentionImpl::cv_pipelined}) {
+    for (AttentionImpl impl : with_flash_bf16({AttentionImpl::flash, AttentionImpl::cv_pipelined}, dtype)) {
       ops::AttentionOptions dense;
       dense.opt_mode = ops::AttentionOptMode::manual;
       dense.op_type = impl;

@@ -1,0 +1,157 @@
+// bf16 flash attention on AMX-BF16 tiles: the tiled flash attention of flash.cpp with its two
+// matmuls (Q K^T and P V) as bf16 tile products summed in f32, and the same f32 online softmax,
+// masks, causal prefixes, block sparsity and log-sum-exp (flash_tiles.h). Tiles are 32 query rows
+// (a "panel", four to a q-block of 128 rows: MindIE SD's sparse block) against 128 keys.
+// q, k and v are rounded to bf16 (exact for bf16 activations); P is rounded to bf16 before P V.
+#include <algorithm>
+#include <cstring>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include "base/error.h"
+#include "ops/attention/flash_amx_kernels.h"
+#include "ops/attention/flash_tiles.h"
+#include "ops/gemm/cpu_caches.h"
+#include "ops/gemm/driver.h"
+#include "tensor/half.h"
+
+namespace cubevec::ops::attn {
+
+namespace {
+
+// The geometry flash_tiles.h's helpers need: 32-row panels, columns in panels of 32 (dp = dpad),
+// the AVX-512 softmax. No f32 matmul kernels: the tiles do those.
+const TileKernels& amx_tile_kernels() {
+  static const TileKernels kernels = [] {
+    TileKernels k = tile_kernels(Isa::avx512);
+    k.mr = kAmxRows;
+    k.nr = 32;
+    k.qk = nullptr;
+    k.pv_wide = 32, k.pv_narrow = 32;
+    k.pv_wide_kernel = nullptr, k.pv_narrow_kernel = nullptr;
+    return k;
+  }();
+  return kernels;
+}
+
+// Row `row` of a head operand as bf16 into dst[0 .. d).
+void load_row_bf16(const void* base, int64_t ld, int64_t row, int64_t d, DType dtype, uint16_t* dst) {
+  if (dtype == DType::bf16) std::memcpy(dst, static_cast<const uint16_t*>(base) + row * ld, static_cast<std::size_t>(d) * 2);
+  else convert_f32_to_bf16(static_cast<const float*>(base) + row * ld, dst, static_cast<std::size_t>(d));
+}
+
+// One head's K and V for the tiles: per key block, K as dpad / 2 dimension pairs x 128 keys x 2 and
+// V as 64 key pairs x dpad x 2 (VNNI pair order), zero past the head's keys and dimensions.
+struct PackedKVBf16 {
+  uint16_t* k = nullptr;
+  uint16_t* v = nullptr;
+};
+int64_t block_elems(int64_t dpad) { return dpad * kBlockKeys; }
+
+void pack_kv_block(const HeadProblem& head, DType dtype, int64_t d, int64_t dpad, int64_t kb, const PackedKVBf16& out) {
+  uint16_t* k = out.k + kb * block_elems(dpad);
+  uint16_t* v = out.v + kb * block_elems(dpad);
+  std::fill(k, k + block_elems(dpad), uint16_t{0});
+  std::fill(v, v + block_elems(dpad), uint16_t{0});
+  const int64_t key0 = kb * kBlockKeys, keys = std::min<int64_t>(kBlockKeys, head.sk - key0);
+  // Rows in bf16, padded with zeros to dpad: a pair of dimensions (K) or of keys (V) is one 32-bit word.
+  std::vector<uint16_t> rows(static_cast<std::size_t>(2 * dpad), 0);
+  uint16_t* const r0 = rows.data();
+  uint16_t* const r1 = rows.data() + dpad;
+  for (int64_t j = 0; j < keys; ++j) {
+    load_row_bf16(head.k, head.k_ld, key0 + j, d, dtype, r0);
+    for (int64_t pair = 0; pair < dpad / 2; ++pair) std::memcpy(k + (pair * kBlockKeys + j) * 2, r0 + 2 * pair, 2 * sizeof(uint16_t));
+  }
+  for (int64_t j = 0; j < keys; j += 2) {
+    load_row_bf16(head.v, head.v_ld, key0 + j, d, dtype, r0);
+    if (j + 1 < keys) load_row_bf16(head.v, head.v_ld, key0 + j + 1, d, dtype, r1);
+    else std::fill(r1, r1 + dpad, uint16_t{0});
+    uint16_t* pair = v + (j / 2) * dpad * 2;
+    for (int64_t c = 0; c < d; ++c) pair[2 * c] = r0[c], pair[2 * c + 1] = r1[c];
+  }
+}
+
+int64_t pack_budget_elems() {
+  static const int64_t budget = std::clamp<int64_t>(gemm::this_cpu_caches().l3, int64_t{8} << 20, int64_t{64} << 20) / 2;
+  return budget;
+}
+
+void run_q_block(const FlashGeometry& g, const AttentionBatch& batch, const HeadProblem& head, const PackedKVBf16& kv, int64_t q0,
+                 QBlockState& st, std::vector<uint16_t>& q, float* s) {
+  reset_q_block(g, head, q0, st);  // the softmax state (the Q panels are packed below, in bf16)
+  const int64_t d = g.d, dpad = g.dp;
+  std::fill(q.begin(), q.end(), uint16_t{0});
+  for (int64_t r = 0; r < std::min<int64_t>(g.block_rows(), head.sq - q0); ++r)
+    load_row_bf16(head.q, head.q_ld, q0 + r, d, batch.dtype, q.data() + r * dpad);
+  for (int64_t kb = 0; kb < FlashGeometry::key_blocks(head.sk); ++kb) {
+    const int keys = static_cast<int>(std::min<int64_t>(kBlockKeys, head.sk - kb * kBlockKeys));
+    bool any = false;
+    for (int p = 0; p < st.panels; ++p) {
+      if (!panel_sees_block(g, head, st, p, kb)) continue;
+      any = true;
+      float* m = st.m.data() + p * kAmxRows;
+      float* l = st.l.data() + p * kAmxRows;
+      float* alpha = st.alpha.data() + p * kAmxRows;
+      amx_qk_block(q.data() + p * kAmxRows * dpad, dpad, kv.k + kb * block_elems(dpad), s);
+      softmax_step(g, head, batch.scale, q0 + p * kAmxRows, kb, s, m, l, alpha);
+      amx_pv_block(s, keys, dpad, kv.v + kb * block_elems(dpad), st.o.data() + p * kAmxRows * dpad, st.o_started[p] ? alpha : nullptr);
+      st.o_started[p] = true;
+    }
+    if (!any && later_blocks_unseen_too(head)) break;
+  }
+  finish_q_block(g, head, batch.dtype, st, st.m.data(), st.l.data());
+}
+
+}  // namespace
+
+bool flash_amx_available() { return gemm::amx_ready(); }
+
+void run_flash_amx(const AttentionBatch& batch) {
+  if (!flash_amx_available()) throw Error("attention: flash_bf16 needs AMX-BF16, which this CPU (or its kernel) does not offer");
+  const FlashGeometry g(amx_tile_kernels(), batch.d);
+  const int64_t dpad = g.dp;
+  const auto& heads = batch.heads;
+  std::size_t h0 = 0;
+  while (h0 < heads.size()) {
+    // [h0, h1): heads whose packed K and V fit the budget together.
+    std::vector<int64_t> offsets{0};
+    std::size_t h1 = h0;
+    while (h1 < heads.size()) {
+      const int64_t size = 2 * FlashGeometry::key_blocks(heads[h1].sk) * block_elems(dpad);
+      if (h1 > h0 && offsets.back() + size > pack_budget_elems()) break;
+      offsets.push_back(offsets.back() + size);
+      ++h1;
+    }
+    Scratch packed((offsets.back() + 1) / 2);  // floats: two bf16 each
+    auto kv_of = [&](std::size_t h) {
+      uint16_t* base = reinterpret_cast<uint16_t*>(packed.data()) + offsets[h - h0];
+      return PackedKVBf16{base, base + FlashGeometry::key_blocks(heads[h].sk) * block_elems(dpad)};
+    };
+    std::vector<int64_t> kb_start{0}, qb_start{0};
+    for (std::size_t h = h0; h < h1; ++h) {
+      kb_start.push_back(kb_start.back() + FlashGeometry::key_blocks(heads[h].sk));
+      qb_start.push_back(qb_start.back() + g.q_blocks(heads[h].sq));
+    }
+    auto head_of = [](const std::vector<int64_t>& start, int64_t i) {
+      return static_cast<std::size_t>(std::upper_bound(start.begin(), start.end(), i) - start.begin() - 1);
+    };
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, kb_start.back()), [&](const tbb::blocked_range<int64_t>& r) {
+      for (int64_t i = r.begin(); i < r.end(); ++i) {
+        const std::size_t local = head_of(kb_start, i);
+        pack_kv_block(heads[h0 + local], batch.dtype, batch.d, dpad, i - kb_start[local], kv_of(h0 + local));
+      }
+    });
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, qb_start.back()), [&](const tbb::blocked_range<int64_t>& r) {
+      QBlockState st(g);
+      std::vector<uint16_t> q(static_cast<std::size_t>(g.block_rows() * dpad));
+      Scratch s(int64_t{kAmxRows} * kBlockKeys);
+      for (int64_t i = r.begin(); i < r.end(); ++i) {
+        const std::size_t local = head_of(qb_start, i);
+        run_q_block(g, batch, heads[h0 + local], kv_of(h0 + local), (i - qb_start[local]) * g.block_rows(), st, q, s.data());
+      }
+    });
+    h0 = h1;
+  }
+}
+
+}  // namespace cubevec::ops::attn

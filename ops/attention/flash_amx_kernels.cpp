@@ -1,0 +1,85 @@
+// Compiled with -mamx-tile -mamx-bf16 -mavx512f -mavx512bw -mavx512bf16 (see ops/CMakeLists.txt);
+// called only where ops::gemm::amx_ready() granted the tile state. Tiles as every cubevec AMX
+// kernel: 0-3 f32 accumulators, 4-5 A (16 rows x 32 bf16), 6-7 B (16 pairs x 16 columns x 2).
+#include "ops/attention/flash_amx_kernels.h"
+
+#include <immintrin.h>
+
+#include "ops/attention/tile_kernels.h"
+#include "ops/gemm/amx_tiles.h"
+
+namespace cubevec::ops::attn {
+
+void amx_qk_block(const uint16_t* q, int64_t dpad, const uint16_t* k_packed, float* s) {
+  gemm::configure_amx_tiles();
+  const int64_t q_stride = dpad * 2, k_stride = kBlockKeys * 4, s_stride = kBlockKeys * 4;  // bytes
+  for (int j = 0; j < kBlockKeys; j += 32) {                                                // keys j .. j + 31: two B tiles of 16
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t c = 0; c < dpad; c += 32) {  // 32 dimensions = 16 pairs per step
+      const uint16_t* kb = k_packed + (c / 2) * kBlockKeys * 2 + j * 2;
+      _tile_loadd(4, q + c, q_stride);
+      _tile_loadd(6, kb, k_stride);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(7, kb + 32, k_stride);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_loadd(5, q + 16 * dpad + c, q_stride);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, s + j, s_stride);
+    _tile_stored(1, s + j + 16, s_stride);
+    _tile_stored(2, s + 16 * kBlockKeys + j, s_stride);
+    _tile_stored(3, s + 16 * kBlockKeys + j + 16, s_stride);
+  }
+}
+
+void amx_pv_block(const float* p, int keys, int64_t dpad, const uint16_t* v_packed, float* o, const float* alpha) {
+  gemm::configure_amx_tiles();
+  // P in bf16 (nearest even), the columns past `keys` zero: 32 rows of 128.
+  alignas(64) uint16_t pb[kAmxRows * kBlockKeys];
+  const int chunks = (keys + 31) / 32;  // 32-key steps that hold any key
+  for (int r = 0; r < kAmxRows; ++r)
+    for (int c = 0; c < chunks * 32; c += 32) {
+      const int valid = keys - c;
+      const __mmask16 lo = static_cast<__mmask16>(valid >= 16 ? 0xFFFF : valid > 0 ? (1u << valid) - 1u : 0u);
+      const __mmask16 hi = static_cast<__mmask16>(valid >= 32 ? 0xFFFF : valid > 16 ? (1u << (valid - 16)) - 1u : 0u);
+      const __m512 a = _mm512_maskz_loadu_ps(lo, p + r * kBlockKeys + c), b = _mm512_maskz_loadu_ps(hi, p + r * kBlockKeys + c + 16);
+      _mm512_store_si512(pb + r * kBlockKeys + c, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));
+    }
+  const int64_t v_stride = dpad * 4, p_stride = kBlockKeys * 2;  // bytes
+  alignas(64) float tile[kAmxRows * 32];
+  for (int64_t g = 0; g < dpad; g += 32) {  // columns g .. g + 31: two B tiles of 16
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int c = 0; c < chunks * 32; c += 32) {  // 32 keys = 16 pairs per step
+      const uint16_t* vb = v_packed + (c / 2) * dpad * 2 + g * 2;
+      _tile_loadd(4, pb + c, p_stride);
+      _tile_loadd(6, vb, v_stride);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(7, vb + 32, v_stride);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_loadd(5, pb + 16 * kBlockKeys + c, p_stride);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, tile, 128);
+    _tile_stored(1, tile + 16, 128);
+    _tile_stored(2, tile + 16 * 32, 128);
+    _tile_stored(3, tile + 16 * 32 + 16, 128);
+    for (int r = 0; r < kAmxRows; ++r) {
+      float* row = o + r * dpad + g;
+      for (int h = 0; h < 32; h += 16) {
+        __m512 v = _mm512_load_ps(tile + r * 32 + h);
+        if (alpha) v = _mm512_fmadd_ps(_mm512_set1_ps(alpha[r]), _mm512_loadu_ps(row + h), v);
+        _mm512_storeu_ps(row + h, v);
+      }
+    }
+  }
+}
+
+}  // namespace cubevec::ops::attn

@@ -1,0 +1,22 @@
+// The two matmul steps of bf16 flash attention on AMX-BF16 tiles (ops/attention/flash_amx.cpp runs
+// them around the f32 online softmax of tile_kernels.h). A tile is 32 query rows against one block
+// of kBlockKeys (128) keys; head dims are zero-padded to dpad, a multiple of 32. Plain declarations
+// only: the file that defines them is compiled for AMX (see ops/gemm/microkernel.h for why).
+#pragma once
+
+#include <cstdint>
+
+namespace cubevec::ops::attn {
+
+inline constexpr int kAmxRows = 32;  // query rows per tile: two 16-row A tiles
+
+// S [32 x 128] (row stride 128) = Q [32 x dpad] (bf16, row stride dpad) times the key block's K^T,
+// K packed as dpad / 2 pairs of dimensions x 128 keys x 2 (keys past the head's end zero).
+void amx_qk_block(const uint16_t* q, int64_t dpad, const uint16_t* k_packed, float* s);
+
+// O [32 x dpad] (f32, row stride dpad) = (alpha ? alpha[r] O : 0) + P V: P [32 x 128] f32 (row
+// stride 128; columns from `keys` on are taken as 0), rounded to bf16; V packed as 64 pairs of keys
+// x dpad x 2 (keys past the head's end zero).
+void amx_pv_block(const float* p, int keys, int64_t dpad, const uint16_t* v_packed, float* o, const float* alpha);
+
+}  // namespace cubevec::ops::attn
