@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "bench/harness.h"
+#include "bench/quantized_block.h"
 #include "models/flux_transformer.h"
 #include "models/tiny_text_encoder.h"
 #include "ops/gemm/tuner.h"
@@ -125,16 +126,6 @@ void gemm_cases(Context& context, Device& device) {
     f.extra["x_quantize_then_gemm"] = (quantize.median_s + seconds["int8 gemm"]) / fused.median_s;
     f.extra["x_f32"] = seconds["f32"] / fused.median_s;
     context.add(f);
-  }
-}
-
-// The Linears of a block quantized with `algorithm` (static ranges: the block inputs' [-4, 4]).
-void quantize_block(models::ParameterTable& table, Algorithm algorithm) {
-  for (const auto& [name, linear] : table.linears()) {
-    const std::vector<quant::ActivationRange> ranges =
-        algorithm == Algorithm::w8a8 ? std::vector<quant::ActivationRange>{{-4.0f, 4.0f}} : std::vector<quant::ActivationRange>{};
-    const quant::QuantTensors t = quant::quantize_layer(linear->weight, linear->bias, algorithm, ranges);
-    pipelines::install_quantized(*linear, quant::make_quantized_linear(algorithm, linear->in, linear->out, t, nullptr, name));
   }
 }
 
