@@ -5,29 +5,16 @@
 
 #include <cstdint>
 
+#include "ops/gemm/amx_tiles.h"
+
 namespace cubevec::bench {
 
 namespace {
 
-// Palette 1, every tile 16 rows of 64 bytes: tiles 0-3 accumulators, 4-5 A, 6-7 B (the layout
-// cubevec's AMX micro-kernel uses).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-}  // namespace
-
-// Four independent tdpbf16ps chains (each 16 x 16 outputs x 32 bf16 products = 16,384 flops)
-// fed from tiles loaded once; returns a value so the work is not dropped.
-float amx_loop(long iterations) {
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
-  _tile_loadconfig(&config);
-  alignas(64) static thread_local uint16_t operand[16 * 32];
-  for (int i = 0; i < 16 * 32; ++i) operand[i] = 0x3c00;  // bf16 2^-7
-  alignas(64) static thread_local float out[16 * 16];
+// The tile layout cubevec's AMX kernels use (0-3 accumulators, 4-5 A, 6-7 B), the accumulators
+// zeroed and the operand tiles loaded once from `operand` (16 rows of 64 bytes).
+void load_operand_tiles(const void* operand) {
+  ops::gemm::configure_amx_tiles();
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
@@ -36,6 +23,17 @@ float amx_loop(long iterations) {
   _tile_loadd(5, operand, 64);
   _tile_loadd(6, operand, 64);
   _tile_loadd(7, operand, 64);
+}
+
+}  // namespace
+
+// Four independent tdpbf16ps chains (each 16 x 16 outputs x 32 bf16 products = 16,384 flops)
+// fed from tiles loaded once; returns a value so the work is not dropped.
+float amx_loop(long iterations) {
+  alignas(64) static thread_local uint16_t operand[16 * 32];
+  for (int i = 0; i < 16 * 32; ++i) operand[i] = 0x3c00;  // bf16 2^-7
+  alignas(64) static thread_local float out[16 * 16];
+  load_operand_tiles(operand);
   for (long i = 0; i < iterations; ++i) {
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
@@ -48,20 +46,10 @@ float amx_loop(long iterations) {
 
 // Four independent tdpbusd chains (each 16 x 16 outputs x 64 u8 x s8 products = 32,768 int ops).
 int amx_int8_loop(long iterations) {
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
-  _tile_loadconfig(&config);
   alignas(64) static thread_local uint8_t operand[16 * 64];
   for (int i = 0; i < 16 * 64; ++i) operand[i] = 1;
   alignas(64) static thread_local int32_t out[16 * 16];
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  _tile_loadd(4, operand, 64);
-  _tile_loadd(5, operand, 64);
-  _tile_loadd(6, operand, 64);
-  _tile_loadd(7, operand, 64);
+  load_operand_tiles(operand);
   for (long i = 0; i < iterations; ++i) {
     _tile_dpbusd(0, 4, 6);
     _tile_dpbusd(1, 4, 7);

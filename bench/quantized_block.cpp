@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "models/layers.h"
 #include "pipelines/stages/quantize.h"
 #include "quant/calibration.h"
 #include "quant/schemes.h"

@@ -1,9 +1,7 @@
 // Tiled flash attention on the Cube unit's threads: heads in groups whose packed K/V fit a budget;
 // per group, K/V are packed in parallel, then the (head, q-block) tasks run in parallel, each
-// walking its head's key blocks with the online softmax (flash_tiles.h).
+// walking its head's key blocks with the online softmax (flash_tiles.h, walk_head_groups).
 #include <algorithm>
-#include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
 
 #include "ops/attention/flash_tiles.h"
 #include "ops/gemm/cpu_caches.h"
@@ -44,50 +42,22 @@ void run_q_block(const FlashGeometry& g, const AttentionBatch& batch, const Head
 
 void run_flash(const AttentionBatch& batch, const TileKernels* kernels) {
   const FlashGeometry g(kernels ? *kernels : tile_kernels(), batch.d);
-  const auto& heads = batch.heads;
-  std::size_t h0 = 0;
-  while (h0 < heads.size()) {
-    // [h0, h1): the group; offsets of each head's packed K and V in one scratch buffer.
-    std::vector<int64_t> offsets{0};
-    std::size_t h1 = h0;
-    while (h1 < heads.size()) {
-      const int64_t size = g.packed_k_floats(heads[h1].sk) + g.packed_v_floats(heads[h1].sk);
-      if (h1 > h0 && offsets.back() + size > pack_budget_floats()) break;
-      offsets.push_back(offsets.back() + size);
-      ++h1;
-    }
-    Scratch packed(offsets.back());
-    auto kv_of = [&](std::size_t h) {
-      float* base = packed.data() + offsets[h - h0];
-      return PackedKV{base, base + g.packed_k_floats(heads[h].sk)};
-    };
-    // (head, key block) and (head, q-block) index spaces of the group.
-    std::vector<int64_t> kb_start{0}, qb_start{0};
-    for (std::size_t h = h0; h < h1; ++h) {
-      kb_start.push_back(kb_start.back() + FlashGeometry::key_blocks(heads[h].sk));
-      qb_start.push_back(qb_start.back() + g.q_blocks(heads[h].sq));
-    }
-    auto head_of = [](const std::vector<int64_t>& start, int64_t i) {
-      return static_cast<std::size_t>(std::upper_bound(start.begin(), start.end(), i) - start.begin() - 1);
-    };
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, kb_start.back()), [&](const tbb::blocked_range<int64_t>& r) {
-      for (int64_t i = r.begin(); i < r.end(); ++i) {
-        const std::size_t local = head_of(kb_start, i);
-        const int64_t kb = i - kb_start[local];
-        pack_kv_blocks(g, heads[h0 + local], batch.dtype, kb, kb + 1, kv_of(h0 + local));
-      }
-    });
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, qb_start.back()), [&](const tbb::blocked_range<int64_t>& r) {
-      QBlockState st(g);
-      std::vector<float> s(static_cast<std::size_t>(g.kernels->mr * kBlockKeys));
-      for (int64_t i = r.begin(); i < r.end(); ++i) {
-        const std::size_t local = head_of(qb_start, i);
-        const int64_t qb = i - qb_start[local];
-        run_q_block(g, batch, heads[h0 + local], kv_of(h0 + local), qb * g.block_rows(), st, s.data());
-      }
-    });
-    h0 = h1;
-  }
+  const auto kv_of = [&](const PackedHeadItem& item) {
+    float* base = reinterpret_cast<float*>(item.packed);
+    return PackedKV{base, base + g.packed_k_floats(batch.heads[item.head].sk)};
+  };
+  walk_head_groups(
+      batch.heads, pack_budget_floats() * 4,
+      [&](const HeadProblem& h) { return (g.packed_k_floats(h.sk) + g.packed_v_floats(h.sk)) * int64_t{4}; }, g,
+      [&](const PackedHeadItem& item) { pack_kv_blocks(g, batch.heads[item.head], batch.dtype, item.index, item.index + 1, kv_of(item)); },
+      [&](int64_t begin, int64_t end, const HeadItemOf& item_at) {
+        QBlockState st(g);
+        std::vector<float> s(static_cast<std::size_t>(g.kernels->mr * kBlockKeys));
+        for (int64_t i = begin; i < end; ++i) {
+          const PackedHeadItem item = item_at(i);
+          run_q_block(g, batch, batch.heads[item.head], kv_of(item), item.index * g.block_rows(), st, s.data());
+        }
+      });
 }
 
 double AttentionBatch::flops() const {

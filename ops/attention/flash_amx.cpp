@@ -5,8 +5,6 @@
 // q, k and v are rounded to bf16 (exact for bf16 activations); P is rounded to bf16 before P V.
 #include <algorithm>
 #include <cstring>
-#include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
 
 #include "base/error.h"
 #include "ops/attention/flash_amx_kernels.h"
@@ -110,48 +108,23 @@ void run_flash_amx(const AttentionBatch& batch) {
   if (!flash_amx_available()) throw Error("attention: flash_bf16 needs AMX-BF16, which this CPU (or its kernel) does not offer");
   const FlashGeometry g(amx_tile_kernels(), batch.d);
   const int64_t dpad = g.dp;
-  const auto& heads = batch.heads;
-  std::size_t h0 = 0;
-  while (h0 < heads.size()) {
-    // [h0, h1): heads whose packed K and V fit the budget together.
-    std::vector<int64_t> offsets{0};
-    std::size_t h1 = h0;
-    while (h1 < heads.size()) {
-      const int64_t size = 2 * FlashGeometry::key_blocks(heads[h1].sk) * block_elems(dpad);
-      if (h1 > h0 && offsets.back() + size > pack_budget_elems()) break;
-      offsets.push_back(offsets.back() + size);
-      ++h1;
-    }
-    Scratch packed((offsets.back() + 1) / 2);  // floats: two bf16 each
-    auto kv_of = [&](std::size_t h) {
-      uint16_t* base = reinterpret_cast<uint16_t*>(packed.data()) + offsets[h - h0];
-      return PackedKVBf16{base, base + FlashGeometry::key_blocks(heads[h].sk) * block_elems(dpad)};
-    };
-    std::vector<int64_t> kb_start{0}, qb_start{0};
-    for (std::size_t h = h0; h < h1; ++h) {
-      kb_start.push_back(kb_start.back() + FlashGeometry::key_blocks(heads[h].sk));
-      qb_start.push_back(qb_start.back() + g.q_blocks(heads[h].sq));
-    }
-    auto head_of = [](const std::vector<int64_t>& start, int64_t i) {
-      return static_cast<std::size_t>(std::upper_bound(start.begin(), start.end(), i) - start.begin() - 1);
-    };
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, kb_start.back()), [&](const tbb::blocked_range<int64_t>& r) {
-      for (int64_t i = r.begin(); i < r.end(); ++i) {
-        const std::size_t local = head_of(kb_start, i);
-        pack_kv_block(heads[h0 + local], batch.dtype, batch.d, dpad, i - kb_start[local], kv_of(h0 + local));
-      }
-    });
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, qb_start.back()), [&](const tbb::blocked_range<int64_t>& r) {
-      QBlockState st(g);
-      std::vector<uint16_t> q(static_cast<std::size_t>(g.block_rows() * dpad));
-      Scratch s(int64_t{kAmxRows} * kBlockKeys);
-      for (int64_t i = r.begin(); i < r.end(); ++i) {
-        const std::size_t local = head_of(qb_start, i);
-        run_q_block(g, batch, heads[h0 + local], kv_of(h0 + local), (i - qb_start[local]) * g.block_rows(), st, q, s.data());
-      }
-    });
-    h0 = h1;
-  }
+  const auto kv_of = [&](const PackedHeadItem& item) {
+    uint16_t* base = reinterpret_cast<uint16_t*>(item.packed);
+    return PackedKVBf16{base, base + FlashGeometry::key_blocks(batch.heads[item.head].sk) * block_elems(dpad)};
+  };
+  walk_head_groups(
+      batch.heads, pack_budget_elems() * 2,
+      [&](const HeadProblem& h) { return 2 * FlashGeometry::key_blocks(h.sk) * block_elems(dpad) * int64_t{2}; }, g,
+      [&](const PackedHeadItem& item) { pack_kv_block(batch.heads[item.head], batch.dtype, batch.d, dpad, item.index, kv_of(item)); },
+      [&](int64_t begin, int64_t end, const HeadItemOf& item_at) {
+        QBlockState st(g);
+        std::vector<uint16_t> q(static_cast<std::size_t>(g.block_rows() * dpad));
+        Scratch s(int64_t{kAmxRows} * kBlockKeys);
+        for (int64_t i = begin; i < end; ++i) {
+          const PackedHeadItem item = item_at(i);
+          run_q_block(g, batch, batch.heads[item.head], kv_of(item), item.index * g.block_rows(), st, q, s.data());
+        }
+      });
 }
 
 }  // namespace cubevec::ops::attn

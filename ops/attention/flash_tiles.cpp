@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
 
 #include "ops/gemm/driver.h"
 #include "tensor/caching_allocator.h"
@@ -231,6 +233,42 @@ void finish_q_block(const FlashGeometry& g, const HeadProblem& head, DType dtype
         std::memcpy(static_cast<float*>(head.out) + (r0 + r) * head.out_ld, row.data(), static_cast<std::size_t>(d) * sizeof(float));
       }
     }
+  }
+}
+
+void walk_head_groups(const std::vector<HeadProblem>& heads, int64_t budget_bytes,
+                      const std::function<int64_t(const HeadProblem&)>& packed_bytes, const FlashGeometry& g,
+                      const std::function<void(const PackedHeadItem&)>& pack_block,
+                      const std::function<void(int64_t begin, int64_t end, const HeadItemOf& item)>& run_q_blocks) {
+  std::size_t h0 = 0;
+  while (h0 < heads.size()) {
+    // [h0, h1): the group; each head's packing at its offset (64-byte aligned) in one scratch.
+    std::vector<int64_t> offsets{0};
+    std::size_t h1 = h0;
+    while (h1 < heads.size()) {
+      const int64_t size = (packed_bytes(heads[h1]) + 63) / 64 * 64;
+      if (h1 > h0 && offsets.back() + size > budget_bytes) break;
+      offsets.push_back(offsets.back() + size);
+      ++h1;
+    }
+    Scratch packed((offsets.back() + 3) / 4);
+    // (head, key block) and (head, q-block) index spaces of the group.
+    std::vector<int64_t> kb_start{0}, qb_start{0};
+    for (std::size_t h = h0; h < h1; ++h) {
+      kb_start.push_back(kb_start.back() + FlashGeometry::key_blocks(heads[h].sk));
+      qb_start.push_back(qb_start.back() + g.q_blocks(heads[h].sq));
+    }
+    auto item_of = [&](const std::vector<int64_t>& start, int64_t i) {
+      const auto local = static_cast<std::size_t>(std::upper_bound(start.begin(), start.end(), i) - start.begin() - 1);
+      return PackedHeadItem{h0 + local, i - start[local], reinterpret_cast<std::byte*>(packed.data()) + offsets[local]};
+    };
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, kb_start.back()), [&](const tbb::blocked_range<int64_t>& r) {
+      for (int64_t i = r.begin(); i < r.end(); ++i) pack_block(item_of(kb_start, i));
+    });
+    const HeadItemOf q_item = [&](int64_t i) { return item_of(qb_start, i); };
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, qb_start.back()),
+                      [&](const tbb::blocked_range<int64_t>& r) { run_q_blocks(r.begin(), r.end(), q_item); });
+    h0 = h1;
   }
 }
 

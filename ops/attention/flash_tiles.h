@@ -8,7 +8,9 @@
 // so any head dim runs on full-width kernels with at most one narrow or padded column panel.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "ops/attention/problem.h"
@@ -92,6 +94,22 @@ void pv_tile(const FlashGeometry& g, const HeadProblem& head, const PackedKV& kv
 // out rows of the block = O / l (NaN for a row that attended to no key; zero for a row whose query
 // block keeps no key block under block sparsity); head.lse, if asked for, = m + log(l).
 void finish_q_block(const FlashGeometry& g, const HeadProblem& head, DType dtype, const QBlockState& st, const float* m, const float* l);
+
+// The walk both flash kernels take (flash.cpp, flash_amx.cpp): heads in groups whose packed K and V
+// (`packed_bytes(head)` each) fit `budget_bytes` together (a head alone may exceed it); per group,
+// one scratch for the packings, then `pack_block` on every (head, key block) of the group in
+// parallel, then `run_q_blocks` on contiguous ranges of its (head, q-block) items in parallel (each
+// range can keep its own state; `item(i)` names the i-th).
+struct PackedHeadItem {
+  std::size_t head = 0;         // index into the batch's heads
+  int64_t index = 0;            // the key block or q-block within the head
+  std::byte* packed = nullptr;  // the head's packed K and V
+};
+using HeadItemOf = std::function<PackedHeadItem(int64_t)>;
+void walk_head_groups(const std::vector<HeadProblem>& heads, int64_t budget_bytes,
+                      const std::function<int64_t(const HeadProblem&)>& packed_bytes, const FlashGeometry& g,
+                      const std::function<void(const PackedHeadItem&)>& pack_block,
+                      const std::function<void(int64_t begin, int64_t end, const HeadItemOf& item)>& run_q_blocks);
 
 // Scratch from the caching allocator (the same blocks come back call after call).
 class Scratch {

@@ -42,9 +42,11 @@ namespace cubevec::ops::gemm {
 // arithmetic as apply_int8_epilogue, whose per-element branches the compiler kept in the loop
 // (measured: 15% of an AMX-INT8 GEMM's time went to the scalar version). GCC 12's own
 // _mm512_cvtepi32_ps passes an intentionally undefined source to its builtin and then warns about
-// it (a false positive, silenced for this function only).
+// it (a false positive, silenced for this function only; clang has no such warning).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 void int8_epilogue_avx512(const Int8Output& p, const int32_t* acc, int64_t ld_acc, int64_t i0, int64_t j0, int64_t rows, int64_t cols) {
   const Int8Epilogue& ep = p.epilogue;
   for (int64_t j = 0; j < cols; j += 16) {
@@ -65,6 +67,8 @@ void int8_epilogue_avx512(const Int8Output& p, const int32_t* acc, int64_t ld_ac
   }
   if (!ep.rest.empty()) apply_epilogue(ep.rest, p.c + i0 * p.ldc + j0, p.ldc, i0, j0, rows, cols);
 }
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 
 }  // namespace cubevec::ops::gemm

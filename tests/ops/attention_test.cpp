@@ -39,55 +39,65 @@ const AttentionImpl kImpls[] = {AttentionImpl::math, AttentionImpl::flash, Atten
 
 // --- the tile kernels of every ISA, through run_flash on hand-made heads --------------------------
 
+// Hand-made single heads around the tile edges: q-blocks of 56 (AVX-512) / 24 (AVX2) / 16
+// (portable) / 128 (AMX, panels of 32) rows, key blocks of 128, QK panels of 32 / 16 keys, PV
+// panels of 32+16 / 16+8 columns, AMX's head dims padded to 32; head dims with every tail.
+struct EdgeCase {
+  int64_t sq, sk, d;
+  bool mask, causal;
+};
+const EdgeCase kEdgeCases[] = {{1, 1, 1, false, false},     {57, 129, 72, false, false},  {113, 257, 128, true, false},
+                               {200, 130, 17, false, true}, {24, 300, 96, true, true},    {70, 40, 130, false, false},
+                               {3, 511, 33, true, false},   {128, 128, 64, false, true},  {90, 60, 7, false, true},
+                               {33, 129, 72, false, false}, {129, 257, 128, true, false}, {97, 60, 7, false, true}};
+
+std::string edge_name(const EdgeCase& c, const std::string& kernel, DType dtype) {
+  return kernel + " " + std::string(dtype_name(dtype)) + " sq=" + std::to_string(c.sq) + " sk=" + std::to_string(c.sk) +
+         " d=" + std::to_string(c.d) + (c.mask ? " mask" : "") + (c.causal ? " causal" : "");
+}
+
+// One head of x (B = N = 1) as the kernels take it, writing into `out` [sq, d].
+ops::attn::AttentionBatch one_head(const EdgeCase& c, const Qkv& x, const std::vector<uint8_t>& mask, DType dtype, Tensor& out) {
+  ops::attn::AttentionBatch batch;
+  batch.d = c.d;
+  batch.dtype = dtype;
+  batch.scale = 0.37f;
+  ops::attn::HeadProblem h;
+  h.q = x.q.data_ptr();
+  h.k = x.k.data_ptr();
+  h.v = x.v.data_ptr();
+  h.out = out.mutable_data_ptr();
+  h.q_ld = h.k_ld = h.v_ld = h.out_ld = c.d;
+  h.sq = c.sq;
+  h.sk = c.sk;
+  h.mask = c.mask ? mask.data() : nullptr;
+  h.mask_ld = c.sk;
+  h.causal = c.causal;
+  batch.heads.push_back(h);
+  return batch;
+}
+
 TEST(AttentionFlash, EveryIsaMatchesTheDoubleLoop) {
-  struct Case {
-    int64_t sq, sk, d;
-    bool mask, causal;
-  };
-  // Around the tile edges: q-blocks of 56 (AVX-512) / 24 (AVX2) / 16 (portable) rows, key blocks of
-  // 128, QK panels of 32 / 16 keys, PV panels of 32+16 / 16+8 columns; head dims with every tail.
-  const Case cases[] = {{1, 1, 1, false, false},     {57, 129, 72, false, false}, {113, 257, 128, true, false},
-                        {200, 130, 17, false, true}, {24, 300, 96, true, true},   {70, 40, 130, false, false},
-                        {3, 511, 33, true, false},   {128, 128, 64, false, true}, {90, 60, 7, false, true}};
   for (ops::Isa isa : {ops::Isa::avx512, ops::Isa::avx2, ops::Isa::portable}) {
     if (!ops::isa_supported(isa)) continue;
     const ops::attn::TileKernels& kernels = ops::attn::tile_kernels(isa);
     for (DType dtype : {DType::f32, DType::bf16}) {
       unsigned seed = 100;
-      for (const Case& c : cases) {
-        const std::string what = std::string(ops::isa_name(isa)) + " " + std::string(dtype_name(dtype)) + " sq=" + std::to_string(c.sq) +
-                                 " sk=" + std::to_string(c.sk) + " d=" + std::to_string(c.d) + (c.mask ? " mask" : "") +
-                                 (c.causal ? " causal" : "");
+      for (const EdgeCase& c : kEdgeCases) {
         const Qkv x = make_qkv(1, c.sq, c.sk, 1, c.d, dtype, seed += 10);
         const std::vector<uint8_t> mask = random_mask(c.sq * c.sk, seed, 0.7);
         Tensor out = Tensor::empty({c.sq, c.d}, dtype);
-        ops::attn::AttentionBatch batch;
-        batch.d = c.d;
-        batch.dtype = dtype;
-        batch.scale = 0.37f;
-        ops::attn::HeadProblem h;
-        h.q = x.q.data_ptr();
-        h.k = x.k.data_ptr();
-        h.v = x.v.data_ptr();
-        h.out = out.mutable_data_ptr();
-        h.q_ld = h.k_ld = h.v_ld = h.out_ld = c.d;
-        h.sq = c.sq;
-        h.sk = c.sk;
-        h.mask = c.mask ? mask.data() : nullptr;
-        h.mask_ld = c.sk;
-        h.causal = c.causal;
-        batch.heads.push_back(h);
-        ops::attn::run_flash(batch, &kernels);
+        ops::attn::run_flash(one_head(c, x, mask, dtype, out), &kernels);
         const auto want =
             reference_head({c.sq, c.sk, c.d, x.qd.data(), x.kd.data(), x.vd.data(), c.mask ? mask.data() : nullptr, c.causal}, 0.37);
-        expect_matches(values(out), want, dtype, c.sk, c.d, what);
+        expect_matches(values(out), want, dtype, c.sk, c.d, edge_name(c, std::string(ops::isa_name(isa)), dtype));
       }
     }
   }
 }
 
-// flash_bf16 (AMX-BF16 tiles of 32 query rows x 128 keys, head dims padded to 32) around the same
-// edges, both input dtypes: within the bf16 bound of the double loop (it rounds q, k, v and P).
+// flash_bf16 (AMX-BF16 tiles) on the same edges, both input dtypes: within the bf16 bound of the
+// double loop on the operands as the tiles see them (f32 inputs rounded to bf16).
 TEST(AttentionFlash, Bf16TilesMatchTheDoubleLoop) {
   if (!ops::attention_impl_available(AttentionImpl::flash_bf16)) {
     const Qkv x = make_qkv(1, 8, 8, 1, 16, DType::bf16, 3);
@@ -96,47 +106,20 @@ TEST(AttentionFlash, Bf16TilesMatchTheDoubleLoop) {
         std::string::npos);
     return;
   }
-  struct Case {
-    int64_t sq, sk, d;
-    bool mask, causal;
+  auto rounded = [](std::vector<double> v) {
+    for (double& e : v) e = bf16_to_f32(f32_to_bf16(static_cast<float>(e)));
+    return v;
   };
-  const Case cases[] = {{1, 1, 1, false, false},     {33, 129, 72, false, false}, {129, 257, 128, true, false},
-                        {200, 130, 17, false, true}, {24, 300, 96, true, true},   {70, 40, 130, false, false},
-                        {3, 511, 33, true, false},   {128, 128, 64, false, true}, {97, 60, 7, false, true}};
   for (DType dtype : {DType::f32, DType::bf16}) {
     unsigned seed = 300;
-    for (const Case& c : cases) {
-      const std::string what = std::string("flash_bf16 ") + std::string(dtype_name(dtype)) + " sq=" + std::to_string(c.sq) +
-                               " sk=" + std::to_string(c.sk) + " d=" + std::to_string(c.d) + (c.mask ? " mask" : "") +
-                               (c.causal ? " causal" : "");
+    for (const EdgeCase& c : kEdgeCases) {
       const Qkv x = make_qkv(1, c.sq, c.sk, 1, c.d, dtype, seed += 10);
       const std::vector<uint8_t> mask = random_mask(c.sq * c.sk, seed, 0.7);
       Tensor out = Tensor::empty({c.sq, c.d}, dtype);
-      ops::attn::AttentionBatch batch;
-      batch.d = c.d;
-      batch.dtype = dtype;
-      batch.scale = 0.37f;
-      ops::attn::HeadProblem h;
-      h.q = x.q.data_ptr();
-      h.k = x.k.data_ptr();
-      h.v = x.v.data_ptr();
-      h.out = out.mutable_data_ptr();
-      h.q_ld = h.k_ld = h.v_ld = h.out_ld = c.d;
-      h.sq = c.sq;
-      h.sk = c.sk;
-      h.mask = c.mask ? mask.data() : nullptr;
-      h.mask_ld = c.sk;
-      h.causal = c.causal;
-      batch.heads.push_back(h);
-      ops::attn::run_flash_amx(batch);
-      // The reference on the operands as the tiles see them: f32 inputs rounded to bf16.
-      auto rounded = [](std::vector<double> v) {
-        for (double& e : v) e = bf16_to_f32(f32_to_bf16(static_cast<float>(e)));
-        return v;
-      };
+      ops::attn::run_flash_amx(one_head(c, x, mask, dtype, out));
       const std::vector<double> q = rounded(x.qd), k = rounded(x.kd), v = rounded(x.vd);
       const auto want = reference_head({c.sq, c.sk, c.d, q.data(), k.data(), v.data(), c.mask ? mask.data() : nullptr, c.causal}, 0.37);
-      expect_matches(values(out), want, DType::bf16, c.sk, c.d, what);
+      expect_matches(values(out), want, DType::bf16, c.sk, c.d, edge_name(c, "flash_bf16", dtype));
     }
   }
 }
