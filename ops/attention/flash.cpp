@@ -1,21 +1,11 @@
 // Tiled flash attention on the Cube unit's threads: heads in groups whose packed K/V fit a budget;
 // per group, K/V are packed in parallel, then the (head, q-block) tasks run in parallel, each
 // walking its head's key blocks with the online softmax (flash_tiles.h, walk_head_groups).
-#include <algorithm>
-
 #include "ops/attention/flash_tiles.h"
-#include "ops/gemm/cpu_caches.h"
 
 namespace cubevec::ops::attn {
 
 namespace {
-
-// Packed K/V per group of heads: the CPU's last-level cache (as it reports it; ops/gemm/cpu_caches.h),
-// at least 8 MiB so that small problems still keep every thread busy, at most 64 MiB.
-int64_t pack_budget_floats() {
-  static const int64_t budget = std::clamp<int64_t>(gemm::this_cpu_caches().l3, int64_t{8} << 20, int64_t{64} << 20) / 4;
-  return budget;
-}
 
 void run_q_block(const FlashGeometry& g, const AttentionBatch& batch, const HeadProblem& head, const PackedKV& kv, int64_t q0,
                  QBlockState& st, float* s) {
@@ -47,8 +37,7 @@ void run_flash(const AttentionBatch& batch, const TileKernels* kernels) {
     return PackedKV{base, base + g.packed_k_floats(batch.heads[item.head].sk)};
   };
   walk_head_groups(
-      batch.heads, pack_budget_floats() * 4,
-      [&](const HeadProblem& h) { return (g.packed_k_floats(h.sk) + g.packed_v_floats(h.sk)) * int64_t{4}; }, g,
+      batch.heads, [&](const HeadProblem& h) { return (g.packed_k_floats(h.sk) + g.packed_v_floats(h.sk)) * int64_t{4}; }, g,
       [&](const PackedHeadItem& item) { pack_kv_blocks(g, batch.heads[item.head], batch.dtype, item.index, item.index + 1, kv_of(item)); },
       [&](int64_t begin, int64_t end, const HeadItemOf& item_at) {
         QBlockState st(g);

@@ -9,7 +9,6 @@
 #include "base/error.h"
 #include "ops/attention/flash_amx_kernels.h"
 #include "ops/attention/flash_tiles.h"
-#include "ops/gemm/cpu_caches.h"
 #include "ops/gemm/driver.h"
 #include "tensor/half.h"
 
@@ -69,11 +68,6 @@ void pack_kv_block(const HeadProblem& head, DType dtype, int64_t d, int64_t dpad
   }
 }
 
-int64_t pack_budget_elems() {
-  static const int64_t budget = std::clamp<int64_t>(gemm::this_cpu_caches().l3, int64_t{8} << 20, int64_t{64} << 20) / 2;
-  return budget;
-}
-
 void run_q_block(const FlashGeometry& g, const AttentionBatch& batch, const HeadProblem& head, const PackedKVBf16& kv, int64_t q0,
                  QBlockState& st, std::vector<uint16_t>& q, float* s) {
   reset_q_block(g, head, q0, st);  // the softmax state (the Q panels are packed below, in bf16)
@@ -113,8 +107,7 @@ void run_flash_amx(const AttentionBatch& batch) {
     return PackedKVBf16{base, base + FlashGeometry::key_blocks(batch.heads[item.head].sk) * block_elems(dpad)};
   };
   walk_head_groups(
-      batch.heads, pack_budget_elems() * 2,
-      [&](const HeadProblem& h) { return 2 * FlashGeometry::key_blocks(h.sk) * block_elems(dpad) * int64_t{2}; }, g,
+      batch.heads, [&](const HeadProblem& h) { return 2 * FlashGeometry::key_blocks(h.sk) * block_elems(dpad) * int64_t{2}; }, g,
       [&](const PackedHeadItem& item) { pack_kv_block(batch.heads[item.head], batch.dtype, batch.d, dpad, item.index, kv_of(item)); },
       [&](int64_t begin, int64_t end, const HeadItemOf& item_at) {
         QBlockState st(g);

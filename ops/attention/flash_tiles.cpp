@@ -7,6 +7,7 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
+#include "ops/gemm/cpu_caches.h"
 #include "ops/gemm/driver.h"
 #include "tensor/caching_allocator.h"
 #include "base/error.h"
@@ -236,10 +237,10 @@ void finish_q_block(const FlashGeometry& g, const HeadProblem& head, DType dtype
   }
 }
 
-void walk_head_groups(const std::vector<HeadProblem>& heads, int64_t budget_bytes,
-                      const std::function<int64_t(const HeadProblem&)>& packed_bytes, const FlashGeometry& g,
-                      const std::function<void(const PackedHeadItem&)>& pack_block,
+void walk_head_groups(const std::vector<HeadProblem>& heads, const std::function<int64_t(const HeadProblem&)>& packed_bytes,
+                      const FlashGeometry& g, const std::function<void(const PackedHeadItem&)>& pack_block,
                       const std::function<void(int64_t begin, int64_t end, const HeadItemOf& item)>& run_q_blocks) {
+  static const int64_t budget_bytes = std::clamp<int64_t>(gemm::this_cpu_caches().l3, int64_t{8} << 20, int64_t{64} << 20);
   std::size_t h0 = 0;
   while (h0 < heads.size()) {
     // [h0, h1): the group; each head's packing at its offset (64-byte aligned) in one scratch.

@@ -96,7 +96,8 @@ void pv_tile(const FlashGeometry& g, const HeadProblem& head, const PackedKV& kv
 void finish_q_block(const FlashGeometry& g, const HeadProblem& head, DType dtype, const QBlockState& st, const float* m, const float* l);
 
 // The walk both flash kernels take (flash.cpp, flash_amx.cpp): heads in groups whose packed K and V
-// (`packed_bytes(head)` each) fit `budget_bytes` together (a head alone may exceed it); per group,
+// (`packed_bytes(head)` each) fit the CPU's last-level cache together (as it reports it, clamped to
+// 8-64 MiB so that small problems still keep every thread busy; a head alone may exceed it); per group,
 // one scratch for the packings, then `pack_block` on every (head, key block) of the group in
 // parallel, then `run_q_blocks` on contiguous ranges of its (head, q-block) items in parallel (each
 // range can keep its own state; `item(i)` names the i-th).
@@ -106,9 +107,8 @@ struct PackedHeadItem {
   std::byte* packed = nullptr;  // the head's packed K and V
 };
 using HeadItemOf = std::function<PackedHeadItem(int64_t)>;
-void walk_head_groups(const std::vector<HeadProblem>& heads, int64_t budget_bytes,
-                      const std::function<int64_t(const HeadProblem&)>& packed_bytes, const FlashGeometry& g,
-                      const std::function<void(const PackedHeadItem&)>& pack_block,
+void walk_head_groups(const std::vector<HeadProblem>& heads, const std::function<int64_t(const HeadProblem&)>& packed_bytes,
+                      const FlashGeometry& g, const std::function<void(const PackedHeadItem&)>& pack_block,
                       const std::function<void(int64_t begin, int64_t end, const HeadItemOf& item)>& run_q_blocks);
 
 // Scratch from the caching allocator (the same blocks come back call after call).
