@@ -40,10 +40,15 @@ inline int64_t head_dim_index(AttentionLayout layout) { return layout == Attenti
 // flash_bf16: flash attention whose Q K^T and P V are bf16 tile products on AMX-BF16 (f32 sums and
 // online softmax); q, k, v are rounded to bf16 and so is P. Offered to the autotuner for bf16
 // activations on CPUs with AMX; elsewhere asking for it is an error.
-enum class AttentionImpl { math, flash, cv_pipelined, flash_bf16 };
-AttentionImpl parse_attention_impl(std::string_view name);  // "math", "flash", "cv_pipelined", "flash_bf16"
+// flash_int8: flash_bf16 with Q K^T in int8 on AMX-INT8, quantized as SageAttention does (K smoothed
+// by its channel means, one scale per 128-key block of K and per 32-row panel of Q); P V in bf16.
+// Lossy beyond the activations' own rounding: never chosen by the autotuner, only by name (or a
+// stage that asks: --quant-attention int8).
+enum class AttentionImpl { math, flash, cv_pipelined, flash_bf16, flash_int8 };
+AttentionImpl parse_attention_impl(std::string_view name);  // "math", "flash", "cv_pipelined", "flash_bf16", "flash_int8"
 std::string_view attention_impl_name(AttentionImpl impl);
-// Whether this CPU can run `impl` (flash_bf16 needs AMX-BF16; the others run everywhere).
+// Whether this CPU can run `impl` (flash_bf16 needs AMX-BF16, flash_int8 AMX-INT8 too; the others
+// run everywhere).
 bool attention_impl_available(AttentionImpl impl);
 
 // MindIE's opt_mode: runtime (time the candidates on the first call for a key, keep the fastest),

@@ -203,6 +203,13 @@ void launch_batch(AttentionImpl impl, const std::string& prefix, const std::func
       cube.dtype = DType::bf16;  // its products are bf16 whatever the activations
       stream.launch(cube, reads, outs, [batch_of] { attn::run_flash_amx(batch_of()); });
       return;
+    case AttentionImpl::flash_int8:
+      if (!attn::flash_int8_available() && !stream.device().simulate())
+        throw Error("attention: op_type flash_int8 needs AMX-INT8 and AMX-BF16, which this CPU (or its kernel) does not offer");
+      cube.name = prefix + "_flash_int8";
+      cube.dtype = DType::bf16;  // priced as bf16: its P V product is
+      stream.launch(cube, reads, outs, [batch_of] { attn::run_flash_int8(batch_of()); });
+      return;
     case AttentionImpl::cv_pipelined: {
       // Both halves share one pipeline, made by whichever starts first (their tensors are ready by then).
       struct Shared {
@@ -309,7 +316,8 @@ constexpr auto kImplNames = enum_names<AttentionImpl>("attention op_type",
                                                       {{AttentionImpl::math, "math"},
                                                        {AttentionImpl::flash, "flash"},
                                                        {AttentionImpl::cv_pipelined, "cv_pipelined"},
-                                                       {AttentionImpl::flash_bf16, "flash_bf16"}},
+                                                       {AttentionImpl::flash_bf16, "flash_bf16"},
+                                                       {AttentionImpl::flash_int8, "flash_int8"}},
                                                       /*ignore_case=*/true);
 constexpr auto kOptModeNames = enum_names<AttentionOptMode>(
     "attention opt_mode",
@@ -321,7 +329,16 @@ AttentionLayout parse_attention_layout(std::string_view name) { return kLayoutNa
 std::string_view attention_layout_name(AttentionLayout layout) { return kLayoutNames.name(layout); }
 AttentionImpl parse_attention_impl(std::string_view name) { return kImplNames.parse(name); }
 std::string_view attention_impl_name(AttentionImpl impl) { return kImplNames.name(impl); }
-bool attention_impl_available(AttentionImpl impl) { return impl != AttentionImpl::flash_bf16 || attn::flash_amx_available(); }
+bool attention_impl_available(AttentionImpl impl) {
+  switch (impl) {
+    case AttentionImpl::flash_bf16: return attn::flash_amx_available();
+    case AttentionImpl::flash_int8: return attn::flash_int8_available();
+    case AttentionImpl::math:
+    case AttentionImpl::flash:
+    case AttentionImpl::cv_pipelined: return true;
+  }
+  return false;
+}
 AttentionOptMode parse_attention_opt_mode(std::string_view name) { return kOptModeNames.parse(name); }
 std::string_view attention_opt_mode_name(AttentionOptMode mode) { return kOptModeNames.name(mode); }
 

@@ -1,15 +1,25 @@
-// bf16 flash attention on AMX-BF16 tiles: the tiled flash attention of flash.cpp with its two
-// matmuls (Q K^T and P V) as bf16 tile products summed in f32, and the same f32 online softmax,
-// masks, causal prefixes, block sparsity and log-sum-exp (flash_tiles.h). Tiles are 32 query rows
-// (a "panel", four to a q-block of 128 rows: MindIE SD's sparse block) against 128 keys.
-// q, k and v are rounded to bf16 (exact for bf16 activations); P is rounded to bf16 before P V.
+// Flash attention on AMX tiles: the tiled flash attention of flash.cpp with its two matmuls as
+// tile products and the same f32 online softmax, masks, causal prefixes, block sparsity and
+// log-sum-exp (flash_tiles.h). Tiles are 32 query rows (a "panel", four to a q-block of 128 rows:
+// MindIE SD's sparse block) against 128 keys. P is rounded to bf16 and P V is a bf16 tile product.
+//   flash_bf16: Q K^T in bf16 (q, k, v rounded to bf16: exact for bf16 activations).
+//   flash_int8: Q K^T in int8 (AMX-INT8, exact int32 sums), as SageAttention quantizes: K smoothed
+//               by its mean over the head's keys (which shifts each row's scores by one constant,
+//               leaving the softmax as it was, and takes K's shared offset out of its int8 range),
+//               then symmetric int8 with one scale per 128-key block; Q with one scale per 32-row
+//               panel. A row or key holding a non-finite value gives NaN scores, as in f32.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
+
+#include <tbb/parallel_for.h>
 
 #include "base/error.h"
 #include "ops/attention/flash_amx_kernels.h"
 #include "ops/attention/flash_tiles.h"
 #include "ops/gemm/driver.h"
+#include "ops/gemm/int8.h"
 #include "tensor/half.h"
 
 namespace cubevec::ops::attn {
@@ -31,34 +41,27 @@ const TileKernels& amx_tile_kernels() {
   return kernels;
 }
 
-// Row `row` of a head operand as bf16 into dst[0 .. d).
+// Row `row` of a head operand as bf16 (or f32) into dst[0 .. d).
 void load_row_bf16(const void* base, int64_t ld, int64_t row, int64_t d, DType dtype, uint16_t* dst) {
   if (dtype == DType::bf16) std::memcpy(dst, static_cast<const uint16_t*>(base) + row * ld, static_cast<std::size_t>(d) * 2);
   else convert_f32_to_bf16(static_cast<const float*>(base) + row * ld, dst, static_cast<std::size_t>(d));
 }
+void load_row_f32(const void* base, int64_t ld, int64_t row, int64_t d, DType dtype, float* dst) {
+  if (dtype == DType::bf16) convert_bf16_to_f32(static_cast<const uint16_t*>(base) + row * ld, dst, static_cast<std::size_t>(d));
+  else std::memcpy(dst, static_cast<const float*>(base) + row * ld, static_cast<std::size_t>(d) * 4);
+}
 
-// One head's K and V for the tiles: per key block, K as dpad / 2 dimension pairs x 128 keys x 2 and
-// V as 64 key pairs x dpad x 2 (VNNI pair order), zero past the head's keys and dimensions.
-struct PackedKVBf16 {
-  uint16_t* k = nullptr;
-  uint16_t* v = nullptr;
-};
 int64_t block_elems(int64_t dpad) { return dpad * kBlockKeys; }
+int64_t round_up_64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 
-void pack_kv_block(const HeadProblem& head, DType dtype, int64_t d, int64_t dpad, int64_t kb, const PackedKVBf16& out) {
-  uint16_t* k = out.k + kb * block_elems(dpad);
-  uint16_t* v = out.v + kb * block_elems(dpad);
-  std::fill(k, k + block_elems(dpad), uint16_t{0});
+// Key block kb's V for the P V tiles: 64 key pairs x dpad x 2 (VNNI pair order), zero past the
+// head's keys and dimensions.
+void pack_v_block(const HeadProblem& head, DType dtype, int64_t d, int64_t dpad, int64_t kb, uint16_t* v) {
   std::fill(v, v + block_elems(dpad), uint16_t{0});
   const int64_t key0 = kb * kBlockKeys, keys = std::min<int64_t>(kBlockKeys, head.sk - key0);
-  // Rows in bf16, padded with zeros to dpad: a pair of dimensions (K) or of keys (V) is one 32-bit word.
   std::vector<uint16_t> rows(static_cast<std::size_t>(2 * dpad), 0);
   uint16_t* const r0 = rows.data();
   uint16_t* const r1 = rows.data() + dpad;
-  for (int64_t j = 0; j < keys; ++j) {
-    load_row_bf16(head.k, head.k_ld, key0 + j, d, dtype, r0);
-    for (int64_t pair = 0; pair < dpad / 2; ++pair) std::memcpy(k + (pair * kBlockKeys + j) * 2, r0 + 2 * pair, 2 * sizeof(uint16_t));
-  }
   for (int64_t j = 0; j < keys; j += 2) {
     load_row_bf16(head.v, head.v_ld, key0 + j, d, dtype, r0);
     if (j + 1 < keys) load_row_bf16(head.v, head.v_ld, key0 + j + 1, d, dtype, r1);
@@ -68,13 +71,23 @@ void pack_kv_block(const HeadProblem& head, DType dtype, int64_t d, int64_t dpad
   }
 }
 
-void run_q_block(const FlashGeometry& g, const AttentionBatch& batch, const HeadProblem& head, const PackedKVBf16& kv, int64_t q0,
-                 QBlockState& st, std::vector<uint16_t>& q, float* s) {
-  reset_q_block(g, head, q0, st);  // the softmax state (the Q panels are packed below, in bf16)
-  const int64_t d = g.d, dpad = g.dp;
-  std::fill(q.begin(), q.end(), uint16_t{0});
-  for (int64_t r = 0; r < std::min<int64_t>(g.block_rows(), head.sq - q0); ++r)
-    load_row_bf16(head.q, head.q_ld, q0 + r, d, batch.dtype, q.data() + r * dpad);
+// Key block kb's K for the bf16 Q K^T tiles: dpad / 2 dimension pairs x 128 keys x 2.
+void pack_k_block_bf16(const HeadProblem& head, DType dtype, int64_t d, int64_t dpad, int64_t kb, uint16_t* k) {
+  std::fill(k, k + block_elems(dpad), uint16_t{0});
+  const int64_t key0 = kb * kBlockKeys, keys = std::min<int64_t>(kBlockKeys, head.sk - key0);
+  std::vector<uint16_t> row(static_cast<std::size_t>(dpad), 0);
+  for (int64_t j = 0; j < keys; ++j) {
+    load_row_bf16(head.k, head.k_ld, key0 + j, d, dtype, row.data());
+    for (int64_t pair = 0; pair < dpad / 2; ++pair)
+      std::memcpy(k + (pair * kBlockKeys + j) * 2, row.data() + 2 * pair, 2 * sizeof(uint16_t));
+  }
+}
+
+// The tile loop of one q-block once its Q is ready: per key block, per panel that sees it,
+// `qk(panel, kb, s)` writes the panel's scores, then the shared softmax step and the bf16 P V.
+template <class PanelQk>
+void walk_key_blocks(const FlashGeometry& g, const AttentionBatch& batch, const HeadProblem& head, const uint16_t* v_blocks,
+                     QBlockState& st, float* s, PanelQk&& qk) {
   for (int64_t kb = 0; kb < FlashGeometry::key_blocks(head.sk); ++kb) {
     const int keys = static_cast<int>(std::min<int64_t>(kBlockKeys, head.sk - kb * kBlockKeys));
     bool any = false;
@@ -84,19 +97,162 @@ void run_q_block(const FlashGeometry& g, const AttentionBatch& batch, const Head
       float* m = st.m.data() + p * kAmxRows;
       float* l = st.l.data() + p * kAmxRows;
       float* alpha = st.alpha.data() + p * kAmxRows;
-      amx_qk_block(q.data() + p * kAmxRows * dpad, dpad, kv.k + kb * block_elems(dpad), s);
-      softmax_step(g, head, batch.scale, q0 + p * kAmxRows, kb, s, m, l, alpha);
-      amx_pv_block(s, keys, dpad, kv.v + kb * block_elems(dpad), st.o.data() + p * kAmxRows * dpad, st.o_started[p] ? alpha : nullptr);
+      qk(p, kb, s);
+      softmax_step(g, head, batch.scale, st.q0 + p * kAmxRows, kb, s, m, l, alpha);
+      amx_pv_block(s, keys, g.dp, v_blocks + kb * block_elems(g.dp), st.o.data() + p * kAmxRows * g.dp, st.o_started[p] ? alpha : nullptr);
       st.o_started[p] = true;
     }
     if (!any && later_blocks_unseen_too(head)) break;
   }
+}
+
+// ---- flash_bf16 ----
+
+// One head's K and V for the bf16 tiles, each key_blocks x block_elems(dpad) bf16.
+struct PackedKVBf16 {
+  uint16_t* k = nullptr;
+  uint16_t* v = nullptr;
+};
+
+void run_q_block_bf16(const FlashGeometry& g, const AttentionBatch& batch, const HeadProblem& head, const PackedKVBf16& kv, int64_t q0,
+                      QBlockState& st, std::vector<uint16_t>& q, float* s) {
+  reset_q_block(g, head, q0, st);  // the softmax state (the Q panels are packed below, in bf16)
+  const int64_t dpad = g.dp;
+  std::fill(q.begin(), q.end(), uint16_t{0});
+  for (int64_t r = 0; r < std::min<int64_t>(g.block_rows(), head.sq - q0); ++r)
+    load_row_bf16(head.q, head.q_ld, q0 + r, g.d, batch.dtype, q.data() + r * dpad);
+  walk_key_blocks(g, batch, head, kv.v, st, s, [&](int p, int64_t kb, float* scores) {
+    amx_qk_block(q.data() + p * kAmxRows * dpad, dpad, kv.k + kb * block_elems(dpad), scores);
+  });
+  finish_q_block(g, head, batch.dtype, st, st.m.data(), st.l.data());
+}
+
+// ---- flash_int8 ----
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+int64_t int8_dpad(int64_t d) { return (d + 63) / 64 * 64; }  // a tile step is 64 dimensions
+
+// 127 / amax (0 for an all-zero operand, whose int8 values are then zero).
+float inverse_scale(float amax) { return amax > 0 ? 127.0f / amax : 0.0f; }
+
+// One head's int8 K (key_blocks x dpad8 x 128), its per-block scales, its per-key "non-finite"
+// flags (key_blocks x 128) and its bf16 V (as flash_bf16's), in one allocation.
+struct PackedKVInt8 {
+  int8_t* k = nullptr;
+  float* k_scale = nullptr;
+  uint8_t* k_bad = nullptr;
+  uint16_t* v = nullptr;
+};
+struct Int8Layout {
+  int64_t dpad8 = 0, dpad = 0;
+  int64_t k_bytes(int64_t blocks) const { return blocks * dpad8 * kBlockKeys; }
+  int64_t scale_bytes(int64_t blocks) const { return round_up_64(blocks * 4); }
+  int64_t bad_bytes(int64_t blocks) const { return round_up_64(blocks * kBlockKeys); }
+  int64_t total_bytes(int64_t blocks) const {
+    return k_bytes(blocks) + scale_bytes(blocks) + bad_bytes(blocks) + blocks * block_elems(dpad) * 2;
+  }
+  PackedKVInt8 at(std::byte* base, int64_t blocks) const {
+    PackedKVInt8 p;
+    p.k = reinterpret_cast<int8_t*>(base);
+    p.k_scale = reinterpret_cast<float*>(base + k_bytes(blocks));
+    p.k_bad = reinterpret_cast<uint8_t*>(base + k_bytes(blocks) + scale_bytes(blocks));
+    p.v = reinterpret_cast<uint16_t*>(base + k_bytes(blocks) + scale_bytes(blocks) + bad_bytes(blocks));
+    return p;
+  }
+};
+
+// The mean of each of the head's K channels over its keys (keys holding a non-finite value left out).
+std::vector<float> key_mean(const HeadProblem& head, DType dtype, int64_t d) {
+  std::vector<double> sum(static_cast<std::size_t>(d), 0.0);
+  std::vector<float> row(static_cast<std::size_t>(d));
+  int64_t counted = 0;
+  for (int64_t j = 0; j < head.sk; ++j) {
+    load_row_f32(head.k, head.k_ld, j, d, dtype, row.data());
+    if (!std::isfinite(abs_max_avx512(row.data(), d))) continue;
+    for (int64_t c = 0; c < d; ++c) sum[static_cast<std::size_t>(c)] += row[static_cast<std::size_t>(c)];
+    ++counted;
+  }
+  std::vector<float> mean(static_cast<std::size_t>(d), 0.0f);
+  if (counted > 0)
+    for (int64_t c = 0; c < d; ++c)
+      mean[static_cast<std::size_t>(c)] = static_cast<float>(sum[static_cast<std::size_t>(c)] / static_cast<double>(counted));
+  return mean;
+}
+
+// Key block kb's smoothed K in int8: one scale for the block (its largest |k - mean| / 127).
+void pack_k_block_int8(const HeadProblem& head, DType dtype, int64_t d, const Int8Layout& lay, const float* mean, int64_t kb,
+                       const PackedKVInt8& out) {
+  int8_t* k = out.k + kb * lay.dpad8 * kBlockKeys;
+  uint8_t* bad = out.k_bad + kb * kBlockKeys;
+  std::fill(k, k + lay.dpad8 * kBlockKeys, int8_t{0});
+  std::fill(bad, bad + kBlockKeys, uint8_t{0});
+  const int64_t key0 = kb * kBlockKeys, keys = std::min<int64_t>(kBlockKeys, head.sk - key0);
+  std::vector<float> rows(static_cast<std::size_t>(keys * d));
+  float amax = 0;
+  for (int64_t j = 0; j < keys; ++j) {
+    float* r = rows.data() + j * d;
+    load_row_f32(head.k, head.k_ld, key0 + j, d, dtype, r);
+    for (int64_t c = 0; c < d; ++c) r[c] -= mean[c];
+    const float row_max = abs_max_avx512(r, d);
+    if (std::isfinite(row_max)) amax = std::max(amax, row_max);
+    else bad[j] = 1;
+  }
+  out.k_scale[kb] = amax / 127.0f;
+  std::vector<int8_t> row(static_cast<std::size_t>(lay.dpad8), 0);
+  for (int64_t j = 0; j < keys; ++j) {
+    if (bad[j]) continue;
+    quantize_int8_avx512(rows.data() + j * d, d, inverse_scale(amax), row.data());
+    for (int64_t quad = 0; quad < lay.dpad8 / 4; ++quad) std::memcpy(k + (quad * kBlockKeys + j) * 4, row.data() + 4 * quad, 4);
+  }
+}
+
+// The q-block's Q in int8, one scale per 32-row panel; row_scale[r] is that scale (NaN for a row
+// holding a non-finite value; its scores come out NaN).
+void quantize_q_block(const FlashGeometry& g, const AttentionBatch& batch, const HeadProblem& head, int64_t dpad8, int64_t q0,
+                      std::vector<int8_t>& q, float* row_scale) {
+  std::fill(q.begin(), q.end(), int8_t{0});
+  std::vector<float> rows(static_cast<std::size_t>(kAmxRows * g.d));
+  for (int p = 0; p < kPanelsPerBlock; ++p) {
+    const int64_t r0 = q0 + p * kAmxRows, n = std::clamp<int64_t>(head.sq - r0, 0, kAmxRows);
+    float amax = 0;
+    bool bad[kAmxRows] = {};
+    for (int64_t r = 0; r < n; ++r) {
+      float* row = rows.data() + r * g.d;
+      load_row_f32(head.q, head.q_ld, r0 + r, g.d, batch.dtype, row);
+      const float row_max = abs_max_avx512(row, g.d);
+      if (std::isfinite(row_max)) amax = std::max(amax, row_max);
+      else bad[r] = true;
+    }
+    for (int64_t r = 0; r < kAmxRows; ++r) {
+      row_scale[p * kAmxRows + r] = r < n && bad[r] ? kNaN : amax / 127.0f;
+      if (r < n && !bad[r]) quantize_int8_avx512(rows.data() + r * g.d, g.d, inverse_scale(amax), q.data() + (p * kAmxRows + r) * dpad8);
+    }
+  }
+}
+
+void run_q_block_int8(const FlashGeometry& g, const AttentionBatch& batch, const HeadProblem& head, const Int8Layout& lay,
+                      const PackedKVInt8& kv, int64_t q0, QBlockState& st, std::vector<int8_t>& q, float* s) {
+  reset_q_block(g, head, q0, st);
+  float q_scale[kPanelsPerBlock * kAmxRows];
+  quantize_q_block(g, batch, head, lay.dpad8, q0, q, q_scale);
+  walk_key_blocks(g, batch, head, kv.v, st, s, [&](int p, int64_t kb, float* scores) {
+    float row_scale[kAmxRows];
+    for (int r = 0; r < kAmxRows; ++r) row_scale[r] = q_scale[p * kAmxRows + r] * kv.k_scale[kb];
+    amx_qk_block_int8(q.data() + p * kAmxRows * lay.dpad8, lay.dpad8, kv.k + kb * lay.dpad8 * kBlockKeys, row_scale, scores);
+    const uint8_t* bad = kv.k_bad + kb * kBlockKeys;
+    if (std::memchr(bad, 1, kBlockKeys) == nullptr) return;  // the usual case: every key finite
+    for (int j = 0; j < kBlockKeys; ++j)
+      if (bad[j])
+        for (int r = 0; r < kAmxRows; ++r) scores[r * kBlockKeys + j] = kNaN;
+  });
   finish_q_block(g, head, batch.dtype, st, st.m.data(), st.l.data());
 }
 
 }  // namespace
 
 bool flash_amx_available() { return gemm::amx_ready(); }
+bool flash_int8_available() { return gemm::amx_ready() && gemm::int8_isa_supported(gemm::Int8Isa::amx); }
 
 void run_flash_amx(const AttentionBatch& batch) {
   if (!flash_amx_available()) throw Error("attention: flash_bf16 needs AMX-BF16, which this CPU (or its kernel) does not offer");
@@ -108,14 +264,47 @@ void run_flash_amx(const AttentionBatch& batch) {
   };
   walk_head_groups(
       batch.heads, [&](const HeadProblem& h) { return 2 * FlashGeometry::key_blocks(h.sk) * block_elems(dpad) * int64_t{2}; }, g,
-      [&](const PackedHeadItem& item) { pack_kv_block(batch.heads[item.head], batch.dtype, batch.d, dpad, item.index, kv_of(item)); },
+      [&](const PackedHeadItem& item) {
+        const HeadProblem& head = batch.heads[item.head];
+        const PackedKVBf16 kv = kv_of(item);
+        pack_k_block_bf16(head, batch.dtype, batch.d, dpad, item.index, kv.k + item.index * block_elems(dpad));
+        pack_v_block(head, batch.dtype, batch.d, dpad, item.index, kv.v + item.index * block_elems(dpad));
+      },
       [&](int64_t begin, int64_t end, const HeadItemOf& item_at) {
         QBlockState st(g);
         std::vector<uint16_t> q(static_cast<std::size_t>(g.block_rows() * dpad));
         Scratch s(int64_t{kAmxRows} * kBlockKeys);
         for (int64_t i = begin; i < end; ++i) {
           const PackedHeadItem item = item_at(i);
-          run_q_block(g, batch, batch.heads[item.head], kv_of(item), item.index * g.block_rows(), st, q, s.data());
+          run_q_block_bf16(g, batch, batch.heads[item.head], kv_of(item), item.index * g.block_rows(), st, q, s.data());
+        }
+      });
+}
+
+void run_flash_int8(const AttentionBatch& batch) {
+  if (!flash_int8_available())
+    throw Error("attention: flash_int8 needs AMX-INT8 and AMX-BF16, which this CPU (or its kernel) does not offer");
+  const FlashGeometry g(amx_tile_kernels(), batch.d);
+  const Int8Layout lay{int8_dpad(batch.d), g.dp};
+  // K's channel means first: every block of a head is smoothed by the same one.
+  std::vector<std::vector<float>> means(batch.heads.size());
+  tbb::parallel_for(std::size_t{0}, batch.heads.size(), [&](std::size_t h) { means[h] = key_mean(batch.heads[h], batch.dtype, batch.d); });
+  const auto kv_of = [&](const PackedHeadItem& item) { return lay.at(item.packed, FlashGeometry::key_blocks(batch.heads[item.head].sk)); };
+  walk_head_groups(
+      batch.heads, [&](const HeadProblem& h) { return lay.total_bytes(FlashGeometry::key_blocks(h.sk)); }, g,
+      [&](const PackedHeadItem& item) {
+        const HeadProblem& head = batch.heads[item.head];
+        const PackedKVInt8 kv = kv_of(item);
+        pack_k_block_int8(head, batch.dtype, batch.d, lay, means[item.head].data(), item.index, kv);
+        pack_v_block(head, batch.dtype, batch.d, lay.dpad, item.index, kv.v + item.index * block_elems(lay.dpad));
+      },
+      [&](int64_t begin, int64_t end, const HeadItemOf& item_at) {
+        QBlockState st(g);
+        std::vector<int8_t> q(static_cast<std::size_t>(g.block_rows() * lay.dpad8));
+        Scratch s(int64_t{kAmxRows} * kBlockKeys);
+        for (int64_t i = begin; i < end; ++i) {
+          const PackedHeadItem item = item_at(i);
+          run_q_block_int8(g, batch, batch.heads[item.head], lay, kv_of(item), item.index * g.block_rows(), st, q, s.data());
         }
       });
 }

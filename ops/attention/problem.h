@@ -55,5 +55,9 @@ void run_flash(const AttentionBatch& batch, const TileKernels* kernels = nullptr
 // Flash attention with bf16 tile products on AMX-BF16 (flash_amx.cpp); throws where AMX is absent.
 bool flash_amx_available();
 void run_flash_amx(const AttentionBatch& batch);
+// The same with Q K^T in int8 on AMX-INT8 (SageAttention's smoothing and block scales); throws
+// where AMX-INT8 is absent.
+bool flash_int8_available();
+void run_flash_int8(const AttentionBatch& batch);
 
 }  // namespace cubevec::ops::attn

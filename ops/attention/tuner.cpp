@@ -71,6 +71,8 @@ std::pair<AttentionTuneKey, AttentionTuneChoice> entry_from_json(const json& e) 
   key.mask = parse_mask_kind(string_field(e, "mask"));
   AttentionTuneChoice choice;
   choice.op_type = parse_attention_impl(string_field(e, "op_type"));
+  // The tuner chooses among exact kernels only: a lossy one is asked for by name, never cached.
+  if (choice.op_type == AttentionImpl::flash_int8) throw Error("field 'op_type' flash_int8 is lossy and never a tuned choice");
   choice.kernel_layout = parse_attention_layout(string_field(e, "kernel_layout"));
   if (choice.kernel_layout == AttentionLayout::bsh) throw Error("field 'kernel_layout' must be BSND or BNSD");
   if (!e.contains("seconds") || !e["seconds"].is_number() || !(e["seconds"].get<double>() >= 0))

@@ -124,6 +124,118 @@ TEST(AttentionFlash, Bf16TilesMatchTheDoubleLoop) {
   }
 }
 
+// flash_int8's operands as it forms them, quantized by this test's own loop (SageAttention's
+// scheme as ops/attention.h states it): K minus its channel means over the head's finite keys, one
+// symmetric int8 scale per 128-key block; Q one scale per 32-row panel; V rounded to bf16. The
+// dequantized values, q_int x q_scale and k_int x k_scale, as double.
+struct Int8Operands {
+  std::vector<double> q, k, v;
+};
+Int8Operands int8_operands(const EdgeCase& c, const Qkv& x) {
+  auto quantize_groups = [&](std::vector<float> vals, int64_t rows, int64_t group) {
+    std::vector<double> out(vals.size());
+    for (int64_t g0 = 0; g0 < rows; g0 += group) {
+      const int64_t g1 = std::min(rows, g0 + group);
+      float amax = 0;
+      for (int64_t i = g0 * c.d; i < g1 * c.d; ++i) amax = std::max(amax, std::fabs(vals[i]));
+      const float scale = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+      for (int64_t i = g0 * c.d; i < g1 * c.d; ++i)
+        out[i] = std::nearbyint(std::clamp(vals[i] * inv, -127.0f, 127.0f)) * static_cast<double>(scale);
+    }
+    return out;
+  };
+  std::vector<float> q(x.qd.begin(), x.qd.end()), k(x.kd.begin(), x.kd.end());
+  for (int64_t ch = 0; ch < c.d; ++ch) {
+    double sum = 0;
+    for (int64_t j = 0; j < c.sk; ++j) sum += x.kd[j * c.d + ch];
+    const float mean = static_cast<float>(sum / static_cast<double>(c.sk));
+    for (int64_t j = 0; j < c.sk; ++j) k[j * c.d + ch] -= mean;
+  }
+  Int8Operands o{quantize_groups(q, c.sq, 32), quantize_groups(k, c.sk, 128), x.vd};
+  for (double& e : o.v) e = bf16_to_f32(f32_to_bf16(static_cast<float>(e)));
+  return o;
+}
+
+// K uniform in [2, 6]: a shared offset of 4 (what the smoothing takes out) around a spread of 2.
+Qkv offset_qkv(int64_t sq, int64_t sk, int64_t d, DType dtype, unsigned seed) {
+  Qkv x = make_qkv(1, sq, sk, 1, d, dtype, seed);
+  x.k = random_tensor({1, sk, 1, d}, seed + 1, dtype, 2.0f, 4.0f);
+  x.kd = values(x.k);
+  return x;
+}
+
+// flash_int8 (AMX-INT8 Q K^T, bf16 P V) on the same edges, both input dtypes: within the bf16 bound
+// of the double loop on the operands as quantized above (the int8 rounding itself is the test's,
+// not the kernel's; one tie rounded the other way moves a score by one q_scale x k_scale).
+TEST(AttentionFlash, Int8TilesMatchTheDoubleLoopOnTheQuantizedOperands) {
+  if (!ops::attention_impl_available(AttentionImpl::flash_int8)) {
+    const Qkv x = make_qkv(1, 8, 8, 1, 16, DType::bf16, 3);
+    EXPECT_NE(
+        message_of([&] { ops::attention_forward(x.q, x.k, x.v, manual(AttentionImpl::flash_int8)); }).find("flash_int8 needs AMX-INT8"),
+        std::string::npos);
+    return;
+  }
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    unsigned seed = 500;
+    for (const EdgeCase& c : kEdgeCases) {
+      const Qkv x = c.sk > 200 ? offset_qkv(c.sq, c.sk, c.d, dtype, seed += 10) : make_qkv(1, c.sq, c.sk, 1, c.d, dtype, seed += 10);
+      const std::vector<uint8_t> mask = random_mask(c.sq * c.sk, seed, 0.7);
+      Tensor out = Tensor::empty({c.sq, c.d}, dtype);
+      ops::attn::run_flash_int8(one_head(c, x, mask, dtype, out));
+      const Int8Operands o = int8_operands(c, x);
+      const auto want =
+          reference_head({c.sq, c.sk, c.d, o.q.data(), o.k.data(), o.v.data(), c.mask ? mask.data() : nullptr, c.causal}, 0.37);
+      expect_matches(values(out), want, DType::bf16, c.sk, c.d, edge_name(c, "flash_int8", dtype));
+    }
+  }
+}
+
+// Against exact attention on the unquantized inputs: the quantization's own error, stated. With a
+// shared K offset of 4 (x2 the values' spread), the smoothing keeps the int8 steps on the spread,
+// not on the offset: relative error (max |got - exact| / max |exact|) at most 2% and cosine at
+// least 0.999 per head, at Flux's head dim and a length spanning 18 key blocks.
+TEST(AttentionForward, Int8StaysCloseToExactAttention) {
+  if (!ops::attention_impl_available(AttentionImpl::flash_int8)) GTEST_SKIP() << "no AMX-INT8 on this CPU";
+  const int64_t sq = 300, sk = 2300, d = 128;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const Qkv x = offset_qkv(sq, sk, d, dtype, 77);
+    const auto exact = reference_bsnd(x, 1, sq, sk, 1, d, nullptr, 1, 1, 1.0 / std::sqrt(double(d)));
+    const auto got = values(ops::attention_forward(x.q, x.k, x.v, manual(AttentionImpl::flash_int8)));
+    double err = 0, m = 0, dot = 0, gg = 0, ee = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      err = std::max(err, std::fabs(got[i] - exact[i]));
+      m = std::max(m, std::fabs(exact[i]));
+      dot += got[i] * exact[i], gg += got[i] * got[i], ee += exact[i] * exact[i];
+    }
+    const double cosine = dot / std::sqrt(gg * ee);
+    std::printf("flash_int8 %s: max error %.4g of max %.4g, cosine %.6f\n", std::string(dtype_name(dtype)).c_str(), err, m, cosine);
+    EXPECT_LE(err, 0.02 * m) << dtype_name(dtype);
+    EXPECT_GE(cosine, 0.999) << dtype_name(dtype);
+  }
+}
+
+// A query row or key holding a NaN or an infinity: NaN where exact attention gives NaN (that row;
+// every row that sees that key), the other rows untouched by the bad value's scale.
+TEST(AttentionForward, Int8NonFiniteInputsGiveNaNWhereExactAttentionDoes) {
+  if (!ops::attention_impl_available(AttentionImpl::flash_int8)) GTEST_SKIP() << "no AMX-INT8 on this CPU";
+  const int64_t sq = 70, sk = 200, d = 64;
+  Qkv x = make_qkv(1, sq, sk, 1, d, DType::f32, 9);
+  std::vector<float> q(x.qd.begin(), x.qd.end()), k(x.kd.begin(), x.kd.end());
+  q[5 * d + 3] = std::numeric_limits<float>::quiet_NaN();
+  q[40 * d + 1] = std::numeric_limits<float>::infinity();
+  k[150 * d + 2] = -std::numeric_limits<float>::infinity();
+  // Row 60 must not see key 150: a mask leaves it out.
+  std::vector<uint8_t> mask(static_cast<std::size_t>(sq * sk), 1);
+  for (int64_t i = 60; i < sq; ++i) mask[i * sk + 150] = 0;
+  ops::AttentionOptions o = manual(AttentionImpl::flash_int8);
+  o.mask = bool_tensor(mask, {sq, sk});
+  const auto got = values(ops::attention_forward(Tensor::from_vector(q, {1, sq, 1, d}), Tensor::from_vector(k, {1, sk, 1, d}), x.v, o));
+  for (int64_t i = 0; i < sq; ++i) {
+    const bool nan_row = i < 60 || i == 5 || i == 40;
+    for (int64_t c = 0; c < d; ++c) ASSERT_EQ(std::isnan(got[i * d + c]), nan_row) << "row " << i << " col " << c << ": " << got[i * d + c];
+  }
+}
+
 // --- the public API, every implementation -----------------------------------------------------------
 
 TEST(AttentionForward, EveryImplementationMatchesTheDoubleLoopOnManyTiles) {
@@ -394,7 +506,7 @@ TEST(AttentionForward, BadArgumentsGiveClearErrors) {
       {run(q, k, v, manual(AttentionImpl::flash, AttentionLayout::bsh)), "kernel_layout BSH needs BSH input (layout BSND given)"},
       {message_of([] { ops::parse_attention_layout("SBH"); }), "unknown attention layout 'SBH' (expected one of: BSND, BNSD, BSH)"},
       {message_of([] { ops::parse_attention_impl("laser"); }),
-       "unknown attention op_type 'laser' (expected one of: math, flash, cv_pipelined, flash_bf16)"},
+       "unknown attention op_type 'laser' (expected one of: math, flash, cv_pipelined, flash_bf16, flash_int8)"},
       {message_of([] { ops::parse_attention_opt_mode("auto"); }),
        "unknown attention opt_mode 'auto' (expected one of: runtime, static, manual)"},
   };

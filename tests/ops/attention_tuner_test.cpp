@@ -71,6 +71,21 @@ TEST_F(AttentionTunerTest, RuntimeModeTunesOncePerKeyAndReusesThePick) {
   EXPECT_EQ(AttentionTuner::global().entries().size(), 2u);
 }
 
+// int8 attention changes the answer beyond the activations' rounding: the tuner may time only the
+// exact kernels, whatever the dtype and whatever this CPU runs.
+TEST_F(AttentionTunerTest, RuntimeModeNeverTimesOrPicksInt8Attention) {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    AttentionTuner::global().clear();
+    Device device(builtin_cpu_profile(), {.trace = true});
+    const Tensor q = random_tensor({1, 40, 2, 64}, 1, dtype), k = random_tensor({1, 150, 2, 64}, 2, dtype);
+    ops::attention_forward(q, k, k, {}, device.default_stream());
+    const auto names = cube_kernels(device);
+    ASSERT_GE(names.size(), 12u) << dtype_name(dtype);
+    for (const std::string& name : names) EXPECT_EQ(name.find("int8"), std::string::npos) << dtype_name(dtype) << ": ran " << name;
+    for (const auto& [key, choice] : AttentionTuner::global().entries()) EXPECT_NE(choice.op_type, AttentionImpl::flash_int8);
+  }
+}
+
 TEST_F(AttentionTunerTest, RuntimeModeRunsWhatTheTableSays) {
   Device device(builtin_cpu_profile(), {.trace = true});
   const Tensor q = random_tensor({2, 9, 1, 8}, 1), k = random_tensor({2, 9, 1, 8}, 2), v = random_tensor({2, 9, 1, 8}, 3);
@@ -186,6 +201,7 @@ TEST_F(AttentionTunerTest, MalformedFilesAreErrorsNamingFileAndProblem) {
       {R"({"format": "other", "version": 1})", "field 'format' must be \"cubevec-attention-tune-cache\""},
       {R"({"format": "cubevec-attention-tune-cache", "version": 1, "fingerprint": "fp"})", "field 'entries' must be an array"},
       {replace("\"flash\"", "\"laser\""), "entry 1: unknown attention op_type 'laser'"},
+      {replace("\"flash\"", "\"flash_int8\""), "entry 1: field 'op_type' flash_int8 is lossy and never a tuned choice"},
       {replace("\"heads\": 2", "\"heads\": -2"), "entry 1: field 'heads' must be a positive integer"},
       {replace("\"heads\": 2", "\"heads\": 0"), "entry 1: field 'heads' must be a positive integer"},
       {replace("\"q_len\": 9", "\"q_len\": 0"), "entry 1: field 'q_len' must be a positive integer"},
