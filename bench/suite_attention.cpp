@@ -6,12 +6,16 @@
 //   flash_bf16     bf16 inputs only, where the CPU has AMX-BF16: the tile products in bf16 on both
 //                  cores, x_flash_f32 its speed against flash-2t on the same shape's f32 inputs
 //                  (the issue-41 target: >= 2x) and of_amx_peak its fraction of the AMX-BF16 peak
+//   flash_int8     bf16 inputs only, where the CPU has AMX-INT8: Q K^T in int8 (SageAttention's
+//                  scheme), P V in bf16; x_flash_bf16 its speed against flash_bf16 and cosine its
+//                  output against flash's (f32 products) on the same inputs
 //   math           materialized scores (only where they fit comfortably: S <= 1280)
 //   runtime        opt_mode runtime on the 2-core device: the autotuner's pick (named in the row)
 // Fractions are of the 2-thread FMA peak (1t rows also state their fraction of the 1-thread peak).
 #include <random>
 
 #include "bench/harness.h"
+#include "bench/quantized_block.h"
 #include "ops/attention.h"
 #include "ops/attention/cv_pipeline.h"
 #include "ops/attention_tuner.h"
@@ -109,6 +113,16 @@ void attention_suite(Context& context) {
         if (f32_flash_s.count(s.name)) extra["x_flash_f32"] = f32_flash_s[s.name] / t.median_s;
         if (context.machine.amx_peak_gflops > 0) extra["of_amx_peak"] = flops / t.median_s / 1e9 / context.machine.amx_peak_gflops;
         report("flash_bf16", t, false, extra);
+        if (ops::attention_impl_available(ops::AttentionImpl::flash_int8)) {
+          const Timing t8 =
+              time_runs([&] { ops::attention_forward(q, k, v, manual(ops::AttentionImpl::flash_int8), stream_two).data_ptr(); }, runs);
+          std::map<std::string, double> extra8{{"x_flash_bf16", t.median_s / t8.median_s}};
+          if (f32_flash_s.count(s.name)) extra8["x_flash_f32"] = f32_flash_s[s.name] / t8.median_s;
+          const Tensor exact = ops::attention_forward(q, k, v, manual(ops::AttentionImpl::flash), stream_two);
+          const Tensor int8 = ops::attention_forward(q, k, v, manual(ops::AttentionImpl::flash_int8), stream_two);
+          extra8["cosine"] = output_cosine(int8, exact, stream_two);
+          report("flash_int8", t8, false, extra8);
+        }
       }
       if (s.sq <= 1280 && s.sk <= 1280)
         report("math", time_runs([&] { ops::attention_forward(q, k, v, manual(ops::AttentionImpl::math), stream_two).data_ptr(); }, runs),

@@ -78,16 +78,6 @@ void report(Context& context, const std::string& label, const std::string& block
   }
 }
 
-// The cosine of two outputs as flat vectors (f32 or bf16 tensors).
-double cosine(const Tensor& a, const Tensor& b, const Stream& s) {
-  const Tensor fa = ops::cast(a, DType::f32, s).contiguous(), fb = ops::cast(b, DType::f32, s).contiguous();
-  const float* x = fa.data<float>();
-  const float* y = fb.data<float>();
-  double dot = 0, xx = 0, yy = 0;
-  for (int64_t i = 0; i < fa.numel(); ++i) dot += double(x[i]) * y[i], xx += double(x[i]) * x[i], yy += double(y[i]) * y[i];
-  return dot / std::sqrt(xx * yy);
-}
-
 // The best-path pair of rows (issue 41): cubevec's fastest path, W8A8_DYNAMIC Linears on the CPU's
 // fastest int8 kernel with bf16 activations (the attention autotuned, flash_bf16 where the CPU
 // has AMX), with its output's cosine against the f32 block; and PyTorch's faster of f32 and bf16
@@ -156,7 +146,7 @@ void wan_block(Context& context, Device& device, const nlohmann::json& torch, co
   const Tensor h = ops::cast(hidden, DType::bf16, s);
   const auto forward = [&] { return block.forward({h, {}}, inputs, bf16, s).hidden; };
   const Timing best = time_runs([&] { forward().data_ptr(); }, std::max(2, context.repeats / 2));
-  best_rows(context, label, "wan", best, cosine(forward(), reference, s), torch);
+  best_rows(context, label, "wan", best, output_cosine(forward(), reference, s), torch);
 }
 
 }  // namespace
@@ -227,7 +217,8 @@ void blocks_suite(Context& context) {
         return b == 0 ? double_block.forward(state, shared, bf16, s).hidden : single_block.forward(state, shared, bf16, s).hidden;
       };
       const Timing best = time_runs([&] { forward().data_ptr(); }, std::max(2, context.repeats / 2));
-      best_rows(context, std::string("flux ") + names[b] + " 1024+256 x3072", names[b], best, cosine(forward(), reference[b], s), torch);
+      best_rows(context, std::string("flux ") + names[b] + " 1024+256 x3072", names[b], best, output_cosine(forward(), reference[b], s),
+                torch);
     }
   }
   wan_block(context, device, torch_wan, models::WanConfig::wan21_1_3b(), "wan 4680+512 x1536");

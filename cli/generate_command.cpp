@@ -153,6 +153,7 @@ pipelines::Request request_of(const GenerateFlags& f, const CLI::App& command, c
   r.seed = f.seed;
   r.cache = stage_flags.cache_settings();  // bad files fail before any work
   if (const std::unique_ptr<pipelines::SparseAttentionStage> sparse = stage_flags.sparse_stage()) r.sparse = sparse->config();
+  r.quant_attention = pipelines::parse_attention_quant(stage_flags.quant_attention);
   return r;
 }
 

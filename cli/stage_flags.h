@@ -9,6 +9,8 @@
 // and sparse attention (pipelines/stages/sparse_attention.h)
 //   --sparse none|rf_v2|ada_bsa --sparsity X --sparse-step-start N --sparse-blocks A-B
 //   --sparse-mask-refresh K --sparse-cdf-threshold X
+// and quantized attention (pipelines/stages/quant_attention.h)
+//   --quant-attention none|int8
 // and weight streaming (pipelines/stages/offload.h)
 //   --offload R
 #pragma once
@@ -34,8 +36,9 @@ struct StageFlags {
   int step_end = 0, block_end = 0;  // --cache-step-end, --cache-block-end when given
   std::string sparse = "none", sparse_blocks;
   pipelines::SparseConfig sparse_values;
-  int offload = 0;                    // --offload R: resident blocks (0: off)
-  std::vector<CLI::Option*> options;  // to know which were given
+  std::string quant_attention = "none";  // --quant-attention
+  int offload = 0;                       // --offload R: resident blocks (0: off)
+  std::vector<CLI::Option*> options;     // to know which were given
 
   bool quant_given() const;  // --quant on the command line
   // The cache settings: --cache-config's file, with the flags given on the command line over it.

@@ -171,7 +171,7 @@ void PipelinePlan::check(const Request& request, bool have_negative) const {
   check_request(*model_, request, run_context(options_), have_negative, from_defaults_, model_dir_);
   check_heads(groups_, model_->attention_heads());
   // The request's stages against the run (their settings, and what combines with what).
-  request_stages(stages_, request.cache, request.sparse, *request.num_inference_steps, model_->blocks(), sequence_parallel_stage(groups_));
+  request_stages(stages_, request, model_->blocks(), sequence_parallel_stage(groups_), options_.simulate);
 }
 
 MemoryEstimate PipelinePlan::require_memory(const Request& request, int64_t text_tokens) const {
@@ -317,7 +317,7 @@ Request Pipeline::checked(const Request& request) const {
   (void)request_deltas(r);  // the files read and matched against the model before the request queues
   check_request(*model_, r, run_context(options_), /*have_negative=*/true, from_defaults, model_dir_);
   check_heads(groups_, model_->attention_heads());
-  (void)request_stages(stages_, r.cache, r.sparse, *r.num_inference_steps, model_->blocks(), sequence_parallel_stage(groups_));
+  (void)request_stages(stages_, r, model_->blocks(), sequence_parallel_stage(groups_), options_.simulate);
   return r;
 }
 
@@ -335,7 +335,7 @@ GenerationResult Pipeline::generate(const Request& request, const GenerateHooks&
 
   // The request's own settings first (size, steps, stages), before the text encoders run.
   check_request(*model_, r, run, /*have_negative=*/true, from_defaults, model_dir_);
-  result.stages = request_stages(stages_, r.cache, r.sparse, *r.num_inference_steps, model_->blocks(), sequence_parallel_stage(groups_));
+  result.stages = request_stages(stages_, r, model_->blocks(), sequence_parallel_stage(groups_), options_.simulate);
   auto t0 = std::chrono::steady_clock::now();
   const TextConditioning text = hooks.text ? *hooks.text : encode_text(r, cfg, device.default_stream());
   result.text_s = seconds_since(t0);

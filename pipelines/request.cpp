@@ -79,6 +79,9 @@ Request Request::from_json(const nlohmann::json& json, const std::string& source
       .text("last_image", q.last_image)
       .number_in("strength", strength, 0.0, 1.0)
       .unsigned_integer("seed", q.seed);
+  std::string quant_attention = "none";
+  r.text("quant_attention", quant_attention, {"none", "int8"});
+  q.quant_attention = parse_attention_quant(quant_attention, source + ": 'quant_attention'");
   bool edit = false, auto_resize = true;
   int64_t max_area = 0;
   r.boolean("edit", edit).boolean("auto_resize", auto_resize).integer("max_area", max_area, 256, kMaxImageSide * kMaxImageSide);
@@ -181,6 +184,7 @@ nlohmann::ordered_json Request::to_json() const {
   j["seed"] = seed;
   if (cache.method != CacheMethod::none) j["cache"] = cache.to_json();
   if (sparse) j["sparse"] = sparse_to_json(*sparse);
+  if (quant_attention != AttentionQuant::none) j["quant_attention"] = std::string(attention_quant_name(quant_attention));
   return j;
 }
 
@@ -228,6 +232,7 @@ std::string in_request_terms(const std::string& message) {
         {"--sparse-cdf-threshold", "sparse.cdf_threshold"},
         {"--sparsity", "sparse.sparsity"},
         {"--sparse", "sparse"},
+        {"--quant-attention", "quant_attention"},
         {"--lora-ignore-unmatched", "lora_ignore_unmatched"},
         {"--lora-mode", "lora_mode"},
         {"--lora", "lora"},

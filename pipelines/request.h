@@ -11,7 +11,8 @@
 //    "lora": ["style.safetensors:0.8"] (LoRAs this request applies at run time, models/lora_runtime.h),
 //    "cache": "db" or {"cache": "db", "cache-fn": 1, ...} (the --cache-config file's keys),
 //    "sparse": "ada_bsa" or {"type": "ada_bsa", "sparsity": 0.5, "step_start": 0, "blocks": "0-3",
-//               "mask_refresh": 1, "cdf_threshold": 1.0}}
+//               "mask_refresh": 1, "cdf_threshold": 1.0},
+//    "quant_attention": "int8" (Q K^T in int8, SageAttention-style: pipelines/stages/quant_attention.h)}
 //
 // Every key is optional but the prompt (or prompt_embeds); what is left out takes the model's
 // default (its size, steps and guidance: pipelines/model_family.h). guidance_scale is what
@@ -30,6 +31,7 @@
 
 #include "media/jpeg.h"
 #include "pipelines/stages/cache_config.h"
+#include "pipelines/stages/quant_attention.h"
 #include "pipelines/stages/sparse_attention.h"
 #include "pipelines/text_conditioning.h"
 
@@ -69,6 +71,7 @@ struct Request {
   uint64_t seed = 0;
   CacheConfig cache;  // method none: no step cache
   std::optional<SparseConfig> sparse;
+  AttentionQuant quant_attention = AttentionQuant::none;
 
   // `source` names the request in errors ("request"); unknown keys are errors.
   static Request from_json(const nlohmann::json& json, const std::string& source = "request");

@@ -1,5 +1,6 @@
 #include "pipelines/stage_plan.h"
 
+#include "pipelines/stages/quant_attention.h"
 #include "pipelines/stages/sequence_parallel.h"
 #include "pipelines/stages/tensor_parallel.h"
 #include "base/error.h"
@@ -42,7 +43,8 @@ std::unique_ptr<Stage> lend(const std::unique_ptr<Stage>& stage) { return stage 
 
 StageList build_stage_list(std::unique_ptr<Stage> quantize, const CacheConfig& cache_config, int steps, int blocks,
                            std::unique_ptr<SparseAttentionStage> sparse, std::unique_ptr<Stage> offload,
-                           std::unique_ptr<Stage> sequence_parallel, std::unique_ptr<Stage> tensor_parallel) {
+                           std::unique_ptr<Stage> sequence_parallel, std::unique_ptr<Stage> tensor_parallel,
+                           std::unique_ptr<Stage> quant_attention) {
   StageList stages;
   if (tensor_parallel) {
     if (quantize) throw Error("--quant with --tp is not supported yet: the quantized layers would need their shards too");
@@ -62,6 +64,7 @@ StageList build_stage_list(std::unique_ptr<Stage> quantize, const CacheConfig& c
     sparse->check_steps(steps);
     stages.add(std::move(sparse));
   }
+  if (quant_attention) stages.add(std::move(quant_attention));
   return stages;
 }
 
@@ -77,10 +80,16 @@ void LoadStages::after_load_second_model(models::ParameterTable& parameters) {
     if (stage) stage->after_load_second_model(parameters);
 }
 
-StageList request_stages(const LoadStages& shared, const CacheConfig& cache, const std::optional<SparseConfig>& sparse, int steps,
-                         int blocks, std::unique_ptr<Stage> sequence_parallel) {
-  return build_stage_list(lend(shared.quantize), cache, steps, blocks, sparse ? std::make_unique<SparseAttentionStage>(*sparse) : nullptr,
-                          lend(shared.offload), std::move(sequence_parallel), lend(shared.tensor_parallel));
+StageList request_stages(const LoadStages& shared, const Request& request, int blocks, std::unique_ptr<Stage> sequence_parallel,
+                         bool simulate) {
+  if (!request.num_inference_steps) throw Error("internal: request_stages needs the request's step count (its defaults filled in)");
+  const std::optional<SparseConfig>& sparse = request.sparse;
+  std::unique_ptr<Stage> quant_attention;
+  if (request.quant_attention != AttentionQuant::none)
+    quant_attention = std::make_unique<QuantAttentionStage>(request.quant_attention, simulate);
+  return build_stage_list(lend(shared.quantize), request.cache, *request.num_inference_steps, blocks,
+                          sparse ? std::make_unique<SparseAttentionStage>(*sparse) : nullptr, lend(shared.offload),
+                          std::move(sequence_parallel), lend(shared.tensor_parallel), std::move(quant_attention));
 }
 
 void check_heads(const parallel::ParallelGroups& groups, int64_t heads) {

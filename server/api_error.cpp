@@ -39,7 +39,8 @@ std::string request_key_named_in(const std::string& message) {
                                           "image",          "mask_image",
                                           "last_image",     "strength",
                                           "lora",           "edit",
-                                          "max_area",       "auto_resize"};
+                                          "max_area",       "auto_resize",
+                                          "quant_attention"};
   // The message may hold the client's own text (an unknown key of any length): plain scanning, no
   // regex (libstdc++'s recurses per character). First the leading word ("request: 'key' must",
   // "key: ...", "cache.cache-fn must"), then the first quoted key.

@@ -92,8 +92,9 @@ std::vector<std::string> served_lora_files(const std::vector<std::string>& names
 
 void copy_diffusion_keys(const nlohmann::json& body, nlohmann::json& request_keys) {
   refuse_file_keys(body);
-  for (const char* key : {"negative_prompt", "num_inference_steps", "guidance_scale", "true_cfg_scale", "seed", "cfg", "cache", "sparse",
-                          "max_sequence_length", "num_frames", "strength", "lora", "edit", "max_area", "auto_resize", "guidance_scale_2"})
+  for (const char* key :
+       {"negative_prompt", "num_inference_steps", "guidance_scale", "true_cfg_scale", "seed", "cfg", "cache", "sparse",
+        "max_sequence_length", "num_frames", "strength", "lora", "edit", "max_area", "auto_resize", "guidance_scale_2", "quant_attention"})
     if (const auto it = body.find(key); it != body.end() && !it->is_null()) request_keys[key] = *it;
 }
 
@@ -173,8 +174,9 @@ nlohmann::json form_fields(const httplib::Request& http_request, const std::set<
       "n",    "output_compression", "num_inference_steps", "guidance_scale", "guidance_scale_2", "true_cfg_scale",
       "seed", "strength",           "max_sequence_length", "max_area",       "num_frames"};
   static const std::set<std::string> booleans = {"edit", "auto_resize"};
-  static const std::set<std::string> texts = {"prompt", "model",  "size", "response_format", "output_format", "negative_prompt", "cfg",
-                                              "cache",  "sparse", "user", "quality",         "background",    "seconds"};
+  static const std::set<std::string> texts = {"prompt",          "model",      "size",    "response_format", "output_format",
+                                              "negative_prompt", "cfg",        "cache",   "sparse",          "user",
+                                              "quality",         "background", "seconds", "quant_attention"};
   nlohmann::json body = nlohmann::json::object();
   nlohmann::json named_files = nlohmann::json::object();  // file names sent as text: refused as in a JSON body
   for (const char* key : {"prompt_embeds", "mask_image", "last_image"})

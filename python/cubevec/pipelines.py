@@ -312,7 +312,7 @@ class _DiffusionPipeline:
                 continue
             if key in ("prompt", "negative_prompt"):
                 checked[key] = _text(value, key, prompt=True)
-            elif key in ("cfg", "image", "mask_image", "last_image"):
+            elif key in ("cfg", "image", "mask_image", "last_image", "quant_attention"):
                 checked[key] = _text(value, key)
             elif key == "strength":
                 checked[key] = _number(value, key)
@@ -352,7 +352,7 @@ class FluxPipeline(_DiffusionPipeline):
 
     def __call__(self, prompt=None, negative_prompt=None, height=None, width=None, num_inference_steps=None,
                  guidance_scale=None, true_cfg_scale=None, generator=None, max_sequence_length=None,
-                 output_type="pil", callback_on_step_end=None, cache=None, sparse=None, cfg=None, image=None,
+                 output_type="pil", callback_on_step_end=None, cache=None, sparse=None, quant_attention=None, cfg=None, image=None,
                  mask_image=None, strength=None, lora=None, max_area=None, _auto_resize=None):
         """Generates one image: .images[0] (a PIL image, or an HxWx3 uint8 array with output_type="np").
 
@@ -362,7 +362,8 @@ class FluxPipeline(_DiffusionPipeline):
         names FluxKontextPipeline) image is the reference the prompt edits (FluxKontextPipeline), with
         max_area (the output's pixels, default 1024 * 1024) and _auto_resize (the reference resized to
         Kontext's preferred resolutions, default True). lora (as from_pretrained's) applies at run time
-        to this call only, over the loaded model."""
+        to this call only, over the loaded model. quant_attention="int8" runs every attention with
+        Q K^T in int8 (SageAttention's scheme; lossy; CPUs with AMX-INT8)."""
         if cfg is None and true_cfg_scale is not None and _number(true_cfg_scale, "true_cfg_scale") > 1:
             if negative_prompt is not None:
                 cfg = "fused"
@@ -371,7 +372,8 @@ class FluxPipeline(_DiffusionPipeline):
         request = {"prompt": prompt, "negative_prompt": negative_prompt, "height": height, "width": width,
                    "num_inference_steps": num_inference_steps, "guidance_scale": guidance_scale,
                    "true_cfg_scale": true_cfg_scale, "seed": _seed(generator),
-                   "max_sequence_length": max_sequence_length, "cache": cache, "sparse": sparse, "cfg": cfg,
+                   "max_sequence_length": max_sequence_length, "cache": cache, "sparse": sparse,
+                   "quant_attention": quant_attention, "cfg": cfg,
                    "strength": strength, "lora": lora, "max_area": max_area, "auto_resize": _auto_resize}
         return self._call(request, output_type, callback_on_step_end, {"image": image, "mask_image": mask_image})
 
@@ -383,17 +385,19 @@ class WanPipeline(_DiffusionPipeline):
 
     def __call__(self, prompt=None, negative_prompt=None, height=None, width=None, num_frames=None,
                  num_inference_steps=None, guidance_scale=None, guidance_scale_2=None, generator=None,
-                 max_sequence_length=None, output_type="np", callback_on_step_end=None, cache=None, sparse=None,
+                 max_sequence_length=None, output_type="np", callback_on_step_end=None, cache=None, sparse=None, quant_attention=None,
                  cfg=None, lora=None):
         """Generates one video: .frames[0] (PIL images, or HxWx3 uint8 arrays with output_type="np").
 
         guidance_scale_2 is the low-noise expert's CFG scale on a two-expert folder (Wan2.2 A14B:
         model_index.json's boundary_ratio; default guidance_scale). lora (as from_pretrained's)
-        applies at run time to this call only, over the loaded model."""
+        applies at run time to this call only, over the loaded model. quant_attention="int8" as in
+        FluxPipeline."""
         request = {"prompt": prompt, "negative_prompt": negative_prompt, "height": height, "width": width,
                    "num_frames": num_frames, "num_inference_steps": num_inference_steps,
                    "guidance_scale": guidance_scale, "guidance_scale_2": guidance_scale_2, "seed": _seed(generator),
-                   "max_sequence_length": max_sequence_length, "cache": cache, "sparse": sparse, "cfg": cfg,
+                   "max_sequence_length": max_sequence_length, "cache": cache, "sparse": sparse,
+                   "quant_attention": quant_attention, "cfg": cfg,
                    "lora": lora}
         return self._call(request, output_type, callback_on_step_end)
 
@@ -408,7 +412,7 @@ class WanImageToVideoPipeline(_DiffusionPipeline):
     def __call__(self, image=None, prompt=None, negative_prompt=None, height=None, width=None, num_frames=None,
                  num_inference_steps=None, guidance_scale=None, guidance_scale_2=None, generator=None,
                  max_sequence_length=None, output_type="np", callback_on_step_end=None, last_image=None, cache=None,
-                 sparse=None, cfg=None, lora=None):
+                 sparse=None, quant_attention=None, cfg=None, lora=None):
         """Generates one video from a picture (a path, a PIL image or an H x W x 3 uint8 array), resized
         to width x height: .frames[0] (PIL images, or HxWx3 uint8 arrays with output_type="np")."""
         if image is None:
@@ -416,6 +420,7 @@ class WanImageToVideoPipeline(_DiffusionPipeline):
         request = {"prompt": prompt, "negative_prompt": negative_prompt, "height": height, "width": width,
                    "num_frames": num_frames, "num_inference_steps": num_inference_steps,
                    "guidance_scale": guidance_scale, "guidance_scale_2": guidance_scale_2, "seed": _seed(generator),
-                   "max_sequence_length": max_sequence_length, "cache": cache, "sparse": sparse, "cfg": cfg,
+                   "max_sequence_length": max_sequence_length, "cache": cache, "sparse": sparse,
+                   "quant_attention": quant_attention, "cfg": cfg,
                    "lora": lora}
         return self._call(request, output_type, callback_on_step_end, {"image": image, "last_image": last_image})

@@ -82,6 +82,24 @@ def test_flux_pixels_equal_the_command_lines(flux, tmp_path):
     assert "denoising" in out.report["stages_s"]
 
 
+def test_int8_attention_equals_the_command_line(flux, tmp_path):
+    png = tmp_path / "cli.png"
+    args = [BINARY, "t2i", "--model", TINYFLUX, "--prompt", PROMPT, "--steps", "3", "--seed", "9", "--width", "48", "--height", "32",
+            "--out", str(png), "--quant-attention", "int8"]
+    cli = subprocess.run(args, capture_output=True, text=True)
+    try:
+        out = flux(prompt=PROMPT, num_inference_steps=3, generator=9, width=48, height=32, output_type="np", quant_attention="int8")
+    except RuntimeError as e:  # a CPU without AMX-INT8: both refuse, naming what is missing
+        assert "needs AMX-INT8" in str(e) and cli.returncode != 0 and "needs AMX-INT8" in cli.stderr
+        return
+    assert cli.returncode == 0, cli.stderr
+    assert np.array_equal(out.images[0], read_png(png))
+    stage = next(s for s in out.report["stages"] if s["name"] == "quant-attention int8")
+    assert stage["settings"]["int8_calls"] > 0
+    exact = flux(prompt=PROMPT, num_inference_steps=3, generator=9, width=48, height=32, output_type="np")
+    assert not np.array_equal(out.images[0], exact.images[0])
+
+
 def test_wan_frames_equal_the_command_lines(tmp_path):
     wan = cubevec.WanPipeline.from_pretrained(TINYWAN)
     subprocess.run([BINARY, "t2v", "--model", TINYWAN, "--prompt", WAN_PROMPT, "--steps", "2", "--seed", "4", "--width", "32",
@@ -167,6 +185,8 @@ def test_ctrl_c_interrupts_a_long_call(flux):
     ({"generator": object()}, TypeError, "generator must be an int seed"),
     ({"output_type": "latent"}, ValueError, "output_type"),
     ({"num_frames": 5}, TypeError, "num_frames"),
+    ({"quant_attention": "fp8"}, ValueError, "quant_attention"),
+    ({"quant_attention": 8}, TypeError, "quant_attention must be a str"),
 ])
 def test_bad_call_arguments_raise_named_errors(flux, kwargs, error, words):
     call = {"prompt": PROMPT, "num_inference_steps": 1, "width": 32, "height": 32, "output_type": "np"}

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "media/avi.h"
+#include "ops/attention.h"
 #include "pipelines/pipeline.h"
 #include "server/test_server.h"
 #include "tensor/safetensors.h"
@@ -228,6 +229,8 @@ TEST(ServerApi, EachBadRequestIsAnOpenAiErrorNamingTheField) {
       {R"({"prompt": "a red circle", "size": "20x20"})", 400, "width", "multiples of 8"},
       {R"({"prompt": "a red circle", "num_frames": 17})", 400, "num_frames", "video models"},
       {R"({"prompt": "a red circle", "cfg": "sideways"})", 400, "cfg", "cfg"},
+      {R"({"prompt": "a red circle", "quant_attention": "fp8"})", 400, "quant_attention", R"(must be one of "none", "int8", got "fp8")"},
+      {R"({"prompt": "a red circle", "quant_attention": true})", 400, "quant_attention", "quant_attention"},
       {R"({"prompt": "a red circle", "cache": {"cache": "db", "nonsense": 1}})", 400, "cache", "nonsense"},
       {"{\"prompt\": \"" + std::string(5000, 'a') + "\"}", 413, "", "--max-body"},
       {"{\"a\":" + std::string(20, '[') + std::string(20, ']') + "}", 400, "", "nest"},
@@ -242,6 +245,14 @@ TEST(ServerApi, EachBadRequestIsAnOpenAiErrorNamingTheField) {
     EXPECT_EQ(error["param"].is_null() ? "" : error["param"].get<std::string>(), c.param) << c.body << "\n" << r->body;
     EXPECT_TRUE(error["type"].is_string() && error["code"].is_string()) << r->body;
     EXPECT_NE(error["message"].get<std::string>().find(c.in_message), std::string::npos) << c.body << "\n" << r->body;
+  }
+  // int8 attention where the CPU runs it; a named refusal where it does not.
+  const auto int8 = server.post("/v1/images/generations", body_with({{"quant_attention", "int8"}}).dump());
+  if (cubevec::ops::attention_impl_available(cubevec::ops::AttentionImpl::flash_int8)) {
+    EXPECT_EQ(int8->status, 200) << int8->body;
+  } else {
+    EXPECT_EQ(int8->status, 400) << int8->body;
+    EXPECT_NE(int8->body.find("needs AMX-INT8"), std::string::npos) << int8->body;
   }
   // Unknown fields are ignored, as OpenAI does.
   const auto ok = server.post("/v1/images/generations", body_with({{"quality", "hd"}, {"style", "vivid"}, {"user", "me"}}).dump());
