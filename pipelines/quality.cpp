@@ -24,4 +24,24 @@ Quality compare_pictures(const Tensor& a, const Tensor& b) {
   return {mse == 0 ? std::numeric_limits<double>::infinity() : 10 * std::log10(1.0 / mse), worst};
 }
 
+Quality compare_pixels(const std::vector<media::RgbImage>& a, const std::vector<media::RgbImage>& b) {
+  if (a.size() != b.size())
+    throw Error("compare_pixels: " + std::to_string(a.size()) + " and " + std::to_string(b.size()) + " frames differ in number");
+  double sum = 0, worst = 0;
+  std::size_t n = 0;
+  for (std::size_t f = 0; f < a.size(); ++f) {
+    if (a[f].width != b[f].width || a[f].height != b[f].height)
+      throw Error("compare_pixels: frame " + std::to_string(f) + " is " + std::to_string(a[f].width) + "x" + std::to_string(a[f].height) +
+                  " against " + std::to_string(b[f].width) + "x" + std::to_string(b[f].height));
+    for (std::size_t i = 0; i < a[f].pixels.size(); ++i) {
+      const double d = (double(a[f].pixels[i]) - double(b[f].pixels[i])) / 255.0;
+      sum += d * d;
+      worst = std::max(worst, std::abs(d));
+    }
+    n += a[f].pixels.size();
+  }
+  const double mse = n > 0 ? sum / static_cast<double>(n) : 0.0;
+  return {mse == 0 ? std::numeric_limits<double>::infinity() : 10 * std::log10(1.0 / mse), worst};
+}
+
 }  // namespace cubevec::pipelines

@@ -3,6 +3,9 @@
 // clamp(x / 2 + 0.5, 0, 1), i.e. as the pixels a user sees).
 #pragma once
 
+#include <vector>
+
+#include "media/jpeg.h"
 #include "tensor/tensor.h"
 
 namespace cubevec::pipelines {
@@ -14,5 +17,8 @@ struct Quality {
 
 // a and b of one shape (f32 or bf16).
 Quality compare_pictures(const Tensor& a, const Tensor& b);
+// The same on 8-bit pixels (an image, or a video's frames in order), as written to disk: PSNR over
+// every channel of every pixel of every frame (for a video, of the whole clip).
+Quality compare_pixels(const std::vector<media::RgbImage>& a, const std::vector<media::RgbImage>& b);
 
 }  // namespace cubevec::pipelines
