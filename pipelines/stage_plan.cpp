@@ -59,6 +59,10 @@ StageList build_stage_list(std::unique_ptr<Stage> quantize, const CacheConfig& c
     if (sharded) throw Error("--cache with --ulysses or --ring is not supported yet: each rank would decide its cache from its own tokens");
     stages.add(std::move(cache));
   }
+  if (sparse && quant_attention)
+    throw Error(
+        "--quant-attention with --sparse is not supported yet: the block-sparse kernel computes its attention in its own precision, "
+        "so int8 would reach only the modules it leaves dense");
   if (sparse) {
     sparse->check_blocks(blocks);
     sparse->check_steps(steps);

@@ -238,6 +238,9 @@ void launch_batch(AttentionImpl impl, const std::string& prefix, const std::func
 // Runs `impl` with q, k, v handed over in `kernel_layout`; returns the result in in.layout. With
 // `lse` (f32 [B, N, Sq], contiguous) the kernel also writes each row's log-sum-exp there.
 Tensor run_impl(const Inputs& in, AttentionImpl impl, AttentionLayout kernel_layout, const Stream& stream, const Tensor& lse = {}) {
+  if (impl == AttentionImpl::flash_int8 && in.d > attn::kFlashInt8MaxHeadDim)
+    throw Error("attention: op_type flash_int8 sums its int8 products in int32, so head dims up to " +
+                std::to_string(attn::kFlashInt8MaxHeadDim) + "; got " + std::to_string(in.d));
   if (kernel_layout == AttentionLayout::bsh) kernel_layout = AttentionLayout::bsnd;
   const bool transposed = kernel_layout != in.layout;
   auto to_kernel = [&](const Tensor& t) { return transposed ? contiguous(t.permute({0, 2, 1, 3}), stream) : t; };

@@ -7,7 +7,9 @@
 //               by its mean over the head's keys (which shifts each row's scores by one constant,
 //               leaving the softmax as it was, and takes K's shared offset out of its int8 range),
 //               then symmetric int8 with one scale per 128-key block; Q with one scale per 32-row
-//               panel. A row or key holding a non-finite value gives NaN scores, as in f32.
+//               panel. A row or key holding a non-finite value gets its scores in f32 (against the
+//               smoothed K, so its row keeps the same shift), NaN or infinite where exact
+//               attention's are.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -129,12 +131,13 @@ void run_q_block_bf16(const FlashGeometry& g, const AttentionBatch& batch, const
 
 // ---- flash_int8 ----
 
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
 int64_t int8_dpad(int64_t d) { return (d + 63) / 64 * 64; }  // a tile step is 64 dimensions
 
-// 127 / amax (0 for an all-zero operand, whose int8 values are then zero).
-float inverse_scale(float amax) { return amax > 0 ? 127.0f / amax : 0.0f; }
+// 127 / amax (0 for an all-zero operand, whose int8 values are then zero), at most the largest
+// float: for a subnormal amax the quotient would be infinite, and 0 x inf is NaN.
+float inverse_scale(float amax) {
+  return amax > 0 ? static_cast<float>(std::min(127.0 / amax, static_cast<double>(std::numeric_limits<float>::max()))) : 0.0f;
+}
 
 // One head's int8 K (key_blocks x dpad8 x 128), its per-block scales, its per-key "non-finite"
 // flags (key_blocks x 128) and its bf16 V (as flash_bf16's), in one allocation.
@@ -162,25 +165,31 @@ struct Int8Layout {
   }
 };
 
-// The mean of each of the head's K channels over its keys (keys holding a non-finite value left out).
+// The mean of each of the head's K channels over its keys (keys holding a non-finite value left
+// out); zero, so no smoothing, when K's values come within a factor 2 of the float range (k - mean
+// could overflow).
 std::vector<float> key_mean(const HeadProblem& head, DType dtype, int64_t d) {
   std::vector<double> sum(static_cast<std::size_t>(d), 0.0);
   std::vector<float> row(static_cast<std::size_t>(d));
   int64_t counted = 0;
+  float amax = 0;
   for (int64_t j = 0; j < head.sk; ++j) {
     load_row_f32(head.k, head.k_ld, j, d, dtype, row.data());
-    if (!std::isfinite(abs_max_avx512(row.data(), d))) continue;
+    const float row_max = abs_max_avx512(row.data(), d);
+    if (!std::isfinite(row_max)) continue;
+    amax = std::max(amax, row_max);
     for (int64_t c = 0; c < d; ++c) sum[static_cast<std::size_t>(c)] += row[static_cast<std::size_t>(c)];
     ++counted;
   }
   std::vector<float> mean(static_cast<std::size_t>(d), 0.0f);
-  if (counted > 0)
+  if (counted > 0 && amax <= std::numeric_limits<float>::max() / 2)
     for (int64_t c = 0; c < d; ++c)
       mean[static_cast<std::size_t>(c)] = static_cast<float>(sum[static_cast<std::size_t>(c)] / static_cast<double>(counted));
   return mean;
 }
 
-// Key block kb's smoothed K in int8: one scale for the block (its largest |k - mean| / 127).
+// Key block kb's smoothed K in int8: one scale for the block (its largest |k - mean| / 127). A key
+// holding a non-finite value is flagged instead: its scores are computed in f32 (below).
 void pack_k_block_int8(const HeadProblem& head, DType dtype, int64_t d, const Int8Layout& lay, const float* mean, int64_t kb,
                        const PackedKVInt8& out) {
   int8_t* k = out.k + kb * lay.dpad8 * kBlockKeys;
@@ -207,44 +216,71 @@ void pack_k_block_int8(const HeadProblem& head, DType dtype, int64_t d, const In
   }
 }
 
-// The q-block's Q in int8, one scale per 32-row panel; row_scale[r] is that scale (NaN for a row
-// holding a non-finite value; its scores come out NaN).
+// A q-block's Q: in int8, one scale per 32-row panel, and as f32 (the rows holding a non-finite
+// value get their scores in f32 against the smoothed K, as exact attention would).
+struct QBlockInt8 {
+  QBlockInt8(const FlashGeometry& g, int64_t dpad8)
+      : q(static_cast<std::size_t>(g.block_rows() * dpad8)), f32(static_cast<std::size_t>(g.block_rows() * g.d)) {}
+  std::vector<int8_t> q;
+  std::vector<float> f32;
+  float scale[kPanelsPerBlock * kAmxRows] = {};
+  bool bad[kPanelsPerBlock * kAmxRows] = {};
+  bool panel_bad[kPanelsPerBlock] = {};
+};
+
 void quantize_q_block(const FlashGeometry& g, const AttentionBatch& batch, const HeadProblem& head, int64_t dpad8, int64_t q0,
-                      std::vector<int8_t>& q, float* row_scale) {
-  std::fill(q.begin(), q.end(), int8_t{0});
-  std::vector<float> rows(static_cast<std::size_t>(kAmxRows * g.d));
+                      QBlockInt8& out) {
+  std::fill(out.q.begin(), out.q.end(), int8_t{0});
   for (int p = 0; p < kPanelsPerBlock; ++p) {
     const int64_t r0 = q0 + p * kAmxRows, n = std::clamp<int64_t>(head.sq - r0, 0, kAmxRows);
     float amax = 0;
-    bool bad[kAmxRows] = {};
-    for (int64_t r = 0; r < n; ++r) {
-      float* row = rows.data() + r * g.d;
+    out.panel_bad[p] = false;
+    for (int64_t r = 0; r < kAmxRows; ++r) {
+      const int64_t i = p * kAmxRows + r;
+      out.bad[i] = false;
+      if (r >= n) continue;
+      float* row = out.f32.data() + i * g.d;
       load_row_f32(head.q, head.q_ld, r0 + r, g.d, batch.dtype, row);
       const float row_max = abs_max_avx512(row, g.d);
       if (std::isfinite(row_max)) amax = std::max(amax, row_max);
-      else bad[r] = true;
+      else out.bad[i] = out.panel_bad[p] = true;
     }
     for (int64_t r = 0; r < kAmxRows; ++r) {
-      row_scale[p * kAmxRows + r] = r < n && bad[r] ? kNaN : amax / 127.0f;
-      if (r < n && !bad[r]) quantize_int8_avx512(rows.data() + r * g.d, g.d, inverse_scale(amax), q.data() + (p * kAmxRows + r) * dpad8);
+      const int64_t i = p * kAmxRows + r;
+      out.scale[i] = amax / 127.0f;
+      if (r < n && !out.bad[i]) quantize_int8_avx512(out.f32.data() + i * g.d, g.d, inverse_scale(amax), out.q.data() + i * dpad8);
     }
   }
 }
 
+// q . (k - mean) in f32, for a score the int8 product cannot give (a non-finite q or k).
+float smoothed_dot(const float* q, const float* k, const float* mean, int64_t d) {
+  float sum = 0;
+  for (int64_t c = 0; c < d; ++c) sum += q[c] * (k[c] - mean[c]);
+  return sum;
+}
+
 void run_q_block_int8(const FlashGeometry& g, const AttentionBatch& batch, const HeadProblem& head, const Int8Layout& lay,
-                      const PackedKVInt8& kv, int64_t q0, QBlockState& st, std::vector<int8_t>& q, float* s) {
+                      const PackedKVInt8& kv, const float* mean, int64_t q0, QBlockState& st, QBlockInt8& qb, float* s) {
   reset_q_block(g, head, q0, st);
-  float q_scale[kPanelsPerBlock * kAmxRows];
-  quantize_q_block(g, batch, head, lay.dpad8, q0, q, q_scale);
+  quantize_q_block(g, batch, head, lay.dpad8, q0, qb);
+  std::vector<float> key(static_cast<std::size_t>(g.d));
   walk_key_blocks(g, batch, head, kv.v, st, s, [&](int p, int64_t kb, float* scores) {
-    float row_scale[kAmxRows];
-    for (int r = 0; r < kAmxRows; ++r) row_scale[r] = q_scale[p * kAmxRows + r] * kv.k_scale[kb];
-    amx_qk_block_int8(q.data() + p * kAmxRows * lay.dpad8, lay.dpad8, kv.k + kb * lay.dpad8 * kBlockKeys, row_scale, scores);
+    amx_qk_block_int8(qb.q.data() + p * kAmxRows * lay.dpad8, lay.dpad8, kv.k + kb * lay.dpad8 * kBlockKeys, qb.scale + p * kAmxRows,
+                      kv.k_scale[kb], scores);
     const uint8_t* bad = kv.k_bad + kb * kBlockKeys;
-    if (std::memchr(bad, 1, kBlockKeys) == nullptr) return;  // the usual case: every key finite
-    for (int j = 0; j < kBlockKeys; ++j)
-      if (bad[j])
-        for (int r = 0; r < kAmxRows; ++r) scores[r * kBlockKeys + j] = kNaN;
+    if (!qb.panel_bad[p] && std::memchr(bad, 1, kBlockKeys) == nullptr) return;  // the usual case: all finite
+    const int64_t key0 = kb * kBlockKeys, keys = std::min<int64_t>(kBlockKeys, head.sk - key0);
+    const int64_t rows = std::clamp<int64_t>(head.sq - (q0 + p * kAmxRows), 0, kAmxRows);
+    for (int64_t j = 0; j < keys; ++j) {
+      bool loaded = false;
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = p * kAmxRows + r;
+        if (!bad[j] && !qb.bad[i]) continue;
+        if (!loaded) load_row_f32(head.k, head.k_ld, key0 + j, g.d, batch.dtype, key.data()), loaded = true;
+        scores[r * kBlockKeys + j] = smoothed_dot(qb.f32.data() + i * g.d, key.data(), mean, g.d);
+      }
+    }
   });
   finish_q_block(g, head, batch.dtype, st, st.m.data(), st.l.data());
 }
@@ -300,11 +336,12 @@ void run_flash_int8(const AttentionBatch& batch) {
       },
       [&](int64_t begin, int64_t end, const HeadItemOf& item_at) {
         QBlockState st(g);
-        std::vector<int8_t> q(static_cast<std::size_t>(g.block_rows() * lay.dpad8));
+        QBlockInt8 qb(g, lay.dpad8);
         Scratch s(int64_t{kAmxRows} * kBlockKeys);
         for (int64_t i = begin; i < end; ++i) {
           const PackedHeadItem item = item_at(i);
-          run_q_block_int8(g, batch, batch.heads[item.head], lay, kv_of(item), item.index * g.block_rows(), st, q, s.data());
+          run_q_block_int8(g, batch, batch.heads[item.head], lay, kv_of(item), means[item.head].data(), item.index * g.block_rows(), st, qb,
+                           s.data());
         }
       });
 }

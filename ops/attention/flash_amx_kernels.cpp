@@ -92,7 +92,7 @@ void amx_pv_block(const float* p, int keys, int64_t dpad, const uint16_t* v_pack
   }
 }
 
-void amx_qk_block_int8(const int8_t* q, int64_t dpad8, const int8_t* k_packed, const float* row_scale, float* s) {
+void amx_qk_block_int8(const int8_t* q, int64_t dpad8, const int8_t* k_packed, const float* row_scale, float k_scale, float* s) {
   gemm::configure_amx_tiles();
   int32_t* const si = reinterpret_cast<int32_t*>(s);                   // the int32 sums land in S, then become f32 in place
   const int64_t k_stride = kBlockKeys * 4, s_stride = kBlockKeys * 4;  // bytes
@@ -117,11 +117,12 @@ void amx_qk_block_int8(const int8_t* q, int64_t dpad8, const int8_t* k_packed, c
     _tile_stored(2, si + 16 * kBlockKeys + j, s_stride);
     _tile_stored(3, si + 16 * kBlockKeys + j + 16, s_stride);
   }
+  const __m512 col = _mm512_set1_ps(k_scale);
   for (int r = 0; r < kAmxRows; ++r) {
-    const __m512 scale = _mm512_set1_ps(row_scale[r]);
+    const __m512 row = _mm512_set1_ps(row_scale[r]);
     for (int j = 0; j < kBlockKeys; j += 16) {
       const __m512i sum = _mm512_loadu_si512(si + r * kBlockKeys + j);
-      _mm512_storeu_ps(s + r * kBlockKeys + j, _mm512_mul_ps(_mm512_cvtepi32_ps(sum), scale));
+      _mm512_storeu_ps(s + r * kBlockKeys + j, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum), row), col));
     }
   }
 }

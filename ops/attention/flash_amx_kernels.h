@@ -20,10 +20,11 @@ void amx_qk_block(const uint16_t* q, int64_t dpad, const uint16_t* k_packed, flo
 void amx_pv_block(const float* p, int keys, int64_t dpad, const uint16_t* v_packed, float* o, const float* alpha);
 
 // The int8 Q K^T of flash_int8 (AMX-INT8, compiled with -mamx-int8 and called only where it is
-// available): S [32 x 128] f32 (row stride 128) = row_scale[r] x (Q [32 x dpad8] int8, row stride
-// dpad8, times K^T), the products summed exactly in int32; K packed as dpad8 / 4 quads of dimensions
-// x 128 keys x 4 (dpad8 a multiple of 64, keys past the head's end zero).
-void amx_qk_block_int8(const int8_t* q, int64_t dpad8, const int8_t* k_packed, const float* row_scale, float* s);
+// available): S [32 x 128] f32 (row stride 128) = (sum x row_scale[r]) x k_scale, sum = Q [32 x
+// dpad8] int8 (row stride dpad8) times K^T summed exactly in int32 (the two scales applied one after
+// the other: their product alone may overflow); K packed as dpad8 / 4 quads of dimensions x 128
+// keys x 4 (dpad8 a multiple of 64, keys past the head's end zero).
+void amx_qk_block_int8(const int8_t* q, int64_t dpad8, const int8_t* k_packed, const float* row_scale, float k_scale, float* s);
 
 // max |x[i]| over n floats, or +inf when one of them is not finite (AVX-512).
 float abs_max_avx512(const float* x, int64_t n);

@@ -59,5 +59,7 @@ void run_flash_amx(const AttentionBatch& batch);
 // where AMX-INT8 is absent.
 bool flash_int8_available();
 void run_flash_int8(const AttentionBatch& batch);
+// The int32 sums of int8 products hold head dims up to this (127^2 x 65536 < 2^31).
+inline constexpr int64_t kFlashInt8MaxHeadDim = 65536;
 
 }  // namespace cubevec::ops::attn

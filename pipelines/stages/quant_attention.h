@@ -3,8 +3,9 @@
 // flash attention do (ops/attention.h), instead of the autotuner's exact pick. It is lossy, so it
 // runs only when a request asks:
 //   --quant-attention int8            (request JSON: "quant_attention": "int8")
-// It computes what it replaces, so a step cache above it still replays; sparse attention and
-// sequence parallelism compute attention their own way and do not combine with it (an error).
+// It computes what it replaces, so a step cache above it still replays, and under Ulysses each
+// rank runs its heads in int8; sparse attention and ring attention compute attention their own
+// way and do not combine with it (an error naming both).
 #pragma once
 
 #include <string>

@@ -31,7 +31,11 @@ TEST_F(QuantAttentionCli, T2iReportsTheStageOrRefusesNamingTheCpu) {
   EXPECT_NE(simulated.err.find("(8 attention calls in int8)"), std::string::npos) << simulated.err;
 }
 
-TEST_F(QuantAttentionCli, BadValuesAreOneLineErrors) {
+TEST_F(QuantAttentionCli, BadValuesAndCombinationsAreOneLineErrors) {
+  const auto sparse = run({"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--steps", "1", "--quant-attention", "int8", "--sparse",
+                           "ada_bsa", "--simulate"});
+  EXPECT_NE(sparse.status, 0);
+  EXPECT_NE(sparse.err.find("--quant-attention with --sparse is not supported yet"), std::string::npos) << sparse.err;
   for (const char* value : {"fp8", "INT8", ""}) {
     const auto r = run({"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--steps", "1", "--quant-attention", value, "--out",
                         (dir_ / "q.png").string()});

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <future>
 #include <limits>
 #include <random>
@@ -214,26 +215,86 @@ TEST(AttentionForward, Int8StaysCloseToExactAttention) {
   }
 }
 
-// A query row or key holding a NaN or an infinity: NaN where exact attention gives NaN (that row;
-// every row that sees that key), the other rows untouched by the bad value's scale.
-TEST(AttentionForward, Int8NonFiniteInputsGiveNaNWhereExactAttentionDoes) {
+// What int8 cannot carry, against f32 flash on the same inputs (NaN exactly where it is NaN, the
+// rest within the case's share of the largest value): a query row or key holding a NaN or an
+// infinity (their scores are computed in f32, so a -inf score drops a key where exact attention
+// drops it), scales whose product overflows a float; and, held only to NaN where exact attention
+// is NaN and finite elsewhere: subnormal Q (its few significant bits quantize coarsely, but its
+// zeros stay zero) against large K, and K within a factor 2 of the float range (no smoothing).
+TEST(AttentionForward, Int8OddInputsFollowExactAttention) {
   if (!ops::attention_impl_available(AttentionImpl::flash_int8)) GTEST_SKIP() << "no AMX-INT8 on this CPU";
   const int64_t sq = 70, sk = 200, d = 64;
-  Qkv x = make_qkv(1, sq, sk, 1, d, DType::f32, 9);
-  std::vector<float> q(x.qd.begin(), x.qd.end()), k(x.kd.begin(), x.kd.end());
-  q[5 * d + 3] = std::numeric_limits<float>::quiet_NaN();
-  q[40 * d + 1] = std::numeric_limits<float>::infinity();
-  k[150 * d + 2] = -std::numeric_limits<float>::infinity();
-  // Row 60 must not see key 150: a mask leaves it out.
+  const Qkv x = make_qkv(1, sq, sk, 1, d, DType::f32, 9);
+  const float inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    std::string name;
+    std::function<void(std::vector<float>& q, std::vector<float>& k)> edit;
+    bool masked;
+    double tolerance;
+  };
+  const Case cases[] = {
+      {"non-finite q rows and k key, masked for some rows",
+       [&](std::vector<float>& q, std::vector<float>& k) {
+         q[5 * d + 3] = std::numeric_limits<float>::quiet_NaN();
+         q[40 * d + 1] = inf;
+         k[150 * d + 2] = -inf;  // rows with q[2] > 0 score -inf there: dropped, not NaN
+         k[20 * d + 7] = inf;
+       },
+       true, 0.02},
+      {"scales whose product overflows",
+       [&](std::vector<float>& q, std::vector<float>& k) {
+         for (int64_t i = 0; i < sq; ++i)
+           for (int64_t c = 0; c < d; ++c) q[i * d + c] = c == 0 ? 1e22f : 0.0f;
+         for (int64_t j = 0; j < sk; ++j)
+           for (int64_t c = 0; c < d; ++c) k[j * d + c] = c == 1 ? (j % 2 ? 1e22f : -1e22f) : 0.0f;
+       },
+       false, 0.02},
+      {"K near the float range",
+       [&](std::vector<float>& q, std::vector<float>& k) {
+         for (float& e : q) e *= 1e-38f;
+         for (int64_t j = 0; j < sk; ++j) k[j * d] = j == 17 ? -3e38f : 3e38f;
+       },
+       false, INFINITY},
+      {"subnormal Q, large K",
+       [&](std::vector<float>& q, std::vector<float>& k) {
+         for (float& e : q) e *= 1e-39f;
+         for (float& e : k) e *= 1e38f;
+         q[3] = 0.0f;
+       },
+       false, INFINITY},
+  };
   std::vector<uint8_t> mask(static_cast<std::size_t>(sq * sk), 1);
-  for (int64_t i = 60; i < sq; ++i) mask[i * sk + 150] = 0;
-  ops::AttentionOptions o = manual(AttentionImpl::flash_int8);
-  o.mask = bool_tensor(mask, {sq, sk});
-  const auto got = values(ops::attention_forward(Tensor::from_vector(q, {1, sq, 1, d}), Tensor::from_vector(k, {1, sk, 1, d}), x.v, o));
-  for (int64_t i = 0; i < sq; ++i) {
-    const bool nan_row = i < 60 || i == 5 || i == 40;
-    for (int64_t c = 0; c < d; ++c) ASSERT_EQ(std::isnan(got[i * d + c]), nan_row) << "row " << i << " col " << c << ": " << got[i * d + c];
+  for (int64_t i = 60; i < sq; ++i) mask[i * sk + 150] = mask[i * sk + 20] = 0;
+  for (const Case& c : cases) {
+    std::vector<float> q(x.qd.begin(), x.qd.end()), k(x.kd.begin(), x.kd.end());
+    c.edit(q, k);
+    const Tensor qt = Tensor::from_vector(q, {1, sq, 1, d}), kt = Tensor::from_vector(k, {1, sk, 1, d});
+    ops::AttentionOptions int8 = manual(AttentionImpl::flash_int8), exact = manual(AttentionImpl::flash);
+    if (c.masked) int8.mask = exact.mask = bool_tensor(mask, {sq, sk});
+    const auto got = values(ops::attention_forward(qt, kt, x.v, int8)), want = values(ops::attention_forward(qt, kt, x.v, exact));
+    double m = 0;
+    int nans = 0;
+    for (double w : want)
+      if (!std::isnan(w)) m = std::max(m, std::fabs(w));
+      else ++nans;
+    if (c.masked) {
+      EXPECT_GT(nans, 0) << c.name << ": the case should hold NaN rows";
+    }
+    EXPECT_LT(nans, sq * d) << c.name << ": exact attention should have finite rows";
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(std::isnan(got[i]), std::isnan(want[i])) << c.name << " at " << i << ": " << got[i] << " against " << want[i];
+      if (!std::isnan(want[i])) {
+        ASSERT_TRUE(std::isfinite(got[i])) << c.name << " at " << i << ": " << got[i];
+        if (std::isfinite(c.tolerance)) {
+          ASSERT_NEAR(got[i], want[i], c.tolerance * std::max(m, 1e-30)) << c.name << " at " << i;
+        }
+      }
+    }
   }
+  // Past the int32 sums' head dims: a named error, not a wrong answer.
+  const Tensor wide = Tensor::zeros({1, 1, 1, ops::attn::kFlashInt8MaxHeadDim + 1}, DType::f32);
+  EXPECT_NE(message_of([&] { ops::attention_forward(wide, wide, wide, manual(AttentionImpl::flash_int8)); }).find("head dims up to 65536"),
+            std::string::npos);
 }
 
 // --- the public API, every implementation -----------------------------------------------------------

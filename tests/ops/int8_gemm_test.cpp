@@ -32,8 +32,10 @@ std::vector<Int8Isa> supported_isas() {
 struct Shape3 {
   int64_t m, n, k;
 };
-// Edges of every kernel's tiles (AMX: 32 x 32, K in blocks of 64), K past a block, several blocks.
-const Shape3 kShapes[] = {{1, 1, 1}, {7, 17, 13}, {29, 33, 64}, {64, 70, 129}, {15, 3, 515}, {200, 48, 96}, {33, 65, 65}, {97, 130, 320}};
+// Edges of every kernel's tiles (AMX: 32 x 32, K in blocks of 64), K past a block, several blocks;
+// long K (several thousand, not a multiple of any block).
+const Shape3 kShapes[] = {{1, 1, 1},     {7, 17, 13},  {29, 33, 64},   {64, 70, 129},  {15, 3, 515},
+                          {200, 48, 96}, {33, 65, 65}, {97, 130, 320}, {70, 40, 2000}, {33, 35, 3333}};
 
 std::vector<uint8_t> random_u8(std::size_t n, unsigned seed) {
   std::mt19937 rng(seed);
