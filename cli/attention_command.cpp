@@ -128,7 +128,13 @@ CommandRunner add_attention_command(CLI::App& app) {
   command->add_option("--kernel-layout", flags->kernel_layout, "manual mode: BSND or BNSD");
   command->add_option("--repeats", flags->repeats, "Timed calls after the first")->check(in_range(1, 1000));
   command->add_option("--json", flags->json_path, "Write the figures as JSON to this file")->check(output_file_path());
-  return [flags, device_flags, cache] { return run(*flags, *device_flags, *cache); };
+  return [flags, device_flags, cache, command] {
+    // The kernel's choice belongs to manual mode: elsewhere the tuner's (or the table's) pick runs.
+    for (const char* flag : {"--op-type", "--kernel-layout"})
+      if (command->count(flag) && ops::parse_attention_opt_mode(flags->opt_mode) != ops::AttentionOptMode::manual)
+        throw Error(std::string(flag) + " applies with --opt-mode manual (got --opt-mode " + flags->opt_mode + ")");
+    return run(*flags, *device_flags, *cache);
+  };
 }
 
 }  // namespace cubevec::cli

@@ -78,6 +78,11 @@ TEST_F(AttentionCli, MalformedCacheAndBadFlagsAreOneLineErrors) {
   const auto r = run(with(kSmall, {"--attn-tune-cache", cache}));
   EXPECT_NE(r.err.find("attention tune cache " + cache + " is not valid: field 'fingerprint' must be a string"), std::string::npos)
       << r.err;
+  // A kernel named outside manual mode would be ignored for the tuner's pick: an error instead.
+  const auto ignored = run(with(kSmall, {"--op-type", "flash_int8"}));
+  EXPECT_NE(ignored.err.find("--op-type applies with --opt-mode manual (got --opt-mode runtime)"), std::string::npos) << ignored.err;
+  const auto layout = run(with(kSmall, {"--opt-mode", "static", "--kernel-layout", "BSND"}));
+  EXPECT_NE(layout.err.find("--kernel-layout applies with --opt-mode manual (got --opt-mode static)"), std::string::npos) << layout.err;
 }
 
 TEST_F(AttentionCli, ManualModeRunsTheNamedImplementation) {

@@ -202,6 +202,8 @@ TEST_F(AttentionTunerTest, MalformedFilesAreErrorsNamingFileAndProblem) {
       {R"({"format": "cubevec-attention-tune-cache", "version": 1, "fingerprint": "fp"})", "field 'entries' must be an array"},
       {replace("\"flash\"", "\"laser\""), "entry 1: unknown attention op_type 'laser'"},
       {replace("\"flash\"", "\"flash_int8\""), "entry 1: field 'op_type' flash_int8 is lossy and never a tuned choice"},
+      // A NUL shown escaped: the message goes on to the accepted names.
+      {replace("\"flash\"", "\"flash\\u0000x\""), "entry 1: unknown attention op_type 'flash\\x00x' (expected one of: math,"},
       {replace("\"heads\": 2", "\"heads\": -2"), "entry 1: field 'heads' must be a positive integer"},
       {replace("\"heads\": 2", "\"heads\": 0"), "entry 1: field 'heads' must be a positive integer"},
       {replace("\"q_len\": 9", "\"q_len\": 0"), "entry 1: field 'q_len' must be a positive integer"},
