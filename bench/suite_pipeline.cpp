@@ -15,12 +15,13 @@
 //
 // The best path (issue 41), for tinyflux and tinywan: the fastest combination of the stages that
 // keeps the picture (the video's frames) within 30 dB PSNR of the f32 run without stages, on the
-// 8-bit pixels as written (PNG), found by a coordinate search over five axes in this order:
+// 8-bit pixels as written (PNG), found by a coordinate search over six axes in this order:
 //   dtype          f32, bf16
 //   quantization   none, W8A8_DYNAMIC (`cubevec quantize` once per model)
 //   attention      exact, int8 (--quant-attention int8, where the CPU has AMX-INT8)
 //   step cache     none, dit-block from step 4 every 2 steps, FBCache (db, fn 1, threshold 0.08, warmup 4)
 //   sparsity       none, ada_bsa 0.5
+//   Cube threads   the profile's (cpu-default: one Cube and one Vector thread), every core on the Cube unit
 // Each axis tries its options with the earlier axes at their chosen values and the later ones off,
 // and keeps the fastest option that stays >= 30 dB (its first run, untimed, writes the PNGs the
 // PSNR is taken on; an option below 30 dB is not timed). Row "cubevec best" names the settings,
@@ -163,6 +164,9 @@ void best_path(Context& context, const Model& m, const nlohmann::json& torch, co
         {"dit-block 4/2", "--cache dit-block --cache-step-start 4 --cache-interval 2"},
         {"FBCache", "--cache db --cache-fn 1 --cache-threshold 0.08 --cache-warmup 4"}}},
       {"sparsity", {{"none", ""}, {"ada_bsa 0.5", "--sparse ada_bsa --sparsity 0.5"}}},
+      {"Cube threads",
+       {{"the profile's", ""},
+        {"every core (" + std::to_string(context.machine.threads) + ")", "--cube-threads " + std::to_string(context.machine.threads)}}},
   };
   if (ops::attention_impl_available(ops::AttentionImpl::flash_int8)) axes[2].second.push_back({"int8", "--quant-attention int8"});
   std::vector<Option> chosen;
