@@ -11,6 +11,8 @@
 #include "ops/attention.h"
 #include "pipelines/pipeline.h"
 
+#include "common/tensor_testing.h"
+
 namespace cubevec {
 namespace quant_attention_test {  // named after the file: unity batches never mix two files' helpers
 
@@ -19,14 +21,7 @@ using namespace cubevec::pipelines;
 const std::string kTinyFlux = std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinyflux";
 const std::string kTinyWan = std::string(CUBEVEC_SOURCE_DIR) + "/assets/tinywan";
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::message_of;
 
 double psnr_8bit(const std::vector<media::RgbImage>& a, const std::vector<media::RgbImage>& b) {
   EXPECT_EQ(a.size(), b.size());
