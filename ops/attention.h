@@ -37,9 +37,10 @@ std::string_view attention_layout_name(AttentionLayout layout);  // "BSND", ...
 inline int64_t seq_dim(AttentionLayout layout) { return layout == AttentionLayout::bnsd ? 2 : 1; }
 inline int64_t head_dim_index(AttentionLayout layout) { return layout == AttentionLayout::bnsd ? 1 : 2; }
 
-// flash_bf16: flash attention whose Q K^T and P V are bf16 tile products on AMX-BF16 (f32 sums and
-// online softmax); q, k, v are rounded to bf16 and so is P. Offered to the autotuner for bf16
-// activations on CPUs with AMX; elsewhere asking for it is an error.
+// flash_bf16: flash attention whose Q K^T and P V are bf16 tile products on AMX-BF16 (or, without
+// AMX, AVX512-BF16 dot products; f32 sums and online softmax); q, k, v are rounded to bf16 and so
+// is P. Offered to the autotuner for bf16 activations on CPUs with either; elsewhere asking for it
+// is an error.
 // flash_int8: flash_bf16 with Q K^T in int8 on AMX-INT8, quantized as SageAttention does (K smoothed
 // by its channel means, one scale per 128-key block of K and per 32-row panel of Q); P V in bf16.
 // Lossy beyond the activations' own rounding: never chosen by the autotuner, only by name (or a
@@ -47,8 +48,8 @@ inline int64_t head_dim_index(AttentionLayout layout) { return layout == Attenti
 enum class AttentionImpl { math, flash, cv_pipelined, flash_bf16, flash_int8 };
 AttentionImpl parse_attention_impl(std::string_view name);  // "math", "flash", "cv_pipelined", "flash_bf16", "flash_int8"
 std::string_view attention_impl_name(AttentionImpl impl);
-// Whether this CPU can run `impl` (flash_bf16 needs AMX-BF16, flash_int8 AMX-INT8 too; the others
-// run everywhere).
+// Whether this CPU can run `impl` (flash_bf16 needs AMX-BF16 or AVX512-BF16, flash_int8 AMX-INT8
+// and AMX-BF16; the others run everywhere).
 bool attention_impl_available(AttentionImpl impl);
 
 // MindIE's opt_mode: runtime (time the candidates on the first call for a key, keep the fastest),

@@ -198,7 +198,7 @@ void launch_batch(AttentionImpl impl, const std::string& prefix, const std::func
       return;
     case AttentionImpl::flash_bf16:
       if (!attn::flash_amx_available() && !stream.device().simulate())
-        throw Error("attention: op_type flash_bf16 needs AMX-BF16, which this CPU (or its kernel) does not offer");
+        throw Error("attention: op_type flash_bf16 needs AMX-BF16 or AVX512-BF16, which this CPU (or its kernel) does not offer");
       cube.name = prefix + "_flash_bf16";
       cube.dtype = DType::bf16;  // its products are bf16 whatever the activations
       stream.launch(cube, reads, outs, [batch_of] { attn::run_flash_amx(batch_of()); });
@@ -266,12 +266,15 @@ struct Candidate {
   AttentionLayout kernel_layout;
 };
 
-// bf16 activations take the bf16 tile products where the CPU has them: the rounding is the
-// activations' own.
+// bf16 activations are offered the bf16 products (AMX tiles or AVX512-BF16 dot products) where the
+// CPU has them: the rounding is the activations' own.
 bool bf16_flash_for(const Inputs& in) { return in.q.dtype() == DType::bf16 && attn::flash_amx_available(); }
 
+// The fixed table takes the AMX tiles only: AVX512-BF16 dot products run at half the FMA rate on
+// some CPUs (Intel's) and at twice it on others (AMD's), which only the runtime tuner can tell.
 AttentionTuneChoice static_choice(const Inputs& in) {
-  return {bf16_flash_for(in) ? AttentionImpl::flash_bf16 : AttentionImpl::flash, in.layout, 0.0};
+  const bool amx = in.q.dtype() == DType::bf16 && attn::bf16_tiles_available(attn::Bf16Tiles::amx);
+  return {amx ? AttentionImpl::flash_bf16 : AttentionImpl::flash, in.layout, 0.0};
 }
 
 // MindIE's runtime mode: time each candidate (one warm-up call, then the best of two timed

@@ -1,4 +1,5 @@
-// Flash attention on AMX tiles: the tiled flash attention of flash.cpp with its two matmuls as
+// Flash attention on AMX tiles (or, for flash_bf16 on CPUs without AMX, AVX512-BF16 dot products
+// on the same packed operands): the tiled flash attention of flash.cpp with its two matmuls as
 // tile products and the same f32 online softmax, masks, causal prefixes, block sparsity and
 // log-sum-exp (flash_tiles.h). Tiles are 32 query rows (a "panel", four to a q-block of 128 rows:
 // MindIE SD's sparse block) against 128 keys. P is rounded to bf16 and P V is a bf16 tile product.
@@ -87,9 +88,12 @@ void pack_k_block_bf16(const HeadProblem& head, DType dtype, int64_t d, int64_t 
 
 // The tile loop of one q-block once its Q is ready: per key block, per panel that sees it,
 // `qk(panel, kb, s)` writes the panel's scores, then the shared softmax step and the bf16 P V.
+using PvBlock = void (*)(const float*, int, int64_t, const uint16_t*, float*, const float*);
+using QkBlockBf16 = void (*)(const uint16_t*, int64_t, const uint16_t*, float*);
+
 template <class PanelQk>
 void walk_key_blocks(const FlashGeometry& g, const AttentionBatch& batch, const HeadProblem& head, const uint16_t* v_blocks,
-                     QBlockState& st, float* s, PanelQk&& qk) {
+                     QBlockState& st, float* s, PvBlock pv, PanelQk&& qk) {
   for (int64_t kb = 0; kb < FlashGeometry::key_blocks(head.sk); ++kb) {
     const int keys = static_cast<int>(std::min<int64_t>(kBlockKeys, head.sk - kb * kBlockKeys));
     bool any = false;
@@ -101,7 +105,7 @@ void walk_key_blocks(const FlashGeometry& g, const AttentionBatch& batch, const 
       float* alpha = st.alpha.data() + p * kAmxRows;
       qk(p, kb, s);
       softmax_step(g, head, batch.scale, st.q0 + p * kAmxRows, kb, s, m, l, alpha);
-      amx_pv_block(s, keys, g.dp, v_blocks + kb * block_elems(g.dp), st.o.data() + p * kAmxRows * g.dp, st.o_started[p] ? alpha : nullptr);
+      pv(s, keys, g.dp, v_blocks + kb * block_elems(g.dp), st.o.data() + p * kAmxRows * g.dp, st.o_started[p] ? alpha : nullptr);
       st.o_started[p] = true;
     }
     if (!any && later_blocks_unseen_too(head)) break;
@@ -116,15 +120,24 @@ struct PackedKVBf16 {
   uint16_t* v = nullptr;
 };
 
+// The two products of flash_bf16 on one kind of hardware.
+struct Bf16Products {
+  QkBlockBf16 qk;
+  PvBlock pv;
+};
+Bf16Products bf16_products(Bf16Tiles tiles) {
+  return tiles == Bf16Tiles::amx ? Bf16Products{amx_qk_block, amx_pv_block} : Bf16Products{dot_qk_block, dot_pv_block};
+}
+
 void run_q_block_bf16(const FlashGeometry& g, const AttentionBatch& batch, const HeadProblem& head, const PackedKVBf16& kv, int64_t q0,
-                      QBlockState& st, std::vector<uint16_t>& q, float* s) {
+                      QBlockState& st, std::vector<uint16_t>& q, float* s, const Bf16Products& products) {
   reset_q_block(g, head, q0, st);  // the softmax state (the Q panels are packed below, in bf16)
   const int64_t dpad = g.dp;
   std::fill(q.begin(), q.end(), uint16_t{0});
   for (int64_t r = 0; r < std::min<int64_t>(g.block_rows(), head.sq - q0); ++r)
     load_row_bf16(head.q, head.q_ld, q0 + r, g.d, batch.dtype, q.data() + r * dpad);
-  walk_key_blocks(g, batch, head, kv.v, st, s, [&](int p, int64_t kb, float* scores) {
-    amx_qk_block(q.data() + p * kAmxRows * dpad, dpad, kv.k + kb * block_elems(dpad), scores);
+  walk_key_blocks(g, batch, head, kv.v, st, s, products.pv, [&](int p, int64_t kb, float* scores) {
+    products.qk(q.data() + p * kAmxRows * dpad, dpad, kv.k + kb * block_elems(dpad), scores);
   });
   finish_q_block(g, head, batch.dtype, st, st.m.data(), st.l.data());
 }
@@ -265,7 +278,7 @@ void run_q_block_int8(const FlashGeometry& g, const AttentionBatch& batch, const
   reset_q_block(g, head, q0, st);
   quantize_q_block(g, batch, head, lay.dpad8, q0, qb);
   std::vector<float> key(static_cast<std::size_t>(g.d));
-  walk_key_blocks(g, batch, head, kv.v, st, s, [&](int p, int64_t kb, float* scores) {
+  walk_key_blocks(g, batch, head, kv.v, st, s, amx_pv_block, [&](int p, int64_t kb, float* scores) {
     amx_qk_block_int8(qb.q.data() + p * kAmxRows * lay.dpad8, lay.dpad8, kv.k + kb * lay.dpad8 * kBlockKeys, qb.scale + p * kAmxRows,
                       kv.k_scale[kb], scores);
     const uint8_t* bad = kv.k_bad + kb * kBlockKeys;
@@ -287,11 +300,21 @@ void run_q_block_int8(const FlashGeometry& g, const AttentionBatch& batch, const
 
 }  // namespace
 
-bool flash_amx_available() { return gemm::amx_ready(); }
+bool bf16_tiles_available(Bf16Tiles tiles) { return tiles == Bf16Tiles::amx ? gemm::amx_ready() : gemm::has_bf16_dot(); }
+bool flash_amx_available() { return bf16_tiles_available(Bf16Tiles::amx) || bf16_tiles_available(Bf16Tiles::avx512_bf16); }
 bool flash_int8_available() { return gemm::amx_ready() && gemm::int8_isa_supported(gemm::Int8Isa::amx); }
 
 void run_flash_amx(const AttentionBatch& batch) {
-  if (!flash_amx_available()) throw Error("attention: flash_bf16 needs AMX-BF16, which this CPU (or its kernel) does not offer");
+  if (!flash_amx_available())
+    throw Error("attention: flash_bf16 needs AMX-BF16 or AVX512-BF16, which this CPU (or its kernel) does not offer");
+  run_flash_amx(batch, bf16_tiles_available(Bf16Tiles::amx) ? Bf16Tiles::amx : Bf16Tiles::avx512_bf16);
+}
+
+void run_flash_amx(const AttentionBatch& batch, Bf16Tiles tiles) {
+  if (!bf16_tiles_available(tiles))
+    throw Error(std::string("attention: flash_bf16's ") + (tiles == Bf16Tiles::amx ? "AMX-BF16" : "AVX512-BF16") +
+                " products are not available on this CPU");
+  const Bf16Products products = bf16_products(tiles);
   const FlashGeometry g(amx_tile_kernels(), batch.d);
   const int64_t dpad = g.dp;
   const auto kv_of = [&](const PackedHeadItem& item) {
@@ -312,7 +335,7 @@ void run_flash_amx(const AttentionBatch& batch) {
         Scratch s(int64_t{kAmxRows} * kBlockKeys);
         for (int64_t i = begin; i < end; ++i) {
           const PackedHeadItem item = item_at(i);
-          run_q_block_bf16(g, batch, batch.heads[item.head], kv_of(item), item.index * g.block_rows(), st, q, s.data());
+          run_q_block_bf16(g, batch, batch.heads[item.head], kv_of(item), item.index * g.block_rows(), st, q, s.data(), products);
         }
       });
 }

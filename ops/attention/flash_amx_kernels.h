@@ -19,6 +19,12 @@ void amx_qk_block(const uint16_t* q, int64_t dpad, const uint16_t* k_packed, flo
 // x dpad x 2 (keys past the head's end zero).
 void amx_pv_block(const float* p, int keys, int64_t dpad, const uint16_t* v_packed, float* o, const float* alpha);
 
+// The same two steps with AVX512-BF16 dot products (flash_dot_kernels.cpp, compiled for
+// AVX512-BF16; called only where the CPU has it): for CPUs without AMX. Same layouts, same results
+// up to the f32 summation order.
+void dot_qk_block(const uint16_t* q, int64_t dpad, const uint16_t* k_packed, float* s);
+void dot_pv_block(const float* p, int keys, int64_t dpad, const uint16_t* v_packed, float* o, const float* alpha);
+
 // The int8 Q K^T of flash_int8 (AMX-INT8, compiled with -mamx-int8 and called only where it is
 // available): S [32 x 128] f32 (row stride 128) = (sum x row_scale[r]) x k_scale, sum = Q [32 x
 // dpad8] int8 (row stride dpad8) times K^T summed exactly in int32 (the two scales applied one after

@@ -52,9 +52,13 @@ struct TileKernels;
 void run_math(const AttentionBatch& batch);
 // `kernels`: the tile kernels of one ISA (tests run each); null for the widest this CPU has.
 void run_flash(const AttentionBatch& batch, const TileKernels* kernels = nullptr);
-// Flash attention with bf16 tile products on AMX-BF16 (flash_amx.cpp); throws where AMX is absent.
-bool flash_amx_available();
-void run_flash_amx(const AttentionBatch& batch);
+// Flash attention with bf16 products (flash_amx.cpp): AMX-BF16 tiles, or where the CPU has no AMX,
+// AVX512-BF16 dot products on the same operands; throws where neither is available.
+enum class Bf16Tiles { amx, avx512_bf16 };
+bool bf16_tiles_available(Bf16Tiles tiles);
+bool flash_amx_available();                       // either of them
+void run_flash_amx(const AttentionBatch& batch);  // AMX where available, else AVX512-BF16
+void run_flash_amx(const AttentionBatch& batch, Bf16Tiles tiles);
 // The same with Q K^T in int8 on AMX-INT8 (SageAttention's smoothing and block scales); throws
 // where AMX-INT8 is absent.
 bool flash_int8_available();

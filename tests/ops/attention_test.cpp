@@ -97,8 +97,9 @@ TEST(AttentionFlash, EveryIsaMatchesTheDoubleLoop) {
   }
 }
 
-// flash_bf16 (AMX-BF16 tiles) on the same edges, both input dtypes: within the bf16 bound of the
-// double loop on the operands as the tiles see them (f32 inputs rounded to bf16).
+// flash_bf16 on the same edges, both input dtypes, with each kind of product this CPU has (AMX-BF16
+// tiles, AVX512-BF16 dot products): within the bf16 bound of the double loop on the operands as the
+// products see them (f32 inputs rounded to bf16).
 TEST(AttentionFlash, Bf16TilesMatchTheDoubleLoop) {
   if (!ops::attention_impl_available(AttentionImpl::flash_bf16)) {
     const Qkv x = make_qkv(1, 8, 8, 1, 16, DType::bf16, 3);
@@ -111,16 +112,29 @@ TEST(AttentionFlash, Bf16TilesMatchTheDoubleLoop) {
     for (double& e : v) e = bf16_to_f32(f32_to_bf16(static_cast<float>(e)));
     return v;
   };
-  for (DType dtype : {DType::f32, DType::bf16}) {
-    unsigned seed = 300;
-    for (const EdgeCase& c : kEdgeCases) {
-      const Qkv x = make_qkv(1, c.sq, c.sk, 1, c.d, dtype, seed += 10);
-      const std::vector<uint8_t> mask = random_mask(c.sq * c.sk, seed, 0.7);
-      Tensor out = Tensor::empty({c.sq, c.d}, dtype);
-      ops::attn::run_flash_amx(one_head(c, x, mask, dtype, out));
-      const std::vector<double> q = rounded(x.qd), k = rounded(x.kd), v = rounded(x.vd);
-      const auto want = reference_head({c.sq, c.sk, c.d, q.data(), k.data(), v.data(), c.mask ? mask.data() : nullptr, c.causal}, 0.37);
-      expect_matches(values(out), want, DType::bf16, c.sk, c.d, edge_name(c, "flash_bf16", dtype));
+  for (const ops::attn::Bf16Tiles tiles : {ops::attn::Bf16Tiles::amx, ops::attn::Bf16Tiles::avx512_bf16}) {
+    const std::string name = tiles == ops::attn::Bf16Tiles::amx ? "flash_bf16 (AMX)" : "flash_bf16 (AVX512-BF16)";
+    if (!ops::attn::bf16_tiles_available(tiles)) {
+      EXPECT_NE(message_of([&] {
+                  Tensor out = Tensor::empty({1, 8}, DType::f32);
+                  const Qkv x = make_qkv(1, 1, 1, 1, 8, DType::f32, 3);
+                  ops::attn::run_flash_amx(one_head({1, 1, 8, false, false}, x, {}, DType::f32, out), tiles);
+                }).find("not available on this CPU"),
+                std::string::npos)
+          << name;
+      continue;
+    }
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      unsigned seed = 300;
+      for (const EdgeCase& c : kEdgeCases) {
+        const Qkv x = make_qkv(1, c.sq, c.sk, 1, c.d, dtype, seed += 10);
+        const std::vector<uint8_t> mask = random_mask(c.sq * c.sk, seed, 0.7);
+        Tensor out = Tensor::empty({c.sq, c.d}, dtype);
+        ops::attn::run_flash_amx(one_head(c, x, mask, dtype, out), tiles);
+        const std::vector<double> q = rounded(x.qd), k = rounded(x.kd), v = rounded(x.vd);
+        const auto want = reference_head({c.sq, c.sk, c.d, q.data(), k.data(), v.data(), c.mask ? mask.data() : nullptr, c.causal}, 0.37);
+        expect_matches(values(out), want, DType::bf16, c.sk, c.d, edge_name(c, name, dtype));
+      }
     }
   }
 }
