@@ -88,8 +88,9 @@ int run(const AttentionFlags& f, const DeviceFlags& device_flags, const Attentio
   std::string impl =
       std::string(ops::attention_impl_name(options.op_type)) + "/" + std::string(ops::attention_layout_name(options.kernel_layout));
   if (options.opt_mode == ops::AttentionOptMode::static_table)
-    impl = "flash/" + std::string(ops::attention_layout_name(options.layout == ops::AttentionLayout::bnsd ? ops::AttentionLayout::bnsd
-                                                                                                          : ops::AttentionLayout::bsnd));
+    impl = std::string(ops::attention_impl_name(ops::attention_static_impl(dtype))) + "/" +
+           std::string(ops::attention_layout_name(options.layout == ops::AttentionLayout::bnsd ? ops::AttentionLayout::bnsd
+                                                                                               : ops::AttentionLayout::bsnd));
   if (options.opt_mode == ops::AttentionOptMode::runtime) {
     const auto pick = ops::AttentionTuner::global().find(key);
     impl = std::string(ops::attention_impl_name(pick->op_type)) + "/" + std::string(ops::attention_layout_name(pick->kernel_layout));
@@ -100,9 +101,13 @@ int run(const AttentionFlags& f, const DeviceFlags& device_flags, const Attentio
               median_s * 1e3, f.repeats, flops / median_s / 1e9);
   cache.save(device);
   if (!f.json_path.empty()) {
-    const nlohmann::ordered_json json = {
-        {"key", key.text()},       {"opt_mode", f.opt_mode}, {"implementation", impl},          {"tune_cache_hit", cached},
-        {"first_call_s", first_s}, {"median_s", median_s},   {"gflops", flops / median_s / 1e9}};
+    const nlohmann::ordered_json json = {{"key", key.text()},
+                                         {"opt_mode", f.opt_mode},
+                                         {"implementation", impl},
+                                         {"tune_cache_hit", options.opt_mode == ops::AttentionOptMode::runtime && cached},
+                                         {"first_call_s", first_s},
+                                         {"median_s", median_s},
+                                         {"gflops", flops / median_s / 1e9}};
     write_output_file(f.json_path, "--json", dump_json(json, 2) + "\n");
   }
   return 0;

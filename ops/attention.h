@@ -51,6 +51,8 @@ std::string_view attention_impl_name(AttentionImpl impl);
 // Whether this CPU can run `impl` (flash_bf16 needs AMX-BF16 or AVX512-BF16, flash_int8 AMX-INT8
 // and AMX-BF16; the others run everywhere).
 bool attention_impl_available(AttentionImpl impl);
+// What opt_mode static runs for activations of `dtype` (flash_bf16 for bf16 on an AMX CPU, else flash).
+AttentionImpl attention_static_impl(DType activations);
 
 // MindIE's opt_mode: runtime (time the candidates on the first call for a key, keep the fastest),
 // static (a fixed table), manual (op_type and kernel_layout as given).

@@ -272,10 +272,7 @@ bool bf16_flash_for(const Inputs& in) { return in.q.dtype() == DType::bf16 && at
 
 // The fixed table takes the AMX tiles only: AVX512-BF16 dot products run at half the FMA rate on
 // some CPUs (Intel's) and at twice it on others (AMD's), which only the runtime tuner can tell.
-AttentionTuneChoice static_choice(const Inputs& in) {
-  const bool amx = in.q.dtype() == DType::bf16 && attn::bf16_tiles_available(attn::Bf16Tiles::amx);
-  return {amx ? AttentionImpl::flash_bf16 : AttentionImpl::flash, in.layout, 0.0};
-}
+AttentionTuneChoice static_choice(const Inputs& in) { return {attention_static_impl(in.q.dtype()), in.layout, 0.0}; }
 
 // MindIE's runtime mode: time each candidate (one warm-up call, then the best of two timed
 // calls, each synchronized), keep the fastest. A candidate that throws is skipped; if all do, the
@@ -335,6 +332,11 @@ AttentionLayout parse_attention_layout(std::string_view name) { return kLayoutNa
 std::string_view attention_layout_name(AttentionLayout layout) { return kLayoutNames.name(layout); }
 AttentionImpl parse_attention_impl(std::string_view name) { return kImplNames.parse(name); }
 std::string_view attention_impl_name(AttentionImpl impl) { return kImplNames.name(impl); }
+AttentionImpl attention_static_impl(DType activations) {
+  const bool amx = activations == DType::bf16 && attn::bf16_tiles_available(attn::Bf16Tiles::amx);
+  return amx ? AttentionImpl::flash_bf16 : AttentionImpl::flash;
+}
+
 bool attention_impl_available(AttentionImpl impl) {
   switch (impl) {
     case AttentionImpl::flash_bf16: return attn::flash_amx_available();

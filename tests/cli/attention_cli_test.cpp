@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/run_cubevec.h"
+#include "ops/attention.h"
 
 namespace attention_cli_test {  // named after the file: unity batches never mix two files' helpers
 
@@ -89,6 +90,14 @@ TEST_F(AttentionCli, ManualModeRunsTheNamedImplementation) {
   const auto r = run(with(kSmall, {"--opt-mode", "manual", "--op-type", "cv_pipelined", "--kernel-layout", "BSND", "--dtype", "bf16"}));
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("implementation  cv_pipelined/BSND"), std::string::npos) << r.out;
+  // Static mode names what its table runs (flash_bf16 for bf16 on an AMX CPU), and only runtime
+  // mode reports a tune-cache hit.
+  const std::string json_path = (dir_ / "static.json").string();
+  const auto fixed = run(with(kSmall, {"--opt-mode", "static", "--dtype", "bf16", "--json", json_path}));
+  ASSERT_EQ(fixed.status, 0) << fixed.err;
+  const std::string want = std::string(cubevec::ops::attention_impl_name(cubevec::ops::attention_static_impl(cubevec::DType::bf16)));
+  EXPECT_NE(fixed.out.find("implementation  " + want + "/"), std::string::npos) << fixed.out;
+  EXPECT_EQ(nlohmann::json::parse(read_file(json_path))["tune_cache_hit"], false);
 }
 
 }  // namespace attention_cli_test
