@@ -115,8 +115,13 @@ Tensor run_layer(const char* op, Body&& body) {
     } catch (const BadArgument&) {
       throw;
     } catch (const Error& e) {
-      const std::string what = e.what();  // most op errors start with the op's name already
-      throw BadArgument(what.rfind(op, 0) == 0 ? what : std::string(op) + ": " + what);
+      // Most op errors start with the op's name already, or with its family's ("attention: ..."
+      // from attention_forward): those keep their own prefix.
+      const std::string what = e.what();
+      const std::size_t colon = what.find(':');
+      const bool named = what.rfind(op, 0) == 0 || (colon != std::string::npos && colon > 0 && what.find(' ') > colon &&
+                                                    std::string_view(op).rfind(std::string_view(what).substr(0, colon), 0) == 0);
+      throw BadArgument(named ? what : std::string(op) + ": " + what);
     }
   }
   if (PyErr_CheckSignals() != 0) throw py::error_already_set();

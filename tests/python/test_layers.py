@@ -203,6 +203,16 @@ def varlen_ref(q, k, v, cu_q, cu_k, causal, scale=None):
     return out
 
 
+def test_attention_int8_errors_keep_one_prefix():
+    # Past the int32 sums' head dims (or on a CPU without AMX-INT8): the op's own message, once prefixed.
+    q = np.zeros((1, 1, 1, 65537), np.float32)
+    with pytest.raises(ValueError) as e:
+        cubevec.attention_forward(q, q, q, opt_mode="manual", op_type="flash_int8")
+    message = str(e.value)
+    assert message.startswith("attention: op_type flash_int8"), message
+    assert "head dims up to 65536" in message or "needs AMX-INT8" in message, message
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_varlen(causal):
     # Sq < Sk; Sq > Sk (causal: its first two rows see no key and come out NaN); Sq < Sk.
