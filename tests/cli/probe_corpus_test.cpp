@@ -150,6 +150,8 @@ TEST_F(ProbeCorpus, EveryBadInputIsANamedOneLineError) {
       {"inputs", t2i_model(typo), "'num_layer'"},
       {"inputs", t2i_model(heads), "num_attention_heads"},
       {"inputs", with(t2i, {"--out", out, "--threads", "100000"}), "--threads"},
+      {"inputs", with(t2i, {"--out", out, "--device-profile", ""}),
+       "--device-profile: expected a device profile JSON file, got an empty path"},
       // 3. Non-finite values are never silent.
       {"non-finite", with(t2i, {"--out", out, "--guidance", "nan"}), "--guidance: must be a finite number, got nan"},
       {"non-finite", with(t2i, {"--out", out, "--cfg-scale", "inf"}), "--cfg-scale"},
