@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -178,6 +181,14 @@ QuantTensors read_layer_tensors(const SafetensorsFile& weights, const std::strin
       throw Error(what(".quant_bias") + " must be i32 " + shape_to_string(mat) + ", got " + std::string(dtype_name(t.quant_bias.dtype())) +
                   " " + shape_to_string(t.quant_bias.shape()));
     t.quant_bias = t.quant_bias.contiguous().reshape(mat);
+    // The GEMM's int32 sums reach 128 x 128 per input (u8 - 128 times s8): a bias past what is left
+    // would wrap them, silently.
+    const int64_t headroom = std::max<int64_t>(0, int64_t{INT32_MAX} - int64_t{128} * 128 * in);
+    const int32_t* qb = t.quant_bias.data<int32_t>();
+    for (int64_t i = 0; i < t.quant_bias.numel(); ++i)
+      if (std::abs(static_cast<int64_t>(qb[i])) > headroom)
+        throw Error(what(".quant_bias") + " element " + std::to_string(i) + " is " + std::to_string(qb[i]) + ": beyond +-" +
+                    std::to_string(headroom) + " it would overflow the int32 sums of a " + std::to_string(in) + "-input layer");
   }
   return t;
 }

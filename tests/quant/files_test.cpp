@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <climits>
 #include <cstring>
 #include <filesystem>
 
@@ -233,6 +234,12 @@ TEST(QuantFiles, MalformedLayerTensorsNameTheFileModuleAndKey) {
   NamedTensors i64_bias = statics;
   i64_bias.push_back({"blocks.0.to_q.quant_bias", Tensor::zeros({3}, DType::i64)});
   EXPECT_NE(error(i64_bias, Algorithm::w8a8).find("'blocks.0.to_q.quant_bias' must be i32 [3], got i64 [3]"), std::string::npos);
+  NamedTensors huge_bias = statics;
+  huge_bias.push_back({"blocks.0.to_q.quant_bias", Tensor::from_vector(std::vector<int32_t>{0, INT32_MAX, 0}, {3})});
+  EXPECT_NE(error(huge_bias, Algorithm::w8a8)
+                .find("'blocks.0.to_q.quant_bias' element 1 is 2147483647: beyond +-2147418111 it would overflow the int32 sums of a "
+                      "4-input layer"),
+            std::string::npos);
   EXPECT_NE(
       error({{"blocks.0.to_q.weight", w},
              {"blocks.0.to_q.weight_scale", s3},
