@@ -11,6 +11,7 @@
 #endif
 
 #include "ops/attention/flash_amx_kernels.h"
+#include "ops/attention/p_to_bf16.h"
 #include "ops/attention/tile_kernels.h"
 
 namespace cubevec::ops::attn {
@@ -49,16 +50,7 @@ void dot_qk_block(const uint16_t* q, int64_t dpad, const uint16_t* k_packed, flo
 void dot_pv_block(const float* p, int keys, int64_t dpad, const uint16_t* v_packed, float* o, const float* alpha) {
   // P in bf16 (nearest even), the columns past `keys` zero, as the AMX kernel rounds it.
   alignas(64) uint16_t pb[kAmxRows * kBlockKeys];
-  const int chunks = (keys + 31) / 32;
-  for (int c = 0; c < chunks * 32; c += 32) {
-    const int valid = keys - c;
-    const __mmask16 lo = static_cast<__mmask16>(valid >= 16 ? 0xFFFF : valid > 0 ? (1u << valid) - 1u : 0u);
-    const __mmask16 hi = static_cast<__mmask16>(valid >= 32 ? 0xFFFF : valid > 16 ? (1u << (valid - 16)) - 1u : 0u);
-    for (int r = 0; r < kAmxRows; ++r) {
-      const __m512 a = _mm512_maskz_loadu_ps(lo, p + r * kBlockKeys + c), b = _mm512_maskz_loadu_ps(hi, p + r * kBlockKeys + c + 16);
-      _mm512_store_si512(pb + r * kBlockKeys + c, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));
-    }
-  }
+  const int chunks = round_p_to_bf16(p, keys, pb);
   const int pairs = chunks * 16;
   for (int r0 = 0; r0 < kAmxRows; r0 += kRows)
     for (int64_t c0 = 0; c0 < dpad; c0 += 32) {
