@@ -177,28 +177,31 @@ void best_path(Context& context, const Model& m, const nlohmann::json& torch, co
     return f;
   };
   int candidate = 0;
-  // Returns the candidate's PSNR against the reference and, when it is at least 30 dB, its stages.
+  // Returns the candidate's PSNR against the reference and, when it is at least 30 dB, its stages
+  // and its first timed run (the FLOPs and steps of the row).
   const auto measure = [&](const std::vector<Option>& settings, const std::vector<media::RgbImage>* reference,
-                           std::vector<media::RgbImage>* pixels_out, std::map<std::string, double>& stages) {
+                           std::vector<media::RgbImage>* pixels_out, std::map<std::string, double>& stages, CliRun& first) {
     const std::string where = (dir / ("best-" + std::to_string(candidate++) + (m.command == "t2i" ? ".png" : ""))).string();
     if (m.command == "t2v") std::filesystem::create_directories(where);
     run_cli(m, flags_of(settings), dir, where);  // the warm-up writes the pixels
     const std::vector<media::RgbImage> pixels = read_pixels(m, where);
     const double db = reference ? pipelines::compare_pixels(*reference, pixels).psnr_db : INFINITY;
     if (pixels_out) *pixels_out = pixels;
-    if (db >= 30.0) stages = median_stages(m, flags_of(settings), dir, context.repeats);
+    if (db >= 30.0) stages = median_stages(m, flags_of(settings), dir, context.repeats, &first);
     return db;
   };
   std::vector<media::RgbImage> reference;
   std::map<std::string, double> best_stages;
-  measure(chosen, nullptr, &reference, best_stages);
+  CliRun best_first;
+  measure(chosen, nullptr, &reference, best_stages, best_first);
   double best_db = INFINITY;
   for (std::size_t a = 0; a < axes.size(); ++a) {
     for (std::size_t o = 1; o < axes[a].second.size(); ++o) {
       std::vector<Option> trial = chosen;
       trial[a] = axes[a].second[o];
       std::map<std::string, double> stages;
-      const double db = measure(trial, &reference, nullptr, stages);
+      CliRun first;
+      const double db = measure(trial, &reference, nullptr, stages, first);
       if (db >= 30.0)
         std::fprintf(stderr, "  best path %s: %s = %s: %.1f dB, %.1f ms\n", m.name.c_str(), axes[a].first.c_str(), trial[a].name.c_str(),
                      db, total_of(stages) * 1e3);
@@ -208,15 +211,14 @@ void best_path(Context& context, const Model& m, const nlohmann::json& torch, co
       if (db >= 30.0 && total_of(stages) < total_of(best_stages)) {
         chosen = trial;
         best_stages = stages;
+        best_first = first;
         best_db = db;
       }
     }
   }
-  CliRun first;
-  (void)median_stages(m, flags_of(chosen), dir, 1, &first);  // the FLOPs and steps of the chosen path
   std::string settings;
   for (std::size_t a = 0; a < axes.size(); ++a) settings += (a ? ", " : "") + axes[a].first + " " + chosen[a].name;
-  Result r = row(m, "cubevec best", settings, best_stages, first.steps, first.denoising_flops, context);
+  Result r = row(m, "cubevec best", settings, best_stages, best_first.steps, best_first.denoising_flops, context);
   r.extra["psnr_db"] = std::isfinite(best_db) ? best_db : 999.0;  // the plain f32 run itself: identical pixels
   if (!torch.is_null()) {
     double fastest = 0;

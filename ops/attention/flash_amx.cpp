@@ -221,21 +221,25 @@ void pack_k_block_int8(const HeadProblem& head, DType dtype, int64_t d, const In
     else bad[j] = 1;
   }
   out.k_scale[kb] = amax / 127.0f;
+  const float inv = inverse_scale(amax);
   std::vector<int8_t> row(static_cast<std::size_t>(lay.dpad8), 0);
   for (int64_t j = 0; j < keys; ++j) {
     if (bad[j]) continue;
-    quantize_int8_avx512(rows.data() + j * d, d, inverse_scale(amax), row.data());
+    quantize_int8_avx512(rows.data() + j * d, d, inv, row.data());
     for (int64_t quad = 0; quad < lay.dpad8 / 4; ++quad) std::memcpy(k + (quad * kBlockKeys + j) * 4, row.data() + 4 * quad, 4);
   }
 }
 
 // A q-block's Q: in int8, one scale per 32-row panel, and as f32 (the rows holding a non-finite
-// value get their scores in f32 against the smoothed K, as exact attention would).
+// value get their scores in f32 against the smoothed K, as exact attention would); `key` holds the
+// f32 key row such a score needs (a thread's scratch, kept across q-blocks).
 struct QBlockInt8 {
   QBlockInt8(const FlashGeometry& g, int64_t dpad8)
-      : q(static_cast<std::size_t>(g.block_rows() * dpad8)), f32(static_cast<std::size_t>(g.block_rows() * g.d)) {}
+      : q(static_cast<std::size_t>(g.block_rows() * dpad8)),
+        f32(static_cast<std::size_t>(g.block_rows() * g.d)),
+        key(static_cast<std::size_t>(g.d)) {}
   std::vector<int8_t> q;
-  std::vector<float> f32;
+  std::vector<float> f32, key;
   float scale[kPanelsPerBlock * kAmxRows] = {};
   bool bad[kPanelsPerBlock * kAmxRows] = {};
   bool panel_bad[kPanelsPerBlock] = {};
@@ -258,10 +262,11 @@ void quantize_q_block(const FlashGeometry& g, const AttentionBatch& batch, const
       if (std::isfinite(row_max)) amax = std::max(amax, row_max);
       else out.bad[i] = out.panel_bad[p] = true;
     }
+    const float inv = inverse_scale(amax);
     for (int64_t r = 0; r < kAmxRows; ++r) {
       const int64_t i = p * kAmxRows + r;
       out.scale[i] = amax / 127.0f;
-      if (r < n && !out.bad[i]) quantize_int8_avx512(out.f32.data() + i * g.d, g.d, inverse_scale(amax), out.q.data() + i * dpad8);
+      if (r < n && !out.bad[i]) quantize_int8_avx512(out.f32.data() + i * g.d, g.d, inv, out.q.data() + i * dpad8);
     }
   }
 }
@@ -277,7 +282,6 @@ void run_q_block_int8(const FlashGeometry& g, const AttentionBatch& batch, const
                       const PackedKVInt8& kv, const float* mean, int64_t q0, QBlockState& st, QBlockInt8& qb, float* s) {
   reset_q_block(g, head, q0, st);
   quantize_q_block(g, batch, head, lay.dpad8, q0, qb);
-  std::vector<float> key(static_cast<std::size_t>(g.d));
   walk_key_blocks(g, batch, head, kv.v, st, s, amx_pv_block, [&](int p, int64_t kb, float* scores) {
     amx_qk_block_int8(qb.q.data() + p * kAmxRows * lay.dpad8, lay.dpad8, kv.k + kb * lay.dpad8 * kBlockKeys, qb.scale + p * kAmxRows,
                       kv.k_scale[kb], scores);
@@ -290,8 +294,8 @@ void run_q_block_int8(const FlashGeometry& g, const AttentionBatch& batch, const
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = p * kAmxRows + r;
         if (!bad[j] && !qb.bad[i]) continue;
-        if (!loaded) load_row_f32(head.k, head.k_ld, key0 + j, g.d, batch.dtype, key.data()), loaded = true;
-        scores[r * kBlockKeys + j] = smoothed_dot(qb.f32.data() + i * g.d, key.data(), mean, g.d);
+        if (!loaded) load_row_f32(head.k, head.k_ld, key0 + j, g.d, batch.dtype, qb.key.data()), loaded = true;
+        scores[r * kBlockKeys + j] = smoothed_dot(qb.f32.data() + i * g.d, qb.key.data(), mean, g.d);
       }
     }
   });
