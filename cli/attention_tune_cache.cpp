@@ -26,10 +26,9 @@ void AttentionTuneCacheFlag::load(const Device& device) const {
     try {
       const nlohmann::json section = ops::gemm::read_tuning_section(file, "attention");
       if (section.is_null()) return;
-      const std::size_t others = ops::AttentionTuner::global().add_section(section, ops::attention_tune_fingerprint(device), *foreign_);
-      if (others > 0)
-        std::fprintf(stderr, "note: tuning file %s: %zu attention entr%s tuned for other thread counts or CPUs kept aside\n", file.c_str(),
-                     others, others == 1 ? "y" : "ies");
+      // Entries tuned for other thread counts or CPUs are kept aside and written back, silently: a
+      // machine-sized default and an explicit --cube-threads both being in use is routine.
+      ops::AttentionTuner::global().add_section(section, ops::attention_tune_fingerprint(device), *foreign_);
     } catch (const Error& e) {
       // A file named with --tune-cache must be valid throughout, as its GEMM section must; the
       // default file is left alone with a warning.

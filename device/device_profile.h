@@ -18,6 +18,9 @@ struct DeviceProfile {
   int cube_threads = 1;    // threads of the Cube unit's arena
   int vector_threads = 1;  // threads of the Vector unit's arena
   bool pin_units = false;  // pin each unit's threads to their own cores
+  // The thread counts are this process's share of the machine (the built-in profile), not asked
+  // for by a file, a flag or the environment: a server running several instances divides them.
+  bool machine_sized = false;
 
   // The modelled NPU.
   int ai_cores = 1;                       // Cube cores (AIC)
@@ -62,9 +65,20 @@ struct DeviceProfile {
 DeviceProfile parse_device_profile(const std::string& json_text, const std::string& source);
 DeviceProfile load_device_profile(const std::string& path);
 
-// The profile used when none is named: 1 Cube and 1 Vector thread (one core each on the 2-core
-// machine this project targets) and the same NPU figures as assets/devices/cpu-default.json.
+// The profile used when none is named: the same NPU figures as assets/devices/cpu-default.json,
+// and both units sized to this process's share of the machine (machine_unit_threads()): either
+// unit can use every core while the other waits, which is most of a DiT's time (Note [Sizing the
+// units from the machine] in device_profile.cpp).
 DeviceProfile builtin_cpu_profile();
+
+// The cores this process may use (its affinity mask: taskset, a container's cpuset, mpirun's
+// binding), shared among the ranks mpirun started on this machine (OMPI_COMM_WORLD_LOCAL_SIZE,
+// MPI_LOCALNRANKS); at least 1.
+int machine_unit_threads();
+
+// `profile` for one of `instances` instances sharing this process: a machine-sized profile's
+// threads divided among them (at least 1 each); a profile whose threads were asked for, unchanged.
+DeviceProfile profile_for_instance(DeviceProfile profile, int instances);
 
 // Applies CUBEVEC_CUBE_THREADS / CUBEVEC_VECTOR_THREADS from the environment, then the given
 // overrides (0 = keep). Throws on a value that is not a positive integer.

@@ -10,6 +10,8 @@
 
 #include "base/config_reader.h"
 #include "base/error.h"
+#include "device/device.h"
+#include "device/device_profile.h"
 #include "parallel/mpi_runtime.h"
 #include "server/rank_relay.h"
 
@@ -216,7 +218,9 @@ std::vector<ModelStats> Scheduler::stats() const {
 
 void Scheduler::work(ModelSlot& slot, int instance) {
   const pipelines::Pipeline& pipeline = *slot.served.pipeline;
-  Device device(pipeline.profile(), DeviceOptions{.trace = options_.trace});  // this instance's own Cube and Vector streams
+  // This instance's own Cube and Vector streams; a machine-sized profile's cores are shared among
+  // the model's instances, which run at once under load.
+  Device device(profile_for_instance(pipeline.profile(), options_.instances), DeviceOptions{.trace = options_.trace});
   // The instance's trace, on the scheduler's clock, kept when the worker ends.
   struct KeepTrace {
     Scheduler& scheduler;

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/run_cubevec.h"
+#include "device/device_profile.h"
 #include "ops/attention.h"
 
 namespace attention_cli_test {  // named after the file: unity batches never mix two files' helpers
@@ -45,11 +46,12 @@ TEST_F(AttentionCli, TuneCacheIsWrittenThenUsed) {
   // cannot be written is a warning after a successful run.
   const std::string before = read_file(cache);
   std::filesystem::permissions(cache, std::filesystem::perms::owner_read);
+  const std::string other_threads = std::to_string(cubevec::machine_unit_threads() + 1);  // never the default's
   const auto readonly = run(with(kSmall, {"--attn-tune-cache", cache}));
   ASSERT_EQ(readonly.status, 0) << readonly.err;
   EXPECT_EQ(readonly.err.find("warning"), std::string::npos) << readonly.err;
   EXPECT_EQ(read_file(cache), before);
-  const auto unsaved = run(with(kSmall, {"--attn-tune-cache", cache, "--cube-threads", "2"}));
+  const auto unsaved = run(with(kSmall, {"--attn-tune-cache", cache, "--cube-threads", other_threads}));
   ASSERT_EQ(unsaved.status, 0) << unsaved.err;
   EXPECT_NE(unsaved.err.find("warning: the attention tune cache was not saved: attention tune cache " + cache + ": is read-only"),
             std::string::npos)
@@ -58,11 +60,11 @@ TEST_F(AttentionCli, TuneCacheIsWrittenThenUsed) {
   std::filesystem::permissions(cache, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
 
   // Tuned for other thread counts: a warning, tuned again, the file rewritten for this device.
-  const auto stale = run(with(kSmall, {"--attn-tune-cache", cache, "--cube-threads", "2"}));
+  const auto stale = run(with(kSmall, {"--attn-tune-cache", cache, "--cube-threads", other_threads}));
   ASSERT_EQ(stale.status, 0) << stale.err;
   EXPECT_NE(stale.err.find("warning: attention tune cache " + cache + " is stale"), std::string::npos) << stale.err;
   EXPECT_NE(stale.err.find("tuned on the first call"), std::string::npos) << stale.err;
-  EXPECT_NE(read_file(cache).find("cube_threads=2"), std::string::npos);
+  EXPECT_NE(read_file(cache).find("cube_threads=" + other_threads), std::string::npos);
 }
 
 TEST_F(AttentionCli, MalformedCacheAndBadFlagsAreOneLineErrors) {

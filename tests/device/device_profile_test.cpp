@@ -5,6 +5,8 @@
 
 #include <cstdlib>
 
+#include <sched.h>
+
 #include "base/error.h"
 
 #include "common/tensor_testing.h"
@@ -35,8 +37,9 @@ TEST(DeviceProfile, BuiltInMatchesTheShippedCpuDefault) {
   const DeviceProfile file = load_device_profile(kDevices + "cpu-default.json");
   const DeviceProfile builtin = builtin_cpu_profile();
   EXPECT_EQ(file.name, builtin.name);
-  EXPECT_EQ(file.cube_threads, builtin.cube_threads);
-  EXPECT_EQ(file.vector_threads, builtin.vector_threads);
+  // The threads differ on purpose: the file keeps the split its figures were measured with, the
+  // built-in profile takes this machine's cores (MachineSizedUnits).
+  EXPECT_FALSE(file.machine_sized);
   EXPECT_EQ(file.ai_cores, builtin.ai_cores);
   EXPECT_EQ(file.cube_tflops, builtin.cube_tflops);
   EXPECT_EQ(file.vector_tflops, builtin.vector_tflops);
@@ -153,6 +156,76 @@ TEST(DeviceProfile, ThreadOverridesFromEnvironmentThenFlags) {
   setenv("CUBEVEC_CUBE_THREADS", "two", 1);
   EXPECT_NE(message_of([&] { apply_thread_overrides(p); }).find("CUBEVEC_CUBE_THREADS=two: expected an integer"), std::string::npos);
   unsetenv("CUBEVEC_CUBE_THREADS");
+}
+
+// Restores the calling thread's affinity mask and the rank-count variables when a test ends.
+class AffinityAndRanks {
+ public:
+  AffinityAndRanks() {
+    CPU_ZERO(&saved_);
+    sched_getaffinity(0, sizeof saved_, &saved_);
+  }
+  ~AffinityAndRanks() {
+    sched_setaffinity(0, sizeof saved_, &saved_);
+    unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    unsetenv("MPI_LOCALNRANKS");
+  }
+  int allowed() const { return CPU_COUNT(&saved_); }
+  // Narrows the calling thread to the first `count` cores it may use.
+  void keep_first(int count) const {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int cpu = 0, kept = 0; cpu < CPU_SETSIZE && kept < count; ++cpu)
+      if (CPU_ISSET(cpu, &saved_)) CPU_SET(cpu, &set), ++kept;
+    ASSERT_EQ(sched_setaffinity(0, sizeof set, &set), 0);
+  }
+
+ private:
+  cpu_set_t saved_;
+};
+
+TEST(DeviceProfile, MachineSizedUnits) {
+  AffinityAndRanks restore;
+  const DeviceProfile all = builtin_cpu_profile();
+  EXPECT_TRUE(all.machine_sized);
+  EXPECT_EQ(all.cube_threads, restore.allowed()) << "every core the process may use";
+  EXPECT_EQ(all.vector_threads, restore.allowed());
+
+  restore.keep_first(1);  // as under `taskset -c 0`
+  EXPECT_EQ(builtin_cpu_profile().cube_threads, 1);
+  EXPECT_EQ(builtin_cpu_profile().vector_threads, 1);
+  if (restore.allowed() >= 2) {
+    restore.keep_first(2);
+    EXPECT_EQ(builtin_cpu_profile().cube_threads, 2);
+    // Two ranks of mpirun on this machine share its cores; an unreadable count is taken as 1.
+    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
+    EXPECT_EQ(builtin_cpu_profile().cube_threads, 1);
+    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "many", 1);
+    EXPECT_EQ(builtin_cpu_profile().cube_threads, 2);
+    unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    setenv("MPI_LOCALNRANKS", "8", 1);
+    EXPECT_EQ(builtin_cpu_profile().vector_threads, 1) << "never below one thread";
+  }
+}
+
+TEST(DeviceProfile, InstancesShareOnlyAMachineSizedProfile) {
+  DeviceProfile p = builtin_cpu_profile();
+  p.cube_threads = 8, p.vector_threads = 3;  // as on a machine with 8 cores (vector: uneven on purpose)
+  EXPECT_EQ(profile_for_instance(p, 1).cube_threads, 8);
+  EXPECT_EQ(profile_for_instance(p, 2).cube_threads, 4);
+  EXPECT_EQ(profile_for_instance(p, 2).vector_threads, 1);
+  EXPECT_EQ(profile_for_instance(p, 16).cube_threads, 1) << "never below one thread";
+
+  DeviceProfile asked = p;
+  apply_thread_overrides(asked, 8, 3);  // a flag: the user's count, for every instance
+  EXPECT_FALSE(asked.machine_sized);
+  EXPECT_EQ(profile_for_instance(asked, 2).cube_threads, 8);
+  const DeviceProfile file = load_device_profile(kDevices + "cpu-default.json");
+  EXPECT_EQ(profile_for_instance(file, 2).cube_threads, file.cube_threads);
+
+  DeviceProfile unchanged = p;
+  apply_thread_overrides(unchanged);  // no flag, no environment: still the machine's share
+  EXPECT_TRUE(unchanged.machine_sized);
 }
 
 }  // namespace device_profile_test

@@ -442,7 +442,10 @@ TEST(Wan22Vae, MemoryIsBoundedByOneChunk) {
   EXPECT_GT(peak3, cache);
   EXPECT_LE(peak3, estimate);
   EXPECT_LE(peak6, estimate);
-  EXPECT_LE(static_cast<double>(peak6), 1.05 * static_cast<double>(peak3));
+  // Twice the frames, about the same peak (a decode that kept its frames would need ~2x). The
+  // bound is loose because the peak depends on how far the host runs ahead of the two streams: a
+  // 3-frame decode has measured 52.4 to 57.4 MB on one machine.
+  EXPECT_LE(static_cast<double>(peak6), 1.25 * static_cast<double>(peak3));
   EXPECT_LE(encode_peak, encode_estimate);
   // feature_cache_bytes is what the caches hold after three latent frames.
   wan_vae::FeatureCache state = vae.make_feature_cache();
