@@ -75,10 +75,11 @@ void text_suite(Context& context);
 void memory_suite(Context& context);
 void parallel_suite(Context& context);  // under mpirun -np 2
 void pipeline_suite(Context& context);
-void api_suite(Context& context);         // the library's load-once against a process per request
-void serve_suite(Context& context);       // cubevec serve: instances against processes (and the packed cache), a leak check
-void serve_flux_suite(Context& context);  // the same on a model of FLUX.1's width (writes it once, about 2 GB)
-void python_ops_suite(Context& context);  // the C++ side of bench/python_overhead.py
-void images_suite(Context& context);      // the VAE encoder against the decoder, image-to-image against text-to-image
+void pipeline_flux_suite(Context& context);  // the same on a model of FLUX.1's width (writes it once, about 2 GB)
+void api_suite(Context& context);            // the library's load-once against a process per request
+void serve_suite(Context& context);          // cubevec serve: instances against processes (and the packed cache), a leak check
+void serve_flux_suite(Context& context);     // the same on a model of FLUX.1's width (writes it once, about 2 GB)
+void python_ops_suite(Context& context);     // the C++ side of bench/python_overhead.py
+void images_suite(Context& context);         // the VAE encoder against the decoder, image-to-image against text-to-image
 
 }  // namespace cubevec::bench

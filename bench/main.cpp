@@ -34,6 +34,7 @@ int run(int argc, char** argv) {
                                                {"memory", memory_suite},
                                                {"parallel", parallel_suite},
                                                {"pipeline", pipeline_suite},
+                                               {"pipeline-flux", pipeline_flux_suite},
                                                {"api", api_suite},
                                                {"serve", serve_suite},
                                                {"serve-flux", serve_flux_suite},
@@ -47,7 +48,7 @@ int run(int argc, char** argv) {
   std::string json_path;
   int repeats = 5;
   app.add_option("suites", chosen,
-                 "Suites to run (" + names + "); default: all but memory and serve-flux (they write 24 GB and 2 GB models)");
+                 "Suites to run (" + names + "); default: all but memory, pipeline-flux and serve-flux (they write 24 GB and 2 GB models)");
   app.add_option("--json", json_path, "Also write the results as JSON to this file");
   app.add_option("--repeats", repeats, "Timed runs per case")->check(CLI::Range(1, 1000));
   try {
@@ -60,7 +61,7 @@ int run(int argc, char** argv) {
   }
   if (chosen.empty())
     for (const auto& [name, suite] : suites)
-      if (name != "memory" && name != "serve-flux") chosen.push_back(name);
+      if (name != "memory" && name != "pipeline-flux" && name != "serve-flux") chosen.push_back(name);
   for (const std::string& name : chosen)
     if (!suites.count(name)) {
       std::fprintf(stderr, "error: unknown suite '%s' (expected one of: %s)\n", name.c_str(), names.c_str());

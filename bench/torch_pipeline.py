@@ -16,6 +16,9 @@ latents and the Euler step stay f32), the stages as cubevec's --json names them:
     denoising      the scheduler loop (and the mean per step)
     vae_decode     the latents to pixels
     encode         the picture (or each frame) to a quality-90 JPEG in memory (PIL)
+With --flux-width DIR, instead: the FLUX-width model bench/flux_dev_shaped.cpp writes there (FLUX.1-dev's
+transformer with 2 + 2 blocks, random weights, embedded guidance 3.5), 512x512, 8 steps, CFG off
+(model "flux-width"): the model of `cubevec-bench pipeline-flux`.
 One warm-up run, then --repeats runs; each stage's median. Output: one JSON object on stdout,
 {"environment": ..., "results": [{"model", "dtype", "stages_s": {...}, "step_mean_s"}]}.
 """
@@ -43,6 +46,7 @@ flux_sample = wan_world.load_tinyflux("sample")
 
 FLUX_PROMPT = "a large red circle in the center on a blue background"
 WAN_PROMPT = "a red circle moving right on a blue background"
+FLUX_WIDTH_STEPS = 8
 
 
 def jpeg_bytes(pixels):
@@ -71,6 +75,25 @@ def run_tinyflux(dtype):
     return s, 28
 
 
+def run_flux_width(model_dir, dtype):
+    s, t0 = {}, time.perf_counter()
+    model = flux_sample.TinyFlux(model_dir).to(dtype)
+    s["load"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    text = model.encode_prompt(FLUX_PROMPT)
+    s["text_encoding"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    latents = model.denoise(text, seed=0, steps=FLUX_WIDTH_STEPS, width=512, height=512, guidance=3.5)
+    s["denoising"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    image = model.decode(latents)
+    s["vae_decode"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    jpeg_bytes(flux_sample.to_pixels(image))
+    s["encode"] = time.perf_counter() - t0
+    return s, FLUX_WIDTH_STEPS
+
+
 def run_tinywan(dtype):
     s, t0 = {}, time.perf_counter()
     model = wan_sample.TinyWan(os.path.join(ROOT, "assets", "tinywan")).to(dtype)
@@ -94,12 +117,16 @@ def run_tinywan(dtype):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(p)
+    p.add_argument("--flux-width", metavar="DIR", help="time the FLUX-width model in DIR instead of the tiny models")
     args = p.parse_args()
     dtypes = parse_dtypes(p, args)
     torch.set_num_threads(args.threads)
     env = environment(args.threads)
     results = []
-    for name, run in (("tinyflux", run_tinyflux), ("tinywan", run_tinywan)):
+    models = (("tinyflux", run_tinyflux), ("tinywan", run_tinywan))
+    if args.flux_width:
+        models = (("flux-width", lambda dtype: run_flux_width(args.flux_width, dtype)),)
+    for name, run in models:
         for dname in dtypes:
             run(DTYPES[dname])  # warm-up
             runs = [run(DTYPES[dname]) for _ in range(args.repeats)]

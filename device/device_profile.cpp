@@ -214,7 +214,8 @@ DeviceProfile builtin_cpu_profile() {
 void apply_thread_overrides(DeviceProfile& profile, int cube_threads, int vector_threads) {
   std::string cube_origin = profile.source + " cube_threads", vector_origin = profile.source + " vector_threads";
   bool asked = false;  // a count came from the environment or a flag
-  if (const int env = positive_env_int("CUBEVEC_CUBE_THREADS")) profile.cube_threads = env, cube_origin = "CUBEVEC_CUBE_THREADS", asked = true;
+  if (const int env = positive_env_int("CUBEVEC_CUBE_THREADS"))
+    profile.cube_threads = env, cube_origin = "CUBEVEC_CUBE_THREADS", asked = true;
   if (const int env = positive_env_int("CUBEVEC_VECTOR_THREADS"))
     profile.vector_threads = env, vector_origin = "CUBEVEC_VECTOR_THREADS", asked = true;
   if (cube_threads < 0 || vector_threads < 0) throw Error("thread counts must be positive");

@@ -108,8 +108,10 @@ class TinyFlux:
         assert vocab == dataset.WORD_ID, "tokenizer/vocab.json differs from dataset.VOCAB"
         self.transformer = _load_weights(M.FluxTransformer2DModel(self.transformer_config),
                                          os.path.join(model_dir, "transformer", "diffusion_pytorch_model.safetensors")).eval()
-        self.vae = _load_weights(M.AutoencoderKL(self.vae_config),
-                                 os.path.join(model_dir, "vae", "diffusion_pytorch_model.safetensors")).eval()
+        vae_file = os.path.join(model_dir, "vae", "diffusion_pytorch_model.safetensors")
+        # A folder whose VAE has only the decoder (bench/flux_dev_shaped.cpp's FLUX-width model) decodes only.
+        has_encoder = any(k.startswith("encoder.") for k in read_safetensors(vae_file)[0])
+        self.vae = _load_weights((M.AutoencoderKL if has_encoder else M.AutoencoderKLDecoder)(self.vae_config), vae_file).eval()
         self.text_encoder = _load_weights(M.TinyTextEncoder(self.text_config),
                                           os.path.join(model_dir, "text_encoder", "model.safetensors")).eval()
 
@@ -149,8 +151,9 @@ class TinyFlux:
 
     @torch.no_grad()
     def denoise(self, text, negative=None, seed=0, steps=28, width=None, height=None, cfg_scale=4.0, scheduler_config=None,
-                record=None, on_step=None):
-        """The final latents [1, C, H / up, W / up] (f32) from encode_prompt()'s outputs; on_step(i) after each step."""
+                record=None, on_step=None, guidance=3.5):
+        """The final latents [1, C, H / up, W / up] (f32) from encode_prompt()'s outputs; on_step(i) after each step.
+        guidance: the embedded guidance of a transformer with guidance_embeds (FLUX.1-dev's; cubevec's default 3.5)."""
         width = width or self.vae_config["sample_size"]
         height = height or self.vae_config["sample_size"]
         up = self.upscale()
@@ -168,12 +171,13 @@ class TinyFlux:
         d = getattr(self, "dtype", torch.float32)
         seq, pooled = text
         txt_ids = torch.zeros(seq.shape[1], 3)
+        g = torch.full([1], guidance, dtype=torch.float32).to(d) if self.transformer_config.get("guidance_embeds") else None
         for i in range(steps):
             t = torch.tensor([timesteps[i]], dtype=torch.float32) / 1000
-            v = self.transformer(x.to(d), seq.to(d), pooled.to(d), t.to(d), img_ids, txt_ids).float()
+            v = self.transformer(x.to(d), seq.to(d), pooled.to(d), t.to(d), img_ids, txt_ids, g).float()
             if negative is not None:
                 vn = self.transformer(x.to(d), negative[0].to(d), negative[1].to(d), t.to(d), img_ids,
-                                      torch.zeros(negative[0].shape[1], 3)).float()
+                                      torch.zeros(negative[0].shape[1], 3), g).float()
                 v = vn + np.float32(cfg_scale) * (v - vn)
             dt = np.float32(sigmas[i + 1]) - np.float32(sigmas[i])
             x = x + torch.tensor(dt, dtype=torch.float32) * v
