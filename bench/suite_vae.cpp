@@ -4,16 +4,68 @@
 // kernels' declared FLOPs over the 4-frame chunks, and the allocator's peak against the decoder's
 // own estimate. At 832 x 480 every figure scales with the pixel count (the mid-block attention at
 // latent resolution aside).
+// Then single 3x3 convolutions (padding 1) at the channel counts and sizes of the narrow VAEs
+// (tinyflux, tinywan, the FLUX-width model's decoder at 512x512) and two wider ones: cubevec's conv2d
+// as it runs (the direct kernel for <= 64 output channels on AVX-512) and forced to im2col + GEMM,
+// against PyTorch 1.13's nn.Conv2d in f32 and bf16 (bench/torch_conv.py) in the same run.
 #include <chrono>
 #include <cstdio>
 
 #include "bench/harness.h"
+#include "bench/torch_baseline.h"
 #include "device/device.h"
 #include "models/autoencoder_kl_wan.h"
 #include "models/parameters.h"
+#include "ops/conv.h"
 #include "tensor/caching_allocator.h"
 
 namespace cubevec::bench {
+
+namespace {
+
+struct ConvShape {
+  int64_t c, o, h, w;
+};
+// Keep in step with bench/torch_conv.py's SHAPES.
+const ConvShape kConvShapes[] = {{32, 32, 128, 128}, {16, 16, 512, 512}, {32, 16, 512, 512},
+                                 {16, 3, 512, 512},  {64, 64, 128, 128}, {128, 128, 64, 64}};
+
+void conv_rows(Context& context, Device& device) {
+  const nlohmann::json torch = run_torch("torch_conv.py", context.machine.threads, context.repeats);
+  if (torch.is_null()) std::fprintf(stderr, "note: the PyTorch convolution baseline did not run (needs Debian's python3-torch)\n");
+  const Stream s = device.default_stream();
+  for (const ConvShape& shape : kConvShapes) {
+    models::ParameterTable table;
+    Tensor x, w, b;
+    table.add("x", {1, shape.c, shape.h, shape.w}, &x);
+    table.add("w", {shape.o, shape.c, 3, 3}, &w);
+    table.add("b", {shape.o}, &b);
+    models::make_random_parameters(table, DType::f32, 7, 0.1f);
+    const double flops = 2.0 * static_cast<double>(shape.o * shape.c * 9 * shape.h * shape.w);
+    const std::string label = "conv2d 3x3 " + std::to_string(shape.c) + "->" + std::to_string(shape.o) + " " + std::to_string(shape.h) +
+                              "x" + std::to_string(shape.w);
+    double as_runs = 0;
+    for (const bool direct : {true, false}) {
+      ops::Conv2dOptions options;
+      options.padding = {1, 1};
+      options.direct = direct;
+      const Timing t = time_runs([&] { ops::conv2d(x, w, b, options, s).data_ptr(); }, context.repeats);
+      Result r{"vae", label, direct ? "cubevec" : "cubevec im2col+gemm"};
+      r.timing = t;
+      r.gflops = flops / t.median_s / 1e9;
+      r.peak_fraction = r.gflops / context.machine.fma_peak_gflops;
+      if (direct) as_runs = t.median_s;
+      else r.extra["x_as_run"] = t.median_s / as_runs;  // the default path's speedup over im2col + GEMM
+      if (!torch.is_null())
+        for (const nlohmann::json& row : torch.at("results"))
+          if (row.at("c") == shape.c && row.at("o") == shape.o && row.at("h") == shape.h && row.at("w") == shape.w)
+            r.extra["x_torch_" + row.at("dtype").get<std::string>()] = row.at("median_s").get<double>() / t.median_s;
+      context.add(r);
+    }
+  }
+}
+
+}  // namespace
 
 void vae_suite(Context& context) {
   constexpr int64_t kLatentH = 15, kLatentW = 26, kLatentFrames = 3;
@@ -67,6 +119,7 @@ void vae_suite(Context& context) {
   r.extra["estimate_mb"] = static_cast<double>(vae.estimate_peak_bytes(1, kLatentH, kLatentW)) / 1e6;
   r.extra["caches_mb"] = static_cast<double>(vae.feature_cache_bytes(1, kLatentH, kLatentW)) / 1e6;
   context.add(r);
+  conv_rows(context, device);
 }
 
 }  // namespace cubevec::bench

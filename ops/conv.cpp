@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <tbb/parallel_for.h>
 
+#include "ops/conv_direct.h"
+#include "ops/conv_direct_kernels.h"
+
 namespace cubevec::ops {
 
 namespace {
@@ -125,6 +128,19 @@ void im2col(const float* image, const Geometry<D>& g, const ConvOptions<D>& o, i
   });
 }
 
+// The direct kernel (ops/conv_direct.h) where it applies: few output channels, unit stride and
+// dilation, a kernel wider than 1x1 (a 1x1 conv is already a plain GEMM), on AVX-512.
+template <int D>
+bool use_direct(const Geometry<D>& g, const ConvOptions<D>& o) {
+  if (!o.direct || o.backend != GemmBackend::cubevec || g.o > conv_direct::kMaxOutputChannels || !conv_direct::available()) return false;
+  bool pointwise = true;
+  for (int d = 0; d < D; ++d) {
+    if (o.stride[d] != 1 || o.dilation[d] != 1) return false;
+    pointwise = pointwise && g.kernel[d] == 1 && o.padding[d] == 0;
+  }
+  return !pointwise && g.kernel[D - 1] <= conv_direct::kMaxKernelWidth;
+}
+
 template <int D>
 Tensor conv(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias, const ConvOptions<D>& o, const Stream& stream) {
   const Geometry<D> g = check(op, x, w, bias, o);
@@ -143,6 +159,12 @@ Tensor conv(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias
     const auto* pw = reinterpret_cast<const float*>(w.unsynchronized_data_ptr());
     const float* pbias = bias.defined() ? reinterpret_cast<const float*>(bias.unsynchronized_data_ptr()) : nullptr;
     auto* py = reinterpret_cast<float*>(out.unsynchronized_data_ptr());
+    if (use_direct(g, o)) {
+      const conv_direct::Shape<D> shape{g.c, g.o, g.in, g.kernel, g.out, o.padding};
+      for (int64_t image = 0; image < g.n; ++image)
+        conv_direct::convolve<D>(px + image * g.c * g.in_volume(), pw, pbias, py + image * g.o * positions, shape);
+      return;
+    }
     const int threads = tbb::this_task_arena::max_concurrency();
     // A 1x1 (x1) kernel with unit stride and no padding needs no im2col: the image is the matrix.
     bool pointwise = true;

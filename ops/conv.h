@@ -1,7 +1,7 @@
-// Convolutions on the Cube unit as im2col + GEMM: conv2d (VAE) and conv3d (Wan's patch embedding
-// and causal VAE). NCHW / NCTHW layouts, f32, groups = 1; the weight is PyTorch's
-// [O, C, kernel...]. The im2col buffer is built in blocks of output positions, so memory stays
-// bounded for large images.
+// Convolutions on the Cube unit as im2col + GEMM, or for few output channels a direct kernel:
+// conv2d (VAE) and conv3d (Wan's patch embedding and causal VAE). NCHW / NCTHW layouts, f32,
+// groups = 1; the weight is PyTorch's [O, C, kernel...]. The im2col buffer is built in blocks of
+// output positions, so memory stays bounded for large images.
 #pragma once
 
 #include <array>
@@ -16,6 +16,9 @@ struct ConvOptions {
   std::array<int64_t, D> padding;  // zeros on both sides of each spatial dim
   std::array<int64_t, D> dilation;
   GemmBackend backend = GemmBackend::cubevec;
+  // The register-tiled direct kernel where it applies (ops/conv_direct.h: few output channels,
+  // unit stride and dilation, AVX-512); false: always im2col + GEMM (benchmarks compare the two).
+  bool direct = true;
   // The dtype the modelled NPU runs it in (the activations'), for the cost model; the CPU computes in f32.
   DType priced_as = DType::f32;
 

@@ -1,5 +1,7 @@
-// conv2d / conv3d (im2col + GEMM) against direct convolution loops written here.
+// conv2d / conv3d (im2col + GEMM, and the register-tiled direct kernel for few channels) against
+// direct convolution loops written here.
 #include "ops/conv.h"
+#include "ops/conv_direct.h"
 
 #include <gtest/gtest.h>
 
@@ -88,6 +90,50 @@ TEST(Conv, Conv3dMatchesDirectLoopsIncludingWanPatchEmbedding) {
     const auto want = direct_conv(x, w, nullptr, 1, s.c, s.o, {s.t, s.h, s.w}, s.k, s.stride, s.pad, {1, 1, 1}, out);
     ASSERT_EQ(y.shape(), (Shape{1, s.o, out[0], out[1], out[2]}));
     for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(y.data<float>()[i], want[i], 1e-4) << i;
+  }
+}
+
+// The direct kernel's edges: output channel counts around its 8-channel tiles, widths around its
+// 16-pixel vectors and 48-96-pixel blocks (1 and below one vector included), padding up to wider than
+// the kernel's reach (rows and columns of pure padding: bias only), wide and 1-wide kernels, 3-D
+// kernels (Wan's causal VAE pads time on one side only: done here as a 2-frame pad with 3 frames in),
+// and batches. Through conv2d / conv3d (which take the direct kernel on AVX-512 CPUs for <= 64
+// output channels) and, where the CPU has AVX-512, the kernel itself.
+TEST(Conv, FewChannelConvolutionsMatchDirectLoops) {
+  struct Case {
+    int64_t n, c, o, t, h, w;
+    std::array<int64_t, 3> k, pad;
+  };
+  const Case cases[] = {
+      {1, 3, 1, 1, 5, 1, {1, 3, 3}, {0, 1, 1}},    {1, 2, 3, 1, 7, 15, {1, 3, 3}, {0, 1, 1}},  {2, 4, 8, 1, 6, 16, {1, 3, 3}, {0, 1, 1}},
+      {1, 5, 9, 1, 4, 17, {1, 3, 3}, {0, 0, 0}},   {1, 3, 16, 1, 9, 47, {1, 5, 5}, {0, 2, 2}}, {1, 6, 17, 1, 3, 49, {1, 3, 3}, {0, 4, 4}},
+      {1, 2, 20, 1, 5, 100, {1, 1, 7}, {0, 0, 3}}, {1, 3, 64, 1, 4, 33, {1, 3, 3}, {0, 1, 1}}, {1, 16, 3, 1, 8, 96, {1, 3, 3}, {0, 1, 1}},
+      {1, 2, 5, 1, 3, 2, {1, 3, 16}, {0, 1, 8}},   {1, 4, 12, 3, 5, 21, {3, 3, 3}, {2, 1, 1}}, {2, 3, 7, 4, 6, 19, {3, 3, 3}, {1, 1, 1}},
+      {1, 2, 4, 2, 3, 64, {1, 3, 3}, {0, 1, 1}},   {1, 3, 65, 1, 4, 20, {1, 3, 3}, {0, 1, 1}}};
+  for (const Case& s : cases) {
+    const auto x = random_values(s.n * s.c * s.t * s.h * s.w, 21), w = random_values(s.o * s.c * s.k[0] * s.k[1] * s.k[2], 22),
+               bias = random_values(s.o, 23);
+    std::array<int64_t, 3> out{};
+    const auto want = direct_conv(x, w, &bias, s.n, s.c, s.o, {s.t, s.h, s.w}, s.k, {1, 1, 1}, s.pad, {1, 1, 1}, out);
+    const std::string label = "c=" + std::to_string(s.c) + " o=" + std::to_string(s.o) + " w=" + std::to_string(s.w);
+    ops::Conv3dOptions opt;
+    opt.padding = s.pad;
+    const Tensor y = ops::conv3d(Tensor::from_vector(x, {s.n, s.c, s.t, s.h, s.w}),
+                                 Tensor::from_vector(w, {s.o, s.c, s.k[0], s.k[1], s.k[2]}), Tensor::from_vector(bias, {s.o}), opt);
+    ASSERT_EQ(y.shape(), (Shape{s.n, s.o, out[0], out[1], out[2]})) << label;
+    for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(y.data<float>()[i], want[i], 1e-4) << label << " at " << i;
+    if (s.t == 1 && s.k[0] == 1) {  // the same as a 2-D convolution
+      ops::Conv2dOptions opt2;
+      opt2.padding = {s.pad[1], s.pad[2]};
+      const Tensor y2 = ops::conv2d(Tensor::from_vector(x, {s.n, s.c, s.h, s.w}), Tensor::from_vector(w, {s.o, s.c, s.k[1], s.k[2]}),
+                                    Tensor::from_vector(bias, {s.o}), opt2);
+      for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(y2.data<float>()[i], want[i], 1e-4) << label << " (2-D) at " << i;
+    }
+    if (!ops::conv_direct::available()) continue;
+    const ops::conv_direct::Shape<3> shape{s.c, s.o, {s.t, s.h, s.w}, s.k, out, s.pad};
+    std::vector<float> direct(want.size() / static_cast<std::size_t>(s.n));
+    ops::conv_direct::convolve<3>(x.data(), w.data(), bias.data(), direct.data(), shape);  // the first image
+    for (std::size_t i = 0; i < direct.size(); ++i) ASSERT_NEAR(direct[i], want[i], 1e-4) << label << " (kernel) at " << i;
   }
 }
 

@@ -1,0 +1,73 @@
+#include "ops/conv_direct.h"
+
+#include <algorithm>
+#include <vector>
+
+#include <tbb/parallel_for.h>
+
+#include "ops/conv_direct_kernels.h"
+#include "ops/gemm/driver.h"
+
+namespace cubevec::ops::conv_direct {
+
+bool available() { return gemm::best_isa() == Isa::avx512; }
+
+template <int D>
+void convolve(const float* image, const float* weight, const float* bias, float* out, const Shape<D>& s) {
+  constexpr int L = D - 1;  // the contiguous dimension
+  int64_t taps = 1, in_plane = 1, out_plane = 1;
+  for (int d = 0; d < D; ++d) taps *= s.kernel[d], in_plane *= s.in[d], out_plane *= s.out[d];
+  const int64_t kw = s.kernel[L], outer_taps = taps / kw, out_rows = out_plane / s.out[L];
+  // [O][C][taps] -> [C][taps][O], so that a tile's weights for one tap are adjacent.
+  std::vector<float> weight_t(static_cast<std::size_t>(s.o * s.c * taps));
+  for (int64_t o = 0; o < s.o; ++o)
+    for (int64_t ct = 0; ct < s.c * taps; ++ct) weight_t[static_cast<std::size_t>(ct * s.o + o)] = weight[o * s.c * taps + ct];
+  const int64_t tiles = (s.o + kMaxTile - 1) / kMaxTile;
+  tbb::parallel_for(int64_t{0}, out_rows * tiles, [&](int64_t job_index) {
+    const int64_t out_row = job_index / tiles, tile = job_index % tiles;
+    // The output row's outer coordinates, then the input rows each outer kernel position reads.
+    std::array<int64_t, D> at{};
+    for (int64_t d = L - 1, rest = out_row; d >= 0; --d) at[d] = rest % s.out[d], rest /= s.out[d];
+    std::vector<int64_t> offsets, first_taps;
+    for (int64_t k = 0; k < outer_taps; ++k) {
+      int64_t offset = 0;
+      bool inside = true;
+      for (int64_t d = 0, rest = k, stride = outer_taps; d < L; ++d) {
+        stride /= s.kernel[d];
+        const int64_t kd = rest / stride;
+        rest %= stride;
+        const int64_t coord = at[d] + kd - s.padding[d];
+        inside = inside && coord >= 0 && coord < s.in[d];
+        offset = offset * s.in[d] + coord;
+      }
+      if (!inside) continue;
+      offsets.push_back(offset * s.in[L]);
+      first_taps.push_back(k * kw);
+    }
+    RowJob j;
+    j.weight_t = weight_t.data();
+    j.taps = taps;
+    j.image = image;
+    j.plane = in_plane;
+    j.channels = s.c;
+    j.o = s.o;
+    j.first_channel = tile * kMaxTile;
+    j.tile = static_cast<int>(std::min<int64_t>(kMaxTile, s.o - j.first_channel));
+    j.row_offsets = offsets.data();
+    j.row_taps = first_taps.data();
+    j.rows = static_cast<int>(offsets.size());
+    j.kw = kw;
+    j.pad_x = s.padding[L];
+    j.in_w = s.in[L];
+    j.out_w = s.out[L];
+    j.bias = bias;
+    j.out = out + j.first_channel * out_plane + out_row * s.out[L];
+    j.out_stride = out_plane;
+    convolve_row_avx512(j);
+  });
+}
+
+template void convolve<2>(const float*, const float*, const float*, float*, const Shape<2>&);
+template void convolve<3>(const float*, const float*, const float*, float*, const Shape<3>&);
+
+}  // namespace cubevec::ops::conv_direct

@@ -1,0 +1,35 @@
+// Direct convolution for few output channels (ops/conv.cpp): the VAE decoders' convolutions at
+// full resolution have 3 to 64 channels, where im2col + GEMM moves each input value through memory
+// three times (the 9x or 27x im2col copy, the GEMM's packing of it, the kernel) for only 2 x O
+// flops, and runs at a quarter of the FMA peak. This kernel keeps a tile of output channels x
+// pixels in registers and reads the input once per kernel offset.
+//
+// Stride 1 and dilation 1 in every dimension, kernels up to 16 wide in the last dimension, any
+// padding; f32; AVX-512 only (elsewhere conv.cpp keeps im2col + GEMM).
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+namespace cubevec::ops::conv_direct {
+
+// The most output channels for which the direct kernel is used: above it the GEMM has enough rows
+// to amortize its packing (measured in docs/performance.md, "VAE convolutions").
+constexpr int64_t kMaxOutputChannels = 64;
+
+// One image's convolution, D = 2 or 3 spatial dimensions (the last contiguous).
+template <int D>
+struct Shape {
+  int64_t c = 0, o = 0;
+  std::array<int64_t, D> in{}, kernel{}, out{}, padding{};
+};
+
+// Whether this CPU runs the kernel (AVX-512 F, and the GEMM's ISA choice is AVX-512).
+bool available();
+
+// out [O, out volume] = weight [O, C, kernel...] * image [C, in volume] (+ bias [O] if not null).
+// Parallel over output rows and channel tiles in the calling arena.
+template <int D>
+void convolve(const float* image, const float* weight, const float* bias, float* out, const Shape<D>& shape);
+
+}  // namespace cubevec::ops::conv_direct
