@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 
 #include "common/tensor_testing.h"
@@ -134,6 +135,39 @@ TEST(Conv, FewChannelConvolutionsMatchDirectLoops) {
     std::vector<float> direct(want.size() / static_cast<std::size_t>(s.n));
     ops::conv_direct::convolve<3>(x.data(), w.data(), bias.data(), direct.data(), shape);  // the first image
     for (std::size_t i = 0; i < direct.size(); ++i) ASSERT_NEAR(direct[i], want[i], 1e-4) << label << " (kernel) at " << i;
+  }
+}
+
+// 300 random few-channel shapes (kernels up to 5 x 5, padding up to 3, widths 1 to 70, output
+// channels 1 to 70: both sides of the direct kernel's 64) against the reference backend (im2col and
+// a plain GEMM loop), and non-finite inputs: NaN and infinity land where the reference puts them.
+TEST(Conv, RandomShapesAndNonFiniteInputsMatchTheReference) {
+  std::mt19937 rng(5);
+  const auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t c = pick(1, 6), o = pick(1, 70), kh = pick(1, 5), kw = pick(1, 5), ph = pick(0, 3), pw = pick(0, 3);
+    const int64_t h = std::max<int64_t>(pick(1, 9), kh - 2 * ph), w = std::max<int64_t>(pick(1, 70), kw - 2 * pw);
+    auto x = random_values(c * h * w, static_cast<unsigned>(100 + trial));
+    if (trial % 10 == 0) x[static_cast<std::size_t>(pick(0, c * h * w - 1))] = NAN;
+    if (trial % 10 == 5) x[static_cast<std::size_t>(pick(0, c * h * w - 1))] = INFINITY;
+    const auto weight = random_values(o * c * kh * kw, static_cast<unsigned>(500 + trial)), bias = random_values(o, 7);
+    ops::Conv2dOptions fast, reference;
+    fast.padding = reference.padding = {ph, pw};
+    reference.backend = ops::GemmBackend::reference;
+    const Tensor xt = Tensor::from_vector(x, {1, c, h, w}), wt = Tensor::from_vector(weight, {o, c, kh, kw}),
+                 bt = Tensor::from_vector(bias, {o});
+    const Tensor got = ops::conv2d(xt, wt, bt, fast), want = ops::conv2d(xt, wt, bt, reference);
+    ASSERT_EQ(got.shape(), want.shape());
+    const std::string label = "trial " + std::to_string(trial) + ": " + shape_to_string(xt.shape()) + " * " + shape_to_string(wt.shape()) +
+                              " padding " + std::to_string(ph) + "," + std::to_string(pw);
+    for (int64_t i = 0; i < got.numel(); ++i) {
+      const float g = got.data<float>()[i], r = want.data<float>()[i];
+      if (std::isnan(r) || std::isinf(r)) {
+        ASSERT_TRUE(std::isnan(g) == std::isnan(r) && (std::isnan(r) || g == r)) << label << " at " << i << ": " << g << " vs " << r;
+      } else {
+        ASSERT_NEAR(g, r, 1e-4f * (1.0f + std::fabs(r))) << label << " at " << i;
+      }
+    }
   }
 }
 
