@@ -56,26 +56,9 @@ def jpeg_bytes(pixels):
     return len(buffer.getvalue())
 
 
-def run_tinyflux(dtype):
-    s, t0 = {}, time.perf_counter()
-    model = flux_sample.TinyFlux(os.path.join(ROOT, "assets", "tinyflux")).to(dtype)
-    s["load"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    text = model.encode_prompt(FLUX_PROMPT)
-    s["text_encoding"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    latents = model.denoise(text, seed=0, steps=28)
-    s["denoising"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    image = model.decode(latents)
-    s["vae_decode"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    jpeg_bytes(flux_sample.to_pixels(image))
-    s["encode"] = time.perf_counter() - t0
-    return s, 28
-
-
-def run_flux_width(model_dir, dtype):
+def run_flux(model_dir, dtype, steps, **size):
+    """tools/tinyflux's sampler on a Flux folder: tinyflux at its defaults, or the FLUX-width model
+    (size: width, height and its embedded guidance)."""
     s, t0 = {}, time.perf_counter()
     model = flux_sample.TinyFlux(model_dir).to(dtype)
     s["load"] = time.perf_counter() - t0
@@ -83,7 +66,7 @@ def run_flux_width(model_dir, dtype):
     text = model.encode_prompt(FLUX_PROMPT)
     s["text_encoding"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    latents = model.denoise(text, seed=0, steps=FLUX_WIDTH_STEPS, width=512, height=512, guidance=3.5)
+    latents = model.denoise(text, seed=0, steps=steps, **size)
     s["denoising"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     image = model.decode(latents)
@@ -91,7 +74,15 @@ def run_flux_width(model_dir, dtype):
     t0 = time.perf_counter()
     jpeg_bytes(flux_sample.to_pixels(image))
     s["encode"] = time.perf_counter() - t0
-    return s, FLUX_WIDTH_STEPS
+    return s, steps
+
+
+def run_tinyflux(dtype):
+    return run_flux(os.path.join(ROOT, "assets", "tinyflux"), dtype, 28)
+
+
+def run_flux_width(model_dir, dtype):
+    return run_flux(model_dir, dtype, FLUX_WIDTH_STEPS, width=512, height=512, guidance=3.5)
 
 
 def run_tinywan(dtype):
