@@ -214,11 +214,12 @@ DeviceProfile builtin_cpu_profile() {
 void apply_thread_overrides(DeviceProfile& profile, int cube_threads, int vector_threads) {
   std::string cube_origin = profile.source + " cube_threads", vector_origin = profile.source + " vector_threads";
   bool asked = false;  // a count came from the environment or a flag
-  if (const int env = positive_env_int("CUBEVEC_CUBE_THREADS"))
-    profile.cube_threads = env, cube_origin = "CUBEVEC_CUBE_THREADS", asked = true;
-  if (const int env = positive_env_int("CUBEVEC_VECTOR_THREADS"))
-    profile.vector_threads = env, vector_origin = "CUBEVEC_VECTOR_THREADS", asked = true;
   if (cube_threads < 0 || vector_threads < 0) throw Error("thread counts must be positive");
+  // A flag wins: the environment variable of a unit whose flag is given is not even read.
+  if (const int env = cube_threads > 0 ? 0 : positive_env_int("CUBEVEC_CUBE_THREADS"))
+    profile.cube_threads = env, cube_origin = "CUBEVEC_CUBE_THREADS", asked = true;
+  if (const int env = vector_threads > 0 ? 0 : positive_env_int("CUBEVEC_VECTOR_THREADS"))
+    profile.vector_threads = env, vector_origin = "CUBEVEC_VECTOR_THREADS", asked = true;
   if (cube_threads > 0) profile.cube_threads = cube_threads, cube_origin = "--cube-threads (or --threads)", asked = true;
   if (vector_threads > 0) profile.vector_threads = vector_threads, vector_origin = "--vector-threads", asked = true;
   if (asked) profile.machine_sized = false;
@@ -241,7 +242,8 @@ int machine_unit_threads() {
     if (!text || !*text) continue;
     char* end = nullptr;
     const long value = std::strtol(text, &end, 10);
-    if (*end == '\0' && value >= 1 && value <= 1 << 20) ranks = static_cast<int>(value);
+    if (*end != '\0' || value < 1 || value > 1 << 20) continue;  // unreadable: the next variable, else one rank
+    ranks = static_cast<int>(value);
     break;
   }
   return std::max(1, cores / ranks);

@@ -73,7 +73,7 @@ DeviceProfile builtin_cpu_profile();
 
 // The cores this process may use (its affinity mask: taskset, a container's cpuset, mpirun's
 // binding), shared among the ranks mpirun started on this machine (OMPI_COMM_WORLD_LOCAL_SIZE,
-// MPI_LOCALNRANKS); at least 1.
+// MPI_LOCALNRANKS: the first readable one); at least 1.
 int machine_unit_threads();
 
 // `profile` for one of `instances` instances sharing this process: a machine-sized profile's

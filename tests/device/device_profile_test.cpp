@@ -155,6 +155,8 @@ TEST(DeviceProfile, ThreadOverridesFromEnvironmentThenFlags) {
   EXPECT_EQ(p.vector_threads, 2);
   setenv("CUBEVEC_CUBE_THREADS", "two", 1);
   EXPECT_NE(message_of([&] { apply_thread_overrides(p); }).find("CUBEVEC_CUBE_THREADS=two: expected an integer"), std::string::npos);
+  apply_thread_overrides(p, 4, 0);  // the flag wins: the bad variable is not read
+  EXPECT_EQ(p.cube_threads, 4);
   unsetenv("CUBEVEC_CUBE_THREADS");
 }
 
@@ -205,6 +207,9 @@ TEST(DeviceProfile, MachineSizedUnits) {
     unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     setenv("MPI_LOCALNRANKS", "8", 1);
     EXPECT_EQ(builtin_cpu_profile().vector_threads, 1) << "never below one thread";
+    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "0", 1);  // unreadable: the next variable counts
+    setenv("MPI_LOCALNRANKS", "2", 1);
+    EXPECT_EQ(builtin_cpu_profile().cube_threads, 1);
   }
 }
 
