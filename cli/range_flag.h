@@ -1,6 +1,7 @@
 // The range check numeric flags carry, run by CLI11 while parsing. CLI11's own Range checks the
 // range before the conversion, so `--frames abc` or `--steps 1.5` came out as "Value abc not in
 // range 1 to 4097"; this one says what the value is not: an integer (or a finite number) in range.
+// Integers are decimal only, as the environment's thread counts are.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -32,6 +33,12 @@ CLI::Validator in_range(T lo, T hi) {
       [lo, hi, expected](std::string& value) -> std::string {
         T parsed{};
         if (!CLI::detail::lexical_cast(value, parsed)) return "'" + value + "' is not " + expected;
+        if constexpr (std::is_integral_v<T>) {  // decimal only: CLI11 also reads 0x10, 0o20 and 0b10000
+          std::size_t digits = value.find_first_not_of(' ');
+          if (digits != std::string::npos && (value[digits] == '-' || value[digits] == '+')) ++digits;
+          if (digits >= value.size() || value.find_first_not_of("0123456789", digits) != std::string::npos)
+            return "'" + value + "' is not " + expected;
+        }
         if constexpr (std::is_floating_point_v<T>) {
           if (!std::isfinite(parsed)) return "must be a finite number, got " + value;  // as the by-type check says it
         }

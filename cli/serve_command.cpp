@@ -26,6 +26,7 @@
 #include "cli/generation_flags.h"
 #include "cli/output_flag.h"
 #include "cli/parallel_flags.h"
+#include "cli/range_flag.h"
 #include "pipelines/memory_estimate.h"
 #include "pipelines/pipeline.h"
 #include "server/http_server.h"
@@ -193,37 +194,37 @@ CommandRunner add_serve_command(CLI::App& app) {
   ServeFlags& f = *flags;
   command->add_option("--model", f.models, "A diffusers model folder to serve, as DIR (named after the folder) or NAME=DIR; repeatable");
   command->add_option("--instances", f.scheduler.instances, "Requests per model run at once, sharing one copy of the weights (default 1)")
-      ->check(CLI::Range(1, 64));
+      ->check(in_range(1, 64));
   command->add_option("--host", f.host, "Address to listen on (default 127.0.0.1: this machine only)");
-  command->add_option("--port", f.port, "Port (default 8080; 0: any free port, printed)")->check(CLI::Range(0, 65535));
+  command->add_option("--port", f.port, "Port (default 8080; 0: any free port, printed)")->check(in_range(0, 65535));
   command->add_option("--max-queue", f.scheduler.max_queue, "Requests per model that may wait for an instance; more get 429 (default 16)")
-      ->check(CLI::Range(0, 100000));
+      ->check(in_range(0, 100000));
   command->add_option("--timeout", f.scheduler.timeout_s, "Seconds a request may take, queued and running (default 600; 0: no limit)")
-      ->check(CLI::Range(0.0, 1e7));
+      ->check(in_range(0.0, 1e7));
   command->add_option("--drain-timeout", f.drain_timeout_s, "Seconds running requests get to finish after SIGTERM / SIGINT (default 30)")
-      ->check(CLI::Range(0.0, 1e6));
+      ->check(in_range(0.0, 1e6));
   command->add_option("--keep-jobs", f.scheduler.keep_finished, "Finished jobs kept for their results (default 64)")
-      ->check(CLI::Range(1, 100000));
-  command->add_option("--fps", f.scheduler.video_fps, "Frame rate of served videos (default 16)")->check(CLI::Range(1, 240));
+      ->check(in_range(1, 100000));
+  command->add_option("--fps", f.scheduler.video_fps, "Frame rate of served videos (default 16)")->check(in_range(1, 240));
   command->add_option("--max-body", f.max_body, "Largest request body, uploads included (default 32M)");
-  command->add_option("--max-n", f.limits.max_n, "Pictures per request at most (default 4)")->check(CLI::Range(1, 64));
-  command->add_option("--max-size", f.limits.max_side, "Width and height at most (default 2048)")->check(CLI::Range(16, 16384));
-  command->add_option("--max-steps", f.limits.max_steps, "Denoising steps at most (default 200)")->check(CLI::Range(1, 1000));
-  command->add_option("--max-frames", f.limits.max_frames, "Video frames at most (default 129)")->check(CLI::Range(1, 4097));
+  command->add_option("--max-n", f.limits.max_n, "Pictures per request at most (default 4)")->check(in_range(1, 64));
+  command->add_option("--max-size", f.limits.max_side, "Width and height at most (default 2048)")->check(in_range(16, 16384));
+  command->add_option("--max-steps", f.limits.max_steps, "Denoising steps at most (default 200)")->check(in_range(1, 1000));
+  command->add_option("--max-frames", f.limits.max_frames, "Video frames at most (default 129)")->check(in_range(1, 4097));
   command->add_option("--read-timeout", f.limits.read_timeout_s, "Seconds a client may stall while sending (default 10)")
-      ->check(CLI::Range(1, 3600));
+      ->check(in_range(1, 3600));
   command->add_option("--write-timeout", f.limits.write_timeout_s, "Seconds a client may stall while receiving (default 10)")
-      ->check(CLI::Range(1, 3600));
+      ->check(in_range(1, 3600));
   command
       ->add_option("--http-threads", f.limits.http_threads,
                    "Connections served at once (default 64; half of them at most may be event streams)")
-      ->check(CLI::Range(2, 1024));
+      ->check(in_range(2, 1024));
   command->add_option("--dtype", f.dtype, "f32 or bf16 weights and activations (default f32)");
   command->add_option("--variant", f.variant, "Load diffusion_pytorch_model.<variant>.safetensors");
   command->add_option("--quant", f.quant, "MindIE SD quantization description (quant_model_description_*.json)");
   command->add_option("--quant-2", f.quant_2, "Two experts (Wan2.2 A14B): transformer_2/'s quantization description");
   command->add_option("--timestep-policy", f.timestep_policy, "The timestep policy for --quant's W8A8_TIMESTEP layers");
-  command->add_option("--offload", f.offload, "Resident transformer blocks under weight streaming (0: off)")->check(CLI::Range(0, 100000));
+  command->add_option("--offload", f.offload, "Resident transformer blocks under weight streaming (0: off)")->check(in_range(0, 100000));
   command->add_option("--packed-cache", f.packed_cache, kPackedCacheHelp)->check(packed_cache_folder());
   command->add_option(
       "--lora", f.lora,

@@ -445,6 +445,8 @@ nlohmann::ordered_json generation_report(const Pipeline& pipeline, const Generat
   json["dtype"] = std::string(dtype_name(o.dtype));
   json["simulate"] = o.simulate;
   json["profile"] = pipeline.profile().name;
+  json["cube_threads"] = device.profile().cube_threads;  // this run's device: a server instance's share
+  json["vector_threads"] = device.profile().vector_threads;
   json["text"] = result.text_source;
   json.update(timing_json(times, result.timings, result.allocator));
   json["denoising_flops"] = result.denoising_flops;  // the kernels' declared FLOPs (the bench's GFLOP/s)

@@ -44,6 +44,13 @@ TEST_F(InputsCli, NumbersMustBeFiniteAndUnsignedValuesNonNegative) {
        "--guidance: 'x2' is not a finite number from 0 to 100"},
       {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", out, "--guidance", "101"},
        "--guidance: 101 is out of range: expected a finite number from 0 to 100"},
+      // Integers are decimal (CLI11 alone reads 0x10 as 16; the environment's counts never did).
+      {{"t2i", "--simulate", "--model", kFluxConfig, "--steps", "1", "--cube-threads", "0x10"},
+       "--cube-threads: '0x10' is not an integer from 1 to 4096"},
+      {{"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", out, "--steps", "0b11"},
+       "--steps: '0b11' is not an integer from 1 to 1000"},
+      {{"serve", "--model", kTinyFlux, "--instances", "abc"}, "--instances: 'abc' is not an integer from 1 to 64"},
+      {{"serve", "--model", kTinyFlux, "--instances", "0x2"}, "--instances: '0x2' is not an integer from 1 to 64"},
   };
   for (const auto& c : cases) {
     const auto r = run(c.args);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "device/device_profile.h"
 #include "cli/run_cubevec.h"
 #include "media/jpeg.h"
 #include "tensor/safetensors.h"
@@ -47,6 +48,9 @@ TEST_F(T2ICli, WritesAJpegWithProgressTableAndJson) {
   EXPECT_EQ(report["step_s"].size(), 3u);
   EXPECT_GT(report["stages_s"]["denoising"].get<double>(), 0.0);
   EXPECT_GT(report["peak_live_bytes"].get<double>(), 0.0);
+  EXPECT_EQ(report["profile"], "cpu-default");
+  EXPECT_EQ(report["cube_threads"], cubevec::machine_unit_threads()) << "the built-in profile: every core this process may use";
+  EXPECT_EQ(report["vector_threads"], cubevec::machine_unit_threads());
   // The same seed gives the same picture; another seed another one.
   const std::string again = (dir_ / "b.jpg").string(), other = (dir_ / "c.jpg").string();
   ASSERT_EQ(run({"t2i", "--model", kFlux, "--prompt-embeds", write_flux_embeds(dir_, false), "--width", "48", "--height", "32", "--steps",
