@@ -83,11 +83,13 @@ UnitExecutor::~UnitExecutor() {
 }
 
 void UnitExecutor::submit(std::function<void()> job) {
-  {
-    std::lock_guard lock(queue_->mutex);
-    queue_->jobs.push_back(std::move(job));
-    queue_->queued.store(queue_->jobs.size(), std::memory_order_release);
-  }
+  // Notified under the lock: the job may run (a spinning dispatcher takes it as soon as the lock is
+  // free), finish the stream's last work and let the owner destroy this executor, which must not
+  // happen while this thread still signals its condition variable (ThreadSanitizer saw it, from a
+  // stream pumped by another unit's dispatcher).
+  std::lock_guard lock(queue_->mutex);
+  queue_->jobs.push_back(std::move(job));
+  queue_->queued.store(queue_->jobs.size(), std::memory_order_release);
   queue_->has_work.notify_one();
 }
 
