@@ -1,6 +1,7 @@
 #include "bench/flux_dev_shaped.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -133,6 +134,13 @@ void ensure_flux_width_served(const std::string& dir_text) {
   write_component(meta.transformer().parameters(), DType::bf16, dir / "transformer", std::size_t{5} << 30, 11);
   if (meta.vae()) write_component(meta.vae()->parameters(), DType::f32, dir / "vae", std::size_t{5} << 30, 12);
   std::ofstream(dir / "COMPLETE") << "written by cubevec-bench (bench/flux_dev_shaped.cpp)\n";
+}
+
+std::string flux_width_served_folder() {
+  const char* model_env = std::getenv("CUBEVEC_FLUX_WIDTH_DIR");
+  const std::string folder = model_env && *model_env ? model_env : (fs::temp_directory_path() / "cubevec_flux_width").string();
+  ensure_flux_width_served(folder);
+  return folder;
 }
 
 }  // namespace cubevec::bench

@@ -19,5 +19,8 @@ std::string ensure_flux_dev_shaped(const std::string& dir);
 // tokenizer (16 tokens, 64 wide: the context projection is 64 -> 3072 instead of 4096 -> 3072).
 // Random weights; written once (about 2 GB) unless `dir` has its COMPLETE marker.
 void ensure_flux_width_served(const std::string& dir);
+// Where the suites keep that model: $CUBEVEC_FLUX_WIDTH_DIR, else cubevec_flux_width in the
+// temporary directory; written there first if it is not complete. Returns the folder.
+std::string flux_width_served_folder();
 
 }  // namespace cubevec::bench

@@ -303,9 +303,7 @@ void pipeline_suite(Context& context) {
 }
 
 void pipeline_flux_suite(Context& context) {
-  const char* model_env = std::getenv("CUBEVEC_FLUX_WIDTH_DIR");
-  const std::string folder = model_env && *model_env ? model_env : (std::filesystem::temp_directory_path() / "cubevec_flux_width").string();
-  ensure_flux_width_served(folder);
+  const std::string folder = flux_width_served_folder();
   const Model m{"flux-width",
                 "t2i",
                 "a large red circle in the center on a blue background",

@@ -291,9 +291,7 @@ void serve_suite(Context& context) {
 void serve_flux_suite(Context& context) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("cubevec_bench_serve_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  const char* model_env = std::getenv("CUBEVEC_FLUX_WIDTH_DIR");
-  const std::string model = model_env && *model_env ? model_env : (std::filesystem::temp_directory_path() / "cubevec_flux_width").string();
-  ensure_flux_width_served(model);
+  const std::string model = flux_width_served_folder();
   const std::string body =
       R"({"prompt": "a large red circle in the center on a blue background", "num_inference_steps": 2, "seed": 1, "size": "512x512"})";
   run_layouts(context, {model, "flux-width 512x512 2 steps bf16", body, {"--dtype", "bf16", "--max-size", "512"}, 1}, dir);

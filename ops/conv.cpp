@@ -128,17 +128,22 @@ void im2col(const float* image, const Geometry<D>& g, const ConvOptions<D>& o, i
   });
 }
 
+// A 1x1 (x1) kernel with unit stride and no padding needs no im2col: the image is the matrix.
+template <int D>
+bool is_pointwise(const Geometry<D>& g, const ConvOptions<D>& o) {
+  bool pointwise = true;
+  for (int d = 0; d < D; ++d) pointwise = pointwise && g.kernel[d] == 1 && o.stride[d] == 1 && o.padding[d] == 0;
+  return pointwise;
+}
+
 // The direct kernel (ops/conv_direct.h) where it applies: few output channels, unit stride and
 // dilation, a kernel wider than 1x1 (a 1x1 conv is already a plain GEMM), on AVX-512.
 template <int D>
 bool use_direct(const Geometry<D>& g, const ConvOptions<D>& o) {
   if (!o.direct || o.backend != GemmBackend::cubevec || g.o > conv_direct::kMaxOutputChannels || !conv_direct::available()) return false;
-  bool pointwise = true;
-  for (int d = 0; d < D; ++d) {
+  for (int d = 0; d < D; ++d)
     if (o.stride[d] != 1 || o.dilation[d] != 1) return false;
-    pointwise = pointwise && g.kernel[d] == 1 && o.padding[d] == 0;
-  }
-  return !pointwise && g.kernel[D - 1] <= conv_direct::kMaxKernelWidth;
+  return !is_pointwise(g, o) && g.kernel[D - 1] <= conv_direct::kMaxKernelWidth;
 }
 
 template <int D>
@@ -166,9 +171,7 @@ Tensor conv(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias
       return;
     }
     const int threads = tbb::this_task_arena::max_concurrency();
-    // A 1x1 (x1) kernel with unit stride and no padding needs no im2col: the image is the matrix.
-    bool pointwise = true;
-    for (int d = 0; d < D; ++d) pointwise = pointwise && g.kernel[d] == 1 && o.stride[d] == 1 && o.padding[d] == 0;
+    const bool pointwise = is_pointwise(g, o);
     const int64_t block = std::min(pointwise ? kBlock : block_positions(kdim), positions);
     std::vector<float> cols(pointwise ? 0 : static_cast<std::size_t>(kdim * block));
     for (int64_t image = 0; image < g.n; ++image) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
 #include "ops/conv_direct_kernels.h"
@@ -23,47 +24,52 @@ void convolve(const float* image, const float* weight, const float* bias, float*
   for (int64_t o = 0; o < s.o; ++o)
     for (int64_t ct = 0; ct < s.c * taps; ++ct) weight_t[static_cast<std::size_t>(ct * s.o + o)] = weight[o * s.c * taps + ct];
   const int64_t tiles = (s.o + kMaxTile - 1) / kMaxTile;
-  tbb::parallel_for(int64_t{0}, out_rows * tiles, [&](int64_t job_index) {
-    const int64_t out_row = job_index / tiles, tile = job_index % tiles;
-    // The output row's outer coordinates, then the input rows each outer kernel position reads.
-    std::array<int64_t, D> at{};
-    for (int64_t d = L - 1, rest = out_row; d >= 0; --d) at[d] = rest % s.out[d], rest /= s.out[d];
-    std::vector<int64_t> offsets, first_taps;
-    for (int64_t k = 0; k < outer_taps; ++k) {
-      int64_t offset = 0;
-      bool inside = true;
-      for (int64_t d = 0, rest = k, stride = outer_taps; d < L; ++d) {
-        stride /= s.kernel[d];
-        const int64_t kd = rest / stride;
-        rest %= stride;
-        const int64_t coord = at[d] + kd - s.padding[d];
-        inside = inside && coord >= 0 && coord < s.in[d];
-        offset = offset * s.in[d] + coord;
+  RowJob shared;  // what every row's job has in common
+  shared.weight_t = weight_t.data();
+  shared.taps = taps;
+  shared.image = image;
+  shared.plane = in_plane;
+  shared.channels = s.c;
+  shared.o = s.o;
+  shared.kw = kw;
+  shared.pad_x = s.padding[L];
+  shared.in_w = s.in[L];
+  shared.out_w = s.out[L];
+  shared.bias = bias;
+  shared.out_stride = out_plane;
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, out_rows * tiles), [&](const tbb::blocked_range<int64_t>& range) {
+    std::vector<int64_t> offsets, first_taps;  // the input rows of one output row (reused along the range)
+    for (int64_t job_index = range.begin(); job_index < range.end(); ++job_index) {
+      const int64_t out_row = job_index / tiles, tile = job_index % tiles;
+      // The output row's outer coordinates, then the input rows each outer kernel position reads.
+      std::array<int64_t, D> at{};
+      for (int64_t d = L - 1, rest = out_row; d >= 0; --d) at[d] = rest % s.out[d], rest /= s.out[d];
+      offsets.clear();
+      first_taps.clear();
+      for (int64_t k = 0; k < outer_taps; ++k) {
+        int64_t offset = 0;
+        bool inside = true;
+        for (int64_t d = 0, rest = k, stride = outer_taps; d < L; ++d) {
+          stride /= s.kernel[d];
+          const int64_t kd = rest / stride;
+          rest %= stride;
+          const int64_t coord = at[d] + kd - s.padding[d];
+          inside = inside && coord >= 0 && coord < s.in[d];
+          offset = offset * s.in[d] + coord;
+        }
+        if (!inside) continue;
+        offsets.push_back(offset * s.in[L]);
+        first_taps.push_back(k * kw);
       }
-      if (!inside) continue;
-      offsets.push_back(offset * s.in[L]);
-      first_taps.push_back(k * kw);
+      RowJob j = shared;
+      j.first_channel = tile * kMaxTile;
+      j.tile = static_cast<int>(std::min<int64_t>(kMaxTile, s.o - j.first_channel));
+      j.row_offsets = offsets.data();
+      j.row_taps = first_taps.data();
+      j.rows = static_cast<int>(offsets.size());
+      j.out = out + j.first_channel * out_plane + out_row * s.out[L];
+      convolve_row_avx512(j);
     }
-    RowJob j;
-    j.weight_t = weight_t.data();
-    j.taps = taps;
-    j.image = image;
-    j.plane = in_plane;
-    j.channels = s.c;
-    j.o = s.o;
-    j.first_channel = tile * kMaxTile;
-    j.tile = static_cast<int>(std::min<int64_t>(kMaxTile, s.o - j.first_channel));
-    j.row_offsets = offsets.data();
-    j.row_taps = first_taps.data();
-    j.rows = static_cast<int>(offsets.size());
-    j.kw = kw;
-    j.pad_x = s.padding[L];
-    j.in_w = s.in[L];
-    j.out_w = s.out[L];
-    j.bias = bias;
-    j.out = out + j.first_channel * out_plane + out_row * s.out[L];
-    j.out_stride = out_plane;
-    convolve_row_avx512(j);
   });
 }
 
