@@ -32,9 +32,18 @@ struct Machine {
   double bf16_dot_peak_gflops = 0;  // AVX512-BF16 vdpbf16ps peak, all threads; 0 without it
   double amx_peak_gflops = 0;       // AMX-BF16 tdpbf16ps peak, all threads; 0 without it
   double amx_int8_peak_gops = 0;    // AMX-INT8 tdpbusd peak (2 ops per product), all threads; 0 without it
-  // The int8 peak of `kernel`'s instructions (AMX-INT8 or VNNI; 0 for the portable kernel).
+  double madd16_peak_gops = 0;      // AVX2 vpmaddwd + vpaddd peak (2 ops per product), all threads; 0 without AVX2
+  // The int8 peak of `kernel`'s instructions (0 for the portable kernel, and for AVX-VNNI, whose
+  // peak is not measured).
   double int8_peak_gops(ops::gemm::Int8Isa kernel) const {
-    return kernel == ops::gemm::Int8Isa::amx ? amx_int8_peak_gops : kernel == ops::gemm::Int8Isa::portable ? 0 : vnni_peak_gops;
+    switch (kernel) {
+      case ops::gemm::Int8Isa::amx: return amx_int8_peak_gops;
+      case ops::gemm::Int8Isa::avx512_vnni: return vnni_peak_gops;
+      case ops::gemm::Int8Isa::avx2: return madd16_peak_gops;
+      case ops::gemm::Int8Isa::avx_vnni:
+      case ops::gemm::Int8Isa::portable: return 0;
+    }
+    return 0;
   }
 };
 

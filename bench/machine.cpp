@@ -1,6 +1,6 @@
 // The machine's own limits, measured: f32 FMA peak with many independent accumulator chains
-// (enough to cover the FMA latency on two ports), the int8 VNNI, bf16 dot product and AMX-BF16
-// peaks where the CPU has them, and STREAM-style triad bandwidth.
+// (enough to cover the FMA latency on two ports), the int8 VNNI, AVX2 vpmaddwd, bf16 dot product
+// and AMX-BF16 peaks where the CPU has them, and STREAM-style triad bandwidth.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -62,6 +62,32 @@ __attribute__((target("avx512f,avx512vnni"))) int vnni_loop_avx512(long iteratio
   for (int c = 1; c < kChains; ++c) sum = _mm512_add_epi32(sum, acc[c]);
   int lanes[16];
   _mm512_storeu_si512(lanes, sum);
+  int total = 0;
+  for (int v : lanes) total += v;
+  return total;
+}
+
+// The AVX2 int8 kernel's instruction pair in chains: vpmaddwd (8 lanes x 2 16-bit products) and
+// vpaddd into the accumulator, 32 int ops a pair (CPUs without VNNI have no fused form).
+__attribute__((target("avx2"))) int madd16_loop_avx2(long iterations) {
+  __m256i acc[kChains];
+#pragma GCC unroll 12
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_epi32(c);
+  const __m256i a = _mm256_set1_epi16(3), b = _mm256_set1_epi16(-2);
+  for (long i = 0; i < iterations; ++i) {
+    // As the kernel issues them (int8_microkernel_avx2.cpp); from intrinsics GCC computes the
+    // product of the same inputs once for all chains.
+#pragma GCC unroll 12
+    for (int c = 0; c < kChains; ++c) {
+      __m256i product;
+      __asm__("vpmaddwd %[b], %[a], %[t]\n\tvpaddd %[t], %[acc], %[acc]" : [acc] "+x"(acc[c]), [t] "=x"(product) : [a] "x"(a), [b] "x"(b));
+    }
+  }
+  __m256i sum = acc[0];
+#pragma GCC unroll 12
+  for (int c = 1; c < kChains; ++c) sum = _mm256_add_epi32(sum, acc[c]);
+  int lanes[8];
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(lanes), sum);
   int total = 0;
   for (int v : lanes) total += v;
   return total;
@@ -141,6 +167,8 @@ Machine measure_machine() {
   m.fma_peak_gflops = fma_gflops(avx512, m.threads);
   m.triad_gbps = triad_gbps(m.threads);
   if (avx512 && __builtin_cpu_supports("avx512vnni")) m.vnni_peak_gops = vnni_gops(m.threads);
+  if (ops::gemm::int8_isa_supported(ops::gemm::Int8Isa::avx2))
+    m.madd16_peak_gops = peak_rate(m.threads, 20'000'000, kChains * 8 * 2 * 2, madd16_loop_avx2);
   if (ops::gemm::has_bf16_dot()) m.bf16_dot_peak_gflops = peak_rate(m.threads, 20'000'000, kChains * 16 * 2 * 2, bf16_dot_loop);
   if (ops::gemm::amx_ready()) m.amx_peak_gflops = peak_rate(m.threads, 2'000'000, 4 * 16 * 16 * 32 * 2, amx_loop);
   if (ops::gemm::int8_isa_supported(ops::gemm::Int8Isa::amx))

@@ -78,9 +78,10 @@ int run(int argc, char** argv) {
     if (printer)
       std::fprintf(stderr,
                    "machine: %s, %d threads: FMA peak %.1f GFLOP/s (%.1f on one thread), triad %.1f GB/s, VNNI int8 peak %.1f GOP/s, "
-                   "bf16 dot peak %.1f GFLOP/s, AMX-BF16 peak %.1f GFLOP/s, AMX-INT8 peak %.1f GOP/s (0: absent)\n",
+                   "bf16 dot peak %.1f GFLOP/s, AMX-BF16 peak %.1f GFLOP/s, AMX-INT8 peak %.1f GOP/s, AVX2 vpmaddwd int8 peak %.1f GOP/s "
+                   "(0: absent)\n",
                    m.isa.c_str(), m.threads, m.fma_peak_gflops, m.fma_peak_1t_gflops, m.triad_gbps, m.vnni_peak_gops,
-                   m.bf16_dot_peak_gflops, m.amx_peak_gflops, m.amx_int8_peak_gops);
+                   m.bf16_dot_peak_gflops, m.amx_peak_gflops, m.amx_int8_peak_gops, m.madd16_peak_gops);
     if (printer)
       std::fprintf(stderr, "cpu: %s; caches %s\n\n", cubevec::ops::gemm::cpu_model_name().c_str(),
                    cubevec::ops::gemm::this_cpu_caches().text().c_str());
@@ -99,6 +100,7 @@ int run(int argc, char** argv) {
                          {"bf16_dot_peak_gflops", m.bf16_dot_peak_gflops},
                          {"amx_peak_gflops", m.amx_peak_gflops},
                          {"amx_int8_peak_gops", m.amx_int8_peak_gops},
+                         {"madd16_peak_gops", m.madd16_peak_gops},
                          {"cpu", cubevec::ops::gemm::cpu_model_name()},
                          {"caches", cubevec::ops::gemm::this_cpu_caches().text()}};
       json["results"] = nlohmann::json::array();

@@ -53,7 +53,7 @@ void pv_avx512_w32(int64_t kc, const float* p, const float* v, float* o, int64_t
 void pv_avx512_w16(int64_t kc, const float* p, const float* v, float* o, int64_t ldo, const float* alpha);
 void softmax_tile_avx512(const SoftmaxTile& tile);
 
-// AVX2 (MR 6) and portable (MR 4): plain loops the compiler vectorizes, PV 16 and 8 columns.
+// AVX2 (MR 6, intrinsics) and portable (MR 4, plain loops the compiler vectorizes): PV 16 and 8 columns.
 void pv_avx2_w16(int64_t kc, const float* p, const float* v, float* o, int64_t ldo, const float* alpha);
 void pv_avx2_w8(int64_t kc, const float* p, const float* v, float* o, int64_t ldo, const float* alpha);
 void softmax_tile_avx2(const SoftmaxTile& tile);

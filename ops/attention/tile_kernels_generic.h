@@ -1,5 +1,5 @@
-// Plain-loop tile kernels for the AVX2 and portable builds (included once by each, compiled with
-// that ISA's flags; everything here has internal linkage for the reason ops/vector_math.h gives).
+// Plain-loop tile kernels for the portable build (compiled at the x86-64 baseline; everything here
+// has internal linkage for the reason ops/vector_math.h gives).
 #pragma once
 
 #include "ops/attention/tile_kernels.h"

@@ -5,7 +5,8 @@
 // Then, fused, y = (acc + int_bias[n]) * row_scale[m] * col_scale[n] + bias[n], an activation, a
 // (gated) residual, and an f32 or bf16 store.
 // Micro-kernels: AMX-INT8 (32 x 32 on tiles), AVX512-VNNI (14 x 32), AVX-VNNI (6 x 16 on ymm, for
-// AVX2-class CPUs), and a portable one; each in its own file compiled for its ISA.
+// AVX2-class CPUs that have it), AVX2 without VNNI (6 x 8, vpmaddwd on widened lanes), and a
+// portable one; each in its own file compiled for its ISA.
 #pragma once
 
 #include <cstdint>
@@ -21,11 +22,11 @@
 
 namespace cubevec::ops::gemm {
 
-enum class Int8Isa { amx, avx512_vnni, avx_vnni, portable };
+enum class Int8Isa { amx, avx512_vnni, avx_vnni, avx2, portable };
 bool int8_isa_supported(Int8Isa isa);
 std::string_view int8_isa_name(Int8Isa isa);
 std::optional<Int8Isa> parse_int8_isa(std::string_view name);
-// The int8 ISA CUBEVEC_INT8_ISA=amx|avx512_vnni|avx_vnni|portable forces (read once; an unknown or
+// The int8 ISA CUBEVEC_INT8_ISA=amx|avx512_vnni|avx_vnni|avx2|portable forces (read once; an unknown or
 // unsupported one is an Error), or nullopt: the calibration chooses.
 std::optional<Int8Isa> forced_int8_isa();
 // The widest int8 ISA this CPU has, or the forced one.

@@ -15,15 +15,19 @@ namespace cubevec::ops::gemm {
 
 namespace {
 
-constexpr auto kInt8IsaNames = enum_names<Int8Isa>(
-    "int8 ISA",
-    {{Int8Isa::amx, "amx"}, {Int8Isa::avx512_vnni, "avx512_vnni"}, {Int8Isa::avx_vnni, "avx_vnni"}, {Int8Isa::portable, "portable"}});
+constexpr auto kInt8IsaNames = enum_names<Int8Isa>("int8 ISA", {{Int8Isa::amx, "amx"},
+                                                                {Int8Isa::avx512_vnni, "avx512_vnni"},
+                                                                {Int8Isa::avx_vnni, "avx_vnni"},
+                                                                {Int8Isa::avx2, "avx2"},
+                                                                {Int8Isa::portable, "portable"}});
 
 struct Int8Plan {
   void (*micro)(int64_t, const uint8_t*, const int8_t*, int32_t*, int64_t);
   void (*epilogue)(const Int8Output&, const int32_t*, int64_t, int64_t, int64_t, int64_t, int64_t);
   int mr, nr;
   bool a_in_k_blocks;  // A packed [k_quads / 16][MR][64] (AMX tiles) instead of [k_quads][MR][4]
+  bool a_u16 = false;  // A's packed values widened to u16 (the AVX2 kernel's vpmaddwd takes 16-bit lanes)
+  int64_t a_value_bytes() const { return a_u16 ? 2 : 1; }
 };
 
 Int8Plan plan_of(Int8Isa isa) {
@@ -31,10 +35,13 @@ Int8Plan plan_of(Int8Isa isa) {
     case Int8Isa::amx: return {int8_microkernel_amx, int8_epilogue_avx512, kMrInt8Amx, kNrInt8Amx, true};
     case Int8Isa::avx512_vnni: return {int8_microkernel_avx512_vnni, int8_epilogue_avx512, kMrInt8Avx512, kNrInt8Avx512, false};
     case Int8Isa::avx_vnni: return {int8_microkernel_avx_vnni, int8_epilogue_portable, kMrInt8AvxVnni, kNrInt8AvxVnni, false};
+    case Int8Isa::avx2: return {int8_microkernel_avx2, int8_epilogue_portable, kMrInt8Avx2, kNrInt8Avx2, false, true};
     case Int8Isa::portable: return {int8_microkernel_portable, int8_epilogue_portable, kMrInt8Portable, kNrInt8Portable, false};
   }
   throw Error("int8 GEMM: invalid ISA");
 }
+
+constexpr int64_t kMinBlockRows = 24;
 
 // Scratch from the caching allocator: the same blocks come back call after call.
 template <class T>
@@ -46,11 +53,25 @@ struct Scratch {
   T* ptr;
 };
 
+// The AVX2 kernel's A panels: [k_quads][MR][4] in u16.
+void pack_a_u16(const uint8_t* a, int64_t lda, int64_t kq, int64_t mr, int64_t i0, int64_t rows, uint16_t* out) {
+  for (int64_t ir = 0; ir < rows; ir += mr, out += kq * 4 * mr) {
+    const int64_t n = std::min<int64_t>(mr, rows - ir);
+    if (n < mr) std::fill(out, out + kq * 4 * mr, uint16_t{128});
+    for (int64_t r = 0; r < n; ++r) {
+      const uint8_t* src = a + (i0 + ir + r) * lda;
+      for (int64_t q = 0; q < kq; ++q)
+        for (int t = 0; t < 4; ++t) out[(q * mr + r) * 4 + t] = src[4 * q + t];
+    }
+  }
+}
+
 // Rows [i0, i0 + rows) of A into MR-row panels, rows past the end as the s8 zero (128): their
-// results are computed and dropped. Each panel is [k_quads][MR][4] for the VNNI kernels, or in
-// k blocks of 16 quads, [k_quads / 16][MR][64], for the AMX tiles.
+// results are computed and dropped. Each panel is [k_quads][MR][4] for the VNNI kernels (in u16
+// for the AVX2 one), or in k blocks of 16 quads, [k_quads / 16][MR][64], for the AMX tiles.
 void pack_a(const uint8_t* a, int64_t lda, const Int8Problem& p, const Int8Plan& plan, int64_t i0, int64_t rows, uint8_t* out) {
   const int64_t kq = p.b->k_quads, mr = plan.mr;
+  if (plan.a_u16) return pack_a_u16(a, lda, kq, mr, i0, rows, reinterpret_cast<uint16_t*>(out));
   const int64_t run = plan.a_in_k_blocks ? kKQuadsPerAmxBlock : 1;  // quads copied together
   for (int64_t ir = 0; ir < rows; ir += mr, out += kq * 4 * mr) {
     const int64_t n = std::min<int64_t>(mr, rows - ir);
@@ -68,7 +89,8 @@ void pack_a(const uint8_t* a, int64_t lda, const Int8Problem& p, const Int8Plan&
 void run_part(const Int8Problem& p, const Int8Plan& plan, int64_t mc, int64_t row0, int64_t row1, int64_t panel0, int64_t panel1) {
   const int64_t kq = p.b->k_quads, k_bytes = 4 * kq;
   Int8Output output{p.c, p.ldc, p.b->column_sums.data(), p.epilogue};
-  Scratch<uint8_t> a_block(static_cast<std::size_t>(mc * k_bytes));
+  const int64_t a_row_bytes = k_bytes * plan.a_value_bytes();  // a packed row
+  Scratch<uint8_t> a_block(static_cast<std::size_t>(mc * a_row_bytes));
   const bool fused = static_cast<bool>(p.quantize_rows);
   Scratch<uint8_t> quantized(fused ? static_cast<std::size_t>(mc * k_bytes) : 0);
   Scratch<float> row_scales(fused ? static_cast<std::size_t>(p.m) : 0);  // indexed by the global row
@@ -86,7 +108,7 @@ void run_part(const Int8Problem& p, const Int8Plan& plan, int64_t mc, int64_t ro
       const int8_t* b_panel = p.b->panels.data() + jp * kq * 4 * plan.nr;
       const int64_t j0 = jp * plan.nr, cols = std::min<int64_t>(plan.nr, p.n - j0);
       for (int64_t ir = 0; ir < rows; ir += plan.mr) {
-        plan.micro(kq, a_block.ptr + ir * k_bytes, b_panel, tile, plan.nr);
+        plan.micro(kq, a_block.ptr + ir * a_row_bytes, b_panel, tile, plan.nr);
         plan.epilogue(output, tile, plan.nr, ic + ir, j0, std::min<int64_t>(plan.mr, rows - ir), cols);
       }
     }
@@ -113,6 +135,7 @@ bool int8_isa_supported(Int8Isa isa) {
     case Int8Isa::avx512_vnni:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
     case Int8Isa::avx_vnni: return __builtin_cpu_supports("avx2") && has_avx_vnni();
+    case Int8Isa::avx2: return __builtin_cpu_supports("avx2");
     case Int8Isa::portable: return true;
   }
   return false;
@@ -140,7 +163,7 @@ std::optional<Int8Isa> forced_int8_isa() {
 Int8Isa best_int8_isa() {
   static const Int8Isa best = [] {
     if (const auto forced = forced_int8_isa()) return *forced;
-    for (Int8Isa isa : {Int8Isa::amx, Int8Isa::avx512_vnni, Int8Isa::avx_vnni})
+    for (Int8Isa isa : {Int8Isa::amx, Int8Isa::avx512_vnni, Int8Isa::avx_vnni, Int8Isa::avx2})
       if (int8_isa_supported(isa)) return isa;
     return Int8Isa::portable;
   }();
@@ -196,7 +219,13 @@ void gemm_int8_variant(const Int8Problem& p, int threads, int l2_share, const Cp
   const int64_t per_part = (extent + parts - 1) / parts;
   // The A block stays in its share of the L2 while every B panel of the part passes over it.
   const int64_t k_bytes = 4 * p.b->k_quads, share = std::max(l2_share, 1);
-  const int64_t mc = std::clamp<int64_t>(caches.l2 / share / std::max<int64_t>(k_bytes, 1) / plan.mr * plan.mr, plan.mr, 64 * plan.mr);
+  const int64_t a_row_bytes = std::max<int64_t>(k_bytes * plan.a_value_bytes(), 1);
+  // At least kMinBlockRows rows: every B panel of the part streams past each A block, and with fewer
+  // rows a block does too few int8 products per B byte for DRAM to feed once B outgrows the L3 (a
+  // Zen 3's 512 KiB L2 at 1/8 held 6 u16 rows of K = 3072: 4096 x 12288 x 3072 ran at 0.75x).
+  const int64_t min_rows = (kMinBlockRows + plan.mr - 1) / plan.mr * plan.mr;
+  const int64_t mc =
+      std::clamp<int64_t>(caches.l2 / share / a_row_bytes / plan.mr * plan.mr, min_rows, std::max<int64_t>(64 * plan.mr, min_rows));
   if (p.quantize_rows && !by_rows && parts > 1) {
     // Split by panels, every part would quantize all the rows: quantize them once, in parallel,
     // into a scratch the parts share (few rows: this is the skinny case).

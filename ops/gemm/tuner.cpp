@@ -34,9 +34,9 @@ constexpr int kShares[] = {2, 4, 8};
 
 // Preference among kernels when their rates are close: the one with the most compute per instruction
 // (0 first, below kRanks).
-constexpr int kRanks = 4;
+constexpr int kRanks = 5;
 int preference_rank(const GemmVariant& v) {
-  if (v.int8) return static_cast<int>(*v.int8);  // amx, avx512_vnni, avx_vnni, portable
+  if (v.int8) return static_cast<int>(*v.int8);  // amx, avx512_vnni, avx_vnni, avx2, portable
   return v.bf16 == Bf16Path::amx ? 0 : v.bf16 == Bf16Path::dot ? 1 : 2;
 }
 
@@ -65,7 +65,7 @@ GemmVariant parse_variant(const json& object, GemmFamily family) {
   const std::string kernel = field_text(object, "kernel");
   if (family == GemmFamily::int8) {
     const auto int8 = parse_int8_isa(kernel);
-    if (!int8) throw Error("unknown int8 kernel '" + kernel + "' (expected amx, avx512_vnni, avx_vnni or portable)");
+    if (!int8) throw Error("unknown int8 kernel '" + kernel + "' (expected amx, avx512_vnni, avx_vnni, avx2 or portable)");
     v.int8 = *int8;
   } else {
     const auto path = parse_bf16_path(kernel);
@@ -154,7 +154,7 @@ std::vector<GemmVariant> candidate_variants(GemmFamily family, Isa isa) {
     std::vector<Int8Isa> kernels;
     if (const auto forced = forced_int8_isa()) kernels = {*forced};
     else
-      for (Int8Isa k : {Int8Isa::amx, Int8Isa::avx512_vnni, Int8Isa::avx_vnni})
+      for (Int8Isa k : {Int8Isa::amx, Int8Isa::avx512_vnni, Int8Isa::avx_vnni, Int8Isa::avx2})
         if (int8_isa_supported(k)) kernels.push_back(k);
     if (kernels.empty()) kernels = {Int8Isa::portable};  // measured only where nothing faster exists
     std::vector<GemmVariant> out;

@@ -131,10 +131,10 @@ TEST_F(TuneCli, ForcingAnInt8KernelIsCheckedAgainstTheCpu) {
   };
   const auto unknown = tune_with("sse2");
   EXPECT_EQ(unknown.status, 1);
-  EXPECT_NE(unknown.err.find("CUBEVEC_INT8_ISA=sse2: unknown int8 ISA (expected one of: amx, avx512_vnni, avx_vnni, portable)"),
+  EXPECT_NE(unknown.err.find("CUBEVEC_INT8_ISA=sse2: unknown int8 ISA (expected one of: amx, avx512_vnni, avx_vnni, avx2, portable)"),
             std::string::npos)
       << unknown.err;
-  for (g::Int8Isa isa : {g::Int8Isa::amx, g::Int8Isa::avx512_vnni, g::Int8Isa::avx_vnni, g::Int8Isa::portable}) {
+  for (g::Int8Isa isa : {g::Int8Isa::amx, g::Int8Isa::avx512_vnni, g::Int8Isa::avx_vnni, g::Int8Isa::avx2, g::Int8Isa::portable}) {
     const std::string name(g::int8_isa_name(isa));
     SCOPED_TRACE(name);
     const auto run = tune_with(name);

@@ -122,7 +122,7 @@ TEST(GemmVariants, EveryInt8VariantMatchesTheIntegerLoop) {
   g::CpuCaches tiny;
   tiny.l2 = 64 << 10;  // several row blocks of 14 rows
   std::vector<g::GemmVariant> variants;
-  for (g::Int8Isa kernel : {g::Int8Isa::amx, g::Int8Isa::avx512_vnni, g::Int8Isa::avx_vnni, g::Int8Isa::portable})
+  for (g::Int8Isa kernel : {g::Int8Isa::amx, g::Int8Isa::avx512_vnni, g::Int8Isa::avx_vnni, g::Int8Isa::avx2, g::Int8Isa::portable})
     if (g::int8_isa_supported(kernel))
       for (int share : {2, 4, 8}) variants.push_back({g::Bf16Path::f32, share, false, kernel});
   for (const g::GemmVariant& v : g::candidate_variants(g::GemmFamily::int8, g::best_isa()))

@@ -24,7 +24,7 @@ using ops::gemm::Int8Isa;
 
 std::vector<Int8Isa> supported_isas() {
   std::vector<Int8Isa> out;
-  for (Int8Isa isa : {Int8Isa::amx, Int8Isa::avx512_vnni, Int8Isa::avx_vnni, Int8Isa::portable})
+  for (Int8Isa isa : {Int8Isa::amx, Int8Isa::avx512_vnni, Int8Isa::avx_vnni, Int8Isa::avx2, Int8Isa::portable})
     if (ops::gemm::int8_isa_supported(isa)) out.push_back(isa);
   return out;
 }
