@@ -6,8 +6,9 @@
 // by bench/torch_flux_blocks.py and bench/torch_wan_blocks.py (Debian's /usr/bin/python3; skipped
 // with a note when torch is not installed). GFLOP/s count every kernel's declared FLOPs; the
 // fraction is of the measured 2-thread FMA peak. Per block, a best-path pair (issue 41): "cubevec-best"
-// (W8A8_DYNAMIC + bf16 activations, its output's cosine against the f32 block) and "torch-best"
-// (PyTorch's faster of f32 and bf16 in the same run).
+// (W8A8_DYNAMIC + bf16 activations where the CPU multiplies bf16 in hardware, else f32 activations;
+// its output's cosine against the f32 block) and "torch-best" (PyTorch's faster of f32 and bf16 in
+// the same run; f32 only on CPUs without bf16 hardware, see bench/torch_bench_common.py).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -21,6 +22,7 @@
 #include "bench/traced_run.h"
 #include "models/flux_transformer.h"
 #include "models/wan_transformer.h"
+#include "ops/gemm/driver.h"
 #include "ops/vector_ops.h"
 #include "quant/algorithm.h"
 
@@ -82,6 +84,10 @@ void report(Context& context, const std::string& label, const std::string& block
 // fastest int8 kernel with bf16 activations (the attention autotuned, flash_bf16 where the CPU
 // has AMX), with its output's cosine against the f32 block; and PyTorch's faster of f32 and bf16
 // from the same run.
+// The best path's activations: bf16 where AMX-BF16 or AVX512-BF16 multiply it (the bf16 flash
+// tiles), else f32 (without bf16 hardware every bf16 operand is widened to f32 first).
+DType best_activations() { return ops::gemm::amx_ready() || ops::gemm::has_bf16_dot() ? DType::bf16 : DType::f32; }
+
 void best_rows(Context& context, const std::string& label, const std::string& block, const Timing& best, double cos,
                const nlohmann::json& torch) {
   const nlohmann::json* fastest = nullptr;
@@ -89,7 +95,7 @@ void best_rows(Context& context, const std::string& label, const std::string& bl
     for (const auto& t : torch["results"])
       if (t["block"] == block && (!fastest || t["median_s"].get<double>() < (*fastest)["median_s"].get<double>())) fastest = &t;
   Result r{"blocks", label, "cubevec-best"};
-  r.dtype = "w8a8+bf16";
+  r.dtype = std::string("w8a8+") + std::string(dtype_name(best_activations()));
   r.timing = best;
   r.extra["cosine"] = cos;
   r.extra["one_minus_cosine"] = 1.0 - cos;  // the table prints 3 digits: 0.99994 would read as 1
@@ -140,11 +146,12 @@ void wan_block(Context& context, Device& device, const nlohmann::json& torch, co
   const models::WanBlockInputs f32_inputs{context_states, timestep_proj, rope, {kWanFrames, kWanHeight, kWanWidth}};
   const Tensor reference = block.forward({hidden, {}}, f32_inputs, {}, s).hidden;
   quantize_block(table, quant::Algorithm::w8a8_dynamic);
-  const models::ForwardContext bf16{.activations = DType::bf16};
+  const DType act = best_activations();
+  const models::ForwardContext best_context{.activations = act};
   const models::WanBlockInputs inputs{
-      ops::cast(context_states, DType::bf16, s), ops::cast(timestep_proj, DType::bf16, s), rope, {kWanFrames, kWanHeight, kWanWidth}};
-  const Tensor h = ops::cast(hidden, DType::bf16, s);
-  const auto forward = [&] { return block.forward({h, {}}, inputs, bf16, s).hidden; };
+      ops::cast(context_states, act, s), ops::cast(timestep_proj, act, s), rope, {kWanFrames, kWanHeight, kWanWidth}};
+  const Tensor h = ops::cast(hidden, act, s);
+  const auto forward = [&] { return block.forward({h, {}}, inputs, best_context, s).hidden; };
   const Timing best = time_runs([&] { forward().data_ptr(); }, std::max(2, context.repeats / 2));
   best_rows(context, label, "wan", best, output_cosine(forward(), reference, s), torch);
 }
@@ -196,7 +203,7 @@ void blocks_suite(Context& context) {
     for (int b = 0; b < 2; ++b)
       report(context, std::string("flux ") + names[b] + " 1024+256 x3072", names[b], precision.name, runs[b], torch);
   }
-  // The best path: the f32 weights of the f32 rows quantized, bf16 activations.
+  // The best path: the f32 weights of the f32 rows quantized, bf16 activations where they pay.
   {
     models::ParameterTable table;
     models::FluxDoubleBlock double_block;
@@ -208,13 +215,15 @@ void blocks_suite(Context& context) {
     const Tensor reference[2] = {double_block.forward({hidden, context_states}, f32_shared, {}, s).hidden,
                                  single_block.forward({hidden, context_states}, f32_shared, {}, s).hidden};
     quantize_block(table, quant::Algorithm::w8a8_dynamic);
-    const models::ForwardContext bf16{.activations = DType::bf16};
-    const models::FluxBlockInputs shared{ops::cast(silu, DType::bf16, s), rope, {1, 32, 32}};
-    const models::BlockState state{ops::cast(hidden, DType::bf16, s), ops::cast(context_states, DType::bf16, s)};
+    const DType act = best_activations();
+    const models::ForwardContext best_context{.activations = act};
+    const models::FluxBlockInputs shared{ops::cast(silu, act, s), rope, {1, 32, 32}};
+    const models::BlockState state{ops::cast(hidden, act, s), ops::cast(context_states, act, s)};
     const char* names[2] = {"double", "single"};
     for (int b = 0; b < 2; ++b) {
       const auto forward = [&] {
-        return b == 0 ? double_block.forward(state, shared, bf16, s).hidden : single_block.forward(state, shared, bf16, s).hidden;
+        return b == 0 ? double_block.forward(state, shared, best_context, s).hidden
+                      : single_block.forward(state, shared, best_context, s).hidden;
       };
       const Timing best = time_runs([&] { forward().data_ptr(); }, std::max(2, context.repeats / 2));
       best_rows(context, std::string("flux ") + names[b] + " 1024+256 x3072", names[b], best, output_cosine(forward(), reference[b], s),
