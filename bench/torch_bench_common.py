@@ -241,6 +241,8 @@ def parse_dtypes(parser, args):
     for d in dtypes:
         if d not in DTYPES:
             parser.error(f"unknown dtype {d!r} (expected f32 or bf16)")
+    if not dtypes:
+        parser.error(f"--dtypes {args.dtypes!r} names no dtype (expected f32, bf16 or both, comma-separated)")
     return dtypes
 
 
