@@ -1,6 +1,6 @@
 // Compiled with -mavx2 -mfma (see ops/CMakeLists.txt); called only on CPUs with AVX2. The same
-// steps as tile_kernels_avx512.cpp on 8-lane registers; AVX2 has no mask registers, so partial
-// blocks of keys go through a zero-padded copy and masks become lane compares.
+// steps as tile_kernels_avx512.cpp on 8-lane registers; AVX2 has no mask registers, so a partial
+// block of keys goes through a padded copy and masks become lane compares.
 #include <immintrin.h>
 
 #include "ops/attention/tile_kernels.h"
@@ -72,6 +72,21 @@ inline __m256 first_lanes(int count) {
   return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(count), index));
 }
 
+// Lanes [0, valid) of src and `pad` in the rest: a partial block goes through the aligned scratch
+// `tail`, so nothing past the block is read.
+inline __m256 load_first(const float* src, int valid, float pad, float* tail) {
+  if (valid >= 8) return _mm256_loadu_ps(src);
+  for (int i = 0; i < 8; ++i) tail[i] = i < valid ? src[i] : pad;
+  return _mm256_load_ps(tail);
+}
+
+// Lanes [0, valid) of x into dst, nothing past them.
+inline void store_first(float* dst, int valid, __m256 x, float* tail) {
+  if (valid >= 8) return _mm256_storeu_ps(dst, x);
+  _mm256_store_ps(tail, x);
+  for (int i = 0; i < valid; ++i) dst[i] = tail[i];
+}
+
 inline float reduce_max(__m256 v) {
   __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   x = _mm_max_ps(x, _mm_movehl_ps(x, x));
@@ -99,8 +114,7 @@ void pv_avx2_w8(int64_t kc, const float* p, const float* v, float* o, int64_t ld
 void softmax_tile_avx2(const SoftmaxTile& t) {
   const float neg_inf = -__builtin_inff();
   const __m256 vneg_inf = _mm256_set1_ps(neg_inf), vscale = _mm256_set1_ps(t.scale);
-  const int whole = t.cols / 8 * 8;  // keys in whole 8-lane blocks; the tail goes through `tail`
-  alignas(32) float tail[8];
+  alignas(32) float tail[8];  // the last, partial block of a row passes through here
   for (int r = 0; r < t.rows; ++r) {
     float* s = t.s + r * kBlockKeys;
     int n = t.row_cols ? t.row_cols[r] : t.cols;
@@ -108,15 +122,10 @@ void softmax_tile_avx2(const SoftmaxTile& t) {
     const uint8_t* mask = (t.mask && r < t.mask_rows) ? t.mask + r * t.mask_ld : nullptr;
     const float* bias = (t.bias && r < t.bias_rows) ? t.bias + r * t.bias_ld : nullptr;
     // Pass 1: scaled scores (plus the bias), -inf where the key is masked out or beyond the row's
-    // prefix; row max. The last, partial block is read from and written back through `tail`.
+    // prefix (n <= cols, so the lanes past a partial block are -inf too); row max.
     __m256 vmax = vneg_inf;
     for (int j = 0; j < t.cols; j += 8) {
       const int valid = t.cols - j < 8 ? t.cols - j : 8;
-      float* block = s + j;
-      if (valid < 8) {
-        for (int i = 0; i < 8; ++i) tail[i] = i < valid ? s[j + i] : 0.0f;
-        block = tail;
-      }
       __m256 attend = first_lanes(n - j);
       if (mask) {
         int64_t bytes = 0;
@@ -124,25 +133,10 @@ void softmax_tile_avx2(const SoftmaxTile& t) {
         const __m256i lanes = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes));
         attend = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(lanes, _mm256_setzero_si256())), attend);
       }
-      __m256 x = _mm256_mul_ps(_mm256_loadu_ps(block), vscale);
-      if (bias) {
-        __m256 b;
-        if (valid < 8) {
-          for (int i = 0; i < 8; ++i) tail[i] = i < valid ? bias[j + i] : 0.0f;
-          b = _mm256_load_ps(tail);
-        } else {
-          b = _mm256_loadu_ps(bias + j);
-        }
-        x = _mm256_add_ps(x, b);
-      }
+      __m256 x = _mm256_mul_ps(load_first(s + j, valid, 0.0f, tail), vscale);
+      if (bias) x = _mm256_add_ps(x, load_first(bias + j, valid, 0.0f, tail));
       x = _mm256_blendv_ps(vneg_inf, x, attend);
-      if (valid < 8) {
-        _mm256_store_ps(tail, x);
-        for (int i = 0; i < valid; ++i) s[j + i] = tail[i];
-        x = _mm256_blendv_ps(vneg_inf, x, first_lanes(valid));
-      } else {
-        _mm256_storeu_ps(s + j, x);
-      }
+      store_first(s + j, valid, x, tail);
       vmax = _mm256_max_ps(vmax, x);
     }
     const float m_old = t.m[r];
@@ -156,19 +150,11 @@ void softmax_tile_avx2(const SoftmaxTile& t) {
     // Pass 2: P = exp(x - m_new), exactly 0 where x is -inf (NaN stays NaN: unordered compare); row sum.
     const __m256 vm = _mm256_set1_ps(m_new);
     __m256 vsum = _mm256_setzero_ps();
-    for (int j = 0; j < whole; j += 8) {
-      const __m256 x = _mm256_loadu_ps(s + j);
+    for (int j = 0; j < t.cols; j += 8) {
+      const int valid = t.cols - j < 8 ? t.cols - j : 8;
+      const __m256 x = load_first(s + j, valid, neg_inf, tail);
       const __m256 p = _mm256_and_ps(_mm256_cmp_ps(x, vneg_inf, _CMP_NEQ_UQ), exp_nonpositive(_mm256_sub_ps(x, vm)));
-      _mm256_storeu_ps(s + j, p);
-      vsum = _mm256_add_ps(vsum, p);
-    }
-    if (whole < t.cols) {
-      const int valid = t.cols - whole;
-      for (int i = 0; i < 8; ++i) tail[i] = i < valid ? s[whole + i] : neg_inf;
-      const __m256 x = _mm256_load_ps(tail);
-      const __m256 p = _mm256_and_ps(_mm256_cmp_ps(x, vneg_inf, _CMP_NEQ_UQ), exp_nonpositive(_mm256_sub_ps(x, vm)));
-      _mm256_store_ps(tail, p);
-      for (int i = 0; i < valid; ++i) s[whole + i] = tail[i];
+      store_first(s + j, valid, p, tail);
       vsum = _mm256_add_ps(vsum, p);
     }
     const float alpha = m_old == neg_inf ? 0.0f : _mm256_cvtss_f32(exp_nonpositive(_mm256_set1_ps(m_old - m_new)));
