@@ -9,18 +9,13 @@
 #include "ops/vector_ops.h"
 #include "pipelines/stages/attention_cache.h"
 #include "pipelines/stages/dit_block_cache.h"
+#include "pipelines/tensor_values.h"
 #include "base/error.h"
 #include "tensor/half.h"
 
 namespace cubevec::pipelines {
 
 namespace {
-
-std::vector<double> host_values(const Tensor& t) {
-  const Tensor c = ops::cast(t, DType::f32).contiguous();
-  const float* p = c.data<float>();
-  return std::vector<double>(p, p + c.numel());
-}
 
 // Records the hidden state entering every block (and leaving the last) at every step, for the
 // dit-block proxy. Only the first forward of a step (one branch) is kept.

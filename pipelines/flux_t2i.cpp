@@ -10,6 +10,7 @@
 #include "pipelines/image_conditioning.h"
 #include "pipelines/noise.h"
 #include "pipelines/patch_parallel_vae.h"
+#include "pipelines/tensor_values.h"
 #include "base/error.h"
 #include "tensor/half.h"
 
@@ -17,11 +18,9 @@ namespace cubevec::pipelines {
 
 namespace {
 
-Tensor filled(int64_t n, float value) { return Tensor::from_vector(std::vector<float>(static_cast<std::size_t>(n), value), {n}); }
-
 // The scheduler when the model directory has none: FLUX.1-dev's (docs/models.md, "FlowMatch Euler
 // scheduler").
-FlowMatchConfig scheduler_of(const std::string& model_dir) {
+FlowMatchConfig flux_scheduler_of(const std::string& model_dir) {
   const std::string path = model_dir + "/scheduler/scheduler_config.json";
   if (std::filesystem::exists(path)) return FlowMatchConfig::load(path);
   print_notice_once(model_dir +
@@ -47,7 +46,7 @@ FluxT2IPipeline FluxT2IPipeline::load(const std::string& dir, DType dtype, const
   if (!std::filesystem::is_directory(dir + "/transformer"))
     throw Error(dir + ": not a diffusers Flux model directory (expected transformer/, vae/ and scheduler/)");
   auto vae = std::make_unique<models::AutoencoderKLDecoder>(models::load_autoencoder_kl(dir + "/vae", DType::f32, variant));
-  FluxT2IPipeline p(models::FluxTransformer2DModel::load(dir + "/transformer", dtype, variant), std::move(vae), scheduler_of(dir));
+  FluxT2IPipeline p(models::FluxTransformer2DModel::load(dir + "/transformer", dtype, variant), std::move(vae), flux_scheduler_of(dir));
   p.kontext_ = names_kontext_pipeline(dir);
   // The encoder, for image inputs; a VAE saved without it still generates from text.
   try {
@@ -68,7 +67,7 @@ FluxT2IPipeline FluxT2IPipeline::load_meta(const std::string& dir, DType dtype) 
     vae = std::make_unique<models::AutoencoderKLDecoder>(models::AutoencoderKLConfig::load(dir + "/vae/config.json"));
     models::make_meta_parameters(vae->parameters(), DType::f32);
   }
-  FluxT2IPipeline p(std::move(transformer), std::move(vae), scheduler_of(dir));
+  FluxT2IPipeline p(std::move(transformer), std::move(vae), flux_scheduler_of(dir));
   p.kontext_ = names_kontext_pipeline(dir);
   return p;
 }

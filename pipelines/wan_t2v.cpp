@@ -14,6 +14,7 @@
 #include "pipelines/noise.h"
 #include "pipelines/seconds_since.h"
 #include "pipelines/patch_parallel_vae.h"
+#include "pipelines/tensor_values.h"
 #include "base/error.h"
 #include "base/strict_json.h"
 
@@ -21,11 +22,9 @@ namespace cubevec::pipelines {
 
 namespace {
 
-Tensor filled(int64_t n, float value) { return Tensor::from_vector(std::vector<float>(static_cast<std::size_t>(n), value), {n}); }
-
 // The model's scheduler: UniPC or FlowMatch Euler by _class_name; the Wan2.1 480p repos' UniPC
 // (flow shift 3) when the directory has none.
-WanSchedulerConfig scheduler_of(const std::string& model_dir) {
+WanSchedulerConfig wan_scheduler_of(const std::string& model_dir) {
   const std::string path = model_dir + "/scheduler/scheduler_config.json";
   if (!std::filesystem::exists(path)) {
     print_notice_once(model_dir +
@@ -292,7 +291,7 @@ WanT2VPipeline WanT2VPipeline::load(const std::string& dir, DType dtype, const s
   const WanModelIndex index = WanModelIndex::load(dir);
   check_experts(dir, index);
   auto vae = std::make_unique<models::AutoencoderKLWan>(models::load_autoencoder_kl_wan(dir + "/vae", DType::f32, variant));
-  WanT2VPipeline p(models::WanTransformer3DModel::load(dir + "/transformer", dtype, variant), std::move(vae), scheduler_of(dir));
+  WanT2VPipeline p(models::WanTransformer3DModel::load(dir + "/transformer", dtype, variant), std::move(vae), wan_scheduler_of(dir));
   if (index.boundary_ratio)
     p.add_second_expert(models::WanTransformer3DModel::load(dir + "/transformer_2", dtype, variant), dir, *index.boundary_ratio);
   p.apply_model_index(index, dir);
@@ -323,7 +322,7 @@ WanT2VPipeline WanT2VPipeline::load_meta(const std::string& dir, DType dtype) {
     vae = std::make_unique<models::AutoencoderKLWan>(models::AutoencoderKLWanConfig::load(dir + "/vae/config.json"));
     models::make_meta_parameters(vae->parameters(), DType::f32);
   }
-  WanT2VPipeline p(meta_transformer("transformer"), std::move(vae), scheduler_of(dir));
+  WanT2VPipeline p(meta_transformer("transformer"), std::move(vae), wan_scheduler_of(dir));
   if (index.boundary_ratio) p.add_second_expert(meta_transformer("transformer_2"), dir, *index.boundary_ratio);
   p.apply_model_index(index, dir);
   if ((p.image_to_video() || p.text_image_to_video()) && p.vae_) {

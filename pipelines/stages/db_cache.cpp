@@ -6,23 +6,10 @@
 
 #include "ops/vector_ops.h"
 #include "pipelines/stages/residual_math.h"
+#include "pipelines/tensor_values.h"
 #include "tensor/half.h"
 
 namespace cubevec::pipelines {
-
-namespace {
-
-std::vector<double> host_values(const Tensor& t) {
-  const Tensor c = t.contiguous();
-  std::vector<double> out(static_cast<std::size_t>(c.numel()));
-  if (c.dtype() == DType::bf16)
-    for (std::size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_f32(c.data<uint16_t>()[i]);
-  else
-    for (std::size_t i = 0; i < out.size(); ++i) out[i] = c.data<float>()[i];
-  return out;
-}
-
-}  // namespace
 
 double relative_l1_diff(const Tensor& previous, const Tensor& current) {
   if (previous.shape() != current.shape()) return std::numeric_limits<double>::infinity();  // not similar

@@ -53,33 +53,9 @@ struct RefHead {
   bool causal;
 };
 
-inline std::vector<double> reference_head(const RefHead& h, double scale) {
-  std::vector<double> out(static_cast<std::size_t>(h.sq * h.d), kNaN);
-  for (int64_t i = 0; i < h.sq; ++i) {
-    std::vector<double> w(static_cast<std::size_t>(h.sk), 0.0);
-    double mx = -INFINITY;
-    for (int64_t j = 0; j < h.sk; ++j) {
-      const bool attend = (!h.mask || h.mask[i * h.sk + j]) && (!h.causal || j <= i + h.sk - h.sq);
-      if (!attend) {
-        w[j] = -INFINITY;
-        continue;
-      }
-      double dot = 0;
-      for (int64_t c = 0; c < h.d; ++c) dot += h.q[i * h.d + c] * h.k[j * h.d + c];
-      w[j] = dot * scale;
-      mx = std::max(mx, w[j]);
-    }
-    if (mx == -INFINITY) continue;  // nothing to attend to: NaN
-    double sum = 0;
-    for (double& x : w) sum += x = x == -INFINITY ? 0.0 : std::exp(x - mx);
-    for (int64_t c = 0; c < h.d; ++c) {
-      double acc = 0;
-      for (int64_t j = 0; j < h.sk; ++j) acc += w[j] * h.v[j * h.d + c];
-      out[i * h.d + c] = acc / sum;
-    }
-  }
-  return out;
-}
+// The double loop over one head (softmax(q k^T * scale) v; rows with nothing to attend to are NaN).
+// Defined in attention_reference.cpp, compiled optimized in every tree (see tests/CMakeLists.txt).
+std::vector<double> reference_head(const RefHead& h, double scale);
 
 inline void expect_matches(const std::vector<double>& got, const std::vector<double>& want, DType dtype, int64_t sk, int64_t d,
                            const std::string& what) {
@@ -115,27 +91,11 @@ inline Qkv make_qkv(int64_t b, int64_t sq, int64_t sk, int64_t n, int64_t d, DTy
 }
 
 // Head (bi, ni) of a BSND tensor's values as a contiguous [s, d] block.
-inline std::vector<double> head_of(const std::vector<double>& all, int64_t bi, int64_t ni, int64_t s, int64_t n, int64_t d) {
-  std::vector<double> out(static_cast<std::size_t>(s * d));
-  for (int64_t i = 0; i < s; ++i)
-    for (int64_t c = 0; c < d; ++c) out[i * d + c] = all[((bi * s + i) * n + ni) * d + c];
-  return out;
-}
+std::vector<double> head_of(const std::vector<double>& all, int64_t bi, int64_t ni, int64_t s, int64_t n, int64_t d);
 
 // The reference for BSND inputs, with an optional [B|1, N|1, Sq, Sk] mask (as bytes).
-inline std::vector<double> reference_bsnd(const Qkv& x, int64_t b, int64_t sq, int64_t sk, int64_t n, int64_t d,
-                                          const std::vector<uint8_t>* mask, int64_t mb, int64_t mn, double scale) {
-  std::vector<double> out(static_cast<std::size_t>(b * sq * n * d));
-  for (int64_t bi = 0; bi < b; ++bi)
-    for (int64_t ni = 0; ni < n; ++ni) {
-      const auto q = head_of(x.qd, bi, ni, sq, n, d), k = head_of(x.kd, bi, ni, sk, n, d), v = head_of(x.vd, bi, ni, sk, n, d);
-      const uint8_t* m = mask ? mask->data() + ((mb == 1 ? 0 : bi) * mn + (mn == 1 ? 0 : ni)) * sq * sk : nullptr;
-      const auto o = reference_head({sq, sk, d, q.data(), k.data(), v.data(), m, false}, scale);
-      for (int64_t i = 0; i < sq; ++i)
-        for (int64_t c = 0; c < d; ++c) out[((bi * sq + i) * n + ni) * d + c] = o[i * d + c];
-    }
-  return out;
-}
+std::vector<double> reference_bsnd(const Qkv& x, int64_t b, int64_t sq, int64_t sk, int64_t n, int64_t d, const std::vector<uint8_t>* mask,
+                                   int64_t mb, int64_t mn, double scale);
 
 inline Tensor bool_tensor(const std::vector<uint8_t>& bytes, const Shape& shape) {
   Tensor t = Tensor::empty(shape, DType::boolean);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets and fuzzes copies of their seed corpora for SECONDS each (default 60):
+# Builds the libFuzzer targets and fuzzes copies of their seed corpora for SECONDS (default 60), all at once:
 # the safetensors header parser (with its fast and strict paths compared), the JSON config readers
 # (models, schedulers, timestep policy, device profiles) and the command line's argument parsing
 # (cli_fuzzer). The fuzzers live in the clang AddressSanitizer + UBSan tree that also runs the test
@@ -24,22 +24,34 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$artifacts"
 
-fuzz() {  # fuzz TARGET CORPUS [extra libFuzzer flags...]
+fuzz() {  # fuzz TARGET CORPUS [extra libFuzzer flags...]; the output goes to $work/TARGET.log
   local target="$1" corpus="$2"
   shift 2
   cp -r "$corpus" "$work/$target"
   local status=0
   "$build/tests/fuzz/$target" "$work/$target" \
     -max_total_time="$seconds" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
-    -artifact_prefix="$artifacts/$target-" -print_final_stats=1 "$@" || status=$?
+    -artifact_prefix="$artifacts/$target-" -print_final_stats=1 "$@" > "$work/$target.log" 2>&1 || status=$?
   if [ "$status" -ne 0 ]; then
-    echo "run_fuzz.sh: $target failed (status $status); inputs in $artifacts/" >&2
-    exit "$status"
+    echo "run_fuzz.sh: $target failed (status $status); inputs in $artifacts/" >> "$work/$target.log"
+    return "$status"
   fi
-  echo "run_fuzz.sh: $target: no findings in ${seconds}s"
+  echo "run_fuzz.sh: $target: no findings in ${seconds}s" >> "$work/$target.log"
 }
 
-fuzz safetensors_fuzzer "$root/tests/fuzz/corpus" -dict="$root/tests/fuzz/safetensors.dict"
-fuzz config_fuzzer "$root/tests/fuzz/config_corpus"
+# The three fuzzers run at once (CI's machines have 2 cores: SECONDS of wall time, not 3 x SECONDS);
+# each one's log is printed when all are done, and any finding fails the script.
+targets=(safetensors_fuzzer config_fuzzer cli_fuzzer)
+fuzz safetensors_fuzzer "$root/tests/fuzz/corpus" -dict="$root/tests/fuzz/safetensors.dict" &
+pids=($!)
+fuzz config_fuzzer "$root/tests/fuzz/config_corpus" &
+pids+=($!)
 # The command line prints help and error lines: keep them out of the log (-close_fd_mask=3).
-fuzz cli_fuzzer "$root/tests/fuzz/cli_corpus" -close_fd_mask=3
+fuzz cli_fuzzer "$root/tests/fuzz/cli_corpus" -close_fd_mask=3 &
+pids+=($!)
+failed=0
+for i in "${!targets[@]}"; do
+  wait "${pids[$i]}" || failed=1
+  cat "$work/${targets[$i]}.log"
+done
+exit "$failed"
