@@ -28,22 +28,11 @@ class EnumNames {
     return "?";
   }
 
-  // Throws cubevec::Error naming the text (control characters as \xHH: a NUL would end the
-  // message where C strings end) and every accepted name.
+  // Throws cubevec::Error naming the text (as text_for_message shows it) and every accepted name.
   E parse(std::string_view text) const {
     for (const auto& [v, n] : entries_)
       if (equal(n, text)) return v;
-    std::string shown;
-    for (const char c : text) {
-      const auto byte = static_cast<unsigned char>(c);
-      if (byte >= 0x20 && byte != 0x7f) {
-        shown += c;
-        continue;
-      }
-      constexpr char kHex[] = "0123456789abcdef";
-      shown += {'\\', 'x', kHex[byte >> 4], kHex[byte & 15]};
-    }
-    throw Error("unknown " + std::string(what_) + " '" + shown + "' (expected one of: " + list() + ")");
+    throw Error("unknown " + std::string(what_) + " '" + text_for_message(text) + "' (expected one of: " + list() + ")");
   }
 
   bool contains(std::string_view text) const {

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace cubevec {
 
@@ -22,5 +23,10 @@ class OutOfMemoryError : public Error {
 // A number as a message shows it: shortest round-trip form ("1e-320", "0.3611"), not std::to_string's
 // fixed six decimals that print a tiny value as 0.000000.
 std::string number_for_message(double value);
+
+// Text from outside (an environment variable, a name in a file) as a message quotes it: control
+// bytes as \xHH (a NUL would end the message where C strings end) and, past 64 characters, the
+// first 48 and the length, so that what follows it in the message (the accepted values) is still read.
+std::string text_for_message(std::string_view text);
 
 }  // namespace cubevec

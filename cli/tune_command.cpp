@@ -89,8 +89,8 @@ int run_tune(const TuneFlags& f, const DeviceFlags& device_flags) {
           throw;
         }
         std::fprintf(stderr, "\n");
-        tuner.store(entry);
-        tuner.save();  // after each key: an interrupted tune keeps what it measured
+        entry = tuner.add_measurements(std::move(entry));  // keeps the rates of kernels not measured now (a forced run)
+        tuner.save();                                      // after each key: an interrupted tune keeps what it measured
         results.push_back(entry);
       }
   std::printf("%-34s %-16s %10s   %s\n", "family ISA shape threads", "choice", "GFLOP/s", "considered (GFLOP/s)");

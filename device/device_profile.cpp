@@ -1,11 +1,14 @@
 #include "device/device_profile.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <string_view>
+#include <system_error>
 #include <thread>
 
 #include <sched.h>
@@ -80,11 +83,13 @@ class FieldReader {
 int positive_env_int(const char* name) {
   const char* text = std::getenv(name);
   if (!text || !*text) return 0;
-  char* end = nullptr;
-  const long value = std::strtol(text, &end, 10);
-  if (*end != '\0' || value < 1 || value > 4096)
-    throw Error(std::string("environment variable ") + name + "=" + text + ": expected an integer from 1 to 4096");
-  return static_cast<int>(value);
+  // Digits only (strtol would take leading spaces and a '+').
+  const std::string_view digits(text);
+  int value = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+  if (ec != std::errc() || end != digits.data() + digits.size() || value < 1 || value > 4096)
+    throw Error(std::string("environment variable ") + name + "=" + text_for_message(digits) + ": expected an integer from 1 to 4096");
+  return value;
 }
 
 }  // namespace

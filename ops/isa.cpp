@@ -28,9 +28,9 @@ std::string_view isa_name(Isa isa) { return kIsaNames.name(isa); }
 Isa select_isa(const char* env_name) {
   if (const char* env = std::getenv(env_name); env && *env) {
     if (!kIsaNames.contains(env))
-      throw Error(std::string(env_name) + "=" + env + ": unknown ISA (expected one of: " + kIsaNames.list() + ")");
+      throw Error(std::string(env_name) + "=" + text_for_message(env) + ": unknown ISA (expected one of: " + kIsaNames.list() + ")");
     const Isa isa = kIsaNames.parse(env);
-    if (!isa_supported(isa)) throw Error(std::string(env_name) + "=" + env + ": this CPU does not support that ISA");
+    if (!isa_supported(isa)) throw Error(std::string(env_name) + "=" + text_for_message(env) + ": this CPU does not support that ISA");
     return isa;
   }
   static const Isa widest = isa_supported(Isa::avx512) ? Isa::avx512 : isa_supported(Isa::avx2) ? Isa::avx2 : Isa::portable;

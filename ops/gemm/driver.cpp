@@ -324,8 +324,8 @@ std::optional<Bf16Path> forced_bf16_path() {
     const char* forced = std::getenv("CUBEVEC_GEMM_BF16");
     if (!forced || !*forced) return std::nullopt;
     const auto p = parse_bf16_path(forced);
-    if (!p) throw Error("CUBEVEC_GEMM_BF16=" + std::string(forced) + ": expected amx, avx512bf16 or f32");
-    if (!bf16_path_available(*p)) throw Error("CUBEVEC_GEMM_BF16=" + std::string(forced) + ": this CPU (or kernel) does not offer it");
+    if (!p) throw Error("CUBEVEC_GEMM_BF16=" + text_for_message(forced) + ": expected amx, avx512bf16 or f32");
+    if (!bf16_path_available(*p)) throw Error("CUBEVEC_GEMM_BF16=" + text_for_message(forced) + ": this CPU (or kernel) does not offer it");
     return p;
   }();
   return path;

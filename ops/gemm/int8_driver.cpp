@@ -53,34 +53,30 @@ struct Scratch {
   T* ptr;
 };
 
-// The AVX2 kernel's A panels: [k_quads][MR][4] in u16.
-void pack_a_u16(const uint8_t* a, int64_t lda, int64_t kq, int64_t mr, int64_t i0, int64_t rows, uint16_t* out) {
+// Rows [i0, i0 + rows) of A into MR-row panels, rows past the end as the s8 zero (128): their
+// results are computed and dropped. Each panel is [k_quads][MR][4] for the VNNI kernels (run = 1),
+// or in k blocks of 16 quads, [k_quads / 16][MR][64], for the AMX tiles (run = 16); T = uint16_t
+// widens each byte for the AVX2 kernel's vpmaddwd.
+template <class T>
+void pack_a_panels(const uint8_t* a, int64_t lda, int64_t kq, int64_t mr, int64_t run, int64_t i0, int64_t rows, T* out) {
   for (int64_t ir = 0; ir < rows; ir += mr, out += kq * 4 * mr) {
     const int64_t n = std::min<int64_t>(mr, rows - ir);
-    if (n < mr) std::fill(out, out + kq * 4 * mr, uint16_t{128});
+    if (n < mr) std::fill(out, out + kq * 4 * mr, T{128});
     for (int64_t r = 0; r < n; ++r) {
       const uint8_t* src = a + (i0 + ir + r) * lda;
-      for (int64_t q = 0; q < kq; ++q)
-        for (int t = 0; t < 4; ++t) out[(q * mr + r) * 4 + t] = src[4 * q + t];
+      for (int64_t q = 0; q < kq; q += run) {
+        T* dst = out + (q * mr + r * run) * 4;
+        if constexpr (sizeof(T) == 1) std::memcpy(dst, src + 4 * q, static_cast<std::size_t>(4 * run));
+        else std::copy(src + 4 * q, src + 4 * (q + run), dst);
+      }
     }
   }
 }
 
-// Rows [i0, i0 + rows) of A into MR-row panels, rows past the end as the s8 zero (128): their
-// results are computed and dropped. Each panel is [k_quads][MR][4] for the VNNI kernels (in u16
-// for the AVX2 one), or in k blocks of 16 quads, [k_quads / 16][MR][64], for the AMX tiles.
 void pack_a(const uint8_t* a, int64_t lda, const Int8Problem& p, const Int8Plan& plan, int64_t i0, int64_t rows, uint8_t* out) {
-  const int64_t kq = p.b->k_quads, mr = plan.mr;
-  if (plan.a_u16) return pack_a_u16(a, lda, kq, mr, i0, rows, reinterpret_cast<uint16_t*>(out));
-  const int64_t run = plan.a_in_k_blocks ? kKQuadsPerAmxBlock : 1;  // quads copied together
-  for (int64_t ir = 0; ir < rows; ir += mr, out += kq * 4 * mr) {
-    const int64_t n = std::min<int64_t>(mr, rows - ir);
-    if (n < mr) std::memset(out, 128, static_cast<std::size_t>(kq * 4 * mr));
-    for (int64_t r = 0; r < n; ++r) {
-      const uint8_t* src = a + (i0 + ir + r) * lda;
-      for (int64_t q = 0; q < kq; q += run) std::memcpy(out + (q * mr + r * run) * 4, src + 4 * q, static_cast<std::size_t>(4 * run));
-    }
-  }
+  const int64_t kq = p.b->k_quads, run = plan.a_in_k_blocks ? kKQuadsPerAmxBlock : 1;  // quads copied together
+  if (plan.a_u16) pack_a_panels(a, lda, kq, plan.mr, run, i0, rows, reinterpret_cast<uint16_t*>(out));
+  else pack_a_panels(a, lda, kq, plan.mr, run, i0, rows, out);
 }
 
 // C rows [row0, row1) x panels [panel0, panel1), in A blocks of mc rows. With quantize_rows, each
@@ -153,8 +149,9 @@ std::optional<Int8Isa> forced_int8_isa() {
     const char* env = std::getenv("CUBEVEC_INT8_ISA");
     if (!env || !*env) return std::nullopt;
     const auto isa = parse_int8_isa(env);
-    if (!isa) throw Error(std::string("CUBEVEC_INT8_ISA=") + env + ": unknown int8 ISA (expected one of: " + kInt8IsaNames.list() + ")");
-    if (!int8_isa_supported(*isa)) throw Error(std::string("CUBEVEC_INT8_ISA=") + env + ": this CPU does not support that ISA");
+    if (!isa)
+      throw Error("CUBEVEC_INT8_ISA=" + text_for_message(env) + ": unknown int8 ISA (expected one of: " + kInt8IsaNames.list() + ")");
+    if (!int8_isa_supported(*isa)) throw Error("CUBEVEC_INT8_ISA=" + text_for_message(env) + ": this CPU does not support that ISA");
     return isa;
   }();
   return forced;

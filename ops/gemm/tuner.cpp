@@ -198,18 +198,28 @@ GemmVariant choose_variant(const std::vector<VariantRate>& rates) {
 
 namespace {
 
-// The best of two runs after a warm-up (which fills the caches and the workspace): on a shared
-// machine the minimum is the steadier estimate of what a variant can do.
-template <class Run>
-double best_seconds(const Run& run) {
-  double best = 1e30;
-  for (int i = 0; i < 3; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    run();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (i > 0) best = std::min(best, s);
-  }
-  return std::max(best, 1e-9);
+// Each variant's best of two runs after a warm-up (which fills the caches and the workspace), the
+// variants taking turns: round 0 warms every one up, rounds 1 and 2 time each once. On a shared
+// machine the minimum is the steadier estimate of what a variant can do, and taking turns spreads a
+// burst of someone else's work over all of them instead of sinking the one measured meanwhile (run
+// back to back, the L2 shares of one kernel swapped places between calibrations on a noisy Zen 3).
+// `report(i, rate)` is called once per variant, when its last run is timed.
+void time_variants(const std::vector<GemmVariant>& variants, double flops, const std::function<void(std::size_t)>& run,
+                   GemmTuneEntry& entry, const std::function<void(const VariantRate&)>& progress) {
+  std::vector<double> best(variants.size(), 1e30);
+  constexpr int kRounds = 3;
+  for (int round = 0; round < kRounds; ++round)
+    for (std::size_t i = 0; i < variants.size(); ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      run(i);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (round > 0) best[i] = std::min(best[i], s);
+      if (round == kRounds - 1) {
+        const VariantRate rate{variants[i], flops / std::max(best[i], 1e-9) / 1e9};
+        entry.considered.push_back(rate);
+        if (progress) progress(rate);
+      }
+    }
 }
 
 // The float families (f32, bf16) on the class's problem: a Linear's weight packed once per kernel.
@@ -238,21 +248,23 @@ void measure_float(const GemmTuneKey& key, const ClassProblem& shape, const CpuC
   } else {
     p.b = w32.data();
   }
-  const double flops = 2.0 * static_cast<double>(shape.m * shape.n * shape.k);
-  std::optional<Bf16Path> packed_for;
-  std::shared_ptr<const PackedB> packed;
-  for (const GemmVariant& variant : candidate_variants(key.family, key.isa)) {
-    // Models pack their weights once; so does the measurement.
-    if (!packed_for || *packed_for != variant.bf16) {
-      packed = pack_b_once_for(p, key.isa, key.family == GemmFamily::bf16 ? variant.bf16 : Bf16Path::f32);
-      packed_for = variant.bf16;
-    }
-    Problem run = p;
-    run.packed_b = packed.get();
-    const VariantRate rate{variant, flops / best_seconds([&] { sgemm_variant(run, key.isa, key.threads, variant, caches); }) / 1e9};
-    entry.considered.push_back(rate);
-    if (progress) progress(rate);
+  // Models pack their weights once; so does the measurement, once per bf16 kernel.
+  const std::vector<GemmVariant> variants = candidate_variants(key.family, key.isa);
+  std::vector<std::shared_ptr<const PackedB>> packed(variants.size());
+  for (std::size_t i = 0; i < variants.size(); ++i) {
+    for (std::size_t j = 0; j < i && !packed[i]; ++j)
+      if (variants[j].bf16 == variants[i].bf16) packed[i] = packed[j];
+    if (!packed[i]) packed[i] = pack_b_once_for(p, key.isa, key.family == GemmFamily::bf16 ? variants[i].bf16 : Bf16Path::f32);
   }
+  const double flops = 2.0 * static_cast<double>(shape.m * shape.n * shape.k);
+  time_variants(
+      variants, flops,
+      [&](std::size_t i) {
+        Problem run = p;
+        run.packed_b = packed[i].get();
+        sgemm_variant(run, key.isa, key.threads, variants[i], caches);
+      },
+      entry, progress);
 }
 
 // The int8 family on the class's problem: quantized activations (u8, s8 + 128) times an s8 weight
@@ -267,24 +279,26 @@ void measure_int8(const GemmTuneKey& key, const ClassProblem& shape, const CpuCa
   for (int8_t& v : w) v = static_cast<int8_t>(dist(rng));
   std::vector<float> c(static_cast<std::size_t>(shape.m * shape.n)), row_scale(static_cast<std::size_t>(shape.m), 0.01f),
       col_scale(static_cast<std::size_t>(shape.n), 0.01f);
-  const double flops = 2.0 * static_cast<double>(shape.m * shape.n * shape.k);
-  std::optional<Int8Isa> packed_for;
-  std::shared_ptr<const PackedInt8> packed;
-  for (const GemmVariant& variant : candidate_variants(GemmFamily::int8, key.isa)) {
-    if (packed_for != variant.int8) {
-      packed = pack_int8_weight(w.data(), shape.n, shape.k, shape.k, *variant.int8);
-      packed_for = variant.int8;
-    }
-    Int8Problem p;
-    p.m = shape.m, p.n = shape.n;
-    p.a = a.data(), p.lda = 4 * packed->k_quads;  // K = 1024: no padding
-    p.b = packed.get();
-    p.c = c.data(), p.ldc = shape.n;
-    p.epilogue.row_scale = row_scale.data(), p.epilogue.col_scale = col_scale.data();
-    const VariantRate rate{variant, flops / best_seconds([&] { gemm_int8_variant(p, key.threads, variant.l2_share, caches); }) / 1e9};
-    entry.considered.push_back(rate);
-    if (progress) progress(rate);
+  const std::vector<GemmVariant> variants = candidate_variants(GemmFamily::int8, key.isa);
+  std::vector<std::shared_ptr<const PackedInt8>> packed(variants.size());
+  for (std::size_t i = 0; i < variants.size(); ++i) {
+    for (std::size_t j = 0; j < i && !packed[i]; ++j)
+      if (variants[j].int8 == variants[i].int8) packed[i] = packed[j];
+    if (!packed[i]) packed[i] = pack_int8_weight(w.data(), shape.n, shape.k, shape.k, *variants[i].int8);
   }
+  const double flops = 2.0 * static_cast<double>(shape.m * shape.n * shape.k);
+  time_variants(
+      variants, flops,
+      [&](std::size_t i) {
+        Int8Problem p;
+        p.m = shape.m, p.n = shape.n;
+        p.a = a.data(), p.lda = 4 * packed[i]->k_quads;  // K = 1024: no padding
+        p.b = packed[i].get();
+        p.c = c.data(), p.ldc = shape.n;
+        p.epilogue.row_scale = row_scale.data(), p.epilogue.col_scale = col_scale.data();
+        gemm_int8_variant(p, key.threads, variants[i].l2_share, caches);
+      },
+      entry, progress);
 }
 
 // The variant of `entry` (if any) for a kernel fixed by a packed weight: its best measured share.
@@ -401,7 +415,8 @@ ParsedGemmSection parse_gemm_section(const json& section, const std::string& cpu
         continue;
       }
       if (!considers_every_candidate(entry)) {
-        ++incomplete;  // measured before a kernel this CPU can run existed (or while one was forced)
+        ++incomplete;  // measured before a kernel this CPU can run existed (or while another was forced)
+        out.partial.push_back(entry);
         continue;
       }
       out.entries.push_back(entry);
@@ -416,8 +431,10 @@ ParsedGemmSection parse_gemm_section(const json& section, const std::string& cpu
     out.warnings += std::to_string(unavailable) + " GEMM entr" + (unavailable == 1 ? "y names" : "ies name") +
                     " a kernel or ISA this process cannot run and will be measured again; ";
   if (incomplete)
-    out.warnings += std::to_string(incomplete) + " GEMM entr" + (incomplete == 1 ? "y was" : "ies were") +
-                    " measured without a kernel this process can run and will be measured again; ";
+    out.warnings += std::to_string(incomplete) + " GEMM entr" + (incomplete == 1 ? "y has" : "ies have") +
+                    " no measurement of a kernel this process weighs (one newer than the file, or one forced by "
+                    "CUBEVEC_INT8_ISA or CUBEVEC_GEMM_BF16): it is measured on first use and added to " +
+                    (incomplete == 1 ? "the entry's" : "the entries'") + " rates; ";
   if (!out.warnings.empty()) out.warnings.resize(out.warnings.size() - 2);
   return out;
 }
@@ -429,6 +446,16 @@ Bf16Path expected_bf16_path(Isa isa, int threads) {
   tuner.load_default_once();
   const auto entry = tuner.find({GemmFamily::bf16, isa, ShapeClass::large, std::max(threads, 1)});
   return entry ? entry->choice.bf16 : Bf16Path::f32;
+}
+
+GemmTuneEntry merge_measurements(GemmTuneEntry fresh, const GemmTuneEntry& earlier) {
+  for (const VariantRate& old : earlier.considered) {
+    bool measured_now = false;
+    for (const VariantRate& now : fresh.considered) measured_now = measured_now || now.variant == old.variant;
+    if (!measured_now) fresh.considered.push_back(old);
+  }
+  fresh.choice = choose_variant(fresh.considered);
+  return fresh;
 }
 
 GemmTuner& GemmTuner::global() {
@@ -445,6 +472,7 @@ std::optional<GemmTuneEntry> GemmTuner::find(const GemmTuneKey& key) const {
 
 void GemmTuner::store(const GemmTuneEntry& entry) {
   std::lock_guard lock(mutex_);
+  std::erase_if(partial_entries_, [&](const GemmTuneEntry& e) { return e.key == entry.key; });  // superseded
   for (auto& e : entries_)
     if (e.key == entry.key) {
       e = entry;
@@ -455,6 +483,21 @@ void GemmTuner::store(const GemmTuneEntry& entry) {
   generation_.fetch_add(1, std::memory_order_acq_rel);
 }
 
+GemmTuneEntry GemmTuner::add_measurements(GemmTuneEntry fresh) {
+  std::lock_guard lock(mutex_);
+  for (auto it = partial_entries_.begin(); it != partial_entries_.end(); ++it)
+    if (it->key == fresh.key) {
+      fresh = merge_measurements(std::move(fresh), *it);
+      partial_entries_.erase(it);
+      break;
+    }
+  generation_.fetch_add(1, std::memory_order_acq_rel);
+  for (auto& e : entries_)
+    if (e.key == fresh.key) return e = merge_measurements(std::move(fresh), e);
+  entries_.push_back(fresh);
+  return fresh;
+}
+
 std::vector<GemmTuneEntry> GemmTuner::entries() const {
   std::lock_guard lock(mutex_);
   return entries_;
@@ -463,6 +506,7 @@ std::vector<GemmTuneEntry> GemmTuner::entries() const {
 void GemmTuner::clear() {
   std::lock_guard lock(mutex_);
   entries_.clear();
+  partial_entries_.clear();
   generation_.fetch_add(1, std::memory_order_acq_rel);
 }
 
@@ -483,6 +527,7 @@ std::string GemmTuner::set_file(const std::string& path, bool strict) {
     path_ = path;
     strict_ = strict;
     foreign_entries_ = json::array();
+    partial_entries_.clear();
   }
   if (path.empty()) return "";
   // A forced kernel the environment names wrongly is its own error, not the file's: reading the
@@ -504,6 +549,7 @@ std::string GemmTuner::set_file(const std::string& path, bool strict) {
     {
       std::lock_guard lock(mutex_);
       foreign_entries_ = parsed.foreign;
+      partial_entries_ = parsed.partial;
     }
     for (const auto& e : parsed.entries) store(e);
     return parsed.warnings.empty() ? "" : "tuning file " + path + ": " + parsed.warnings;
@@ -524,6 +570,7 @@ void GemmTuner::save() const {
     path = path_;
     gemm = foreign_entries_;
     for (const auto& e : entries_) gemm.push_back(gemm_entry_json(e, cpu_model_name(), this_cpu_caches()));
+    for (const auto& e : partial_entries_) gemm.push_back(gemm_entry_json(e, cpu_model_name(), this_cpu_caches()));
   }
   if (!path.empty()) write_tuning_section(path, "gemm", gemm);
 }
@@ -559,8 +606,7 @@ GemmTuneEntry GemmTuner::choose(const GemmTuneKey& key) {
   if (auto found = find(key)) return *found;
   std::lock_guard measuring(measure_mutex_);
   if (auto found = find(key)) return *found;  // measured by another thread meanwhile
-  GemmTuneEntry entry = calibrate(key, this_cpu_caches());
-  store(entry);
+  const GemmTuneEntry entry = add_measurements(calibrate(key, this_cpu_caches()));
   try {
     save();
   } catch (const Error& err) {

@@ -91,6 +91,9 @@ class GemmTuner {
   GemmTuneEntry choose(const GemmTuneKey& key);
   std::optional<GemmTuneEntry> find(const GemmTuneKey& key) const;
   void store(const GemmTuneEntry& entry);
+  // Stores a fresh calibration merged with what the tuner already has for its key (stored or
+  // partial: merge_measurements) and returns the merged entry.
+  GemmTuneEntry add_measurements(GemmTuneEntry fresh);
   std::vector<GemmTuneEntry> entries() const;
   void clear();
   // Changes whenever an entry is stored or cleared (sgemm's per-thread copies check it).
@@ -114,6 +117,7 @@ class GemmTuner {
   mutable std::mutex mutex_;
   std::mutex measure_mutex_;  // one measurement at a time (two would time each other)
   std::vector<GemmTuneEntry> entries_;
+  std::vector<GemmTuneEntry> partial_entries_;                // ParsedGemmSection::partial, until measured
   nlohmann::json foreign_entries_ = nlohmann::json::array();  // other CPUs' entries, kept on save
   std::string path_;
   bool configured_ = false;
@@ -133,10 +137,18 @@ nlohmann::json read_tuning_section(const std::string& path, const std::string& s
 // loaded, others ignored with a warning but kept. Throws Error on a malformed section.
 struct ParsedGemmSection {
   std::vector<GemmTuneEntry> entries;
+  // This CPU's entries without measurements of a kernel this process would weigh (one added since
+  // the file was written, or one forced by CUBEVEC_INT8_ISA / CUBEVEC_GEMM_BF16): the missing kernel
+  // is measured on first use and its rates added to the entry's (merge_measurements).
+  std::vector<GemmTuneEntry> partial;
   nlohmann::json foreign = nlohmann::json::array();
   std::string warnings;
 };
 ParsedGemmSection parse_gemm_section(const nlohmann::json& section, const std::string& cpu, const CpuCaches& caches);
 nlohmann::json gemm_entry_json(const GemmTuneEntry& entry, const std::string& cpu, const CpuCaches& caches);
+// `fresh` with the rates of `earlier` (the same key) for the variants it did not measure, and the
+// choice made again over them all: a run that forces one kernel adds its rates to the file's entry
+// instead of replacing the other kernels' (which the next unforced run would measure again).
+GemmTuneEntry merge_measurements(GemmTuneEntry fresh, const GemmTuneEntry& earlier);
 
 }  // namespace cubevec::ops::gemm

@@ -3,6 +3,8 @@
 // run that had to calibrate (GEMM variants and attention picks alike), which the next run reuses.
 #include <sys/stat.h>
 
+#include <set>
+
 #include <nlohmann/json.hpp>
 
 #include "cli/run_cubevec.h"
@@ -158,6 +160,48 @@ TEST_F(TuneCli, ForcingAnInt8KernelIsCheckedAgainstTheCpu) {
   EXPECT_EQ(with_file.status, 1);
   EXPECT_NE(with_file.err.find("error: CUBEVEC_INT8_ISA=AMX: unknown int8 ISA"), std::string::npos) << with_file.err;
   EXPECT_EQ(with_file.err.find("not valid"), std::string::npos) << with_file.err;
+}
+
+// A run that forces an int8 kernel adds its rates to the file's entry instead of replacing the
+// other kernels' (the next unforced run measured them all again, warning about the forced entry).
+TEST_F(TuneCli, AForcedKernelsRatesJoinTheFilesEntry) {
+  namespace g = cubevec::ops::gemm;
+  const auto candidates = g::candidate_variants(g::GemmFamily::int8, g::best_isa());
+  if (candidates.front().int8 == g::Int8Isa::portable) GTEST_SKIP() << "this CPU has no int8 kernel but the portable one";
+  const std::string file = (dir_ / "tuning.json").string();
+  const auto tune = [&](const std::vector<std::string>& env) {
+    std::vector<std::string> argv{"/usr/bin/env"};
+    argv.insert(argv.end(), env.begin(), env.end());
+    argv.insert(argv.end(),
+                {CUBEVEC_BINARY, "tune", "--tune-cache", file, "--families", "int8", "--shapes", "skinny", "--cube-threads", "1"});
+    return cubevec_cli_test::run_program(argv, dir_);
+  };
+  const auto kernels_of = [](const nlohmann::json& entry) {
+    std::set<std::string> out;
+    for (const auto& r : entry["considered"]) out.insert(r["kernel"].get<std::string>());
+    return out;
+  };
+  ASSERT_EQ(tune({}).status, 0);
+  const nlohmann::json first = nlohmann::json::parse(read_file(file))["gemm"];
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(kernels_of(first[0]).count("portable"), 0u);
+
+  const auto forced = tune({"CUBEVEC_INT8_ISA=portable"});
+  ASSERT_EQ(forced.status, 0) << forced.err;
+  EXPECT_NE(forced.err.find("no measurement of a kernel this process weighs"), std::string::npos) << forced.err;
+  const nlohmann::json second = nlohmann::json::parse(read_file(file))["gemm"];
+  ASSERT_EQ(second.size(), 1u) << second.dump();
+  std::set<std::string> both = kernels_of(first[0]);
+  both.insert("portable");
+  EXPECT_EQ(kernels_of(second[0]), both);
+  EXPECT_EQ(second[0]["considered"].size(), first[0]["considered"].size() + 3) << "three L2 shares of the portable kernel";
+  EXPECT_EQ(second[0]["choice"]["kernel"], first[0]["choice"]["kernel"]) << "the portable kernel is the slowest";
+
+  const auto again = tune({});
+  ASSERT_EQ(again.status, 0) << again.err;
+  EXPECT_NE(again.err.find("already in the tuning file"), std::string::npos) << again.err;
+  EXPECT_EQ(again.err.find("warning"), std::string::npos) << again.err;
+  EXPECT_EQ(nlohmann::json::parse(read_file(file))["gemm"], second);
 }
 
 }  // namespace tune_cli_test

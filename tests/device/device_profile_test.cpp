@@ -157,6 +157,13 @@ TEST(DeviceProfile, ThreadOverridesFromEnvironmentThenFlags) {
   EXPECT_NE(message_of([&] { apply_thread_overrides(p); }).find("CUBEVEC_CUBE_THREADS=two: expected an integer"), std::string::npos);
   apply_thread_overrides(p, 4, 0);  // the flag wins: the bad variable is not read
   EXPECT_EQ(p.cube_threads, 4);
+  // Digits only: strtol took these (found by a probe).
+  for (const char* bad : {" 2", "+2", "2 ", "-2", "0", "4097", "99999999999999999999"}) {
+    setenv("CUBEVEC_CUBE_THREADS", bad, 1);
+    EXPECT_NE(message_of([&] { apply_thread_overrides(p); }).find("CUBEVEC_CUBE_THREADS=" + std::string(bad) + ": expected an integer"),
+              std::string::npos)
+        << "'" << bad << "'";
+  }
   unsetenv("CUBEVEC_CUBE_THREADS");
 }
 

@@ -227,25 +227,68 @@ TEST(TuningFile, EntriesSurviveARoundTrip) {
   EXPECT_FALSE(reader.find(sample_entry(3).key).has_value());
 }
 
-// An entry measured before a kernel this CPU can run was added (a file from before AMX-INT8) is
-// measured again rather than keeping the old choice for good.
+// An entry measured before a kernel this CPU can run was added (a file from before AMX-INT8), or
+// while another kernel was forced, is measured again rather than keeping the old choice for good.
 TEST(TuningFile, AnEntryThatNeverMeasuredAnAvailableKernelIsMeasuredAgain) {
   TempDir dir;
   const std::string path = (dir.path / "tuning.json").string();
   g::GemmTuneEntry int8 = sample_entry(2);
   int8.key.family = g::GemmFamily::int8;
   const std::vector<g::GemmVariant> candidates = g::candidate_variants(g::GemmFamily::int8, int8.key.isa);
+  if (candidates.front().int8 == g::Int8Isa::portable) GTEST_SKIP() << "this CPU has no int8 kernel but the portable one";
+  // Every candidate but the first kernel's, and the portable kernel's (which a forced run measures).
   int8.considered.clear();
   for (const g::GemmVariant& v : candidates)
-    if (v.int8 != candidates.front().int8) int8.considered.push_back({v, 20.0});  // all but the first kernel
-  if (int8.considered.empty()) GTEST_SKIP() << "this CPU has one int8 kernel";
+    if (v.int8 != candidates.front().int8) int8.considered.push_back({v, 20.0});
+  for (int share : {2, 4, 8}) int8.considered.push_back({{g::Bf16Path::f32, share, false, g::Int8Isa::portable}, 2.0});
   int8.choice = int8.considered.front().variant;
   const nlohmann::json entry = g::gemm_entry_json(int8, g::cpu_model_name(), g::this_cpu_caches());
   write_text(path, nlohmann::json{{"format", "cubevec-tuning"}, {"version", 1}, {"gemm", {entry}}}.dump());
   g::GemmTuner tuner;
   const std::string warning = tuner.set_file(path, true);
-  EXPECT_NE(warning.find("1 GEMM entry was measured without a kernel this process can run"), std::string::npos) << warning;
+  EXPECT_NE(warning.find("1 GEMM entry has no measurement of a kernel this process weighs"), std::string::npos) << warning;
   EXPECT_TRUE(tuner.entries().empty());
+  // Until it is measured, the entry stays in the file (a save for another key keeps it)...
+  tuner.store(sample_entry(2));
+  tuner.save();
+  const nlohmann::json saved = nlohmann::json::parse(read_regular_file(path));
+  ASSERT_EQ(saved["gemm"].size(), 2u) << saved.dump();
+  EXPECT_EQ(saved["gemm"][1]["considered"].size(), int8.considered.size()) << saved.dump();
+  // ...and a measurement of the missing kernel adds its rates to the entry's.
+  g::GemmTuneEntry fresh = int8;
+  fresh.considered.clear();
+  for (const g::GemmVariant& v : candidates)
+    if (v.int8 == candidates.front().int8) fresh.considered.push_back({v, 30.0});
+  const g::GemmTuneEntry merged = tuner.add_measurements(fresh);
+  EXPECT_EQ(merged.considered.size(), fresh.considered.size() + int8.considered.size());
+  EXPECT_EQ(merged.choice.int8, candidates.front().int8) << "the faster kernel's variant";
+  ASSERT_EQ(tuner.entries().size(), 2u);
+  tuner.save();
+  g::GemmTuner reader;
+  EXPECT_EQ(reader.set_file(path, true), "") << "every candidate measured now";
+  EXPECT_EQ(reader.entries().size(), 2u);
+}
+
+// A calibration that did not measure every variant (a forced kernel) keeps the earlier rates of
+// the others, and the choice is made again over all of them.
+TEST(TuningFile, MergedMeasurementsKeepTheRatesNotMeasuredNow) {
+  g::GemmTuneEntry earlier = sample_entry(2), fresh = sample_entry(2);
+  earlier.considered = {{{g::Bf16Path::f32, 4}, 5.0}, {{g::Bf16Path::f32, 8}, 30.0}};
+  earlier.choice = {g::Bf16Path::f32, 8};
+  fresh.considered = {{{g::Bf16Path::f32, 2}, 10.0}, {{g::Bf16Path::f32, 4}, 20.0}};
+  fresh.choice = {g::Bf16Path::f32, 4};
+  const g::GemmTuneEntry merged = g::merge_measurements(fresh, earlier);
+  ASSERT_EQ(merged.considered.size(), 3u);
+  EXPECT_EQ(merged.considered[0].gflops, 10.0);
+  EXPECT_EQ(merged.considered[1].gflops, 20.0) << "a variant measured now replaces its earlier rate";
+  EXPECT_EQ(merged.considered[2].variant, (g::GemmVariant{g::Bf16Path::f32, 8}));
+  EXPECT_EQ(merged.choice, (g::GemmVariant{g::Bf16Path::f32, 8})) << "the fastest over both measurements";
+  // The tuner merges into a stored entry the same way.
+  g::GemmTuner tuner;
+  tuner.store(earlier);
+  EXPECT_EQ(tuner.add_measurements(fresh).considered.size(), 3u);
+  ASSERT_EQ(tuner.entries().size(), 1u);
+  EXPECT_EQ(tuner.entries()[0].choice, (g::GemmVariant{g::Bf16Path::f32, 8}));
 }
 
 TEST(TuningFile, AnotherCpusEntriesAreIgnoredWithAWarningAndKept) {
