@@ -2,6 +2,7 @@
 // mask, denoising_strength: Flux image-to-image and inpainting), progress, interrupt and the model
 // list. Its fields map onto the library's request: steps -> num_inference_steps, cfg_scale ->
 // guidance_scale, seed -1 -> a random seed; batch_size x n_iter pictures with seeds seed, seed + 1...
+// cubevec's own request keys (lora, cfg, cache, sparse, quant_attention...) are taken as well.
 #include <optional>
 #include <string>
 #include <vector>
@@ -80,8 +81,9 @@ void generate(ServerContext& context, const httplib::Request& http_request, http
   if (const auto cfg = number_field(body, "cfg_scale", 0.0, 100.0)) keys["guidance_scale"] = *cfg;
   if (const auto width = integer_field(body, "width", 16, context.limits.max_side)) keys["width"] = *width;
   if (const auto height = integer_field(body, "height", 16, context.limits.max_side)) keys["height"] = *height;
-  // NAME[:SCALE] of --lora-dir's, and a Kontext edit's settings: as the library reads them.
-  for (const char* key : {"lora", "max_area", "auto_resize"})
+  // NAME[:SCALE] of --lora-dir's, a Kontext edit's settings and cubevec's stages (CFG mode, step
+  // cache, sparse and int8 attention): as the library reads them (the web UI sends none of these).
+  for (const char* key : {"lora", "max_area", "auto_resize", "cfg", "cache", "sparse", "quant_attention"})
     if (const auto it = body.find(key); it != body.end() && !it->is_null()) keys[key] = *it;
   // The web UI's default strength is 0.75; a Kontext model edits the picture instead (no strength).
   const std::optional<double> strength = number_field(body, "denoising_strength", 0.0, 1.0);

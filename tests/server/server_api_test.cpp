@@ -361,7 +361,7 @@ TEST(ServerApi, TwoInstancesAtOnceGiveTheSequentialPixels) {
   cubevec::server::SchedulerOptions options;
   options.instances = 2;
   TestServer server(options);
-  const json cache{{"cache", "db"}, {"cache-fn", 1}, {"cache-bn", 0}, {"cache-threshold", 0.3}};
+  const json cache{{"cache", "db"}, {"cache-fn", 1}, {"cache-bn", 0}, {"cache-threshold", 1.0}};
   const std::string a = body_with({{"seed", 11}, {"cache", cache}, {"size", "64x64"}, {"num_inference_steps", 8}}).dump(),
                     b = body_with({{"seed", 12}, {"size", "64x64"}}).dump();
   const auto pixels = [&](const std::string& body) {
@@ -470,6 +470,17 @@ TEST(ServerApi, Automatic1111Txt2ImgProgressInterruptAndModels) {
   ASSERT_EQ(models.size(), 1u);
   EXPECT_EQ(models[0]["model_name"], "tinyflux");
   EXPECT_EQ(server.post("/sdapi/v1/txt2img", json{{"prompt", kPrompt}, {"steps", "3"}}.dump())->status, 400);
+  // cubevec's stages go to the library as it reads them (the route dropped them before): a bad
+  // value of each is the library's 400 naming the key, where it used to be ignored.
+  for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{
+           {"cfg", "sideways"}, {"cache", json{{"cache", "nope"}}}, {"sparse", json{{"sparse", "nope"}}}, {"quant_attention", "int4"}}) {
+    const auto bad = server.post("/sdapi/v1/txt2img", json{{"prompt", kPrompt}, {"steps", 1}, {key, value}}.dump());
+    EXPECT_EQ(bad->status, 400) << key << ": " << bad->body;
+    EXPECT_NE(bad->body.find(key), std::string::npos) << bad->body;
+  }
+  const auto good =
+      server.post("/sdapi/v1/txt2img", json{{"prompt", kPrompt}, {"steps", 1}, {"cfg", "off"}, {"quant_attention", "none"}}.dump());
+  EXPECT_EQ(good->status, 200) << good->body;
   EXPECT_EQ(server.post("/sdapi/v1/txt2img", json{{"prompt", kPrompt}, {"batch_size", 3}, {"n_iter", 2}}.dump())->status, 400);
 
   // A long one, watched through /progress and stopped by /interrupt.
