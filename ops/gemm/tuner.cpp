@@ -203,7 +203,7 @@ namespace {
 // machine the minimum is the steadier estimate of what a variant can do, and taking turns spreads a
 // burst of someone else's work over all of them instead of sinking the one measured meanwhile (run
 // back to back, the L2 shares of one kernel swapped places between calibrations on a noisy Zen 3).
-// `report(i, rate)` is called once per variant, when its last run is timed.
+// `progress` hears of each variant once, when its last run is timed.
 void time_variants(const std::vector<GemmVariant>& variants, double flops, const std::function<void(std::size_t)>& run,
                    GemmTuneEntry& entry, const std::function<void(const VariantRate&)>& progress) {
   std::vector<double> best(variants.size(), 1e30);
@@ -484,17 +484,13 @@ void GemmTuner::store(const GemmTuneEntry& entry) {
 }
 
 GemmTuneEntry GemmTuner::add_measurements(GemmTuneEntry fresh) {
-  std::lock_guard lock(mutex_);
-  for (auto it = partial_entries_.begin(); it != partial_entries_.end(); ++it)
-    if (it->key == fresh.key) {
-      fresh = merge_measurements(std::move(fresh), *it);
-      partial_entries_.erase(it);
-      break;
-    }
-  generation_.fetch_add(1, std::memory_order_acq_rel);
-  for (auto& e : entries_)
-    if (e.key == fresh.key) return e = merge_measurements(std::move(fresh), e);
-  entries_.push_back(fresh);
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto* earlier : {&partial_entries_, &entries_})
+      for (const GemmTuneEntry& e : *earlier)
+        if (e.key == fresh.key) fresh = merge_measurements(std::move(fresh), e);
+  }
+  store(fresh);  // replaces the stored entry and drops the partial one
   return fresh;
 }
 
