@@ -15,6 +15,7 @@
 
 #include "ops/gemm/microkernel.h"
 #include "ops/gemm/microkernel_bf16.h"
+#include "ops/gemm/panel_prefetch.h"
 #include "ops/gemm/tuner.h"
 #include "tensor/caching_allocator.h"
 #include "base/error.h"
@@ -240,9 +241,13 @@ void gemm_block(const Problem& p, const Plan<P>& plan, int64_t row0, int64_t row
         pack_a_fn(p, plan, ic, mc, pc, kc, packed_a.ptr);
         for (int64_t jr = 0; jr < nc; jr += plan.nr) {
           const int64_t cols = std::min(plan.nr, nc - jr);
+          const int64_t panel_elements = k_steps * plan.kgroup * plan.nr;
           const P* b_panel = b_block + jr * k_steps * plan.kgroup;
+          NextPanelPrefetch next_panel(jr + plan.nr < nc ? b_panel + panel_elements : nullptr,
+                                       panel_elements * static_cast<int64_t>(sizeof(P)), (mc + plan.mr - 1) / plan.mr);
           for (int64_t ir = 0; ir < mc; ir += plan.mr) {
             const int64_t rows = std::min(plan.mr, mc - ir);
+            next_panel.step();
             const P* a_panel = packed_a.ptr + ir * k_steps * plan.kgroup;
             float* c_tile = p.c + (ic + ir) * p.ldc + jc + jr;
             if (rows == plan.mr && cols == plan.nr) {
