@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "base/error.h"
+#include "base/strict_json.h"
 
 namespace cubevec {
 
@@ -14,11 +15,6 @@ namespace {
 std::string range_text(int64_t min, int64_t max) {
   if (max == std::numeric_limits<int64_t>::max()) return ">= " + std::to_string(min);
   return "in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
-}
-
-bool is_int64(const nlohmann::json& v) {
-  return v.is_number_integer() &&
-         !(v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()));
 }
 
 }  // namespace

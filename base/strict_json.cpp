@@ -1,5 +1,7 @@
 #include "base/strict_json.h"
 
+#include <limits>
+
 #include "base/regular_file.h"
 
 #include <unordered_set>
@@ -117,6 +119,11 @@ nlohmann::json read_json_file(const std::string& path, int max_depth) {
   } catch (const StrictJsonError& e) {
     throw Error(path + ": " + (e.kind() == StrictJsonError::Kind::Syntax ? "" : "not valid JSON: ") + e.what());
   }
+}
+
+bool is_int64(const nlohmann::json& value) {
+  return value.is_number_integer() &&
+         !(value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()));
 }
 
 }  // namespace cubevec

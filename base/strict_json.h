@@ -22,6 +22,10 @@ class StrictJsonError : public Error {
   int depth_;
 };
 
+// True for a JSON integer that fits int64_t: nlohmann stores 2^63 .. 2^64 - 1 as unsigned, and
+// get<int64_t>() would wrap such a value to a negative one (a range check then names the wrong number).
+bool is_int64(const nlohmann::json& value);
+
 // max_depth: deepest container allowed; the top-level value is at depth 0.
 nlohmann::json parse_strict_json(std::string_view text, int max_depth);
 

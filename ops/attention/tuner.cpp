@@ -5,6 +5,7 @@
 
 #include "ops/attention_tuner.h"
 #include "ops/gemm/driver.h"
+#include "base/config_reader.h"
 #include "base/enum_names.h"
 #include "base/output_file.h"
 #include "base/regular_file.h"
@@ -21,8 +22,9 @@ using nlohmann::json;
 
 // Attention over no heads, rows or channels is never tuned: such an entry is damage, not a pick.
 int64_t positive_field(const json& entry, const char* name) {
-  if (!entry.contains(name) || !entry[name].is_number_integer() || entry[name].get<int64_t>() < 1)
-    throw Error(std::string("field '") + name + "' must be a positive integer");
+  if (!entry.contains(name) || !is_int64(entry[name]) || entry[name].get<int64_t>() < 1)
+    throw Error(std::string("field '") + name + "' must be a positive integer below 2^63" +
+                (entry.contains(name) ? ", got " + json_for_message(entry[name]) : std::string()));
   return entry[name].get<int64_t>();
 }
 

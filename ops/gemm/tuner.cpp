@@ -47,11 +47,11 @@ std::string field_text(const json& object, const char* name) {
 
 int64_t field_int(const json& object, const char* name, int64_t lo, int64_t hi) {
   if (!object.contains(name) || !object[name].is_number_integer()) throw Error(std::string("field '") + name + "' must be an integer");
-  const int64_t v = object[name].get<int64_t>();
-  if (v < lo || v > hi)
+  const json& value = object[name];
+  if (!is_int64(value) || value.get<int64_t>() < lo || value.get<int64_t>() > hi)
     throw Error(std::string("field '") + name + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
-                std::to_string(v));
-  return v;
+                value.dump());
+  return value.get<int64_t>();
 }
 
 json variant_json(const GemmVariant& v) {

@@ -328,6 +328,8 @@ TEST(TuningFile, MalformedFilesAreErrorsWhenNamedAndLeftAloneOtherwise) {
       {R"({"format": "cubevec-tuning", "version": 1, "gemm": {}})", "field 'gemm' must be an array"},
       {with("family", "f16"), "unknown GEMM family 'f16'"},
       {with("threads", 0), "field 'threads' must be in [1, 4096]"},
+      // Past int64_t: named as written, not wrapped to a negative number.
+      {with("threads", uint64_t{1} << 63), "field 'threads' must be in [1, 4096], got 9223372036854775808"},
       {with("choice", {{"kernel", "sse"}, {"l2_share", 2}}), "unknown f32 kernel 'sse'"},
       {with("choice", {{"kernel", "f32"}, {"l2_share", 1000}, {"prefetch", false}}), "field 'l2_share'"},
       {with("choice", {{"kernel", "f32"}, {"l2_share", 2}, {"prefetch", 1}}), "field 'prefetch'"},
