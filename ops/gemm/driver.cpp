@@ -207,7 +207,11 @@ void gemm_block(const Problem& p, const Plan<P>& plan, int64_t row0, int64_t row
   // was a sixth of a T5-XXL layer's GEMM time at M = 512).
   const int64_t nc_step = p.packed_b ? n : plan.nc;
   const int64_t nc_max = std::min(nc_step, round_up(n, plan.nr));
-  const int64_t mc_max = std::min(plan.mc, round_up(m, plan.mr));
+  // The rows in A blocks of at most MC, evened out: 256 rows at MC 252 as 252 + 4 would run the last
+  // block's 4 rows over every B panel for one call each.
+  const int64_t blocks_m = (m + plan.mc - 1) / plan.mc;
+  const int64_t mc_step = std::min(plan.mc, round_up((m + blocks_m - 1) / blocks_m, plan.mr));
+  const int64_t mc_max = std::min(mc_step, round_up(m, plan.mr));
   const int64_t kc_max = plan.padded(std::min(plan.kc, std::max<int64_t>(p.k, 1)));
   Workspace<P> packed_a(static_cast<std::size_t>(mc_max * kc_max)),
       packed_b(p.packed_b ? std::size_t{1} : static_cast<std::size_t>(nc_max * kc_max));
@@ -236,8 +240,8 @@ void gemm_block(const Problem& p, const Plan<P>& plan, int64_t row0, int64_t row
         pack_b_fn(p, plan, pc, kc, jc, nc, packed_b.ptr);
         b_block = packed_b.ptr;
       }
-      for (int64_t ic = row0; ic < row1; ic += plan.mc) {
-        const int64_t mc = std::min(plan.mc, row1 - ic);
+      for (int64_t ic = row0; ic < row1; ic += mc_step) {
+        const int64_t mc = std::min(mc_step, row1 - ic);
         pack_a_fn(p, plan, ic, mc, pc, kc, packed_a.ptr);
         for (int64_t jr = 0; jr < nc; jr += plan.nr) {
           const int64_t cols = std::min(plan.nr, nc - jr);
