@@ -107,8 +107,9 @@ std::string AttentionTuneKey::text() const {
 }
 
 AttentionTuner& AttentionTuner::global() {
-  static AttentionTuner tuner;
-  return tuner;
+  // Leaked on purpose, as GemmTuner::global(): kernels may still run during static destruction.
+  static AttentionTuner* tuner = new AttentionTuner();
+  return *tuner;
 }
 
 std::optional<AttentionTuneChoice> AttentionTuner::find(const AttentionTuneKey& key) const {

@@ -90,12 +90,14 @@ CpuCaches read_cpu_caches(const std::string& dir) {
 }
 
 const CpuCaches& this_cpu_caches() {
-  static const CpuCaches caches = read_cpu_caches("/sys/devices/system/cpu/cpu0/cache");
-  return caches;
+  // Leaked on purpose: GEMMs read it from the default device's threads, which outlive main().
+  static const CpuCaches* caches = new CpuCaches(read_cpu_caches("/sys/devices/system/cpu/cpu0/cache"));
+  return *caches;
 }
 
 const std::string& cpu_model_name() {
-  static const std::string name = [] {
+  // Leaked on purpose, as this_cpu_caches(): the tuner reads it from threads that outlive main().
+  static const std::string* name = new std::string([] {
     unsigned max_ext = 0, ebx = 0, ecx = 0, edx = 0;
     __get_cpuid(0x80000000, &max_ext, &ebx, &ecx, &edx);
     if (max_ext < 0x80000004) return std::string("unknown x86-64");
@@ -110,8 +112,8 @@ const std::string& cpu_model_name() {
     if (first == std::string::npos) return std::string("unknown x86-64");
     text = text.substr(first, text.find_last_not_of(' ') - first + 1);
     return text;
-  }();
-  return name;
+  }());
+  return *name;
 }
 
 }  // namespace cubevec::ops::gemm

@@ -459,8 +459,10 @@ GemmTuneEntry merge_measurements(GemmTuneEntry fresh, const GemmTuneEntry& earli
 }
 
 GemmTuner& GemmTuner::global() {
-  static GemmTuner tuner;
-  return tuner;
+  // Leaked on purpose, like the default device: its unit threads may still run a GEMM (and ask the
+  // tuner for a variant) while static objects are destroyed after main() returns.
+  static GemmTuner* tuner = new GemmTuner();
+  return *tuner;
 }
 
 std::optional<GemmTuneEntry> GemmTuner::find(const GemmTuneKey& key) const {
