@@ -210,10 +210,9 @@ void gemm_block(const Problem& p, const Plan<P>& plan, int64_t row0, int64_t row
   // The rows in A blocks of at most MC, evened out: 256 rows at MC 252 as 252 + 4 would run the last
   // block's 4 rows over every B panel for one call each.
   const int64_t blocks_m = (m + plan.mc - 1) / plan.mc;
-  const int64_t mc_step = std::min(plan.mc, round_up((m + blocks_m - 1) / blocks_m, plan.mr));
-  const int64_t mc_max = std::min(mc_step, round_up(m, plan.mr));
+  const int64_t mc_step = std::min(plan.mc, round_up((m + blocks_m - 1) / blocks_m, plan.mr));  // <= m rounded up
   const int64_t kc_max = plan.padded(std::min(plan.kc, std::max<int64_t>(p.k, 1)));
-  Workspace<P> packed_a(static_cast<std::size_t>(mc_max * kc_max)),
+  Workspace<P> packed_a(static_cast<std::size_t>(mc_step * kc_max)),
       packed_b(p.packed_b ? std::size_t{1} : static_cast<std::size_t>(nc_max * kc_max));
   alignas(64) float edge[32 * 32];  // full tile for partial edges (MR, NR <= 32)
 
