@@ -17,7 +17,7 @@ bool EventState::passed() const { return done_.load(std::memory_order_acquire); 
 void EventState::host_wait() const {
   if (t_inside_kernel) return;
   // Short waits are common (a just-launched kernel): spin first, sleep only if that was not enough.
-  spin_then_yield([&] { return passed(); }, kSpinSeconds);
+  spin_until([&] { return passed(); }, kSpinSeconds);
   std::unique_lock lock(mutex_);
   reached_.wait(lock, [&] { return done_.load(); });
   if (!error_.empty()) throw Error(error_);

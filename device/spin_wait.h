@@ -11,31 +11,20 @@ namespace cubevec {
 
 // How long a unit's dispatcher or a host waiting on an event spins before it sleeps.
 inline constexpr double kSpinSeconds = 50e-6;
-// How long of that it spins on `pause` alone before it yields the core on each round (see
-// spin_then_yield).
+// How long of that it spins on `pause` alone before it yields the core on each round.
 inline constexpr double kPauseSeconds = 2e-6;
 
-// Spins on `pause` until `ready()` or `seconds` have passed; returns ready().
+// Spins until `ready()` or `seconds` have passed; returns ready(). The first `pause_seconds` spin
+// on `pause`, the rest call sched_yield each round. Both units run on every core by default, so a
+// waiter (an idle unit's dispatcher, the host) usually shares its core with the other unit's
+// kernel: 50 us on `pause` after every job took that time from the kernel (tinyflux's 28-step
+// denoising on a 2-core Zen 3 ran 20-25% slower). Where the core is free, sched_yield returns at
+// once and the waiter still sees its hand-off within a microsecond or two.
 template <class Ready>
-bool spin_until(Ready ready, double seconds) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (!ready()) {
-    for (int i = 0; i < 32; ++i) _mm_pause();
-    if (std::chrono::steady_clock::now() > deadline) return ready();
-  }
-  return true;
-}
-
-// Like spin_until, but after kPauseSeconds on `pause` it calls sched_yield each round. Both units
-// run on every core by default, so an idle unit's dispatcher (or the host) usually shares its core
-// with the other unit's kernel: 50 us on `pause` after every job took that time from the kernel
-// (tinyflux's 28-step denoising on a 2-core Zen 3 ran 20-25% slower). Where the core is free,
-// sched_yield returns at once and the waiter still sees its hand-off within a microsecond or two.
-template <class Ready>
-bool spin_then_yield(Ready ready, double seconds) {
+bool spin_until(Ready ready, double seconds, double pause_seconds = kPauseSeconds) {
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + std::chrono::duration<double>(seconds);
-  const auto pause_end = start + std::chrono::duration<double>(kPauseSeconds);
+  const auto pause_end = start + std::chrono::duration<double>(pause_seconds);
   while (!ready()) {
     const auto now = std::chrono::steady_clock::now();
     if (now > deadline) return ready();

@@ -97,7 +97,7 @@ void UnitExecutor::dispatch_loop() {
   while (true) {
     // Kernels tend to arrive right behind each other: spin briefly before sleeping, which saves
     // the tens of microseconds a futex wake-up costs.
-    spin_then_yield([&] { return queue_->queued.load(std::memory_order_acquire) != 0; }, kSpinSeconds);
+    spin_until([&] { return queue_->queued.load(std::memory_order_acquire) != 0; }, kSpinSeconds);
     std::function<void()> job;
     {
       std::unique_lock lock(queue_->mutex);

@@ -34,16 +34,10 @@ struct Tile {
   bool last = false;   // last key block of its q-block
 };
 
-// Spins briefly, then yields the core (the other side may share it), until ready() or the deadline.
+// Spins 20 us, then yields the core (the other side may share it), until ready() or the deadline.
 template <class Ready>
 bool wait_for(Ready ready, double seconds) {
-  if (spin_until(ready, std::min(seconds, 20e-6))) return true;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (!ready()) {
-    if (std::chrono::steady_clock::now() > deadline) return ready();
-    std::this_thread::yield();
-  }
-  return true;
+  return spin_until(ready, seconds, 20e-6);
 }
 
 }  // namespace

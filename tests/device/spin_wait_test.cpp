@@ -1,5 +1,6 @@
-// The device's bounded busy-waits (device/spin_wait.h): both see a flag another thread sets, both
-// give up at their deadline and say so, and neither waits when the answer is there already.
+// The device's bounded busy-wait (device/spin_wait.h), spinning on pause throughout and yielding
+// after its first microseconds: both ways see a flag another thread sets, both give up at their
+// deadline and say so, and neither waits when the answer is there already.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -14,11 +15,11 @@ namespace spin_wait_test {  // named after the file: unity batches never mix two
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-// Runs `test` with each of the two waits.
+// Runs `test` with each way of waiting.
 template <class Test>
 void for_each_wait(Test test) {
-  test("spin_until", [](auto ready, double seconds) { return spin_until(ready, seconds); });
-  test("spin_then_yield", [](auto ready, double seconds) { return spin_then_yield(ready, seconds); });
+  test("pause only", [](auto ready, double seconds) { return spin_until(ready, seconds, seconds); });
+  test("pause, then yield", [](auto ready, double seconds) { return spin_until(ready, seconds); });
 }
 
 TEST(SpinWait, BothWaitsSeeAFlagAnotherThreadSets) {

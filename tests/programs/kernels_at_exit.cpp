@@ -1,6 +1,6 @@
-// Enqueues GEMMs (f32, then many small int8 ones) on the default device and returns from main() without waiting for
-// them: the device is leaked on purpose, so its unit threads go on running them while static
-// objects are destroyed. Run by KernelsAtExit.TheGlobalsTheyUseOutliveMain: under ASan, a global a
+// Enqueues GEMMs (f32, then many small int8 ones) on the default device and returns from main()
+// without waiting for them: the device is leaked on purpose, so its unit threads go on running
+// them while static objects are destroyed. Run by KernelsAtExit.TheGlobalsTheyUseOutliveMain: under ASan, a global a
 // kernel uses (the GEMM tuner, the CPU's cache sizes) destroyed at exit is a heap-use-after-free.
 #include <cstdio>
 #include <cstdlib>
