@@ -112,15 +112,21 @@ JobSnapshot Job::snapshot() const {
 
 bool Job::wait_finished(std::chrono::steady_clock::time_point deadline) const {
   std::unique_lock lock(mutex_);
-  return changed_.wait_until(lock, deadline, [&] { return finished(status_); });
+  return changed_.wait_until(lock, deadline, [&] { return finished(status_) && accounted_; });
+}
+
+void Job::mark_accounted() {
+  std::lock_guard lock(mutex_);
+  accounted_ = true;
+  changed_.notify_all();
 }
 
 std::vector<JobEvent> Job::events_from(std::size_t from, std::chrono::steady_clock::time_point deadline, bool& is_finished) const {
   std::unique_lock lock(mutex_);
-  changed_.wait_until(lock, deadline, [&] { return events_.size() > from; });
+  changed_.wait_until(lock, deadline, [&] { return events_.size() > from || (finished(status_) && accounted_); });
   std::vector<JobEvent> out;
   for (std::size_t i = from; i < events_.size(); ++i) out.push_back(events_[i]);
-  is_finished = finished(status_) && from + out.size() == events_.size();
+  is_finished = finished(status_) && accounted_ && from + out.size() == events_.size();
   return out;
 }
 

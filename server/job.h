@@ -69,10 +69,13 @@ class Job {
   void complete(std::vector<media::RgbImage> images, nlohmann::ordered_json report, int fps);
   void fail(const ApiError& error);
   void mark_cancelled(const std::string& why);
+  // The scheduler has counted the finished job in its metrics. wait_finished and a finished event
+  // stream return only after this, so a client that got its answer finds it in /metrics.
+  void mark_accounted();
 
   // The readers' side.
   JobSnapshot snapshot() const;
-  // Waits until the job is finished or `deadline`; true when finished.
+  // Waits until the job is finished and accounted or `deadline`; true when both.
   bool wait_finished(std::chrono::steady_clock::time_point deadline) const;
   // Events from index `from` on, waiting up to `deadline` for at least one; `finished` is set when
   // the last event has been sent.
@@ -97,6 +100,7 @@ class Job {
   mutable std::mutex mutex_;
   mutable std::condition_variable changed_;
   JobStatus status_ = JobStatus::queued;
+  bool accounted_ = false;
   std::string stage_ = "queued";
   int step_ = 0, steps_ = 0;
   double step_seconds_sum_ = 0;

@@ -370,7 +370,7 @@ void Scheduler::run_job(ModelSlot& slot, Job& job, Device& device) {
   // A cancel that came while the job finished still leaves it as it ended.
 }
 
-void Scheduler::record_finished(ModelSlot& slot, const Job& job) {
+void Scheduler::record_finished(ModelSlot& slot, Job& job) {
   const JobSnapshot s = job.snapshot();
   ModelStats& stats = slot.stats;
   if (s.status == JobStatus::completed) {
@@ -388,6 +388,7 @@ void Scheduler::record_finished(ModelSlot& slot, const Job& job) {
   const nlohmann::ordered_json report = job.report();
   if (report.contains("stages_s") && report["stages_s"].contains("denoising"))
     stats.denoising_seconds += report["stages_s"]["denoising"].get<double>();
+  job.mark_accounted();
   finished_order_.push_back(job.id());
   while (static_cast<int>(finished_order_.size()) > options_.keep_finished) {
     jobs_.erase(finished_order_.front());

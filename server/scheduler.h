@@ -111,7 +111,7 @@ class Scheduler {
   };
   void work(ModelSlot& slot, int instance);
   void run_job(ModelSlot& slot, Job& job, Device& device);
-  void record_finished(ModelSlot& slot, const Job& job);
+  void record_finished(ModelSlot& slot, Job& job);  // counts it, then marks it accounted
   std::string new_id(const std::string& prefix);
 
   SchedulerOptions options_;
