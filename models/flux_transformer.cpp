@@ -131,7 +131,8 @@ void FluxDoubleBlock::declare(ParameterTable& t, int block_index, const FluxConf
 BlockState FluxDoubleBlock::forward(const BlockState& in, const FluxBlockInputs& shared, const ForwardContext& ctx, const Stream& s) const {
   const Tensor &h = in.hidden, &c = in.encoder;
   // Modulation, order shift, scale, gate (attention), then shift, scale, gate (MLP).
-  const Tensor mod = norm1(shared.silu_temb, s), cmod = norm1_context(shared.silu_temb, s);
+  const Tensor mod = shared.modulation ? shared.modulation->blocks[static_cast<std::size_t>(index)] : norm1(shared.silu_temb, s);
+  const Tensor cmod = shared.modulation ? shared.modulation->context[static_cast<std::size_t>(index)] : norm1_context(shared.silu_temb, s);
   const Tensor xn = ops::layernorm_scale_shift(h, chunk(mod, 6, 1), chunk(mod, 6, 0), {}, {}, 1e-6f, s);
   const Tensor cn = ops::layernorm_scale_shift(c, chunk(cmod, 6, 1), chunk(cmod, 6, 0), {}, {}, 1e-6f, s);
   const int64_t txt = c.size(1), img = h.size(1);
@@ -179,7 +180,8 @@ void FluxSingleBlock::declare(ParameterTable& t, int single_index, const FluxCon
 BlockState FluxSingleBlock::forward(const BlockState& in, const FluxBlockInputs& shared, const ForwardContext& ctx, const Stream& s) const {
   const int64_t txt = in.encoder.size(1), img = in.hidden.size(1);
   const Tensor x = joint_tokens(in.encoder, in.hidden, s);  // [text; image]
-  const Tensor mod = norm(shared.silu_temb, s);             // shift, scale, gate
+  // shift, scale, gate
+  const Tensor mod = shared.modulation ? shared.modulation->blocks[static_cast<std::size_t>(index)] : norm(shared.silu_temb, s);
   const Tensor xn = ops::layernorm_scale_shift(x, chunk(mod, 3, 1), chunk(mod, 3, 0), {}, {}, 1e-6f, s);
   const Tensor mlp = proj_mlp(xn, s, {.activation = ops::GemmActivation::gelu_tanh});
   const AttentionIdentity id{index, blocks, AttentionKind::joint, txt, shared.grid, prefix + ".attn"};
@@ -247,6 +249,57 @@ Tensor FluxTransformer2DModel::time_text_embedding(const Tensor& timestep, const
   return ops::add(temb, embed(text_1_, text_2_, ops::cast(pooled, act, s)), s);
 }
 
+FluxModulation FluxModulation::slice(int64_t first, int64_t count) const {
+  if (first < 0 || count < 0 || first + count > rows())
+    throw Error("flux modulation: rows [" + std::to_string(first) + ", " + std::to_string(first + count) + ") are outside its " +
+                std::to_string(rows()) + " rows");
+  FluxModulation part;
+  for (const Tensor& t : blocks) part.blocks.push_back(t.narrow(0, first, count));
+  for (const Tensor& t : context) part.context.push_back(t.narrow(0, first, count));
+  part.out = out.narrow(0, first, count);
+  return part;
+}
+
+FluxModulation FluxTransformer2DModel::modulation(const Tensor& timestep, const Tensor& guidance, const Tensor& pooled, const Stream& s,
+                                                  DType act) const {
+  const FluxConfig& c = config_;
+  check_activation_dtype(act);
+  const char* where = "flux modulation";
+  require_input_dtype(pooled, where, "pooled_projections", kFloatInputs);
+  for (const auto& [t, name] : {std::pair{&timestep, "timestep"}, std::pair{&guidance, "guidance"}})
+    require_input_dtype(*t, where, name, {DType::f32, DType::bf16, DType::i64});
+  if (!timestep.defined() || timestep.dim() != 1 || timestep.size(0) < 1)
+    throw Error(std::string(where) + ": timestep must be [R] with R >= 1, got " +
+                (timestep.defined() ? shape_to_string(timestep.shape()) : std::string("nothing")));
+  const int64_t rows = timestep.size(0);
+  if (!pooled.defined() || pooled.dim() != 2 || pooled.size(0) != rows || pooled.size(1) != c.pooled_projection_dim)
+    throw Error(std::string(where) + ": pooled_projections must be [" + std::to_string(rows) + ", " +
+                std::to_string(c.pooled_projection_dim) + "] (a row per timestep), got " +
+                (pooled.defined() ? shape_to_string(pooled.shape()) : std::string("nothing")));
+  if (c.guidance_embeds && (!guidance.defined() || guidance.dim() != 1 || guidance.size(0) != rows))
+    throw Error(std::string(where) + ": guidance must be [" + std::to_string(rows) + "] (a row per timestep), got " +
+                (guidance.defined() ? shape_to_string(guidance.shape()) : std::string("nothing")));
+  if (!c.guidance_embeds && guidance.defined())
+    throw Error(std::string(where) + ": guidance given, but this model has no guidance embedder (guidance_embeds false)");
+  const Tensor silu = ops::activation(time_text_embedding(timestep, guidance, pooled, s, act), ops::Activation::silu, s);
+  FluxModulation m;
+  for (const FluxDoubleBlock& b : double_blocks_) {
+    m.blocks.push_back(b.norm1(silu, s));
+    m.context.push_back(b.norm1_context(silu, s));
+  }
+  for (const FluxSingleBlock& b : single_blocks_) m.blocks.push_back(b.norm(silu, s));
+  m.out = norm_out_(silu, s);
+  return m;
+}
+
+bool FluxTransformer2DModel::modulation_is_plain() const {
+  std::vector<const Linear*> layers{&time_1_, &time_2_, &text_1_, &text_2_, &norm_out_};
+  if (config_.guidance_embeds) layers.insert(layers.end(), {&guidance_1_, &guidance_2_});
+  for (const FluxDoubleBlock& b : double_blocks_) layers.insert(layers.end(), {&b.norm1, &b.norm1_context});
+  for (const FluxSingleBlock& b : single_blocks_) layers.push_back(&b.norm);
+  return std::none_of(layers.begin(), layers.end(), [](const Linear* l) { return l->kernel != nullptr; });
+}
+
 FluxPrologue FluxTransformer2DModel::prologue(const FluxInputs& in, const ForwardContext& ctx, const Stream& s) const {
   const FluxConfig& c = config_;
   check_activation_dtype(ctx.activations);
@@ -291,8 +344,17 @@ FluxPrologue FluxTransformer2DModel::prologue(const FluxInputs& in, const Forwar
 
   const DType act = ctx.activations;
   FluxPrologue p;
-  p.temb = time_text_embedding(in.timestep, in.guidance, in.pooled_projections, s, act);
-  p.shared.silu_temb = ops::activation(p.temb, ops::Activation::silu, s);
+  if (in.modulation) {
+    const FluxModulation& m = *in.modulation;
+    if (m.rows() != batch || m.blocks.size() != static_cast<std::size_t>(block_count()) || m.context.size() != double_blocks_.size())
+      throw Error("flux forward: the precomputed modulation has " + std::to_string(m.rows()) + " row(s) for " +
+                  std::to_string(m.blocks.size()) + " block(s); expected " + std::to_string(batch) + " (" + from_hidden + ") for " +
+                  std::to_string(block_count()));
+    p.shared.modulation = in.modulation;
+  } else {
+    p.temb = time_text_embedding(in.timestep, in.guidance, in.pooled_projections, s, act);
+    p.shared.silu_temb = ops::activation(p.temb, ops::Activation::silu, s);
+  }
   // The joint [text; image] RoPE table, built once per pair of id sets.
   std::vector<float> key = rope_key(txt_ids);
   const std::vector<float> img_key = rope_key(img_ids);
@@ -342,7 +404,7 @@ TensorParallelPlan FluxTransformer2DModel::tensor_parallel_plan() const {
 
 Tensor FluxTransformer2DModel::epilogue(const BlockState& state, const FluxPrologue& p, const Stream& s) const {
   // norm_out: scale first, then shift.
-  const Tensor emb = norm_out_(p.shared.silu_temb, s);
+  const Tensor emb = p.shared.modulation ? p.shared.modulation->out : norm_out_(p.shared.silu_temb, s);
   const Tensor hn = ops::layernorm_scale_shift(state.hidden, chunk(emb, 2, 0), chunk(emb, 2, 1), {}, {}, 1e-6f, s);
   return proj_out_(hn, s);
 }

@@ -42,6 +42,19 @@ struct FluxConfig {
   static FluxConfig flux1_dev();  // 19 + 38 blocks, 3072 wide, guidance-distilled
 };
 
+// What the Linears reading SiLU(temb) produce: every block's modulation and norm_out's. It depends
+// only on the timestep, the guidance and the pooled text, so a pipeline may compute it for all of a
+// run's steps at once (one GEMM per Linear with a row per step, in place of one GEMV per step) and
+// hand each forward its rows.
+struct FluxModulation {
+  std::vector<Tensor> blocks;   // by flat block index: norm1.linear (double) or norm.linear (single): [rows, 6D] / [rows, 3D]
+  std::vector<Tensor> context;  // by double block: norm1_context.linear [rows, 6D]
+  Tensor out;                   // norm_out.linear [rows, 2D]
+  int64_t rows() const { return out.defined() ? out.size(0) : 0; }
+  // Rows [first, first + count) of every tensor, as views.
+  FluxModulation slice(int64_t first, int64_t count) const;
+};
+
 // forward's arguments, named as diffusers' forward names them.
 struct FluxInputs {
   Tensor hidden_states;          // [B, N_img, in_channels] packed latents
@@ -51,13 +64,17 @@ struct FluxInputs {
   Tensor img_ids;                // [N_img, 3] (or [B, N_img, 3]: batch 0 is used)
   Tensor txt_ids;                // [L_txt, 3]
   Tensor guidance;               // [B] or undefined (needed iff guidance_embeds)
+  // This forward's modulation ([B] rows, from FluxTransformer2DModel::modulation), or null: the
+  // forward computes it from timestep, guidance and pooled_projections (which are checked either way).
+  std::shared_ptr<const FluxModulation> modulation;
 };
 
 // What every block of one forward shares.
 struct FluxBlockInputs {
-  Tensor silu_temb;                      // SiLU(temb) [B, D], the modulation Linears' input
+  Tensor silu_temb;                      // SiLU(temb) [B, D], the modulation Linears' input (undefined when given `modulation`)
   RopeTable rope;                        // [L_txt + N_img, head_dim], text rows first
   std::array<int64_t, 3> grid{1, 1, 1};  // the image tokens' grid (1, H/2, W/2) when img_ids say so
+  std::shared_ptr<const FluxModulation> modulation{};  // precomputed: the blocks and norm_out read it instead
 };
 
 // Double-stream block (FluxTransformerBlock) under `transformer_blocks.N.`: state.hidden is the
@@ -95,7 +112,7 @@ struct FluxSingleBlock {
 struct FluxPrologue {
   BlockState state;  // x_embedder(hidden_states), context_embedder(encoder_hidden_states)
   FluxBlockInputs shared;
-  Tensor temb;  // [B, D]: timestep + guidance + pooled-text embeddings
+  Tensor temb;  // [B, D]: timestep + guidance + pooled-text embeddings (undefined with a precomputed modulation)
 };
 
 class FluxTransformer2DModel {
@@ -129,6 +146,13 @@ class FluxTransformer2DModel {
   // temb [B, D] = timestep + guidance + pooled-text embeddings, in `activations`.
   Tensor time_text_embedding(const Tensor& timestep, const Tensor& guidance, const Tensor& pooled, const Stream& stream,
                              DType activations = DType::f32) const;
+  // Every modulation for these rows of timestep [R], guidance [R] (if guidance_embeds) and pooled
+  // [R, pooled_projection_dim]: the same values, row for row, as forwards of those rows compute.
+  FluxModulation modulation(const Tensor& timestep, const Tensor& guidance, const Tensor& pooled, const Stream& stream,
+                            DType activations = DType::f32) const;
+  // Whether every Linear that modulation() runs is the plain float GEMM (none quantized or sharded):
+  // only then are its rows independent of the step they are computed at.
+  bool modulation_is_plain() const;
   const RopeCache& rope_cache() const { return rope_cache_; }
 
   const std::vector<FluxDoubleBlock>& double_blocks() const { return double_blocks_; }

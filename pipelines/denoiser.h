@@ -3,6 +3,8 @@
 // layout, text conditioning, how the timestep is passed) behind this interface.
 #pragma once
 
+#include <vector>
+
 #include "models/forward_context.h"
 #include "tensor/tensor.h"
 
@@ -15,6 +17,10 @@ class Denoiser {
   // give a batch-1 velocity, both a batch-2 one (conditional first). The result is in
   // ctx.activations.
   virtual Tensor predict(const Tensor& latents, const models::ForwardContext& ctx, const Stream& stream) = 0;
+  // Before the first step: the run's timesteps (ctx.step.timestep of each step, in order) and its
+  // activations. A denoiser may compute here, for all steps at once, what depends only on them and
+  // the prompt (Flux: every block's modulation). Not called while a stage streams the weights.
+  virtual void prepare(const std::vector<float>& /*timesteps*/, DType /*activations*/, const Stream& /*stream*/) {}
   // Whether an unconditional branch (negative prompt) exists.
   virtual bool has_uncond() const = 0;
 };

@@ -62,6 +62,11 @@ MemoryEstimate flux_memory(const FluxT2IPipeline& pipeline, const T2IOptions& o,
   const uint64_t rope = tokens * static_cast<uint64_t>(c.attention_head_dim) * 2 * 4;
   const uint64_t per_token = 64 * static_cast<uint64_t>(c.inner_dim()) * activation_bytes(o.activations);
   e.denoising = static_cast<uint64_t>(batch) * tokens * per_token + rope + kWorkspaceBytes;
+  if (offload == 0) {  // every step's modulation, computed at the first (FluxDenoiser::prepare): 6 + 6, 3 and 2 D a row
+    const auto width = static_cast<uint64_t>((12 * c.num_layers + 3 * c.num_single_layers + 2) * c.inner_dim());
+    const auto rows = static_cast<uint64_t>(o.steps) * (o.cfg == CfgMode::off ? 1u : 2u);
+    e.denoising += rows * width * activation_bytes(o.activations);
+  }
   if (pipeline.vae()) {
     const int64_t up = pipeline.vae()->config().upscale();
     e.vae_decode = autoencoder_kl_bytes(pipeline.vae()->config(), o.height / up, o.width / up);

@@ -1,5 +1,6 @@
 #include "pipelines/flux_t2i.h"
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -159,6 +160,16 @@ class FluxDenoiser : public Denoiser {
 
   bool has_uncond() const override { return uncond_.has_value(); }
 
+  // The modulation depends only on the timestep, the guidance and the pooled text: each branch's is
+  // computed for all steps at its first step, one GEMM per Linear instead of a GEMV per step (the
+  // same values row for row). Not when a modulation Linear is quantized (a timestep policy may
+  // change its scales per step) or a Linear hook sees the calls.
+  void prepare(const std::vector<float>& timesteps, DType activations, const Stream& /*stream*/) override {
+    if (!model_.modulation_is_plain() || models::current_linear_call_hook()) return;
+    timesteps_ = timesteps;
+    activations_ = activations;
+  }
+
   Tensor predict(const Tensor& latents, const models::ForwardContext& ctx, const Stream& s) override {
     const models::CfgBranch branch = ctx.step.branch;
     const int batch = branch == models::CfgBranch::both ? 2 : 1;
@@ -176,20 +187,48 @@ class FluxDenoiser : public Denoiser {
     } else {
       in.hidden_states = tokens;
     }
-    float t = ctx.step.timestep / 1000.0f;
-    if (ctx.activations == DType::bf16) t = bf16_to_f32(f32_to_bf16(bf16_to_f32(f32_to_bf16(ctx.step.timestep)) / 1000.0f));
-    in.timestep = filled(batch, t);
+    in.timestep = filled(batch, model_time(ctx.step.timestep, ctx.activations));
     if (model_.config().guidance_embeds) in.guidance = filled(batch, guidance_);
+    in.modulation = precomputed_modulation(in, batch, ctx, s);
     const Tensor velocity = model_.forward(in, s, ctx);
     return reference_.defined() ? velocity.narrow(1, 0, latents.size(1)) : velocity;
   }
 
  private:
+  static float model_time(float timestep, DType activations) {
+    if (activations == DType::bf16) return bf16_to_f32(f32_to_bf16(bf16_to_f32(f32_to_bf16(timestep)) / 1000.0f));
+    return timestep / 1000.0f;
+  }
+
+  // This step's rows of the branch's table, or null (prepare did not run, or this is not the step
+  // it was given: the forward then computes its own).
+  std::shared_ptr<const models::FluxModulation> precomputed_modulation(const models::FluxInputs& in, int batch,
+                                                                       const models::ForwardContext& ctx, const Stream& s) {
+    const auto index = static_cast<std::size_t>(ctx.step.index);
+    if (timesteps_.empty() || ctx.activations != activations_ || ctx.step.index < 0 || index >= timesteps_.size() ||
+        timesteps_[index] != ctx.step.timestep)
+      return nullptr;
+    auto& table = tables_[static_cast<std::size_t>(ctx.step.branch)];
+    if (!table) {
+      const auto steps = static_cast<int64_t>(timesteps_.size());
+      std::vector<float> times;
+      for (const float t : timesteps_) times.insert(times.end(), static_cast<std::size_t>(batch), model_time(t, activations_));
+      const Tensor guidance = model_.config().guidance_embeds ? filled(steps * batch, guidance_) : Tensor();
+      const std::vector<Tensor> pooled(static_cast<std::size_t>(steps), in.pooled_projections);
+      table = std::make_shared<const models::FluxModulation>(
+          model_.modulation(Tensor::from_vector(times, {steps * batch}), guidance, ops::concat(pooled, 0, s), s, activations_));
+    }
+    return std::make_shared<const models::FluxModulation>(table->slice(static_cast<int64_t>(index) * batch, batch));
+  }
+
   const models::FluxTransformer2DModel& model_;
   models::FluxInputs cond_;
   std::optional<models::FluxInputs> uncond_, both_;
   float guidance_;
   Tensor reference_;
+  std::vector<float> timesteps_;  // from prepare (empty: the forwards compute their own modulation)
+  DType activations_ = DType::f32;
+  std::array<std::shared_ptr<const models::FluxModulation>, 3> tables_;  // by CfgBranch: all steps' rows
 };
 
 }  // namespace

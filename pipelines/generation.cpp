@@ -49,7 +49,8 @@ Tensor run_denoising_loop(Denoiser& denoiser, Scheduler& scheduler, Guidance& gu
   Tensor latents = round_to(ops::cast(initial_latents, DType::f32, main), options.activations, main);
   const RunInfo run{steps, options.blocks, guidance.branches(), device.simulate()};
   stages.begin_run(run);
-  DenoiseTimer timer(device, timings, on_step);
+  DenoiseTimer timer(device, timings, on_step);  // what prepare computes counts in the denoising time
+  if (!stages.streams_weights()) denoiser.prepare(scheduler.timesteps(), options.activations, main);
   for (int i = 0; i < steps; ++i) {
     throw_if_interrupted();
     timer.begin_step();

@@ -1,5 +1,6 @@
 #include "pipelines/stage.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -20,6 +21,10 @@ void StageList::add(std::unique_ptr<Stage> stage) {
         throw Error(stage->name() + " cannot run with " + before->name() + ", which computes the attention itself");
   stages_.push_back(std::move(stage));
   seconds_.push_back(0.0);
+}
+
+bool StageList::streams_weights() const {
+  return std::any_of(stages_.begin(), stages_.end(), [](const auto& stage) { return stage->streams_weights(); });
 }
 
 void StageList::after_load(models::ParameterTable& parameters) {

@@ -67,6 +67,10 @@ class Stage {
   // Tensor-split plug point: a stage that shards the channels across ranks (tensor parallel) returns itself.
   virtual models::TensorSplit* tensor_split() { return nullptr; }
 
+  // Whether the stage keeps only some blocks' weights in memory at a time (offload): the loop then
+  // computes nothing ahead for all steps, which would need every block's weights at once.
+  virtual bool streams_weights() const { return false; }
+
   // One line for the stage table ("skipped 40 of 112 ...", a schedule note), and the JSON figures.
   virtual std::string summary() const { return ""; }
   virtual nlohmann::ordered_json report() const { return nlohmann::ordered_json::object(); }
@@ -83,6 +87,7 @@ class StageList : public models::AttentionPolicy, public models::BlockHook {
   // Throws if an attention stage would come after one that computes the attention itself.
   void add(std::unique_ptr<Stage> stage);
   bool empty() const { return stages_.empty(); }
+  bool streams_weights() const;  // any stage's streams_weights()
   const std::vector<std::unique_ptr<Stage>>& stages() const { return stages_; }
 
   void after_load(models::ParameterTable& parameters);

@@ -45,6 +45,7 @@ class OffloadStage : public Stage {
   void after_load(models::ParameterTable& parameters) override;
   void after_load_second_model(models::ParameterTable& parameters) override;
   bool uses_blocks() const override { return true; }
+  bool streams_weights() const override { return true; }
   models::BlockState run_block(const models::StepInfo& step, const models::BlockIdentity& id, const models::BlockState& in,
                                const models::BlockCompute& compute, const Stream& stream) override;
   std::string summary() const override;
