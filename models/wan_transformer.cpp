@@ -282,6 +282,11 @@ std::pair<Tensor, Tensor> WanTransformer3DModel::time_embedding(const Tensor& ti
   return {temb, proj.reshape({proj.size(0), 6, config_.inner_dim()})};
 }
 
+bool WanTransformer3DModel::embedders_are_plain() const {
+  const Linear* layers[] = {&time_1_, &time_2_, &time_proj_, &text_1_, &text_2_, &image_ff_in_, &image_ff_out_};
+  return std::none_of(std::begin(layers), std::end(layers), [](const Linear* l) { return l->kernel != nullptr; });
+}
+
 TensorParallelPlan WanTransformer3DModel::tensor_parallel_plan() const {
   TensorParallelPlan plan;
   plan.heads = config_.num_attention_heads;
@@ -429,13 +434,31 @@ WanPrologue WanTransformer3DModel::prologue(const WanInputs& in, const ForwardCo
   out.shared.grid = {tp, hp, wp};
   out.shared.rope =
       rope_cache_.get({static_cast<float>(tp), static_cast<float>(hp), static_cast<float>(wp)}, [&] { return wan_rope(tp, hp, wp, c); });
+  const int64_t d = c.inner_dim();
+  const auto given = [&](const Tensor& t, const char* name, const Shape& shape) {
+    bool ok = t.dim() == static_cast<int64_t>(shape.size()) && t.dtype() == act;
+    for (std::size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || t.size(static_cast<int64_t>(i)) == shape[i];
+    if (!ok)
+      throw Error(std::string("wan forward: the precomputed ") + name + " must be " + std::string(dtype_name(act)) + " " +
+                  shape_to_string(shape) + from_hidden + ", got " + std::string(dtype_name(t.dtype())) + " " + shape_to_string(t.shape()));
+    return t;
+  };
   if (per_token) {
+    if (in.temb.defined() || in.timestep_proj.defined())
+      throw Error("wan forward: a precomputed time embedding needs one timestep per sample, not one per token");
     out.shared.tokens = token_timesteps(in.timestep, s, act);
+  } else if (in.temb.defined() || in.timestep_proj.defined()) {
+    out.temb = given(in.temb, "temb", {batch, d});
+    out.shared.timestep_proj = given(in.timestep_proj, "timestep_proj", {batch, 6, d});
   } else {
     std::tie(out.temb, out.shared.timestep_proj) = time_embedding(in.timestep, s, act);
   }
-  out.shared.context = text_embedding(text, s, act);
-  if (c.has_image_branch()) out.shared.image_context = image_embedding(image, s, act);
+  out.shared.context = in.context.defined() ? given(in.context, "context", {batch, text.size(1), d}) : text_embedding(text, s, act);
+  if (c.has_image_branch())
+    out.shared.image_context =
+        in.image_context.defined() ? given(in.image_context, "image_context", {batch, -1, d}) : image_embedding(image, s, act);
+  else if (in.image_context.defined())
+    throw Error("wan forward: a precomputed image_context was given, but this transformer has no image branch");
   out.state.hidden = patch_embed(x, s, act);
   return out;
 }

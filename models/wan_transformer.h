@@ -67,6 +67,11 @@ struct WanInputs {
   // pos_embed_seq_len P (FLF2V), B x L_img = batch x P rows, e.g. diffusers' [2B, P / 2, image_dim]
   // (the first and the last picture), taken as [B, P, image_dim].
   Tensor encoder_hidden_states_image{};
+  // Optional, computed ahead by this model: time_embedding of these rows (a pipeline computes all
+  // steps' at once), text_embedding and image_embedding of the prompt (which no step changes). When
+  // defined, the forward uses them in place of its own; the raw inputs are checked either way.
+  Tensor temb{}, timestep_proj{};     // [B, D], [B, 6, D]; not with per-token timesteps
+  Tensor context{}, image_context{};  // [B, L_txt, D], [B, L_img, D]
 };
 
 // The RoPE table [T' H' W', head_dim] of a patch grid: token (f, i, j), (t, h, w) row-major, gets
@@ -169,6 +174,9 @@ class WanTransformer3DModel {
   // condition_embedder.image_embedder: [B, L_img, image_dim] (+ pos_embed) -> LayerNorm, GELU MLP,
   // LayerNorm -> [B, L_img, D]; the norms in f32 (FP32LayerNorm, eps 1e-5).
   Tensor image_embedding(const Tensor& image_states, const Stream& stream, DType activations = DType::f32) const;
+  // Whether the Linears of time_embedding, text_embedding and image_embedding are all the plain
+  // float GEMM (none quantized or sharded): only then may a pipeline compute them ahead of the steps.
+  bool embedders_are_plain() const;
   Tensor patch_embed(const Tensor& hidden_states, const Stream& stream, DType activations = DType::f32) const;  // [B, L, D]
   // The output head and unpatchify: h [B, L, D], temb [B, D] -> [B, out_channels, T, H, W].
   // Per-token timesteps (`tokens` defined): each token's shift and scale from its value's temb.

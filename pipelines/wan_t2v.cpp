@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <tuple>
 
 #include "media/image_input.h"
 #include "ops/vector_ops.h"
@@ -68,6 +69,19 @@ class WanDenoiser : public Denoiser {
 
   bool has_uncond() const override { return uncond_.defined(); }
 
+  // What depends only on the timestep or the prompt is computed ahead and handed to the forwards
+  // (WanInputs' precomputed fields, the same values): each expert's time embedding for all steps at
+  // once at its first step (not with per-token timesteps), the text and image embeddings once per
+  // branch. Not when an embedder Linear has a kernel (a timestep policy may change its scales per
+  // step) or a Linear hook is set.
+  void prepare(const std::vector<float>& timesteps, DType activations, const Stream& /*stream*/) override {
+    for (const models::WanTransformer3DModel* m : experts_.models)
+      if (m && !m->embedders_are_plain()) return;
+    if (models::current_linear_call_hook()) return;
+    timesteps_ = timesteps;
+    activations_ = activations;
+  }
+
   Tensor predict(const Tensor& latents, const models::ForwardContext& ctx, const Stream& s) override {
     const models::CfgBranch branch = ctx.step.branch;
     if (branch != models::CfgBranch::cond && !uncond_.defined()) throw Error("the unconditional branch needs negative embeddings");
@@ -80,18 +94,59 @@ class WanDenoiser : public Denoiser {
                           : filled(batch, ctx.step.timestep);
     };
     const bool image = model.config().has_image_branch();
+    models::WanInputs in;
     if (branch == models::CfgBranch::both) {
       if (!both_.defined()) both_ = ops::concat({cond_, uncond_}, 0, s);
       if (image && !image_both_.defined()) image_both_ = ops::concat({image_, image_}, 0, s);
-      return model.forward({ops::concat({x, x}, 0, s), timestep(2), both_, image ? image_both_ : Tensor()}, s, ctx);
+      in = {ops::concat({x, x}, 0, s), timestep(2), both_, image ? image_both_ : Tensor()};
+    } else {
+      in = {x, timestep(1), branch == models::CfgBranch::cond ? cond_ : uncond_, image ? image_ : Tensor()};
     }
-    return model.forward({x, timestep(1), branch == models::CfgBranch::cond ? cond_ : uncond_, image ? image_ : Tensor()}, s, ctx);
+    add_precomputed(in, model, ctx, s);
+    return model.forward(in, s, ctx);
   }
 
  private:
+  // The step's rows of what prepare allows to compute ahead, made on first use; nothing when
+  // prepare did not run or this is not a step it was given.
+  void add_precomputed(models::WanInputs& in, const models::WanTransformer3DModel& model, const models::ForwardContext& ctx,
+                       const Stream& s) {
+    const auto index = static_cast<std::size_t>(ctx.step.index);
+    if (timesteps_.empty() || ctx.activations != activations_ || ctx.step.index < 0 || index >= timesteps_.size() ||
+        timesteps_[index] != ctx.step.timestep)
+      return;
+    const std::size_t expert = experts_.schedule.empty() ? 0 : static_cast<std::size_t>(experts_.schedule.at(index));
+    Ahead& a = ahead_[expert][static_cast<std::size_t>(ctx.step.branch)];
+    const int64_t batch = in.hidden_states.size(0);
+    if (!first_frame_) {
+      if (!a.temb.defined()) {
+        std::vector<float> times;
+        for (const float t : timesteps_) times.insert(times.end(), static_cast<std::size_t>(batch), t);
+        std::tie(a.temb, a.timestep_proj) =
+            model.time_embedding(Tensor::from_vector(times, {static_cast<int64_t>(times.size())}), s, activations_);
+      }
+      in.temb = a.temb.narrow(0, static_cast<int64_t>(index) * batch, batch);
+      in.timestep_proj = a.timestep_proj.narrow(0, static_cast<int64_t>(index) * batch, batch);
+    }
+    if (!a.context.defined()) a.context = model.text_embedding(in.encoder_hidden_states, s, activations_);
+    in.context = a.context;
+    if (model.config().has_image_branch()) {
+      if (!a.image_context.defined()) a.image_context = model.image_embedding(in.encoder_hidden_states_image, s, activations_);
+      in.image_context = a.image_context;
+    }
+  }
+
+  struct Ahead {
+    Tensor temb, timestep_proj;  // all steps' rows, step after step
+    Tensor context, image_context;
+  };
+
   Experts experts_;
   Tensor cond_, uncond_, both_, condition_, image_, image_both_;
   bool first_frame_ = false;
+  std::vector<float> timesteps_;  // from prepare (empty: the forwards compute their own)
+  DType activations_ = DType::f32;
+  std::array<std::array<Ahead, 3>, 2> ahead_;  // by expert, then CfgBranch
 };
 
 // Two experts' CFG: each step combines with its expert's scale (diffusers' guidance_scale for the
