@@ -250,7 +250,8 @@ Tensor FluxTransformer2DModel::time_text_embedding(const Tensor& timestep, const
 }
 
 FluxModulation FluxModulation::slice(int64_t first, int64_t count) const {
-  if (first < 0 || count < 0 || first + count > rows())
+  if (!out.defined()) throw Error("flux modulation: the table is empty (no norm_out rows)");
+  if (first < 0 || count < 0 || first > rows() - count)
     throw Error("flux modulation: rows [" + std::to_string(first) + ", " + std::to_string(first + count) + ") are outside its " +
                 std::to_string(rows()) + " rows");
   FluxModulation part;
@@ -281,6 +282,8 @@ FluxModulation FluxTransformer2DModel::modulation(const Tensor& timestep, const 
                 (guidance.defined() ? shape_to_string(guidance.shape()) : std::string("nothing")));
   if (!c.guidance_embeds && guidance.defined())
     throw Error(std::string(where) + ": guidance given, but this model has no guidance embedder (guidance_embeds false)");
+  require_finite_values(timestep, where, "timestep", 1000.0);
+  require_finite_values(guidance, where, "guidance", 1000.0);
   const Tensor silu = ops::activation(time_text_embedding(timestep, guidance, pooled, s, act), ops::Activation::silu, s);
   FluxModulation m;
   for (const FluxDoubleBlock& b : double_blocks_) {
@@ -331,6 +334,8 @@ FluxPrologue FluxTransformer2DModel::prologue(const FluxInputs& in, const Forwar
   const int64_t txt = in.encoder_hidden_states.size(1);
   require(in.pooled_projections, "pooled_projections", {batch, c.pooled_projection_dim}, from_hidden);
   require(in.timestep, "timestep", {batch}, from_hidden);
+  require_finite_values(in.timestep, where, "timestep", 1000.0);
+  require_finite_values(in.guidance, where, "guidance", 1000.0);
   // diffusers takes the first row of 3-d ids (deprecated): so does cubevec.
   const Tensor img_ids = in.img_ids.dim() == 3 && in.img_ids.size(0) > 0 ? in.img_ids.select(0, 0) : in.img_ids;
   const Tensor txt_ids = in.txt_ids.dim() == 3 && in.txt_ids.size(0) > 0 ? in.txt_ids.select(0, 0) : in.txt_ids;
@@ -346,10 +351,22 @@ FluxPrologue FluxTransformer2DModel::prologue(const FluxInputs& in, const Forwar
   FluxPrologue p;
   if (in.modulation) {
     const FluxModulation& m = *in.modulation;
-    if (m.rows() != batch || m.blocks.size() != static_cast<std::size_t>(block_count()) || m.context.size() != double_blocks_.size())
-      throw Error("flux forward: the precomputed modulation has " + std::to_string(m.rows()) + " row(s) for " +
-                  std::to_string(m.blocks.size()) + " block(s); expected " + std::to_string(batch) + " (" + from_hidden + ") for " +
-                  std::to_string(block_count()));
+    if (m.blocks.size() != static_cast<std::size_t>(block_count()) || m.context.size() != double_blocks_.size())
+      throw Error("flux forward: the precomputed modulation has " + std::to_string(m.blocks.size()) + " block and " +
+                  std::to_string(m.context.size()) + " context entries; this model has " + std::to_string(block_count()) + " blocks, " +
+                  std::to_string(double_blocks_.size()) + " of them double");
+    // Each tensor as modulation() makes it for this model and these activations.
+    const int64_t d = c.inner_dim();
+    const auto expect = [&](const Tensor& t, const std::string& name, int64_t width) {
+      if (!t.defined() || t.dtype() != act || t.dim() != 2 || t.size(0) != batch || t.size(1) != width)
+        throw Error("flux forward: the precomputed modulation's " + name + " must be " + std::string(dtype_name(act)) + " [" +
+                    std::to_string(batch) + ", " + std::to_string(width) + "] (this model's modulation in the activations' dtype), got " +
+                    (t.defined() ? std::string(dtype_name(t.dtype())) + " " + shape_to_string(t.shape()) : std::string("nothing")));
+    };
+    for (std::size_t i = 0; i < m.blocks.size(); ++i)
+      expect(m.blocks[i], "blocks[" + std::to_string(i) + "]", i < double_blocks_.size() ? 6 * d : 3 * d);
+    for (std::size_t i = 0; i < m.context.size(); ++i) expect(m.context[i], "context[" + std::to_string(i) + "]", 6 * d);
+    expect(m.out, "out", 2 * d);
     p.shared.modulation = in.modulation;
   } else {
     p.temb = time_text_embedding(in.timestep, in.guidance, in.pooled_projections, s, act);

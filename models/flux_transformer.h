@@ -50,7 +50,7 @@ struct FluxModulation {
   std::vector<Tensor> blocks;   // by flat block index: norm1.linear (double) or norm.linear (single): [rows, 6D] / [rows, 3D]
   std::vector<Tensor> context;  // by double block: norm1_context.linear [rows, 6D]
   Tensor out;                   // norm_out.linear [rows, 2D]
-  int64_t rows() const { return out.defined() ? out.size(0) : 0; }
+  int64_t rows() const { return out.defined() && out.dim() > 0 ? out.size(0) : 0; }
   // Rows [first, first + count) of every tensor, as views.
   FluxModulation slice(int64_t first, int64_t count) const;
 };

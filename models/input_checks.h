@@ -14,6 +14,12 @@ namespace cubevec::models {
 // (an undefined t passes: missing arguments are the shape checks' to report).
 void require_input_dtype(const Tensor& t, const std::string& where, const std::string& name, std::initializer_list<DType> allowed);
 
+// Throws "<where>: <name> holds <value> at element <i>; expected finite values ..." unless every
+// value of t (f32, bf16 or f16; integer dtypes pass) times `scale` is finite in f32: a timestep or a
+// guidance scale the model multiplies by 1000 must stay finite after it. Undefined tensors and
+// tensors without values (simulate mode) pass.
+void require_finite_values(const Tensor& t, const std::string& where, const std::string& name, double scale = 1.0);
+
 // The float dtypes a model's activations may arrive in (cast on entry).
 inline constexpr std::initializer_list<DType> kFloatInputs = {DType::f32, DType::bf16, DType::f16};
 

@@ -310,7 +310,15 @@ Tensor WanTransformer3DModel::text_embedding(const Tensor& encoder_hidden_states
 
 WanTokenTimesteps WanTransformer3DModel::token_timesteps(const Tensor& timestep, const Stream& s, DType act) const {
   if (!timestep.has_storage()) throw Error("wan forward: per-token timesteps need their values (simulate mode has none)");
-  const Tensor values = ops::contiguous(ops::cast(timestep, DType::f32, s), s);
+  Tensor values;
+  if (timestep.dtype() == DType::i64) {  // ops::cast converts between float dtypes only
+    const Tensor ints = timestep.contiguous();
+    std::vector<float> f(static_cast<std::size_t>(ints.numel()));
+    for (std::size_t i = 0; i < f.size(); ++i) f[i] = static_cast<float>(ints.data<int64_t>()[i]);
+    values = Tensor::from_vector(f, ints.shape());
+  } else {
+    values = ops::contiguous(ops::cast(timestep, DType::f32, s), s);
+  }
   const float* v = values.data<float>();
   const int64_t batch = values.size(0), tokens = values.size(1);
   std::vector<float> distinct;
@@ -333,6 +341,8 @@ WanTokenTimesteps WanTransformer3DModel::token_timesteps(const Tensor& timestep,
 
 Tensor WanTransformer3DModel::image_embedding(const Tensor& image_states, const Stream& s, DType act) const {
   const WanConfig& c = config_;
+  if (!c.has_image_branch())
+    throw Error("wan image_embedding: this transformer has no image branch (image_dim is null: a text-to-video model)");
   Tensor x = ops::cast(image_states, DType::f32, s);
   if (c.pos_embed_seq_len > 0)
     x = ops::add(x.reshape({x.numel() / (c.pos_embed_seq_len * c.image_dim), c.pos_embed_seq_len, c.image_dim}), image_pos_embed_, s);
@@ -435,14 +445,19 @@ WanPrologue WanTransformer3DModel::prologue(const WanInputs& in, const ForwardCo
   out.shared.rope =
       rope_cache_.get({static_cast<float>(tp), static_cast<float>(hp), static_cast<float>(wp)}, [&] { return wan_rope(tp, hp, wp, c); });
   const int64_t d = c.inner_dim();
-  const auto given = [&](const Tensor& t, const char* name, const Shape& shape) {
-    bool ok = t.dim() == static_cast<int64_t>(shape.size()) && t.dtype() == act;
-    for (std::size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || t.size(static_cast<int64_t>(i)) == shape[i];
+  // -1 in `shape`: any size of at least 1.
+  const auto given = [&](const Tensor& t, const std::string& name, const Shape& shape) {
+    bool ok = t.defined() && t.dim() == static_cast<int64_t>(shape.size()) && t.dtype() == act;
+    for (std::size_t i = 0; ok && i < shape.size(); ++i)
+      ok = shape[i] < 0 ? t.size(static_cast<int64_t>(i)) >= 1 : t.size(static_cast<int64_t>(i)) == shape[i];
     if (!ok)
-      throw Error(std::string("wan forward: the precomputed ") + name + " must be " + std::string(dtype_name(act)) + " " +
-                  shape_to_string(shape) + from_hidden + ", got " + std::string(dtype_name(t.dtype())) + " " + shape_to_string(t.shape()));
+      throw Error("wan forward: the precomputed " + name + " must be " + std::string(dtype_name(act)) + " " + shape_to_string(shape) +
+                  from_hidden + ", got " +
+                  (t.defined() ? std::string(dtype_name(t.dtype())) + " " + shape_to_string(t.shape()) : std::string("nothing")) +
+                  (name == "temb" || name == "timestep_proj" ? " (temb and timestep_proj go together)" : ""));
     return t;
   };
+  require_finite_values(in.timestep, "wan forward", "timestep");
   if (per_token) {
     if (in.temb.defined() || in.timestep_proj.defined())
       throw Error("wan forward: a precomputed time embedding needs one timestep per sample, not one per token");

@@ -5,6 +5,9 @@
 // stage streams the weights or a modulation Linear is quantized; bad rows and shapes are named errors.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdint>
+
 #include "models/flux_transformer.h"
 #include "ops/vector_ops.h"
 #include "pipelines/flux_t2i.h"
@@ -113,11 +116,41 @@ TEST(FluxModulation, BadRowsAndShapesAreNamedErrors) {
   EXPECT_NE(message_of([&] { table.slice(1, 2); }).find("rows [1, 3) are outside its 2 rows"), std::string::npos);
   models::FluxInputs in = inputs(model, 1, 0.5f);
   in.modulation = std::make_shared<const models::FluxModulation>(table);  // 2 rows for a batch of 1
-  EXPECT_NE(message_of([&] { model.forward(in, s); }).find("the precomputed modulation has 2 row(s)"), std::string::npos);
+  EXPECT_NE(message_of([&] { model.forward(in, s); }).find("the precomputed modulation's blocks[0] must be f32 [1, 192]"),
+            std::string::npos)
+      << message_of([&] { model.forward(in, s); });
   models::FluxModulation other = table.slice(0, 1);
   other.blocks.pop_back();
   in.modulation = std::make_shared<const models::FluxModulation>(other);
-  EXPECT_NE(message_of([&] { model.forward(in, s); }).find("expected 1"), std::string::npos);
+  EXPECT_NE(message_of([&] { model.forward(in, s); }).find("has 3 block and 2 context entries; this model has 4 blocks, 2 of them double"),
+            std::string::npos)
+      << message_of([&] { model.forward(in, s); });
+  // Slices that would overflow, and non-finite timesteps and guidance, are named.
+  EXPECT_NE(message_of([&] { table.slice(1, INT64_MAX); }).find("are outside its 2 rows"), std::string::npos);
+  EXPECT_NE(message_of([&] { models::FluxModulation().slice(0, 0); }).find("the table is empty"), std::string::npos);
+  EXPECT_NE(message_of([&] {
+              model.modulation(vector_of({0.5f, NAN}), g, pooled, s);
+            }).find("flux modulation: timestep holds nan at element 1 of [2]; expected finite values (the model multiplies them by 1000)"),
+            std::string::npos)
+      << message_of([&] {
+           model.modulation(vector_of({0.5f, NAN}), g, pooled, s);
+         });
+  EXPECT_NE(message_of([&] { model.modulation(t, vector_of({3e38f, 1.0f}), pooled, s); }).find("guidance holds"), std::string::npos);
+  models::FluxInputs infinite = inputs(model, 1, INFINITY);
+  EXPECT_NE(message_of([&] { model.forward(infinite, s); }).find("flux forward: timestep holds inf"), std::string::npos);
+  // A table made for bf16 activations, or another model's, is refused by dtype and width.
+  models::FluxModulation bf16 = model.modulation(t, g, pooled, s, DType::bf16).slice(0, 1);
+  in.modulation = std::make_shared<const models::FluxModulation>(bf16);
+  EXPECT_NE(message_of([&] { model.forward(in, s); })
+                .find("the precomputed modulation's blocks[0] must be f32 [1, 192] (this model's modulation in the activations' dtype), "
+                      "got bf16 [1, 192]"),
+            std::string::npos)
+      << message_of([&] { model.forward(in, s); });
+  models::FluxModulation narrow = table.slice(0, 1);
+  narrow.out = narrow.out.narrow(1, 0, 8);
+  in.modulation = std::make_shared<const models::FluxModulation>(narrow);
+  EXPECT_NE(message_of([&] { model.forward(in, s); }).find("modulation's out must be f32 [1, 64]"), std::string::npos)
+      << message_of([&] { model.forward(in, s); });
 }
 
 // A stage that changes nothing but says it streams the weights: the loop then prepares nothing.

@@ -6,6 +6,8 @@
 // and combinations are named errors.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "models/wan_transformer.h"
 #include "ops/vector_ops.h"
 #include "pipelines/stage.h"
@@ -114,6 +116,38 @@ TEST(WanPrecomputed, WrongShapesDtypesAndCombinationsAreNamedErrors) {
   in.temb = temb.narrow(0, 0, 1);
   in.timestep_proj = proj.narrow(0, 0, 1);
   EXPECT_NE(message(in).find("needs one timestep per sample, not one per token"), std::string::npos);
+  in = inputs(model, 1, 500.0f);
+  in.temb = temb.narrow(0, 0, 1);
+  EXPECT_NE(message(in).find("timestep_proj must be f32 [1, 6, " + std::to_string(d) +
+                             "] (the batch from hidden_states [1, 4, 3, 4, 6]), got nothing (temb and timestep_proj go together)"),
+            std::string::npos)
+      << message(in);
+  const auto& i2v = tiny("wan_i2v_tiny");
+  models::WanInputs image_in = inputs(i2v, 1, 500.0f);
+  image_in.image_context = Tensor::zeros({1, 0, i2v.config().inner_dim()}, DType::f32);
+  EXPECT_NE(message_of([&] { i2v.forward(image_in, s); }).find("image_context must be f32 [1, -1, 32]"), std::string::npos)
+      << message_of([&] { i2v.forward(image_in, s); });
+  EXPECT_NE(message_of([&] {
+              model.image_embedding(Tensor::zeros({1, 5, 32}, DType::f32), s);
+            }).find("has no image branch"),
+            std::string::npos);
+  // Non-finite timesteps are refused (a NaN per-token timestep once turned every sample NaN).
+  in = inputs(model, 2, NAN);
+  EXPECT_NE(message(in).find("wan forward: timestep holds nan at element 0 of [2]; expected finite values"), std::string::npos)
+      << message(in);
+}
+
+TEST(WanPrecomputed, IntegerPerTokenTimestepsEqualFloatOnes) {
+  const Stream s = ops::default_op_stream();
+  const auto& model = tiny("wan_tiny");
+  models::WanInputs in = inputs(model, 1, 0.0f);
+  std::vector<float> f(18, 500.0f);
+  std::vector<int64_t> n(18, 500);
+  f[0] = 0.0f, n[0] = 0;
+  in.timestep = Tensor::from_vector(f, {1, 18});
+  const std::vector<double> want = values(model.forward(in, s));
+  in.timestep = Tensor::from_vector(n, {1, 18});
+  EXPECT_EQ(values(model.forward(in, s)), want);
 }
 
 // A stage that changes nothing but says it streams the weights: the loop then prepares nothing.
