@@ -252,8 +252,8 @@ Tensor FluxTransformer2DModel::time_text_embedding(const Tensor& timestep, const
 FluxModulation FluxModulation::slice(int64_t first, int64_t count) const {
   if (!out.defined()) throw Error("flux modulation: the table is empty (no norm_out rows)");
   if (first < 0 || count < 0 || first > rows() - count)
-    throw Error("flux modulation: rows [" + std::to_string(first) + ", " + std::to_string(first + count) + ") are outside its " +
-                std::to_string(rows()) + " rows");
+    throw Error("flux modulation: " + std::to_string(count) + " row(s) from row " + std::to_string(first) + " are outside its " +
+                std::to_string(rows()) + " rows");  // first + count may overflow: not computed
   FluxModulation part;
   for (const Tensor& t : blocks) part.blocks.push_back(t.narrow(0, first, count));
   for (const Tensor& t : context) part.context.push_back(t.narrow(0, first, count));
