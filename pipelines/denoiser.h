@@ -25,4 +25,33 @@ class Denoiser {
   virtual bool has_uncond() const = 0;
 };
 
+// What a denoiser keeps of prepare's run: the timesteps and activations, and whether a forward's
+// step is one of them (a step outside it computes its own inputs).
+class PreparedRun {
+ public:
+  void set(const std::vector<float>& timesteps, DType activations) {
+    timesteps_ = timesteps;
+    activations_ = activations;
+  }
+  DType activations() const { return activations_; }
+  // Whether ctx's step is step ctx.step.index of the run, with the same timestep and activations.
+  bool covers(const models::ForwardContext& ctx) const {
+    const auto index = static_cast<std::size_t>(ctx.step.index);
+    return !timesteps_.empty() && ctx.activations == activations_ && ctx.step.index >= 0 && index < timesteps_.size() &&
+           timesteps_[index] == ctx.step.timestep;
+  }
+  // The timesteps as table rows: each step's `value(t)` `batch` times, step after step.
+  template <class Value>
+  Tensor rows(int64_t batch, Value value) const {
+    std::vector<float> out;
+    for (const float t : timesteps_) out.insert(out.end(), static_cast<std::size_t>(batch), value(t));
+    return Tensor::from_vector(out, {static_cast<int64_t>(out.size())});
+  }
+  int64_t steps() const { return static_cast<int64_t>(timesteps_.size()); }
+
+ private:
+  std::vector<float> timesteps_;  // empty: prepare did not run (or refused)
+  DType activations_ = DType::f32;
+};
+
 }  // namespace cubevec::pipelines

@@ -166,8 +166,7 @@ class FluxDenoiser : public Denoiser {
   // change its scales per step) or a Linear hook sees the calls.
   void prepare(const std::vector<float>& timesteps, DType activations, const Stream& /*stream*/) override {
     if (!model_.modulation_is_plain() || models::current_linear_call_hook()) return;
-    timesteps_ = timesteps;
-    activations_ = activations;
+    prepared_.set(timesteps, activations);
   }
 
   Tensor predict(const Tensor& latents, const models::ForwardContext& ctx, const Stream& s) override {
@@ -204,21 +203,17 @@ class FluxDenoiser : public Denoiser {
   // it was given: the forward then computes its own).
   std::shared_ptr<const models::FluxModulation> precomputed_modulation(const models::FluxInputs& in, int batch,
                                                                        const models::ForwardContext& ctx, const Stream& s) {
-    const auto index = static_cast<std::size_t>(ctx.step.index);
-    if (timesteps_.empty() || ctx.activations != activations_ || ctx.step.index < 0 || index >= timesteps_.size() ||
-        timesteps_[index] != ctx.step.timestep)
-      return nullptr;
+    if (!prepared_.covers(ctx)) return nullptr;
     auto& table = tables_[static_cast<std::size_t>(ctx.step.branch)];
     if (!table) {
-      const auto steps = static_cast<int64_t>(timesteps_.size());
-      std::vector<float> times;
-      for (const float t : timesteps_) times.insert(times.end(), static_cast<std::size_t>(batch), model_time(t, activations_));
+      const DType act = prepared_.activations();
+      const int64_t steps = prepared_.steps();
       const Tensor guidance = model_.config().guidance_embeds ? filled(steps * batch, guidance_) : Tensor();
       const std::vector<Tensor> pooled(static_cast<std::size_t>(steps), in.pooled_projections);
-      table = std::make_shared<const models::FluxModulation>(
-          model_.modulation(Tensor::from_vector(times, {steps * batch}), guidance, ops::concat(pooled, 0, s), s, activations_));
+      table = std::make_shared<const models::FluxModulation>(model_.modulation(
+          prepared_.rows(batch, [&](float t) { return model_time(t, act); }), guidance, ops::concat(pooled, 0, s), s, act));
     }
-    return std::make_shared<const models::FluxModulation>(table->slice(static_cast<int64_t>(index) * batch, batch));
+    return std::make_shared<const models::FluxModulation>(table->slice(int64_t{ctx.step.index} * batch, batch));
   }
 
   const models::FluxTransformer2DModel& model_;
@@ -226,8 +221,7 @@ class FluxDenoiser : public Denoiser {
   std::optional<models::FluxInputs> uncond_, both_;
   float guidance_;
   Tensor reference_;
-  std::vector<float> timesteps_;  // from prepare (empty: the forwards compute their own modulation)
-  DType activations_ = DType::f32;
+  PreparedRun prepared_;                                                 // empty: the forwards compute their own modulation
   std::array<std::shared_ptr<const models::FluxModulation>, 3> tables_;  // by CfgBranch: all steps' rows
 };
 

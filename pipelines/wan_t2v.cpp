@@ -78,8 +78,7 @@ class WanDenoiser : public Denoiser {
     for (const models::WanTransformer3DModel* m : experts_.models)
       if (m && !m->embedders_are_plain()) return;
     if (models::current_linear_call_hook()) return;
-    timesteps_ = timesteps;
-    activations_ = activations;
+    prepared_.set(timesteps, activations);
   }
 
   Tensor predict(const Tensor& latents, const models::ForwardContext& ctx, const Stream& s) override {
@@ -111,27 +110,22 @@ class WanDenoiser : public Denoiser {
   // prepare did not run or this is not a step it was given.
   void add_precomputed(models::WanInputs& in, const models::WanTransformer3DModel& model, const models::ForwardContext& ctx,
                        const Stream& s) {
+    if (!prepared_.covers(ctx)) return;
     const auto index = static_cast<std::size_t>(ctx.step.index);
-    if (timesteps_.empty() || ctx.activations != activations_ || ctx.step.index < 0 || index >= timesteps_.size() ||
-        timesteps_[index] != ctx.step.timestep)
-      return;
+    const DType act = prepared_.activations();
     const std::size_t expert = experts_.schedule.empty() ? 0 : static_cast<std::size_t>(experts_.schedule.at(index));
     Ahead& a = ahead_[expert][static_cast<std::size_t>(ctx.step.branch)];
     const int64_t batch = in.hidden_states.size(0);
     if (!first_frame_) {
-      if (!a.temb.defined()) {
-        std::vector<float> times;
-        for (const float t : timesteps_) times.insert(times.end(), static_cast<std::size_t>(batch), t);
-        std::tie(a.temb, a.timestep_proj) =
-            model.time_embedding(Tensor::from_vector(times, {static_cast<int64_t>(times.size())}), s, activations_);
-      }
+      if (!a.temb.defined())
+        std::tie(a.temb, a.timestep_proj) = model.time_embedding(prepared_.rows(batch, [](float t) { return t; }), s, act);
       in.temb = a.temb.narrow(0, static_cast<int64_t>(index) * batch, batch);
       in.timestep_proj = a.timestep_proj.narrow(0, static_cast<int64_t>(index) * batch, batch);
     }
-    if (!a.context.defined()) a.context = model.text_embedding(in.encoder_hidden_states, s, activations_);
+    if (!a.context.defined()) a.context = model.text_embedding(in.encoder_hidden_states, s, act);
     in.context = a.context;
     if (model.config().has_image_branch()) {
-      if (!a.image_context.defined()) a.image_context = model.image_embedding(in.encoder_hidden_states_image, s, activations_);
+      if (!a.image_context.defined()) a.image_context = model.image_embedding(in.encoder_hidden_states_image, s, act);
       in.image_context = a.image_context;
     }
   }
@@ -144,8 +138,7 @@ class WanDenoiser : public Denoiser {
   Experts experts_;
   Tensor cond_, uncond_, both_, condition_, image_, image_both_;
   bool first_frame_ = false;
-  std::vector<float> timesteps_;  // from prepare (empty: the forwards compute their own)
-  DType activations_ = DType::f32;
+  PreparedRun prepared_;                       // empty: the forwards compute their own
   std::array<std::array<Ahead, 3>, 2> ahead_;  // by expert, then CfgBranch
 };
 
