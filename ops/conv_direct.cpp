@@ -1,6 +1,7 @@
 #include "ops/conv_direct.h"
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include <tbb/blocked_range.h>
@@ -8,29 +9,39 @@
 
 #include "ops/conv_direct_kernels.h"
 #include "ops/gemm/driver.h"
+#include "base/error.h"
 
 namespace cubevec::ops::conv_direct {
 
-bool available() { return gemm::best_isa() == Isa::avx512; }
+bool available() { return gemm::best_isa() == Isa::avx512 || gemm::best_isa() == Isa::avx2; }
 
 template <int D>
-void convolve(const float* image, const float* weight, const float* bias, float* out, const Shape<D>& s) {
+void convolve(const float* image, const float* weight, const float* bias, float* out, const Shape<D>& shape) {
+  convolve<D>(image, weight, bias, out, shape, gemm::best_isa());
+}
+
+template <int D>
+void convolve(const float* image, const float* weight, const float* bias, float* out, const Shape<D>& s, Isa isa) {
+  if (isa != Isa::avx512 && isa != Isa::avx2)
+    throw Error("conv_direct::convolve: no direct kernel for ISA " + std::string(isa_name(isa)) + " (expected avx512 or avx2)");
+  if (!isa_supported(isa)) throw Error("conv_direct::convolve: this CPU does not run " + std::string(isa_name(isa)));
+  void (*const convolve_row)(const RowJob&) = isa == Isa::avx512 ? convolve_row_avx512 : convolve_row_avx2;
   constexpr int L = D - 1;  // the contiguous dimension
   int64_t taps = 1, in_plane = 1, out_plane = 1;
   for (int d = 0; d < D; ++d) taps *= s.kernel[d], in_plane *= s.in[d], out_plane *= s.out[d];
   const int64_t kw = s.kernel[L], outer_taps = taps / kw, out_rows = out_plane / s.out[L];
-  // [O][C][taps] -> [C][taps][O], so that a tile's weights for one tap are adjacent.
-  std::vector<float> weight_t(static_cast<std::size_t>(s.o * s.c * taps));
+  // [O][C][taps] -> [tile][C][taps][kMaxTile], so that a tile's weights for one tap are adjacent
+  // and a tile's whole set is one contiguous run (zeros past O in the last tile).
+  const int64_t tiles = (s.o + kMaxTile - 1) / kMaxTile, tile_floats = s.c * taps * kMaxTile;
+  std::vector<float> weight_t(static_cast<std::size_t>(tiles * tile_floats), 0.0f);
   for (int64_t o = 0; o < s.o; ++o)
-    for (int64_t ct = 0; ct < s.c * taps; ++ct) weight_t[static_cast<std::size_t>(ct * s.o + o)] = weight[o * s.c * taps + ct];
-  const int64_t tiles = (s.o + kMaxTile - 1) / kMaxTile;
+    for (int64_t ct = 0; ct < s.c * taps; ++ct)
+      weight_t[static_cast<std::size_t>((o / kMaxTile) * tile_floats + ct * kMaxTile + o % kMaxTile)] = weight[o * s.c * taps + ct];
   RowJob shared;  // what every row's job has in common
-  shared.weight_t = weight_t.data();
   shared.taps = taps;
   shared.image = image;
   shared.plane = in_plane;
   shared.channels = s.c;
-  shared.o = s.o;
   shared.kw = kw;
   shared.pad_x = s.padding[L];
   shared.in_w = s.in[L];
@@ -63,17 +74,19 @@ void convolve(const float* image, const float* weight, const float* bias, float*
       }
       RowJob j = shared;
       j.first_channel = tile * kMaxTile;
+      j.weight_t = weight_t.data() + tile * tile_floats;
       j.tile = static_cast<int>(std::min<int64_t>(kMaxTile, s.o - j.first_channel));
       j.row_offsets = offsets.data();
       j.row_taps = first_taps.data();
       j.rows = static_cast<int>(offsets.size());
       j.out = out + j.first_channel * out_plane + out_row * s.out[L];
-      convolve_row_avx512(j);
+      convolve_row(j);
     }
   });
 }
 
 template void convolve<2>(const float*, const float*, const float*, float*, const Shape<2>&);
 template void convolve<3>(const float*, const float*, const float*, float*, const Shape<3>&);
+template void convolve<3>(const float*, const float*, const float*, float*, const Shape<3>&, Isa);
 
 }  // namespace cubevec::ops::conv_direct

@@ -5,11 +5,13 @@
 // pixels in registers and reads the input once per kernel offset.
 //
 // Stride 1 and dilation 1 in every dimension, kernels up to 16 wide in the last dimension, any
-// padding; f32; AVX-512 only (elsewhere conv.cpp keeps im2col + GEMM).
+// padding; f32; AVX-512 or AVX2 + FMA (elsewhere conv.cpp keeps im2col + GEMM).
 #pragma once
 
 #include <array>
 #include <cstdint>
+
+#include "ops/isa.h"
 
 namespace cubevec::ops::conv_direct {
 
@@ -24,12 +26,16 @@ struct Shape {
   std::array<int64_t, D> in{}, kernel{}, out{}, padding{};
 };
 
-// Whether this CPU runs the kernel (AVX-512 F, and the GEMM's ISA choice is AVX-512).
+// Whether the kernel is used: the GEMM's ISA choice (gemm::best_isa, CUBEVEC_GEMM_ISA) is AVX-512
+// or AVX2, each of which has a kernel here.
 bool available();
 
-// out [O, out volume] = weight [O, C, kernel...] * image [C, in volume] (+ bias [O] if not null).
-// Parallel over output rows and channel tiles in the calling arena.
+// out [O, out volume] = weight [O, C, kernel...] * image [C, in volume] (+ bias [O] if not null),
+// with the kernel of the GEMM's ISA choice, or of `isa` (avx512 or avx2; an error if this CPU does
+// not run it). Parallel over output rows and channel tiles in the calling arena.
 template <int D>
 void convolve(const float* image, const float* weight, const float* bias, float* out, const Shape<D>& shape);
+template <int D>
+void convolve(const float* image, const float* weight, const float* bias, float* out, const Shape<D>& shape, Isa isa);
 
 }  // namespace cubevec::ops::conv_direct

@@ -1,5 +1,5 @@
-// The register-tiled inner loop of ops/conv_direct.h. Plain declarations only: the file that
-// defines them is compiled for AVX-512 (see ops/gemm/microkernel.h for why nothing inline may be
+// The register-tiled inner loops of ops/conv_direct.h. Plain declarations only: the files that
+// define them are compiled for AVX-512 and for AVX2 (see ops/gemm/microkernel.h for why nothing inline may be
 // shared with it).
 #pragma once
 
@@ -13,12 +13,14 @@ inline constexpr int kMaxTile = 8;
 inline constexpr int64_t kMaxKernelWidth = 16;
 
 struct RowJob {
-  const float* weight_t = nullptr;  // [C][taps][O]: a tap is one kernel position (outer offsets, kx)
+  // The tile's weights, [C][taps][kMaxTile]: a tap is one kernel position (outer offsets, kx); its
+  // output channels adjacent, zero past the tile's last (so that one block's weights are one
+  // contiguous run, not a line per tap and channel).
+  const float* weight_t = nullptr;
   int64_t taps = 0;                 // the kernel's volume
   const float* image = nullptr;     // [C][plane]
   int64_t plane = 0;                // floats per input channel
   int64_t channels = 0;             // C
-  int64_t o = 0;                    // O (weight_t's innermost extent)
   int64_t first_channel = 0;        // of the tile
   int tile = 0;                     // output channels in the tile
   // The input rows this output row reads: for each, its offset in a channel's plane and its first
@@ -33,5 +35,6 @@ struct RowJob {
 };
 
 void convolve_row_avx512(const RowJob& job);
+void convolve_row_avx2(const RowJob& job);
 
 }  // namespace cubevec::ops::conv_direct

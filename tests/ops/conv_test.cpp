@@ -95,11 +95,11 @@ TEST(Conv, Conv3dMatchesDirectLoopsIncludingWanPatchEmbedding) {
 }
 
 // The direct kernel's edges: output channel counts around its 8-channel tiles, widths around its
-// 16-pixel vectors and 48-96-pixel blocks (1 and below one vector included), padding up to wider than
+// 16-pixel (AVX2: 8) vectors and 16-96-pixel blocks (1 and below one vector included), padding up to wider than
 // the kernel's reach (rows and columns of pure padding: bias only), wide and 1-wide kernels, 3-D
 // kernels (Wan's causal VAE pads time on one side only: done here as a 2-frame pad with 3 frames in),
-// and batches. Through conv2d / conv3d (which take the direct kernel on AVX-512 CPUs for <= 64
-// output channels) and, where the CPU has AVX-512, the kernel itself.
+// and batches. Through conv2d / conv3d (which take the direct kernel on AVX-512 and AVX2 CPUs for
+// <= 64 output channels) and each of the AVX-512 and AVX2 kernels the CPU runs.
 TEST(Conv, FewChannelConvolutionsMatchDirectLoops) {
   struct Case {
     int64_t n, c, o, t, h, w;
@@ -130,11 +130,33 @@ TEST(Conv, FewChannelConvolutionsMatchDirectLoops) {
                                     Tensor::from_vector(bias, {s.o}), opt2);
       for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(y2.data<float>()[i], want[i], 1e-4) << label << " (2-D) at " << i;
     }
-    if (!ops::conv_direct::available()) continue;
     const ops::conv_direct::Shape<3> shape{s.c, s.o, {s.t, s.h, s.w}, s.k, out, s.pad};
-    std::vector<float> direct(want.size() / static_cast<std::size_t>(s.n));
-    ops::conv_direct::convolve<3>(x.data(), w.data(), bias.data(), direct.data(), shape);  // the first image
-    for (std::size_t i = 0; i < direct.size(); ++i) ASSERT_NEAR(direct[i], want[i], 1e-4) << label << " (kernel) at " << i;
+    for (const ops::Isa isa : {ops::Isa::avx512, ops::Isa::avx2}) {  // each kernel this CPU runs, on the first image
+      if (!ops::isa_supported(isa)) continue;
+      std::vector<float> direct(want.size() / static_cast<std::size_t>(s.n));
+      ops::conv_direct::convolve<3>(x.data(), w.data(), bias.data(), direct.data(), shape, isa);
+      for (std::size_t i = 0; i < direct.size(); ++i)
+        ASSERT_NEAR(direct[i], want[i], 1e-4) << label << " (" << ops::isa_name(isa) << " kernel) at " << i;
+    }
+  }
+}
+
+// Asking the direct kernel for an ISA it has no kernel for, or that the CPU lacks, is a named error
+// (never SIGILL).
+TEST(Conv, DirectKernelForAnIsaItLacksIsANamedError) {
+  const std::vector<float> x(2 * 4 * 4, 1.0f), w(3 * 2 * 9, 1.0f);
+  std::vector<float> out(3 * 4 * 4);
+  const ops::conv_direct::Shape<3> shape{2, 3, {1, 4, 4}, {1, 3, 3}, {1, 4, 4}, {0, 1, 1}};
+  EXPECT_NE(message_of([&] {
+              ops::conv_direct::convolve<3>(x.data(), w.data(), nullptr, out.data(), shape, ops::Isa::portable);
+            }).find("no direct kernel for ISA portable"),
+            std::string::npos);
+  for (const ops::Isa isa : {ops::Isa::avx512, ops::Isa::avx2}) {
+    if (ops::isa_supported(isa)) continue;
+    EXPECT_NE(message_of([&] {
+                ops::conv_direct::convolve<3>(x.data(), w.data(), nullptr, out.data(), shape, isa);
+              }).find("this CPU does not run"),
+              std::string::npos);
   }
 }
 

@@ -33,11 +33,11 @@ void block(const RowJob& j, int64_t x0) {
     for (int p = 0; p < PIXELS; ++p) masks[kx][p] = inside_mask(x0 + kx - j.pad_x + 16 * p, j.in_w);
   for (int64_t c = 0; c < j.channels; ++c) {
     const intptr_t plane = reinterpret_cast<intptr_t>(j.image + c * j.plane);
-    const float* weights = j.weight_t + c * j.taps * j.o + j.first_channel;
+    const float* weights = j.weight_t + c * j.taps * kMaxTile;
     for (int r = 0; r < j.rows; ++r) {
       const intptr_t row = plane + static_cast<intptr_t>(j.row_offsets[r] * 4);
-      const float* wt = weights + j.row_taps[r] * j.o;
-      for (int64_t kx = 0; kx < j.kw; ++kx, wt += j.o) {
+      const float* wt = weights + j.row_taps[r] * kMaxTile;
+      for (int64_t kx = 0; kx < j.kw; ++kx, wt += kMaxTile) {
         const intptr_t first = row + static_cast<intptr_t>((x0 + kx - j.pad_x) * 4);
         __m512 in[PIXELS];
 #pragma GCC unroll 8
