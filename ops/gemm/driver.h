@@ -3,6 +3,7 @@
 // B micro-panel in L1 while the micro-kernel walks the MR-row panels of A).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -107,6 +108,24 @@ std::shared_ptr<const PackedB> pack_b_once(const Problem& p, Isa isa, int thread
 std::size_t packed_b_bytes(int64_t n, int64_t k, Element compute, Isa isa, Bf16Path path);
 // Packs for a given bf16 kernel (tests, benchmarks); the path must be available.
 std::shared_ptr<const PackedB> pack_b_once_for(const Problem& p, Isa isa, Bf16Path path);
+
+// The f32 panels pack_b_once lays out for a [K, N] B on `isa`, for a caller that writes them itself
+// (a convolution's im2col writes its columns straight into them instead of into a matrix that
+// sgemm would then copy into panels): B's element (row, col) goes to offset(row, col) of an array
+// of floats() floats, 64-byte aligned; adopt_packed_b(n, k, Element::f32, isa, layout, ...) then
+// hands the array to sgemm. Columns col .. col + run - 1 are adjacent while they stay in one panel
+// (run <= nr - col % nr); the columns past N in the last panel are read by the micro-kernel and
+// must be finite (zero).
+struct F32PanelLayout {
+  int64_t n = 0, k = 0, kc = 0, nr = 0;
+  PackedLayout layout;
+  std::size_t floats() const { return layout.bytes / sizeof(float); }
+  int64_t offset(int64_t row, int64_t col) const {
+    const int64_t block = row / kc, depth = std::min(kc, k - block * kc);  // the K block's depth (the last may be short)
+    return block * layout.panel_stride + (col / nr) * depth * nr + (row % kc) * nr + col % nr;
+  }
+};
+F32PanelLayout f32_panel_layout(int64_t n, int64_t k, Isa isa);
 
 // Runs on the calling thread's TBB arena, splitting the work over up to `threads` tasks, with the
 // variant the calibration (GemmTuner) chose for this ISA, shape class and thread count.

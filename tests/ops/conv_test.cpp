@@ -141,6 +141,48 @@ TEST(Conv, FewChannelConvolutionsMatchDirectLoops) {
   }
 }
 
+// im2col writes its columns straight into the GEMM's packed panels: deep im2col matrices (C x kernel
+// volume past one and two K blocks of the f32 kernel's KC, with a short last block), output
+// positions over more than one block of columns with a last block that is not whole NR panels,
+// strides, dilation and padding, over 64 output channels (so im2col, not the direct kernel). Small
+// cases against the loop above; the two with more positions than one block takes (at most 4,096;
+// tens of millions of products, too slow for the unoptimized loop) against the reference backend
+// (a plain im2col matrix and a plain GEMM loop).
+TEST(Conv, DeepIm2colThroughPackedPanelsMatchesTheReferences) {
+  struct Case {
+    int64_t c, o, t, h, w;
+    std::array<int64_t, 3> k, stride, pad, dil;
+    bool loop;  // against direct_conv, else against the reference backend
+  };
+  const Case cases[] = {{20, 65, 3, 7, 9, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, true},      // K 540: a 28-deep last K block
+                        {30, 65, 1, 23, 29, {1, 3, 3}, {1, 2, 2}, {0, 2, 1}, {1, 2, 1}, true},    // K 270, strided, dilated
+                        {8, 70, 1, 70, 61, {1, 3, 3}, {1, 1, 1}, {0, 1, 1}, {1, 1, 1}, false},    // 4,270 positions: 4,096 + 174
+                        {20, 65, 2, 48, 45, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, false}};  // K 540 and 4,320 positions
+  for (const Case& s : cases) {
+    const auto x = random_values(s.c * s.t * s.h * s.w, 31), w = random_values(s.o * s.c * s.k[0] * s.k[1] * s.k[2], 32),
+               bias = random_values(s.o, 33);
+    const Tensor xt = Tensor::from_vector(x, {1, s.c, s.t, s.h, s.w}), wt = Tensor::from_vector(w, {s.o, s.c, s.k[0], s.k[1], s.k[2]}),
+                 bt = Tensor::from_vector(bias, {s.o});
+    ops::Conv3dOptions opt;
+    opt.stride = s.stride, opt.padding = s.pad, opt.dilation = s.dil;
+    const Tensor y = ops::conv3d(xt, wt, bt, opt);
+    std::vector<double> want;
+    if (s.loop) {
+      std::array<int64_t, 3> out{};
+      want = direct_conv(x, w, &bias, 1, s.c, s.o, {s.t, s.h, s.w}, s.k, s.stride, s.pad, s.dil, out);
+    } else {
+      ops::Conv3dOptions reference = opt;
+      reference.backend = ops::GemmBackend::reference;
+      const Tensor r = ops::conv3d(xt, wt, bt, reference);
+      want.assign(r.data<float>(), r.data<float>() + r.numel());
+    }
+    ASSERT_EQ(static_cast<std::size_t>(y.numel()), want.size());
+    const double tolerance = 2e-5 * std::sqrt(static_cast<double>(s.c * s.k[0] * s.k[1] * s.k[2]));  // f32 sums of K products
+    for (std::size_t i = 0; i < want.size(); ++i)
+      ASSERT_NEAR(y.data<float>()[i], want[i], tolerance) << "c=" << s.c << " o=" << s.o << " at " << i;
+  }
+}
+
 // Asking the direct kernel for an ISA it has no kernel for, or that the CPU lacks, is a named error
 // (never SIGILL).
 TEST(Conv, DirectKernelForAnIsaItLacksIsANamedError) {
