@@ -477,7 +477,8 @@ std::shared_ptr<const PackedB> adopt_packed_b(int64_t n, int64_t k, Element comp
 F32PanelLayout f32_panel_layout(int64_t n, int64_t k, Isa isa) {
   if (n < 1 || k < 1) throw Error("gemm: f32_panel_layout needs n, k >= 1, got " + std::to_string(n) + ", " + std::to_string(k));
   const Plan<float> plan = f32_kernel(isa);
-  if (plan.padded(plan.kc) != plan.kc || plan.kgroup != 1) throw Error("gemm: the f32 kernel's panels are not plain k rows");
+  if (plan.padded(plan.kc) != plan.kc || plan.kgroup != 1 || plan.kc % 8 != 0)
+    throw Error("gemm: the f32 kernel's panels are not plain k rows in K blocks of a multiple of 8");
   F32PanelLayout out;
   out.n = n, out.k = k, out.kc = plan.kc, out.nr = plan.nr;
   out.layout = layout_of(plan, n, k, Bf16Path::f32);

@@ -115,7 +115,7 @@ std::shared_ptr<const PackedB> pack_b_once_for(const Problem& p, Isa isa, Bf16Pa
 // of floats() floats, 64-byte aligned; adopt_packed_b(n, k, Element::f32, isa, layout, ...) then
 // hands the array to sgemm. Columns col .. col + run - 1 are adjacent while they stay in one panel
 // (run <= nr - col % nr); the columns past N in the last panel are read by the micro-kernel and
-// must be finite (zero).
+// must be finite (zero). KC is a multiple of 8.
 struct F32PanelLayout {
   int64_t n = 0, k = 0, kc = 0, nr = 0;
   PackedLayout layout;
