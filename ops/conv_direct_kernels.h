@@ -17,12 +17,12 @@ struct RowJob {
   // output channels adjacent, zero past the tile's last (so that one block's weights are one
   // contiguous run, not a line per tap and channel).
   const float* weight_t = nullptr;
-  int64_t taps = 0;                 // the kernel's volume
-  const float* image = nullptr;     // [C][plane]
-  int64_t plane = 0;                // floats per input channel
-  int64_t channels = 0;             // C
-  int64_t first_channel = 0;        // of the tile
-  int tile = 0;                     // output channels in the tile
+  int64_t taps = 0;              // the kernel's volume
+  const float* image = nullptr;  // [C][plane]
+  int64_t plane = 0;             // floats per input channel
+  int64_t channels = 0;          // C
+  int64_t first_channel = 0;     // of the tile
+  int tile = 0;                  // output channels in the tile
   // The input rows this output row reads: for each, its offset in a channel's plane and its first
   // tap (outer kernel position x kw); rows outside the input (zero padding) are left out.
   const int64_t* row_offsets = nullptr;

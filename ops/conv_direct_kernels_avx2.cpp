@@ -66,8 +66,9 @@ void block(const Pass& pass, int64_t x0) {
     if (c + 1 < j.channels)
       for (int r = 0; r < rows; ++r)
         for (intptr_t byte = 0; byte < span + 63; byte += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(plane + 4 * j.plane + (ROWS > 0 ? row_bytes[r] : bytes_of(r)) + std::min(byte, span - 1)),
-                       _MM_HINT_T0);
+          _mm_prefetch(
+              reinterpret_cast<const char*>(plane + 4 * j.plane + (ROWS > 0 ? row_bytes[r] : bytes_of(r)) + std::min(byte, span - 1)),
+              _MM_HINT_T0);
     const float* weights = j.weight_t + c * j.taps * kMaxTile + pass.first;
 #pragma GCC unroll 4
     for (int r = 0; r < rows; ++r) {
