@@ -204,7 +204,9 @@ bool is_pointwise(const Geometry<D>& g, const ConvOptions<D>& o) {
 // dilation, a kernel wider than 1x1 (a 1x1 conv is already a plain GEMM), on AVX-512.
 template <int D>
 bool use_direct(const Geometry<D>& g, const ConvOptions<D>& o) {
-  if (!o.direct || o.backend != GemmBackend::cubevec || g.o > conv_direct::kMaxOutputChannels || !conv_direct::available()) return false;
+  if (!o.direct || o.backend != GemmBackend::cubevec || g.o > conv_direct::max_output_channels(gemm::best_isa()) ||
+      !conv_direct::available())
+    return false;
   for (int d = 0; d < D; ++d)
     if (o.stride[d] != 1 || o.dilation[d] != 1) return false;
   return !is_pointwise(g, o) && g.kernel[D - 1] <= conv_direct::kMaxKernelWidth;

@@ -13,6 +13,8 @@
 
 namespace cubevec::ops::conv_direct {
 
+int64_t max_output_channels(Isa isa) { return isa == Isa::avx2 ? 128 : 64; }
+
 bool available() { return gemm::best_isa() == Isa::avx512 || gemm::best_isa() == Isa::avx2; }
 
 template <int D>

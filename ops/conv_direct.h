@@ -16,8 +16,9 @@
 namespace cubevec::ops::conv_direct {
 
 // The most output channels for which the direct kernel is used: above it the GEMM has enough rows
-// to amortize its packing (measured in docs/performance.md, "VAE convolutions").
-constexpr int64_t kMaxOutputChannels = 64;
+// to amortize its packing. Measured per kernel (docs/performance.md, "VAE convolutions"): AVX-512
+// 64 on a Xeon; AVX2 128 on a Zen 3 (1.1-1.5x im2col + GEMM at 96 and 128, even at 192, 0.9x at 256).
+int64_t max_output_channels(Isa isa);
 
 // One image's convolution, D = 2 or 3 spatial dimensions (the last contiguous).
 template <int D>

@@ -98,8 +98,9 @@ TEST(Conv, Conv3dMatchesDirectLoopsIncludingWanPatchEmbedding) {
 // 16-pixel (AVX2: 8) vectors and 16-96-pixel blocks (1 and below one vector included), padding up to wider than
 // the kernel's reach (rows and columns of pure padding: bias only), wide and 1-wide kernels, 3-D
 // kernels (Wan's causal VAE pads time on one side only: done here as a 2-frame pad with 3 frames in),
-// and batches. Through conv2d / conv3d (which take the direct kernel on AVX-512 and AVX2 CPUs for
-// <= 64 output channels) and each of the AVX-512 and AVX2 kernels the CPU runs.
+// and batches. Through conv2d / conv3d (which take the direct kernel for <= 64 output channels on
+// AVX-512 CPUs, <= 128 on AVX2: both sides of each limit) and each of the AVX-512 and AVX2 kernels
+// the CPU runs.
 TEST(Conv, FewChannelConvolutionsMatchDirectLoops) {
   struct Case {
     int64_t n, c, o, t, h, w;
@@ -110,7 +111,8 @@ TEST(Conv, FewChannelConvolutionsMatchDirectLoops) {
       {1, 5, 9, 1, 4, 17, {1, 3, 3}, {0, 0, 0}},   {1, 3, 16, 1, 9, 47, {1, 5, 5}, {0, 2, 2}}, {1, 6, 17, 1, 3, 49, {1, 3, 3}, {0, 4, 4}},
       {1, 2, 20, 1, 5, 100, {1, 1, 7}, {0, 0, 3}}, {1, 3, 64, 1, 4, 33, {1, 3, 3}, {0, 1, 1}}, {1, 16, 3, 1, 8, 96, {1, 3, 3}, {0, 1, 1}},
       {1, 2, 5, 1, 3, 2, {1, 3, 16}, {0, 1, 8}},   {1, 4, 12, 3, 5, 21, {3, 3, 3}, {2, 1, 1}}, {2, 3, 7, 4, 6, 19, {3, 3, 3}, {1, 1, 1}},
-      {1, 2, 4, 2, 3, 64, {1, 3, 3}, {0, 1, 1}},   {1, 3, 65, 1, 4, 20, {1, 3, 3}, {0, 1, 1}}};
+      {1, 2, 4, 2, 3, 64, {1, 3, 3}, {0, 1, 1}},   {1, 3, 65, 1, 4, 20, {1, 3, 3}, {0, 1, 1}}, {1, 2, 128, 1, 3, 9, {1, 3, 3}, {0, 1, 1}},
+      {1, 2, 129, 1, 3, 9, {1, 3, 3}, {0, 1, 1}}};
   for (const Case& s : cases) {
     const auto x = random_values(s.n * s.c * s.t * s.h * s.w, 21), w = random_values(s.o * s.c * s.k[0] * s.k[1] * s.k[2], 22),
                bias = random_values(s.o, 23);
@@ -144,7 +146,7 @@ TEST(Conv, FewChannelConvolutionsMatchDirectLoops) {
 // im2col writes its columns straight into the GEMM's packed panels: deep im2col matrices (C x kernel
 // volume past one and two K blocks of the f32 kernel's KC, with a short last block), output
 // positions over more than one block of columns with a last block that is not whole NR panels,
-// strides, dilation and padding, over 64 output channels (so im2col, not the direct kernel). Small
+// strides, dilation and padding, im2col forced (`direct = false`), over 64 output channels. Small
 // cases against the loop above; the two with more positions than one block takes (at most 4,096;
 // tens of millions of products, too slow for the unoptimized loop) against the reference backend
 // (a plain im2col matrix and a plain GEMM loop).
@@ -165,6 +167,7 @@ TEST(Conv, DeepIm2colThroughPackedPanelsMatchesTheReferences) {
                  bt = Tensor::from_vector(bias, {s.o});
     ops::Conv3dOptions opt;
     opt.stride = s.stride, opt.padding = s.pad, opt.dilation = s.dil;
+    opt.direct = false;  // im2col + GEMM whatever the direct kernel's reach on this CPU
     const Tensor y = ops::conv3d(xt, wt, bt, opt);
     std::vector<double> want;
     if (s.loop) {
@@ -203,7 +206,7 @@ TEST(Conv, DirectKernelForAnIsaItLacksIsANamedError) {
 }
 
 // 300 random few-channel shapes (kernels up to 5 x 5, padding up to 3, widths 1 to 70, output
-// channels 1 to 70: both sides of the direct kernel's 64) against the reference backend (im2col and
+// channels 1 to 70: both sides of the AVX-512 direct kernel's 64) against the reference backend (im2col and
 // a plain GEMM loop), and non-finite inputs: NaN and infinity land where the reference puts them.
 TEST(Conv, RandomShapesAndNonFiniteInputsMatchTheReference) {
   std::mt19937 rng(5);
