@@ -13,6 +13,7 @@
 #include "ops/conv_direct.h"
 #include "ops/conv_direct_kernels.h"
 #include "ops/gemm/cpu_caches.h"
+#include "tensor/allocated_array.h"
 
 namespace cubevec::ops {
 
@@ -186,12 +187,6 @@ void im2col_panels(const float* image, const Geometry<D>& g, const ConvOptions<D
   });
 }
 
-// The first 64-byte boundary at or after `p` (inside a buffer 16 floats longer than needed).
-float* align_64(float* p) {
-  const auto address = reinterpret_cast<std::uintptr_t>(p);
-  return p + ((64 - address % 64) % 64) / sizeof(float);
-}
-
 // A 1x1 (x1) kernel with unit stride and no padding needs no im2col: the image is the matrix.
 template <int D>
 bool is_pointwise(const Geometry<D>& g, const ConvOptions<D>& o) {
@@ -243,10 +238,13 @@ Tensor conv(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias
     // reference backend's into a plain matrix.
     const bool panels = !pointwise && o.backend == GemmBackend::cubevec;
     const gemm::Isa isa = gemm::best_isa();
-    std::vector<float> cols(pointwise ? 0
-                            : panels  ? gemm::f32_panel_layout(block, kdim, isa).floats() + 16
-                                      : static_cast<std::size_t>(kdim * block));
-    float* const cols_data = panels ? align_64(cols.data()) : cols.data();
+    // In the caching allocator (64-byte aligned): counted in its peak and limit like the tensors,
+    // and the same block comes back call after call. im2col writes every element it holds.
+    AllocatedArray<float> cols;
+    cols.assign_for_overwrite(pointwise ? 0
+                              : panels  ? gemm::f32_panel_layout(block, kdim, isa).floats()
+                                        : static_cast<std::size_t>(kdim * block));
+    float* const cols_data = cols.data();
     for (int64_t image = 0; image < g.n; ++image) {
       const float* src = px + image * g.c * g.in_volume();
       float* dst = py + image * g.o * positions;

@@ -39,6 +39,14 @@ class AllocatedArray {
     size_ = count;
     std::fill_n(data_, count, value);
   }
+  // `count` elements left unset, for a buffer its user writes in full before reading (replacing
+  // what was held).
+  void assign_for_overwrite(std::size_t count) {
+    reset();
+    if (count == 0) return;
+    data_ = static_cast<T*>(default_allocator().allocate(count * sizeof(T)));
+    size_ = count;
+  }
   void reset() {
     if (data_) default_allocator().deallocate(data_);
     data_ = nullptr;
