@@ -63,12 +63,16 @@ TEST_F(MemoryCli, FluxEstimateBoundsTheMeasuredPeaks) {
 
 TEST_F(MemoryCli, WanEstimateBoundsTheMeasuredPeaks) {
   const std::string embeds = wan_embeds(dir_), json = (dir_ / "r.json").string();
-  for (const char* cfg : {"off", "fused"}) {
-    const auto r = run({"t2v", "--model", kWan, "--prompt-embeds", embeds, "--width", "256", "--height", "128", "--frames", "17", "--steps",
-                        "1", "--cfg", cfg, "--out", (dir_ / "a.avi").string(), "--json", json});
-    ASSERT_EQ(r.status, 0) << r.err;
-    expect_estimate_bounds(nlohmann::json::parse(read_file(json)), std::string("wan cfg ") + cfg, true);
-  }
+  // Each cfg once untimed first: a run that finds no GEMM calibration for its shapes measures the
+  // kernels in its denoising (a packed 3072-column weight each), which the tiny model's peak would
+  // then be mostly made of; a run alone in a fresh tuning cache failed the sharp check so.
+  for (const bool measured : {false, true})
+    for (const char* cfg : {"off", "fused"}) {
+      const auto r = run({"t2v", "--model", kWan, "--prompt-embeds", embeds, "--width", "256", "--height", "128", "--frames", "17",
+                          "--steps", "1", "--cfg", cfg, "--out", (dir_ / "a.avi").string(), "--json", json});
+      ASSERT_EQ(r.status, 0) << r.err;
+      if (measured) expect_estimate_bounds(nlohmann::json::parse(read_file(json)), std::string("wan cfg ") + cfg, true);
+    }
 }
 
 TEST_F(MemoryCli, RequestsAboveTheLimitAreRefusedBeforeAnyWork) {
