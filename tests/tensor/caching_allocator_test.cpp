@@ -3,7 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <random>
 #include <thread>
 
@@ -154,6 +159,37 @@ TEST(CachingAllocator, EmptyCacheKeepsBlocksStillFenced) {
   fence->open = true;
   allocator.empty_cache();
   EXPECT_EQ(allocator.stats().cached_bytes, 0u);
+}
+
+// The VmFlags line of the mapping in /proc/self/smaps that holds `address` ("" when none does).
+std::string vm_flags_at(const void* address) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto a = reinterpret_cast<std::uintptr_t>(address);
+  bool inside = false;
+  std::string line;
+  while (std::getline(smaps, line)) {
+    std::uintptr_t begin = 0, end = 0;
+    char dash = 0;
+    std::istringstream header(line);
+    if (header >> std::hex >> begin >> dash >> end && dash == '-' && line.find(':') > line.find(' ')) inside = a >= begin && a < end;
+    else if (inside && line.rfind("VmFlags:", 0) == 0) return line;
+  }
+  return "";
+}
+
+TEST(CachingAllocator, LargeBlocksAskForHugePages) {
+  if (!std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled")) GTEST_SKIP() << "this kernel has no transparent huge pages";
+  CachingAllocator allocator;
+  constexpr std::size_t kLarge = std::size_t{8} << 20, kSmall = std::size_t{1} << 20;
+  auto* large = static_cast<char*>(allocator.allocate(kLarge));
+  auto* small = static_cast<char*>(allocator.allocate(kSmall));
+  // The middle of an 8 MiB block lies in its 2 MiB-aligned part, which carries the advice ("hg").
+  const std::string large_flags = vm_flags_at(large + kLarge / 2), small_flags = vm_flags_at(small + kSmall / 2);
+  ASSERT_FALSE(large_flags.empty()) << "no mapping in /proc/self/smaps holds the block";
+  EXPECT_NE((large_flags + " ").find(" hg "), std::string::npos) << large_flags;
+  EXPECT_EQ((small_flags + " ").find(" hg "), std::string::npos) << "a 1 MiB block is left to the system's default: " << small_flags;
+  allocator.deallocate(large);
+  allocator.deallocate(small);
 }
 
 TEST(CachingAllocator, RejectsForeignPointers) {
