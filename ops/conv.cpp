@@ -196,7 +196,7 @@ bool is_pointwise(const Geometry<D>& g, const ConvOptions<D>& o) {
 }
 
 // The direct kernel (ops/conv_direct.h) where it applies: few output channels, unit stride and
-// dilation, a kernel wider than 1x1 (a 1x1 conv is already a plain GEMM), on AVX-512.
+// dilation, a kernel wider than 1x1 (a 1x1 conv is already a plain GEMM), on AVX-512 or AVX2.
 template <int D>
 bool use_direct(const Geometry<D>& g, const ConvOptions<D>& o) {
   if (!o.direct || o.backend != GemmBackend::cubevec || g.o > conv_direct::max_output_channels(gemm::best_isa()) ||

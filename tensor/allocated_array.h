@@ -33,11 +33,8 @@ class AllocatedArray {
 
   // `count` copies of `value` (replacing what was held).
   void assign(std::size_t count, T value) {
-    reset();
-    if (count == 0) return;
-    data_ = static_cast<T*>(default_allocator().allocate(count * sizeof(T)));
-    size_ = count;
-    std::fill_n(data_, count, value);
+    assign_for_overwrite(count);
+    std::fill_n(data_, size_, value);
   }
   // `count` elements left unset, for a buffer its user writes in full before reading (replacing
   // what was held).
