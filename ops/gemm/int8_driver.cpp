@@ -34,8 +34,8 @@ Int8Plan plan_of(Int8Isa isa) {
   switch (isa) {
     case Int8Isa::amx: return {int8_microkernel_amx, int8_epilogue_avx512, kMrInt8Amx, kNrInt8Amx, true};
     case Int8Isa::avx512_vnni: return {int8_microkernel_avx512_vnni, int8_epilogue_avx512, kMrInt8Avx512, kNrInt8Avx512, false};
-    case Int8Isa::avx_vnni: return {int8_microkernel_avx_vnni, int8_epilogue_portable, kMrInt8AvxVnni, kNrInt8AvxVnni, false};
-    case Int8Isa::avx2: return {int8_microkernel_avx2, int8_epilogue_portable, kMrInt8Avx2, kNrInt8Avx2, false, true};
+    case Int8Isa::avx_vnni: return {int8_microkernel_avx_vnni, int8_epilogue_avx2, kMrInt8AvxVnni, kNrInt8AvxVnni, false};
+    case Int8Isa::avx2: return {int8_microkernel_avx2, int8_epilogue_avx2, kMrInt8Avx2, kNrInt8Avx2, false, true};
     case Int8Isa::portable: return {int8_microkernel_portable, int8_epilogue_portable, kMrInt8Portable, kNrInt8Portable, false};
   }
   throw Error("int8 GEMM: invalid ISA");

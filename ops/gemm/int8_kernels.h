@@ -45,6 +45,7 @@ void int8_microkernel_portable(int64_t k_quads, const uint8_t* a, const int8_t* 
 
 // The epilogue of an int32 tile: rows x cols of `acc` (row stride ld_acc), at (i0, j0) of C.
 void int8_epilogue_avx512(const Int8Output& out, const int32_t* acc, int64_t ld_acc, int64_t i0, int64_t j0, int64_t rows, int64_t cols);
+void int8_epilogue_avx2(const Int8Output& out, const int32_t* acc, int64_t ld_acc, int64_t i0, int64_t j0, int64_t rows, int64_t cols);
 void int8_epilogue_portable(const Int8Output& out, const int32_t* acc, int64_t ld_acc, int64_t i0, int64_t j0, int64_t rows, int64_t cols);
 
 }  // namespace cubevec::ops::gemm
