@@ -24,7 +24,9 @@
 //   dtype          f32, bf16
 //   quantization   none, W8A8_DYNAMIC (`cubevec quantize` once per model)
 //   attention      exact, int8 (--quant-attention int8, where the CPU has AMX-INT8)
-//   step cache     none, dit-block from step 4 every 2 steps, FBCache (db, fn 1, threshold 0.08, warmup 4)
+//   step cache     none; dit-block (every block) from step S computing every I steps, S/I = 4/2, 4/3,
+//                  2/2, 3/4 (the `cache` suite's ladder, from the least to the most skipped);
+//                  FBCache (db, fn 1, threshold 0.08, warmup 4)
 //   sparsity       none, ada_bsa 0.5
 // (the threads are the built-in profile's: every core for each unit. An axis of Cube threads was
 // dropped when that became the default; it found every core the faster.)
@@ -176,6 +178,9 @@ void best_path(Context& context, const Model& m, const nlohmann::json& torch, co
       {"step cache",
        {{"none", ""},
         {"dit-block 4/2", "--cache dit-block --cache-step-start 4 --cache-interval 2"},
+        {"dit-block 4/3", "--cache dit-block --cache-step-start 4 --cache-interval 3"},
+        {"dit-block 2/2", "--cache dit-block --cache-step-start 2 --cache-interval 2"},
+        {"dit-block 3/4", "--cache dit-block --cache-step-start 3 --cache-interval 4"},
         {"FBCache", "--cache db --cache-fn 1 --cache-threshold 0.08 --cache-warmup 4"}}},
       {"sparsity", {{"none", ""}, {"ada_bsa 0.5", "--sparse ada_bsa --sparsity 0.5"}}},
   };
