@@ -179,20 +179,33 @@ std::shared_ptr<const PackedInt8> pack_int8_weight(const int8_t* w, int64_t n, i
   auto out = std::make_shared<PackedInt8>();
   const Int8Plan plan = plan_of(isa);
   out->n = n, out->k = k, out->k_quads = int8_k_quads(k, isa), out->isa = isa, out->nr = plan.nr;
-  const int64_t panels = (n + plan.nr - 1) / plan.nr, kq = out->k_quads;
-  out->panels.assign(static_cast<std::size_t>(panels * kq * 4 * plan.nr), 0);
-  out->column_sums.assign(static_cast<std::size_t>(n), 0);
-  for (int64_t j = 0; j < n; ++j) {
-    const int64_t panel = j / plan.nr, col = j % plan.nr;
-    int8_t* dst = out->panels.data() + panel * kq * 4 * plan.nr + col * 4;
-    int32_t sum = 0;
-    for (int64_t kk = 0; kk < k; ++kk) {
-      const int8_t v = w[j * ldw + kk];
-      dst[(kk / 4) * 4 * plan.nr + kk % 4] = v;
-      sum += v;
+  const int64_t panels = (n + plan.nr - 1) / plan.nr, kq = out->k_quads, nr = plan.nr, panel_bytes = kq * 4 * nr;
+  out->panels.assign_for_overwrite(static_cast<std::size_t>(panels * panel_bytes));
+  out->column_sums.assign_for_overwrite(static_cast<std::size_t>(n));
+  // Panel by panel in parallel (this is most of a W8A8 model's load): each column's row moved one
+  // quad (4 bytes) at a time to its place, the padding (K past its end, columns past N) zeroed.
+  tbb::parallel_for(int64_t{0}, panels, [&](int64_t panel) {
+    int8_t* dst = out->panels.data() + panel * panel_bytes;
+    const int64_t j0 = panel * nr;
+    for (int64_t col = 0; col < nr; ++col) {
+      int8_t* d = dst + col * 4;
+      if (j0 + col >= n) {
+        for (int64_t q = 0; q < kq; ++q) std::memset(d + q * 4 * nr, 0, 4);
+        continue;
+      }
+      const int8_t* src = w + (j0 + col) * ldw;
+      int64_t q = 0;
+      for (; q < k / 4; ++q) std::memcpy(d + q * 4 * nr, src + 4 * q, 4);
+      for (; q < kq; ++q) {
+        int8_t quad[4] = {};
+        for (int64_t t = 0; t < 4 && 4 * q + t < k; ++t) quad[t] = src[4 * q + t];
+        std::memcpy(d + q * 4 * nr, quad, 4);
+      }
+      int32_t sum = 0;
+      for (int64_t kk = 0; kk < k; ++kk) sum += src[kk];
+      out->column_sums[static_cast<std::size_t>(j0 + col)] = sum;
     }
-    out->column_sums[static_cast<std::size_t>(j)] = sum;
-  }
+  });
   return out;
 }
 
