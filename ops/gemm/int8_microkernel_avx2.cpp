@@ -55,8 +55,10 @@ namespace cubevec::ops::gemm {
 // The shift compensation, integer bias, scales and float bias on 8 columns at a time, with the
 // per-column terms loaded once per tile; then the float epilogue, compiled here for AVX2 (the
 // portable file's copy is baseline SSE2: its GELU ran one float at a time, 8% of a W8A8 FLUX
-// block's time on a Zen 3). The same arithmetic, in the same order, as apply_int8_epilogue, which
-// does a tail of fewer than 8 columns (vmaskmovps stores are microcoded and slow on AMD's cores).
+// block's time on a Zen 3). The same steps in the same order as apply_int8_epilogue, which does a
+// tail of fewer than 8 columns (vmaskmovps stores are microcoded and slow on AMD's cores); GCC
+// fuses the scale and bias into an FMA here (see the top-level CMakeLists.txt on contraction),
+// where the portable file has none, so the last bit may differ from the portable kernel's.
 // Also the AVX-VNNI kernel's epilogue (every CPU with AVX-VNNI has AVX2 and FMA).
 void int8_epilogue_avx2(const Int8Output& p, const int32_t* acc, int64_t ld_acc, int64_t i0, int64_t j0, int64_t rows, int64_t cols) {
   const Int8Epilogue& ep = p.epilogue;
