@@ -1,7 +1,7 @@
 // Suite `pipeline`: the shipped tiny models end to end, as a user runs them, against the same
 // pipelines in PyTorch 1.13 in the same run; and the tiny Wan image-to-video model (tests/data/wan_i2v_tiny,
 // random weights, no PyTorch row) with its picture's encoding as a stage of its own.
-// Suite `pipeline-flux` (not run by default: it writes a 2 GB model once and takes about 15
+// Suite `pipeline-flux` (not run by default: it writes a 2 GB model once and takes 15 to 25
 // minutes on 2 cores): the same rows and best-path search for the FLUX-width model of
 // bench/flux_dev_shaped.h (FLUX.1-dev's transformer with 2 + 2 blocks, 3072 wide, random weights,
 // embedded guidance 3.5), 512x512, 8 steps, against bench/torch_pipeline.py --flux-width; PyTorch
