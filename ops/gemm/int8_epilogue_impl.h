@@ -9,8 +9,10 @@
 
 namespace cubevec::ops::gemm {
 
-static inline void apply_int8_epilogue(const Int8Output& p, const int32_t* acc, int64_t ld_acc, int64_t i0, int64_t j0, int64_t rows,
-                                       int64_t cols) {
+// The integer tile to floats in C: the shift compensation, the integer bias, the row and column
+// scales and the float bias (everything before the float epilogue).
+static inline void dequantize_int8_tile(const Int8Output& p, const int32_t* acc, int64_t ld_acc, int64_t i0, int64_t j0, int64_t rows,
+                                        int64_t cols) {
   const Int8Epilogue& ep = p.epilogue;
   const int32_t* sums = p.column_sums + j0;
   for (int64_t r = 0; r < rows; ++r) {
@@ -26,7 +28,12 @@ static inline void apply_int8_epilogue(const Int8Output& p, const int32_t* acc, 
       out[j] = y;
     }
   }
-  if (!ep.rest.empty()) apply_epilogue(ep.rest, p.c + i0 * p.ldc + j0, p.ldc, i0, j0, rows, cols);
+}
+
+static inline void apply_int8_epilogue(const Int8Output& p, const int32_t* acc, int64_t ld_acc, int64_t i0, int64_t j0, int64_t rows,
+                                       int64_t cols) {
+  dequantize_int8_tile(p, acc, ld_acc, i0, j0, rows, cols);
+  if (!p.epilogue.rest.empty()) apply_epilogue(p.epilogue.rest, p.c + i0 * p.ldc + j0, p.ldc, i0, j0, rows, cols);
 }
 
 }  // namespace cubevec::ops::gemm

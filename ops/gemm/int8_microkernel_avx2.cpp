@@ -55,7 +55,7 @@ namespace cubevec::ops::gemm {
 // The shift compensation, integer bias, scales and float bias on 8 columns at a time, with the
 // per-column terms loaded once per tile; then the float epilogue, compiled here for AVX2 (the
 // portable file's copy is baseline SSE2: its GELU ran one float at a time, 8% of a W8A8 FLUX
-// block's time on a Zen 3). The same steps in the same order as apply_int8_epilogue, which does a
+// block's time on a Zen 3). The same steps in the same order as dequantize_int8_tile, which does a
 // tail of fewer than 8 columns (vmaskmovps stores are microcoded and slow on AMD's cores); GCC
 // fuses the scale and bias into an FMA here (see the top-level CMakeLists.txt on contraction),
 // where the portable file has none, so the last bit may differ from the portable kernel's.
@@ -78,11 +78,7 @@ void int8_epilogue_avx2(const Int8Output& p, const int32_t* acc, int64_t ld_acc,
       _mm256_storeu_ps(p.c + (i0 + r) * p.ldc + j0 + j, y);
     }
   }
-  if (full < cols) {
-    Int8Output tail = p;
-    tail.epilogue.rest = {};  // the float epilogue runs once, on the whole tile, below
-    apply_int8_epilogue(tail, acc + full, ld_acc, i0, j0 + full, rows, cols - full);
-  }
+  if (full < cols) dequantize_int8_tile(p, acc + full, ld_acc, i0, j0 + full, rows, cols - full);
   if (!ep.rest.empty()) apply_epilogue(ep.rest, p.c + i0 * p.ldc + j0, p.ldc, i0, j0, rows, cols);
 }
 
