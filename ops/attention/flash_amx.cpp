@@ -30,13 +30,14 @@ namespace cubevec::ops::attn {
 namespace {
 
 // The geometry flash_tiles.h's helpers need: 32-row panels, columns in panels of 32 (dp = dpad),
-// the AVX-512 softmax. No f32 matmul kernels: the tiles do those.
+// the AVX-512 softmax with its exp at bf16 precision. No f32 matmul kernels: the tiles do those.
 const TileKernels& amx_tile_kernels() {
   static const TileKernels kernels = [] {
     TileKernels k = tile_kernels(Isa::avx512);
     k.mr = kAmxRows;
     k.nr = 32;
     k.qk = nullptr;
+    k.softmax = softmax_tile_avx512_bf16p;  // P is rounded to bf16 for its product
     k.pv_wide = 32, k.pv_narrow = 32;
     k.pv_wide_kernel = nullptr, k.pv_narrow_kernel = nullptr;
     return k;

@@ -52,6 +52,9 @@ struct TileKernels {
 void pv_avx512_w32(int64_t kc, const float* p, const float* v, float* o, int64_t ldo, const float* alpha);
 void pv_avx512_w16(int64_t kc, const float* p, const float* v, float* o, int64_t ldo, const float* alpha);
 void softmax_tile_avx512(const SoftmaxTile& tile);
+// The same step with an exp accurate to bf16's precision (7.5e-5 relative), for tiles whose P is
+// rounded to bf16 before P V (flash_bf16, flash_int8).
+void softmax_tile_avx512_bf16p(const SoftmaxTile& tile);
 
 // AVX2 (MR 6, intrinsics) and portable (MR 4, plain loops the compiler vectorizes): PV 16 and 8 columns.
 void pv_avx2_w16(int64_t kc, const float* p, const float* v, float* o, int64_t ldo, const float* alpha);

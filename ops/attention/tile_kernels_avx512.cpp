@@ -71,6 +71,25 @@ template <int NV>
   return _mm512_scalef_ps(p, n);
 }
 
+// exp(x - m) = 2^y, y = (x - m) log2(e), for a softmax whose P is then rounded to bf16 (8
+// significant bits, relative rounding error up to 2^-9): 2^y = 2^n 2^f with n = round(y), |f| <= 1/2,
+// and 2^f by a degree-3 polynomial fitted to the relative error (at most 7.5e-5, 4% of bf16's
+// rounding; fit by tools/exp2_poly_fit.py). Half the operations of exp_nonpositive. The
+// row sum takes the same values, so the normalization cancels any common factor. y is clamped at
+// -200, where 2^y is exactly 0 in f32, so x = -inf gives 0; max returns its second operand when
+// either is NaN, so a NaN x gives NaN.
+// x_log2e is log2(e), or scale x log2(e) where x is a raw score to be scaled here.
+[[gnu::always_inline]] inline __m512 exp_shifted_for_bf16(__m512 x, __m512 x_log2e, __m512 m_log2e) {
+  const __m512 y = _mm512_max_ps(_mm512_set1_ps(-200.0f), _mm512_fmsub_ps(x, x_log2e, m_log2e));
+  const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(y, n);
+  __m512 p = _mm512_set1_ps(0.05517168715596199f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.2426111400127411f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6932609677314758f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999280571937561f));
+  return _mm512_scalef_ps(p, n);
+}
+
 inline __mmask16 first_lanes(int count) {
   return count >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (count > 0 ? count : 0)) - 1u);
 }
@@ -85,7 +104,15 @@ void pv_avx512_w16(int64_t kc, const float* p, const float* v, float* o, int64_t
   pv_tile<1>(kc, p, v, o, ldo, alpha);
 }
 
-void softmax_tile_avx512(const SoftmaxTile& t) {
+namespace {
+
+// kForBf16P: the probabilities will be rounded to bf16 (flash_bf16, flash_int8), so the cheaper
+// exp_shifted_for_bf16 is exact enough; otherwise exp_nonpositive (about 2 ulp).
+// With kForBf16P a row with no mask, bias or prefix (a DiT's self-attention) takes a shorter pass 1:
+// the max of its raw scores, scaled after (a positive scale keeps the order), and pass 2 scales as it
+// takes the exp, so S is not rewritten in between.
+template <bool kForBf16P>
+void softmax_tile(const SoftmaxTile& t) {
   const float neg_inf = -__builtin_inff();
   const __m512 vneg_inf = _mm512_set1_ps(neg_inf), vscale = _mm512_set1_ps(t.scale);
   for (int r = 0; r < t.rows; ++r) {
@@ -94,9 +121,15 @@ void softmax_tile_avx512(const SoftmaxTile& t) {
     n = n < 0 ? 0 : (n > t.cols ? t.cols : n);
     const uint8_t* mask = (t.mask && r < t.mask_rows) ? t.mask + r * t.mask_ld : nullptr;
     const float* bias = (t.bias && r < t.bias_rows) ? t.bias + r * t.bias_ld : nullptr;
-    // Pass 1: scaled scores (plus the bias), -inf where the key is masked out or beyond the row's prefix; row max.
+    const bool raw = kForBf16P && !mask && !bias && n == t.cols && t.scale > 0.0f;
+    // Pass 1: scaled scores (plus the bias), -inf where the key is masked out or beyond the row's
+    // prefix; row max. A raw row: only the max.
     __m512 vmax = vneg_inf;
-    for (int j = 0; j < t.cols; j += 16) {
+    if (raw) {
+      for (int j = 0; j < t.cols; j += 16) vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(vneg_inf, first_lanes(t.cols - j), s + j));
+      vmax = _mm512_mul_ps(vmax, vscale);
+    }
+    for (int j = 0; j < (raw ? 0 : t.cols); j += 16) {
       const __mmask16 in_block = first_lanes(t.cols - j);
       __mmask16 attend = first_lanes(n - j);
       if (mask) {
@@ -117,13 +150,19 @@ void softmax_tile_avx512(const SoftmaxTile& t) {
       continue;
     }
     // Pass 2: P = exp(x - m_new), exactly 0 where x is -inf (NaN stays NaN: unordered compare); row sum.
-    const __m512 vm = _mm512_set1_ps(m_new);
+    const __m512 vm = _mm512_set1_ps(m_new), vm_log2e = _mm512_set1_ps(m_new * 1.44269504088896341f);
+    const __m512 vx_log2e = _mm512_set1_ps(raw ? t.scale * 1.44269504088896341f : 1.44269504088896341f);
     __m512 vsum = _mm512_setzero_ps();
     for (int j = 0; j < t.cols; j += 16) {
       const __mmask16 in_block = first_lanes(t.cols - j);
-      const __m512 x = _mm512_maskz_loadu_ps(in_block, s + j);
-      const __mmask16 finite = _mm512_mask_cmp_ps_mask(in_block, x, vneg_inf, _CMP_NEQ_UQ);
-      const __m512 p = _mm512_maskz_mov_ps(finite, exp_nonpositive(_mm512_sub_ps(x, vm)));
+      __m512 p;
+      if constexpr (kForBf16P) {  // lanes past the block read as -inf, which the exp takes to 0
+        p = exp_shifted_for_bf16(_mm512_mask_loadu_ps(vneg_inf, in_block, s + j), vx_log2e, vm_log2e);
+      } else {
+        const __m512 x = _mm512_maskz_loadu_ps(in_block, s + j);
+        const __mmask16 finite = _mm512_mask_cmp_ps_mask(in_block, x, vneg_inf, _CMP_NEQ_UQ);
+        p = _mm512_maskz_mov_ps(finite, exp_nonpositive(_mm512_sub_ps(x, vm)));
+      }
       _mm512_mask_storeu_ps(s + j, in_block, p);
       vsum = _mm512_add_ps(vsum, p);
     }
@@ -133,5 +172,10 @@ void softmax_tile_avx512(const SoftmaxTile& t) {
     t.l[r] = t.l[r] * alpha + _mm512_reduce_add_ps(vsum);
   }
 }
+
+}  // namespace
+
+void softmax_tile_avx512(const SoftmaxTile& t) { softmax_tile<false>(t); }
+void softmax_tile_avx512_bf16p(const SoftmaxTile& t) { softmax_tile<true>(t); }
 
 }  // namespace cubevec::ops::attn
