@@ -2,10 +2,12 @@
 // with AVX-512.
 #include <immintrin.h>
 
-// GCC 12's own AVX-512 intrinsics (max, roundscale, scalef, ...) pass _mm512_undefined_ps() as the
-// unused merge source, which -Wmaybe-uninitialized reports at every inlined use: a false positive.
+// GCC 12's own AVX-512 intrinsics (max, roundscale, scalef, the reductions, ...) pass
+// _mm512_undefined_ps() (or its 256-bit kin) as the unused merge source, which -Wmaybe-uninitialized
+// or, once inlined into a loop, -Wuninitialized reports at every use: a false positive.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 #include "ops/attention/tile_kernels.h"
@@ -71,16 +73,15 @@ template <int NV>
   return _mm512_scalef_ps(p, n);
 }
 
-// exp(x - m) = 2^y, y = (x - m) log2(e), for a softmax whose P is then rounded to bf16 (8
-// significant bits, relative rounding error up to 2^-9): 2^y = 2^n 2^f with n = round(y), |f| <= 1/2,
-// and 2^f by a degree-3 polynomial fitted to the relative error (at most 7.5e-5, 4% of bf16's
-// rounding; fit by tools/exp2_poly_fit.py). Half the operations of exp_nonpositive. The
-// row sum takes the same values, so the normalization cancels any common factor. y is clamped at
-// -200, where 2^y is exactly 0 in f32, so x = -inf gives 0; max returns its second operand when
-// either is NaN, so a NaN x gives NaN.
-// x_log2e is log2(e), or scale x log2(e) where x is a raw score to be scaled here.
-[[gnu::always_inline]] inline __m512 exp_shifted_for_bf16(__m512 x, __m512 x_log2e, __m512 m_log2e) {
-  const __m512 y = _mm512_max_ps(_mm512_set1_ps(-200.0f), _mm512_fmsub_ps(x, x_log2e, m_log2e));
+// 2^y for y <= 0 (up to rounding), for a softmax whose P is then rounded to bf16 (8 significant
+// bits, relative rounding error up to 2^-9): 2^n 2^f with n = round(y), |f| <= 1/2, and 2^f by a
+// degree-3 polynomial fitted to the relative error (at most 7.5e-5, 4% of bf16's rounding; fit by
+// tools/exp2_poly_fit.py). Half the operations of exp_nonpositive. The row sum takes the same
+// values, so the normalization cancels any common factor. y is clamped at -200, where 2^y is
+// exactly 0 in f32, so y = -inf gives 0; max returns its second operand when either is NaN, so a
+// NaN y gives NaN.
+[[gnu::always_inline]] inline __m512 exp2_for_bf16(__m512 y) {
+  y = _mm512_max_ps(_mm512_set1_ps(-200.0f), y);
   const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(y, n);
   __m512 p = _mm512_set1_ps(0.05517168715596199f);
@@ -106,76 +107,122 @@ void pv_avx512_w16(int64_t kc, const float* p, const float* v, float* o, int64_t
 
 namespace {
 
-// kForBf16P: the probabilities will be rounded to bf16 (flash_bf16, flash_int8), so the cheaper
-// exp_shifted_for_bf16 is exact enough; otherwise exp_nonpositive (about 2 ulp).
-// With kForBf16P a row with no mask, bias or prefix (a DiT's self-attention) takes a shorter pass 1:
-// the max of its raw scores, scaled after (a positive scale keeps the order), and pass 2 scales as it
-// takes the exp, so S is not rewritten in between.
+// One row's step. kForBf16P: the probabilities will be rounded to bf16 (flash_bf16, flash_int8),
+// so the cheaper exp2_for_bf16 is exact enough; otherwise exp_nonpositive (about 2 ulp).
 template <bool kForBf16P>
-void softmax_tile(const SoftmaxTile& t) {
+void softmax_row(const SoftmaxTile& t, int r) {
   const float neg_inf = -__builtin_inff();
   const __m512 vneg_inf = _mm512_set1_ps(neg_inf), vscale = _mm512_set1_ps(t.scale);
+  float* s = t.s + r * kBlockKeys;
+  int n = t.row_cols ? t.row_cols[r] : t.cols;
+  n = n < 0 ? 0 : (n > t.cols ? t.cols : n);
+  const uint8_t* mask = (t.mask && r < t.mask_rows) ? t.mask + r * t.mask_ld : nullptr;
+  const float* bias = (t.bias && r < t.bias_rows) ? t.bias + r * t.bias_ld : nullptr;
+  // Pass 1: scaled scores (plus the bias), -inf where the key is masked out or beyond the row's prefix; row max.
+  __m512 vmax = vneg_inf;
+  for (int j = 0; j < t.cols; j += 16) {
+    const __mmask16 in_block = first_lanes(t.cols - j);
+    __mmask16 attend = first_lanes(n - j);
+    if (mask) {
+      const __m128i bytes = _mm_maskz_loadu_epi8(in_block, mask + j);
+      attend &= _mm_test_epi8_mask(bytes, bytes);
+    }
+    __m512 x = _mm512_mask_mul_ps(vneg_inf, attend, _mm512_maskz_loadu_ps(in_block, s + j), vscale);
+    if (bias) x = _mm512_mask_add_ps(x, attend, x, _mm512_maskz_loadu_ps(in_block, bias + j));
+    _mm512_mask_storeu_ps(s + j, in_block, x);
+    vmax = _mm512_max_ps(vmax, x);
+  }
+  const float m_old = t.m[r];
+  const float row_max = _mm512_reduce_max_ps(vmax);
+  const float m_new = row_max > m_old ? row_max : m_old;
+  if (m_new == neg_inf) {  // nothing to attend to yet: P = 0, O and the sum stay as they are
+    for (int j = 0; j < t.cols; j += 16) _mm512_mask_storeu_ps(s + j, first_lanes(t.cols - j), _mm512_setzero_ps());
+    t.alpha[r] = 1.0f;
+    return;
+  }
+  // Pass 2: P = exp(x - m_new), exactly 0 where x is -inf (NaN stays NaN); row sum.
+  const __m512 vm = _mm512_set1_ps(m_new);
+  __m512 vsum = _mm512_setzero_ps();
+  for (int j = 0; j < t.cols; j += 16) {
+    const __mmask16 in_block = first_lanes(t.cols - j);
+    __m512 p;
+    if constexpr (kForBf16P) {  // lanes past the block read as -inf, which the exp takes to 0
+      const __m512 x = _mm512_mask_loadu_ps(vneg_inf, in_block, s + j);
+      p = exp2_for_bf16(_mm512_mul_ps(_mm512_sub_ps(x, vm), _mm512_set1_ps(1.44269504088896341f)));
+    } else {  // unordered compare: a NaN x is kept
+      const __m512 x = _mm512_maskz_loadu_ps(in_block, s + j);
+      const __mmask16 finite = _mm512_mask_cmp_ps_mask(in_block, x, vneg_inf, _CMP_NEQ_UQ);
+      p = _mm512_maskz_mov_ps(finite, exp_nonpositive(_mm512_sub_ps(x, vm)));
+    }
+    _mm512_mask_storeu_ps(s + j, in_block, p);
+    vsum = _mm512_add_ps(vsum, p);
+  }
+  const float alpha = m_old == neg_inf ? 0.0f : _mm512_cvtss_f32(exp_nonpositive(_mm512_set1_ps(m_old - m_new)));
+  t.alpha[r] = alpha;
+  t.m[r] = m_new;
+  t.l[r] = t.l[r] * alpha + _mm512_reduce_add_ps(vsum);
+}
+
+// A whole key block with no mask, bias or prefix and a positive scale (a DiT's self-attention),
+// for bf16 P: each row's max is taken on its raw scores and scaled after (a positive scale keeps
+// the order), and the exp scales as it goes, x scale log2(e) - m log2(e) in one rounding, so S is
+// read twice and written once. All rows' maxima come first and the sums are trees, so the rows'
+// short dependency chains overlap. A row whose m log2(e) would overflow (scores near the float
+// limit) takes softmax_row.
+void softmax_full_block_for_bf16(const SoftmaxTile& t) {
+  constexpr int kVectors = kBlockKeys / 16;
+  constexpr int kMaxRows = 64;
+  float m_new[kMaxRows];
+  bool fused[kMaxRows];
   for (int r = 0; r < t.rows; ++r) {
-    float* s = t.s + r * kBlockKeys;
-    int n = t.row_cols ? t.row_cols[r] : t.cols;
-    n = n < 0 ? 0 : (n > t.cols ? t.cols : n);
-    const uint8_t* mask = (t.mask && r < t.mask_rows) ? t.mask + r * t.mask_ld : nullptr;
-    const float* bias = (t.bias && r < t.bias_rows) ? t.bias + r * t.bias_ld : nullptr;
-    const bool raw = kForBf16P && !mask && !bias && n == t.cols && t.scale > 0.0f;
-    // Pass 1: scaled scores (plus the bias), -inf where the key is masked out or beyond the row's
-    // prefix; row max. A raw row: only the max.
-    __m512 vmax = vneg_inf;
-    if (raw) {
-      for (int j = 0; j < t.cols; j += 16) vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(vneg_inf, first_lanes(t.cols - j), s + j));
-      vmax = _mm512_mul_ps(vmax, vscale);
-    }
-    for (int j = 0; j < (raw ? 0 : t.cols); j += 16) {
-      const __mmask16 in_block = first_lanes(t.cols - j);
-      __mmask16 attend = first_lanes(n - j);
-      if (mask) {
-        const __m128i bytes = _mm_maskz_loadu_epi8(in_block, mask + j);
-        attend &= _mm_test_epi8_mask(bytes, bytes);
-      }
-      __m512 x = _mm512_mask_mul_ps(vneg_inf, attend, _mm512_maskz_loadu_ps(in_block, s + j), vscale);
-      if (bias) x = _mm512_mask_add_ps(x, attend, x, _mm512_maskz_loadu_ps(in_block, bias + j));
-      _mm512_mask_storeu_ps(s + j, in_block, x);
-      vmax = _mm512_max_ps(vmax, x);
-    }
-    const float m_old = t.m[r];
-    const float row_max = _mm512_reduce_max_ps(vmax);
-    const float m_new = row_max > m_old ? row_max : m_old;
-    if (m_new == neg_inf) {  // nothing to attend to yet: P = 0, O and the sum stay as they are
-      for (int j = 0; j < t.cols; j += 16) _mm512_mask_storeu_ps(s + j, first_lanes(t.cols - j), _mm512_setzero_ps());
-      t.alpha[r] = 1.0f;
+    const float* s = t.s + r * kBlockKeys;
+    __m512 v[kVectors];
+#pragma GCC unroll 8
+    for (int i = 0; i < kVectors; ++i) v[i] = _mm512_loadu_ps(s + 16 * i);
+    for (int w = kVectors / 2; w > 0; w /= 2)
+#pragma GCC unroll 4
+      for (int i = 0; i < w; ++i) v[i] = _mm512_max_ps(v[i + w], v[i]);  // a NaN in v[i + w] is dropped, as in softmax_row
+    const float row_max = _mm512_reduce_max_ps(v[0]) * t.scale;
+    m_new[r] = row_max > t.m[r] ? row_max : t.m[r];
+    fused[r] = __builtin_fabsf(m_new[r]) < 1e37f;  // false for inf and NaN too
+  }
+  const __m512 vscale_log2e = _mm512_set1_ps(t.scale * 1.44269504088896341f);
+  for (int r = 0; r < t.rows; ++r) {
+    if (!fused[r]) {
+      softmax_row<true>(t, r);
       continue;
     }
-    // Pass 2: P = exp(x - m_new), exactly 0 where x is -inf (NaN stays NaN: unordered compare); row sum.
-    const __m512 vm = _mm512_set1_ps(m_new), vm_log2e = _mm512_set1_ps(m_new * 1.44269504088896341f);
-    const __m512 vx_log2e = _mm512_set1_ps(raw ? t.scale * 1.44269504088896341f : 1.44269504088896341f);
-    __m512 vsum = _mm512_setzero_ps();
-    for (int j = 0; j < t.cols; j += 16) {
-      const __mmask16 in_block = first_lanes(t.cols - j);
-      __m512 p;
-      if constexpr (kForBf16P) {  // lanes past the block read as -inf, which the exp takes to 0
-        p = exp_shifted_for_bf16(_mm512_mask_loadu_ps(vneg_inf, in_block, s + j), vx_log2e, vm_log2e);
-      } else {
-        const __m512 x = _mm512_maskz_loadu_ps(in_block, s + j);
-        const __mmask16 finite = _mm512_mask_cmp_ps_mask(in_block, x, vneg_inf, _CMP_NEQ_UQ);
-        p = _mm512_maskz_mov_ps(finite, exp_nonpositive(_mm512_sub_ps(x, vm)));
-      }
-      _mm512_mask_storeu_ps(s + j, in_block, p);
-      vsum = _mm512_add_ps(vsum, p);
+    float* s = t.s + r * kBlockKeys;
+    const __m512 vm_log2e = _mm512_set1_ps(m_new[r] * 1.44269504088896341f);
+    __m512 p[kVectors];
+#pragma GCC unroll 8
+    for (int i = 0; i < kVectors; ++i) {
+      p[i] = exp2_for_bf16(_mm512_fmsub_ps(_mm512_loadu_ps(s + 16 * i), vscale_log2e, vm_log2e));
+      _mm512_storeu_ps(s + 16 * i, p[i]);
     }
-    const float alpha = m_old == neg_inf ? 0.0f : _mm512_cvtss_f32(exp_nonpositive(_mm512_set1_ps(m_old - m_new)));
+    for (int w = kVectors / 2; w > 0; w /= 2)
+#pragma GCC unroll 4
+      for (int i = 0; i < w; ++i) p[i] = _mm512_add_ps(p[i], p[i + w]);
+    const float m_old = t.m[r];
+    const float alpha = m_old == -__builtin_inff() ? 0.0f : _mm512_cvtss_f32(exp_nonpositive(_mm512_set1_ps(m_old - m_new[r])));
     t.alpha[r] = alpha;
-    t.m[r] = m_new;
-    t.l[r] = t.l[r] * alpha + _mm512_reduce_add_ps(vsum);
+    t.m[r] = m_new[r];
+    t.l[r] = t.l[r] * alpha + _mm512_reduce_add_ps(p[0]);
   }
 }
 
 }  // namespace
 
-void softmax_tile_avx512(const SoftmaxTile& t) { softmax_tile<false>(t); }
-void softmax_tile_avx512_bf16p(const SoftmaxTile& t) { softmax_tile<true>(t); }
+void softmax_tile_avx512(const SoftmaxTile& t) {
+  for (int r = 0; r < t.rows; ++r) softmax_row<false>(t, r);
+}
+
+void softmax_tile_avx512_bf16p(const SoftmaxTile& t) {
+  if (t.cols == kBlockKeys && !t.row_cols && !t.mask && !t.bias && t.scale > 0.0f && t.rows <= 64) {
+    softmax_full_block_for_bf16(t);
+    return;
+  }
+  for (int r = 0; r < t.rows; ++r) softmax_row<true>(t, r);
+}
 
 }  // namespace cubevec::ops::attn
