@@ -128,9 +128,9 @@ CommandRunner add_attention_command(CLI::App& app) {
   command->add_option("--dtype", flags->dtype, "f32 or bf16");
   command->add_option("--layout", flags->layout, "BSND, BNSD or BSH");
   command->add_option("--opt-mode", flags->opt_mode, "runtime, static or manual");
-  command->add_option(
-      "--op-type", flags->op_type,
-      "manual mode: math, flash, cv_pipelined, flash_bf16 (AMX-BF16 tiles or AVX512-BF16) or flash_int8 (int8 Q K^T on AMX-INT8: lossy)");
+  command->add_option("--op-type", flags->op_type,
+                      "manual mode: math, flash, cv_pipelined, flash_bf16 (AMX-BF16 tiles or AVX512-BF16) or flash_int8 (int8 Q K^T on "
+                      "AMX-INT8 or AVX512-VNNI: lossy)");
   command->add_option("--kernel-layout", flags->kernel_layout, "manual mode: BSND or BNSD");
   command->add_option("--repeats", flags->repeats, "Timed calls after the first")->check(in_range(1, 1000));
   command->add_option("--json", flags->json_path, "Write the figures as JSON to this file")->check(output_file_path());

@@ -57,7 +57,8 @@ std::shared_ptr<StageFlags> add_stage_flags(CLI::App& command) {
   add("--sparse-mask-refresh", sv.mask_refresh, "Sparse attention: estimate new masks every K steps, reuse them between (default 1)");
   add("--sparse-cdf-threshold", sv.cdf_threshold, "ada_bsa: keep the blocks holding this share of the estimated mass, (0, 1] (default 1)");
   add("--quant-attention", f->quant_attention,
-      "Attention in low precision: none (the autotuner's exact kernels), int8 (Q K^T in int8 on AMX-INT8, K smoothed by its mean as "
+      "Attention in low precision: none (the autotuner's exact kernels), int8 (Q K^T in int8 on AMX-INT8 or AVX512-VNNI, K smoothed by its "
+      "mean as "
       "SageAttention does: lossy)");
   f->options.push_back(command
                            .add_option("--offload", f->offload,

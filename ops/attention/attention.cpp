@@ -205,7 +205,9 @@ void launch_batch(AttentionImpl impl, const std::string& prefix, const std::func
       return;
     case AttentionImpl::flash_int8:
       if (!attn::flash_int8_available() && !stream.device().simulate())
-        throw Error("attention: op_type flash_int8 needs AMX-INT8 and AMX-BF16, which this CPU (or its kernel) does not offer");
+        throw Error(
+            "attention: op_type flash_int8 needs AMX-INT8 (or AVX512-VNNI with AVX512-BF16), which this CPU (or its kernel) does not "
+            "offer");
       cube.name = prefix + "_flash_int8";
       cube.dtype = DType::bf16;  // priced as bf16: its P V product is
       stream.launch(cube, reads, outs, [batch_of] { attn::run_flash_int8(batch_of()); });

@@ -1,10 +1,10 @@
-// Flash attention on AMX tiles (or, for flash_bf16 on CPUs without AMX, AVX512-BF16 dot products
+// Flash attention on AMX tiles (or, on CPUs without AMX, AVX512-BF16 and AVX512-VNNI dot products
 // on the same packed operands): the tiled flash attention of flash.cpp with its two matmuls as
 // tile products and the same f32 online softmax, masks, causal prefixes, block sparsity and
 // log-sum-exp (flash_tiles.h). Tiles are 32 query rows (a "panel", four to a q-block of 128 rows:
 // MindIE SD's sparse block) against 128 keys. P is rounded to bf16 and P V is a bf16 tile product.
 //   flash_bf16: Q K^T in bf16 (q, k, v rounded to bf16: exact for bf16 activations).
-//   flash_int8: Q K^T in int8 (AMX-INT8, exact int32 sums), as SageAttention quantizes: K smoothed
+//   flash_int8: Q K^T in int8 (AMX-INT8 or VNNI, exact int32 sums), as SageAttention quantizes: K smoothed
 //               by its mean over the head's keys (which shifts each row's scores by one constant,
 //               leaving the softmax as it was, and takes K's shared offset out of its int8 range),
 //               then symmetric int8 with one scale per 128-key block; Q with one scale per 32-row
@@ -154,11 +154,13 @@ float inverse_scale(float amax) {
 }
 
 // One head's int8 K (key_blocks x dpad8 x 128), its per-block scales, its per-key "non-finite"
-// flags (key_blocks x 128) and its bf16 V (as flash_bf16's), in one allocation.
+// flags (key_blocks x 128), its per-key sums of the int8 values (key_blocks x 128, for the VNNI
+// products' u8 shift) and its bf16 V (as flash_bf16's), in one allocation.
 struct PackedKVInt8 {
   int8_t* k = nullptr;
   float* k_scale = nullptr;
   uint8_t* k_bad = nullptr;
+  int32_t* k_sum = nullptr;
   uint16_t* v = nullptr;
 };
 struct Int8Layout {
@@ -166,15 +168,17 @@ struct Int8Layout {
   int64_t k_bytes(int64_t blocks) const { return blocks * dpad8 * kBlockKeys; }
   int64_t scale_bytes(int64_t blocks) const { return round_up_64(blocks * 4); }
   int64_t bad_bytes(int64_t blocks) const { return round_up_64(blocks * kBlockKeys); }
+  int64_t sum_bytes(int64_t blocks) const { return blocks * kBlockKeys * 4; }
   int64_t total_bytes(int64_t blocks) const {
-    return k_bytes(blocks) + scale_bytes(blocks) + bad_bytes(blocks) + blocks * block_elems(dpad) * 2;
+    return k_bytes(blocks) + scale_bytes(blocks) + bad_bytes(blocks) + sum_bytes(blocks) + blocks * block_elems(dpad) * 2;
   }
   PackedKVInt8 at(std::byte* base, int64_t blocks) const {
     PackedKVInt8 p;
     p.k = reinterpret_cast<int8_t*>(base);
     p.k_scale = reinterpret_cast<float*>(base + k_bytes(blocks));
     p.k_bad = reinterpret_cast<uint8_t*>(base + k_bytes(blocks) + scale_bytes(blocks));
-    p.v = reinterpret_cast<uint16_t*>(base + k_bytes(blocks) + scale_bytes(blocks) + bad_bytes(blocks));
+    p.k_sum = reinterpret_cast<int32_t*>(base + k_bytes(blocks) + scale_bytes(blocks) + bad_bytes(blocks));
+    p.v = reinterpret_cast<uint16_t*>(base + k_bytes(blocks) + scale_bytes(blocks) + bad_bytes(blocks) + sum_bytes(blocks));
     return p;
   }
 };
@@ -208,8 +212,10 @@ void pack_k_block_int8(const HeadProblem& head, DType dtype, int64_t d, const In
                        const PackedKVInt8& out) {
   int8_t* k = out.k + kb * lay.dpad8 * kBlockKeys;
   uint8_t* bad = out.k_bad + kb * kBlockKeys;
+  int32_t* sums = out.k_sum + kb * kBlockKeys;
   std::fill(k, k + lay.dpad8 * kBlockKeys, int8_t{0});
   std::fill(bad, bad + kBlockKeys, uint8_t{0});
+  std::fill(sums, sums + kBlockKeys, int32_t{0});
   const int64_t key0 = kb * kBlockKeys, keys = std::min<int64_t>(kBlockKeys, head.sk - key0);
   std::vector<float> rows(static_cast<std::size_t>(keys * d));
   float amax = 0;
@@ -228,6 +234,9 @@ void pack_k_block_int8(const HeadProblem& head, DType dtype, int64_t d, const In
     if (bad[j]) continue;
     quantize_int8_avx512(rows.data() + j * d, d, inv, row.data());
     for (int64_t quad = 0; quad < lay.dpad8 / 4; ++quad) std::memcpy(k + (quad * kBlockKeys + j) * 4, row.data() + 4 * quad, 4);
+    int32_t sum = 0;
+    for (int64_t c = 0; c < d; ++c) sum += row[static_cast<std::size_t>(c)];
+    sums[j] = sum;
   }
 }
 
@@ -237,9 +246,11 @@ void pack_k_block_int8(const HeadProblem& head, DType dtype, int64_t d, const In
 struct QBlockInt8 {
   QBlockInt8(const FlashGeometry& g, int64_t dpad8)
       : q(static_cast<std::size_t>(g.block_rows() * dpad8)),
+        q_shifted(q.size()),
         f32(static_cast<std::size_t>(g.block_rows() * g.d)),
         key(static_cast<std::size_t>(g.d)) {}
   std::vector<int8_t> q;
+  std::vector<uint8_t> q_shifted;  // q + 128, for the VNNI products (filled only for them)
   std::vector<float> f32, key;
   float scale[kPanelsPerBlock * kAmxRows] = {};
   bool bad[kPanelsPerBlock * kAmxRows] = {};
@@ -280,12 +291,19 @@ float smoothed_dot(const float* q, const float* k, const float* mean, int64_t d)
 }
 
 void run_q_block_int8(const FlashGeometry& g, const AttentionBatch& batch, const HeadProblem& head, const Int8Layout& lay,
-                      const PackedKVInt8& kv, const float* mean, int64_t q0, QBlockState& st, QBlockInt8& qb, float* s) {
+                      const PackedKVInt8& kv, const float* mean, int64_t q0, QBlockState& st, QBlockInt8& qb, float* s, Int8Tiles tiles) {
   reset_q_block(g, head, q0, st);
   quantize_q_block(g, batch, head, lay.dpad8, q0, qb);
-  walk_key_blocks(g, batch, head, kv.v, st, s, amx_pv_block, [&](int p, int64_t kb, float* scores) {
-    amx_qk_block_int8(qb.q.data() + p * kAmxRows * lay.dpad8, lay.dpad8, kv.k + kb * lay.dpad8 * kBlockKeys, qb.scale + p * kAmxRows,
-                      kv.k_scale[kb], scores);
+  const bool vnni = tiles == Int8Tiles::avx512_vnni;
+  if (vnni)
+    for (std::size_t i = 0; i < qb.q.size(); ++i) qb.q_shifted[i] = static_cast<uint8_t>(qb.q[i] + 128);
+  walk_key_blocks(g, batch, head, kv.v, st, s, vnni ? dot_pv_block : amx_pv_block, [&](int p, int64_t kb, float* scores) {
+    const int64_t panel = p * kAmxRows * lay.dpad8;
+    const int8_t* k_block = kv.k + kb * lay.dpad8 * kBlockKeys;
+    if (vnni)
+      dot_qk_block_int8(qb.q_shifted.data() + panel, lay.dpad8, k_block, kv.k_sum + kb * kBlockKeys, qb.scale + p * kAmxRows,
+                        kv.k_scale[kb], scores);
+    else amx_qk_block_int8(qb.q.data() + panel, lay.dpad8, k_block, qb.scale + p * kAmxRows, kv.k_scale[kb], scores);
     const uint8_t* bad = kv.k_bad + kb * kBlockKeys;
     if (!qb.panel_bad[p] && std::memchr(bad, 1, kBlockKeys) == nullptr) return;  // the usual case: all finite
     const int64_t key0 = kb * kBlockKeys, keys = std::min<int64_t>(kBlockKeys, head.sk - key0);
@@ -307,7 +325,11 @@ void run_q_block_int8(const FlashGeometry& g, const AttentionBatch& batch, const
 
 bool bf16_tiles_available(Bf16Tiles tiles) { return tiles == Bf16Tiles::amx ? gemm::amx_ready() : gemm::has_bf16_dot(); }
 bool flash_amx_available() { return bf16_tiles_available(Bf16Tiles::amx) || bf16_tiles_available(Bf16Tiles::avx512_bf16); }
-bool flash_int8_available() { return gemm::amx_ready() && gemm::int8_isa_supported(gemm::Int8Isa::amx); }
+bool int8_tiles_available(Int8Tiles tiles) {
+  return tiles == Int8Tiles::amx ? gemm::amx_ready() && gemm::int8_isa_supported(gemm::Int8Isa::amx)
+                                 : gemm::int8_isa_supported(gemm::Int8Isa::avx512_vnni) && gemm::has_bf16_dot();
+}
+bool flash_int8_available() { return int8_tiles_available(Int8Tiles::amx) || int8_tiles_available(Int8Tiles::avx512_vnni); }
 
 void run_flash_amx(const AttentionBatch& batch) {
   if (!flash_amx_available())
@@ -347,7 +369,14 @@ void run_flash_amx(const AttentionBatch& batch, Bf16Tiles tiles) {
 
 void run_flash_int8(const AttentionBatch& batch) {
   if (!flash_int8_available())
-    throw Error("attention: flash_int8 needs AMX-INT8 and AMX-BF16, which this CPU (or its kernel) does not offer");
+    throw Error("attention: flash_int8 needs AMX-INT8 (or AVX512-VNNI with AVX512-BF16), which this CPU (or its kernel) does not offer");
+  run_flash_int8(batch, int8_tiles_available(Int8Tiles::amx) ? Int8Tiles::amx : Int8Tiles::avx512_vnni);
+}
+
+void run_flash_int8(const AttentionBatch& batch, Int8Tiles tiles) {
+  if (!int8_tiles_available(tiles))
+    throw Error(std::string("attention: flash_int8's ") + (tiles == Int8Tiles::amx ? "AMX-INT8" : "AVX512-VNNI and AVX512-BF16") +
+                " products are not available on this CPU");
   const FlashGeometry g(amx_tile_kernels(), batch.d);
   const Int8Layout lay{int8_dpad(batch.d), g.dp};
   // K's channel means first: every block of a head is smoothed by the same one.
@@ -369,7 +398,7 @@ void run_flash_int8(const AttentionBatch& batch) {
         for (int64_t i = begin; i < end; ++i) {
           const PackedHeadItem item = item_at(i);
           run_q_block_int8(g, batch, batch.heads[item.head], lay, kv_of(item), means[item.head].data(), item.index * g.block_rows(), st, qb,
-                           s.data());
+                           s.data(), tiles);
         }
       });
 }

@@ -32,6 +32,13 @@ void dot_pv_block(const float* p, int keys, int64_t dpad, const uint16_t* v_pack
 // keys x 4 (dpad8 a multiple of 64, keys past the head's end zero).
 void amx_qk_block_int8(const int8_t* q, int64_t dpad8, const int8_t* k_packed, const float* row_scale, float k_scale, float* s);
 
+// The same S with AVX512-VNNI dot products (flash_dot_kernels.cpp, compiled for AVX512-VNNI;
+// called only where the CPU has it), which multiply u8 by s8: Q comes shifted to u8 (q + 128, row
+// stride dpad8) and k_sums holds each of the block's 128 keys' sum of its int8 values, so that
+// (q + 128) . k - 128 sum(k) gives the exact int32 sum. Same layouts and the same f32 result.
+void dot_qk_block_int8(const uint8_t* q_shifted, int64_t dpad8, const int8_t* k_packed, const int32_t* k_sums, const float* row_scale,
+                       float k_scale, float* s);
+
 // max |x[i]| over n floats, or +inf when one of them is not finite (AVX-512).
 float abs_max_avx512(const float* x, int64_t n);
 // dst[i] = x[i] * inv rounded to the nearest int8 (ties to even), saturated to +-127 (AVX-512).

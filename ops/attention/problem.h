@@ -59,10 +59,14 @@ bool bf16_tiles_available(Bf16Tiles tiles);
 bool flash_amx_available();                       // either of them
 void run_flash_amx(const AttentionBatch& batch);  // AMX where available, else AVX512-BF16
 void run_flash_amx(const AttentionBatch& batch, Bf16Tiles tiles);
-// The same with Q K^T in int8 on AMX-INT8 (SageAttention's smoothing and block scales); throws
-// where AMX-INT8 is absent.
-bool flash_int8_available();
-void run_flash_int8(const AttentionBatch& batch);
+// The same with Q K^T in int8 (SageAttention's smoothing and block scales): on AMX-INT8 tiles (P V
+// on AMX-BF16), or where the CPU has no AMX, AVX512-VNNI dot products (P V on AVX512-BF16); throws
+// where neither is available.
+enum class Int8Tiles { amx, avx512_vnni };
+bool int8_tiles_available(Int8Tiles tiles);
+bool flash_int8_available();                       // either of them
+void run_flash_int8(const AttentionBatch& batch);  // AMX where available, else AVX512-VNNI
+void run_flash_int8(const AttentionBatch& batch, Int8Tiles tiles);
 // The int32 sums of int8 products hold head dims up to this (127^2 x 65536 < 2^31).
 inline constexpr int64_t kFlashInt8MaxHeadDim = 65536;
 

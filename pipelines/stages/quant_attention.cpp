@@ -24,8 +24,8 @@ std::string_view attention_quant_name(AttentionQuant quant) { return kQuantNames
 QuantAttentionStage::QuantAttentionStage(AttentionQuant quant, bool simulate) : quant_(quant) {
   if (quant_ == AttentionQuant::int8 && !simulate && !ops::attention_impl_available(ops::AttentionImpl::flash_int8))
     throw Error(
-        "--quant-attention int8 needs AMX-INT8 and AMX-BF16 (int8 attention's tile products), which this CPU (or its kernel) does not "
-        "offer");
+        "--quant-attention int8 needs AMX-INT8 (or AVX512-VNNI with AVX512-BF16) for int8 attention's products, which this CPU (or its "
+        "kernel) does not offer");
 }
 
 void QuantAttentionStage::begin_run(const RunInfo& /*run*/) { calls_ = 0; }

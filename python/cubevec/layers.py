@@ -191,7 +191,7 @@ def attention_forward(query, key, value, attn_mask=None, scale=None, fused=True,
     "static" takes the fixed pick; "manual" uses op_type ("fused_attn_score" by default, or
     "prompt_flash_attn", "ascend_laser_attention", or cubevec's "flash", "cv_pipelined", "math",
     "flash_bf16": bf16 products on AMX tiles or AVX512-BF16, an error on CPUs without either; "flash_int8": Q K^T in
-    int8 on AMX-INT8 as SageAttention quantizes, lossy, an error on CPUs without it)
+    int8 on AMX-INT8 or AVX512-VNNI as SageAttention quantizes, lossy, an error on CPUs without either)
     and layout (the kernel's layout, "BNSD" by default, "BSND", "BSH"). dtype="bf16" computes in
     bfloat16. Returns an array of query's shape, layout and dtype.
     """

@@ -363,7 +363,7 @@ class FluxPipeline(_DiffusionPipeline):
         max_area (the output's pixels, default 1024 * 1024) and _auto_resize (the reference resized to
         Kontext's preferred resolutions, default True). lora (as from_pretrained's) applies at run time
         to this call only, over the loaded model. quant_attention="int8" runs every attention with
-        Q K^T in int8 (SageAttention's scheme; lossy; CPUs with AMX-INT8)."""
+        Q K^T in int8 (SageAttention's scheme; lossy; CPUs with AMX-INT8, or AVX512-VNNI with AVX512-BF16)."""
         if cfg is None and true_cfg_scale is not None and _number(true_cfg_scale, "true_cfg_scale") > 1:
             if negative_prompt is not None:
                 cfg = "fused"

@@ -253,28 +253,42 @@ Qkv offset_qkv(int64_t sq, int64_t sk, int64_t d, DType dtype, unsigned seed) {
   return x;
 }
 
-// flash_int8 (AMX-INT8 Q K^T, bf16 P V) on the same edges, both input dtypes: within the bf16 bound
-// of the double loop on the operands as quantized above (the int8 rounding itself is the test's,
-// not the kernel's; one tie rounded the other way moves a score by one q_scale x k_scale).
+// flash_int8 on the same edges, both input dtypes, with each kind of product this CPU has (AMX-INT8
+// and AMX-BF16 tiles; AVX512-VNNI and AVX512-BF16 dot products, whose u8 x s8 products need Q
+// shifted by 128 and each key's sum): within the bf16 bound of the double loop on the operands as
+// quantized above (the int8 rounding itself is the test's, not the kernel's; one tie rounded the
+// other way moves a score by one q_scale x k_scale).
 TEST(AttentionFlash, Int8TilesMatchTheDoubleLoopOnTheQuantizedOperands) {
   if (!ops::attention_impl_available(AttentionImpl::flash_int8)) {
     const Qkv x = make_qkv(1, 8, 8, 1, 16, DType::bf16, 3);
     EXPECT_NE(
         message_of([&] { ops::attention_forward(x.q, x.k, x.v, manual(AttentionImpl::flash_int8)); }).find("flash_int8 needs AMX-INT8"),
         std::string::npos);
-    return;
   }
-  for (DType dtype : {DType::f32, DType::bf16}) {
-    unsigned seed = 500;
-    for (const EdgeCase& c : kEdgeCases) {
-      const Qkv x = c.sk > 200 ? offset_qkv(c.sq, c.sk, c.d, dtype, seed += 10) : make_qkv(1, c.sq, c.sk, 1, c.d, dtype, seed += 10);
-      const std::vector<uint8_t> mask = random_mask(c.sq * c.sk, seed, 0.7);
-      Tensor out = Tensor::empty({c.sq, c.d}, dtype);
-      ops::attn::run_flash_int8(one_head(c, x, mask, dtype, out));
-      const Int8Operands o = int8_operands(c, x);
-      const auto want =
-          reference_head({c.sq, c.sk, c.d, o.q.data(), o.k.data(), o.v.data(), c.mask ? mask.data() : nullptr, c.causal}, 0.37);
-      expect_matches(values(out), want, DType::bf16, c.sk, c.d, edge_name(c, "flash_int8", dtype));
+  for (const ops::attn::Int8Tiles tiles : {ops::attn::Int8Tiles::amx, ops::attn::Int8Tiles::avx512_vnni}) {
+    const std::string name = tiles == ops::attn::Int8Tiles::amx ? "flash_int8 (AMX)" : "flash_int8 (AVX512-VNNI)";
+    if (!ops::attn::int8_tiles_available(tiles)) {
+      EXPECT_NE(message_of([&] {
+                  Tensor out = Tensor::empty({1, 8}, DType::f32);
+                  const Qkv x = make_qkv(1, 1, 1, 1, 8, DType::f32, 3);
+                  ops::attn::run_flash_int8(one_head({1, 1, 8, false, false}, x, {}, DType::f32, out), tiles);
+                }).find("not available on this CPU"),
+                std::string::npos)
+          << name;
+      continue;
+    }
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      unsigned seed = 500;
+      for (const EdgeCase& c : kEdgeCases) {
+        const Qkv x = c.sk > 200 ? offset_qkv(c.sq, c.sk, c.d, dtype, seed += 10) : make_qkv(1, c.sq, c.sk, 1, c.d, dtype, seed += 10);
+        const std::vector<uint8_t> mask = random_mask(c.sq * c.sk, seed, 0.7);
+        Tensor out = Tensor::empty({c.sq, c.d}, dtype);
+        ops::attn::run_flash_int8(one_head(c, x, mask, dtype, out), tiles);
+        const Int8Operands o = int8_operands(c, x);
+        const auto want =
+            reference_head({c.sq, c.sk, c.d, o.q.data(), o.k.data(), o.v.data(), c.mask ? mask.data() : nullptr, c.causal}, 0.37);
+        expect_matches(values(out), want, DType::bf16, c.sk, c.d, edge_name(c, name, dtype));
+      }
     }
   }
 }
@@ -284,7 +298,7 @@ TEST(AttentionFlash, Int8TilesMatchTheDoubleLoopOnTheQuantizedOperands) {
 // not on the offset: relative error (max |got - exact| / max |exact|) at most 2% and cosine at
 // least 0.999 per head, at Flux's head dim and a length spanning 18 key blocks.
 TEST(AttentionForward, Int8StaysCloseToExactAttention) {
-  if (!ops::attention_impl_available(AttentionImpl::flash_int8)) GTEST_SKIP() << "no AMX-INT8 on this CPU";
+  if (!ops::attention_impl_available(AttentionImpl::flash_int8)) GTEST_SKIP() << "no AMX-INT8 or AVX512-VNNI with AVX512-BF16 on this CPU";
   const int64_t sq = 300, sk = 2300, d = 128;
   for (DType dtype : {DType::f32, DType::bf16}) {
     const Qkv x = offset_qkv(sq, sk, d, dtype, 77);
@@ -310,7 +324,7 @@ TEST(AttentionForward, Int8StaysCloseToExactAttention) {
 // is NaN and finite elsewhere: subnormal Q (its few significant bits quantize coarsely, but its
 // zeros stay zero) against large K, and K within a factor 2 of the float range (no smoothing).
 TEST(AttentionForward, Int8OddInputsFollowExactAttention) {
-  if (!ops::attention_impl_available(AttentionImpl::flash_int8)) GTEST_SKIP() << "no AMX-INT8 on this CPU";
+  if (!ops::attention_impl_available(AttentionImpl::flash_int8)) GTEST_SKIP() << "no AMX-INT8 or AVX512-VNNI with AVX512-BF16 on this CPU";
   const int64_t sq = 70, sk = 200, d = 64;
   const Qkv x = make_qkv(1, sq, sk, 1, d, DType::f32, 9);
   const float inf = std::numeric_limits<float>::infinity();
