@@ -3,10 +3,11 @@
 //   flash-2t       tiled flash on a Cube unit with both cores
 //   flash-1t       tiled flash on a Cube unit with one core (the single-unit baseline)
 //   cv_pipelined   Cube core + Vector core (pinned), QK^T/PV and softmax overlapped
-//   flash_bf16     bf16 inputs only, where the CPU has AMX-BF16: the tile products in bf16 on both
-//                  cores, x_flash_f32 its speed against flash-2t on the same shape's f32 inputs
-//                  (the issue-41 target: >= 2x) and of_amx_peak its fraction of the AMX-BF16 peak
-//   flash_int8     bf16 inputs only, where the CPU has AMX-INT8: Q K^T in int8 (SageAttention's
+//   flash_bf16     bf16 inputs only, where the CPU has AMX-BF16 or AVX512-BF16: the products in bf16
+//                  on both cores, x_flash_f32 its speed against flash-2t on the same shape's f32
+//                  inputs (the issue-41 target: >= 2x) and of_amx_peak its fraction of the AMX-BF16 peak
+//   flash_int8     bf16 inputs only, where the CPU has AMX-INT8 (or AVX512-VNNI with AVX512-BF16):
+//                  Q K^T in int8 (SageAttention's
 //                  scheme), P V in bf16; x_flash_bf16 its speed against flash_bf16 and cosine its
 //                  output against flash's (f32 products) on the same inputs
 //   math           materialized scores (only where they fit comfortably: S <= 1280)

@@ -23,7 +23,7 @@
 // 8-bit pixels as written (PNG), found by a coordinate search over six axes in this order:
 //   dtype          f32, bf16
 //   quantization   none, W8A8_DYNAMIC (`cubevec quantize` once per model)
-//   attention      exact, int8 (--quant-attention int8, where the CPU has AMX-INT8)
+//   attention      exact, int8 (--quant-attention int8, where the CPU has AMX-INT8, or AVX512-VNNI with AVX512-BF16)
 //   step cache     none; dit-block (every block) from step S computing every I steps, S/I = 4/2, 4/3,
 //                  2/2, 3/4 (the `cache` suite's ladder, from the least to the most skipped);
 //                  FBCache (db, fn 1, threshold 0.08, warmup 4)
