@@ -168,7 +168,8 @@ void softmax_row(const SoftmaxTile& t, int r) {
 // the order), and the exp scales as it goes, x scale log2(e) - m log2(e) in one rounding, so S is
 // read twice and written once. All rows' maxima come first and the sums are trees, so the rows'
 // short dependency chains overlap. A row whose m log2(e) would overflow (scores near the float
-// limit) takes softmax_row.
+// limit) or whose max came out NaN takes softmax_row; a NaN score the max dropped still gives a NaN
+// P and row sum here, as in softmax_row.
 void softmax_full_block_for_bf16(const SoftmaxTile& t) {
   constexpr int kVectors = kBlockKeys / 16;
   constexpr int kMaxRows = 64;
@@ -181,7 +182,7 @@ void softmax_full_block_for_bf16(const SoftmaxTile& t) {
     for (int i = 0; i < kVectors; ++i) v[i] = _mm512_loadu_ps(s + 16 * i);
     for (int w = kVectors / 2; w > 0; w /= 2)
 #pragma GCC unroll 4
-      for (int i = 0; i < w; ++i) v[i] = _mm512_max_ps(v[i + w], v[i]);  // a NaN in v[i + w] is dropped, as in softmax_row
+      for (int i = 0; i < w; ++i) v[i] = _mm512_max_ps(v[i + w], v[i]);  // a NaN may or may not reach the max: see below
     const float row_max = _mm512_reduce_max_ps(v[0]) * t.scale;
     m_new[r] = row_max > t.m[r] ? row_max : t.m[r];
     fused[r] = __builtin_fabsf(m_new[r]) < 1e37f;  // false for inf and NaN too
