@@ -1,4 +1,4 @@
-// Compiled with -mavx512f -mavx512bw -mavx512vl -mfma (see ops/CMakeLists.txt); called only on CPUs
+// Compiled with -mavx512f -mavx512bw -mavx512vl -mfma -ffp-contract=off (see ops/CMakeLists.txt); called only on CPUs
 // with AVX-512.
 #include <immintrin.h>
 
@@ -164,16 +164,18 @@ void softmax_row(const SoftmaxTile& t, int r) {
 }
 
 // A whole key block with no mask, bias or prefix and a positive scale (a DiT's self-attention),
-// for bf16 P: each row's max is taken on its raw scores and scaled after (a positive scale keeps
-// the order), and the exp scales as it goes, x scale log2(e) - m log2(e) in one rounding, so S is
-// read twice and written once. All rows' maxima come first and the sums are trees, so the rows'
-// short dependency chains overlap. A row whose m log2(e) would overflow (scores near the float
-// limit) or whose max came out NaN takes softmax_row; a NaN score the max dropped still gives a NaN
-// P and row sum here, as in softmax_row.
+// for bf16 P: each row's max is taken on its raw scores (a positive scale keeps the order) and the
+// exp scales as it goes: y = (x - raw max) scale log2(e) + (raw max scale - m) log2(e), so S is
+// read twice and written once. Subtracting in raw units first keeps y exactly 0 at the block's max
+// and the rounding of y relative to |x - max|, whatever the scores' size (a form that scaled x and
+// m separately lost y to their rounding past scores of about 1e6, and gave NaN or 0 for all-equal
+// scores of 3e9). All rows' maxima come first and the sums are trees, so the rows' short dependency
+// chains overlap. A row whose max is not finite takes softmax_row; a NaN score the max dropped still
+// gives a NaN P and row sum here, as in softmax_row.
 void softmax_full_block_for_bf16(const SoftmaxTile& t) {
   constexpr int kVectors = kBlockKeys / 16;
   constexpr int kMaxRows = 64;
-  float m_new[kMaxRows];
+  float raw_max[kMaxRows], scaled_max[kMaxRows], m_new[kMaxRows];
   bool fused[kMaxRows];
   for (int r = 0; r < t.rows; ++r) {
     const float* s = t.s + r * kBlockKeys;
@@ -182,10 +184,12 @@ void softmax_full_block_for_bf16(const SoftmaxTile& t) {
     for (int i = 0; i < kVectors; ++i) v[i] = _mm512_loadu_ps(s + 16 * i);
     for (int w = kVectors / 2; w > 0; w /= 2)
 #pragma GCC unroll 4
-      for (int i = 0; i < w; ++i) v[i] = _mm512_max_ps(v[i + w], v[i]);  // a NaN may or may not reach the max: see below
-    const float row_max = _mm512_reduce_max_ps(v[0]) * t.scale;
-    m_new[r] = row_max > t.m[r] ? row_max : t.m[r];
-    fused[r] = __builtin_fabsf(m_new[r]) < 1e37f;  // false for inf and NaN too
+      for (int i = 0; i < w; ++i) v[i] = _mm512_max_ps(v[i + w], v[i]);  // a NaN may or may not reach the max: see above
+    raw_max[r] = _mm512_reduce_max_ps(v[0]);
+    scaled_max[r] = raw_max[r] * t.scale;
+    m_new[r] = scaled_max[r] > t.m[r] ? scaled_max[r] : t.m[r];
+    // Finite maxima only (false for inf and NaN): then x - raw max is never inf - inf.
+    fused[r] = __builtin_fabsf(raw_max[r]) <= __FLT_MAX__ && __builtin_fabsf(scaled_max[r]) <= __FLT_MAX__;
   }
   const __m512 vscale_log2e = _mm512_set1_ps(t.scale * 1.44269504088896341f);
   for (int r = 0; r < t.rows; ++r) {
@@ -194,11 +198,16 @@ void softmax_full_block_for_bf16(const SoftmaxTile& t) {
       continue;
     }
     float* s = t.s + r * kBlockKeys;
-    const __m512 vm_log2e = _mm512_set1_ps(m_new[r] * 1.44269504088896341f);
+    const __m512 vraw_max = _mm512_set1_ps(raw_max[r]);
+    // 0 in the block holding the running max; else the gap to it, <= 0 (-inf when it overflows).
+    // From the rounded scaled max: raw_max * scale - m_new contracted into an FMA would leave the
+    // product's rounding error as y (this file is compiled with -ffp-contract=off for that).
+    const __m512 voffset = _mm512_set1_ps((scaled_max[r] - m_new[r]) * 1.44269504088896341f);
     __m512 p[kVectors];
 #pragma GCC unroll 8
     for (int i = 0; i < kVectors; ++i) {
-      p[i] = exp2_for_bf16(_mm512_fmsub_ps(_mm512_loadu_ps(s + 16 * i), vscale_log2e, vm_log2e));
+      const __m512 gap = _mm512_sub_ps(_mm512_loadu_ps(s + 16 * i), vraw_max);
+      p[i] = exp2_for_bf16(_mm512_fmadd_ps(gap, vscale_log2e, voffset));
       _mm512_storeu_ps(s + 16 * i, p[i]);
     }
     for (int w = kVectors / 2; w > 0; w /= 2)
