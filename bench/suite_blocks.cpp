@@ -26,6 +26,7 @@
 #include "models/wan_transformer.h"
 #include "ops/attention.h"
 #include "ops/gemm/driver.h"
+#include "pipelines/stages/quant_attention.h"
 #include "ops/vector_ops.h"
 #include "quant/algorithm.h"
 
@@ -91,19 +92,12 @@ void report(Context& context, const std::string& label, const std::string& block
 // tiles), else f32 (without bf16 hardware every bf16 operand is widened to f32 first).
 DType best_activations() { return ops::gemm::amx_ready() || ops::gemm::has_bf16_dot() ? DType::bf16 : DType::f32; }
 
-// The attention of a best path that asks for int8 (as --quant-attention int8 does): flash_int8 on
-// BSND q, k, v.
+// The attention of a best path that asks for int8: what --quant-attention int8 runs.
 class Int8Attention final : public models::AttentionPolicy {
  public:
   Tensor attend(const models::StepInfo& /*step*/, const models::AttentionIdentity& /*id*/, const models::AttentionProjection& project,
                 const Stream& stream) override {
-    const models::AttentionQkv qkv = project();
-    ops::AttentionOptions o;
-    o.opt_mode = ops::AttentionOptMode::manual;
-    o.op_type = ops::AttentionImpl::flash_int8;
-    o.kernel_layout = ops::AttentionLayout::bsnd;
-    const Tensor out = ops::attention_forward(qkv.q, qkv.k, qkv.v, o, stream);
-    return out.reshape({out.size(0), out.size(1), out.size(2) * out.size(3)});
+    return pipelines::int8_attention(project(), stream);
   }
 };
 

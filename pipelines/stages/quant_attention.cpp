@@ -28,19 +28,23 @@ QuantAttentionStage::QuantAttentionStage(AttentionQuant quant, bool simulate) : 
         "kernel) does not offer");
 }
 
-void QuantAttentionStage::begin_run(const RunInfo& /*run*/) { calls_ = 0; }
-
-Tensor QuantAttentionStage::attend(const models::StepInfo& /*step*/, const models::AttentionIdentity& /*id*/,
-                                   const models::AttentionProjection& project, const Stream& stream, const AttendNext& next) {
-  if (quant_ == AttentionQuant::none) return next(project);
-  const models::AttentionQkv qkv = project();  // BSND
+Tensor int8_attention(const models::AttentionQkv& qkv, const Stream& stream) {
   ops::AttentionOptions o;
   o.opt_mode = ops::AttentionOptMode::manual;
   o.op_type = ops::AttentionImpl::flash_int8;
   o.kernel_layout = ops::AttentionLayout::bsnd;  // the kernel reads strided rows: no transposed copy
   const Tensor out = ops::attention_forward(qkv.q, qkv.k, qkv.v, o, stream);
-  ++calls_;
   return out.reshape({out.size(0), out.size(1), out.size(2) * out.size(3)});
+}
+
+void QuantAttentionStage::begin_run(const RunInfo& /*run*/) { calls_ = 0; }
+
+Tensor QuantAttentionStage::attend(const models::StepInfo& /*step*/, const models::AttentionIdentity& /*id*/,
+                                   const models::AttentionProjection& project, const Stream& stream, const AttendNext& next) {
+  if (quant_ == AttentionQuant::none) return next(project);
+  const Tensor out = int8_attention(project(), stream);
+  ++calls_;
+  return out;
 }
 
 std::string QuantAttentionStage::summary() const { return std::to_string(calls_) + " attention calls in int8"; }

@@ -20,6 +20,10 @@ enum class AttentionQuant { none, int8 };
 AttentionQuant parse_attention_quant(std::string_view name, const std::string& source = "--quant-attention");
 std::string_view attention_quant_name(AttentionQuant quant);
 
+// flash_int8 on BSND q, k, v (the kernel reads the strided rows: no transposed copy), as
+// [B, S, heads * head_dim]: what the stage runs in place of the exact attention.
+Tensor int8_attention(const models::AttentionQkv& qkv, const Stream& stream);
+
 class QuantAttentionStage : public Stage {
  public:
   // Throws, naming the flag, where this CPU cannot run int8 attention (unless `simulate`: a
