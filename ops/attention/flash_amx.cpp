@@ -30,14 +30,15 @@ namespace cubevec::ops::attn {
 namespace {
 
 // The geometry flash_tiles.h's helpers need: 32-row panels, columns in panels of 32 (dp = dpad),
-// the AVX-512 softmax with its exp at bf16 precision. No f32 matmul kernels: the tiles do those.
+// the AVX-512 softmax with its exp at bf16 precision, writing P in bf16 for the P V product. No
+// f32 matmul kernels: the tiles do those.
 const TileKernels& amx_tile_kernels() {
   static const TileKernels kernels = [] {
     TileKernels k = tile_kernels(Isa::avx512);
     k.mr = kAmxRows;
     k.nr = 32;
     k.qk = nullptr;
-    k.softmax = softmax_tile_avx512_bf16p;  // P is rounded to bf16 for its product
+    k.softmax = softmax_tile_avx512_bf16p;  // P in bf16 for its product
     k.pv_wide = 32, k.pv_narrow = 32;
     k.pv_wide_kernel = nullptr, k.pv_narrow_kernel = nullptr;
     return k;
@@ -61,8 +62,12 @@ int64_t round_up_64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 // Key block kb's V for the P V tiles: 64 key pairs x dpad x 2 (VNNI pair order), zero past the
 // head's keys and dimensions.
 void pack_v_block(const HeadProblem& head, DType dtype, int64_t d, int64_t dpad, int64_t kb, uint16_t* v) {
-  std::fill(v, v + block_elems(dpad), uint16_t{0});
   const int64_t key0 = kb * kBlockKeys, keys = std::min<int64_t>(kBlockKeys, head.sk - key0);
+  if (dtype == DType::bf16) {
+    pack_v_block_bf16_avx512(static_cast<const uint16_t*>(head.v) + key0 * head.v_ld, head.v_ld, static_cast<int>(keys), d, dpad, v);
+    return;
+  }
+  std::fill(v, v + block_elems(dpad), uint16_t{0});
   std::vector<uint16_t> rows(static_cast<std::size_t>(2 * dpad), 0);
   uint16_t* const r0 = rows.data();
   uint16_t* const r1 = rows.data() + dpad;
@@ -77,8 +82,12 @@ void pack_v_block(const HeadProblem& head, DType dtype, int64_t d, int64_t dpad,
 
 // Key block kb's K for the bf16 Q K^T tiles: dpad / 2 dimension pairs x 128 keys x 2.
 void pack_k_block_bf16(const HeadProblem& head, DType dtype, int64_t d, int64_t dpad, int64_t kb, uint16_t* k) {
-  std::fill(k, k + block_elems(dpad), uint16_t{0});
   const int64_t key0 = kb * kBlockKeys, keys = std::min<int64_t>(kBlockKeys, head.sk - key0);
+  if (dtype == DType::bf16 && head.k_ld < (int64_t{1} << 26)) {
+    pack_k_block_bf16_avx512(static_cast<const uint16_t*>(head.k) + key0 * head.k_ld, head.k_ld, static_cast<int>(keys), d, dpad, k);
+    return;
+  }
+  std::fill(k, k + block_elems(dpad), uint16_t{0});
   std::vector<uint16_t> row(static_cast<std::size_t>(dpad), 0);
   for (int64_t j = 0; j < keys; ++j) {
     load_row_bf16(head.k, head.k_ld, key0 + j, d, dtype, row.data());
@@ -89,12 +98,13 @@ void pack_k_block_bf16(const HeadProblem& head, DType dtype, int64_t d, int64_t 
 
 // The tile loop of one q-block once its Q is ready: per key block, per panel that sees it,
 // `qk(panel, kb, s)` writes the panel's scores, then the shared softmax step and the bf16 P V.
-using PvBlock = void (*)(const float*, int, int64_t, const uint16_t*, float*, const float*);
+using PvBlock = void (*)(const uint16_t*, int, int64_t, const uint16_t*, float*, const float*);
 using QkBlockBf16 = void (*)(const uint16_t*, int64_t, const uint16_t*, float*);
 
 template <class PanelQk>
 void walk_key_blocks(const FlashGeometry& g, const AttentionBatch& batch, const HeadProblem& head, const uint16_t* v_blocks,
                      QBlockState& st, float* s, PvBlock pv, PanelQk&& qk) {
+  alignas(64) uint16_t p_bf16[kAmxRows * kBlockKeys];  // P for the product, as the softmax step writes it
   for (int64_t kb = 0; kb < FlashGeometry::key_blocks(head.sk); ++kb) {
     const int keys = static_cast<int>(std::min<int64_t>(kBlockKeys, head.sk - kb * kBlockKeys));
     bool any = false;
@@ -105,8 +115,8 @@ void walk_key_blocks(const FlashGeometry& g, const AttentionBatch& batch, const 
       float* l = st.l.data() + p * kAmxRows;
       float* alpha = st.alpha.data() + p * kAmxRows;
       qk(p, kb, s);
-      softmax_step(g, head, batch.scale, st.q0 + p * kAmxRows, kb, s, m, l, alpha);
-      pv(s, keys, g.dp, v_blocks + kb * block_elems(g.dp), st.o.data() + p * kAmxRows * g.dp, st.o_started[p] ? alpha : nullptr);
+      softmax_step(g, head, batch.scale, st.q0 + p * kAmxRows, kb, s, m, l, alpha, p_bf16);
+      pv(p_bf16, keys, g.dp, v_blocks + kb * block_elems(g.dp), st.o.data() + p * kAmxRows * g.dp, st.o_started[p] ? alpha : nullptr);
       st.o_started[p] = true;
     }
     if (!any && later_blocks_unseen_too(head)) break;
@@ -323,11 +333,12 @@ void run_q_block_int8(const FlashGeometry& g, const AttentionBatch& batch, const
 
 }  // namespace
 
-bool bf16_tiles_available(Bf16Tiles tiles) { return tiles == Bf16Tiles::amx ? gemm::amx_ready() : gemm::has_bf16_dot(); }
+// Both kinds also need AVX512-BF16 for the softmax step, which writes P in bf16 (every AMX CPU so far has it).
+bool bf16_tiles_available(Bf16Tiles tiles) { return gemm::has_bf16_dot() && (tiles == Bf16Tiles::avx512_bf16 || gemm::amx_ready()); }
 bool flash_amx_available() { return bf16_tiles_available(Bf16Tiles::amx) || bf16_tiles_available(Bf16Tiles::avx512_bf16); }
 bool int8_tiles_available(Int8Tiles tiles) {
-  return tiles == Int8Tiles::amx ? gemm::amx_ready() && gemm::int8_isa_supported(gemm::Int8Isa::amx)
-                                 : gemm::int8_isa_supported(gemm::Int8Isa::avx512_vnni) && gemm::has_bf16_dot();
+  return gemm::has_bf16_dot() && (tiles == Int8Tiles::amx ? gemm::amx_ready() && gemm::int8_isa_supported(gemm::Int8Isa::amx)
+                                                          : gemm::int8_isa_supported(gemm::Int8Isa::avx512_vnni));
 }
 bool flash_int8_available() { return int8_tiles_available(Int8Tiles::amx) || int8_tiles_available(Int8Tiles::avx512_vnni); }
 

@@ -14,16 +14,17 @@ inline constexpr int kAmxRows = 32;  // query rows per tile: two 16-row A tiles
 // K packed as dpad / 2 pairs of dimensions x 128 keys x 2 (keys past the head's end zero).
 void amx_qk_block(const uint16_t* q, int64_t dpad, const uint16_t* k_packed, float* s);
 
-// O [32 x dpad] (f32, row stride dpad) = (alpha ? alpha[r] O : 0) + P V: P [32 x 128] f32 (row
-// stride 128; columns from `keys` on are taken as 0), rounded to bf16; V packed as 64 pairs of keys
-// x dpad x 2 (keys past the head's end zero).
-void amx_pv_block(const float* p, int keys, int64_t dpad, const uint16_t* v_packed, float* o, const float* alpha);
+// O [32 x dpad] (f32, row stride dpad) = (alpha ? alpha[r] O : 0) + P V: P [32 x 128] bf16 (row
+// stride 128, as softmax_tile_avx512_bf16p writes it: the columns from `keys` up to the next
+// multiple of 32 zero, the rest not read); V packed as 64 pairs of keys x dpad x 2 (keys past the
+// head's end zero).
+void amx_pv_block(const uint16_t* p, int keys, int64_t dpad, const uint16_t* v_packed, float* o, const float* alpha);
 
 // The same two steps with AVX512-BF16 dot products (flash_dot_kernels.cpp, compiled for
 // AVX512-BF16; called only where the CPU has it): for CPUs without AMX. Same layouts, same results
 // up to the f32 summation order.
 void dot_qk_block(const uint16_t* q, int64_t dpad, const uint16_t* k_packed, float* s);
-void dot_pv_block(const float* p, int keys, int64_t dpad, const uint16_t* v_packed, float* o, const float* alpha);
+void dot_pv_block(const uint16_t* p, int keys, int64_t dpad, const uint16_t* v_packed, float* o, const float* alpha);
 
 // The int8 Q K^T of flash_int8 (AMX-INT8, compiled with -mamx-int8 and called only where it is
 // available): S [32 x 128] f32 (row stride 128) = (sum x row_scale[r]) x k_scale, sum = Q [32 x
@@ -38,6 +39,14 @@ void amx_qk_block_int8(const int8_t* q, int64_t dpad8, const int8_t* k_packed, c
 // (q + 128) . k - 128 sum(k) gives the exact int32 sum. Same layouts and the same f32 result.
 void dot_qk_block_int8(const uint8_t* q_shifted, int64_t dpad8, const int8_t* k_packed, const int32_t* k_sums, const float* row_scale,
                        float k_scale, float* s);
+
+// Key block packing from bf16 rows (`keys` of them, at most 128, row stride ld elements, d
+// elements each; zero past them up to 128 keys and dpad elements), with AVX-512 (compiled with
+// flash_dot_kernels.cpp; called only where the tiles run): K as amx_qk_block reads it (dpad / 2
+// pairs x 128 keys x 2), for 16 * ld * 2 bytes within 32-bit offsets (ld < 2^26); V as
+// amx_pv_block reads it (64 key pairs x dpad x 2).
+void pack_k_block_bf16_avx512(const uint16_t* rows, int64_t ld, int keys, int64_t d, int64_t dpad, uint16_t* k);
+void pack_v_block_bf16_avx512(const uint16_t* rows, int64_t ld, int keys, int64_t d, int64_t dpad, uint16_t* v);
 
 // max |x[i]| over n floats, or +inf when one of them is not finite (AVX-512).
 float abs_max_avx512(const float* x, int64_t n);

@@ -160,7 +160,7 @@ void qk_tile(const FlashGeometry& g, const HeadProblem& head, const PackedKV& kv
 }
 
 void softmax_step(const FlashGeometry& g, const HeadProblem& head, float scale, int64_t q0_panel, int64_t kb, float* s, float* m, float* l,
-                  float* alpha) {
+                  float* alpha, uint16_t* p_bf16) {
   const int mr = g.kernels->mr;
   const int64_t key0 = kb * kBlockKeys, keys = std::min<int64_t>(kBlockKeys, head.sk - key0);
   const int rows_valid = static_cast<int>(std::clamp<int64_t>(head.sq - q0_panel, 0, mr));
@@ -201,6 +201,7 @@ void softmax_step(const FlashGeometry& g, const HeadProblem& head, float scale, 
   t.m = m;
   t.l = l;
   t.alpha = alpha;
+  t.p_bf16 = p_bf16;
   g.kernels->softmax(t);
 }
 

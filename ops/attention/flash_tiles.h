@@ -84,10 +84,11 @@ inline bool later_blocks_unseen_too(const HeadProblem& head) { return head.causa
 // S (MR x kBlockKeys) = the panel's Q times key block kb's keys^T.
 void qk_tile(const FlashGeometry& g, const HeadProblem& head, const PackedKV& kv, const QBlockState& st, int panel, int64_t kb, float* s);
 // The softmax step on S for `panel` against key block kb: masks, updates m and l, writes P into S
-// and the rescale factors into alpha (MR floats). Under block sparsity, a panel whose rows span two
-// query blocks of which only one keeps kb masks the other's rows out of this tile.
+// (or, for kernels that write bf16 P, into p_bf16: SoftmaxTile) and the rescale factors into alpha
+// (MR floats). Under block sparsity, a panel whose rows span two query blocks of which only one
+// keeps kb masks the other's rows out of this tile.
 void softmax_step(const FlashGeometry& g, const HeadProblem& head, float scale, int64_t q0_panel, int64_t kb, float* s, float* m, float* l,
-                  float* alpha);
+                  float* alpha, uint16_t* p_bf16 = nullptr);
 // O_panel = alpha * O_panel + P V_block (O starts at zero on the panel's first block).
 void pv_tile(const FlashGeometry& g, const HeadProblem& head, const PackedKV& kv, QBlockState& st, int panel, int64_t kb, const float* p,
              const float* alpha);

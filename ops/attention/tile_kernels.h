@@ -32,6 +32,9 @@ struct SoftmaxTile {
   float* m = nullptr;      // per row: running max of the scaled scores (-inf at first)
   float* l = nullptr;      // per row: running sum of exp(score - m)
   float* alpha = nullptr;  // per row, out: exp(m_old - m_new), the factor for O
+  // softmax_tile_avx512_bf16p only: when set, P goes here instead, in bf16 (nearest even; row
+  // stride kBlockKeys; the columns from cols up to the next multiple of 32 zero), and s is scratch.
+  uint16_t* p_bf16 = nullptr;
 };
 
 // O[MR x W] (row stride ldo) = (alpha ? alpha[r] * O : 0) + P[MR x kc] (row stride kBlockKeys) x
@@ -53,7 +56,8 @@ void pv_avx512_w32(int64_t kc, const float* p, const float* v, float* o, int64_t
 void pv_avx512_w16(int64_t kc, const float* p, const float* v, float* o, int64_t ldo, const float* alpha);
 void softmax_tile_avx512(const SoftmaxTile& tile);
 // The same step with an exp accurate to bf16's precision (7.5e-5 relative), for tiles whose P is
-// rounded to bf16 before P V (flash_bf16, flash_int8).
+// rounded to bf16 before P V (flash_bf16, flash_int8), which it writes as bf16 into tile.p_bf16
+// (f32 into s when that is null). Needs AVX512-BF16 (tile_kernels_avx512_bf16p.cpp).
 void softmax_tile_avx512_bf16p(const SoftmaxTile& tile);
 
 // AVX2 (MR 6, intrinsics) and portable (MR 4, plain loops the compiler vectorizes): PV 16 and 8 columns.
