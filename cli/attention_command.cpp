@@ -46,8 +46,9 @@ Tensor random_input(const Shape& shape, DType dtype, unsigned seed) {
 }
 
 int run(const AttentionFlags& f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache) {
+  // Checked before parse_dtype, whose message would list every dtype name it knows.
+  if (f.dtype != "f32" && f.dtype != "bf16") throw Error("--dtype must be f32 or bf16, got '" + f.dtype + "'");
   const DType dtype = parse_dtype(f.dtype);
-  if (dtype != DType::f32 && dtype != DType::bf16) throw Error("--dtype must be f32 or bf16, got " + f.dtype);
   ops::AttentionOptions options;
   options.layout = ops::parse_attention_layout(f.layout);
   options.opt_mode = ops::parse_attention_opt_mode(f.opt_mode);

@@ -78,6 +78,10 @@ TEST_F(AttentionCli, MalformedCacheAndBadFlagsAreOneLineErrors) {
     EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   }
+  for (const char* dtype : {"f16", "BF16", "int8"}) {  // only the two it takes are named
+    const auto bad = run(with(kSmall, {"--dtype", dtype}));
+    EXPECT_NE(bad.err.find(std::string("--dtype must be f32 or bf16, got '") + dtype + "'"), std::string::npos) << bad.err;
+  }
   const auto r = run(with(kSmall, {"--attn-tune-cache", cache}));
   EXPECT_NE(r.err.find("attention tune cache " + cache + " is not valid: field 'fingerprint' must be a string"), std::string::npos)
       << r.err;
