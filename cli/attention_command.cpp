@@ -45,15 +45,27 @@ Tensor random_input(const Shape& shape, DType dtype, unsigned seed) {
   return t;
 }
 
+// A flag's value through its parser, whose error then names the flag (--layout and
+// --kernel-layout share one parser).
+template <class Parse>
+auto parsed_flag(const char* flag, const std::string& value, Parse parse) {
+  try {
+    return parse(value);
+  } catch (const Error& e) {
+    throw Error(std::string(flag) + ": " + e.what());
+  }
+}
+
 int run(const AttentionFlags& f, const DeviceFlags& device_flags, const AttentionTuneCacheFlag& cache) {
   // Checked before parse_dtype, whose message would list every dtype name it knows.
   if (f.dtype != "f32" && f.dtype != "bf16") throw Error("--dtype must be f32 or bf16, got '" + f.dtype + "'");
   const DType dtype = parse_dtype(f.dtype);
   ops::AttentionOptions options;
-  options.layout = ops::parse_attention_layout(f.layout);
-  options.opt_mode = ops::parse_attention_opt_mode(f.opt_mode);
-  options.op_type = ops::parse_attention_impl(f.op_type);
-  options.kernel_layout = ops::parse_attention_layout(f.kernel_layout);
+  const auto layout = [](const std::string& v) { return ops::parse_attention_layout(v); };
+  options.layout = parsed_flag("--layout", f.layout, layout);
+  options.opt_mode = parsed_flag("--opt-mode", f.opt_mode, [](const std::string& v) { return ops::parse_attention_opt_mode(v); });
+  options.op_type = parsed_flag("--op-type", f.op_type, [](const std::string& v) { return ops::parse_attention_impl(v); });
+  options.kernel_layout = parsed_flag("--kernel-layout", f.kernel_layout, layout);
   options.num_heads = f.heads;
   const int64_t kv_len = f.kv_len > 0 ? f.kv_len : f.q_len;
   auto shape_of = [&](int64_t s) -> Shape {

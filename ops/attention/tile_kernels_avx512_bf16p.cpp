@@ -36,11 +36,11 @@ void store_row_bf16(const SoftmaxTile& t, int r) {
   }
 }
 
-// exp2_for_bf16 (softmax_step_avx512.h) for a finite or -inf y, without its clamp: y = -inf gives NaN
-// here (-inf - -inf), which the caller must catch; any finite y gives the same value. Its
-// subtraction is an FMA: on Zen 4 the FMA pipes run only FMAs and products while the other two
-// run adds, maxima, rounding, scalef (at half rate) and conversions, and this step is bound by the
-// latter.
+// exp2_for_bf16 (softmax_step_avx512.h) without its clamp: any finite y gives the same value, y =
+// -inf gives NaN (-inf - -inf, then scalef(NaN, -inf), NaN as Intel documents it; Zen 4 returns 0),
+// which the caller must catch. Its subtraction is an FMA: on Zen 4 the FMA pipes run only FMAs and
+// products while the other two run adds, maxima, rounding, scalef (at half rate) and conversions,
+// and this step is bound by the latter.
 [[gnu::always_inline]] inline __m512 exp2_for_bf16_unclamped(__m512 y) {
   const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.0f), y);  // y - n, exactly

@@ -10,7 +10,7 @@ def attention_forward(query: ArrayLike, key: ArrayLike, value: ArrayLike, attn_m
                       scale: Optional[float] = None, fused: bool = True, head_first: bool = False, *,
                       opt_mode: Literal["runtime", "static", "manual"] = "runtime",
                       op_type: Optional[Literal["fused_attn_score", "prompt_flash_attn", "ascend_laser_attention", "math", "flash",
-                                                "cv_pipelined"]] = None,
+                                                "cv_pipelined", "flash_bf16", "flash_int8"]] = None,
                       layout: Optional[Literal["BNSD", "BSND", "BSH"]] = None, dtype: Compute = None) -> np.ndarray:
     """softmax(scale q k^T + mask) v with MindIE SD's semantics; query's shape, layout and dtype."""
 def attention_forward_varlen(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: Union[ArrayLike, Sequence[int]],

@@ -78,6 +78,15 @@ TEST_F(AttentionCli, MalformedCacheAndBadFlagsAreOneLineErrors) {
     EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   }
+  const std::pair<std::vector<std::string>, std::string> named[] = {
+      {{"--layout", "junk"}, "error: --layout: unknown attention layout 'junk'"},
+      {{"--opt-mode", "manual", "--kernel-layout", "junk"}, "error: --kernel-layout: unknown attention layout 'junk'"},
+      {{"--opt-mode", "junk"}, "error: --opt-mode: unknown attention opt_mode 'junk'"},
+      {{"--opt-mode", "manual", "--op-type", "flash_fp8"}, "error: --op-type: unknown attention op_type 'flash_fp8'"}};
+  for (const auto& [args, message] : named) {
+    const auto bad = run(with(kSmall, args));
+    EXPECT_NE(bad.err.find(message), std::string::npos) << bad.err;
+  }
   for (const char* dtype : {"f16", "BF16", "int8"}) {  // only the two it takes are named
     const auto bad = run(with(kSmall, {"--dtype", dtype}));
     EXPECT_NE(bad.err.find(std::string("--dtype must be f32 or bf16, got '") + dtype + "'"), std::string::npos) << bad.err;

@@ -561,6 +561,18 @@ def test_every_public_name_has_a_stub_with_its_arguments_and_a_docstring(module_
                     assert inspect.getdoc(getattr(obj, method)), f"{name}.{method} has no docstring"
 
 
+def test_the_stub_of_attention_forward_lists_every_op_type_it_takes():
+    import ast
+
+    from cubevec import layers
+
+    tree = ast.parse(open(os.path.splitext(layers.__file__)[0] + ".pyi").read())
+    stub = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "attention_forward")
+    annotation = next(a.annotation for a in stub.args.kwonlyargs if a.arg == "op_type")
+    listed = {node.value for node in ast.walk(annotation) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    assert listed == set(layers._OP_TYPES)
+
+
 def test_the_native_stub_names_every_native_function():
     import ast
 
