@@ -91,6 +91,27 @@ __attribute__((target("avx2"))) void bf16_to_f32_avx2(const uint16_t* src, float
   for (; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
 }
 
+// f32 -> bf16 exactly as f32_to_bf16 (nearest even, a NaN kept quiet), eight at a time: it was 4%
+// of a bf16 attention call with few keys per query (its output rows), and bf16 activations convert
+// through it everywhere.
+__attribute__((target("avx2"))) void f32_to_bf16_avx2(const float* src, uint16_t* dst, std::size_t n) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000), one = _mm256_set1_epi32(1);
+  const __m256i half_minus_one = _mm256_set1_epi32(0x7fff), quiet = _mm256_set1_epi32(0x40);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, abs_mask), inf);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), one);
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(x, _mm256_add_epi32(half_minus_one, lsb)), 16);
+    const __m256i r = _mm256_blendv_epi8(rounded, _mm256_or_si256(_mm256_srli_epi32(x, 16), quiet), nan);
+    // Each value is in [0, 0xffff], so the signed-to-unsigned saturating pack is exact; it packs
+    // within 128-bit lanes, and the permute brings the two lanes' halves together.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_castsi256_si128(packed));
+  }
+  for (; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+}
+
 }  // namespace
 
 void convert_f32_to_f16(const float* src, uint16_t* dst, std::size_t n) {
@@ -104,6 +125,7 @@ void convert_f16_to_f32(const uint16_t* src, float* dst, std::size_t n) {
 }
 
 void convert_f32_to_bf16(const float* src, uint16_t* dst, std::size_t n) {
+  if (cpu_has_avx2()) return f32_to_bf16_avx2(src, dst, n);
   for (std::size_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
 }
 

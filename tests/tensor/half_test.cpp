@@ -212,11 +212,33 @@ TEST(Half, F32ToBf16RoundsToNearestEven) {
 }
 
 TEST(Half, F32ToBf16NaNStaysNaN) {
-  for (uint32_t bits : {0x7fc00000u, 0x7f800001u, 0xff800001u, 0x7fffffffu}) {
-    const uint16_t b = f32_to_bf16(std::bit_cast<float>(bits));
-    EXPECT_EQ(b & 0x7f80, 0x7f80);
-    EXPECT_NE(b & 0x7f, 0) << "NaN became infinity for 0x" << std::hex << bits;
-    EXPECT_EQ(b & 0x8000, (bits >> 16) & 0x8000);
+  const uint32_t nans[] = {0x7fc00000u, 0x7f800001u, 0xff800001u, 0x7fffffffu, 0xffffffffu,
+                           0x7f80ffffu, 0xffc00001u, 0x7fbfffffu, 0xff8f0000u};
+  std::vector<float> xs;
+  for (uint32_t bits : nans) xs.push_back(std::bit_cast<float>(bits));
+  std::vector<uint16_t> bulk(xs.size());
+  convert_f32_to_bf16(xs.data(), bulk.data(), xs.size());  // eight through the vector path where there is one, one after it
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const uint32_t bits = nans[i];
+    for (const uint16_t b : {f32_to_bf16(xs[i]), bulk[i]}) {
+      EXPECT_EQ(b & 0x7f80, 0x7f80);
+      EXPECT_NE(b & 0x7f, 0) << "NaN became infinity for 0x" << std::hex << bits;
+      EXPECT_EQ(b & 0x8000, (bits >> 16) & 0x8000);
+    }
+  }
+}
+
+// The bulk conversion (eight at a time where the CPU has AVX2) against the scalar one, bit for bit,
+// on random bit patterns of every kind, at lengths that end inside and past a vector.
+TEST(Half, F32ToBf16BulkMatchesScalarOnRandomBits) {
+  std::mt19937 rng(11);
+  for (const std::size_t n : {std::size_t{0}, std::size_t{5}, std::size_t{8}, std::size_t{13}, std::size_t{4099}}) {
+    std::vector<float> xs(n);
+    for (float& x : xs) x = std::bit_cast<float>(static_cast<uint32_t>(rng()));
+    std::vector<uint16_t> bulk(n + 1, 0xabcd);
+    convert_f32_to_bf16(xs.data(), bulk.data(), n);
+    for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(bulk[i], f32_to_bf16(xs[i])) << std::hex << std::bit_cast<uint32_t>(xs[i]);
+    EXPECT_EQ(bulk[n], 0xabcd) << "wrote past the end";
   }
 }
 
