@@ -36,6 +36,8 @@ struct Plan {
   int64_t mr, nr, kc, mc, nc;
   int64_t kgroup;
   int64_t a_kgroup = 0, kpad = 0;  // 0: kgroup
+  // Optional: a tile of fewer than MR rows (and all NR columns), written straight to C.
+  void (*micro_rows)(int rows, int64_t k_steps, const P* a, const P* b, float* c, int64_t ldc, bool accumulate) = nullptr;
   int64_t a_group() const { return a_kgroup ? a_kgroup : kgroup; }
   int64_t padded(int64_t k) const {
     const int64_t to = kpad ? kpad : kgroup;
@@ -63,7 +65,7 @@ Plan<uint16_t> bf16_kernel(Bf16Path path) {
   // micro-panel (KC x 32 bf16 = 32 KiB) stays in L1 while the A panels stream past it (measured on
   // a 2-core Xeon, 4096x3072x3072: KC 1536 -> 1141 GFLOP/s, 512 -> 1389, 256 -> 1315).
   if (path == Bf16Path::amx) return {microkernel_bf16_amx, epilogue_avx512, kMrAmx, kNrAmx, 512, 0, 0, 2, 32, 32};
-  return {microkernel_bf16_avx512, epilogue_avx512, kMrBf16, kNrBf16, 1536, 0, 0, 2};
+  return {microkernel_bf16_avx512, epilogue_avx512, kMrBf16, kNrBf16, 1536, 0, 0, 2, 0, 0, microkernel_bf16_avx512_rows};
 }
 
 template <class P>
@@ -285,6 +287,8 @@ void gemm_block(const Problem& p, const Plan<P>& plan, int64_t row0, int64_t row
             float* c_tile = p.c + (ic + ir) * p.ldc + jc + jr;
             if (rows == plan.mr && cols == plan.nr) {
               plan.micro(k_steps, a_panel, b_panel, c_tile, p.ldc, !first);
+            } else if (cols == plan.nr && plan.micro_rows) {
+              plan.micro_rows(static_cast<int>(rows), k_steps, a_panel, b_panel, c_tile, p.ldc, !first);
             } else {  // edge tile: compute in full, copy the valid part
               for (int64_t r = 0; r < rows && !first; ++r) std::copy(c_tile + r * p.ldc, c_tile + r * p.ldc + cols, edge + r * plan.nr);
               plan.micro(k_steps, a_panel, b_panel, edge, plan.nr, !first);

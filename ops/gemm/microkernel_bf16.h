@@ -12,6 +12,10 @@ namespace cubevec::ops::gemm {
 inline constexpr int kMrBf16 = 12, kNrBf16 = 32;
 // kpairs = kc / 2 (kc padded to even with zeros). Called only on CPUs with AVX512-BF16.
 void microkernel_bf16_avx512(int64_t kpairs, const uint16_t* a, const uint16_t* b, float* c, int64_t ldc, bool accumulate);
+// The same for a partial tile of `rows` (1 to 12) rows of C, the A panel still kMrBf16 rows wide
+// (zero past `rows`): it computes 4, 8 or 12 rows and writes only `rows` (a 256-row GEMM's last
+// 4 rows cost as much as 12 through the full kernel: 8% of 256 x 3072 x 3072 on a Zen 4).
+void microkernel_bf16_avx512_rows(int rows, int64_t kpairs, const uint16_t* a, const uint16_t* b, float* c, int64_t ldc, bool accumulate);
 
 // AMX-BF16: C[32 x 32] (+)= A x B on tiles (four 16 x 16 f32 accumulators). A is packed in k blocks
 // of 32: kc/32 x MR rows x 32 k (each block two A tiles); B as for the AVX512-BF16 kernel (kc/2 x

@@ -5,13 +5,16 @@
 
 namespace cubevec::ops::gemm {
 
-void microkernel_bf16_avx512(int64_t kpairs, const uint16_t* a, const uint16_t* b, float* c, int64_t ldc, bool accumulate) {
-  constexpr int MR = kMrBf16;
-  __m512 lo[MR], hi[MR];
+namespace {
+
+// C[ROWS x 32] (+)= A x B from an A panel of kMrBf16 rows, of which the first `store_rows` (at most
+// ROWS) are written to C: a partial tile computes 4 or 8 rows instead of 12.
+template <int ROWS>
+void bf16_tile(int store_rows, int64_t kpairs, const uint16_t* a, const uint16_t* b, float* c, int64_t ldc, bool accumulate) {
+  __m512 lo[ROWS], hi[ROWS];
 #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {  // fetch the C tile while the dot products run
+  for (int r = 0; r < ROWS; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
+  for (int r = 0; r < store_rows; ++r) {  // fetch the C tile while the dot products run
     _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + 16), _MM_HINT_T0);
   }
@@ -19,26 +22,25 @@ void microkernel_bf16_avx512(int64_t kpairs, const uint16_t* a, const uint16_t* 
     const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b));
     const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + 32));
 #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) {
+    for (int r = 0; r < ROWS; ++r) {
       int32_t pair;
       __builtin_memcpy(&pair, a + 2 * r, sizeof pair);
       const __m512bh ar = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
       lo[r] = _mm512_dpbf16_ps(lo[r], ar, b0);
       hi[r] = _mm512_dpbf16_ps(hi[r], ar, b1);
     }
-    a += 2 * MR;
+    a += 2 * kMrBf16;
     b += 2 * kNrBf16;
   }
   // Park the sums in a local tile first: merging straight from the registers with C made GCC
   // spill accumulators inside the k loop.
-  alignas(64) float tile[MR][kNrBf16];
+  alignas(64) float tile[ROWS][kNrBf16];
 #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
+  for (int r = 0; r < ROWS; ++r) {
     _mm512_store_ps(tile[r], lo[r]);
     _mm512_store_ps(tile[r] + 16, hi[r]);
   }
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
+  for (int r = 0; r < store_rows; ++r) {
     float* row = c + r * ldc;
     for (int h = 0; h < kNrBf16; h += 16) {
       __m512 v = _mm512_load_ps(tile[r] + h);
@@ -46,6 +48,18 @@ void microkernel_bf16_avx512(int64_t kpairs, const uint16_t* a, const uint16_t* 
       _mm512_storeu_ps(row + h, v);
     }
   }
+}
+
+}  // namespace
+
+void microkernel_bf16_avx512(int64_t kpairs, const uint16_t* a, const uint16_t* b, float* c, int64_t ldc, bool accumulate) {
+  bf16_tile<kMrBf16>(kMrBf16, kpairs, a, b, c, ldc, accumulate);
+}
+
+void microkernel_bf16_avx512_rows(int rows, int64_t kpairs, const uint16_t* a, const uint16_t* b, float* c, int64_t ldc, bool accumulate) {
+  if (rows <= 4) bf16_tile<4>(rows, kpairs, a, b, c, ldc, accumulate);
+  else if (rows <= 8) bf16_tile<8>(rows, kpairs, a, b, c, ldc, accumulate);
+  else bf16_tile<kMrBf16>(rows, kpairs, a, b, c, ldc, accumulate);
 }
 
 }  // namespace cubevec::ops::gemm
