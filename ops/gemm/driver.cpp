@@ -52,8 +52,11 @@ Plan<float> f32_kernel(Isa isa, bool prefetch = false) {
   // 512 -> 377, 768 -> 351-383, 1024 -> 384-389): fewer passes over C outweigh a B micro-panel
   // that no longer fits L1 (it streams from L2 well).
   switch (isa) {
-    case Isa::avx512:
-      return {prefetch ? microkernel_avx512_prefetch : microkernel_avx512, epilogue_avx512, kMrAvx512, kNrAvx512, 768, 0, 0, 1};
+    case Isa::avx512: {
+      Plan<float> plan{prefetch ? microkernel_avx512_prefetch : microkernel_avx512, epilogue_avx512, kMrAvx512, kNrAvx512, 768, 0, 0, 1};
+      plan.micro_rows = prefetch ? microkernel_avx512_prefetch_rows : microkernel_avx512_rows;
+      return plan;
+    }
     case Isa::avx2: return {microkernel_avx2, epilogue_avx2, kMrAvx2, kNrAvx2, 256, 0, 0, 1};
     case Isa::portable: return {microkernel_portable, epilogue_portable, kMrPortable, kNrPortable, 256, 0, 0, 1};
   }
@@ -65,7 +68,9 @@ Plan<uint16_t> bf16_kernel(Bf16Path path) {
   // micro-panel (KC x 32 bf16 = 32 KiB) stays in L1 while the A panels stream past it (measured on
   // a 2-core Xeon, 4096x3072x3072: KC 1536 -> 1141 GFLOP/s, 512 -> 1389, 256 -> 1315).
   if (path == Bf16Path::amx) return {microkernel_bf16_amx, epilogue_avx512, kMrAmx, kNrAmx, 512, 0, 0, 2, 32, 32};
-  return {microkernel_bf16_avx512, epilogue_avx512, kMrBf16, kNrBf16, 1536, 0, 0, 2, 0, 0, microkernel_bf16_avx512_rows};
+  Plan<uint16_t> plan{microkernel_bf16_avx512, epilogue_avx512, kMrBf16, kNrBf16, 1536, 0, 0, 2};
+  plan.micro_rows = microkernel_bf16_avx512_rows;
+  return plan;
 }
 
 template <class P>

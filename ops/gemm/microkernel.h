@@ -18,6 +18,10 @@ void microkernel_avx512(int64_t kc, const float* a, const float* b, float* c, in
 // 2-core Xeon, both 10-20% above none; 8 in between).
 inline constexpr int kPrefetchAvx512 = 16;
 void microkernel_avx512_prefetch(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool accumulate);
+// Both for a partial tile of `rows` (1 to 14) rows of C, the A panel still 14 rows wide (zero past
+// `rows`): they compute 4, 8 or 14 rows and write only `rows`.
+void microkernel_avx512_rows(int rows, int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool accumulate);
+void microkernel_avx512_prefetch_rows(int rows, int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool accumulate);
 
 // AVX2 + FMA: 6 rows x 16 columns (12 ymm accumulators).
 inline constexpr int kMrAvx2 = 6, kNrAvx2 = 16;
