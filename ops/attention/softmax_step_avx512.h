@@ -34,18 +34,25 @@ namespace cubevec::ops::attn {
 // bits, relative rounding error up to 2^-9): 2^n 2^f with n = round(y), |f| <= 1/2, and 2^f by a
 // degree-3 polynomial fitted to the relative error (at most 7.5e-5, 4% of bf16's rounding; fit by
 // tools/exp2_poly_fit.py). Half the operations of exp_nonpositive. The row sum takes the same
-// values, so the normalization cancels any common factor. y is clamped at -200, where 2^y is
-// exactly 0 in f32, so y = -inf gives 0; max returns its second operand when either is NaN, so a
-// NaN y gives NaN.
-[[gnu::always_inline]] static inline __m512 exp2_for_bf16(__m512 y) {
-  y = _mm512_max_ps(_mm512_set1_ps(-200.0f), y);
+// values, so the normalization cancels any common factor. Unclamped: any finite y gives its value,
+// y = -inf gives NaN (-inf - -inf, then scalef(NaN, -inf), NaN as Intel documents it; Zen 4
+// returns 0), which the caller must catch. The subtraction is an FMA: on Zen 4 the FMA pipes run
+// only FMAs and products while the other two run adds, maxima, rounding, scalef (at half rate) and
+// conversions, and the bf16 softmax is bound by the latter.
+[[gnu::always_inline]] static inline __m512 exp2_for_bf16_unclamped(__m512 y) {
   const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(y, n);
+  const __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.0f), y);  // y - n, exactly
   __m512 p = _mm512_set1_ps(0.05517168715596199f);
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.2426111400127411f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6932609677314758f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999280571937561f));
   return _mm512_scalef_ps(p, n);
+}
+
+// The same clamped at -200, where 2^y is exactly 0 in f32, so y = -inf gives 0; max returns its
+// second operand when either is NaN, so a NaN y gives NaN.
+[[gnu::always_inline]] static inline __m512 exp2_for_bf16(__m512 y) {
+  return exp2_for_bf16_unclamped(_mm512_max_ps(_mm512_set1_ps(-200.0f), y));
 }
 
 static inline __mmask16 first_lanes(int count) {

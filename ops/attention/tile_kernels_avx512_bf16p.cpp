@@ -36,21 +36,6 @@ void store_row_bf16(const SoftmaxTile& t, int r) {
   }
 }
 
-// exp2_for_bf16 (softmax_step_avx512.h) without its clamp: any finite y gives the same value, y =
-// -inf gives NaN (-inf - -inf, then scalef(NaN, -inf), NaN as Intel documents it; Zen 4 returns 0),
-// which the caller must catch. Its subtraction is an FMA: on Zen 4 the FMA pipes run only FMAs and
-// products while the other two run adds, maxima, rounding, scalef (at half rate) and conversions,
-// and this step is bound by the latter.
-[[gnu::always_inline]] inline __m512 exp2_for_bf16_unclamped(__m512 y) {
-  const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.0f), y);  // y - n, exactly
-  __m512 p = _mm512_set1_ps(0.05517168715596199f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.2426111400127411f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6932609677314758f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999280571937561f));
-  return _mm512_scalef_ps(p, n);
-}
-
 // Lane i of the result = op over the 16 lanes of v[i]: sixteen rows reduced together (45
 // operations, against 128 for sixteen separate reductions), by halving the lanes that each row
 // holds at each level: pairs of rows interleaved, then quads, then the 128-bit lanes.

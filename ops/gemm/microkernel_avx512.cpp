@@ -55,6 +55,14 @@ void microkernel(int64_t kc, const float* a, const float* b, float* c, int64_t l
   }
 }
 
+// A partial tile on the narrowest form that holds its rows.
+template <int kPrefetch>
+void partial_tile(int rows, int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool accumulate) {
+  if (rows <= 4) microkernel<kPrefetch, 4>(kc, a, b, c, ldc, accumulate, rows);
+  else if (rows <= 8) microkernel<kPrefetch, 8>(kc, a, b, c, ldc, accumulate, rows);
+  else microkernel<kPrefetch>(kc, a, b, c, ldc, accumulate, rows);
+}
+
 }  // namespace
 
 void microkernel_avx512(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool accumulate) {
@@ -66,15 +74,11 @@ void microkernel_avx512_prefetch(int64_t kc, const float* a, const float* b, flo
 }
 
 void microkernel_avx512_rows(int rows, int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool accumulate) {
-  if (rows <= 4) microkernel<0, 4>(kc, a, b, c, ldc, accumulate, rows);
-  else if (rows <= 8) microkernel<0, 8>(kc, a, b, c, ldc, accumulate, rows);
-  else microkernel<0>(kc, a, b, c, ldc, accumulate, rows);
+  partial_tile<0>(rows, kc, a, b, c, ldc, accumulate);
 }
 
 void microkernel_avx512_prefetch_rows(int rows, int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool accumulate) {
-  if (rows <= 4) microkernel<kPrefetchAvx512, 4>(kc, a, b, c, ldc, accumulate, rows);
-  else if (rows <= 8) microkernel<kPrefetchAvx512, 8>(kc, a, b, c, ldc, accumulate, rows);
-  else microkernel<kPrefetchAvx512>(kc, a, b, c, ldc, accumulate, rows);
+  partial_tile<kPrefetchAvx512>(rows, kc, a, b, c, ldc, accumulate);
 }
 
 }  // namespace cubevec::ops::gemm
