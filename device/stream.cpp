@@ -16,6 +16,13 @@ namespace {
 // keeps a wait (a thread wake-up, ~3 us) to one per 16 launches (`cubevec-bench launch`).
 constexpr std::size_t kMaxKernelsInFlight = 32;
 constexpr std::size_t kKernelsInFlightAfterWait = 16;
+// The same bound on the bytes the queued kernels write. Each written tensor is pinned until its
+// kernel has run, so 32 kernels of a 512x512 VAE decode pinned about 500 MB, which a one-shot run
+// took fresh from the OS (first touch at 1-2 GB/s on the VMs measured; reused memory 20-38 GB/s):
+// the FLUX-width decode 0.63-0.83 -> 0.31-0.40 s with the allocator's spare blocks. Kernels that
+// write this much take a millisecond or more, so the host stays ahead of the stream all the same.
+constexpr std::size_t kMaxBytesInFlight = std::size_t{32} << 20;
+constexpr std::size_t kBytesInFlightAfterWait = std::size_t{16} << 20;
 
 // What a launch on `stream` must wait for before touching `storage`: events not yet reached are
 // queued as waits; every event of another stream also bounds the modelled start (`ready_s`), so the
@@ -91,13 +98,23 @@ void Stream::launch(const KernelDesc& kernel, const std::vector<Tensor>& reads, 
       wait.event = std::move(w);
       s.push(std::move(wait));
     }
-    s.in_flight.push_back(task.event);
-    while (!s.in_flight.empty() && s.in_flight.front()->passed()) s.in_flight.pop_front();
-    if (s.in_flight.size() > kMaxKernelsInFlight) {
-      // In-order: once this kernel has run, so have all before it.
-      const std::size_t drained = s.in_flight.size() - kKernelsInFlightAfterWait;
-      oldest = s.in_flight[drained - 1];
-      s.in_flight.erase(s.in_flight.begin(), s.in_flight.begin() + static_cast<std::ptrdiff_t>(drained));
+    std::size_t written = 0;
+    for (const Tensor& t : writes)
+      if (t.storage()) written += t.nbytes();
+    s.in_flight.push_back({task.event, written});
+    s.in_flight_bytes += written;
+    const auto drop_oldest = [&] {
+      s.in_flight_bytes -= s.in_flight.front().bytes;
+      s.in_flight.pop_front();
+    };
+    while (!s.in_flight.empty() && s.in_flight.front().event->passed()) drop_oldest();
+    if (s.in_flight.size() > kMaxKernelsInFlight || s.in_flight_bytes > kMaxBytesInFlight) {
+      // In-order: once the last kernel dropped has run, so have all before it.
+      while (s.in_flight.size() > kKernelsInFlightAfterWait || s.in_flight_bytes > kBytesInFlightAfterWait) {
+        if (s.in_flight.size() == 1) break;  // the kernel just launched: nothing to wait for before it
+        oldest = s.in_flight.front().event;
+        drop_oldest();
+      }
     }
     s.push(std::move(task));
   }

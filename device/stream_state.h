@@ -46,9 +46,14 @@ class StreamState : public std::enable_shared_from_this<StreamState> {
   std::mutex launch_mutex;
   double modelled_clock_s = 0;
   double modelled_host_s = 0;  // when the modelled host has issued this stream's kernels so far
-  // Completion events of the kernels launched and not known to have run, oldest first: the host
-  // waits when there are too many (see Stream::launch).
-  std::deque<std::shared_ptr<EventState>> in_flight;
+  // The kernels launched and not known to have run, oldest first, with the bytes each writes: the
+  // host waits when there are too many or they write too much (see Stream::launch).
+  struct InFlight {
+    std::shared_ptr<EventState> event;
+    std::size_t bytes;
+  };
+  std::deque<InFlight> in_flight;
+  std::size_t in_flight_bytes = 0;
 
  private:
   void run_kernel(StreamTask& task);

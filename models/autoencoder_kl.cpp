@@ -143,8 +143,8 @@ void GroupNorm::declare(ParameterTable& table, const std::string& name, int64_t 
 }
 
 Tensor GroupNorm::operator()(const Tensor& x, const Stream& stream, bool silu) const {
-  const Tensor y = ops::group_norm(x, groups, weight.value, bias.value, eps, stream);
-  return silu ? ops::activation(y, ops::Activation::silu, stream) : y;
+  return silu ? ops::group_norm_silu(x, groups, weight.value, bias.value, eps, stream)
+              : ops::group_norm(x, groups, weight.value, bias.value, eps, stream);
 }
 
 void ResnetBlock2D::declare(ParameterTable& table, const std::string& prefix, int64_t in, int64_t out, int64_t groups) {

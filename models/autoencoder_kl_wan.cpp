@@ -233,8 +233,8 @@ void RMSNorm::declare(ParameterTable& table, const std::string& name, int64_t nu
 Tensor RMSNorm::operator()(const Tensor& x, const Stream& stream, bool silu) const {
   // diffusers: F.normalize(x, dim=1) (eps 1e-12 on the norm) * dim**0.5 * gamma.
   const auto scale = static_cast<float>(std::sqrt(static_cast<double>(channels)));
-  const Tensor y = ops::normalize_channels(x, gamma.reshape({channels}), scale, 1e-12f, stream);
-  return silu ? ops::activation(y, ops::Activation::silu, stream) : y;
+  const Tensor g = gamma.reshape({channels});
+  return silu ? ops::normalize_channels_silu(x, g, scale, 1e-12f, stream) : ops::normalize_channels(x, g, scale, 1e-12f, stream);
 }
 
 void ResidualBlock::declare(ParameterTable& table, const std::string& prefix, int64_t in, int64_t out, int& slots) {

@@ -64,12 +64,19 @@ Tensor softmax(const Tensor& x, const Stream& stream = default_op_stream());
 // undefined.
 Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight = {}, const Tensor& bias = {}, float eps = 1e-5f,
                   const Stream& stream = default_op_stream());
+// silu(group_norm(...)) in one pass: the VAE ResNet blocks' norm and nonlinearity, one tensor
+// fewer (the SiLU reads the normalized value in f32, before any rounding to x's dtype).
+Tensor group_norm_silu(const Tensor& x, int64_t num_groups, const Tensor& weight = {}, const Tensor& bias = {}, float eps = 1e-5f,
+                       const Stream& stream = default_op_stream());
 
 // torch.nn.functional.normalize(x, p=2, dim=1, eps) * scale * weight over the channels of a
 // channel-first x [N, C, *] (Wan's RMS_norm with scale sqrt(C)): y[n, c, s] = x[n, c, s] /
 // max(||x[n, :, s]||_2, eps) * scale * weight[c]; weight [C] or undefined (ones).
 Tensor normalize_channels(const Tensor& x, const Tensor& weight, float scale = 1.0f, float eps = 1e-12f,
                           const Stream& stream = default_op_stream());
+// silu(normalize_channels(...)) in one pass (the Wan VAE's norm and nonlinearity).
+Tensor normalize_channels_silu(const Tensor& x, const Tensor& weight, float scale = 1.0f, float eps = 1e-12f,
+                               const Stream& stream = default_op_stream());
 
 // Elementwise arithmetic with NumPy broadcasting; the result has a's dtype (a and b must share it).
 Tensor add(const Tensor& a, const Tensor& b, const Stream& stream = default_op_stream());

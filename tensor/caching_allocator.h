@@ -60,7 +60,8 @@ class CachingAllocator final : public Allocator {
     FencePtr fence;  // null: free for every stream
   };
 
-  void* take_cached(std::size_t size, StreamTag stream);
+  // The smallest usable cached block of `size` to `largest` bytes (null if none).
+  void* take_cached(std::size_t size, std::size_t largest, StreamTag stream);
   void* allocate_from_os(std::size_t size, std::size_t requested);
   void release_cache(bool keep_fenced);
   void record_live(void* ptr, std::size_t size);

@@ -50,6 +50,7 @@ struct GroupNormArgs {
   float eps = 0;
   const float* weight = nullptr;  // [C] or null
   const float* bias = nullptr;    // [C] or null
+  bool silu = false;              // SiLU on the normalized value before the store
 };
 
 // normalize_channels over contiguous x [N, C, S]: item i of the N * ceil(S / block) items is the
@@ -65,6 +66,7 @@ struct ChannelNormArgs {
   float eps = 0;
   float scale = 1;
   const float* weight = nullptr;  // [C] or null (ones)
+  bool silu = false;              // SiLU on the normalized value before the store
 };
 inline constexpr int64_t kChannelNormBlock = 256;
 

@@ -156,13 +156,16 @@ Tensor layernorm_scale_shift(const Tensor& x, const Tensor& scale, const Tensor&
   return layer_norm(op, detail::contiguous_on(x, stream), w, bi, sc, sh, token_wise ? 1 : std::max<int64_t>(s, 1), eps, false, stream).out;
 }
 
-Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight, const Tensor& bias, float eps, const Stream& stream) {
-  constexpr const char* op = "group_norm";
+namespace {
+
+Tensor group_norm_impl(const Tensor& x, int64_t num_groups, const Tensor& weight, const Tensor& bias, float eps, bool silu,
+                       const Stream& stream) {
+  const char* op = silu ? "group_norm_silu" : "group_norm";
   detail::float_elem(x, op, "x");
-  if (x.dim() < 2) throw Error("group_norm: x must be [N, C, *], got " + x.brief());
+  if (x.dim() < 2) throw Error(std::string(op) + ": x must be [N, C, *], got " + x.brief());
   const int64_t n = x.size(0), c = x.size(1);
   if (num_groups <= 0 || c % num_groups != 0)
-    throw Error("group_norm: num_groups must be positive and divide the channel count C = " + std::to_string(c) + " of x " +
+    throw Error(std::string(op) + ": num_groups must be positive and divide the channel count C = " + std::to_string(c) + " of x " +
                 shape_to_string(x.shape()) + ", got " + std::to_string(num_groups));
   check_eps(eps, op);
   const std::string c_text = "[C] = [" + std::to_string(c) + "] with C the channels of x " + shape_to_string(x.shape());
@@ -176,8 +179,10 @@ Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight, con
     if (t.defined()) reads.push_back(t);
   const double bytes = 2.0 * detail::bytes_of(xc) + detail::bytes_of(w) + detail::bytes_of(b);
   const vk::Kernels* k = &vk::kernels();
-  stream.launch({op, Unit::vector, 7.0 * static_cast<double>(x.numel()), bytes, DType::f32}, reads, {out}, [=] {
+  const double flops = (silu ? 11.0 : 7.0) * static_cast<double>(x.numel());
+  stream.launch({op, Unit::vector, flops, bytes, DType::f32}, reads, {out}, [=] {
     vk::GroupNormArgs a;
+    a.silu = silu;
     a.x = detail::in_ptr(xc);
     a.out = detail::out_ptr(out);
     a.type = detail::elem_of(xc.dtype());
@@ -193,12 +198,12 @@ Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight, con
   return out;
 }
 
-Tensor normalize_channels(const Tensor& x, const Tensor& weight, float scale, float eps, const Stream& stream) {
-  constexpr const char* op = "normalize_channels";
+Tensor normalize_channels_impl(const Tensor& x, const Tensor& weight, float scale, float eps, bool silu, const Stream& stream) {
+  const char* op = silu ? "normalize_channels_silu" : "normalize_channels";
   detail::float_elem(x, op, "x");
-  if (x.dim() < 2) throw Error("normalize_channels: x must be [N, C, *], got " + x.brief());
+  if (x.dim() < 2) throw Error(std::string(op) + ": x must be [N, C, *], got " + x.brief());
   check_eps(eps, op);
-  if (!std::isfinite(scale)) throw Error("normalize_channels: scale must be finite, got " + std::to_string(scale));
+  if (!std::isfinite(scale)) throw Error(std::string(op) + ": scale must be finite, got " + std::to_string(scale));
   const int64_t n = x.size(0), c = x.size(1);
   const std::string c_text = "[C] = [" + std::to_string(c) + "] with C the channels of x " + shape_to_string(x.shape());
   const Tensor w = detail::f32_param(weight, {c}, c_text, op, "weight", stream);
@@ -209,9 +214,11 @@ Tensor normalize_channels(const Tensor& x, const Tensor& weight, float scale, fl
   if (w.defined()) reads.push_back(w);
   const double bytes = 2.0 * detail::bytes_of(xc) + detail::bytes_of(w);
   const vk::Kernels* k = &vk::kernels();
-  stream.launch({op, Unit::vector, 4.0 * static_cast<double>(x.numel()), bytes, DType::f32}, reads, {out}, [=] {
+  const double flops = (silu ? 8.0 : 4.0) * static_cast<double>(x.numel());
+  stream.launch({op, Unit::vector, flops, bytes, DType::f32}, reads, {out}, [=] {
     if (inner == 0 || c == 0) return;
     vk::ChannelNormArgs a;
+    a.silu = silu;
     a.x = detail::in_ptr(xc);
     a.out = detail::out_ptr(out);
     a.type = detail::elem_of(xc.dtype());
@@ -225,6 +232,24 @@ Tensor normalize_channels(const Tensor& x, const Tensor& weight, float scale, fl
     detail::parallel_chunks(n * blocks, c * a.block, [&](int64_t i0, int64_t i1) { k->channel_norm(a, i0, i1); });
   });
   return out;
+}
+
+}  // namespace
+
+Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight, const Tensor& bias, float eps, const Stream& stream) {
+  return group_norm_impl(x, num_groups, weight, bias, eps, false, stream);
+}
+
+Tensor group_norm_silu(const Tensor& x, int64_t num_groups, const Tensor& weight, const Tensor& bias, float eps, const Stream& stream) {
+  return group_norm_impl(x, num_groups, weight, bias, eps, true, stream);
+}
+
+Tensor normalize_channels(const Tensor& x, const Tensor& weight, float scale, float eps, const Stream& stream) {
+  return normalize_channels_impl(x, weight, scale, eps, false, stream);
+}
+
+Tensor normalize_channels_silu(const Tensor& x, const Tensor& weight, float scale, float eps, const Stream& stream) {
+  return normalize_channels_impl(x, weight, scale, eps, true, stream);
 }
 
 }  // namespace cubevec::ops

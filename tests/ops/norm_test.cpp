@@ -179,28 +179,46 @@ TEST(Norm, LayerNormScaleShiftForEveryScaleShape) {
         }
 }
 
+double silu(double v) { return v / (1.0 + std::exp(-v)); }
+
+std::vector<double> silu_of(std::vector<double> v) {
+  for (double& x : v) x = silu(x);
+  return v;
+}
+
+// group_norm and group_norm_silu (the SiLU fused into the normalizing pass), on every kernel ISA
+// this CPU runs.
 TEST(Norm, GroupNormMatchesDefinition) {
   const std::pair<Shape, int64_t> cases[] = {{{2, 6, 7}, 3},   {{1, 4, 3, 5}, 2}, {{3, 5, 1}, 5},
                                              {{2, 8, 129}, 1}, {{1, 6}, 2},       {{2, 4, 17}, 4}};
-  for (DType dtype : kDTypes)
-    for (const auto& [shape, groups] : cases) {
-      const int64_t n = shape[0], c = shape[1], hw = shape_numel(shape) / (n * c), cpg = c / groups;
-      const Tensor x = random_tensor(shape, 14, dtype, 2.0f, 10.0f);
-      const Tensor w = random_tensor({c}, 15, DType::bf16), b = random_tensor({c}, 16);
-      const std::vector<double> xv = values(x), wv = values(w), bv = values(b);
-      std::vector<double> mean, rstd;
-      row_stats(xv, cpg * hw, 1e-5, mean, rstd);  // a group is cpg * hw contiguous values
-      std::vector<double> want(xv.size()), want_plain(xv.size());
-      for (std::size_t i = 0; i < xv.size(); ++i) {
-        const auto g = static_cast<int64_t>(i) / (cpg * hw), ch = static_cast<int64_t>(i) / hw % c;
-        want_plain[i] = (xv[i] - mean[g]) * rstd[g];
-        want[i] = want_plain[i] * wv[ch] + bv[ch];
+  for (auto isa : {ops::vk::Isa::avx512, ops::vk::Isa::avx2, ops::vk::Isa::portable}) {
+    if (!ops::vk::isa_supported(isa)) continue;
+    setenv("CUBEVEC_VECTOR_ISA", std::string(ops::vk::isa_name(isa)).c_str(), 1);
+    for (DType dtype : kDTypes)
+      for (const auto& [shape, groups] : cases) {
+        const int64_t n = shape[0], c = shape[1], hw = shape_numel(shape) / (n * c), cpg = c / groups;
+        const Tensor x = random_tensor(shape, 14, dtype, 2.0f, 10.0f);
+        const Tensor w = random_tensor({c}, 15, DType::bf16), b = random_tensor({c}, 16);
+        const std::vector<double> xv = values(x), wv = values(w), bv = values(b);
+        std::vector<double> mean, rstd;
+        row_stats(xv, cpg * hw, 1e-5, mean, rstd);  // a group is cpg * hw contiguous values
+        std::vector<double> want(xv.size()), want_plain(xv.size());
+        for (std::size_t i = 0; i < xv.size(); ++i) {
+          const auto g = static_cast<int64_t>(i) / (cpg * hw), ch = static_cast<int64_t>(i) / hw % c;
+          want_plain[i] = (xv[i] - mean[g]) * rstd[g];
+          want[i] = want_plain[i] * wv[ch] + bv[ch];
+        }
+        const std::string what = std::string(ops::vk::isa_name(isa)) + " " + std::string(dtype_name(dtype)) + " " + shape_to_string(shape) +
+                                 " groups " + std::to_string(groups);
+        expect_norm_close(ops::group_norm(x, groups, w, b), want, dtype, what);
+        expect_norm_close(ops::group_norm(x, groups), want_plain, dtype, what + " no affine");
+        expect_norm_close(ops::group_norm(strided_copy_of(x), groups, w, b), want, dtype, what + " strided");
+        expect_norm_close(ops::group_norm_silu(x, groups, w, b), silu_of(want), dtype, what + " silu");
+        expect_norm_close(ops::group_norm_silu(x, groups), silu_of(want_plain), dtype, what + " silu no affine");
+        expect_norm_close(ops::group_norm_silu(strided_copy_of(x), groups, w, b), silu_of(want), dtype, what + " silu strided");
       }
-      const std::string what = std::string(dtype_name(dtype)) + " " + shape_to_string(shape) + " groups " + std::to_string(groups);
-      expect_norm_close(ops::group_norm(x, groups, w, b), want, dtype, what);
-      expect_norm_close(ops::group_norm(x, groups), want_plain, dtype, what + " no affine");
-      expect_norm_close(ops::group_norm(strided_copy_of(x), groups, w, b), want, dtype, what + " strided");
-    }
+    unsetenv("CUBEVEC_VECTOR_ISA");
+  }
 }
 
 // Wan's RMS_norm: F.normalize(x, dim=1) * scale * weight, on every kernel ISA this CPU runs, with
@@ -240,6 +258,9 @@ TEST(Norm, NormalizeChannelsMatchesDefinition) {
         expect_norm_close(y, want, dtype, what);
         expect_norm_close(ops::normalize_channels(x, Tensor()), want_plain, dtype, what + " no weight");
         expect_norm_close(ops::normalize_channels(strided_copy_of(x), w, static_cast<float>(scale)), want, dtype, what + " strided");
+        expect_norm_close(ops::normalize_channels_silu(x, w, static_cast<float>(scale)), silu_of(want), dtype, what + " silu");
+        expect_norm_close(ops::normalize_channels_silu(strided_copy_of(x), Tensor()), silu_of(want_plain), dtype,
+                          what + " silu strided, no weight");
       }
     unsetenv("CUBEVEC_VECTOR_ISA");
   }
@@ -276,6 +297,10 @@ TEST(Norm, ErrorsNameWhatWasExpected) {
       << msg;
   msg = message_of([&] { ops::group_norm(x, 2); });
   EXPECT_NE(msg.find("group_norm: num_groups must be positive and divide the channel count C = 3 of x [2, 3, 4], got 2"), std::string::npos)
+      << msg;
+  msg = message_of([&] { ops::group_norm_silu(x, 0); });
+  EXPECT_NE(msg.find("group_norm_silu: num_groups must be positive and divide the channel count C = 3 of x [2, 3, 4], got 0"),
+            std::string::npos)
       << msg;
   msg = message_of([&] { ops::group_norm(x, 3, random_tensor({4}, 1)); });
   EXPECT_NE(msg.find("group_norm: weight must have shape [C] = [3]"), std::string::npos) << msg;

@@ -79,6 +79,29 @@ TEST(CachingAllocator, ServesNearbyClassesButNotMuchSmallerRequests) {
   allocator.deallocate(much_smaller);
 }
 
+// A large request no nearby class serves takes the smallest cached block of up to twice its size
+// before it asks the OS (fresh pages cost a fault and zeroing on first touch); never a larger one.
+TEST(CachingAllocator, LargeRequestsTakeASpareBlockOfUpToTwiceTheirSize) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  CachingAllocator allocator;
+  void* three = allocator.allocate(3 * kMiB);
+  void* five = allocator.allocate(5 * kMiB);
+  allocator.deallocate(three);
+  allocator.deallocate(five);
+  void* two = allocator.allocate(2 * kMiB);
+  EXPECT_EQ(two, three) << "the 3 MiB block serves a 2 MiB request (the smallest within twice its size)";
+  void* two_more = allocator.allocate(2 * kMiB);
+  EXPECT_NE(two_more, five) << "a 5 MiB block is more than twice a 2 MiB request";
+  const AllocatorStats s = allocator.stats();
+  EXPECT_EQ(s.hits, 1u);
+  EXPECT_EQ(s.misses, 3u);
+  allocator.deallocate(two);
+  void* half = allocator.allocate(512 * 1024);
+  EXPECT_NE(half, three) << "below 1 MiB only blocks within 25% serve a request";
+  allocator.deallocate(half);
+  allocator.deallocate(two_more);
+}
+
 TEST(CachingAllocator, StatisticsTrackLivePeakAndCache) {
   CachingAllocator allocator;
   std::vector<void*> blocks;

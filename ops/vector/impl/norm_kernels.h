@@ -129,7 +129,8 @@ void softmax_rows(const RowArgs& a, int64_t r0, int64_t r1) {
 }
 
 // GroupNorm: statistics of each group in one pass (sums shifted by the group's first value, in
-// float over blocks and double across them), then one normalizing pass per channel.
+// float over blocks and double across them), then one normalizing pass per channel (with the VAE's
+// SiLU fused into it when asked: one pass and one tensor fewer).
 template <class T>
 void group_norm_groups(const GroupNormArgs& a, int64_t g0, int64_t g1) {
   constexpr int64_t kBlock = 4096;
@@ -157,8 +158,13 @@ void group_norm_groups(const GroupNormArgs& a, int64_t g0, int64_t g1) {
       const float offset = a.bias ? a.bias[c0 + c] : 0.0f;
       const T* __restrict xc = x + c * hw;
       T* __restrict oc = out + c * hw;
-      CUBEVEC_NO_ALIAS
-      for (int64_t i = 0; i < hw; ++i) store(oc, i, (load(xc, i) - mean) * scale + offset);
+      if (a.silu) {
+        CUBEVEC_NO_ALIAS
+        for (int64_t i = 0; i < hw; ++i) store(oc, i, vmath::silu((load(xc, i) - mean) * scale + offset));
+      } else {
+        CUBEVEC_NO_ALIAS
+        for (int64_t i = 0; i < hw; ++i) store(oc, i, (load(xc, i) - mean) * scale + offset);
+      }
     }
   }
 }
@@ -189,8 +195,13 @@ void channel_norm_blocks(const ChannelNormArgs& a, int64_t i0, int64_t i1) {
       const float w = a.weight ? a.weight[c] : 1.0f;
       const T* __restrict xc = x + c * s_count;
       T* __restrict oc = out + c * s_count;
-      CUBEVEC_NO_ALIAS
-      for (int64_t i = 0; i < len; ++i) store(oc, i, load(xc, i) * sums[i] * w);
+      if (a.silu) {
+        CUBEVEC_NO_ALIAS
+        for (int64_t i = 0; i < len; ++i) store(oc, i, vmath::silu(load(xc, i) * sums[i] * w));
+      } else {
+        CUBEVEC_NO_ALIAS
+        for (int64_t i = 0; i < len; ++i) store(oc, i, load(xc, i) * sums[i] * w);
+      }
     }
   }
 }
