@@ -18,11 +18,13 @@ constexpr std::size_t kMaxKernelsInFlight = 32;
 constexpr std::size_t kKernelsInFlightAfterWait = 16;
 // The same bound on the bytes the queued kernels write. Each written tensor is pinned until its
 // kernel has run, so 32 kernels of a 512x512 VAE decode pinned about 500 MB, which a one-shot run
-// took fresh from the OS (first touch at 1-2 GB/s on the VMs measured; reused memory 20-38 GB/s):
-// the FLUX-width decode 0.63-0.83 -> 0.31-0.40 s with the allocator's spare blocks. Kernels that
-// write this much take a millisecond or more, so the host stays ahead of the stream all the same.
-constexpr std::size_t kMaxBytesInFlight = std::size_t{32} << 20;
-constexpr std::size_t kBytesInFlightAfterWait = std::size_t{16} << 20;
+// took fresh from the OS (first touch at 1-2 GB/s on the VMs measured; reused memory 20-38 GB/s).
+// FLUX-width decode on Zen 4 (three runs each, with the allocator's spare blocks): no byte bound
+// 0.46-0.67 s, 32 MiB 0.37-0.58 s, 16 MiB 0.27-0.40 s, 8 MiB 0.28-0.37 s; the denoising steps and
+// the tiny models within the noise. A kernel that writes megabytes runs for a millisecond or more,
+// so one queued kernel keeps the unit busy while the host catches up.
+constexpr std::size_t kMaxBytesInFlight = std::size_t{8} << 20;
+constexpr std::size_t kBytesInFlightAfterWait = std::size_t{4} << 20;
 
 // What a launch on `stream` must wait for before touching `storage`: events not yet reached are
 // queued as waits; every event of another stream also bounds the modelled start (`ready_s`), so the

@@ -27,7 +27,7 @@ class Stream {
   // Queues a kernel that reads `reads` and writes `writes`. The device orders it after the work on
   // other streams that wrote what it reads, or used what it writes (Note [Implicit dependencies]),
   // and keeps the tensors' storage alive until it has run. When the stream has 32 kernels queued,
-  // or its queued kernels write more than 32 MiB, the host waits here until 16 kernels and 16 MiB
+  // or its queued kernels write more than 8 MiB, the host waits here until 16 kernels and 4 MiB
   // remain (not inside a kernel), so the tensors pinned by queued work stay about a block's worth.
   void launch(const KernelDesc& kernel, const std::vector<Tensor>& reads, const std::vector<Tensor>& writes, KernelBody body) const;
   // An event reached once the work launched so far has run.

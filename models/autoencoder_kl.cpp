@@ -157,9 +157,9 @@ void ResnetBlock2D::declare(ParameterTable& table, const std::string& prefix, in
 }
 
 Tensor ResnetBlock2D::operator()(const Tensor& x, const Stream& stream) const {
-  Tensor h = conv1(norm1(x, stream, true), stream);
-  h = conv2(norm2(h, stream, true), stream);
-  return ops::add(has_shortcut ? conv_shortcut(x, stream) : x, h, stream);
+  const Tensor h = conv1(norm1(x, stream, true), stream);
+  // The skip connection is added as conv2 stores its output (no separate add, no extra tensor).
+  return conv2.with_residual(norm2(h, stream, true), has_shortcut ? conv_shortcut(x, stream) : x, stream);
 }
 
 void Attention::declare(ParameterTable& table, const std::string& prefix, int64_t num_channels, int64_t groups) {

@@ -121,13 +121,27 @@ void Conv2d::declare(ParameterTable& table, const std::string& name, int64_t in_
 
 Tensor Conv2d::operator()(const Tensor& x, const Stream& stream) const { return with_padding(x, padding, padding, stream); }
 
-Tensor Conv2d::with_padding(const Tensor& x, int64_t pad_rows, int64_t pad_cols, const Stream& stream) const {
+namespace {
+
+Tensor conv2d_of(const Conv2d& conv, const Tensor& x, int64_t pad_rows, int64_t pad_cols, const Tensor& residual, const Stream& stream) {
   const auto f32 = [&](const Tensor& t) { return !t.defined() || t.dtype() == DType::f32 ? t : ops::cast(t, DType::f32, stream); };
+  const auto contiguous = [&](const Tensor& t) { return t.is_contiguous() ? t : ops::contiguous(t, stream); };
   ops::Conv2dOptions options;
-  options.stride = {stride, stride};
+  options.stride = {conv.stride, conv.stride};
   options.padding = {pad_rows, pad_cols};
-  const Tensor xc = x.is_contiguous() ? x : ops::contiguous(x, stream);
-  return ops::conv2d(xc, f32(weight), f32(bias), options, stream);
+  if (residual.defined())
+    return ops::conv2d_add(contiguous(x), f32(conv.weight), f32(conv.bias), contiguous(f32(residual)), options, stream);
+  return ops::conv2d(contiguous(x), f32(conv.weight), f32(conv.bias), options, stream);
+}
+
+}  // namespace
+
+Tensor Conv2d::with_residual(const Tensor& x, const Tensor& residual, const Stream& stream) const {
+  return conv2d_of(*this, x, padding, padding, residual, stream);
+}
+
+Tensor Conv2d::with_padding(const Tensor& x, int64_t pad_rows, int64_t pad_cols, const Stream& stream) const {
+  return conv2d_of(*this, x, pad_rows, pad_cols, {}, stream);
 }
 
 }  // namespace cubevec::models

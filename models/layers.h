@@ -122,6 +122,8 @@ struct Conv2d {
   void declare(ParameterTable& table, const std::string& name, int64_t in_channels, int64_t out_channels, int64_t kernel_size,
                int64_t conv_stride = 1, int64_t conv_padding = 0, bool has_bias = true);
   Tensor operator()(const Tensor& x, const Stream& stream) const;
+  // (*this)(x) + residual in one kernel (ops::conv2d_add); residual f32 of the output's shape.
+  Tensor with_residual(const Tensor& x, const Tensor& residual, const Stream& stream) const;
   // The same with `pad_rows` / `pad_cols` zeros around x instead of `padding` on both.
   Tensor with_padding(const Tensor& x, int64_t pad_rows, int64_t pad_cols, const Stream& stream) const;
 };

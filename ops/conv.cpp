@@ -208,27 +208,37 @@ bool use_direct(const Geometry<D>& g, const ConvOptions<D>& o) {
 }
 
 template <int D>
-Tensor conv(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias, const ConvOptions<D>& o, const Stream& stream) {
+Tensor conv(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias, const ConvOptions<D>& o, const Stream& stream,
+            const Tensor& residual = {}) {
   const Geometry<D> g = check(op, x, w, bias, o);
   Shape out_shape = {g.n, g.o};
   for (int64_t s : g.out) out_shape.push_back(s);
+  if (residual.defined()) {
+    require_contiguous_f32(residual, op, "residual");
+    if (residual.shape() != out_shape)
+      throw Error(std::string(op) + ": residual must have the output's shape " + shape_to_string(out_shape) + ", got " +
+                  shape_to_string(residual.shape()));
+  }
   Tensor out = stream.device().empty(out_shape, DType::f32, stream);
   std::vector<Tensor> reads = {x, w};
   if (bias.defined()) reads.push_back(bias);
+  if (residual.defined()) reads.push_back(residual);
   const int64_t kdim = g.c * g.kernel_volume(), positions = g.out_volume();
   const double flops = 2.0 * static_cast<double>(g.n * g.o) * static_cast<double>(kdim) * static_cast<double>(positions);
-  const double bytes = static_cast<double>(x.nbytes() + w.nbytes() + out.nbytes());
+  const double bytes = static_cast<double>(x.nbytes() + w.nbytes() + out.nbytes() + (residual.defined() ? residual.nbytes() : 0));
   KernelDesc desc{op, Unit::cube, flops, bytes, o.priced_as};
   desc.cube_work = {g.n, positions, g.o};  // per image, positions x output channels
-  stream.launch(desc, reads, {out}, [x, w, bias, out, g, o, kdim, positions] {
+  stream.launch(desc, reads, {out}, [x, w, bias, residual, out, g, o, kdim, positions] {
     const auto* px = reinterpret_cast<const float*>(x.unsynchronized_data_ptr());
     const auto* pw = reinterpret_cast<const float*>(w.unsynchronized_data_ptr());
     const float* pbias = bias.defined() ? reinterpret_cast<const float*>(bias.unsynchronized_data_ptr()) : nullptr;
+    const float* pres = residual.defined() ? reinterpret_cast<const float*>(residual.unsynchronized_data_ptr()) : nullptr;
     auto* py = reinterpret_cast<float*>(out.unsynchronized_data_ptr());
     if (use_direct(g, o)) {
       const conv_direct::Shape<D> shape{g.c, g.o, g.in, g.kernel, g.out, o.padding};
       for (int64_t image = 0; image < g.n; ++image)
-        conv_direct::convolve<D>(px + image * g.c * g.in_volume(), pw, pbias, py + image * g.o * positions, shape);
+        conv_direct::convolve<D>(px + image * g.c * g.in_volume(), pw, pbias, py + image * g.o * positions, shape,
+                                 pres ? pres + image * g.o * positions : nullptr);
       return;
     }
     const int threads = tbb::this_task_arena::max_concurrency();
@@ -269,10 +279,16 @@ Tensor conv(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias
         if (o.backend == GemmBackend::reference) gemm_reference(p);
         else gemm::sgemm(p, isa, threads);
       }
-      if (pbias)  // bias per output channel, i.e. per row of this image's [O, positions] result
+      // Bias per output channel, i.e. per row of this image's [O, positions] result, and the residual.
+      const float* res = pres ? pres + image * g.o * positions : nullptr;
+      if (pbias || res)
         tbb::parallel_for(int64_t{0}, g.o, [&](int64_t ch) {
           float* row = dst + ch * positions;
-          for (int64_t j = 0; j < positions; ++j) row[j] += pbias[ch];
+          const float b = pbias ? pbias[ch] : 0.0f;
+          if (res)
+            for (int64_t j = 0; j < positions; ++j) row[j] = (row[j] + b) + res[ch * positions + j];  // as the direct kernel
+          else
+            for (int64_t j = 0; j < positions; ++j) row[j] += b;
         });
     }
   });
@@ -285,6 +301,14 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
   if (options.backend != GemmBackend::cubevec && options.backend != GemmBackend::reference)
     throw Error("conv2d: backend must be cubevec or reference");
   return conv<2>("conv2d", x, weight, bias, options, stream);
+}
+
+Tensor conv2d_add(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& residual, const Conv2dOptions& options,
+                  const Stream& stream) {
+  if (options.backend != GemmBackend::cubevec && options.backend != GemmBackend::reference)
+    throw Error("conv2d_add: backend must be cubevec or reference");
+  if (!residual.defined()) throw Error("conv2d_add: residual must be a tensor, got none");
+  return conv<2>("conv2d_add", x, weight, bias, options, stream, residual);
 }
 
 Tensor conv3d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv3dOptions& options, const Stream& stream) {

@@ -34,6 +34,11 @@ using Conv3dOptions = ConvOptions<3>;
 // x [N, C, H, W], weight [O, C, kh, kw], bias [O] or undefined -> [N, O, Ho, Wo].
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, const Conv2dOptions& options = {},
               const Stream& stream = default_op_stream());
+// conv2d(x, weight, bias) + residual in one kernel, the residual added as the output is stored
+// (the VAE ResNet block's second convolution and skip connection: no separate add, no extra
+// tensor). residual: f32, contiguous, the output's shape [N, O, Ho, Wo].
+Tensor conv2d_add(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& residual, const Conv2dOptions& options = {},
+                  const Stream& stream = default_op_stream());
 // x [N, C, T, H, W], weight [O, C, kt, kh, kw], bias [O] or undefined -> [N, O, To, Ho, Wo].
 Tensor conv3d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, const Conv3dOptions& options = {},
               const Stream& stream = default_op_stream());

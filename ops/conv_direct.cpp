@@ -18,12 +18,12 @@ int64_t max_output_channels(Isa isa) { return isa == Isa::avx2 ? 128 : 64; }
 bool available() { return gemm::best_isa() == Isa::avx512 || gemm::best_isa() == Isa::avx2; }
 
 template <int D>
-void convolve(const float* image, const float* weight, const float* bias, float* out, const Shape<D>& shape) {
-  convolve<D>(image, weight, bias, out, shape, gemm::best_isa());
+void convolve(const float* image, const float* weight, const float* bias, float* out, const Shape<D>& shape, const float* residual) {
+  convolve<D>(image, weight, bias, out, shape, gemm::best_isa(), residual);
 }
 
 template <int D>
-void convolve(const float* image, const float* weight, const float* bias, float* out, const Shape<D>& s, Isa isa) {
+void convolve(const float* image, const float* weight, const float* bias, float* out, const Shape<D>& s, Isa isa, const float* residual) {
   if (isa != Isa::avx512 && isa != Isa::avx2)
     throw Error("conv_direct::convolve: no direct kernel for ISA " + std::string(isa_name(isa)) + " (expected avx512 or avx2)");
   if (!isa_supported(isa)) throw Error("conv_direct::convolve: this CPU does not run " + std::string(isa_name(isa)));
@@ -82,13 +82,15 @@ void convolve(const float* image, const float* weight, const float* bias, float*
       j.row_taps = first_taps.data();
       j.rows = static_cast<int>(offsets.size());
       j.out = out + j.first_channel * out_plane + out_row * s.out[L];
+      if (residual) j.residual = residual + j.first_channel * out_plane + out_row * s.out[L];
       convolve_row(j);
     }
   });
 }
 
-template void convolve<2>(const float*, const float*, const float*, float*, const Shape<2>&);
-template void convolve<3>(const float*, const float*, const float*, float*, const Shape<3>&);
-template void convolve<3>(const float*, const float*, const float*, float*, const Shape<3>&, Isa);
+template void convolve<2>(const float*, const float*, const float*, float*, const Shape<2>&, const float*);
+template void convolve<3>(const float*, const float*, const float*, float*, const Shape<3>&, const float*);
+template void convolve<2>(const float*, const float*, const float*, float*, const Shape<2>&, Isa, const float*);
+template void convolve<3>(const float*, const float*, const float*, float*, const Shape<3>&, Isa, const float*);
 
 }  // namespace cubevec::ops::conv_direct

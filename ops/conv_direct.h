@@ -31,12 +31,15 @@ struct Shape {
 // or AVX2, each of which has a kernel here.
 bool available();
 
-// out [O, out volume] = weight [O, C, kernel...] * image [C, in volume] (+ bias [O] if not null),
-// with the kernel of the GEMM's ISA choice, or of `isa` (avx512 or avx2; an error if this CPU does
-// not run it). Parallel over output rows and channel tiles in the calling arena.
+// out [O, out volume] = weight [O, C, kernel...] * image [C, in volume] (+ bias [O] if not null)
+// (+ residual [O, out volume] if not null, added as each row is stored), with the kernel of the
+// GEMM's ISA choice, or of `isa` (avx512 or avx2; an error if this CPU does not run it). Parallel
+// over output rows and channel tiles in the calling arena.
 template <int D>
-void convolve(const float* image, const float* weight, const float* bias, float* out, const Shape<D>& shape);
+void convolve(const float* image, const float* weight, const float* bias, float* out, const Shape<D>& shape,
+              const float* residual = nullptr);
 template <int D>
-void convolve(const float* image, const float* weight, const float* bias, float* out, const Shape<D>& shape, Isa isa);
+void convolve(const float* image, const float* weight, const float* bias, float* out, const Shape<D>& shape, Isa isa,
+              const float* residual = nullptr);
 
 }  // namespace cubevec::ops::conv_direct

@@ -32,6 +32,7 @@ struct RowJob {
   const float* bias = nullptr;  // [O] or null
   float* out = nullptr;         // the tile's first channel at this row; channels `out_stride` apart
   int64_t out_stride = 0;
+  const float* residual = nullptr;  // null, or added as the row is stored: laid out as `out`
 };
 
 void convolve_row_avx512(const RowJob& job);

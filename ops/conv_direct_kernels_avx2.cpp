@@ -99,12 +99,19 @@ void block(const Pass& pass, int64_t x0) {
     const int channel = pass.first + t;
     const __m256 bias = _mm256_set1_ps(j.bias ? j.bias[j.first_channel + channel] : 0.0f);
     float* dst = j.out + channel * j.out_stride + x0;
+    const float* res = j.residual ? j.residual + channel * j.out_stride + x0 : nullptr;
     for (int p = 0; p < PIXELS; ++p) {
       const int64_t left = j.out_w - x0 - kLanes * p;
       if (left <= 0) break;
-      const __m256 value = _mm256_add_ps(acc[t][p], bias);
-      if (left >= kLanes) _mm256_storeu_ps(dst + kLanes * p, value);
-      else _mm256_maskstore_ps(dst + kLanes * p, _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)), lane), value);
+      __m256 value = _mm256_add_ps(acc[t][p], bias);
+      if (left >= kLanes) {
+        if (res) value = _mm256_add_ps(value, _mm256_loadu_ps(res + kLanes * p));
+        _mm256_storeu_ps(dst + kLanes * p, value);
+      } else {
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)), lane);
+        if (res) value = _mm256_add_ps(value, _mm256_maskload_ps(res + kLanes * p, mask));
+        _mm256_maskstore_ps(dst + kLanes * p, mask, value);
+      }
     }
   }
 }

@@ -56,11 +56,14 @@ void block(const RowJob& j, int64_t x0) {
   for (int t = 0; t < TILE; ++t) {
     const __m512 bias = _mm512_set1_ps(j.bias ? j.bias[j.first_channel + t] : 0.0f);
     float* dst = j.out + t * j.out_stride + x0;
+    const float* res = j.residual ? j.residual + t * j.out_stride + x0 : nullptr;
     for (int p = 0; p < PIXELS; ++p) {
       const int64_t left = j.out_w - x0 - 16 * p;
       if (left <= 0) break;
       const __mmask16 store = left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
-      _mm512_mask_storeu_ps(dst + 16 * p, store, _mm512_add_ps(acc[t][p], bias));
+      __m512 value = _mm512_add_ps(acc[t][p], bias);
+      if (res) value = _mm512_add_ps(value, _mm512_maskz_loadu_ps(store, res + 16 * p));
+      _mm512_mask_storeu_ps(dst + 16 * p, store, value);
     }
   }
 }

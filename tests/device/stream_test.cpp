@@ -205,23 +205,23 @@ TEST(Stream, FreedMemoryIsNotHandedToAnotherStreamWhileInUse) {
 }
 
 // The host stops launching once the queued kernels write more than the stream's byte bound
-// (32 MiB), well before the 32-kernel bound: ten 8 MiB outputs behind a blocked kernel.
+// (8 MiB), well before the 32-kernel bound: sixteen 1 MiB outputs behind a blocked kernel.
 TEST(Stream, HostWaitsWhenQueuedKernelsWriteTooManyBytes) {
   Device device(two_thread_profile());
   Stream s = device.new_stream("bounded");
   std::atomic<bool> release{false};
   std::atomic<int> launched{0};
-  constexpr int kLaunches = 10;
+  constexpr int kLaunches = 16;
   auto host = std::async(std::launch::async, [&] {
     s.launch({"blocker", Unit::vector}, {}, {}, [&] { wait_for_flag(release); });
     for (int i = 0; i < kLaunches; ++i) {
-      const Tensor out = device.empty({2 << 20}, DType::f32, s);  // 8 MiB
+      const Tensor out = device.empty({1 << 18}, DType::f32, s);  // 1 MiB
       s.launch({"writer", Unit::vector}, {}, {out}, [] {});
       launched += 1;
     }
   });
   std::this_thread::sleep_for(200ms);  // far longer than ten launches take when nothing stops them
-  EXPECT_LT(launched.load(), kLaunches) << "the host queued " << launched.load() << " kernels writing 8 MiB each behind a blocked one";
+  EXPECT_LT(launched.load(), kLaunches) << "the host queued " << launched.load() << " kernels writing 1 MiB each behind a blocked one";
   EXPECT_GE(launched.load(), 3) << "the host stopped before the byte bound";
   release = true;
   within_seconds(10, [&] {

@@ -2,6 +2,7 @@
 // direct convolution loops written here.
 #include "ops/conv.h"
 #include "ops/conv_direct.h"
+#include "ops/vector_ops.h"
 
 #include <gtest/gtest.h>
 
@@ -236,6 +237,62 @@ TEST(Conv, RandomShapesAndNonFiniteInputsMatchTheReference) {
       }
     }
   }
+}
+
+// conv2d_add: the residual added as the output is stored, through the direct kernel (each ISA this
+// CPU runs), im2col + GEMM (over 64 channels, and forced), and the pointwise GEMM: against the
+// loop above plus the residual in double, and bit for bit against conv2d followed by add.
+TEST(Conv, Conv2dAddMatchesConvolutionPlusResidual) {
+  struct Case {
+    int64_t n, c, o, h, w, k, pad;
+    bool direct;
+  };
+  const Case cases[] = {{1, 3, 8, 9, 37, 3, 1, true},  {2, 4, 5, 6, 17, 3, 1, true}, {1, 5, 70, 7, 11, 3, 1, true},
+                        {1, 4, 6, 8, 21, 3, 1, false}, {2, 6, 3, 5, 9, 1, 0, true},  {1, 2, 16, 4, 50, 3, 0, true}};
+  for (const Case& s : cases) {
+    const auto x = random_values(s.n * s.c * s.h * s.w, 31), w = random_values(s.o * s.c * s.k * s.k, 32), bias = random_values(s.o, 33);
+    std::array<int64_t, 3> out{};
+    std::vector<double> want =
+        direct_conv(x, w, &bias, s.n, s.c, s.o, {1, s.h, s.w}, {1, s.k, s.k}, {1, 1, 1}, {0, s.pad, s.pad}, {1, 1, 1}, out);
+    const auto residual = random_values(want.size(), 34);
+    for (std::size_t i = 0; i < want.size(); ++i) want[i] += residual[i];
+    const std::string label =
+        "c=" + std::to_string(s.c) + " o=" + std::to_string(s.o) + " k=" + std::to_string(s.k) + (s.direct ? "" : " im2col forced");
+    ops::Conv2dOptions opt;
+    opt.padding = {s.pad, s.pad};
+    opt.direct = s.direct;
+    const Tensor xt = Tensor::from_vector(x, {s.n, s.c, s.h, s.w}), wt = Tensor::from_vector(w, {s.o, s.c, s.k, s.k}),
+                 bt = Tensor::from_vector(bias, {s.o}), rt = Tensor::from_vector(residual, {s.n, s.o, out[1], out[2]});
+    const Tensor y = ops::conv2d_add(xt, wt, bt, rt, opt);
+    ASSERT_EQ(y.shape(), rt.shape()) << label;
+    for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(y.data<float>()[i], want[i], 1e-4) << label << " at " << i;
+    const Tensor separate = ops::add(rt, ops::conv2d(xt, wt, bt, opt));
+    for (std::size_t i = 0; i < want.size(); ++i)
+      ASSERT_EQ(y.data<float>()[i], separate.data<float>()[i]) << label << ": not conv2d + add bit for bit at " << i;
+    if (s.k == 1) continue;
+    const ops::conv_direct::Shape<2> shape{s.c, s.o, {s.h, s.w}, {s.k, s.k}, {out[1], out[2]}, {s.pad, s.pad}};
+    for (const ops::Isa isa : {ops::Isa::avx512, ops::Isa::avx2}) {  // each kernel this CPU runs, on the first image
+      if (!ops::isa_supported(isa)) continue;
+      std::vector<float> direct(want.size() / static_cast<std::size_t>(s.n));
+      ops::conv_direct::convolve<2>(x.data(), w.data(), bias.data(), direct.data(), shape, isa, residual.data());
+      for (std::size_t i = 0; i < direct.size(); ++i)
+        ASSERT_NEAR(direct[i], want[i], 1e-4) << label << " (" << ops::isa_name(isa) << " kernel) at " << i;
+    }
+  }
+  const Tensor x = Tensor::from_vector(random_values(2 * 3 * 4 * 4, 35), {2, 3, 4, 4});
+  const Tensor w = Tensor::from_vector(random_values(5 * 3 * 9, 36), {5, 3, 3, 3});
+  ops::Conv2dOptions pad1;
+  pad1.padding = {1, 1};
+  EXPECT_NE(message_of([&] {
+              ops::conv2d_add(x, w, {}, Tensor::zeros({2, 5, 4, 3}, DType::f32), pad1);
+            }).find("conv2d_add: residual must have the output's shape [2, 5, 4, 4], got [2, 5, 4, 3]"),
+            std::string::npos);
+  EXPECT_NE(message_of([&] {
+              ops::conv2d_add(x, w, {}, Tensor::zeros({2, 5, 4, 4}, DType::bf16), pad1);
+            }).find("conv2d_add: residual"),
+            std::string::npos);
+  EXPECT_NE(message_of([&] { ops::conv2d_add(x, w, {}, Tensor(), pad1); }).find("conv2d_add: residual must be a tensor"),
+            std::string::npos);
 }
 
 TEST(Conv, ErrorsNameTheShapes) {
