@@ -284,11 +284,14 @@ Tensor conv(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias
       if (pbias || res)
         tbb::parallel_for(int64_t{0}, g.o, [&](int64_t ch) {
           float* row = dst + ch * positions;
-          const float b = pbias ? pbias[ch] : 0.0f;
-          if (res)
-            for (int64_t j = 0; j < positions; ++j) row[j] = (row[j] + b) + res[ch * positions + j];  // as the direct kernel
+          const float* r = res ? res + ch * positions : nullptr;
+          // The order of conv2d's bias pass and then add(residual, out), bit for bit (signed zeros too).
+          if (pbias && r)
+            for (int64_t j = 0; j < positions; ++j) row[j] = (row[j] + pbias[ch]) + r[j];
+          else if (r)
+            for (int64_t j = 0; j < positions; ++j) row[j] += r[j];
           else
-            for (int64_t j = 0; j < positions; ++j) row[j] += b;
+            for (int64_t j = 0; j < positions; ++j) row[j] += pbias[ch];
         });
     }
   });
