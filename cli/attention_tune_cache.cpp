@@ -50,8 +50,11 @@ void AttentionTuneCacheFlag::save(const Device& device) const {
     const std::string file = tuning_file();
     if (file.empty() || *unusable_) return;
     try {
-      ops::gemm::write_tuning_section(file, "attention",
-                                      ops::AttentionTuner::global().section(ops::attention_tune_fingerprint(device), *foreign_));
+      // Read, merged and written under the lock: processes finishing side by side keep each other's picks.
+      const ops::gemm::TuningFileLock file_lock(file);
+      const nlohmann::json current = ops::gemm::read_tuning_section(file, "attention");
+      ops::gemm::write_tuning_section(
+          file, "attention", ops::AttentionTuner::global().merged_section(current, ops::attention_tune_fingerprint(device), *foreign_));
     } catch (const Error& e) {
       std::fprintf(stderr, "warning: the attention picks were not saved: %s\n", e.what());
     }

@@ -4,6 +4,8 @@
 // a progress bar, then prints the choices. Entries already in the file are kept unless --again.
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -58,6 +60,8 @@ int run_tune(const TuneFlags& f, const DeviceFlags& device_flags) {
   g::GemmTuner& tuner = g::GemmTuner::global();
   tuner.load_default_once();
   const std::string file = tuner.file();
+  std::error_code ec;  // the default file's cache folder is cubevec's to make (a fresh machine has none); a named file's must exist
+  if (!file.empty() && !tuner.strict()) std::filesystem::create_directories(std::filesystem::path(file).parent_path(), ec);
   if (!file.empty()) check_output_path(file, "tuning file");  // tune writes it: a read-only file is refused before measuring
   std::fprintf(stderr, "tune: %s; caches %s; ISA %s; tuning file %s\n", g::cpu_model_name().c_str(), g::this_cpu_caches().text().c_str(),
                std::string(g::isa_name(g::best_isa())).c_str(), file.empty() ? "(none: HOME and XDG_CACHE_HOME unset)" : file.c_str());
@@ -67,6 +71,9 @@ int run_tune(const TuneFlags& f, const DeviceFlags& device_flags) {
       for (g::ShapeClass shape : shapes) {
         throw_if_interrupted();
         const g::GemmTuneKey key{family, g::best_isa(), shape, threads};
+        std::optional<g::TuningFileLock> file_lock;  // a process measuring this key meanwhile finishes first
+        if (!file.empty()) file_lock.emplace(file);
+        if (!f.again) tuner.adopt_new_file_entries();
         if (!f.again)
           if (auto found = tuner.find(key)) {
             std::fprintf(stderr, "%-34s already in the tuning file (--again to measure it anew)\n", key.text().c_str());

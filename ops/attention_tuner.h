@@ -68,6 +68,12 @@ class AttentionTuner {
   // (returning how many); section gives `foreign` plus every entry of this tuner. Malformed: Error.
   std::size_t add_section(const nlohmann::json& section, const std::string& fingerprint, nlohmann::json& foreign);
   nlohmann::json section(const std::string& fingerprint, const nlohmann::json& foreign) const;
+  // What to write back to a tuning file whose attention section is now `current` (read under the
+  // TuningFileLock; null when absent, then it is `section`): `current` as it is, plus this tuner's
+  // entries for keys it has none of under `fingerprint`. The file's own entries stay: the first
+  // process to tune a key decides it for the runs after, though this one may have tuned the same key
+  // side by side and used its own pick. A malformed `current` throws Error.
+  nlohmann::json merged_section(const nlohmann::json& current, const std::string& fingerprint, const nlohmann::json& foreign) const;
   // Whether an entry was added or changed since the last load or save (a cache that needs no
   // update is not rewritten: it may be read-only).
   bool changed() const;

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -230,6 +231,29 @@ std::size_t AttentionTuner::add_section(const json& section, const std::string& 
 json AttentionTuner::section(const std::string& fingerprint, const json& foreign) const {
   json out = foreign.is_array() ? foreign : json::array();
   for (const auto& [k, c] : entries()) {
+    json e = entry_to_json(k, c);
+    e["fingerprint"] = fingerprint;
+    out.push_back(e);
+  }
+  std::lock_guard lock(mutex_);
+  changed_ = false;
+  return out;
+}
+
+json AttentionTuner::merged_section(const json& current, const std::string& fingerprint, const json& foreign) const {
+  if (current.is_null()) return section(fingerprint, foreign);
+  if (!current.is_array()) throw Error("field 'attention' must be an array");
+  std::vector<AttentionTuneKey> in_file;  // the file's keys under `fingerprint`
+  for (std::size_t index = 0; index < current.size(); ++index) {
+    try {
+      if (string_field(current[index], "fingerprint") == fingerprint) in_file.push_back(entry_from_json(current[index]).first);
+    } catch (const Error& err) {
+      throw Error("attention entry " + std::to_string(index) + ": " + err.what());
+    }
+  }
+  json out = current;
+  for (const auto& [k, c] : entries()) {
+    if (std::find(in_file.begin(), in_file.end(), k) != in_file.end()) continue;
     json e = entry_to_json(k, c);
     e["fingerprint"] = fingerprint;
     out.push_back(e);

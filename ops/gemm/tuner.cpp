@@ -258,17 +258,20 @@ std::optional<GemmTuneEntry> GemmTuner::find(const GemmTuneKey& key) const {
   return std::nullopt;
 }
 
-void GemmTuner::store(const GemmTuneEntry& entry) {
+void GemmTuner::store(const GemmTuneEntry& entry) { store_entry(entry, true); }
+
+void GemmTuner::store_entry(const GemmTuneEntry& entry, bool decided_here) {
   std::lock_guard lock(mutex_);
   std::erase_if(partial_entries_, [&](const GemmTuneEntry& e) { return e.key == entry.key; });  // superseded
+  if (decided_here && std::find(decided_here_.begin(), decided_here_.end(), entry.key) == decided_here_.end())
+    decided_here_.push_back(entry.key);
+  generation_.fetch_add(1, std::memory_order_acq_rel);
   for (auto& e : entries_)
     if (e.key == entry.key) {
       e = entry;
-      generation_.fetch_add(1, std::memory_order_acq_rel);
       return;
     }
   entries_.push_back(entry);
-  generation_.fetch_add(1, std::memory_order_acq_rel);
 }
 
 GemmTuneEntry GemmTuner::add_measurements(GemmTuneEntry fresh) {
@@ -291,6 +294,7 @@ void GemmTuner::clear() {
   std::lock_guard lock(mutex_);
   entries_.clear();
   partial_entries_.clear();
+  decided_here_.clear();
   generation_.fetch_add(1, std::memory_order_acq_rel);
 }
 
@@ -312,6 +316,7 @@ std::string GemmTuner::set_file(const std::string& path, bool strict) {
     strict_ = strict;
     foreign_entries_ = json::array();
     partial_entries_.clear();
+    decided_here_.clear();
   }
   if (path.empty()) return "";
   // A forced kernel the environment names wrongly is its own error, not the file's: reading the
@@ -335,7 +340,7 @@ std::string GemmTuner::set_file(const std::string& path, bool strict) {
       foreign_entries_ = parsed.foreign;
       partial_entries_ = parsed.partial;
     }
-    for (const auto& e : parsed.entries) store(e);
+    for (const auto& e : parsed.entries) store_entry(e, false);
     return parsed.warnings.empty() ? "" : "tuning file " + path + ": " + parsed.warnings;
   } catch (const Error& err) {
     const std::string message = invalid_file_message(path, err.what());
@@ -346,17 +351,55 @@ std::string GemmTuner::set_file(const std::string& path, bool strict) {
   }
 }
 
+void GemmTuner::adopt_new_file_entries() {
+  const std::string path = file();
+  if (path.empty()) return;
+  ParsedGemmSection parsed;
+  try {
+    const json section = read_tuning_section(path, "gemm");
+    if (section.is_null()) return;
+    parsed = parse_gemm_section(section, cpu_model_name(), this_cpu_caches());
+  } catch (const Error&) {
+    return;  // the save after the measurement says what is wrong with the file
+  }
+  for (const auto& e : parsed.entries)
+    if (!find(e.key)) store_entry(e, false);
+}
+
 void GemmTuner::save() const {
+  const std::string path = file();
+  if (path.empty()) return;
+  TuningFileLock file_lock(path);
+  // The file as it is now: another process may have saved since this one read it.
+  ParsedGemmSection now;
+  const json section = read_tuning_section(path, "gemm");
+  if (!section.is_null()) {
+    try {
+      now = parse_gemm_section(section, cpu_model_name(), this_cpu_caches());
+    } catch (const Error& err) {
+      throw Error(invalid_file_message(path, err.what()));  // left alone, as a file found malformed on load
+    }
+  }
+  std::vector<GemmTuneKey> in_file;
+  for (const auto* list : {&now.entries, &now.partial})
+    for (const auto& e : *list) in_file.push_back(e.key);
   json gemm;
-  std::string path;
   {
     std::lock_guard lock(mutex_);
-    path = path_;
-    gemm = foreign_entries_;
-    for (const auto& e : entries_) gemm.push_back(gemm_entry_json(e, cpu_model_name(), this_cpu_caches()));
-    for (const auto& e : partial_entries_) gemm.push_back(gemm_entry_json(e, cpu_model_name(), this_cpu_caches()));
+    auto contains = [](const std::vector<GemmTuneKey>& keys, const GemmTuneKey& key) {
+      return std::find(keys.begin(), keys.end(), key) != keys.end();
+    };
+    gemm = section.is_null() ? foreign_entries_ : now.foreign;
+    for (const auto* list : {&now.entries, &now.partial})
+      for (const auto& e : *list)
+        if (!contains(decided_here_, e.key)) gemm.push_back(gemm_entry_json(e, cpu_model_name(), this_cpu_caches()));
+    for (const auto& e : entries_)
+      if (contains(decided_here_, e.key) || !contains(in_file, e.key))
+        gemm.push_back(gemm_entry_json(e, cpu_model_name(), this_cpu_caches()));
+    for (const auto& e : partial_entries_)
+      if (!contains(in_file, e.key)) gemm.push_back(gemm_entry_json(e, cpu_model_name(), this_cpu_caches()));
   }
-  if (!path.empty()) write_tuning_section(path, "gemm", gemm);
+  write_tuning_section(path, "gemm", gemm);
 }
 
 json read_tuning_section(const std::string& path, const std::string& section) {
@@ -364,13 +407,22 @@ json read_tuning_section(const std::string& path, const std::string& section) {
   return doc.is_object() && doc.contains(section) ? doc[section] : json(nullptr);
 }
 
+namespace {
+const std::string& with_folder(const std::string& path) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  std::error_code ec;  // a folder that cannot be made: the lock goes without, the write says why
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  return path;
+}
+}  // namespace
+
+TuningFileLock::TuningFileLock(const std::string& path) : lock_(with_folder(path), kTuningLockWait) {}
+
 void write_tuning_section(const std::string& path, const std::string& section, const json& value) {
+  TuningFileLock file_lock(path);  // creates the folder
   json doc = read_tuning_document(path);
   if (!doc.is_object()) doc = {{"format", kFormat}, {"version", kVersion}};
   doc[section] = value;
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  std::error_code ec;
-  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
   write_output_file(path, "tuning file", doc.dump(1) + "\n");
 }
 
@@ -390,6 +442,11 @@ GemmTuneEntry GemmTuner::choose(const GemmTuneKey& key) {
   if (auto found = find(key)) return *found;
   std::lock_guard measuring(measure_mutex_);
   if (auto found = find(key)) return *found;  // measured by another thread meanwhile
+  const std::string path = file();
+  std::optional<TuningFileLock> file_lock;  // another process measuring waits, then finds the key
+  if (!path.empty()) file_lock.emplace(path);
+  adopt_new_file_entries();
+  if (auto found = find(key)) return *found;  // measured by another process meanwhile
   const GemmTuneEntry entry = add_measurements(calibrate(key, this_cpu_caches()));
   try {
     save();

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -20,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/file_lock.h"
 #include "ops/gemm/driver.h"
 
 namespace cubevec::ops::gemm {
@@ -90,6 +92,9 @@ class GemmTuner {
   // The entry for `key`: stored, else measured now (and saved to the tuning file, if any).
   GemmTuneEntry choose(const GemmTuneKey& key);
   std::optional<GemmTuneEntry> find(const GemmTuneKey& key) const;
+  // Stores an entry this process decided (stored or measured): on save it replaces the file's
+  // entry for its key. Entries only read from the file do not: another process may have replaced
+  // them since.
   void store(const GemmTuneEntry& entry);
   // Stores a fresh calibration merged with what the tuner already has for its key (stored or
   // partial: merge_measurements) and returns the merged entry.
@@ -110,14 +115,24 @@ class GemmTuner {
   // ~/.cache/cubevec/tuning.json) unless set_file was called; warnings go to stderr. choose() does
   // this on first use.
   void load_default_once();
-  // Writes the entries to the file (atomically), keeping the file's entries for other machines.
+  // Writes the entries to the file (atomically) under the tuning file's lock (TuningFileLock),
+  // merged with what the file holds now: the entries this process stored or measured replace the
+  // file's for their keys; for every other key the file's entry stays (another process may have
+  // measured it since this one read the file) and this process's is added only where the file has
+  // none; other machines' entries are kept.
   void save() const;
+  // Under the file lock, before measuring: stores the file's entries for keys this tuner lacks
+  // (another process measured them meanwhile). A file that cannot be read now adds nothing.
+  void adopt_new_file_entries();
 
  private:
+  void store_entry(const GemmTuneEntry& entry, bool decided_here);
+
   mutable std::mutex mutex_;
   std::mutex measure_mutex_;  // one measurement at a time (two would time each other)
   std::vector<GemmTuneEntry> entries_;
   std::vector<GemmTuneEntry> partial_entries_;                // ParsedGemmSection::partial, until measured
+  std::vector<GemmTuneKey> decided_here_;                     // keys stored or measured by this process (save)
   nlohmann::json foreign_entries_ = nlohmann::json::array();  // other CPUs' entries, kept on save
   std::string path_;
   bool configured_ = false;
@@ -125,9 +140,25 @@ class GemmTuner {
   std::atomic<uint64_t> generation_{0};
 };
 
+// The tuning file's cross-process lock (base/file_lock.h): held while a process measures a key
+// and saves it, and around every section write, so that two processes neither measure the same key
+// side by side (each would time the other, and they could pick differently) nor lose each other's
+// sections or entries by read-modify-write. A holder that takes longer than this (a stopped process)
+// is gone around with a warning.
+inline constexpr std::chrono::seconds kTuningLockWait{120};
+class TuningFileLock {
+ public:
+  // Creates the file's folder first (a fresh cache folder: the first processes are the ones that race).
+  explicit TuningFileLock(const std::string& path);
+
+ private:
+  FileLock lock_;
+};
+
 // The tuning file holds one section per tuner ("gemm" here, "attention" for ops/attention_tuner.h).
-// Each writer replaces its own section and keeps the others: the file is read, changed and renamed
-// over itself (write_output_file). A file of another format version is replaced.
+// Each writer replaces its own section and keeps the others: under the TuningFileLock the file is
+// read, changed and renamed over itself (write_output_file). A file of another format version is
+// replaced.
 void write_tuning_section(const std::string& path, const std::string& section, const nlohmann::json& value);
 // The section's value in the tuning file at `path`: null when the file or the section is absent.
 // Throws Error naming the file when it is not a valid tuning file.

@@ -35,10 +35,11 @@ std::string the_cache_file(const fs::path& dir) {
   return "";
 }
 
-// A copy of the tests' shared tuning file for the runs of one test to share: the tests running
-// beside this one save their own GEMM and attention picks into the shared file (each process writes
-// back what it read and measured), so on a fresh build, while the file fills, two runs of one test
-// could read different picks and draw pictures a rounding apart.
+// A copy of the tests' shared tuning file for the runs of one test to share. GEMM keys are measured
+// once across processes (the tuning file's lock), but an attention key may be tuned by a test beside
+// this one at the same time: the first to save decides the file's pick, which need not be the pick
+// this test's first run used, so on a fresh build two runs of one test could draw pictures a
+// rounding apart.
 std::string private_tuning_file(const fs::path& dir) {
   const fs::path copy = dir / "tuning.json";
   const char* cache_home = std::getenv("XDG_CACHE_HOME");

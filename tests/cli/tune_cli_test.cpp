@@ -3,6 +3,7 @@
 // run that had to calibrate (GEMM variants and attention picks alike), which the next run reuses.
 #include <sys/stat.h>
 
+#include <future>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -41,6 +42,30 @@ TEST_F(TuneCli, FillsTheTuningFileWithAProgressBarAndKeepsItOnASecondRun) {
   ASSERT_EQ(second.status, 0) << second.err;
   EXPECT_NE(second.err.find("already in the tuning file"), std::string::npos) << second.err;
   EXPECT_EQ(read_file(file), before);
+}
+
+// Two tunes started together on one file take turns per key (the tuning file's lock): each key is
+// measured once, by whichever process got there first, and the other finds it in the file.
+TEST_F(TuneCli, TwoTunesStartedTogetherMeasureEachKeyOnce) {
+  const std::string file = (dir_ / "cache" / "tuning.json").string();
+  fs::create_directories(dir_ / "cache");
+  const std::vector<std::string> args{"tune", "--tune-cache", file, "--families", "f32", "--shapes", "skinny", "--cube-threads", "2"};
+  fs::create_directories(dir_ / "other");  // its own stdout and stderr files
+  auto other = std::async(std::launch::async, [&] { return cubevec_cli_test::run_cubevec(args, dir_ / "other"); });
+  const auto mine = run(args);
+  const auto theirs = other.get();
+  ASSERT_EQ(mine.status, 0) << mine.err;
+  ASSERT_EQ(theirs.status, 0) << theirs.err;
+  const nlohmann::json doc = nlohmann::json::parse(read_file(file));
+  ASSERT_EQ(doc["gemm"].size(), 2u) << doc.dump();  // 1 and 2 threads, neither save dropped the other's
+  auto found = [](const std::string& err) {
+    std::size_t n = 0;
+    for (std::size_t at = err.find("already in the tuning file"); at != std::string::npos;
+         at = err.find("already in the tuning file", at + 1))
+      ++n;
+    return n;
+  };
+  EXPECT_EQ(found(mine.err) + found(theirs.err), 2u) << "each key measured by one process only\n" << mine.err << "\n" << theirs.err;
 }
 
 TEST_F(TuneCli, BadNamesAndBadFilesAreErrorsBeforeAnyMeasurement) {

@@ -161,6 +161,41 @@ TEST_F(AttentionTunerTest, TuningFileSectionKeepsOtherDevicesEntriesAside) {
             std::string::npos);
 }
 
+// Two processes finishing side by side: each writes back the file's attention section as it is now
+// plus its own entries for keys the file lacks, so neither drops the other's, and a key both tuned
+// keeps the pick written first (the one later runs have been reading).
+TEST_F(AttentionTunerTest, TheMergedSectionKeepsTheFilesEntriesAndAddsOnlyNewKeys) {
+  const AttentionTuneKey a{1, 24, 128, 4608, 4608, DType::f32, AttentionLayout::bsnd, ops::AttentionMaskKind::none};
+  const AttentionTuneKey b{2, 12, 72, 4680, 512, DType::bf16, AttentionLayout::bsnd, ops::AttentionMaskKind::mask_2d};
+  const nlohmann::json none = nlohmann::json::array();
+  AttentionTuner::global().store(a, {AttentionImpl::cv_pipelined, AttentionLayout::bsnd, 1.25});
+  nlohmann::json current = AttentionTuner::global().section("fp-this", none);  // another process saved a
+  AttentionTuner::global().clear();
+  AttentionTuner::global().store(b, {AttentionImpl::math, AttentionLayout::bsnd, 0.75});
+  const nlohmann::json other_device = AttentionTuner::global().section("fp-other", none);
+  current.push_back(other_device[0]);
+  AttentionTuner::global().clear();
+  // This process tuned a (picking otherwise) and b.
+  AttentionTuner::global().store(a, {AttentionImpl::flash, AttentionLayout::bnsd, 1.0});
+  AttentionTuner::global().store(b, {AttentionImpl::flash, AttentionLayout::bnsd, 0.5});
+  const nlohmann::json merged = AttentionTuner::global().merged_section(current, "fp-this", none);
+  ASSERT_EQ(merged.size(), 3u) << merged.dump();
+  EXPECT_EQ(merged[0], current[0]) << "the file's pick for a stays";
+  EXPECT_EQ(merged[1], current[1]) << "another device's entry stays";
+  EXPECT_EQ(merged[2]["fingerprint"], "fp-this");
+  EXPECT_EQ(merged[2]["op_type"], "flash");
+  EXPECT_EQ(merged[2]["q_len"], 4680) << "b is added";
+  EXPECT_FALSE(AttentionTuner::global().changed());
+  // No section in the file yet: what section() writes.
+  EXPECT_EQ(AttentionTuner::global().merged_section(nullptr, "fp-this", none).size(), 2u);
+  // A malformed section now is an error naming the entry, not a file replaced.
+  current[1]["fingerprint"] = 5;
+  const std::string message = message_of([&] { AttentionTuner::global().merged_section(current, "fp-this", none); });
+  EXPECT_NE(message.find("attention entry 1:"), std::string::npos) << message;
+  EXPECT_NE(message_of([&] { AttentionTuner::global().merged_section(nlohmann::json::object(), "fp", none); }).find("must be an array"),
+            std::string::npos);
+}
+
 TEST_F(AttentionTunerTest, MissingStaleAndOtherVersionFilesWarnAndLoadNothing) {
   const std::string missing = temp_path("missing.json");
   std::filesystem::remove(missing);
