@@ -187,7 +187,8 @@ Tensor CausalConv3d::operator()(const Tensor& x, const Tensor& cache, const Stre
   return convolve(x, cache, padding[1], stream);
 }
 
-Tensor CausalConv3d::convolve(const Tensor& x, const Tensor& cache, int64_t row_padding, const Stream& stream) const {
+Tensor CausalConv3d::convolve(const Tensor& x, const Tensor& cache, int64_t row_padding, const Stream& stream,
+                              const Tensor& residual) const {
   check_5d(x, in, "WanCausalConv3d input");
   const int64_t tc = cache.defined() ? cache.size(2) : 0;
   if (cache.defined()) {
@@ -199,18 +200,19 @@ Tensor CausalConv3d::convolve(const Tensor& x, const Tensor& cache, int64_t row_
   ops::Conv3dOptions options;
   options.padding = {0, row_padding, padding[2]};
   const Tensor input = context() > 0 ? ops::pad_frames_front(x, cache, context() - tc, stream) : ops::contiguous(x, stream);
+  if (residual.defined()) return ops::conv3d_add(input, as_f32(weight, stream), as_f32(bias, stream), residual, options, stream);
   return ops::conv3d(input, as_f32(weight, stream), as_f32(bias, stream), options, stream);
 }
 
-Tensor CausalConv3d::operator()(const Tensor& x_band, FeatureCache& cache, const Stream& stream) const {
+Tensor CausalConv3d::operator()(const Tensor& x_band, FeatureCache& cache, const Stream& stream, const Tensor& residual) const {
   // Patch parallel: the band with its neighbours' edge rows, so the conv and the frames it caches
   // see what one device would; the rows then need no zero padding.
   const bool halo = cache.rows && padding[1] > 0;
   const Tensor x = halo ? cache.rows->with_halo(x_band, padding[1], stream) : x_band;
   const int64_t row_padding = halo ? 0 : padding[1];
-  if (slot < 0) return convolve(x, Tensor(), row_padding, stream);
+  if (slot < 0) return convolve(x, Tensor(), row_padding, stream, residual);
   Tensor& held = cache.frames.at(static_cast<std::size_t>(slot));
-  Tensor y = convolve(x, held, row_padding, stream);
+  Tensor y = convolve(x, held, row_padding, stream, residual);
   cache.pace(stream);
   // The last context() frames of [held, x], copied so the chunk's activations can be freed.
   const int64_t t = x.size(2), ctx = context();
@@ -253,8 +255,14 @@ Tensor ResidualBlock::operator()(const Tensor& x, FeatureCache& cache, const Str
   y = conv1(y, cache, stream);
   y = norm2(y, stream, true);
   cache.pace(stream);
-  y = conv2(y, cache, stream);  // dropout is inactive
-  y = ops::add(h, y, stream);
+  // Dropout is inactive; the skip is added as conv2 stores its output (bit for bit add(h, conv2(y)))
+  // where h is f32 and contiguous, as the decoder's activations are.
+  if (h.dtype() == DType::f32 && h.is_contiguous()) {
+    y = conv2(y, cache, stream, h);
+  } else {
+    y = conv2(y, cache, stream);
+    y = ops::add(h, y, stream);
+  }
   cache.pace(stream);
   return y;
 }

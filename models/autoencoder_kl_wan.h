@@ -147,11 +147,12 @@ struct CausalConv3d {
   // `cache` (undefined or [B, in, t_c, H, W] with t_c <= context()) holds the frames before x and
   // the zeros make up the rest of the context.
   Tensor operator()(const Tensor& x, const Tensor& cache, const Stream& stream) const;
-  // The same with `row_padding` zero rows instead of p_h (0: x already carries its halo rows).
-  Tensor convolve(const Tensor& x, const Tensor& cache, int64_t row_padding, const Stream& stream) const;
+  // The same with `row_padding` zero rows instead of p_h (0: x already carries its halo rows), plus
+  // `residual` (the output's shape, f32 contiguous) when defined, added as the output is stored.
+  Tensor convolve(const Tensor& x, const Tensor& cache, int64_t row_padding, const Stream& stream, const Tensor& residual = {}) const;
   // The same with the conv's slot of `cache` as the frames before x; the slot then holds the last
   // context() frames of [slot, x] (diffusers' cache_x). Convs without time padding ignore the cache.
-  Tensor operator()(const Tensor& x, FeatureCache& cache, const Stream& stream) const;
+  Tensor operator()(const Tensor& x, FeatureCache& cache, const Stream& stream, const Tensor& residual = {}) const;
 };
 
 // WanRMS_norm: F.normalize(x, dim=1) * sqrt(C) * gamma over the channels; `<name>.gamma` is

@@ -320,4 +320,12 @@ Tensor conv3d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
   return conv<3>("conv3d", x, weight, bias, options, stream);
 }
 
+Tensor conv3d_add(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& residual, const Conv3dOptions& options,
+                  const Stream& stream) {
+  if (options.backend != GemmBackend::cubevec && options.backend != GemmBackend::reference)
+    throw Error("conv3d_add: backend must be cubevec or reference");
+  if (!residual.defined()) throw Error("conv3d_add: residual must be a tensor, got none");
+  return conv<3>("conv3d_add", x, weight, bias, options, stream, residual);
+}
+
 }  // namespace cubevec::ops

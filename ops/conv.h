@@ -42,5 +42,9 @@ Tensor conv2d_add(const Tensor& x, const Tensor& weight, const Tensor& bias, con
 // x [N, C, T, H, W], weight [O, C, kt, kh, kw], bias [O] or undefined -> [N, O, To, Ho, Wo].
 Tensor conv3d(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, const Conv3dOptions& options = {},
               const Stream& stream = default_op_stream());
+// conv3d(x, weight, bias) + residual in one kernel, as conv2d_add (the Wan VAE residual block's
+// second causal convolution and its skip). residual: f32, contiguous, [N, O, To, Ho, Wo].
+Tensor conv3d_add(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& residual, const Conv3dOptions& options = {},
+                  const Stream& stream = default_op_stream());
 
 }  // namespace cubevec::ops

@@ -295,6 +295,47 @@ TEST(Conv, Conv2dAddMatchesConvolutionPlusResidual) {
             std::string::npos);
 }
 
+// conv3d_add: the same through the 3-D paths (the Wan VAE's 3 x 3 x 3 causal convolutions and its
+// 1 x 1 x 1 shortcut), direct kernel, forced im2col and pointwise.
+TEST(Conv, Conv3dAddMatchesConvolutionPlusResidual) {
+  struct Case {
+    int64_t c, o, t, h, w, k, pad_t;
+    bool direct;
+  };
+  const Case cases[] = {
+      {3, 8, 4, 5, 19, 3, 0, true}, {4, 70, 3, 4, 9, 3, 1, true}, {5, 6, 3, 4, 7, 3, 0, false}, {6, 5, 2, 3, 9, 1, 0, true}};
+  for (const Case& s : cases) {
+    const int64_t pad = s.k / 2;
+    const auto x = random_values(s.c * s.t * s.h * s.w, 41), w = random_values(s.o * s.c * s.k * s.k * s.k, 42),
+               bias = random_values(s.o, 43);
+    std::array<int64_t, 3> out{};
+    std::vector<double> want =
+        direct_conv(x, w, &bias, 1, s.c, s.o, {s.t, s.h, s.w}, {s.k, s.k, s.k}, {1, 1, 1}, {s.pad_t, pad, pad}, {1, 1, 1}, out);
+    const auto residual = random_values(want.size(), 44);
+    for (std::size_t i = 0; i < want.size(); ++i) want[i] += residual[i];
+    const std::string label =
+        "c=" + std::to_string(s.c) + " o=" + std::to_string(s.o) + " k=" + std::to_string(s.k) + (s.direct ? "" : " im2col forced");
+    ops::Conv3dOptions opt;
+    opt.padding = {s.pad_t, pad, pad};
+    opt.direct = s.direct;
+    const Tensor xt = Tensor::from_vector(x, {1, s.c, s.t, s.h, s.w}), wt = Tensor::from_vector(w, {s.o, s.c, s.k, s.k, s.k}),
+                 bt = Tensor::from_vector(bias, {s.o}), rt = Tensor::from_vector(residual, {1, s.o, out[0], out[1], out[2]});
+    const Tensor y = ops::conv3d_add(xt, wt, bt, rt, opt);
+    ASSERT_EQ(y.shape(), rt.shape()) << label;
+    for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(y.data<float>()[i], want[i], 1e-4) << label << " at " << i;
+    const Tensor separate = ops::add(rt, ops::conv3d(xt, wt, bt, opt));
+    for (std::size_t i = 0; i < want.size(); ++i)
+      ASSERT_EQ(y.data<float>()[i], separate.data<float>()[i]) << label << ": not conv3d + add bit for bit at " << i;
+  }
+  const Tensor x = Tensor::from_vector(random_values(3 * 2 * 4 * 4, 45), {1, 3, 2, 4, 4});
+  const Tensor w = Tensor::from_vector(random_values(5 * 3, 46), {5, 3, 1, 1, 1});
+  EXPECT_NE(message_of([&] {
+              ops::conv3d_add(x, w, {}, Tensor::zeros({1, 5, 2, 4, 3}, DType::f32));
+            }).find("conv3d_add: residual must have the output's shape [1, 5, 2, 4, 4], got [1, 5, 2, 4, 3]"),
+            std::string::npos);
+  EXPECT_NE(message_of([&] { ops::conv3d_add(x, w, {}, Tensor()); }).find("conv3d_add: residual must be a tensor"), std::string::npos);
+}
+
 TEST(Conv, ErrorsNameTheShapes) {
   const Tensor x = Tensor::from_vector(random_values(2 * 3 * 4 * 4, 6), {2, 3, 4, 4});
   EXPECT_NE(message_of([&] {
