@@ -4,11 +4,13 @@
 //
 // Within a process the lock is reentrant (a thread that holds it may take it again, sharing the one
 // descriptor: a second flock from the same process on a new descriptor would wait for itself) and
-// threads take turns. A lock that cannot be had is not an error: a read-only folder (the file
-// cannot be written either), a symlink or FIFO planted at the lock's path (warned, not followed, not
-// opened for long), or a holder that does not let go within `wait` (warned: a stopped process) all
-// leave the caller to go on unlocked, as it did before there was a lock. A signal (Ctrl-C) while
-// waiting throws Interrupted.
+// threads take turns. A lock that cannot be had is not an error: a folder that cannot hold a new
+// file (the file cannot be written there either), something not a regular file at the lock's path (a
+// symlink, FIFO, socket or device: warned, never followed or opened), or a holder that does not let
+// go within `wait` (warned: a stopped process; later locks of this process then try once and do not
+// wait again) all leave the caller to go on unlocked, as it did before there was a lock. Each lock
+// file is warned about once per process; a wait past a second says what it waits for. A signal
+// (Ctrl-C) while waiting throws Interrupted.
 #pragma once
 
 #include <chrono>

@@ -5,6 +5,7 @@
 #include "ops/attention_tuner.h"
 #include "ops/gemm/tuner.h"
 #include "base/error.h"
+#include "base/interrupt.h"
 
 namespace cubevec::cli {
 
@@ -55,6 +56,8 @@ void AttentionTuneCacheFlag::save(const Device& device) const {
       const nlohmann::json current = ops::gemm::read_tuning_section(file, "attention");
       ops::gemm::write_tuning_section(
           file, "attention", ops::AttentionTuner::global().merged_section(current, ops::attention_tune_fingerprint(device), *foreign_));
+    } catch (const Interrupted&) {
+      throw;  // Ctrl-C while waiting for the file's lock stops the run, as anywhere else
     } catch (const Error& e) {
       std::fprintf(stderr, "warning: the attention picks were not saved: %s\n", e.what());
     }

@@ -40,6 +40,9 @@ int run(int argc, char** argv) {
     return e.exit_status();
   } catch (const cubevec::Error& e) {
     report(e.what());
+    // A failure after a stop signal (a kernel that was waiting for the tuning file's lock) ends
+    // the run as the signal does.
+    if (const int signal = cubevec::interrupt_signal()) return 128 + signal;
     return 1;
   } catch (const std::filesystem::filesystem_error& e) {
     // A path the user gave could not be examined (a symlink loop, no permission): the OS's reason

@@ -64,7 +64,8 @@ int run_tune(const TuneFlags& f, const DeviceFlags& device_flags) {
   if (!file.empty() && !tuner.strict()) std::filesystem::create_directories(std::filesystem::path(file).parent_path(), ec);
   if (!file.empty()) check_output_path(file, "tuning file");  // tune writes it: a read-only file is refused before measuring
   std::fprintf(stderr, "tune: %s; caches %s; ISA %s; tuning file %s\n", g::cpu_model_name().c_str(), g::this_cpu_caches().text().c_str(),
-               std::string(g::isa_name(g::best_isa())).c_str(), file.empty() ? "(none: HOME and XDG_CACHE_HOME unset)" : file.c_str());
+               std::string(g::isa_name(g::best_isa())).c_str(),
+               file.empty() ? "(none: nothing measured is saved; see the warning above, or set HOME or XDG_CACHE_HOME)" : file.c_str());
   std::vector<g::GemmTuneEntry> results;
   for (int threads : thread_counts)
     for (g::GemmFamily family : families)
@@ -97,7 +98,16 @@ int run_tune(const TuneFlags& f, const DeviceFlags& device_flags) {
         }
         std::fprintf(stderr, "\n");
         entry = tuner.add_measurements(std::move(entry));  // keeps the rates of kernels not measured now (a forced run)
-        tuner.save();                                      // after each key: an interrupted tune keeps what it measured
+        try {
+          tuner.save();  // after each key: an interrupted tune keeps what it measured
+        } catch (const Interrupted&) {
+          throw;
+        } catch (const Error& e) {
+          // A named file must take the result; the default one became unusable during the run (another
+          // cubevec replaced it): the table below still says what was measured.
+          if (tuner.strict()) throw;
+          std::fprintf(stderr, "warning: not saved: %s\n", e.what());
+        }
         results.push_back(entry);
       }
   std::printf("%-34s %-16s %10s   %s\n", "family ISA shape threads", "choice", "GFLOP/s", "considered (GFLOP/s)");

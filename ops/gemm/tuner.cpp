@@ -69,22 +69,36 @@ GemmVariant parse_variant(const json& object, GemmFamily family) {
 
 json caches_json(const CpuCaches& caches) { return {{"l1d", caches.l1d}, {"l2", caches.l2}, {"l3", caches.l3}}; }
 
+// A tuning file that exists but cannot be read now (no descriptors left, no permission): not a
+// damaged file, so the messages do not suggest deleting it.
+struct UnreadableTuningFile : Error {
+  using Error::Error;
+};
+
 // The tuning file at `path` parsed, its format and version fields checked (any version); throws
-// Error with the reason otherwise.
+// Error with the reason otherwise (UnreadableTuningFile when it could not be read).
 json parse_tuning_document(const std::string& path) {
-  json doc = parse_strict_json(read_regular_file(path), 8);
+  std::string text;
+  try {
+    text = read_regular_file(path);
+  } catch (const Error& err) {
+    throw UnreadableTuningFile(err.what());
+  }
+  json doc = parse_strict_json(text, 8);
   if (!doc.is_object()) throw Error("expected a JSON object at the top level");
   if (!doc.contains("format") || doc["format"] != kFormat) throw Error(std::string("field 'format' must be \"") + kFormat + "\"");
   if (!doc.contains("version") || !doc["version"].is_number_integer()) throw Error("field 'version' must be an integer");
   return doc;
 }
 
-std::string invalid_file_message(const std::string& path, const std::string& reason) {
-  return "tuning file " + path + " is not valid: " + reason +
+std::string invalid_file_message(const std::string& path, const Error& err) {
+  if (dynamic_cast<const UnreadableTuningFile*>(&err)) return "tuning file " + path + " cannot be used: " + err.what();
+  return "tuning file " + path + " is not valid: " + err.what() +
          " (if it is a damaged tuning file, delete it to measure again; otherwise name another file)";
 }
 
-// The file's document, or null when it does not exist or has another format version.
+// The file's document, or null when it does not exist. A file of another format version (another
+// cubevec's, perhaps written since this process read it) is an Error: it is never replaced.
 json read_tuning_document(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) return nullptr;
@@ -92,9 +106,12 @@ json read_tuning_document(const std::string& path) {
   try {
     doc = parse_tuning_document(path);
   } catch (const Error& err) {
-    throw Error(invalid_file_message(path, err.what()));
+    throw Error(invalid_file_message(path, err));
   }
-  return doc["version"].get<int64_t>() == kVersion ? doc : json(nullptr);
+  if (doc["version"].get<int64_t>() != kVersion)
+    throw Error("tuning file " + path + " has format version " + doc["version"].dump() + ", this cubevec reads and writes " +
+                std::to_string(kVersion) + "; it is left as it is");
+  return doc;
 }
 
 std::string default_tuning_path() {
@@ -343,7 +360,7 @@ std::string GemmTuner::set_file(const std::string& path, bool strict) {
     for (const auto& e : parsed.entries) store_entry(e, false);
     return parsed.warnings.empty() ? "" : "tuning file " + path + ": " + parsed.warnings;
   } catch (const Error& err) {
-    const std::string message = invalid_file_message(path, err.what());
+    const std::string message = invalid_file_message(path, err);
     if (strict) throw Error(message);
     std::lock_guard lock(mutex_);
     path_.clear();  // leave a file we cannot read alone
@@ -377,7 +394,7 @@ void GemmTuner::save() const {
     try {
       now = parse_gemm_section(section, cpu_model_name(), this_cpu_caches());
     } catch (const Error& err) {
-      throw Error(invalid_file_message(path, err.what()));  // left alone, as a file found malformed on load
+      throw Error(invalid_file_message(path, err));  // left alone, as a file found malformed on load
     }
   }
   std::vector<GemmTuneKey> in_file;
@@ -419,8 +436,8 @@ const std::string& with_folder(const std::string& path) {
 TuningFileLock::TuningFileLock(const std::string& path) : lock_(with_folder(path), kTuningLockWait) {}
 
 void write_tuning_section(const std::string& path, const std::string& section, const json& value) {
-  TuningFileLock file_lock(path);  // creates the folder
-  json doc = read_tuning_document(path);
+  TuningFileLock file_lock(path);         // creates the folder
+  json doc = read_tuning_document(path);  // another format version: an Error, the file kept
   if (!doc.is_object()) doc = {{"format", kFormat}, {"version", kVersion}};
   doc[section] = value;
   write_output_file(path, "tuning file", doc.dump(1) + "\n");

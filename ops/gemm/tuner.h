@@ -157,11 +157,11 @@ class TuningFileLock {
 
 // The tuning file holds one section per tuner ("gemm" here, "attention" for ops/attention_tuner.h).
 // Each writer replaces its own section and keeps the others: under the TuningFileLock the file is
-// read, changed and renamed over itself (write_output_file). A file of another format version is
-// replaced.
+// read, changed and renamed over itself (write_output_file). A file of another format version
+// (another cubevec's, written since this process looked) is left as it is: an Error.
 void write_tuning_section(const std::string& path, const std::string& section, const nlohmann::json& value);
 // The section's value in the tuning file at `path`: null when the file or the section is absent.
-// Throws Error naming the file when it is not a valid tuning file.
+// Throws Error naming the file when it is not a valid tuning file or has another format version.
 nlohmann::json read_tuning_section(const std::string& path, const std::string& section);
 
 // The tuning file's "gemm" section: entries for this CPU (model and caches) and thread counts are

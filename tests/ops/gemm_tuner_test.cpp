@@ -406,6 +406,29 @@ TEST(TuningFile, SavesMergeWithWhatOtherProcessesSavedMeanwhile) {
   EXPECT_EQ(after.find(sample_entry(2).key)->choice, (g::GemmVariant{g::Bf16Path::f32, 4}));
 }
 
+// A file replaced by another cubevec's (another format version) after this process read it is not
+// overwritten by a save: an error naming it, the file as it was.
+TEST(TuningFile, ASaveLeavesAFileOfAnotherVersionWrittenMeanwhileAlone) {
+  TempDir dir;
+  const std::string path = (dir.path / "tuning.json").string();
+  g::GemmTuner tuner;
+  tuner.set_file(path, false);
+  tuner.store(sample_entry(2));
+  tuner.save();
+  const std::string newer = R"({"format": "cubevec-tuning", "version": 2, "gemm": [{"precious": 1}], "other": "x"})";
+  write_text(path, newer);
+  tuner.store(sample_entry(3));
+  try {
+    tuner.save();
+    ADD_FAILURE() << "saved over a version 2 file";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tuning file " + path + " has format version 2"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(read_regular_file(path), newer);
+  EXPECT_THROW(g::write_tuning_section(path, "attention", nlohmann::json::array()), Error);
+  EXPECT_EQ(read_regular_file(path), newer);
+}
+
 // Before measuring a key, choose() takes the file's lock and reads the file again: a key another
 // process measured meanwhile is used as it is, not measured a second time (which could pick
 // another variant).

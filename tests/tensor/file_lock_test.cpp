@@ -25,7 +25,7 @@ using testing::TempDir;
 
 // Whether another open file description can take the lock now.
 bool free_for_another_holder(const std::string& lock_path) {
-  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CLOEXEC);
+  const int fd = ::open(lock_path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return true;  // no lock file: nothing holds it
   const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
   ::close(fd);
@@ -62,7 +62,27 @@ TEST(FileLock, AHolderThatDoesNotLetGoIsGoneAroundAfterTheWait) {
     EXPECT_FALSE(lock.held());
     EXPECT_GE(std::chrono::steady_clock::now() - start, 100ms);
   }
-  // Released by its holder within the wait: taken.
+  // A holder that outlasted one wait gets no second one from this process: one try.
+  {
+    const auto again = std::chrono::steady_clock::now();
+    FileLock lock(target, 10s);
+    EXPECT_FALSE(lock.held());
+    EXPECT_LT(std::chrono::steady_clock::now() - again, 5s);
+  }
+  ::flock(other, LOCK_UN);
+  {
+    FileLock lock(target, 0ms);  // let go: taken at the first try
+    EXPECT_TRUE(lock.held());
+  }
+  ::close(other);
+}
+
+TEST(FileLock, AHolderThatLetsGoWithinTheWaitHandsItOver) {
+  TempDir dir;
+  const std::string target = (dir.path / "tuning.json").string();
+  const int other = ::open(FileLock::lock_path(target).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(other, 0);
+  ASSERT_EQ(::flock(other, LOCK_EX), 0);
   std::thread release([&] {
     std::this_thread::sleep_for(50ms);
     ::flock(other, LOCK_UN);
@@ -70,9 +90,22 @@ TEST(FileLock, AHolderThatDoesNotLetGoIsGoneAroundAfterTheWait) {
   {
     FileLock lock(target, 10s);
     EXPECT_TRUE(lock.held());
+    EXPECT_FALSE(free_for_another_holder(FileLock::lock_path(target)));
   }
   release.join();
   ::close(other);
+}
+
+// A lock file another user created (read-only to this one) still works: flock needs no write access.
+TEST(FileLock, AReadOnlyLockFileIsStillShared) {
+  TempDir dir;
+  const std::string target = (dir.path / "tuning.json").string();
+  const std::string lock_path = FileLock::lock_path(target);
+  ::close(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0444));
+  ASSERT_EQ(::chmod(lock_path.c_str(), 0444), 0);
+  FileLock lock(target, 0ms);
+  EXPECT_TRUE(lock.held());
+  EXPECT_FALSE(free_for_another_holder(lock_path));
 }
 
 TEST(FileLock, ThreadsTakeTurns) {
@@ -106,7 +139,13 @@ TEST(FileLock, APlantedSymlinkOrFifoIsNotUsed) {
   EXPECT_FALSE(std::filesystem::exists(victim)) << "the symlink was not followed";
   std::filesystem::remove(FileLock::lock_path(target));
   ASSERT_EQ(::mkfifo(FileLock::lock_path(target).c_str(), 0600), 0);
-  FileLock lock(target, 10s);  // no writer ever comes: it must not wait for one
+  {
+    FileLock lock(target, 10s);  // no writer ever comes: it must not wait for one
+    EXPECT_FALSE(lock.held());
+  }
+  std::filesystem::remove(FileLock::lock_path(target));
+  std::filesystem::create_directory(FileLock::lock_path(target));
+  FileLock lock(target, 10s);
   EXPECT_FALSE(lock.held());
 }
 
