@@ -19,6 +19,9 @@ namespace cubevec {
 
 namespace {
 
+// The temporary beside a target: "." + its name + ".cubevec-XXXXXX".
+constexpr std::size_t kTemporaryExtra = 16;
+
 std::string directory_of(const std::string& path) {
   const std::string parent = std::filesystem::path(path).parent_path().string();
   return parent.empty() ? "." : parent;
@@ -81,6 +84,15 @@ std::string output_path_problem(const std::string& path) {
     return "the directory " + dir + " " + (errno == ENOENT ? "does not exist" : std::string("cannot be used: ") + std::strerror(errno));
   if (!S_ISDIR(st.st_mode)) return dir + " is not a directory";
   if (::access(dir.c_str(), W_OK | X_OK) != 0) return "cannot write in the directory " + dir + ": " + std::strerror(errno);
+  // The temporary's name is the target's plus kTemporaryExtra bytes: a name that fits only without
+  // them would fail after the work, at the first write.
+  const std::size_t name_bytes = std::filesystem::path(path).filename().string().size();
+  long name_max = ::pathconf(dir.c_str(), _PC_NAME_MAX);
+  if (name_max <= 0) name_max = 255;
+  if (name_bytes + kTemporaryExtra > static_cast<std::size_t>(name_max))
+    return "the file name is " + std::to_string(name_bytes) +
+           " bytes long; cubevec writes through a temporary file beside it, so at most " +
+           std::to_string(static_cast<std::size_t>(name_max) - kTemporaryExtra) + " bytes fit in " + dir;
   return "";
 }
 

@@ -79,6 +79,9 @@ class AttentionTuner {
   bool changed() const;
 
  private:
+  // `out` plus every entry whose key is not in `skip`, each with `fingerprint`; clears changed().
+  nlohmann::json with_entries(nlohmann::json out, const std::string& fingerprint, const std::vector<AttentionTuneKey>& skip) const;
+
   mutable std::mutex mutex_;
   std::vector<std::pair<AttentionTuneKey, AttentionTuneChoice>> entries_;
   mutable bool changed_ = false;

@@ -228,9 +228,9 @@ std::size_t AttentionTuner::add_section(const json& section, const std::string& 
   return foreign.size();
 }
 
-json AttentionTuner::section(const std::string& fingerprint, const json& foreign) const {
-  json out = foreign.is_array() ? foreign : json::array();
+json AttentionTuner::with_entries(json out, const std::string& fingerprint, const std::vector<AttentionTuneKey>& skip) const {
   for (const auto& [k, c] : entries()) {
+    if (std::find(skip.begin(), skip.end(), k) != skip.end()) continue;
     json e = entry_to_json(k, c);
     e["fingerprint"] = fingerprint;
     out.push_back(e);
@@ -240,10 +240,14 @@ json AttentionTuner::section(const std::string& fingerprint, const json& foreign
   return out;
 }
 
+json AttentionTuner::section(const std::string& fingerprint, const json& foreign) const {
+  return with_entries(foreign.is_array() ? foreign : json::array(), fingerprint, {});
+}
+
 json AttentionTuner::merged_section(const json& current, const std::string& fingerprint, const json& foreign) const {
   if (current.is_null()) return section(fingerprint, foreign);
   if (!current.is_array()) throw Error("field 'attention' must be an array");
-  std::vector<AttentionTuneKey> in_file;  // the file's keys under `fingerprint`
+  std::vector<AttentionTuneKey> in_file;  // the file's keys under `fingerprint`: the file's picks stay
   for (std::size_t index = 0; index < current.size(); ++index) {
     try {
       if (string_field(current[index], "fingerprint") == fingerprint) in_file.push_back(entry_from_json(current[index]).first);
@@ -251,16 +255,7 @@ json AttentionTuner::merged_section(const json& current, const std::string& fing
       throw Error("attention entry " + std::to_string(index) + ": " + err.what());
     }
   }
-  json out = current;
-  for (const auto& [k, c] : entries()) {
-    if (std::find(in_file.begin(), in_file.end(), k) != in_file.end()) continue;
-    json e = entry_to_json(k, c);
-    e["fingerprint"] = fingerprint;
-    out.push_back(e);
-  }
-  std::lock_guard lock(mutex_);
-  changed_ = false;
-  return out;
+  return with_entries(current, fingerprint, in_file);
 }
 
 std::string attention_tune_fingerprint(const Device& device) {

@@ -144,6 +144,28 @@ TEST_F(OutputFileTest, SpecialTargetsAreRefusedAndLeftAlone) {
   EXPECT_EQ(cubevec::output_path_problem(path("new.jpg")), "");
 }
 
+// A name that fits the file system only without the temporary's 16 extra bytes is refused up front,
+// not after the work at the first write.
+TEST_F(OutputFileTest, ANameTooLongForItsTemporaryIsRefusedUpFront) {
+  const long name_max = ::pathconf(dir_.c_str(), _PC_NAME_MAX);
+  ASSERT_GT(name_max, 16);
+  const std::string longest(static_cast<std::size_t>(name_max - 16), 'a'), too_long(static_cast<std::size_t>(name_max - 10), 'b');
+  EXPECT_EQ(cubevec::output_path_problem(path(longest)), "");
+  {
+    cubevec::OutputFile out(path(longest), "--out");
+    out.write("fits");
+    out.commit();
+  }
+  EXPECT_EQ(read(path(longest)), "fits");
+  const std::string message = message_of([&] { cubevec::OutputFile out(path(too_long), "--out"); });
+  EXPECT_NE(message.find("the file name is " + std::to_string(too_long.size()) +
+                         " bytes long; cubevec writes through a temporary file beside it, so at most " + std::to_string(longest.size()) +
+                         " bytes fit"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(entries(), 1) << "nothing written for the refused name";
+}
+
 TEST_F(OutputFileTest, PlantedTemporaryNamesAreNeverFollowed) {
   // Earlier versions wrote to "<target>.tmp": a link planted there pointed the write elsewhere.
   write_plain(path("victim"), "victim bytes");
