@@ -18,6 +18,41 @@ std::string tuning_file() {
   return tuner.file();
 }
 
+// The tuning file's attention section as the tuner's picks file: reread before a key is tuned,
+// written (merged, under the file's lock) right after, so processes running side by side tune a key
+// once between them unless they reach it within the same tuning.
+class TuningFilePicks : public ops::AttentionPicksFile {
+ public:
+  TuningFilePicks(std::string file, std::string fingerprint, std::shared_ptr<nlohmann::json> foreign)
+      : file_(std::move(file)), fingerprint_(std::move(fingerprint)), foreign_(std::move(foreign)) {}
+
+  void reload() noexcept override {
+    try {
+      const ops::gemm::TuningFileLock file_lock(file_);
+      const nlohmann::json section = ops::gemm::read_tuning_section(file_, "attention");
+      if (!section.is_null()) ops::AttentionTuner::global().add_section(section, fingerprint_, *foreign_, /*only_missing=*/true);
+    } catch (...) {
+      // Tuned here instead; the save right after (or the run's end) says what is wrong with the file.
+    }
+  }
+
+  void save() noexcept override {
+    try {
+      const ops::gemm::TuningFileLock file_lock(file_);
+      const nlohmann::json current = ops::gemm::read_tuning_section(file_, "attention");
+      ops::gemm::write_tuning_section(file_, "attention", ops::AttentionTuner::global().merged_section(current, fingerprint_, *foreign_));
+    } catch (const std::exception& e) {
+      if (!warned_) std::fprintf(stderr, "warning: the attention picks were not saved: %s\n", e.what());
+      warned_ = true;
+    }
+  }
+
+ private:
+  std::string file_, fingerprint_;
+  std::shared_ptr<nlohmann::json> foreign_;
+  bool warned_ = false;
+};
+
 }  // namespace
 
 void AttentionTuneCacheFlag::load(const Device& device) const {
@@ -26,10 +61,11 @@ void AttentionTuneCacheFlag::load(const Device& device) const {
     if (file.empty()) return;
     try {
       const nlohmann::json section = ops::gemm::read_tuning_section(file, "attention");
-      if (section.is_null()) return;
       // Entries tuned for other thread counts or CPUs are kept aside and written back, silently: a
       // machine-sized default and an explicit --cube-threads both being in use is routine.
-      ops::AttentionTuner::global().add_section(section, ops::attention_tune_fingerprint(device), *foreign_);
+      if (!section.is_null()) ops::AttentionTuner::global().add_section(section, ops::attention_tune_fingerprint(device), *foreign_);
+      ops::AttentionTuner::global().set_picks_file(
+          std::make_shared<TuningFilePicks>(file, ops::attention_tune_fingerprint(device), foreign_));
     } catch (const Error& e) {
       // A file named with --tune-cache must be valid throughout, as its GEMM section must; the
       // default file is left alone with a warning.

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -45,6 +46,17 @@ struct AttentionTuneChoice {
   double seconds = 0;  // the measured time that won (0 for a static choice)
 };
 
+// Where the picks are shared with other processes (the CLI's tuning file, cli/attention_tune_cache.h):
+// before tuning a key the tuner reloads it (a key another process tuned meanwhile is used, not
+// tuned again), and after tuning one it saves at once (the runs after read it). Neither may throw:
+// a file that cannot be used is the implementation's warning, never a failed run.
+class AttentionPicksFile {
+ public:
+  virtual ~AttentionPicksFile() = default;
+  virtual void reload() noexcept = 0;
+  virtual void save() noexcept = 0;
+};
+
 class AttentionTuner {
  public:
   static constexpr std::size_t kMaxEntries = 512;  // as MindIE SD's LRU; the oldest entry goes first
@@ -66,7 +78,10 @@ class AttentionTuner {
   // The tuning file's "attention" section (ops/gemm/tuner.h): entries as above, each with its
   // fingerprint. add_section stores those tuned for `fingerprint` and puts the others in `foreign`
   // (returning how many); section gives `foreign` plus every entry of this tuner. Malformed: Error.
-  std::size_t add_section(const nlohmann::json& section, const std::string& fingerprint, nlohmann::json& foreign);
+  // With `only_missing`, the section's entries for keys this tuner already has are skipped and
+  // changed() is left as it was (a reload during the run, not a load before it).
+  std::size_t add_section(const nlohmann::json& section, const std::string& fingerprint, nlohmann::json& foreign,
+                          bool only_missing = false);
   nlohmann::json section(const std::string& fingerprint, const nlohmann::json& foreign) const;
   // What to write back to a tuning file whose attention section is now `current` (read under the
   // TuningFileLock; null when absent, then it is `section`): `current` as it is, plus this tuner's
@@ -78,12 +93,18 @@ class AttentionTuner {
   // update is not rewritten: it may be read-only).
   bool changed() const;
 
+  // The picks file runtime-mode tuning consults and updates (null: none; the library and server
+  // keep their picks in memory).
+  void set_picks_file(std::shared_ptr<AttentionPicksFile> file);
+  std::shared_ptr<AttentionPicksFile> picks_file() const;
+
  private:
   // `out` plus every entry whose key is not in `skip`, each with `fingerprint`; clears changed().
   nlohmann::json with_entries(nlohmann::json out, const std::string& fingerprint, const std::vector<AttentionTuneKey>& skip) const;
 
   mutable std::mutex mutex_;
   std::vector<std::pair<AttentionTuneKey, AttentionTuneChoice>> entries_;
+  std::shared_ptr<AttentionPicksFile> picks_file_;
   mutable bool changed_ = false;
 };
 

@@ -360,8 +360,14 @@ AttentionTuneChoice automatic_choice(const Inputs& in, AttentionOptMode mode, At
   if (mode == AttentionOptMode::static_table) return static_choice(in);
   const AttentionTuneKey key{in.batch, in.heads, in.d, in.sq, in.sk, in.q.dtype(), layout, in.mask_kind};
   if (auto found = AttentionTuner::global().find(key)) return *found;
+  const std::shared_ptr<AttentionPicksFile> file = AttentionTuner::global().picks_file();
+  if (file) {
+    file->reload();  // another process may have tuned this key since the run began
+    if (auto found = AttentionTuner::global().find(key)) return *found;
+  }
   const AttentionTuneChoice choice = tune(in, stream);
   AttentionTuner::global().store(key, choice);
+  if (file) file->save();
   return choice;
 }
 

@@ -202,7 +202,17 @@ void AttentionTuner::save(const std::string& path, const std::string& fingerprin
   changed_ = false;
 }
 
-std::size_t AttentionTuner::add_section(const json& section, const std::string& fingerprint, json& foreign) {
+void AttentionTuner::set_picks_file(std::shared_ptr<AttentionPicksFile> file) {
+  std::lock_guard lock(mutex_);
+  picks_file_ = std::move(file);
+}
+
+std::shared_ptr<AttentionPicksFile> AttentionTuner::picks_file() const {
+  std::lock_guard lock(mutex_);
+  return picks_file_;
+}
+
+std::size_t AttentionTuner::add_section(const json& section, const std::string& fingerprint, json& foreign, bool only_missing) {
   if (!section.is_array()) throw Error("field 'attention' must be an array");
   std::vector<std::pair<std::pair<AttentionTuneKey, AttentionTuneChoice>, std::size_t>> loaded;
   foreign = json::array();
@@ -221,6 +231,15 @@ std::size_t AttentionTuner::add_section(const json& section, const std::string& 
     }
     refuse_repeated_key(loaded, entry.first, index, "attention entry");
     loaded.push_back({entry, index});
+  }
+  if (only_missing) {
+    for (const auto& [entry, index] : loaded)
+      if (!find(entry.first)) {
+        std::lock_guard lock(mutex_);
+        if (entries_.size() >= kMaxEntries) entries_.erase(entries_.begin());
+        entries_.push_back(entry);  // as the file has it: not a change to save
+      }
+    return foreign.size();
   }
   for (const auto& [entry, index] : loaded) store(entry.first, entry.second);
   std::lock_guard lock(mutex_);

@@ -440,7 +440,11 @@ void write_tuning_section(const std::string& path, const std::string& section, c
   json doc = read_tuning_document(path);  // another format version: an Error, the file kept
   if (!doc.is_object()) doc = {{"format", kFormat}, {"version", kVersion}};
   doc[section] = value;
-  write_output_file(path, "tuning file", doc.dump(1) + "\n");
+  // Renamed now, not with the run's outputs at its end (OutputBatch): other processes, and this
+  // one's next save, must read what was just written.
+  OutputFile out(path, "tuning file");
+  out.write(doc.dump(1) + "\n");
+  out.commit_now();
 }
 
 void GemmTuner::load_default_once() {

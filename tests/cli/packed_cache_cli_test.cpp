@@ -37,7 +37,7 @@ std::string the_cache_file(const fs::path& dir) {
 
 // A copy of the tests' shared tuning file for the runs of one test to share. GEMM keys are measured
 // once across processes (the tuning file's lock), but an attention key may be tuned by a test beside
-// this one at the same time: the first to save decides the file's pick, which need not be the pick
+// this one in the same moment: the first to save decides the file's pick, which need not be the pick
 // this test's first run used, so on a fresh build two runs of one test could draw pictures a
 // rounding apart.
 std::string private_tuning_file(const fs::path& dir) {

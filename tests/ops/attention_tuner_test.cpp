@@ -40,7 +40,10 @@ std::vector<std::string> cube_kernels(Device& device) {
 class AttentionTunerTest : public ::testing::Test {
  protected:
   void SetUp() override { AttentionTuner::global().clear(); }
-  void TearDown() override { AttentionTuner::global().clear(); }
+  void TearDown() override {
+    AttentionTuner::global().clear();
+    AttentionTuner::global().set_picks_file(nullptr);
+  }
 };
 
 TEST_F(AttentionTunerTest, RuntimeModeTunesOncePerKeyAndReusesThePick) {
@@ -69,6 +72,53 @@ TEST_F(AttentionTunerTest, RuntimeModeTunesOncePerKeyAndReusesThePick) {
   masked.mask = mask;
   ops::attention_forward(q, k, v, masked, stream);
   EXPECT_EQ(AttentionTuner::global().entries().size(), 2u);
+}
+
+// A picks file shared with other processes: reloaded before a key is tuned (a pick another process
+// saved meanwhile is used as it is, with no tuning), saved right after a key is tuned.
+struct FakePicksFile : ops::AttentionPicksFile {
+  nlohmann::json section;  // what "another process" saved
+  int reloads = 0, saves = 0;
+  void reload() noexcept override {
+    ++reloads;
+    nlohmann::json foreign;
+    AttentionTuner::global().add_section(section, "fp", foreign, /*only_missing=*/true);
+  }
+  void save() noexcept override { ++saves; }
+};
+
+TEST_F(AttentionTunerTest, APickAnotherProcessSavedMeanwhileIsUsedWithoutTuning) {
+  Device device(builtin_cpu_profile(), {.trace = true});
+  const Stream stream = device.default_stream();
+  const Tensor q = random_tensor({1, 40, 2, 16}, 1), k = random_tensor({1, 50, 2, 16}, 2), v = random_tensor({1, 50, 2, 16}, 3);
+  const AttentionTuneKey key{1, 2, 16, 40, 50, DType::f32, AttentionLayout::bsnd, ops::AttentionMaskKind::none};
+  AttentionTuner::global().store(key, {AttentionImpl::math, AttentionLayout::bsnd, 2.0});  // no tuner picks math
+  auto file = std::make_shared<FakePicksFile>();
+  file->section = AttentionTuner::global().section("fp", nlohmann::json::array());
+  AttentionTuner::global().clear();
+  AttentionTuner::global().set_picks_file(file);
+  ops::attention_forward(q, k, v, {}, stream);
+  const auto names = cube_kernels(device);
+  ASSERT_EQ(names.size(), 1u) << "the file's pick ran, nothing was timed";
+  EXPECT_EQ(names[0], "attention_math");
+  EXPECT_EQ(file->reloads, 1);
+  EXPECT_EQ(file->saves, 0);
+  EXPECT_FALSE(AttentionTuner::global().changed()) << "a reloaded pick is the file's, not a change";
+  // A key the file lacks is tuned here and saved at once.
+  const Tensor q2 = random_tensor({1, 24, 2, 16}, 4);
+  ops::attention_forward(q2, k, v, {}, stream);
+  EXPECT_EQ(file->reloads, 2);
+  EXPECT_EQ(file->saves, 1);
+  EXPECT_GE(cube_kernels(device).size(), 12u) << "tuned";
+  // A reload never replaces a pick this process already has.
+  const AttentionTuneKey key2{1, 2, 16, 24, 50, DType::f32, AttentionLayout::bsnd, ops::AttentionMaskKind::none};
+  const auto mine = AttentionTuner::global().find(key2);
+  ASSERT_TRUE(mine.has_value());
+  AttentionTuner::global().store(key2, {AttentionImpl::math, AttentionLayout::bsnd, 9.0});
+  file->section = AttentionTuner::global().section("fp", nlohmann::json::array());
+  AttentionTuner::global().store(key2, *mine);
+  file->reload();
+  EXPECT_EQ(AttentionTuner::global().find(key2)->op_type, mine->op_type);
 }
 
 // int8 attention changes the answer beyond the activations' rounding: the tuner may time only the

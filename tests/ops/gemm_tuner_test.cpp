@@ -12,6 +12,7 @@
 
 #include "common/temp_dir.h"
 #include "base/error.h"
+#include "base/output_file.h"
 #include "base/regular_file.h"
 
 namespace cubevec {
@@ -427,6 +428,24 @@ TEST(TuningFile, ASaveLeavesAFileOfAnotherVersionWrittenMeanwhileAlone) {
   EXPECT_EQ(read_regular_file(path), newer);
   EXPECT_THROW(g::write_tuning_section(path, "attention", nlohmann::json::array()), Error);
   EXPECT_EQ(read_regular_file(path), newer);
+}
+
+// A generation run's outputs land together at its end (OutputBatch), but the tuning file is a cache
+// other processes read: each save is in place at once, so the next save (of either section) and
+// other processes build on it, and a run that then fails keeps what it calibrated.
+TEST(TuningFile, SavesLandAtOnceWhileARunsOutputsWait) {
+  TempDir dir;
+  const std::string path = (dir.path / "tuning.json").string();
+  OutputBatch batch;
+  g::GemmTuner tuner;
+  tuner.set_file(path, true);
+  tuner.store(sample_entry(2));
+  tuner.save();
+  ASSERT_TRUE(std::filesystem::exists(path)) << "not held back for the run's end";
+  g::write_tuning_section(path, "attention", nlohmann::json::array());
+  const nlohmann::json saved = nlohmann::json::parse(read_regular_file(path));
+  EXPECT_EQ(saved["gemm"].size(), 1u) << saved.dump();
+  EXPECT_TRUE(saved.contains("attention")) << saved.dump();
 }
 
 // Before measuring a key, choose() takes the file's lock and reads the file again: a key another
