@@ -1,5 +1,6 @@
 #include "cli/attention_tune_cache.h"
 
+#include <atomic>
 #include <cstdio>
 
 #include "ops/attention_tuner.h"
@@ -42,15 +43,14 @@ class TuningFilePicks : public ops::AttentionPicksFile {
       const nlohmann::json current = ops::gemm::read_tuning_section(file_, "attention");
       ops::gemm::write_tuning_section(file_, "attention", ops::AttentionTuner::global().merged_section(current, fingerprint_, *foreign_));
     } catch (const std::exception& e) {
-      if (!warned_) std::fprintf(stderr, "warning: the attention picks were not saved: %s\n", e.what());
-      warned_ = true;
+      if (!warned_.exchange(true)) std::fprintf(stderr, "warning: the attention picks were not saved: %s\n", e.what());
     }
   }
 
  private:
   std::string file_, fingerprint_;
   std::shared_ptr<nlohmann::json> foreign_;
-  bool warned_ = false;
+  std::atomic<bool> warned_{false};  // saves may come from the threads of several streams
 };
 
 }  // namespace
