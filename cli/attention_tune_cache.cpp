@@ -39,12 +39,24 @@ class TuningFilePicks : public ops::AttentionPicksFile {
 
   void save() noexcept override {
     try {
-      const ops::gemm::TuningFileLock file_lock(file_);
-      const nlohmann::json current = ops::gemm::read_tuning_section(file_, "attention");
-      ops::gemm::write_tuning_section(file_, "attention", ops::AttentionTuner::global().merged_section(current, fingerprint_, *foreign_));
+      write();
     } catch (const std::exception& e) {
-      if (!warned_.exchange(true)) std::fprintf(stderr, "warning: the attention picks were not saved: %s\n", e.what());
+      warn(e);
     }
+  }
+
+  // Reads, merges and writes under the lock: processes saving side by side keep each other's picks.
+  void write() const {
+    const ops::gemm::TuningFileLock file_lock(file_);
+    const nlohmann::json current = ops::gemm::read_tuning_section(file_, "attention");
+    ops::gemm::write_tuning_section(file_, "attention", ops::AttentionTuner::global().merged_section(current, fingerprint_, *foreign_));
+  }
+
+  // One warning per run, naming the file (a malformed section's message does not).
+  void warn(const std::exception& e) {
+    std::string reason = e.what();
+    if (reason.find(file_) == std::string::npos) reason = "tuning file " + file_ + ": " + reason;
+    if (!warned_.exchange(true)) std::fprintf(stderr, "warning: the attention picks were not saved: %s\n", reason.c_str());
   }
 
  private:
@@ -86,16 +98,14 @@ void AttentionTuneCacheFlag::save(const Device& device) const {
   if (path.empty()) {
     const std::string file = tuning_file();
     if (file.empty() || *unusable_) return;
+    const auto picks = std::dynamic_pointer_cast<TuningFilePicks>(ops::AttentionTuner::global().picks_file());
+    if (!picks) return;  // load() found the file unusable
     try {
-      // Read, merged and written under the lock: processes finishing side by side keep each other's picks.
-      const ops::gemm::TuningFileLock file_lock(file);
-      const nlohmann::json current = ops::gemm::read_tuning_section(file, "attention");
-      ops::gemm::write_tuning_section(
-          file, "attention", ops::AttentionTuner::global().merged_section(current, ops::attention_tune_fingerprint(device), *foreign_));
+      picks->write();
     } catch (const Interrupted&) {
       throw;  // Ctrl-C while waiting for the file's lock stops the run, as anywhere else
     } catch (const Error& e) {
-      std::fprintf(stderr, "warning: the attention picks were not saved: %s\n", e.what());
+      picks->warn(e);
     }
     return;
   }
