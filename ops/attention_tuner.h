@@ -99,6 +99,8 @@ class AttentionTuner {
   std::shared_ptr<AttentionPicksFile> picks_file() const;
 
  private:
+  // store(), saying whether the entry counts as a change to save (a pick reread from the file does not).
+  void store_entry(const AttentionTuneKey& key, const AttentionTuneChoice& choice, bool is_change);
   // `out` plus every entry whose key is not in `skip`, each with `fingerprint`; clears changed().
   nlohmann::json with_entries(nlohmann::json out, const std::string& fingerprint, const std::vector<AttentionTuneKey>& skip) const;
 

@@ -120,17 +120,20 @@ std::optional<AttentionTuneChoice> AttentionTuner::find(const AttentionTuneKey& 
   return std::nullopt;
 }
 
-void AttentionTuner::store(const AttentionTuneKey& key, const AttentionTuneChoice& choice) {
+void AttentionTuner::store(const AttentionTuneKey& key, const AttentionTuneChoice& choice) { store_entry(key, choice, true); }
+
+void AttentionTuner::store_entry(const AttentionTuneKey& key, const AttentionTuneChoice& choice, bool is_change) {
   std::lock_guard lock(mutex_);
   for (auto& [k, c] : entries_)
     if (k == key) {
-      changed_ = changed_ || c.op_type != choice.op_type || c.kernel_layout != choice.kernel_layout || c.seconds != choice.seconds;
+      changed_ = changed_ ||
+                 (is_change && (c.op_type != choice.op_type || c.kernel_layout != choice.kernel_layout || c.seconds != choice.seconds));
       c = choice;
       return;
     }
   if (entries_.size() >= kMaxEntries) entries_.erase(entries_.begin());
   entries_.emplace_back(key, choice);
-  changed_ = true;
+  changed_ = changed_ || is_change;
 }
 
 bool AttentionTuner::changed() const {
@@ -234,11 +237,7 @@ std::size_t AttentionTuner::add_section(const json& section, const std::string& 
   }
   if (only_missing) {
     for (const auto& [entry, index] : loaded)
-      if (!find(entry.first)) {
-        std::lock_guard lock(mutex_);
-        if (entries_.size() >= kMaxEntries) entries_.erase(entries_.begin());
-        entries_.push_back(entry);  // as the file has it: not a change to save
-      }
+      if (!find(entry.first)) store_entry(entry.first, entry.second, false);  // as the file has it: not a change to save
     return foreign.size();
   }
   for (const auto& [entry, index] : loaded) store(entry.first, entry.second);
