@@ -170,8 +170,9 @@ Machine measure_machine() {
   if (ops::gemm::int8_isa_supported(ops::gemm::Int8Isa::avx2))
     m.madd16_peak_gops = peak_rate(m.threads, 20'000'000, kChains * 8 * 2 * 2, madd16_loop_avx2);
   if (ops::gemm::has_bf16_dot()) m.bf16_dot_peak_gflops = peak_rate(m.threads, 20'000'000, kChains * 16 * 2 * 2, bf16_dot_loop);
-  if (ops::gemm::amx_ready()) m.amx_peak_gflops = peak_rate(m.threads, 2'000'000, 4 * 16 * 16 * 32 * 2, amx_loop);
-  if (ops::gemm::int8_isa_supported(ops::gemm::Int8Isa::amx))
+  // The CPU's own tiles only: these loops are tile instructions (the model, CUBEVEC_AMX_MODEL=1, has no peak).
+  if (ops::gemm::amx_native()) m.amx_peak_gflops = peak_rate(m.threads, 2'000'000, 4 * 16 * 16 * 32 * 2, amx_loop);
+  if (ops::gemm::amx_native() && ops::gemm::int8_isa_supported(ops::gemm::Int8Isa::amx))
     m.amx_int8_peak_gops = peak_rate(m.threads, 2'000'000, 4 * 16 * 16 * 64 * 2, amx_int8_loop);
   return m;
 }

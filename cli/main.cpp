@@ -10,6 +10,7 @@
 
 #include "cli/command_line.h"
 #include "cli/error_line.h"
+#include "ops/gemm/driver.h"
 #include "parallel/mpi_runtime.h"
 #include "base/error.h"
 #include "base/interrupt.h"
@@ -34,7 +35,14 @@ int run(int argc, char** argv) {
   try {
     if (cubevec::parallel::launched_by_mpirun()) cubevec::parallel::ensure_mpi();
     const cubevec::cli::ParsedCommand parsed = command_line.parse(argc, argv);
-    return parsed.run ? parsed.run() : parsed.exit_status;
+    if (!parsed.run) return parsed.exit_status;
+    // CUBEVEC_AMX_MODEL (a checking aid) is read before any work: a bad value fails at once, and a
+    // run whose AMX kernels are on the model says so.
+    if (cubevec::ops::gemm::amx_model_on())
+      std::fprintf(stderr,
+                   "note: CUBEVEC_AMX_MODEL=1: AMX kernels run on a plain C++ model of the tiles (to check the AMX code paths; far "
+                   "slower), and nothing measured is saved to the tuning file\n");
+    return parsed.run();
   } catch (const cubevec::Interrupted& e) {
     report(e.what());
     return e.exit_status();

@@ -137,7 +137,8 @@ struct Bf16Products {
   PvBlock pv;
 };
 Bf16Products bf16_products(Bf16Tiles tiles) {
-  return tiles == Bf16Tiles::amx ? Bf16Products{amx_qk_block, amx_pv_block} : Bf16Products{dot_qk_block, dot_pv_block};
+  if (tiles == Bf16Tiles::avx512_bf16) return {dot_qk_block, dot_pv_block};
+  return gemm::amx_model_on() ? Bf16Products{amx_model::amx_qk_block, amx_model::amx_pv_block} : Bf16Products{amx_qk_block, amx_pv_block};
 }
 
 void run_q_block_bf16(const FlashGeometry& g, const AttentionBatch& batch, const HeadProblem& head, const PackedKVBf16& kv, int64_t q0,
@@ -307,13 +308,16 @@ void run_q_block_int8(const FlashGeometry& g, const AttentionBatch& batch, const
   const bool vnni = tiles == Int8Tiles::avx512_vnni;
   if (vnni)
     for (std::size_t i = 0; i < qb.q.size(); ++i) qb.q_shifted[i] = static_cast<uint8_t>(qb.q[i] + 128);
-  walk_key_blocks(g, batch, head, kv.v, st, s, vnni ? dot_pv_block : amx_pv_block, [&](int p, int64_t kb, float* scores) {
+  const bool model = gemm::amx_model_on();
+  const PvBlock pv = vnni ? dot_pv_block : model ? amx_model::amx_pv_block : amx_pv_block;
+  const auto qk_tiles = model ? amx_model::amx_qk_block_int8 : amx_qk_block_int8;
+  walk_key_blocks(g, batch, head, kv.v, st, s, pv, [&](int p, int64_t kb, float* scores) {
     const int64_t panel = p * kAmxRows * lay.dpad8;
     const int8_t* k_block = kv.k + kb * lay.dpad8 * kBlockKeys;
     if (vnni)
       dot_qk_block_int8(qb.q_shifted.data() + panel, lay.dpad8, k_block, kv.k_sum + kb * kBlockKeys, qb.scale + p * kAmxRows,
                         kv.k_scale[kb], scores);
-    else amx_qk_block_int8(qb.q.data() + panel, lay.dpad8, k_block, qb.scale + p * kAmxRows, kv.k_scale[kb], scores);
+    else qk_tiles(qb.q.data() + panel, lay.dpad8, k_block, qb.scale + p * kAmxRows, kv.k_scale[kb], scores);
     const uint8_t* bad = kv.k_bad + kb * kBlockKeys;
     if (!qb.panel_bad[p] && std::memchr(bad, 1, kBlockKeys) == nullptr) return;  // the usual case: all finite
     const int64_t key0 = kb * kBlockKeys, keys = std::min<int64_t>(kBlockKeys, head.sk - key0);

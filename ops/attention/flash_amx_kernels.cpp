@@ -18,6 +18,7 @@
 #endif
 
 namespace cubevec::ops::attn {
+CUBEVEC_AMX_KERNELS_BEGIN
 
 void amx_qk_block(const uint16_t* q, int64_t dpad, const uint16_t* k_packed, float* s) {
   gemm::configure_amx_tiles();
@@ -116,6 +117,9 @@ void amx_qk_block_int8(const int8_t* q, int64_t dpad8, const int8_t* k_packed, c
   }
 }
 
+CUBEVEC_AMX_KERNELS_END
+
+#ifndef CUBEVEC_AMX_MODEL_BUILD  // no tiles: the model build has no copy of these
 float abs_max_avx512(const float* x, int64_t n) {
   __m512 m = _mm512_setzero_ps();
   __mmask16 odd = 0;  // lanes that met a NaN or an infinity
@@ -136,5 +140,6 @@ void quantize_int8_avx512(const float* x, int64_t n, float inv, int8_t* dst) {
     _mm512_mask_cvtsepi32_storeu_epi8(dst + i, valid, _mm512_cvtps_epi32(v));  // rounds to nearest even
   }
 }
+#endif
 
 }  // namespace cubevec::ops::attn

@@ -20,6 +20,13 @@ void amx_qk_block(const uint16_t* q, int64_t dpad, const uint16_t* k_packed, flo
 // head's end zero).
 void amx_pv_block(const uint16_t* p, int keys, int64_t dpad, const uint16_t* v_packed, float* o, const float* alpha);
 
+// The three tile kernels above on the tile model (ops/gemm/amx_model.h; flash_amx_kernels_model.cpp).
+namespace amx_model {
+void amx_qk_block(const uint16_t* q, int64_t dpad, const uint16_t* k_packed, float* s);
+void amx_pv_block(const uint16_t* p, int keys, int64_t dpad, const uint16_t* v_packed, float* o, const float* alpha);
+void amx_qk_block_int8(const int8_t* q, int64_t dpad8, const int8_t* k_packed, const float* row_scale, float k_scale, float* s);
+}  // namespace amx_model
+
 // The same two steps with AVX512-BF16 dot products (flash_dot_kernels.cpp, compiled for
 // AVX512-BF16; called only where the CPU has it): for CPUs without AMX. Same layouts, same results
 // up to the f32 summation order.

@@ -48,7 +48,7 @@ std::vector<GemmVariant> candidate_variants(GemmFamily family, Isa isa) {
     if (const auto forced = forced_int8_isa()) kernels = {*forced};
     else
       for (Int8Isa k : {Int8Isa::amx, Int8Isa::avx512_vnni, Int8Isa::avx_vnni, Int8Isa::avx2})
-        if (int8_isa_supported(k)) kernels.push_back(k);
+        if (int8_isa_supported(k) && !(k == Int8Isa::amx && amx_model_on())) kernels.push_back(k);  // never time the model
     if (kernels.empty()) kernels = {Int8Isa::portable};  // measured only where nothing faster exists
     std::vector<GemmVariant> out;
     for (Int8Isa k : kernels)
@@ -61,7 +61,7 @@ std::vector<GemmVariant> candidate_variants(GemmFamily family, Isa isa) {
     else {
       paths.clear();
       for (Bf16Path p : {Bf16Path::amx, Bf16Path::dot, Bf16Path::f32})
-        if (bf16_path_available(p)) paths.push_back(p);
+        if (bf16_path_available(p) && !(p == Bf16Path::amx && amx_model_on())) paths.push_back(p);  // never time the model
     }
   }
   std::vector<GemmVariant> out;
@@ -205,8 +205,18 @@ GemmVariant best_for_int8_kernel(const GemmTuneEntry& entry, Int8Isa kernel) {
 
 }  // namespace
 
+std::optional<GemmTuneEntry> amx_model_choice(const GemmTuneKey& key) {
+  if (!amx_model_on() || (key.family == GemmFamily::f32)) return std::nullopt;
+  for (const GemmVariant& v : candidate_variants(key.family, key.isa))
+    if (v.int8 == Int8Isa::amx || (!v.int8 && v.bf16 == Bf16Path::amx)) return GemmTuneEntry{key, v, {}};
+  return std::nullopt;
+}
+
 GemmTuneEntry calibrate(const GemmTuneKey& key, const CpuCaches& caches, const std::function<void(const VariantRate&)>& progress) {
   if (key.threads < 1) throw Error("gemm calibration: threads must be at least 1, got " + std::to_string(key.threads));
+  if (amx_model_choice(key))
+    throw Error("gemm calibration: the " + std::string(gemm_family_name(key.family)) +
+                " kernel is forced onto the AMX tile model (CUBEVEC_AMX_MODEL=1), whose speed says nothing about AMX's: it is not timed");
   if (!isa_supported(key.isa)) throw Error("gemm calibration: ISA " + std::string(isa_name(key.isa)) + " is not supported by this CPU");
   GemmTuneEntry entry;
   entry.key = key;

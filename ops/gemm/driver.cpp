@@ -67,7 +67,10 @@ Plan<uint16_t> bf16_kernel(Bf16Path path) {
   // AVX512-BF16: the f32 plan's bytes per panel at twice the k depth. AMX: B's 32-column
   // micro-panel (KC x 32 bf16 = 32 KiB) stays in L1 while the A panels stream past it (measured on
   // a 2-core Xeon, 4096x3072x3072: KC 1536 -> 1141 GFLOP/s, 512 -> 1389, 256 -> 1315).
-  if (path == Bf16Path::amx) return {microkernel_bf16_amx, epilogue_avx512, kMrAmx, kNrAmx, 512, 0, 0, 2, 32, 32};
+  if (path == Bf16Path::amx) {
+    if (!amx_ready()) throw Error("gemm: the AMX-BF16 kernel is not available on this CPU");
+    return {amx_model_on() ? amx_model::microkernel_bf16_amx : microkernel_bf16_amx, epilogue_avx512, kMrAmx, kNrAmx, 512, 0, 0, 2, 32, 32};
+  }
   Plan<uint16_t> plan{microkernel_bf16_avx512, epilogue_avx512, kMrBf16, kNrBf16, 1536, 0, 0, 2};
   plan.micro_rows = microkernel_bf16_avx512_rows;
   return plan;
@@ -328,7 +331,7 @@ bool has_bf16_dot() {
   return has;
 }
 
-bool amx_ready() {
+bool amx_native() {
   static const bool ready = [] {
     // CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE (read directly: clang 14 has no
     // __builtin_cpu_supports names for them).
@@ -341,6 +344,41 @@ bool amx_ready() {
   }();
   return ready;
 }
+
+namespace {
+
+constexpr int kModelUnread = -1;
+std::atomic<int> amx_model_state{kModelUnread};  // 0 off, 1 on
+
+int amx_model_from_environment() {
+  const char* env = std::getenv("CUBEVEC_AMX_MODEL");
+  if (!env || !*env || std::string_view(env) == "0") return 0;
+  if (std::string_view(env) != "1")
+    throw Error("CUBEVEC_AMX_MODEL=" + text_for_message(env) + ": expected 1 (run AMX kernels on the tile model) or 0");
+  if (!has_bf16_dot())
+    throw Error("CUBEVEC_AMX_MODEL=1: the AMX tile model needs AVX512-BF16 (the AMX kernels' other instructions), which this CPU lacks");
+  return 1;
+}
+
+}  // namespace
+
+bool amx_model_on() {
+  int state = amx_model_state.load(std::memory_order_acquire);
+  if (state == kModelUnread) {
+    int expected = kModelUnread;
+    amx_model_state.compare_exchange_strong(expected, amx_model_from_environment(), std::memory_order_acq_rel);
+    state = amx_model_state.load(std::memory_order_acquire);
+  }
+  return state == 1;
+}
+
+void use_amx_model(bool on) {
+  if (on && !has_bf16_dot())
+    throw Error("the AMX tile model needs AVX512-BF16 (the AMX kernels' other instructions), which this CPU lacks");
+  amx_model_state.store(on ? 1 : 0, std::memory_order_release);
+}
+
+bool amx_ready() { return amx_model_on() || amx_native(); }
 
 std::string_view bf16_path_name(Bf16Path path) {
   switch (path) {

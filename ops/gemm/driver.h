@@ -156,8 +156,20 @@ void sgemm_variant(const Problem& p, Isa isa, int threads, const GemmVariant& va
 
 // True when the CPU has AVX512-BF16 dot products.
 bool has_bf16_dot();
-// True when the CPU has AMX-BF16 and Linux granted this process the tile state.
+// True when AMX-BF16 tiles can run in this process: the CPU's own (Linux granted the tile state),
+// or the tile model while it is on (below).
 bool amx_ready();
+// True when the CPU has AMX-BF16 and Linux granted this process the tile state.
+bool amx_native();
+// The AMX tile model (ops/gemm/amx_model.h) in place of the CPU's tiles: every AMX kernel then
+// runs the same code on plain C++ tiles, far slower, on any CPU with AVX512-BF16 (what the kernels'
+// non-tile parts need). On from the start with CUBEVEC_AMX_MODEL=1 (any other value but 0 or empty
+// is an Error), or switched by use_amx_model (tests; an Error where the CPU lacks AVX512-BF16).
+// The calibration never measures the model (its speed says nothing about AMX's): a GEMM runs it
+// only where AMX is named (CUBEVEC_GEMM_BF16=amx, CUBEVEC_INT8_ISA=amx, a variant or packing that
+// names it); the attention's bf16 and int8 tiles prefer it as they prefer real AMX.
+bool amx_model_on();
+void use_amx_model(bool on);
 // The bf16 path CUBEVEC_GEMM_BF16=amx|avx512bf16|f32 forces (read once; an unavailable or unknown
 // one is an Error), or nullopt: the calibration chooses.
 std::optional<Bf16Path> forced_bf16_path();

@@ -32,7 +32,9 @@ struct Int8Plan {
 
 Int8Plan plan_of(Int8Isa isa) {
   switch (isa) {
-    case Int8Isa::amx: return {int8_microkernel_amx, int8_epilogue_avx512, kMrInt8Amx, kNrInt8Amx, true};
+    case Int8Isa::amx:
+      if (!int8_isa_supported(isa)) throw Error("int8 GEMM: the AMX-INT8 kernel is not available on this CPU");
+      return {amx_model_on() ? amx_model::int8_microkernel_amx : int8_microkernel_amx, int8_epilogue_avx512, kMrInt8Amx, kNrInt8Amx, true};
     case Int8Isa::avx512_vnni: return {int8_microkernel_avx512_vnni, int8_epilogue_avx512, kMrInt8Avx512, kNrInt8Avx512, false};
     case Int8Isa::avx_vnni: return {int8_microkernel_avx_vnni, int8_epilogue_avx2, kMrInt8AvxVnni, kNrInt8AvxVnni, false};
     case Int8Isa::avx2: return {int8_microkernel_avx2, int8_epilogue_avx2, kMrInt8Avx2, kNrInt8Avx2, false, true};
@@ -127,7 +129,7 @@ static bool has_amx_int8() {
 
 bool int8_isa_supported(Int8Isa isa) {
   switch (isa) {
-    case Int8Isa::amx: return has_amx_int8() && amx_ready();
+    case Int8Isa::amx: return amx_model_on() || (has_amx_int8() && amx_native());
     case Int8Isa::avx512_vnni:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
     case Int8Isa::avx_vnni: return __builtin_cpu_supports("avx2") && has_avx_vnni();
@@ -161,7 +163,7 @@ Int8Isa best_int8_isa() {
   static const Int8Isa best = [] {
     if (const auto forced = forced_int8_isa()) return *forced;
     for (Int8Isa isa : {Int8Isa::amx, Int8Isa::avx512_vnni, Int8Isa::avx_vnni, Int8Isa::avx2})
-      if (int8_isa_supported(isa)) return isa;
+      if (int8_isa_supported(isa) && !(isa == Int8Isa::amx && amx_model_on())) return isa;  // the model only where named
     return Int8Isa::portable;
   }();
   return best;

@@ -37,6 +37,9 @@ void int8_microkernel_avx_vnni(int64_t k_quads, const uint8_t* a, const int8_t* 
 // 16 (the packing pads K to 64 with zeros). Called only where amx_ready() granted the tile state.
 inline constexpr int kMrInt8Amx = 32, kNrInt8Amx = 32, kKQuadsPerAmxBlock = 16;
 void int8_microkernel_amx(int64_t k_quads, const uint8_t* a, const int8_t* b, int32_t* c, int64_t ldc);
+namespace amx_model {  // the same on the tile model (ops/gemm/amx_model.h; int8_microkernel_amx_model.cpp)
+void int8_microkernel_amx(int64_t k_quads, const uint8_t* a, const int8_t* b, int32_t* c, int64_t ldc);
+}
 // AVX2 without VNNI: A is packed as u16 quads, [k_quads][MR][4] (see int8_microkernel_avx2.cpp).
 inline constexpr int kMrInt8Avx2 = 6, kNrInt8Avx2 = 8;
 void int8_microkernel_avx2(int64_t k_quads, const uint8_t* a, const int8_t* b, int32_t* c, int64_t ldc);

@@ -7,6 +7,7 @@
 #include "ops/gemm/int8_kernels.h"
 
 namespace cubevec::ops::gemm {
+CUBEVEC_AMX_KERNELS_BEGIN
 
 void int8_microkernel_amx(int64_t k_quads, const uint8_t* a, const int8_t* b, int32_t* c, int64_t ldc) {
   configure_amx_tiles();
@@ -34,4 +35,5 @@ void int8_microkernel_amx(int64_t k_quads, const uint8_t* a, const int8_t* b, in
   _tile_stored(3, c + 16 * ldc + 16, stride);
 }
 
+CUBEVEC_AMX_KERNELS_END
 }  // namespace cubevec::ops::gemm

@@ -6,6 +6,7 @@
 #include "ops/gemm/microkernel_bf16.h"
 
 namespace cubevec::ops::gemm {
+CUBEVEC_AMX_KERNELS_BEGIN
 
 void microkernel_bf16_amx(int64_t kpairs, const uint16_t* a, const uint16_t* b, float* c, int64_t ldc, bool accumulate) {
   configure_amx_tiles();
@@ -42,6 +43,9 @@ void microkernel_bf16_amx(int64_t kpairs, const uint16_t* a, const uint16_t* b, 
   }
 }
 
+CUBEVEC_AMX_KERNELS_END
+
+#ifndef CUBEVEC_AMX_MODEL_BUILD  // no tiles: the model build has no copy of it
 void f32_to_bf16_block_amx(const float* src, uint16_t* dst, int n) {
   const __mmask16 lo = static_cast<__mmask16>(n >= 16 ? 0xFFFF : (1u << (n > 0 ? n : 0)) - 1u);
   const __mmask16 hi = static_cast<__mmask16>(n >= 32 ? 0xFFFF : n > 16 ? (1u << (n - 16)) - 1u : 0u);
@@ -50,5 +54,6 @@ void f32_to_bf16_block_amx(const float* src, uint16_t* dst, int n) {
   const __mmask32 all = n >= 32 ? 0xFFFFFFFFu : (1u << (n > 0 ? n : 0)) - 1u;
   _mm512_mask_storeu_epi16(dst, all, reinterpret_cast<__m512i>(v));
 }
+#endif
 
 }  // namespace cubevec::ops::gemm

@@ -26,5 +26,9 @@ void microkernel_bf16_amx(int64_t kpairs, const uint16_t* a, const uint16_t* b, 
 // n (0 to 32) f32 values rounded to bf16 (nearest even) with AVX512-BF16: one row of an A tile
 // packed from f32 activations (every AMX CPU has AVX512-BF16).
 void f32_to_bf16_block_amx(const float* src, uint16_t* dst, int n);
+// The AMX kernel on the tile model (ops/gemm/amx_model.h; microkernel_amx_model.cpp).
+namespace amx_model {
+void microkernel_bf16_amx(int64_t kpairs, const uint16_t* a, const uint16_t* b, float* c, int64_t ldc, bool accumulate);
+}
 
 }  // namespace cubevec::ops::gemm

@@ -436,6 +436,9 @@ const std::string& with_folder(const std::string& path) {
 TuningFileLock::TuningFileLock(const std::string& path) : lock_(with_folder(path), kTuningLockWait) {}
 
 void write_tuning_section(const std::string& path, const std::string& section, const json& value) {
+  // A run on the AMX tile model checks code; what it measured (the attention's picks among kernels
+  // one of which runs on the model, say) must not become a real run's choices.
+  if (amx_model_on()) return;
   TuningFileLock file_lock(path);         // creates the folder
   json doc = read_tuning_document(path);  // another format version: an Error, the file kept
   if (!doc.is_object()) doc = {{"format", kFormat}, {"version", kVersion}};
@@ -459,6 +462,7 @@ void GemmTuner::load_default_once() {
 }
 
 GemmTuneEntry GemmTuner::choose(const GemmTuneKey& key) {
+  if (auto model = amx_model_choice(key)) return *model;  // never timed, never stored
   load_default_once();
   if (auto found = find(key)) return *found;
   std::lock_guard measuring(measure_mutex_);

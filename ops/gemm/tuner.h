@@ -71,6 +71,11 @@ inline constexpr double kSwitchMargin = 1.05;
 // f32; AVX512-VNNI, AVX-VNNI, portable), unless another kernel is kSwitchMargin faster.
 GemmVariant choose_variant(const std::vector<VariantRate>& rates);
 
+// Where the AMX tile model is on (CUBEVEC_AMX_MODEL=1) and the key's family is forced onto AMX,
+// the entry a run uses instead of measuring: the kernel at its first L2 share, no rates (the
+// model's speed says nothing about AMX's, and nothing measured on it may reach the tuning file).
+std::optional<GemmTuneEntry> amx_model_choice(const GemmTuneKey& key);
+
 // Measures every candidate on the class's problem in a task arena of key.threads threads; with
 // `progress`, reports each variant as it is measured.
 GemmTuneEntry calibrate(const GemmTuneKey& key, const CpuCaches& caches, const std::function<void(const VariantRate&)>& progress = {});

@@ -25,6 +25,7 @@
 #include "ops/attention/problem.h"
 #include "tensor/half.h"
 
+#include "common/amx_model_scope.h"
 #include "common/attention_reference.h"
 #include "common/tensor_testing.h"
 #include "device/device_test_util.h"
@@ -101,6 +102,7 @@ TEST(AttentionFlash, EveryIsaMatchesTheDoubleLoop) {
 // tiles, AVX512-BF16 dot products): within the bf16 bound of the double loop on the operands as the
 // products see them (f32 inputs rounded to bf16).
 TEST(AttentionFlash, Bf16TilesMatchTheDoubleLoop) {
+  const cubevec::testing::AmxModelWhereNoAmx amx_tiles;  // AMX on the tile model where the CPU has none
   if (!ops::attention_impl_available(AttentionImpl::flash_bf16)) {
     const Qkv x = make_qkv(1, 8, 8, 1, 16, DType::bf16, 3);
     EXPECT_NE(
@@ -185,6 +187,7 @@ Qkv offset_qkv(int64_t sq, int64_t sk, int64_t d, DType dtype, unsigned seed) {
 // quantized above (the int8 rounding itself is the test's, not the kernel's; one tie rounded the
 // other way moves a score by one q_scale x k_scale).
 TEST(AttentionFlash, Int8TilesMatchTheDoubleLoopOnTheQuantizedOperands) {
+  const cubevec::testing::AmxModelWhereNoAmx amx_tiles;  // AMX on the tile model where the CPU has none
   if (!ops::attention_impl_available(AttentionImpl::flash_int8)) {
     const Qkv x = make_qkv(1, 8, 8, 1, 16, DType::bf16, 3);
     EXPECT_NE(

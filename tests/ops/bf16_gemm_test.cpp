@@ -10,6 +10,7 @@
 #include "ops/gemm/driver.h"
 #include "tensor/half.h"
 
+#include "common/amx_model_scope.h"
 #include "common/tensor_testing.h"
 
 namespace cubevec {
@@ -83,6 +84,7 @@ TEST(Bf16Gemm, EveryIsaComputesTheSameRoundedProduct) {
 }
 
 TEST(Bf16Gemm, EveryVariantTheCalibrationWeighsMatchesTheLoopPackedOrNot) {
+  const cubevec::testing::AmxModelWhereNoAmx amx_tiles;  // AMX on the tile model where the CPU has none
   // AMX tiles (32 x 32 blocks, k padded to 32), AVX512-BF16 dot products and the f32 kernel on
   // rounded values, each at every L2 share the calibration measures, on this machine's caches and
   // on a small fake L2 (so MC is one register panel and the row blocks have edges): shapes with

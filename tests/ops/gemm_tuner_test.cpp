@@ -10,6 +10,7 @@
 #include <random>
 #include <sys/stat.h>
 
+#include "common/amx_model_scope.h"
 #include "common/temp_dir.h"
 #include "base/error.h"
 #include "base/output_file.h"
@@ -110,6 +111,7 @@ TEST(GemmVariants, EveryF32VariantMatchesTheDoubleLoop) {
 }
 
 TEST(GemmVariants, EveryInt8VariantMatchesTheIntegerLoop) {
+  const cubevec::testing::AmxModelWhereNoAmx amx_tiles;  // AMX on the tile model where the CPU has none
   std::mt19937 rng(5);
   std::uniform_int_distribution<int> dist(-127, 127);
   const int64_t m = 45, n = 70, k = 1600;  // edge tiles on every kernel (MR 32 / 14 / 6 / 4, NR 32 / 16); K 25 AMX blocks

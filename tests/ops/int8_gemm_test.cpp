@@ -13,6 +13,7 @@
 #include "ops/vector_ops.h"
 #include "tensor/half.h"
 
+#include "common/amx_model_scope.h"
 #include "common/tensor_testing.h"
 #include "common/vector_isa.h"
 
@@ -51,6 +52,7 @@ std::vector<int8_t> random_s8(std::size_t n, unsigned seed) {
 }
 
 TEST(Int8Gemm, ExactIntegerSumsOnEveryIsa) {
+  const cubevec::testing::AmxModelWhereNoAmx amx_tiles;  // AMX on the tile model where the CPU has none
   for (Int8Isa isa : supported_isas())
     for (const Shape3& s : kShapes) {
       SCOPED_TRACE(std::string(ops::gemm::int8_isa_name(isa)) + " " + std::to_string(s.m) + "x" + std::to_string(s.n) + "x" +
@@ -76,7 +78,8 @@ TEST(Int8Gemm, ExactIntegerSumsOnEveryIsa) {
 }
 
 TEST(Int8Gemm, EveryEpilogue) {
-  const int64_t m = 23, n = 37, k = 45, kp = 64;  // kp: the widest padding (AMX's 64)
+  const cubevec::testing::AmxModelWhereNoAmx amx_tiles;  // AMX on the tile model where the CPU has none
+  const int64_t m = 23, n = 37, k = 45, kp = 64;         // kp: the widest padding (AMX's 64)
   const std::vector<uint8_t> a = random_u8(static_cast<std::size_t>(m * kp), 3);
   const std::vector<int8_t> w = random_s8(static_cast<std::size_t>(n * k), 4);
   std::vector<int32_t> int_bias(static_cast<std::size_t>(n));
@@ -222,6 +225,7 @@ TEST(Int8Quantize, MatmulInt8EndToEnd) {
 // dynamic and static (with SmoothQuant), f32 and bf16 activations, a strided view, a row with a
 // NaN, row counts that split into several A blocks and parts, and every epilogue.
 TEST(Int8Quantize, FusedQuantizeOnPackEqualsTheSeparatePassBitForBit) {
+  const cubevec::testing::AmxModelWhereNoAmx amx_tiles;  // AMX on the tile model where the CPU has none
   const int64_t n = 70, k = 150;
   const std::vector<int8_t> w = random_s8(static_cast<std::size_t>(n * k), 31);
   const Tensor col = random_tensor({n}, 32, DType::f32, 0.01f, 0.02f), bias = random_tensor({n}, 33, DType::f32, 1.0f);
