@@ -61,8 +61,8 @@ ParsedCommand CommandLine::parse(int argc, const char* const* argv) {
   for (const auto& [subcommand, run] : runners_)
     if (subcommand->parsed()) {
       check_outputs_against_inputs(*subcommand);
-      return {[run = run, tuning_file = tuning_files_.at(subcommand)] {
-                use_tuning_file(*tuning_file);
+      return {[run = run, tuning_file = tuning_files_.at(subcommand), writes_it = subcommand->get_name() == "tune"] {
+                use_tuning_file(*tuning_file, writes_it);
                 return run();
               },
               0};

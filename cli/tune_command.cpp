@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "ops/attention_tuner.h"
 #include "cli/device_flags.h"
 #include "ops/gemm/tuner.h"
 #include "base/error.h"
@@ -65,6 +66,13 @@ int run_tune(const TuneFlags& f, const DeviceFlags& device_flags) {
   std::error_code ec;  // the default file's cache folder is cubevec's to make (a fresh machine has none); a named file's must exist
   if (!file.empty() && !tuner.strict()) std::filesystem::create_directories(std::filesystem::path(file).parent_path(), ec);
   if (!file.empty()) check_output_path(file, "tuning file");  // tune writes it: a read-only file is refused before measuring
+  // A named file must be valid throughout before anything is measured into it, its attention
+  // section too (as `attention --tune-cache` and every generation command require).
+  if (!file.empty() && tuner.strict()) try {
+      ops::AttentionTuner().merged_section(g::read_tuning_section(file, "attention"), "", nlohmann::json::array());
+    } catch (const Error& e) {
+      throw Error("tuning file " + file + " is not valid: " + e.what());
+    }
   std::fprintf(stderr, "tune: %s; caches %s; ISA %s; tuning file %s\n", g::cpu_model_name().c_str(), g::this_cpu_caches().text().c_str(),
                std::string(g::isa_name(g::best_isa())).c_str(),
                file.empty() ? "(none: nothing measured is saved; see the warning above, or set HOME or XDG_CACHE_HOME)" : file.c_str());

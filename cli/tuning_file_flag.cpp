@@ -20,12 +20,13 @@ std::shared_ptr<std::string> add_tuning_file_flag(CLI::App& command) {
   return path;
 }
 
-void use_tuning_file(const std::string& path) {
+void use_tuning_file(const std::string& path, bool command_writes_it) {
   if (path.empty()) return;
   // A read-only tuning file is one to use and not to change: a run that finds what it needs there
   // goes ahead, and what it measures anew is not saved (a warning says so when it happens).
   struct stat st {};
   const bool read_only = ::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & (S_IWUSR | S_IWGRP | S_IWOTH)) == 0;
+  if (read_only && command_writes_it) check_output_path(path, "tuning file");  // the refusal, before any note
   if (!read_only) check_output_path(path, "--tune-cache");
   const std::string warning = ops::gemm::GemmTuner::global().set_file(path, true);
   if (!warning.empty()) std::fprintf(stderr, "warning: %s\n", warning.c_str());

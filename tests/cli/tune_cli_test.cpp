@@ -99,6 +99,14 @@ TEST_F(TuneCli, BadNamesAndBadFilesAreErrorsBeforeAnyMeasurement) {
             std::string::npos)
       << attention.err;
   EXPECT_EQ(read_file(bad_attention), bad_text);
+  // ... for `tune` too, which writes the file whole: refused before measuring anything.
+  const auto tune_bad_attention = run({"tune", "--tune-cache", bad_attention, "--families", "f32", "--shapes", "skinny"});
+  EXPECT_EQ(tune_bad_attention.status, 1);
+  EXPECT_NE(tune_bad_attention.err.find("error: tuning file " + bad_attention + " is not valid: field 'attention' must be an array"),
+            std::string::npos)
+      << tune_bad_attention.err;
+  EXPECT_EQ(tune_bad_attention.err.find("f32 "), std::string::npos) << "measured before refusing: " << tune_bad_attention.err;
+  EXPECT_EQ(read_file(bad_attention), bad_text);
 
   const std::string fifo = (dir_ / "fifo").string();
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
@@ -142,6 +150,7 @@ TEST_F(TuneCli, AGenerationRunWritesWhatItCalibrated) {
   const auto tune = run({"tune", "--tune-cache", file, "--families", "f32", "--shapes", "skinny", "--cube-threads", "1", "--again"});
   EXPECT_EQ(tune.status, 1);
   EXPECT_NE(tune.err.find("error: tuning file " + file + ": is read-only"), std::string::npos) << tune.err;
+  EXPECT_EQ(tune.err.find("note:"), std::string::npos) << "the read-only note is for commands that use the file: " << tune.err;
   EXPECT_EQ(read_file(file), before);
 }
 
