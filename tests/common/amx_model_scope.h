@@ -14,7 +14,8 @@ class AmxModelWhereNoAmx {
  public:
   AmxModelWhereNoAmx() : was_on_(ops::gemm::amx_model_on()) {
     if (!ops::gemm::amx_native() && ops::gemm::has_bf16_dot()) ops::gemm::use_amx_model(true);
-    if (ops::gemm::amx_model_on() && !was_on_) std::printf("AMX kernels: on the tile model (this CPU has no AMX)\n");
+    static bool said = false;  // once per test process
+    if (ops::gemm::amx_model_on() && !was_on_ && !said) said = true, std::printf("AMX kernels: on the tile model (this CPU has no AMX)\n");
   }
   ~AmxModelWhereNoAmx() { ops::gemm::use_amx_model(was_on_); }
   AmxModelWhereNoAmx(const AmxModelWhereNoAmx&) = delete;

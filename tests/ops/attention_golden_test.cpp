@@ -20,8 +20,9 @@
 //   bf16, flash / cv_pipelined / runtime / static:  |got - e| <= 2^-5 * M + 1e-3
 //         (these keep the scores and probabilities in f32, so they differ from the rounded path
 //         by up to half a bf16 ulp of every score and probability)
-//   flash_bf16 (where the CPU has AMX-BF16), f32 or bf16 cases: the bf16 flash bound (it rounds
-//         q, k, v and the probabilities to bf16 and sums in f32)
+//   flash_bf16 (where the CPU has AMX-BF16 or AVX512-BF16; on AMX tiles through the tile model too
+//         where it has only the latter), f32 or bf16 cases: the bf16 flash bound (it rounds q, k, v
+//         and the probabilities to bf16 and sums in f32)
 // A NaN expected value (a row whose mask is false everywhere) must be NaN; a NaN result where the
 // golden is finite is a failure.
 #include <gtest/gtest.h>
@@ -44,6 +45,7 @@
 #include "tensor/half.h"
 #include "tensor/safetensors.h"
 
+#include "common/amx_model_scope.h"
 #include "common/tensor_testing.h"
 
 namespace cubevec {
@@ -207,8 +209,13 @@ struct AttentionRun {
   ops::AttentionOptMode mode;
   ops::AttentionImpl impl;
   ops::AttentionLayout kernel_layout;
-  bool math;  // rounds like MindIE's attention_math (bf16 tolerance)
+  bool math;                  // rounds like MindIE's attention_math (bf16 tolerance)
+  bool on_amx_model = false;  // flash_bf16's AMX tiles on the tile model (a CPU without AMX)
 };
+
+// Whether flash_bf16 also runs a second time on AMX tiles through the tile model: on CPUs that have
+// AVX512-BF16 but no AMX, where its automatic choice takes the dot products.
+bool amx_model_pass() { return !ops::gemm::amx_native() && ops::gemm::has_bf16_dot(); }
 
 std::vector<AttentionRun> attention_runs() {
   std::vector<AttentionRun> runs;
@@ -218,6 +225,10 @@ std::vector<AttentionRun> attention_runs() {
         runs.push_back({"manual " + std::string(ops::attention_impl_name(impl)) + ", kernel layout " +
                             std::string(ops::attention_layout_name(kernel_layout)),
                         ops::AttentionOptMode::manual, impl, kernel_layout, impl == ops::AttentionImpl::math});
+  if (amx_model_pass())
+    for (auto kernel_layout : {ops::AttentionLayout::bnsd, ops::AttentionLayout::bsnd})
+      runs.push_back({"manual flash_bf16 on the AMX tile model, kernel layout " + std::string(ops::attention_layout_name(kernel_layout)),
+                      ops::AttentionOptMode::manual, ops::AttentionImpl::flash_bf16, kernel_layout, false, true});
   // The automatic modes may choose any implementation: the looser (flash) bf16 bound.
   runs.push_back({"runtime", ops::AttentionOptMode::runtime, ops::AttentionImpl::flash, ops::AttentionLayout::bnsd, false});
   runs.push_back({"static", ops::AttentionOptMode::static_table, ops::AttentionImpl::flash, ops::AttentionLayout::bnsd, false});
@@ -254,6 +265,8 @@ TEST(GoldenAttention, AttentionForwardEveryImplementation) {
         options.op_type = run.impl;
         options.kernel_layout = run.kernel_layout;
         try {
+          std::optional<cubevec::testing::AmxModelWhereNoAmx> amx_tiles;
+          if (run.on_amx_model) amx_tiles.emplace();
           const Tensor out = ops::attention_forward(q, k, v, options);
           // flash_bf16 rounds q, k, v and P to bf16 whatever they come in: the bf16 bound.
           const bool f32_sums = dtype == "f32" && run.impl != ops::AttentionImpl::flash_bf16;
@@ -283,7 +296,8 @@ TEST(GoldenAttention, VarlenEveryImplementation) {
   const auto cases = cases_of(*file, "attention_varlen");
   std::vector<ops::AttentionImpl> impls = {ops::AttentionImpl::math, ops::AttentionImpl::flash, ops::AttentionImpl::cv_pipelined};
   if (ops::attention_impl_available(ops::AttentionImpl::flash_bf16)) impls.push_back(ops::AttentionImpl::flash_bf16);
-  std::printf("[ golden   ] attention_varlen: %zu cases x %zu implementations from %s\n", cases.size(), impls.size(),
+  const std::size_t runs_per_case = impls.size() + (amx_model_pass() ? 1 : 0);  // flash_bf16 once more, on the AMX tile model
+  std::printf("[ golden   ] attention_varlen: %zu cases x %zu runs from %s\n", cases.size(), runs_per_case,
               std::filesystem::path(attention_golden_path()).filename().c_str());
   int cases_run = 0, runs_done = 0;
   for (const AttentionCase& c : cases) {
@@ -298,13 +312,18 @@ TEST(GoldenAttention, VarlenEveryImplementation) {
       int64_t max_sk = 0;
       for (int64_t b = 0; b + 1 < cu_k.numel(); ++b) max_sk = std::max<int64_t>(max_sk, cu_k.at<int32_t>({b + 1}) - cu_k.at<int32_t>({b}));
       const int64_t d = q.size(2);
-      for (ops::AttentionImpl impl : impls) {
+      for (std::size_t r = 0; r < runs_per_case; ++r) {
+        const bool on_model = r == impls.size();
+        const ops::AttentionImpl impl = on_model ? ops::AttentionImpl::flash_bf16 : impls[r];
         ops::VarlenOptions options;
         options.scale = case_scale(c);
         options.causal = c.params.at("causal").get<bool>();
         options.impl = impl;
-        const std::string label = std::string(ops::attention_impl_name(impl)) + (options.causal ? ", causal" : "");
+        const std::string label =
+            std::string(ops::attention_impl_name(impl)) + (on_model ? " on the AMX tile model" : "") + (options.causal ? ", causal" : "");
         try {
+          std::optional<cubevec::testing::AmxModelWhereNoAmx> amx_tiles;
+          if (on_model) amx_tiles.emplace();
           const Tensor out = ops::attention_forward_varlen(q, k, v, cu_q, cu_k, options);
           expect_matches_golden(*file, c, label, out, [&](double max_e) {
             const bool f32_sums = dtype == "f32" && impl != ops::AttentionImpl::flash_bf16;
@@ -321,7 +340,7 @@ TEST(GoldenAttention, VarlenEveryImplementation) {
     }
   }
   EXPECT_GT(cases_run, 0) << attention_golden_path() << " holds no attention_varlen case";
-  EXPECT_EQ(runs_done, cases_run * static_cast<int>(impls.size())) << "some varlen runs did not complete";
+  EXPECT_EQ(runs_done, cases_run * static_cast<int>(runs_per_case)) << "some varlen runs did not complete";
 }
 
 }  // namespace attention_golden_test
