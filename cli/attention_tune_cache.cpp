@@ -38,6 +38,7 @@ class TuningFilePicks : public ops::AttentionPicksFile {
   }
 
   void save() noexcept override {
+    if (ops::gemm::amx_model_on()) return;  // nothing a run on the AMX tile model measured is saved
     try {
       write();
     } catch (const std::exception& e) {
@@ -94,7 +95,8 @@ void AttentionTuneCacheFlag::load(const Device& device) const {
 }
 
 void AttentionTuneCacheFlag::save(const Device& device) const {
-  if (!ops::AttentionTuner::global().changed()) return;
+  // A run on the AMX tile model keeps its picks to itself (see ops::gemm::amx_model_on).
+  if (!ops::AttentionTuner::global().changed() || ops::gemm::amx_model_on()) return;
   if (path.empty()) {
     const std::string file = tuning_file();
     if (file.empty() || *unusable_) return;

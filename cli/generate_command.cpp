@@ -71,7 +71,7 @@ class FrameWriter {
       if (!parent.empty() && !std::filesystem::is_directory(parent, error))
         throw Error("--frames-dir " + dir_ + ": its parent folder " + parent.string() +
                     " does not exist (cubevec creates the frames folder, not its parents)");
-      std::filesystem::create_directory(dir_, error);
+      created_ = std::filesystem::create_directory(dir_, error);
       if (error || !std::filesystem::is_directory(dir_)) throw Error("--frames-dir " + dir_ + ": cannot create the frames folder");
       // A frame's path that is a folder, a link or a device fails now, not after the denoising.
       for (int64_t i = 0; i < frames; ++i) {
@@ -84,6 +84,18 @@ class FrameWriter {
       }
     }
   }
+
+  // A run that ends before its video is written (an error, Ctrl-C) leaves no frames folder it made:
+  // the frames' temporaries go first, then the folder if nothing else is in it (remove never
+  // deletes a folder that is not empty).
+  ~FrameWriter() {
+    if (!created_ || finished_) return;
+    frames_.clear();
+    std::error_code ignored;
+    std::filesystem::remove(dir_, ignored);
+  }
+  FrameWriter(const FrameWriter&) = delete;
+  FrameWriter& operator=(const FrameWriter&) = delete;
 
   void operator()(const Tensor& frames) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -106,6 +118,7 @@ class FrameWriter {
   void finish() {
     avi_.finish();
     for (const auto& frame : frames_) frame->commit();
+    finished_ = true;
   }
   int frame_count() const { return avi_.frame_count(); }
   double encode_seconds() const { return encode_s_; }
@@ -123,6 +136,8 @@ class FrameWriter {
   std::vector<std::unique_ptr<OutputFile>> frames_;
   int quality_;
   double encode_s_ = 0;
+  bool created_ = false;   // the frames folder did not exist before this run
+  bool finished_ = false;  // the video and its frames were written
 };
 
 // The flags as the library's request: the ones given; the model's defaults fill the rest.

@@ -10,7 +10,7 @@
 
 #include "cli/command_line.h"
 #include "cli/error_line.h"
-#include "ops/gemm/driver.h"
+#include "ops/gemm/tuner.h"
 #include "parallel/mpi_runtime.h"
 #include "base/error.h"
 #include "base/interrupt.h"
@@ -36,8 +36,9 @@ int run(int argc, char** argv) {
     if (cubevec::parallel::launched_by_mpirun()) cubevec::parallel::ensure_mpi();
     const cubevec::cli::ParsedCommand parsed = command_line.parse(argc, argv);
     if (!parsed.run) return parsed.exit_status;
-    // CUBEVEC_AMX_MODEL (a checking aid) is read before any work: a bad value fails at once, and a
-    // run whose AMX kernels are on the model says so.
+    // The kernel-forcing variables are read before any work: a bad value fails at once, and a run
+    // whose AMX kernels are on the tile model (CUBEVEC_AMX_MODEL, a checking aid) says so.
+    cubevec::ops::gemm::check_kernel_environment();
     if (cubevec::ops::gemm::amx_model_on())
       std::fprintf(stderr,
                    "note: CUBEVEC_AMX_MODEL=1: AMX kernels run on a plain C++ model of the tiles (to check the AMX code paths; far "

@@ -52,8 +52,6 @@ void print_bar(const g::GemmTuneKey& key, std::size_t done, std::size_t total, c
 }
 
 int run_tune(const TuneFlags& f, const DeviceFlags& device_flags) {
-  if (g::amx_model_on())
-    throw Error("tune: CUBEVEC_AMX_MODEL=1 is set: a run on the AMX tile model saves nothing to the tuning file (unset it to tune)");
   const auto families = parse_names<g::GemmFamily>(f.families, "--families", {g::GemmFamily::f32, g::GemmFamily::bf16, g::GemmFamily::int8},
                                                    g::gemm_family_name);
   const auto shapes = parse_names<g::ShapeClass>(f.shapes, "--shapes", {g::ShapeClass::skinny, g::ShapeClass::small, g::ShapeClass::large},

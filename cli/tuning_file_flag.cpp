@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include "ops/gemm/tuner.h"
+#include "base/error.h"
 #include "base/output_file.h"
 
 namespace cubevec::cli {
@@ -21,6 +22,8 @@ std::shared_ptr<std::string> add_tuning_file_flag(CLI::App& command) {
 }
 
 void use_tuning_file(const std::string& path, bool command_writes_it) {
+  if (command_writes_it && ops::gemm::amx_model_on())
+    throw Error("tune: CUBEVEC_AMX_MODEL=1 is set: a run on the AMX tile model saves nothing to the tuning file (unset it to tune)");
   if (path.empty()) return;
   // A read-only tuning file is one to use and not to change: a run that finds what it needs there
   // goes ahead, and what it measures anew is not saved (a warning says so when it happens).

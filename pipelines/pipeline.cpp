@@ -6,6 +6,7 @@
 #include "pipelines/generation.h"
 #include "pipelines/generation_defaults.h"
 #include "pipelines/seconds_since.h"
+#include "ops/gemm/tuner.h"
 #include "ops/gemm/driver.h"
 #include "pipelines/stages/offload.h"
 #include "pipelines/stages/quantize.h"
@@ -260,6 +261,7 @@ std::unique_ptr<Pipeline> PipelinePlan::load() && {
 
 std::unique_ptr<Pipeline> Pipeline::load(const std::string& model_dir, const LoadOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
+  ops::gemm::check_kernel_environment();  // a bad CUBEVEC_* kernel variable fails the load, not the first request
   PipelinePlan plan = PipelinePlan::read(model_dir, options);
   std::unique_ptr<Pipeline> p = std::move(plan).load();
   if (!options.simulate) {

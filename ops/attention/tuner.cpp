@@ -197,6 +197,8 @@ std::string AttentionTuner::load(const std::string& path, const std::string& fin
 }
 
 void AttentionTuner::save(const std::string& path, const std::string& fingerprint) const {
+  // Picks timed while flash_bf16's tiles ran on the AMX tile model would mislead every later run.
+  if (gemm::amx_model_on()) return;
   json entries = json::array();
   for (const auto& [k, c] : this->entries()) entries.push_back(entry_to_json(k, c));
   const json doc = {{"format", kFormat}, {"version", kVersion}, {"fingerprint", fingerprint}, {"entries", entries}};

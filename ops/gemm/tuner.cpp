@@ -160,6 +160,7 @@ json gemm_entry_json(const GemmTuneEntry& entry, const std::string& cpu, const C
 // Whether an entry's measurements cover every kernel its family would measure here today: a file
 // written before cubevec had a kernel (AMX-INT8 came after VNNI) must not keep it from being tried.
 bool considers_every_candidate(const GemmTuneEntry& entry) {
+  if (amx_model_choice(entry.key)) return true;  // forced onto the AMX tile model: never measured, nothing missing
   for (const GemmVariant& candidate : candidate_variants(entry.key.family, entry.key.isa)) {
     bool measured = false;
     for (const VariantRate& r : entry.considered)
@@ -338,11 +339,12 @@ std::string GemmTuner::set_file(const std::string& path, bool strict) {
   if (path.empty()) return "";
   // A forced kernel the environment names wrongly is its own error, not the file's: reading the
   // entries asks which kernels are candidates (considers_every_candidate).
-  forced_bf16_path();
-  forced_int8_isa();
+  check_kernel_environment();
   std::error_code ec;
   if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec)))
-    return "tuning file " + path + " does not exist yet; calibrations will be written there";
+    return "tuning file " + path + " does not exist yet; " +
+           (amx_model_on() ? "a run on the AMX tile model (CUBEVEC_AMX_MODEL=1) writes nothing there"
+                           : "calibrations will be written there");
   try {
     const json doc = parse_tuning_document(path);
     if (doc["version"].get<int64_t>() != kVersion) {
@@ -459,6 +461,13 @@ void GemmTuner::load_default_once() {
   // A first run has no file yet: that is not worth a warning; anything else is.
   if (!warning.empty() && warning.find("does not exist yet") == std::string::npos)
     std::fprintf(stderr, "cubevec: warning: %s\n", warning.c_str());
+}
+
+void check_kernel_environment() {
+  best_isa();
+  amx_model_on();
+  forced_bf16_path();
+  forced_int8_isa();
 }
 
 GemmTuneEntry GemmTuner::choose(const GemmTuneKey& key) {

@@ -71,6 +71,11 @@ inline constexpr double kSwitchMargin = 1.05;
 // f32; AVX512-VNNI, AVX-VNNI, portable), unless another kernel is kSwitchMargin faster.
 GemmVariant choose_variant(const std::vector<VariantRate>& rates);
 
+// Reads every variable that forces a kernel (CUBEVEC_GEMM_ISA, CUBEVEC_AMX_MODEL, CUBEVEC_GEMM_BF16,
+// CUBEVEC_INT8_ISA) now: a bad value is an Error naming it before any work (the CLI and
+// Pipeline::load call this first), not a kernel's failure, or a tuning file's, later.
+void check_kernel_environment();
+
 // Where the AMX tile model is on (CUBEVEC_AMX_MODEL=1) and the key's family is forced onto AMX,
 // the entry a run uses instead of measuring: the kernel at its first L2 share, no rates (the
 // model's speed says nothing about AMX's, and nothing measured on it may reach the tuning file).

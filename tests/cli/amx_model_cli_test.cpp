@@ -35,22 +35,42 @@ TEST_F(AmxModelCli, TinyfluxOnTheTileModelDrawsWhatTheDotProductKernelsDraw) {
       const std::string out = (dir_ / (c.name + (model ? "-model.png" : "-dot.png"))).string();
       std::vector<std::string> argv = {"/usr/bin/env"};
       if (model) argv.insert(argv.end(), {"CUBEVEC_AMX_MODEL=1", "CUBEVEC_GEMM_BF16=amx", "CUBEVEC_INT8_ISA=amx"});
+      // ... the run on the model with an attention picks file of its own, which it must not write either
       else argv.insert(argv.end(), {"CUBEVEC_GEMM_BF16=avx512bf16", "CUBEVEC_INT8_ISA=avx512_vnni"});
       argv.insert(argv.end(), {CUBEVEC_BINARY, "t2i", "--model", kTinyFlux, "--prompt", kPrompt, "--steps", "6", "--dtype", "bf16",
                                "--quant-attention", "int8", "--tune-cache", (dir_ / "tuning.json").string(), "--out", out});
       argv.insert(argv.end(), c.extra.begin(), c.extra.end());
+      if (model) argv.insert(argv.end(), {"--attn-tune-cache", (dir_ / "attention.json").string()});
       const auto r = cubevec_cli_test::run_program(argv, dir_);
       EXPECT_EQ(r.status, 0) << r.err;
       EXPECT_EQ(r.err.find("AMX kernels run on a plain C++ model of the tiles") != std::string::npos, model) << r.err;
+      if (model) {
+        EXPECT_EQ(r.err.find("calibrations will be written there"), std::string::npos) << r.err;
+      }
       return cubevec::media::read_png(out);
     };
     const auto on_model = render(true);
     // What a run on the model measured (its attention picks, its forced int8 kernel) is not saved.
     EXPECT_FALSE(std::filesystem::exists(dir_ / "tuning.json")) << "after the first run on the model";
+    EXPECT_FALSE(std::filesystem::exists(dir_ / "attention.json"));
     const auto on_dots = render(false);
     const double db = cubevec::pipelines::compare_pixels({on_model}, {on_dots}).psnr_db;
     EXPECT_GE(db, 40.0);
     std::printf("%s: tile model against dot products %.1f dB\n", c.name.c_str(), db);
+  }
+}
+
+TEST_F(AmxModelCli, ABadKernelVariableIsAnErrorBeforeAnyWork) {
+  // Every variable that forces a kernel is read first: an error naming it, not the tuning file's.
+  for (const char* variable : {"CUBEVEC_GEMM_ISA", "CUBEVEC_GEMM_BF16", "CUBEVEC_INT8_ISA"}) {
+    const auto r = cubevec_cli_test::run_program(
+        {"/usr/bin/env", std::string(variable) + "=junk", CUBEVEC_BINARY, "t2i", "--model", kTinyFlux, "--prompt", kPrompt, "--steps", "1",
+         "--out", (dir_ / "x.png").string(), "--tune-cache", (dir_ / "never.json").string()},
+        dir_);
+    EXPECT_EQ(r.status, 1) << variable;
+    EXPECT_NE(r.err.find("error: " + std::string(variable) + "=junk"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("tuning file"), std::string::npos) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(dir_ / "x.png"));
   }
 }
 
@@ -75,6 +95,7 @@ TEST_F(AmxModelCli, ABadValueIsAnErrorBeforeAnyWork) {
             std::string::npos)
       << tune.err;
   EXPECT_FALSE(std::filesystem::exists(dir_ / "t.json"));
+  EXPECT_EQ(tune.err.find("calibrations will be written there"), std::string::npos) << tune.err;
   // 0 and empty are off: an ordinary run.
   const auto off = cubevec_cli_test::run_program({"/usr/bin/env", "CUBEVEC_AMX_MODEL=0", CUBEVEC_BINARY, "t2i", "--model", kTinyFlux,
                                                   "--prompt", kPrompt, "--steps", "1", "--out", out},

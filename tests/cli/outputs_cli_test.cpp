@@ -131,8 +131,19 @@ TEST_F(OutputsCli, CtrlCStopsTheRunRemovesTemporariesAndKeepsTheOldOutput) {
   const std::string err = read_file(err_path);
   EXPECT_NE(err.find("error: interrupted by SIGINT; the run stopped and no output was written"), std::string::npos) << err;
   EXPECT_EQ(read_file(video), "the previous video");
-  EXPECT_EQ(entries(dir_), 4) << "e.safetensors, keep.avi, stderr.txt and the frames folder: no temporary";
-  EXPECT_EQ(entries(frames), 0);
+  EXPECT_EQ(entries(dir_), 3) << "e.safetensors, keep.avi and stderr.txt: no temporary, and no frames folder (the run made it)";
+  EXPECT_FALSE(std::filesystem::exists(frames));
+
+  // A frames folder that was there before the run stays, with what it held.
+  std::filesystem::create_directory(frames);
+  write_text(frames + "/notes.txt", "mine");
+  const std::string err_again = (dir_ / "stderr2.txt").string();  // not the first run's: its "step 2" would signal at once
+  const int again = interrupt_when({"t2v", "--model", kWan, "--prompt-embeds", embeds, "--frames", "17", "--width", "512", "--height",
+                                    "256", "--steps", "400", "--cfg", "off", "--out", video, "--frames-dir", frames},
+                                   err_again, "step 2/400");
+  EXPECT_EQ(again, 130) << read_file(err_again);
+  EXPECT_EQ(entries(frames), 1) << "notes.txt alone: no frame temporary";
+  EXPECT_EQ(read_file(frames + "/notes.txt"), "mine");
 }
 
 TEST_F(OutputsCli, ARunInsideOneLongKernelIsEndedByTheWatchdog) {
