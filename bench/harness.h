@@ -49,6 +49,8 @@ struct Machine {
 
 // Measures FMA peak (with the widest vectors the CPU has) and triad bandwidth; takes ~2 s.
 Machine measure_machine();
+// The FMA peak (GFLOP/s) of `threads` threads running at once (about 0.3 s).
+double fma_peak_gflops_at(int threads);
 
 struct Result {
   Result(std::string suite_name, std::string case_text, std::string impl_name)
@@ -70,6 +72,7 @@ using Suite = std::function<void(Context&)>;
 
 void attention_suite(Context& context);
 void blocks_suite(Context& context);
+void scaling_suite(Context& context);
 void quant_suite(Context& context);
 void sparse_suite(Context& context);
 void parse_suite(Context& context);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bench/harness.h"
+#include "device/device_profile.h"
 #include "ops/gemm/driver.h"
 
 namespace cubevec::bench {
@@ -158,11 +159,15 @@ double triad_gbps(int threads) {
 
 }  // namespace
 
+double fma_peak_gflops_at(int threads) { return fma_gflops(__builtin_cpu_supports("avx512f"), std::max(threads, 1)); }
+
 Machine measure_machine() {
   Machine m;
   const bool avx512 = __builtin_cpu_supports("avx512f");
   m.isa = avx512 ? "avx512f" : "avx2";
-  m.threads = std::max(1u, std::thread::hardware_concurrency());
+  // The cores this process may use (taskset, a container's cpuset, mpirun's share), as the units
+  // are sized: a run under `taskset -c 0` measures one thread against a one-core peak.
+  m.threads = machine_unit_threads();
   m.fma_peak_1t_gflops = fma_gflops(avx512, 1);
   m.fma_peak_gflops = fma_gflops(avx512, m.threads);
   m.triad_gbps = triad_gbps(m.threads);

@@ -25,6 +25,7 @@ int run(int argc, char** argv) {
                                                {"vector", vector_suite},
                                                {"attention", attention_suite},
                                                {"blocks", blocks_suite},
+                                               {"scaling", scaling_suite},
                                                {"cache", cache_suite},
                                                {"quant", quant_suite},
                                                {"sparse", sparse_suite},

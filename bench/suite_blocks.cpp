@@ -17,6 +17,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "bench/block_inputs.h"
 #include "bench/harness.h"
 #include "bench/quantized_block.h"
 #include "bench/torch_baseline.h"
@@ -33,9 +34,6 @@
 namespace cubevec::bench {
 
 namespace {
-
-constexpr int64_t kImg = 1024, kTxt = 256;
-constexpr int64_t kWanFrames = 13, kWanHeight = 18, kWanWidth = 20, kWanTxt = 512;  // 4,680 video tokens
 
 // f32; bf16 weights with f32 activations; bf16 weights and activations (what --dtype bf16 runs, and
 // what PyTorch's bf16 block does).
@@ -154,14 +152,9 @@ void best_rows(Context& context, const std::string& label, const std::string& bl
 // One Wan block of `config`'s width on the video sequence, f32 and bf16 weights.
 void wan_block(Context& context, Device& device, const nlohmann::json& torch, const models::WanConfig& config, const std::string& label) {
   const Stream s = device.default_stream();
-  const int64_t d = config.inner_dim(), tokens = kWanFrames * kWanHeight * kWanWidth;
-  models::ParameterTable inputs_table;
-  Tensor hidden, context_states, timestep_proj;
-  inputs_table.add("hidden", {1, tokens, d}, &hidden);
-  inputs_table.add("context", {1, kWanTxt, d}, &context_states);
-  inputs_table.add("timestep_proj", {1, 6, d}, &timestep_proj);
-  models::make_random_parameters(inputs_table, DType::f32, 13, 1.0f);
-  const models::RopeTable rope = models::wan_rope(kWanFrames, kWanHeight, kWanWidth, config);
+  const WanBlockInputsF32 in = wan_block_inputs(config);
+  const Tensor &hidden = in.hidden, &context_states = in.context_states, &timestep_proj = in.timestep_proj;
+  const models::RopeTable& rope = in.rope;
   for (const Precision& precision : kPrecisions) {
     models::ParameterTable table;
     models::WanBlock block;
@@ -211,19 +204,9 @@ void blocks_suite(Context& context) {
   Device device(profile, {.trace = true});
   const Stream s = device.default_stream();
   const models::FluxConfig config = models::FluxConfig::flux1_dev();
-  const int64_t d = config.inner_dim();
-
-  // Inputs: random activations, zero text ids and the 32 x 32 image grid.
-  models::ParameterTable inputs_table;
-  Tensor hidden, context_states, temb;
-  inputs_table.add("hidden", {1, kImg, d}, &hidden);
-  inputs_table.add("context", {1, kTxt, d}, &context_states);
-  inputs_table.add("temb", {1, d}, &temb);
-  models::make_random_parameters(inputs_table, DType::f32, 11, 1.0f);
-  const Tensor silu = ops::activation(temb, ops::Activation::silu, s);
-  const models::RopeTable txt = models::axial_rope(Tensor::zeros({kTxt, 3}, DType::f32), config.axes_dims_rope);
-  const models::RopeTable img = models::axial_rope(models::flux_image_ids(64, 64), config.axes_dims_rope);
-  const models::RopeTable rope{ops::concat({txt.cos, img.cos}, 0, s), ops::concat({txt.sin, img.sin}, 0, s)};
+  const FluxBlockInputsF32 in = flux_block_inputs(config, s);
+  const Tensor &hidden = in.hidden, &context_states = in.context_states, &silu = in.silu_temb;
+  const models::RopeTable& rope = in.rope;
 
   for (const Precision& precision : kPrecisions) {
     models::ParameterTable table;
