@@ -2,6 +2,7 @@
 
 #include "device/spin_wait.h"
 #include "base/error.h"
+#include "base/interrupt.h"
 
 namespace cubevec {
 
@@ -20,7 +21,11 @@ void EventState::host_wait() const {
   spin_until([&] { return passed(); }, kSpinSeconds);
   std::unique_lock lock(mutex_);
   reached_.wait(lock, [&] { return done_.load(); });
-  if (!error_.empty()) throw Error(error_);
+  if (error_.empty()) return;
+  // A kernel that failed because the run is being stopped (one waiting for the tuning file's
+  // lock, say) ends the run as the signal does, not as that kernel's failure.
+  if (const int signal = interrupt_signal()) throw Interrupted(signal);
+  throw Error(error_);
 }
 
 void EventState::complete(std::string error) {

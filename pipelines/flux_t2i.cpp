@@ -14,6 +14,7 @@
 #include "pipelines/tensor_values.h"
 #include "base/error.h"
 #include "tensor/half.h"
+#include "base/interrupt.h"
 
 namespace cubevec::pipelines {
 
@@ -52,6 +53,8 @@ FluxT2IPipeline FluxT2IPipeline::load(const std::string& dir, DType dtype, const
   // The encoder, for image inputs; a VAE saved without it still generates from text.
   try {
     p.encoder_ = std::make_unique<models::AutoencoderKLEncoder>(models::load_autoencoder_kl_encoder(dir + "/vae", DType::f32, variant));
+  } catch (const Interrupted&) {
+    throw;
   } catch (const Error& e) {
     p.encoder_error_ = e.what();
   }

@@ -10,6 +10,7 @@
 #include "tensor/caching_allocator.h"
 #include "tensor/finite_check.h"
 #include "base/error.h"
+#include "base/interrupt.h"
 
 namespace cubevec::pipelines {
 
@@ -79,6 +80,8 @@ void note_unused_max_sequence_length(const PromptRequest& f, const std::string& 
 models::PromptEmbeddings tiny_encode(models::TinyTextEncoder& encoder, const std::string& text, const std::string& flag) {
   try {
     return encoder.encode(text);
+  } catch (const Interrupted&) {
+    throw;  // a stop signal is not the prompt's fault
   } catch (const Error& e) {
     throw Error(flag + ": " + e.what());
   }

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "base/interrupt.h"
 #include "base/error.h"
 #include "base/strict_json.h"
 #include "pipelines/wan_t2v.h"
@@ -143,6 +144,8 @@ WanT2VPipeline WanT2VPipeline::load(const std::string& dir, DType dtype, const s
     try {
       p.encoder_ =
           std::make_unique<models::AutoencoderKLWanEncoder>(models::load_autoencoder_kl_wan_encoder(dir + "/vae", DType::f32, variant));
+    } catch (const Interrupted&) {
+      throw;
     } catch (const Error& e) {
       p.encoder_error_ = e.what();
     }

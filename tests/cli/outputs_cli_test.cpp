@@ -4,6 +4,7 @@
 // temporary; an output may not be one of the inputs; non-finite inputs are errors naming the
 // tensor.
 #include <signal.h>
+#include <sys/file.h>
 
 #include <chrono>
 #include <limits>
@@ -144,6 +145,25 @@ TEST_F(OutputsCli, CtrlCStopsTheRunRemovesTemporariesAndKeepsTheOldOutput) {
   EXPECT_EQ(again, 130) << read_file(err_again);
   EXPECT_EQ(entries(frames), 1) << "notes.txt alone: no frame temporary";
   EXPECT_EQ(read_file(frames + "/notes.txt"), "mine");
+}
+
+// Ctrl-C while a kernel waits for the tuning file's lock (another process calibrating): the run ends
+// as any interrupted run does, not as that kernel's failure or the prompt's.
+TEST_F(OutputsCli, CtrlCWhileAKernelWaitsForTheTuningFilesLockIsAnInterruption) {
+  const std::string tuning = (dir_ / "tuning.json").string(), err_path = (dir_ / "stderr.txt").string();
+  const int holder = ::open((tuning + ".lock").c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(holder, 0);
+  ASSERT_EQ(::flock(holder, LOCK_EX), 0);  // as a process calibrating into the same file holds it
+  const int status =
+      interrupt_when({"t2i", "--model", kTinyFlux, "--prompt", "a red circle", "--out", (dir_ / "x.png").string(), "--tune-cache", tuning},
+                     err_path, "waiting for");
+  ::close(holder);
+  const std::string err = read_file(err_path);
+  EXPECT_EQ(status, 130) << err;
+  EXPECT_NE(err.find("error: interrupted by SIGINT"), std::string::npos) << err;
+  EXPECT_EQ(err.find("kernel '"), std::string::npos) << err;
+  EXPECT_EQ(err.find("--prompt:"), std::string::npos) << err;
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "x.png"));
 }
 
 TEST_F(OutputsCli, ARunInsideOneLongKernelIsEndedByTheWatchdog) {
