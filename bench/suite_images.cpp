@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "bench/block_inputs.h"
 #include "bench/harness.h"
 #include "device/device.h"
 #include "media/png.h"
@@ -46,23 +47,15 @@ std::pair<Timing, double> timed_with_flops(Device& device, int runs, const std::
 void lora_rows(Context& context, Device& device) {
   const Stream s = device.default_stream();
   const models::FluxConfig config = models::FluxConfig::flux1_dev();
-  const int64_t d = config.inner_dim(), image = 1024, text = 256, rank = 16;
+  const int64_t rank = 16;
   models::ParameterTable table;
   models::FluxDoubleBlock block;
   block.declare(table, 0, config);
   models::make_random_parameters(table, DType::bf16, 5, 0.02f);
-  models::ParameterTable inputs;
-  Tensor hidden, context_states, temb;
-  inputs.add("hidden", {1, image, d}, &hidden);
-  inputs.add("context", {1, text, d}, &context_states);
-  inputs.add("temb", {1, d}, &temb);
-  models::make_random_parameters(inputs, DType::f32, 11, 1.0f);
-  const models::RopeTable txt = models::axial_rope(Tensor::zeros({text, 3}, DType::f32), config.axes_dims_rope);
-  const models::RopeTable img = models::axial_rope(models::flux_image_ids(64, 64), config.axes_dims_rope);
-  const models::RopeTable rope{ops::concat({txt.cos, img.cos}, 0, s), ops::concat({txt.sin, img.sin}, 0, s)};
+  const FluxBlockInputsF32 in = flux_block_inputs(config, s);  // 1024 image + 256 text tokens, as `blocks`
   const models::ForwardContext ctx{.activations = DType::bf16};
-  const models::FluxBlockInputs shared{ops::cast(ops::activation(temb, ops::Activation::silu, s), DType::bf16, s), rope, {1, 32, 32}};
-  const models::BlockState state{ops::cast(hidden, DType::bf16, s), ops::cast(context_states, DType::bf16, s)};
+  const models::FluxBlockInputs shared{ops::cast(in.silu_temb, DType::bf16, s), in.rope, {1, 32, 32}};
+  const models::BlockState state{ops::cast(in.hidden, DType::bf16, s), ops::cast(in.context_states, DType::bf16, s)};
   // Every Linear of the block gets A [16, in] and B [out, 16] (scale 1, alpha = rank).
   models::ParameterTable lora_table;
   std::vector<std::pair<models::Linear*, std::pair<Tensor, Tensor>>> parts;
@@ -95,7 +88,7 @@ void lora_rows(Context& context, Device& device) {
   runtime.dtype = "bf16";
   runtime.timing = with_lora;
   runtime.extra["overhead"] = with_lora.median_s / plain.median_s - 1.0;
-  runtime.extra["lora_gflop"] = 2.0 * lora.macs_per_row() * static_cast<double>(image + text) / 1e9;
+  runtime.extra["lora_gflop"] = 2.0 * lora.macs_per_row() * static_cast<double>(kFluxImageTokens + kFluxTextTokens) / 1e9;
   context.add(runtime);
 }
 
