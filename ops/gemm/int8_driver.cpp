@@ -123,8 +123,11 @@ static bool has_avx_vnni() {
 
 // AMX-INT8 is CPUID leaf 7, EDX bit 25; the tile state itself comes from amx_ready().
 static bool has_amx_int8() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  return __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 25) & 1u) != 0;
+  static const bool has = [] {  // read once: plan_of asks on every AMX GEMM, and CPUID traps to a VM's hypervisor
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 25) & 1u) != 0;
+  }();
+  return has;
 }
 
 bool int8_isa_supported(Int8Isa isa) {
