@@ -200,4 +200,24 @@ TEST(AmxModel, SwitchingItOnNeedsAvx512Bf16) {
   cubevec::ops::gemm::use_amx_model(was_on);
 }
 
+// A weight packed for AMX while the model was on, used after it was switched off on a CPU without
+// AMX: a named error, never an illegal instruction.
+TEST(AmxModel, AnAmxPackingRunWithoutTheModelOrAmxIsAnError) {
+  namespace g = cubevec::ops::gemm;
+  if (g::amx_native() || !g::has_bf16_dot()) GTEST_SKIP() << "needs a CPU without AMX that can run the model";
+  const bool was_on = g::amx_model_on();
+  const int64_t m = 3, n = 5, k = 7;
+  std::vector<int8_t> w(static_cast<std::size_t>(n * k), 1);
+  g::use_amx_model(true);
+  const auto packed = g::pack_int8_weight(w.data(), n, k, k, g::Int8Isa::amx);
+  g::use_amx_model(false);
+  std::vector<uint8_t> a(static_cast<std::size_t>(m * 4 * packed->k_quads), 129);
+  std::vector<float> c(static_cast<std::size_t>(m * n));
+  g::Int8Problem p;
+  p.m = m, p.n = n, p.a = a.data(), p.lda = 4 * packed->k_quads, p.b = packed.get(), p.c = c.data(), p.ldc = n;
+  const std::string message = message_of([&] { g::gemm_int8(p, 1); });
+  EXPECT_NE(message.find("gemm_int8: the weight was packed for an ISA this CPU lacks"), std::string::npos) << message;
+  g::use_amx_model(was_on);
+}
+
 }  // namespace amx_model_test
