@@ -2,16 +2,13 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cpuid.h>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
-#include <sys/syscall.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
-#include <unistd.h>
 
 #include "ops/gemm/microkernel.h"
 #include "ops/gemm/microkernel_bf16.h"
@@ -330,55 +327,6 @@ bool has_bf16_dot() {
   static const bool has = isa_supported(Isa::avx512) && __builtin_cpu_supports("avx512bf16");
   return has;
 }
-
-bool amx_native() {
-  static const bool ready = [] {
-    // CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE (read directly: clang 14 has no
-    // __builtin_cpu_supports names for them).
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    if (!isa_supported(Isa::avx512) || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-    if (!(edx >> 22 & 1) || !(edx >> 24 & 1)) return false;
-    // Linux hands out the tile state (8 KiB per thread) only on request, once per process.
-    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return ready;
-}
-
-namespace {
-
-constexpr int kModelUnread = -1;
-std::atomic<int> amx_model_state{kModelUnread};  // 0 off, 1 on
-
-int amx_model_from_environment() {
-  const char* env = std::getenv("CUBEVEC_AMX_MODEL");
-  if (!env || !*env || std::string_view(env) == "0") return 0;
-  if (std::string_view(env) != "1")
-    throw Error("CUBEVEC_AMX_MODEL=" + text_for_message(env) + ": expected 1 (run AMX kernels on the tile model) or 0");
-  if (!has_bf16_dot())
-    throw Error("CUBEVEC_AMX_MODEL=1: the AMX tile model needs AVX512-BF16 (the AMX kernels' other instructions), which this CPU lacks");
-  return 1;
-}
-
-}  // namespace
-
-bool amx_model_on() {
-  int state = amx_model_state.load(std::memory_order_acquire);
-  if (state == kModelUnread) {
-    int expected = kModelUnread;
-    amx_model_state.compare_exchange_strong(expected, amx_model_from_environment(), std::memory_order_acq_rel);
-    state = amx_model_state.load(std::memory_order_acquire);
-  }
-  return state == 1;
-}
-
-void use_amx_model(bool on) {
-  if (on && !has_bf16_dot())
-    throw Error("the AMX tile model needs AVX512-BF16 (the AMX kernels' other instructions), which this CPU lacks");
-  amx_model_state.store(on ? 1 : 0, std::memory_order_release);
-}
-
-bool amx_ready() { return amx_model_on() || amx_native(); }
 
 std::string_view bf16_path_name(Bf16Path path) {
   switch (path) {

@@ -1,5 +1,5 @@
 // Compiled with -mamx-tile -mamx-int8 -mavx512f (see ops/CMakeLists.txt); called only on CPUs with
-// AMX-INT8 once the kernel has granted the process the tile state (driver.cpp, amx_ready()).
+// AMX-INT8 once the kernel has granted the process the tile state (amx_availability.cpp, amx_ready()).
 // One tdpbusd adds 16 x 16 x 64 u8 x s8 products into a tile of s32 sums.
 #include <immintrin.h>
 

@@ -1,5 +1,5 @@
 // Compiled with -mamx-tile -mamx-bf16 -mavx512f (see ops/CMakeLists.txt); called only on CPUs with
-// AMX-BF16 once the kernel has granted the process the tile state (driver.cpp, amx_ready()).
+// AMX-BF16 once the kernel has granted the process the tile state (amx_availability.cpp, amx_ready()).
 #include <immintrin.h>
 
 #include "ops/gemm/amx_tiles.h"

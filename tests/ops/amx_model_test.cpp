@@ -22,6 +22,8 @@
 #include "ops/gemm/int8_kernels.h"
 #include "ops/gemm/microkernel_bf16.h"
 
+#include "common/tensor_testing.h"
+
 namespace amx_model_test {  // named after the file: unity batches never mix two files' helpers
 
 namespace model = cubevec::ops::gemm::amx_model;
@@ -45,14 +47,7 @@ void configure(const std::vector<Shape>& shapes, int palette = 1) {
 // and trust them after, so the tests' odd shapes must not stay behind on the main thread.
 void in_fresh_thread(const std::function<void()>& body) { std::thread(body).join(); }
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const cubevec::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using cubevec::testing::message_of;
 
 uint16_t bf16_bits(float x) { return static_cast<uint16_t>(std::bit_cast<uint32_t>(x) >> 16); }  // exact for the values below
 float from_bf16(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
